@@ -1,0 +1,7 @@
+//! # resident
+//!
+//! Persistent GPU actors for Rust: ring kernels that are launched once, stay resident, and are
+//! fed through lock-free queues instead of being relaunched for every batch.
+#![deny(missing_docs)]
+
+pub use resident_ring as ring;
