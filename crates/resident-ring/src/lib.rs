@@ -3,15 +3,29 @@
 //! The queues of resident's ring kernels and the wire layout they share with GPU code.
 //!
 //! * [`envelope`]: the 32-byte [`Envelope`] header and the [`Slot`] a ring stores.
+//! * [`message`]: the [`Message`] bound (any `bytemuck::Pod`) and [`DeviceMessage`], a message
+//!   that also yields its C declaration ([`device_message!`]).
 //! * [`spsc`]: a wait-free bounded single-producer single-consumer ring whose memory can be
 //!   pinned, device-mapped host memory read by a persistent GPU kernel.
+//! * [`mailbox`]: priority lanes of SPSC rings behind a multi-producer front, with
+//!   [`Backpressure`] policies, blocking waits and close.
+//! * [`wait`]: [`WaitStrategy`] (spin, then park) and the lost-wake-up-free [`wait::Signal`].
 //!
 //! No allocation happens after a ring is built; a full ring hands the value back, an empty
 //! one returns `None`.
 #![deny(missing_docs)]
 
 pub mod envelope;
+pub mod mailbox;
+pub mod message;
 pub mod spsc;
 mod sync;
+pub mod wait;
 
 pub use envelope::{Envelope, MessageId, Slot, DEFAULT_PRIORITY, FLAG_CALL};
+pub use mailbox::{lane_of, Backpressure, Mailbox, MailboxConfig};
+pub use message::{DeviceMessage, Message};
+pub use wait::WaitStrategy;
+
+#[doc(hidden)]
+pub use bytemuck as __bytemuck;

@@ -1,0 +1,616 @@
+//! A bounded, multi-lane mailbox: the queue in front of every ring kernel and behind it.
+//!
+//! * **Priority lanes.** `lanes` SPSC rings (1 to 256). A message of priority `p` (0-255) goes
+//!   to lane [`lane_of`]`(p, lanes) = p * lanes / 256`, so lanes split the priority range into
+//!   equal bands, lane `lanes - 1` holding the highest priorities. With the default 4 lanes:
+//!   0-63, 64-127, 128-191 (the default priority 128), 192-255. Receivers always drain the
+//!   highest non-empty lane first; within a lane the order is FIFO. With 256 lanes every
+//!   priority is its own lane (strict priority order, at 256 rings' memory).
+//! * **Bound.** Each lane holds `capacity` messages (a power of two); a lane never grows.
+//! * **MPSC front.** Many threads may send: each lane's producer half sits behind its own lock
+//!   (uncontended it costs one atomic swap), so senders to different lanes never contend, and
+//!   batches pay it once. Receivers share one lock over the consumer halves.
+//! * **Backpressure** when a lane is full, per [`Backpressure`]; drops are counted.
+//! * **Close.** After [`Mailbox::close`] sends fail with the message handed back; receivers
+//!   still get what was queued, then [`RecvError::Closed`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::envelope::Slot;
+use crate::spsc::{Consumer, Producer, Ring, RingError};
+use crate::wait::{deadline_after, Signal, WaitStrategy};
+
+/// What a send does when the message's lane is full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backpressure {
+    /// Wait up to this long for room, then fail with the message handed back.
+    /// `Duration::MAX` waits forever.
+    Block(Duration),
+    /// Fail at once with the message handed back.
+    Reject,
+    /// Make room by discarding the oldest message of the lane (counted as dropped).
+    DropOldest,
+    /// Discard the new message (counted as dropped); the send itself reports success.
+    DropNewest,
+}
+
+impl Default for Backpressure {
+    /// Block for up to one second: no loss, and a stuck consumer shows up as an error.
+    fn default() -> Self {
+        Backpressure::Block(Duration::from_secs(1))
+    }
+}
+
+/// Lane of priority `priority` among `lanes` lanes: `priority * lanes / 256`.
+pub fn lane_of(priority: u8, lanes: usize) -> usize {
+    (priority as usize * lanes) >> 8
+}
+
+/// Configuration of a mailbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MailboxConfig {
+    /// Messages per lane; rounded up to a power of two.
+    pub capacity: usize,
+    /// Number of priority lanes, 1 to 256.
+    pub lanes: usize,
+    /// What a send does when a lane is full.
+    pub backpressure: Backpressure,
+    /// How blocked senders and receivers wait.
+    pub wait: WaitStrategy,
+}
+
+impl Default for MailboxConfig {
+    fn default() -> Self {
+        MailboxConfig {
+            capacity: 1024,
+            lanes: 4,
+            backpressure: Backpressure::default(),
+            wait: WaitStrategy::default(),
+        }
+    }
+}
+
+/// Why a send did not enqueue the message; the message comes back inside.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError<T> {
+    /// The lane was full and the policy is `Reject`.
+    #[error("mailbox lane is full")]
+    Full(T),
+    /// The lane stayed full for the whole `Block` timeout.
+    #[error("mailbox lane stayed full for the whole timeout")]
+    Timeout(T),
+    /// The mailbox is closed.
+    #[error("mailbox is closed")]
+    Closed(T),
+}
+
+impl<T> SendError<T> {
+    /// The message that was not sent.
+    pub fn into_inner(self) -> T {
+        match self {
+            SendError::Full(t) | SendError::Timeout(t) | SendError::Closed(t) => t,
+        }
+    }
+}
+
+/// What a successful send did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Sent<T> {
+    /// The message is queued.
+    Queued,
+    /// The message is queued; the oldest message of its lane was dropped to make room.
+    QueuedDroppedOldest(T),
+    /// The lane was full and the policy dropped this message.
+    DroppedNewest,
+}
+
+/// Why a receive returned nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecvError {
+    /// Nothing arrived before the timeout.
+    #[error("nothing arrived before the timeout")]
+    Timeout,
+    /// The mailbox is closed and empty.
+    #[error("mailbox is closed and empty")]
+    Closed,
+}
+
+/// Errors building a mailbox.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MailboxError {
+    /// `lanes` outside 1..=256.
+    #[error("lanes must be 1 to 256, got {0}")]
+    BadLanes(usize),
+    /// Capacity 0 or too large.
+    #[error("capacity must be 1 to 2^30 messages per lane, got {0}")]
+    BadCapacity(usize),
+    /// The ring could not be built.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+}
+
+/// Counters of a mailbox, all monotonic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MailboxCounters {
+    /// Messages enqueued (a `DropOldest` send counts; a `DropNewest` drop does not).
+    pub accepted: u64,
+    /// Messages discarded by `DropOldest` / `DropNewest`.
+    pub dropped: u64,
+    /// Messages handed to receivers.
+    pub delivered: u64,
+    /// Sends refused (full, timed out or closed); the message went back to the sender.
+    pub refused: u64,
+}
+
+struct Shared<T> {
+    producers: Box<[Mutex<Producer<Slot<T>>>]>,
+    consumers: Mutex<Vec<Consumer<Slot<T>>>>,
+    config: MailboxConfig,
+    /// Notified after every enqueue and on close.
+    not_empty: Signal,
+    /// Notified after every dequeue and on close.
+    not_full: Signal,
+    closed: AtomicBool,
+    accepted: AtomicU64,
+    dropped: AtomicU64,
+    delivered: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// A bounded multi-producer mailbox of `Slot<T>` with priority lanes. Cloning shares it.
+pub struct Mailbox<T> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T> Clone for Mailbox<T> {
+    fn clone(&self) -> Self {
+        Mailbox {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<T: Copy + Send> Mailbox<T> {
+    /// Builds a mailbox.
+    ///
+    /// ```
+    /// use resident_ring::mailbox::{Mailbox, MailboxConfig, Backpressure};
+    /// use resident_ring::{Envelope, Slot};
+    /// let mb = Mailbox::<u32>::new(MailboxConfig { capacity: 2, backpressure: Backpressure::Reject, ..Default::default() }).unwrap();
+    /// mb.send(Slot::new(Envelope::new(1, 10, 0), 1)).unwrap();
+    /// mb.send(Slot::new(Envelope::new(2, 250, 0), 2)).unwrap();
+    /// assert_eq!(mb.try_recv().unwrap().payload, 2); // higher priority first
+    /// ```
+    pub fn new(config: MailboxConfig) -> Result<Self, MailboxError> {
+        if config.lanes == 0 || config.lanes > 256 {
+            return Err(MailboxError::BadLanes(config.lanes));
+        }
+        if config.capacity == 0 || config.capacity > 1 << 30 {
+            return Err(MailboxError::BadCapacity(config.capacity));
+        }
+        let capacity = config.capacity.next_power_of_two();
+        let mut producers = Vec::with_capacity(config.lanes);
+        let mut consumers = Vec::with_capacity(config.lanes);
+        for _ in 0..config.lanes {
+            let (p, c) = Ring::new(capacity)?;
+            producers.push(Mutex::new(p));
+            consumers.push(c);
+        }
+        Ok(Mailbox {
+            shared: Arc::new(Shared {
+                producers: producers.into_boxed_slice(),
+                consumers: Mutex::new(consumers),
+                config: MailboxConfig { capacity, ..config },
+                not_empty: Signal::new(),
+                not_full: Signal::new(),
+                closed: AtomicBool::new(false),
+                accepted: AtomicU64::new(0),
+                dropped: AtomicU64::new(0),
+                delivered: AtomicU64::new(0),
+                refused: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The configuration in force (capacity rounded up).
+    pub fn config(&self) -> MailboxConfig {
+        self.shared.config
+    }
+
+    /// Sends with the mailbox's backpressure policy.
+    pub fn send(&self, slot: Slot<T>) -> Result<Sent<Slot<T>>, SendError<Slot<T>>> {
+        self.send_with(slot, self.shared.config.backpressure)
+    }
+
+    /// Sends with an explicit backpressure policy.
+    pub fn send_with(
+        &self,
+        slot: Slot<T>,
+        policy: Backpressure,
+    ) -> Result<Sent<Slot<T>>, SendError<Slot<T>>> {
+        let s = &*self.shared;
+        let lane = lane_of(slot.env.priority, s.config.lanes);
+        let mut deadline: Option<Option<Instant>> = None;
+        loop {
+            if s.closed.load(Ordering::Acquire) {
+                s.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(SendError::Closed(slot));
+            }
+            let mut producer = s.producers[lane].lock();
+            if producer.push(slot).is_ok() {
+                drop(producer);
+                s.accepted.fetch_add(1, Ordering::Relaxed);
+                s.not_empty.notify();
+                return Ok(Sent::Queued);
+            }
+            match policy {
+                Backpressure::Reject => {
+                    s.refused.fetch_add(1, Ordering::Relaxed);
+                    return Err(SendError::Full(slot));
+                }
+                Backpressure::DropNewest => {
+                    s.dropped.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Sent::DroppedNewest);
+                }
+                Backpressure::DropOldest => {
+                    // Lock order: producer lane, then consumers (receivers take only the
+                    // latter), so this cannot deadlock. Holding both, the pop frees a slot
+                    // that no one else can take before our push.
+                    let old = s.consumers.lock()[lane].pop();
+                    if producer.push(slot).is_err() {
+                        unreachable!("a slot was just freed under the producer lock");
+                    }
+                    drop(producer);
+                    s.accepted.fetch_add(1, Ordering::Relaxed);
+                    s.not_empty.notify();
+                    return Ok(match old {
+                        Some(old) => {
+                            s.dropped.fetch_add(1, Ordering::Relaxed);
+                            Sent::QueuedDroppedOldest(old)
+                        }
+                        // A receiver emptied the slot between our push and the pop.
+                        None => Sent::Queued,
+                    });
+                }
+                Backpressure::Block(timeout) => {
+                    drop(producer);
+                    let deadline = *deadline.get_or_insert_with(|| deadline_after(timeout));
+                    let ok = s.not_full.wait_until(s.config.wait, deadline, || {
+                        s.closed.load(Ordering::Acquire)
+                            || s.producers[lane].lock().ring().len() < s.config.capacity
+                    });
+                    if !ok {
+                        s.refused.fetch_add(1, Ordering::Relaxed);
+                        return Err(SendError::Timeout(slot));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends a batch of messages that share one priority lane's lock per lane run.
+    /// Stops at the first message that the policy refuses; returns how many were taken
+    /// (queued or dropped by policy) and the error for the first one refused.
+    pub fn send_batch(&self, slots: &[Slot<T>]) -> (usize, Option<SendError<Slot<T>>>) {
+        let s = &*self.shared;
+        let mut done = 0;
+        while done < slots.len() {
+            if s.closed.load(Ordering::Acquire) {
+                s.refused.fetch_add(1, Ordering::Relaxed);
+                return (done, Some(SendError::Closed(slots[done])));
+            }
+            // The run of consecutive messages for the same lane goes in under one lock.
+            let lane = lane_of(slots[done].env.priority, s.config.lanes);
+            let run = slots[done..]
+                .iter()
+                .take_while(|m| lane_of(m.env.priority, s.config.lanes) == lane)
+                .count();
+            let pushed = s.producers[lane]
+                .lock()
+                .push_slice(&slots[done..done + run]);
+            if pushed > 0 {
+                s.accepted.fetch_add(pushed as u64, Ordering::Relaxed);
+                s.not_empty.notify();
+                done += pushed;
+            }
+            if pushed < run {
+                // Lane full: apply the policy to the next message alone, then go on.
+                match self.send(slots[done]) {
+                    Ok(_) => done += 1,
+                    Err(e) => return (done, Some(e)),
+                }
+            }
+        }
+        (done, None)
+    }
+
+    /// Takes the highest-priority message, if any.
+    pub fn try_recv(&self) -> Option<Slot<T>> {
+        let s = &*self.shared;
+        let got = {
+            let mut consumers = s.consumers.lock();
+            consumers.iter_mut().rev().find_map(|c| c.pop())
+        };
+        if got.is_some() {
+            s.delivered.fetch_add(1, Ordering::Relaxed);
+            s.not_full.notify();
+        }
+        got
+    }
+
+    /// Moves up to `max` messages to `out`, highest lane first, FIFO within a lane. Returns
+    /// how many were moved.
+    pub fn recv_batch(&self, out: &mut Vec<Slot<T>>, max: usize) -> usize {
+        let s = &*self.shared;
+        let mut n = 0;
+        {
+            let mut consumers = s.consumers.lock();
+            for c in consumers.iter_mut().rev() {
+                if n == max {
+                    break;
+                }
+                n += c.pop_into(out, max - n);
+            }
+        }
+        if n > 0 {
+            s.delivered.fetch_add(n as u64, Ordering::Relaxed);
+            s.not_full.notify();
+        }
+        n
+    }
+
+    /// Waits up to `timeout` for a message.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Slot<T>, RecvError> {
+        self.recv_until(deadline_after(timeout))
+    }
+
+    /// Waits until `deadline` (`None` = forever) for a message.
+    pub fn recv_until(&self, deadline: Option<Instant>) -> Result<Slot<T>, RecvError> {
+        loop {
+            if let Some(slot) = self.try_recv() {
+                return Ok(slot);
+            }
+            if self.is_closed() {
+                // A send may have landed between the pop and the close check.
+                return self.try_recv().ok_or(RecvError::Closed);
+            }
+            if !self.wait_nonempty(deadline, || false) {
+                return self.try_recv().ok_or(RecvError::Timeout);
+            }
+        }
+    }
+
+    /// Waits until the mailbox looks non-empty, is closed, or `wake()` holds; `false` on
+    /// timeout. `wake` must only read state whose writers call [`Mailbox::notify_receivers`].
+    pub fn wait_nonempty(&self, deadline: Option<Instant>, mut wake: impl FnMut() -> bool) -> bool {
+        let s = &*self.shared;
+        s.not_empty.wait_until(s.config.wait, deadline, || {
+            !self.is_empty() || s.closed.load(Ordering::Acquire) || wake()
+        })
+    }
+
+    /// Wakes every waiting receiver (after changing state their `wake` condition reads).
+    pub fn notify_receivers(&self) {
+        self.shared.not_empty.notify();
+    }
+
+    /// Messages queued now, all lanes (a snapshot).
+    pub fn len(&self) -> usize {
+        self.shared
+            .producers
+            .iter()
+            .map(|p| p.lock().ring().len())
+            .sum()
+    }
+
+    /// Whether no message is queued now.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Refuses every later send; wakes all waiters. Queued messages stay receivable.
+    pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.not_empty.notify();
+        self.shared.not_full.notify();
+    }
+
+    /// Whether [`Mailbox::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
+
+    /// Removes and returns everything queued, highest lane first.
+    pub fn drain(&self) -> Vec<Slot<T>> {
+        let mut out = Vec::new();
+        self.recv_batch(&mut out, usize::MAX);
+        out
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> MailboxCounters {
+        let s = &*self.shared;
+        MailboxCounters {
+            accepted: s.accepted.load(Ordering::Relaxed),
+            dropped: s.dropped.load(Ordering::Relaxed),
+            delivered: s.delivered.load(Ordering::Relaxed),
+            refused: s.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::Envelope;
+
+    fn slot(id: u64, prio: u8) -> Slot<u64> {
+        Slot::new(Envelope::new(id, prio, 0), id)
+    }
+
+    fn mb(capacity: usize, lanes: usize, backpressure: Backpressure) -> Mailbox<u64> {
+        Mailbox::new(MailboxConfig {
+            capacity,
+            lanes,
+            backpressure,
+            wait: WaitStrategy::default(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn lane_mapping_is_documented_bands() {
+        assert_eq!(lane_of(0, 4), 0);
+        assert_eq!(lane_of(63, 4), 0);
+        assert_eq!(lane_of(64, 4), 1);
+        assert_eq!(lane_of(127, 4), 1);
+        assert_eq!(lane_of(128, 4), 2);
+        assert_eq!(lane_of(191, 4), 2);
+        assert_eq!(lane_of(192, 4), 3);
+        assert_eq!(lane_of(255, 4), 3);
+        for p in 0..=255u8 {
+            assert_eq!(lane_of(p, 1), 0);
+            assert_eq!(lane_of(p, 256), p as usize);
+        }
+    }
+
+    #[test]
+    fn bad_config_is_an_error() {
+        let c = MailboxConfig {
+            lanes: 0,
+            ..Default::default()
+        };
+        assert_eq!(Mailbox::<u8>::new(c).err(), Some(MailboxError::BadLanes(0)));
+        let c = MailboxConfig {
+            capacity: 0,
+            ..Default::default()
+        };
+        assert_eq!(
+            Mailbox::<u8>::new(c).err(),
+            Some(MailboxError::BadCapacity(0))
+        );
+    }
+
+    #[test]
+    fn higher_priority_first_fifo_within_lane() {
+        let m = mb(16, 4, Backpressure::Reject);
+        for (id, p) in [(1, 10), (2, 200), (3, 130), (4, 201), (5, 11), (6, 255)] {
+            m.send(slot(id, p)).unwrap();
+        }
+        let order: Vec<u64> = std::iter::from_fn(|| m.try_recv())
+            .map(|s| s.payload)
+            .collect();
+        assert_eq!(order, vec![2, 4, 6, 3, 1, 5]);
+    }
+
+    #[test]
+    fn strict_priority_with_256_lanes() {
+        let m = mb(4, 256, Backpressure::Reject);
+        for (id, p) in [(1, 200u8), (2, 201), (3, 199), (4, 201)] {
+            m.send(slot(id, p)).unwrap();
+        }
+        let mut out = Vec::new();
+        m.recv_batch(&mut out, 10);
+        let order: Vec<u64> = out.iter().map(|s| s.payload).collect();
+        assert_eq!(order, vec![2, 4, 1, 3]);
+    }
+
+    #[test]
+    fn reject_hands_back_and_bounds_each_lane() {
+        let m = mb(2, 4, Backpressure::Reject);
+        m.send(slot(1, 0)).unwrap();
+        m.send(slot(2, 0)).unwrap();
+        assert_eq!(m.send(slot(3, 0)), Err(SendError::Full(slot(3, 0))));
+        // Another lane still has room.
+        m.send(slot(4, 255)).unwrap();
+        assert_eq!(m.len(), 3);
+        let c = m.counters();
+        assert_eq!((c.accepted, c.refused, c.dropped), (3, 1, 0));
+    }
+
+    #[test]
+    fn drop_oldest_keeps_newest_and_counts() {
+        let m = mb(2, 1, Backpressure::DropOldest);
+        for id in 1..=5 {
+            m.send(slot(id, 128)).unwrap();
+        }
+        let left: Vec<u64> = m.drain().iter().map(|s| s.payload).collect();
+        assert_eq!(left, vec![4, 5]);
+        assert_eq!(m.counters().dropped, 3);
+    }
+
+    #[test]
+    fn drop_newest_keeps_oldest_and_counts() {
+        let m = mb(2, 1, Backpressure::DropNewest);
+        for id in 1..=5 {
+            m.send(slot(id, 128)).unwrap();
+        }
+        let left: Vec<u64> = m.drain().iter().map(|s| s.payload).collect();
+        assert_eq!(left, vec![1, 2]);
+        assert_eq!(m.counters().dropped, 3);
+        assert_eq!(m.counters().accepted, 2);
+    }
+
+    #[test]
+    fn block_times_out_then_succeeds_when_room_appears() {
+        let m = mb(1, 1, Backpressure::Block(Duration::from_millis(20)));
+        m.send(slot(1, 128)).unwrap();
+        let start = Instant::now();
+        assert_eq!(m.send(slot(2, 128)), Err(SendError::Timeout(slot(2, 128))));
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        let m2 = m.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(10));
+            m2.try_recv().unwrap()
+        });
+        m.send_with(slot(3, 128), Backpressure::Block(Duration::from_secs(10)))
+            .unwrap();
+        assert_eq!(t.join().unwrap().payload, 1);
+        assert_eq!(m.try_recv().unwrap().payload, 3);
+    }
+
+    #[test]
+    fn close_refuses_sends_and_drains_then_reports_closed() {
+        let m = mb(4, 1, Backpressure::Reject);
+        m.send(slot(1, 128)).unwrap();
+        m.close();
+        assert_eq!(m.send(slot(2, 128)), Err(SendError::Closed(slot(2, 128))));
+        assert_eq!(m.recv_timeout(Duration::from_secs(1)).unwrap().payload, 1);
+        assert_eq!(
+            m.recv_timeout(Duration::from_secs(1)),
+            Err(RecvError::Closed)
+        );
+    }
+
+    #[test]
+    fn close_wakes_a_blocked_sender() {
+        let m = mb(1, 1, Backpressure::Block(Duration::MAX));
+        m.send(slot(1, 128)).unwrap();
+        let m2 = m.clone();
+        let t = std::thread::spawn(move || m2.send(slot(2, 128)));
+        std::thread::sleep(Duration::from_millis(20));
+        m.close();
+        assert_eq!(t.join().unwrap(), Err(SendError::Closed(slot(2, 128))));
+    }
+
+    #[test]
+    fn batch_send_spans_lanes_and_stops_at_refusal() {
+        let m = mb(2, 2, Backpressure::Reject);
+        let batch = [
+            slot(1, 0),
+            slot(2, 0),
+            slot(3, 255),
+            slot(4, 0),
+            slot(5, 255),
+        ];
+        let (n, err) = m.send_batch(&batch);
+        assert_eq!(n, 3);
+        assert_eq!(err, Some(SendError::Full(slot(4, 0))));
+        let order: Vec<u64> = m.drain().iter().map(|s| s.payload).collect();
+        assert_eq!(order, vec![3, 1, 2]);
+    }
+}
