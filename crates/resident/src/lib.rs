@@ -2,6 +2,43 @@
 //!
 //! Persistent GPU actors for Rust: ring kernels that are launched once, stay resident, and are
 //! fed through lock-free queues instead of being relaunched for every batch.
+//!
+//! ```
+//! use resident::prelude::*;
+//! use std::time::Duration;
+//!
+//! let rt = Runtime::builder().backend(Backend::Cpu).enable_telemetry(true).build()?;
+//! let scale = rt.launch(
+//!     RingKernel::<f32, f32>::new("scale")
+//!         .queue_size(1024)
+//!         .backpressure(Backpressure::Reject)
+//!         .handler(|_ctx: &mut Context<()>, x: f32| Some(x * 2.0)),
+//! )?;
+//! scale.activate()?;
+//! scale.send(1.5)?;
+//! assert_eq!(scale.receive(Duration::from_secs(5))?, 3.0);
+//! assert_eq!(scale.telemetry().messages_processed, 1);
+//! # Ok::<(), resident::Error>(())
+//! ```
 #![deny(missing_docs)]
 
+pub mod backend;
+pub mod runtime;
+pub mod telemetry;
+
 pub use resident_ring as ring;
+pub use runtime::state::{Error, KernelState, Result};
+
+/// Everything a user of ring kernels needs.
+pub mod prelude {
+    pub use crate::backend::Backend;
+    pub use crate::runtime::context::{Context, LoopContext};
+    pub use crate::runtime::handle::{KernelHandle, TerminateReport};
+    pub use crate::runtime::kernel::RingKernel;
+    pub use crate::runtime::state::{Error, KernelState, Result};
+    pub use crate::runtime::{Runtime, RuntimeBuilder};
+    pub use crate::telemetry::{LatencySummary, RuntimeTelemetry, Telemetry};
+    pub use resident_ring::{
+        device_message, Backpressure, DeviceMessage, Envelope, Message, MessageId, WaitStrategy,
+    };
+}

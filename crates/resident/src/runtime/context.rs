@@ -1,0 +1,234 @@
+//! What a handler sees: its state, the envelope of the message in hand, and routes to other
+//! kernels by id. The loop form's `LoopContext` adds receive and send.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use resident_ring::wait::deadline_after;
+use resident_ring::{Envelope, Message, MessageId, DEFAULT_PRIORITY};
+
+use crate::runtime::handle::{Control, InputPort, KernelShared};
+use crate::runtime::state::{Error, KernelState, Result};
+use crate::runtime::RuntimeCore;
+
+/// The context of a handler: state, current message, and kernel-to-kernel sends.
+pub struct Context<S> {
+    state: S,
+    kernel_id: Arc<str>,
+    pub(crate) current: Envelope,
+    pub(crate) control: Arc<Control>,
+    core: Weak<RuntimeCore>,
+    routes: HashMap<String, Box<dyn Any + Send>>,
+}
+
+impl<S> Context<S> {
+    pub(crate) fn new(
+        state: S,
+        kernel_id: Arc<str>,
+        control: Arc<Control>,
+        core: Weak<RuntimeCore>,
+    ) -> Self {
+        Context {
+            state,
+            kernel_id,
+            current: Envelope::default(),
+            control,
+            core,
+            routes: HashMap::new(),
+        }
+    }
+
+    /// The kernel's state.
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// The kernel's state, mutably.
+    pub fn state_mut(&mut self) -> &mut S {
+        &mut self.state
+    }
+
+    /// This kernel's id.
+    pub fn kernel_id(&self) -> &str {
+        &self.kernel_id
+    }
+
+    /// The envelope of the message being handled (id, priority, send time).
+    pub fn envelope(&self) -> &Envelope {
+        &self.current
+    }
+
+    /// Whether `terminate` has been requested.
+    pub fn should_terminate(&self) -> bool {
+        self.control.terminate.load(Ordering::Acquire)
+    }
+
+    /// Whether the kernel is active (not deactivated).
+    pub fn is_active(&self) -> bool {
+        self.control.active.load(Ordering::Acquire)
+    }
+
+    /// Sends `msg` to the kernel `id` (default priority) without a host relay, under that
+    /// kernel's backpressure rules. The route is looked up once and cached.
+    pub fn send_to<T: Message>(&mut self, id: &str, msg: T) -> Result<MessageId> {
+        self.send_to_with_priority(id, msg, DEFAULT_PRIORITY)
+    }
+
+    /// [`Context::send_to`] with a priority.
+    pub fn send_to_with_priority<T: Message>(
+        &mut self,
+        id: &str,
+        msg: T,
+        priority: u8,
+    ) -> Result<MessageId> {
+        let port = self.route::<T>(id)?;
+        match port.send(msg, priority, 0, "send_to") {
+            // The target was terminated and maybe relaunched under the same id: look it up again.
+            Err(e @ Error::NotAccepting { .. }) => {
+                self.routes.remove(id);
+                let msg = e
+                    .into_message::<T>()
+                    .expect("send_to hands back its own message type");
+                self.route::<T>(id)?.send(msg, priority, 0, "send_to")
+            }
+            other => other,
+        }
+    }
+
+    fn route<T: Message>(&mut self, id: &str) -> Result<InputPort<T>> {
+        if let Some(p) = self
+            .routes
+            .get(id)
+            .and_then(|b| b.downcast_ref::<InputPort<T>>())
+        {
+            return Ok(p.clone());
+        }
+        let core = self
+            .core
+            .upgrade()
+            .ok_or_else(|| Error::UnknownKernel { id: id.to_string() })?;
+        let port = core.input_port::<T>(id)?;
+        self.routes.insert(id.to_string(), Box::new(port.clone()));
+        Ok(port)
+    }
+}
+
+/// The context of a loop-form kernel: a [`Context`] plus receive and send.
+pub struct LoopContext<In, Out, S> {
+    ctx: Context<S>,
+    shared: Arc<KernelShared<In, Out>>,
+}
+
+impl<In, Out, S> std::ops::Deref for LoopContext<In, Out, S> {
+    type Target = Context<S>;
+    fn deref(&self) -> &Context<S> {
+        &self.ctx
+    }
+}
+
+impl<In, Out, S> std::ops::DerefMut for LoopContext<In, Out, S> {
+    fn deref_mut(&mut self) -> &mut Context<S> {
+        &mut self.ctx
+    }
+}
+
+impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
+    pub(crate) fn new(ctx: Context<S>, shared: Arc<KernelShared<In, Out>>) -> Self {
+        LoopContext { ctx, shared }
+    }
+
+    pub(crate) fn into_parts(self) -> Context<S> {
+        self.ctx
+    }
+
+    /// Blocks until the kernel is active or terminating; returns `is_active()`.
+    pub fn wait_active(&self) -> bool {
+        let c = &self.ctx.control;
+        c.signal
+            .wait_until(resident_ring::WaitStrategy::Park, None, || {
+                c.active.load(Ordering::Acquire) || c.terminate.load(Ordering::Acquire)
+            });
+        self.is_active()
+    }
+
+    /// The next message, waiting up to `timeout`; `None` on timeout, while inactive, or once
+    /// terminating. Remembers its envelope so that `send` answers it.
+    pub fn receive(&mut self, timeout: Duration) -> Option<In> {
+        self.receive_envelope(timeout).map(|(_, m)| m)
+    }
+
+    /// Like [`LoopContext::receive`], with the envelope.
+    pub fn receive_envelope(&mut self, timeout: Duration) -> Option<(Envelope, In)> {
+        let mut one = Vec::with_capacity(1);
+        if self.receive_into(&mut one, 1, timeout) == 0 {
+            return None;
+        }
+        let s = one[0];
+        self.ctx.current = s.env;
+        Some((s.env, s.payload))
+    }
+
+    /// Up to `max` messages, waiting up to `timeout` for the first; empty on timeout, while
+    /// inactive, or once terminating. `send` answers the last of them.
+    pub fn receive_batch(&mut self, max: usize, timeout: Duration) -> Vec<In> {
+        let mut got = Vec::with_capacity(max.min(1024));
+        self.receive_into(&mut got, max, timeout);
+        if let Some(last) = got.last() {
+            self.ctx.current = last.env;
+        }
+        got.into_iter().map(|s| s.payload).collect()
+    }
+
+    fn receive_into(
+        &mut self,
+        out: &mut Vec<resident_ring::Slot<In>>,
+        max: usize,
+        timeout: Duration,
+    ) -> usize {
+        let deadline = deadline_after(timeout);
+        loop {
+            if self.should_terminate() || !self.is_active() {
+                return 0;
+            }
+            let n = {
+                let _gate = self.shared.batch_gate.lock();
+                if !self.is_active() {
+                    0
+                } else {
+                    self.shared.input.recv_batch(out, max)
+                }
+            };
+            if n > 0 {
+                self.shared
+                    .metrics
+                    .batch_done(n as u64, std::time::Instant::now());
+                return n;
+            }
+            let c = self.ctx.control.clone();
+            let woke = self.shared.input.wait_nonempty(deadline, || {
+                c.terminate.load(Ordering::Acquire) || !c.active.load(Ordering::Acquire)
+            });
+            if !woke {
+                return 0;
+            }
+        }
+    }
+
+    /// Sends `out` on the output queue as the response to the last message received.
+    pub fn send(&mut self, out: Out) {
+        self.shared.deliver(self.ctx.current, Some(out));
+    }
+
+    /// Sends `out` as the response to the message with envelope `request`.
+    pub fn send_reply(&mut self, request: &Envelope, out: Out) {
+        self.shared.deliver(*request, Some(out));
+    }
+
+    /// The kernel's state as the runtime sees it.
+    pub fn kernel_state(&self) -> KernelState {
+        self.shared.state.lock().clone()
+    }
+}

@@ -1,0 +1,754 @@
+//! `KernelHandle`: the typed, cloneable handle to a launched kernel, and the kernel's thread.
+//!
+//! Delivery rules (no silent loss):
+//! * a send either enqueues (`Ok(id)`), is dropped by the `DropNewest`/`DropOldest` policy the
+//!   user chose (counted in `messages_dropped`), or fails with the message handed back;
+//! * `terminate` returns every message still queued, stranded by a failure, or produced but not
+//!   received, in its [`TerminateReport`];
+//! * a `call` reply goes straight to its caller; a reply that arrives after the caller timed
+//!   out is counted as dropped.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::thread::{JoinHandle, Thread, ThreadId};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use resident_ring::mailbox::{RecvError, SendError, Sent};
+use resident_ring::wait::{deadline_after, Signal};
+use resident_ring::{
+    Backpressure, Envelope, Mailbox, Message, MessageId, Slot, WaitStrategy, DEFAULT_PRIORITY,
+    FLAG_CALL,
+};
+
+use crate::runtime::context::{Context, LoopContext};
+use crate::runtime::kernel::{Body, TERMINATE_TIMEOUT};
+use crate::runtime::state::{Error, KernelState, Result, Returned};
+use crate::runtime::Ids;
+use crate::telemetry::{KernelMetrics, Telemetry};
+
+/// Flags the kernel thread watches, with the signal that wakes it when they change.
+pub(crate) struct Control {
+    pub active: AtomicBool,
+    pub terminate: AtomicBool,
+    pub signal: Signal,
+}
+
+/// The sending side of a kernel's input: what handles and other kernels send through.
+pub(crate) struct InputPort<In> {
+    pub id: Arc<str>,
+    pub mailbox: Mailbox<In>,
+    pub ids: Arc<Ids>,
+    pub state: Arc<Mutex<KernelState>>,
+}
+
+impl<In> Clone for InputPort<In> {
+    fn clone(&self) -> Self {
+        InputPort {
+            id: self.id.clone(),
+            mailbox: self.mailbox.clone(),
+            ids: self.ids.clone(),
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl<In: Message> InputPort<In> {
+    pub fn send(&self, msg: In, priority: u8, flags: u8, op: &'static str) -> Result<MessageId> {
+        let id = self.ids.next();
+        let mut env = Envelope::new(id, priority, self.ids.now_ns());
+        env.flags = flags;
+        self.send_slot(Slot::new(env, msg), op).map(|_| id)
+    }
+
+    fn send_slot(&self, slot: Slot<In>, op: &'static str) -> Result<()> {
+        match self.mailbox.send(slot) {
+            Ok(Sent::Queued | Sent::QueuedDroppedOldest(_) | Sent::DroppedNewest) => Ok(()),
+            Err(e) => Err(self.refused(e, op)),
+        }
+    }
+
+    fn refused(&self, e: SendError<Slot<In>>, op: &'static str) -> Error {
+        let id = self.id.to_string();
+        match e {
+            SendError::Full(s) => Error::QueueFull {
+                id,
+                op,
+                message: Returned::new(s.payload),
+            },
+            SendError::Timeout(s) => {
+                let timeout = match self.mailbox.config().backpressure {
+                    Backpressure::Block(t) => t,
+                    _ => Duration::ZERO,
+                };
+                Error::Timeout {
+                    id,
+                    op,
+                    timeout,
+                    message: Some(Returned::new(s.payload)),
+                }
+            }
+            SendError::Closed(s) => Error::NotAccepting {
+                id,
+                op,
+                state: self.state.lock().clone(),
+                message: Returned::new(s.payload),
+            },
+        }
+    }
+}
+
+/// A waiting `call`: the reply lands here and the caller is unparked.
+struct CallSlot<Out> {
+    done: AtomicU8,
+    value: Mutex<Option<Result<Out>>>,
+    caller: Thread,
+}
+
+impl<Out> CallSlot<Out> {
+    fn complete(&self, v: Result<Out>) {
+        *self.value.lock() = Some(v);
+        // Release: the value is written before `done`; pairs with the caller's Acquire load.
+        self.done.store(1, Ordering::Release);
+        self.caller.unpark();
+    }
+
+    fn wait(&self, deadline: Option<Instant>, strategy: WaitStrategy) -> Option<Result<Out>> {
+        let spin_until = match strategy {
+            WaitStrategy::Spin => deadline,
+            WaitStrategy::SpinThenPark(d) => Instant::now().checked_add(d),
+            WaitStrategy::Park => None,
+        };
+        let mut i = 0u32;
+        while spin_until.is_some_and(|t| Instant::now() < t) {
+            if self.done.load(Ordering::Acquire) == 1 {
+                return self.value.lock().take();
+            }
+            std::hint::spin_loop();
+            i += 1;
+            if i % 256 == 0 {
+                std::thread::yield_now();
+            }
+        }
+        loop {
+            if self.done.load(Ordering::Acquire) == 1 {
+                return self.value.lock().take();
+            }
+            match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    std::thread::park_timeout(d - now);
+                }
+                None => std::thread::park(),
+            }
+        }
+    }
+}
+
+/// Everything a kernel's thread and its handles share.
+pub(crate) struct KernelShared<In, Out> {
+    pub id: Arc<str>,
+    pub port: InputPort<In>,
+    pub input: Mailbox<In>,
+    pub output: Mailbox<Out>,
+    pub output_policy: Backpressure,
+    pub state: Arc<Mutex<KernelState>>,
+    pub control: Arc<Control>,
+    /// Held by the kernel thread while it takes and processes a batch, so `deactivate` can
+    /// wait for the batch in hand to finish.
+    pub batch_gate: Mutex<()>,
+    pending: Mutex<HashMap<u64, Arc<CallSlot<Out>>>>,
+    pub metrics: KernelMetrics,
+    pub ids: Arc<Ids>,
+    pub wait: WaitStrategy,
+    pub batch_size: usize,
+    /// Inputs taken from the queue but not processed because the handler failed.
+    stranded: Mutex<Vec<Slot<In>>>,
+    /// The input whose handling panicked.
+    failed_message: Mutex<Option<Slot<In>>>,
+    /// Outputs that could not be queued because terminate came while the output was full.
+    unsent: Mutex<Vec<Slot<Out>>>,
+    exited: AtomicBool,
+    exit_signal: Signal,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    thread_id: Mutex<Option<ThreadId>>,
+}
+
+impl<In: Message, Out: Message> KernelShared<In, Out> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: Arc<str>,
+        input: Mailbox<In>,
+        output: Mailbox<Out>,
+        output_policy: Backpressure,
+        ids: Arc<Ids>,
+        wait: WaitStrategy,
+        batch_size: usize,
+        telemetry: bool,
+    ) -> Self {
+        let state = Arc::new(Mutex::new(KernelState::Launched));
+        KernelShared {
+            port: InputPort {
+                id: id.clone(),
+                mailbox: input.clone(),
+                ids: ids.clone(),
+                state: state.clone(),
+            },
+            id,
+            input,
+            output,
+            output_policy,
+            state,
+            control: Arc::new(Control {
+                active: AtomicBool::new(false),
+                terminate: AtomicBool::new(false),
+                signal: Signal::new(),
+            }),
+            batch_gate: Mutex::new(()),
+            pending: Mutex::new(HashMap::new()),
+            metrics: KernelMetrics::new(telemetry),
+            ids,
+            wait,
+            batch_size,
+            stranded: Mutex::new(Vec::new()),
+            failed_message: Mutex::new(None),
+            unsent: Mutex::new(Vec::new()),
+            exited: AtomicBool::new(false),
+            exit_signal: Signal::new(),
+            thread: Mutex::new(None),
+            thread_id: Mutex::new(None),
+        }
+    }
+
+    /// Routes the result of handling the message with envelope `req`: to its waiting caller
+    /// for a `call`, else to the output queue. Records latency.
+    pub fn deliver(&self, req: Envelope, out: Option<Out>) {
+        if self.metrics.enabled {
+            self.metrics
+                .latency
+                .record(self.ids.now_ns().saturating_sub(req.timestamp_ns));
+        }
+        if req.is_call() {
+            match self.pending.lock().remove(&req.message_id) {
+                Some(slot) => slot.complete(out.ok_or(Error::NoReply {
+                    id: self.id.to_string(),
+                    message_id: req.message_id,
+                })),
+                None => {
+                    // The caller gave up (timeout) before the reply came.
+                    self.metrics.late_replies.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            return;
+        }
+        let Some(out) = out else { return };
+        let env = Envelope {
+            message_id: self.ids.next(),
+            correlation_id: req.message_id,
+            timestamp_ns: self.ids.now_ns(),
+            priority: req.priority,
+            flags: req.flags,
+            ..Default::default()
+        };
+        let mut slot = Slot::new(env, out);
+        loop {
+            let policy = match self.output_policy {
+                p @ (Backpressure::DropNewest | Backpressure::DropOldest) => p,
+                _ => Backpressure::Block(Duration::from_millis(20)),
+            };
+            match self.output.send_with(slot, policy) {
+                Ok(_) => return,
+                Err(e) => {
+                    slot = e.into_inner();
+                    if self.control.terminate.load(Ordering::Acquire) || self.output.is_closed() {
+                        self.unsent.lock().push(slot);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn set_failed(&self, reason: String) {
+        self.metrics.errors.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut st = self.state.lock();
+            *st = KernelState::Failed(reason.clone());
+        }
+        self.input.close();
+        self.output.close();
+        self.fail_pending(|id| Error::KernelFailed {
+            id,
+            reason: reason.clone(),
+        });
+        self.control.signal.notify();
+    }
+
+    fn fail_pending(&self, err: impl Fn(String) -> Error) {
+        let pending: Vec<_> = self.pending.lock().drain().collect();
+        for (_, slot) in pending {
+            slot.complete(Err(err(self.id.to_string())));
+        }
+    }
+
+    fn wait_for_control(&self) {
+        let c = &self.control;
+        c.signal.wait_until(WaitStrategy::Park, None, || {
+            c.active.load(Ordering::Acquire) || c.terminate.load(Ordering::Acquire)
+        });
+    }
+
+    /// The handler form's loop: drain a batch, handle each message, repeat.
+    fn run_handler<S>(
+        &self,
+        mut ctx: Context<S>,
+        mut handler: crate::runtime::kernel::HandlerFn<In, Out, S>,
+    ) {
+        let mut batch: Vec<Slot<In>> = Vec::with_capacity(self.batch_size);
+        let c = self.control.clone();
+        loop {
+            if c.terminate.load(Ordering::Acquire) {
+                return;
+            }
+            if !c.active.load(Ordering::Acquire) {
+                self.wait_for_control();
+                continue;
+            }
+            let gate = self.batch_gate.lock();
+            // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
+            if !c.active.load(Ordering::Acquire) || c.terminate.load(Ordering::Acquire) {
+                continue;
+            }
+            batch.clear();
+            let n = self.input.recv_batch(&mut batch, self.batch_size);
+            if n == 0 {
+                drop(gate);
+                self.input.wait_nonempty(None, || {
+                    c.terminate.load(Ordering::Acquire) || !c.active.load(Ordering::Acquire)
+                });
+                continue;
+            }
+            for (i, slot) in batch.iter().enumerate() {
+                ctx.current = slot.env;
+                let payload = slot.payload;
+                match catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, payload))) {
+                    Ok(out) => self.deliver(slot.env, out),
+                    Err(panic) => {
+                        self.metrics.batch_done(i as u64, Instant::now());
+                        *self.failed_message.lock() = Some(*slot);
+                        self.stranded.lock().extend_from_slice(&batch[i + 1..]);
+                        self.set_failed(format!(
+                            "handler panicked on message {}: {}",
+                            slot.env.message_id,
+                            panic_text(&panic)
+                        ));
+                        return;
+                    }
+                }
+            }
+            self.metrics.batch_done(n as u64, Instant::now());
+            drop(gate);
+        }
+    }
+
+    fn finish_thread(&self) {
+        self.exited.store(true, Ordering::Release);
+        self.exit_signal.notify();
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Starts the kernel's thread (waiting for `activate` before it handles anything).
+pub(crate) fn spawn_kernel<In: Message, Out: Message, S: Send + 'static>(
+    shared: Arc<KernelShared<In, Out>>,
+    ctx: Context<S>,
+    body: Body<In, Out, S>,
+) -> Result<()> {
+    let s = shared.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("resident:{}", shared.id))
+        .spawn(move || {
+            *s.thread_id.lock() = Some(std::thread::current().id());
+            match body {
+                Body::Handler(h) => s.run_handler(ctx, h),
+                Body::Loop(f) => {
+                    let mut lctx = LoopContext::new(ctx, s.clone());
+                    let r = catch_unwind(AssertUnwindSafe(|| {
+                        // Nothing is handed to the loop before activation.
+                        s.wait_for_control();
+                        f(&mut lctx)
+                    }));
+                    drop(lctx.into_parts());
+                    match r {
+                        Err(p) => s.set_failed(format!("run loop panicked: {}", panic_text(&p))),
+                        Ok(()) if !s.control.terminate.load(Ordering::Acquire) => {
+                            s.set_failed("run loop returned before terminate was requested".into())
+                        }
+                        Ok(()) => {}
+                    }
+                }
+            }
+            s.finish_thread();
+        })
+        .map_err(|source| Error::Spawn {
+            id: shared.id.to_string(),
+            source,
+        })?;
+    *shared.thread.lock() = Some(handle);
+    Ok(())
+}
+
+/// What `terminate` found: counts, and every message that was not delivered, so nothing is
+/// lost silently.
+#[derive(Debug)]
+pub struct TerminateReport<In, Out> {
+    /// Kernel id.
+    pub kernel_id: String,
+    /// Messages the handler finished.
+    pub processed: u64,
+    /// Messages discarded by a drop policy or late replies (counted, as in telemetry).
+    pub dropped: u64,
+    /// Inputs accepted but never handled (still queued, or stranded by a failure), with their
+    /// envelopes, highest priority first.
+    pub undelivered: Vec<(Envelope, In)>,
+    /// Outputs produced but never received.
+    pub unreceived: Vec<(Envelope, Out)>,
+    /// The failure, if the kernel had failed, and the message whose handling failed.
+    pub failure: Option<(String, Option<(Envelope, In)>)>,
+}
+
+/// A typed, cloneable handle to a launched kernel.
+pub struct KernelHandle<In, Out> {
+    pub(crate) shared: Arc<KernelShared<In, Out>>,
+}
+
+impl<In, Out> std::fmt::Debug for KernelHandle<In, Out> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelHandle")
+            .field("id", &&*self.shared.id)
+            .field("state", &*self.shared.state.lock())
+            .finish()
+    }
+}
+
+impl<In, Out> Clone for KernelHandle<In, Out> {
+    fn clone(&self) -> Self {
+        KernelHandle {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<In: Message, Out: Message> KernelHandle<In, Out> {
+    /// The kernel's id.
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// The kernel's lifecycle state.
+    pub fn state(&self) -> KernelState {
+        self.shared.state.lock().clone()
+    }
+
+    fn invalid(&self, op: &'static str, state: KernelState) -> Error {
+        Error::InvalidState {
+            id: self.shared.id.to_string(),
+            op,
+            state,
+        }
+    }
+
+    /// Starts (or resumes) processing: `Launched | Inactive -> Active`.
+    pub fn activate(&self) -> Result<()> {
+        let mut st = self.shared.state.lock();
+        match *st {
+            KernelState::Launched | KernelState::Inactive => {
+                *st = KernelState::Active;
+                self.shared.control.active.store(true, Ordering::Release);
+                drop(st);
+                self.shared.control.signal.notify();
+                Ok(())
+            }
+            ref other => Err(self.invalid("activate", other.clone())),
+        }
+    }
+
+    /// Stops intake: `Active -> Inactive`. Returns once the batch in hand (if any) is done;
+    /// later messages queue up (or meet backpressure) until `activate`.
+    pub fn deactivate(&self) -> Result<()> {
+        {
+            let mut st = self.shared.state.lock();
+            match *st {
+                KernelState::Active => *st = KernelState::Inactive,
+                ref other => return Err(self.invalid("deactivate", other.clone())),
+            }
+            self.shared.control.active.store(false, Ordering::Release);
+        }
+        self.shared.input.notify_receivers();
+        // Wait for the batch in hand, unless we are that kernel's own thread.
+        if *self.shared.thread_id.lock() != Some(std::thread::current().id()) {
+            drop(self.shared.batch_gate.lock());
+        }
+        Ok(())
+    }
+
+    /// Sends `msg` at the default priority (128). Returns its message id.
+    pub fn send(&self, msg: In) -> Result<MessageId> {
+        self.shared.port.send(msg, DEFAULT_PRIORITY, 0, "send")
+    }
+
+    /// Sends `msg` at `priority` (0-255, higher drains first).
+    pub fn send_with_priority(&self, msg: In, priority: u8) -> Result<MessageId> {
+        self.shared.port.send(msg, priority, 0, "send")
+    }
+
+    /// Sends many messages at the default priority with one queue operation per lane run.
+    /// Returns how many were taken; on a refusal, the error hands back the first refused
+    /// message and the rest of `msgs` were not sent.
+    pub fn send_batch(&self, msgs: &[In]) -> Result<usize> {
+        let p = &self.shared.port;
+        let first = p.ids.next_n(msgs.len() as u64);
+        let now = p.ids.now_ns();
+        let slots: Vec<Slot<In>> = msgs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Slot::new(Envelope::new(first + i as u64, DEFAULT_PRIORITY, now), *m))
+            .collect();
+        match self.shared.input.send_batch(&slots) {
+            (n, None) => Ok(n),
+            (_, Some(e)) => Err(p.refused(e, "send_batch")),
+        }
+    }
+
+    /// Sends `msg` and waits up to `timeout` for the reply matched by correlation id. Safe with
+    /// many concurrent callers. A reply that comes after the timeout is counted as dropped.
+    pub fn call(&self, msg: In, timeout: Duration) -> Result<Out> {
+        let sh = &self.shared;
+        let deadline = deadline_after(timeout);
+        let id = sh.ids.next();
+        let slot = Arc::new(CallSlot {
+            done: AtomicU8::new(0),
+            value: Mutex::new(None),
+            caller: std::thread::current(),
+        });
+        sh.pending.lock().insert(id, slot.clone());
+        let mut env = Envelope::new(id, DEFAULT_PRIORITY, sh.ids.now_ns());
+        env.flags = FLAG_CALL;
+        if let Err(e) = sh.port.send_slot(Slot::new(env, msg), "call") {
+            sh.pending.lock().remove(&id);
+            return Err(e);
+        }
+        match slot.wait(deadline, sh.wait) {
+            Some(r) => r,
+            None => {
+                if sh.pending.lock().remove(&id).is_none() {
+                    // Completed between our last check and the removal.
+                    if let Some(r) = slot.wait(None, WaitStrategy::Park) {
+                        return r;
+                    }
+                }
+                Err(Error::Timeout {
+                    id: sh.id.to_string(),
+                    op: "call",
+                    timeout,
+                    message: None,
+                })
+            }
+        }
+    }
+
+    /// The next output, waiting up to `timeout`.
+    pub fn receive(&self, timeout: Duration) -> Result<Out> {
+        self.receive_envelope(timeout).map(|(_, m)| m)
+    }
+
+    /// The next output with its envelope (`correlation_id` = the request's message id).
+    pub fn receive_envelope(&self, timeout: Duration) -> Result<(Envelope, Out)> {
+        match self.shared.output.recv_timeout(timeout) {
+            Ok(s) => Ok((s.env, s.payload)),
+            Err(RecvError::Timeout) => Err(Error::Timeout {
+                id: self.shared.id.to_string(),
+                op: "receive",
+                timeout,
+                message: None,
+            }),
+            Err(RecvError::Closed) => Err(self.closed_error("receive")),
+        }
+    }
+
+    /// Up to `max` outputs that are ready now, appended to `out`; returns how many.
+    pub fn receive_batch(&self, out: &mut Vec<Out>, max: usize) -> Result<usize> {
+        let mut slots = Vec::with_capacity(max.min(4096));
+        let n = self.shared.output.recv_batch(&mut slots, max);
+        if n == 0 && self.shared.output.is_closed() {
+            return Err(self.closed_error("receive"));
+        }
+        out.extend(slots.into_iter().map(|s| s.payload));
+        Ok(n)
+    }
+
+    /// The next output if one is ready; an error once the kernel failed or terminated and no
+    /// output is left.
+    pub fn try_receive(&self) -> Result<Option<Out>> {
+        match self.shared.output.try_recv() {
+            Some(s) => Ok(Some(s.payload)),
+            None if self.shared.output.is_closed() => Err(self.closed_error("receive")),
+            None => Ok(None),
+        }
+    }
+
+    fn closed_error(&self, op: &'static str) -> Error {
+        match self.state() {
+            KernelState::Failed(reason) => Error::KernelFailed {
+                id: self.shared.id.to_string(),
+                reason,
+            },
+            state => self.invalid(op, state),
+        }
+    }
+
+    /// Waits until everything queued so far has been handled (input empty, batch done).
+    /// Only valid while active.
+    pub fn drain(&self, timeout: Duration) -> Result<()> {
+        let deadline = deadline_after(timeout);
+        loop {
+            match self.state() {
+                KernelState::Active => {}
+                state => return Err(self.invalid("drain", state)),
+            }
+            if self.shared.input.is_empty() {
+                let _gate = self.shared.batch_gate.lock();
+                if self.shared.input.is_empty() {
+                    return Ok(());
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Timeout {
+                    id: self.shared.id.to_string(),
+                    op: "drain",
+                    timeout,
+                    message: None,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// Stops the kernel: intake stops at once, the batch in hand finishes, the thread exits,
+    /// and the report returns every message that was not delivered. Valid from `Launched`,
+    /// `Active`, `Inactive`, `Failed`, and again from `Terminating` after a timeout.
+    pub fn terminate(&self) -> Result<TerminateReport<In, Out>> {
+        let sh = &self.shared;
+        let failure = {
+            let mut st = sh.state.lock();
+            match &*st {
+                KernelState::Launched
+                | KernelState::Active
+                | KernelState::Inactive
+                | KernelState::Terminating => {
+                    *st = KernelState::Terminating;
+                    None
+                }
+                KernelState::Failed(reason) => Some(reason.clone()),
+                other => return Err(self.invalid("terminate", other.clone())),
+            }
+        };
+        sh.input.close();
+        sh.control.terminate.store(true, Ordering::Release);
+        sh.control.signal.notify();
+        sh.input.notify_receivers();
+        if *sh.thread_id.lock() == Some(std::thread::current().id()) {
+            return Err(self.invalid("terminate from its own handler", sh.state.lock().clone()));
+        }
+        let exited = sh.exit_signal.wait_until(
+            WaitStrategy::Park,
+            deadline_after(TERMINATE_TIMEOUT),
+            || sh.exited.load(Ordering::Acquire),
+        );
+        if !exited {
+            return Err(Error::Timeout {
+                id: sh.id.to_string(),
+                op: "terminate",
+                timeout: TERMINATE_TIMEOUT,
+                message: None,
+            });
+        }
+        if let Some(t) = sh.thread.lock().take() {
+            let _ = t.join();
+        }
+        let mut undelivered: Vec<(Envelope, In)> = sh
+            .stranded
+            .lock()
+            .drain(..)
+            .map(|s| (s.env, s.payload))
+            .collect();
+        undelivered.extend(sh.input.drain().into_iter().map(|s| (s.env, s.payload)));
+        let mut unreceived: Vec<(Envelope, Out)> = sh
+            .output
+            .drain()
+            .into_iter()
+            .map(|s| (s.env, s.payload))
+            .collect();
+        unreceived.extend(sh.unsent.lock().drain(..).map(|s| (s.env, s.payload)));
+        sh.output.close();
+        sh.fail_pending(|id| Error::InvalidState {
+            id,
+            op: "call",
+            state: KernelState::Terminated,
+        });
+        let failed_message = sh.failed_message.lock().take().map(|s| (s.env, s.payload));
+        *sh.state.lock() = KernelState::Terminated;
+        let t = self.telemetry();
+        Ok(TerminateReport {
+            kernel_id: sh.id.to_string(),
+            processed: t.messages_processed,
+            dropped: t.messages_dropped,
+            undelivered,
+            unreceived,
+            failure: failure.map(|r| (r, failed_message)),
+        })
+    }
+
+    /// A snapshot of the kernel's telemetry.
+    pub fn telemetry(&self) -> Telemetry {
+        let sh = &self.shared;
+        let m = &sh.metrics;
+        let input = sh.input.counters();
+        let output = sh.output.counters();
+        Telemetry {
+            kernel_id: sh.id.to_string(),
+            state: self.state(),
+            messages_received: input.accepted,
+            messages_processed: m.processed.load(Ordering::Relaxed),
+            messages_dropped: input.dropped
+                + output.dropped
+                + m.late_replies.load(Ordering::Relaxed),
+            messages_refused: input.refused,
+            errors: m.errors.load(Ordering::Relaxed),
+            queue_depth: sh.input.len(),
+            output_depth: sh.output.len(),
+            batches: m.batches.load(Ordering::Relaxed),
+            throughput: m.throughput(),
+            latency: if m.enabled {
+                m.latency.summary()
+            } else {
+                Default::default()
+            },
+            uptime: m.started.elapsed(),
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! `RingKernel`: the definition of an actor (id, queues, policy, state, handler), built with a
+//! builder and handed to `Runtime::launch`.
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use resident_ring::{Backpressure, Message, WaitStrategy};
+
+use crate::runtime::context::{Context, LoopContext};
+
+pub(crate) type HandlerFn<In, Out, S> = Box<dyn FnMut(&mut Context<S>, In) -> Option<Out> + Send>;
+pub(crate) type LoopFn<In, Out, S> = Box<dyn FnOnce(&mut LoopContext<In, Out, S>) + Send>;
+
+pub(crate) enum Body<In, Out, S> {
+    Handler(HandlerFn<In, Out, S>),
+    Loop(LoopFn<In, Out, S>),
+}
+
+/// The definition of a ring kernel: an actor with an input and an output queue and state that
+/// stays with it. `In` and `Out` are the message types, `S` the state.
+///
+/// ```
+/// use resident::prelude::*;
+/// use std::time::Duration;
+/// let rt = Runtime::builder().backend(Backend::Cpu).build().unwrap();
+/// let k = RingKernel::<u32, u32>::new("double")
+///     .queue_size(256)
+///     .state(0u64)
+///     .handler(|ctx: &mut Context<u64>, x: u32| {
+///         *ctx.state_mut() += 1;
+///         Some(x * 2)
+///     });
+/// let h = rt.launch(k).unwrap();
+/// h.activate().unwrap();
+/// assert_eq!(h.call(21, Duration::from_secs(5)).unwrap(), 42);
+/// ```
+pub struct RingKernel<In, Out, S = ()> {
+    pub(crate) id: String,
+    pub(crate) queue_size: usize,
+    pub(crate) output_queue_size: Option<usize>,
+    pub(crate) lanes: usize,
+    pub(crate) backpressure: Backpressure,
+    pub(crate) batch_size: usize,
+    pub(crate) wait: Option<WaitStrategy>,
+    pub(crate) state: S,
+    pub(crate) body: Option<Body<In, Out, S>>,
+    _types: PhantomData<fn(In) -> Out>,
+}
+
+impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
+    /// A kernel definition with id `id`, no state, and defaults: 1024 messages per lane,
+    /// 4 priority lanes, `Backpressure::Block(1 s)`, batches of up to 64.
+    pub fn new(id: impl Into<String>) -> Self {
+        RingKernel {
+            id: id.into(),
+            queue_size: 1024,
+            output_queue_size: None,
+            lanes: 4,
+            backpressure: Backpressure::default(),
+            batch_size: 64,
+            wait: None,
+            state: (),
+            body: None,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
+    /// Messages each input priority lane holds (rounded up to a power of two). Also the
+    /// output queue's size unless [`RingKernel::output_queue_size`] sets it.
+    pub fn queue_size(mut self, n: usize) -> Self {
+        self.queue_size = n;
+        self
+    }
+
+    /// Size of the output queue.
+    pub fn output_queue_size(mut self, n: usize) -> Self {
+        self.output_queue_size = Some(n);
+        self
+    }
+
+    /// Number of priority lanes, 1 to 256 (see `resident_ring::mailbox` for the mapping).
+    pub fn priority_lanes(mut self, lanes: usize) -> Self {
+        self.lanes = lanes;
+        self
+    }
+
+    /// What `send` does when the input is full. Outputs never fail a handler: when the output
+    /// queue is full the kernel waits for room (`Block`, `Reject`) or drops by the same policy
+    /// (`DropOldest`, `DropNewest`), counted.
+    pub fn backpressure(mut self, policy: Backpressure) -> Self {
+        self.backpressure = policy;
+        self
+    }
+
+    /// Most messages drained per batch (at least 1).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+
+    /// How this kernel's thread and its receivers wait (default: the runtime's).
+    pub fn wait_strategy(mut self, wait: WaitStrategy) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Per-kernel state, owned by the kernel's thread for its whole life.
+    pub fn state<S2: Send + 'static>(self, state: S2) -> RingKernel<In, Out, S2> {
+        RingKernel {
+            id: self.id,
+            queue_size: self.queue_size,
+            output_queue_size: self.output_queue_size,
+            lanes: self.lanes,
+            backpressure: self.backpressure,
+            batch_size: self.batch_size,
+            wait: self.wait,
+            state,
+            body: None,
+            _types: PhantomData,
+        }
+    }
+
+    /// The per-message handler; the runtime drains the queue in batches and calls it for each
+    /// message, in priority order. Returning `Some(out)` sends `out` as the response
+    /// (correlated with the request); `None` sends nothing.
+    pub fn handler<F>(mut self, f: F) -> Self
+    where
+        F: FnMut(&mut Context<S>, In) -> Option<Out> + Send + 'static,
+    {
+        self.body = Some(Body::Handler(Box::new(f)));
+        self
+    }
+
+    /// The loop form: the kernel's thread runs `f` once; `f` receives and sends itself and
+    /// must return when [`LoopContext::should_terminate`] becomes true.
+    pub fn run<F>(mut self, f: F) -> Self
+    where
+        F: FnOnce(&mut LoopContext<In, Out, S>) + Send + 'static,
+    {
+        self.body = Some(Body::Loop(Box::new(f)));
+        self
+    }
+
+    /// The kernel's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// How long `terminate` waits for a kernel's thread to stop.
+pub(crate) const TERMINATE_TIMEOUT: Duration = Duration::from_secs(10);

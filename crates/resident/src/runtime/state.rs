@@ -1,0 +1,250 @@
+//! The lifecycle of a ring kernel and the runtime's typed errors.
+//!
+//! `Created -> Launched -> Active <-> Inactive -> Terminating -> Terminated`, plus
+//! `Failed(reason)` from any live state when a handler panics.
+
+use std::any::Any;
+use std::fmt;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+/// Where a kernel is in its lifecycle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelState {
+    /// Defined, not launched.
+    Created,
+    /// Launched (queues and thread exist); messages queue up, nothing is processed yet.
+    Launched,
+    /// Processing messages.
+    Active,
+    /// Intake stopped; messages queue up until `activate`.
+    Inactive,
+    /// `terminate` is in progress.
+    Terminating,
+    /// Stopped; its queues are gone.
+    Terminated,
+    /// A handler panicked (or its loop ended early); the reason says how.
+    Failed(String),
+}
+
+impl KernelState {
+    /// Whether sends are accepted in this state.
+    pub fn accepts_messages(&self) -> bool {
+        matches!(
+            self,
+            KernelState::Launched | KernelState::Active | KernelState::Inactive
+        )
+    }
+}
+
+impl fmt::Display for KernelState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelState::Created => f.write_str("created"),
+            KernelState::Launched => f.write_str("launched"),
+            KernelState::Active => f.write_str("active"),
+            KernelState::Inactive => f.write_str("inactive"),
+            KernelState::Terminating => f.write_str("terminating"),
+            KernelState::Terminated => f.write_str("terminated"),
+            KernelState::Failed(r) => write!(f, "failed ({r})"),
+        }
+    }
+}
+
+/// A message handed back inside an error, so a refused send loses nothing.
+/// Take it out with [`Error::into_message`].
+pub struct Returned {
+    value: Mutex<Option<Box<dyn Any + Send>>>,
+    type_name: &'static str,
+}
+
+impl Returned {
+    pub(crate) fn new<T: Send + 'static>(value: T) -> Self {
+        Returned {
+            value: Mutex::new(Some(Box::new(value))),
+            type_name: std::any::type_name::<T>(),
+        }
+    }
+}
+
+impl fmt::Debug for Returned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Returned<{}>", self.type_name)
+    }
+}
+
+/// The runtime's errors. Every one names the kernel; refused sends carry the message back.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The operation is not valid in the kernel's current state.
+    #[error("kernel '{id}': cannot {op} while {state}")]
+    InvalidState {
+        /// Kernel id.
+        id: String,
+        /// What was attempted.
+        op: &'static str,
+        /// The state it was in.
+        state: KernelState,
+    },
+    /// A send to a kernel that no longer accepts messages (terminating, terminated, failed).
+    #[error("kernel '{id}' is {state}: {op} refused, message returned")]
+    NotAccepting {
+        /// Kernel id.
+        id: String,
+        /// What was attempted.
+        op: &'static str,
+        /// The state it was in.
+        state: KernelState,
+        /// The message.
+        message: Returned,
+    },
+    /// The input lane was full under `Backpressure::Reject`.
+    #[error("kernel '{id}': input queue full, {op} rejected, message returned")]
+    QueueFull {
+        /// Kernel id.
+        id: String,
+        /// What was attempted.
+        op: &'static str,
+        /// The message.
+        message: Returned,
+    },
+    /// Nothing happened within the timeout.
+    #[error("kernel '{id}': {op} timed out after {timeout:?}")]
+    Timeout {
+        /// Kernel id.
+        id: String,
+        /// What timed out.
+        op: &'static str,
+        /// The timeout.
+        timeout: Duration,
+        /// The message, for a send that waited for room in vain.
+        message: Option<Returned>,
+    },
+    /// The kernel failed; waiting callers and receivers get this promptly.
+    #[error("kernel '{id}' failed: {reason}")]
+    KernelFailed {
+        /// Kernel id.
+        id: String,
+        /// The panic message or other cause.
+        reason: String,
+    },
+    /// A `call` was answered with no output (the handler returned `None`).
+    #[error("kernel '{id}': the handler produced no reply to message {message_id}")]
+    NoReply {
+        /// Kernel id.
+        id: String,
+        /// The request.
+        message_id: u64,
+    },
+    /// No kernel has this id.
+    #[error("no kernel with id '{id}'")]
+    UnknownKernel {
+        /// The id asked for.
+        id: String,
+    },
+    /// The kernel exists with other message types.
+    #[error("kernel '{id}' is RingKernel<{actual}>, not RingKernel<{expected}>")]
+    TypeMismatch {
+        /// Kernel id.
+        id: String,
+        /// Types asked for.
+        expected: String,
+        /// Types it has.
+        actual: String,
+    },
+    /// A live kernel already has this id.
+    #[error("kernel '{id}' already exists and is {state}; terminate it first")]
+    DuplicateKernel {
+        /// Kernel id.
+        id: String,
+        /// Its state.
+        state: KernelState,
+    },
+    /// The kernel definition is not usable.
+    #[error("kernel '{id}': invalid configuration: {reason}")]
+    InvalidConfig {
+        /// Kernel id.
+        id: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The requested backend cannot be used.
+    #[error("backend unavailable: {0}")]
+    BackendUnavailable(String),
+    /// The kernel's thread could not be started.
+    #[error("kernel '{id}': cannot start its thread: {source}")]
+    Spawn {
+        /// Kernel id.
+        id: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The message a refused send handed back, if this error carries one of type `T`.
+    pub fn into_message<T: 'static>(self) -> Option<T> {
+        let returned = match self {
+            Error::NotAccepting { message, .. } | Error::QueueFull { message, .. } => message,
+            Error::Timeout {
+                message: Some(message),
+                ..
+            } => message,
+            _ => return None,
+        };
+        let boxed = returned.value.into_inner()?;
+        boxed.downcast::<T>().ok().map(|b| *b)
+    }
+
+    /// The id of the kernel the error is about, if any.
+    pub fn kernel_id(&self) -> Option<&str> {
+        match self {
+            Error::InvalidState { id, .. }
+            | Error::NotAccepting { id, .. }
+            | Error::QueueFull { id, .. }
+            | Error::Timeout { id, .. }
+            | Error::KernelFailed { id, .. }
+            | Error::NoReply { id, .. }
+            | Error::UnknownKernel { id }
+            | Error::TypeMismatch { id, .. }
+            | Error::DuplicateKernel { id, .. }
+            | Error::InvalidConfig { id, .. }
+            | Error::Spawn { id, .. } => Some(id),
+            Error::BackendUnavailable(_) => None,
+        }
+    }
+}
+
+/// `Result` with the runtime's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_hand_back_messages_and_name_the_kernel() {
+        let e = Error::QueueFull {
+            id: "k".into(),
+            op: "send",
+            message: Returned::new(42u64),
+        };
+        assert_eq!(
+            e.to_string(),
+            "kernel 'k': input queue full, send rejected, message returned"
+        );
+        assert_eq!(e.kernel_id(), Some("k"));
+        assert_eq!(e.into_message::<u64>(), Some(42));
+        let e = Error::NotAccepting {
+            id: "k".into(),
+            op: "send",
+            state: KernelState::Terminated,
+            message: Returned::new(1u8),
+        };
+        assert!(e.to_string().contains("terminated"));
+        assert_eq!(e.into_message::<u32>(), None, "wrong type gives None");
+        fn is_send_sync<T: Send + Sync + 'static>() {}
+        is_send_sync::<Error>();
+    }
+}
