@@ -1,4 +1,66 @@
-//! The `resident` command-line tool.
-fn main() {
-    println!("resident {}", env!("CARGO_PKG_VERSION"));
+//! The `resident` command-line tool: demos and benchmarks of ring kernels.
+
+mod bench;
+mod demo;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "resident",
+    version,
+    about = "Persistent GPU actors: demos, benchmarks, devices"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The main job: the demo pipeline, then the quick benchmark (JSON into bench/results/).
+    All {
+        /// Where the benchmark JSON goes.
+        #[arg(long, default_value = "bench/results/cpu-latest.json")]
+        out: PathBuf,
+    },
+    /// A three-stage sensor anomaly pipeline with telemetry.
+    Demo {
+        /// Readings to push through the pipeline.
+        #[arg(long, default_value_t = 1_000_000)]
+        messages: u32,
+    },
+    /// CPU-backend benchmarks against rtrb and crossbeam, measured in the same run.
+    Bench {
+        /// Shorter runs (a few seconds in all).
+        #[arg(long)]
+        quick: bool,
+        /// Where the JSON goes.
+        #[arg(long, default_value = "bench/results/cpu-latest.json")]
+        out: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::All { out } => demo::run(1_000_000).and_then(|_| {
+            println!();
+            bench::run(&bench::Options { quick: true }, Some(&out)).map(|_| ())
+        }),
+        Command::Demo { messages } => demo::run(messages),
+        Command::Bench { quick, out } => {
+            bench::run(&bench::Options { quick }, Some(&out)).map(|_| ())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -148,6 +148,8 @@ pub struct MailboxCounters {
 
 struct Shared<T> {
     producers: Box<[Mutex<Producer<Slot<T>>>]>,
+    /// The lanes' rings, for lock-free length checks by waiters.
+    rings: Box<[Arc<Ring<Slot<T>>>]>,
     consumers: Mutex<Vec<Consumer<Slot<T>>>>,
     config: MailboxConfig,
     /// Notified after every enqueue and on close.
@@ -194,15 +196,18 @@ impl<T: Copy + Send> Mailbox<T> {
         }
         let capacity = config.capacity.next_power_of_two();
         let mut producers = Vec::with_capacity(config.lanes);
+        let mut rings = Vec::with_capacity(config.lanes);
         let mut consumers = Vec::with_capacity(config.lanes);
         for _ in 0..config.lanes {
             let (p, c) = Ring::new(capacity)?;
+            rings.push(p.ring_arc());
             producers.push(Mutex::new(p));
             consumers.push(c);
         }
         Ok(Mailbox {
             shared: Arc::new(Shared {
                 producers: producers.into_boxed_slice(),
+                rings: rings.into_boxed_slice(),
                 consumers: Mutex::new(consumers),
                 config: MailboxConfig { capacity, ..config },
                 not_empty: Signal::new(),
@@ -280,8 +285,7 @@ impl<T: Copy + Send> Mailbox<T> {
                     drop(producer);
                     let deadline = *deadline.get_or_insert_with(|| deadline_after(timeout));
                     let ok = s.not_full.wait_until(s.config.wait, deadline, || {
-                        s.closed.load(Ordering::Acquire)
-                            || s.producers[lane].lock().ring().len() < s.config.capacity
+                        s.closed.load(Ordering::Acquire) || s.rings[lane].len() < s.config.capacity
                     });
                     if !ok {
                         s.refused.fetch_add(1, Ordering::Relaxed);
@@ -409,7 +413,7 @@ impl<T: Copy + Send> Mailbox<T> {
 
     /// Whether no message is queued now.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.shared.rings.iter().all(|r| r.is_empty())
     }
 
     /// Refuses every later send; wakes all waiters. Queued messages stay receivable.

@@ -136,20 +136,36 @@ pub const fn ring_bytes<T>(capacity: usize) -> usize {
 #[cfg(not(loom))]
 struct Storage<T> {
     mem: Box<dyn RingMemory>,
+    /// `mem`'s header, cached so the hot path makes no dynamic call.
+    header: *const RingHeader,
+    /// First slot, cached likewise.
+    slots: *mut T,
     _t: PhantomData<T>,
 }
 
 #[cfg(not(loom))]
 impl<T: Copy> Storage<T> {
+    fn new(mem: Box<dyn RingMemory>) -> Self {
+        let base = mem.as_mut_ptr();
+        // SAFETY: `with_memory` checked that the memory holds the header and the slots;
+        // HEADER_BYTES is a multiple of T's alignment (at most 128).
+        let slots = unsafe { base.add(HEADER_BYTES) as *mut T };
+        Storage {
+            mem,
+            header: base as *const RingHeader,
+            slots,
+            _t: PhantomData,
+        }
+    }
     fn header(&self) -> &RingHeader {
-        // SAFETY: the memory is at least HEADER_BYTES, 128-aligned (checked in `with_memory`)
-        // and RingHeader is two atomics plus padding, valid for any bit pattern.
-        unsafe { &*(self.mem.as_mut_ptr() as *const RingHeader) }
+        // SAFETY: the memory is at least HEADER_BYTES, 128-aligned (checked in `with_memory`),
+        // lives as long as `self`, and RingHeader is two atomics plus padding, valid for any
+        // bit pattern.
+        unsafe { &*self.header }
     }
     fn slot_ptr(&self, index: usize) -> *mut T {
-        // SAFETY: callers pass `index < capacity`; the memory holds `capacity` slots after the
-        // header (checked in `with_memory`), and HEADER_BYTES is a multiple of T's alignment.
-        unsafe { (self.mem.as_mut_ptr().add(HEADER_BYTES) as *mut T).add(index) }
+        // SAFETY: callers pass `index < capacity`; the memory holds `capacity` slots.
+        unsafe { self.slots.add(index) }
     }
     /// # Safety
     /// The slot must be owned by the producer (between `tail` and `head + capacity`).
@@ -254,10 +270,7 @@ impl<T: Copy + Send> Ring<T> {
                 align,
             });
         }
-        let storage = Storage {
-            mem,
-            _t: PhantomData,
-        };
+        let storage = Storage::new(mem);
         Ok(Self::split(Ring {
             storage,
             capacity,
@@ -391,6 +404,12 @@ impl<T: Copy + Send> Producer<T> {
     /// Free slots as seen now (re-reads the consumer's index).
     pub fn slots(&mut self) -> usize {
         self.free_slots(usize::MAX)
+    }
+
+    /// A shared reference to the ring, for observers that only read its length.
+    #[cfg(not(loom))]
+    pub fn ring_arc(&self) -> Arc<Ring<T>> {
+        self.ring.clone()
     }
 
     /// The shared ring.

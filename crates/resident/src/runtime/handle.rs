@@ -156,7 +156,6 @@ pub(crate) struct KernelShared<In, Out> {
     pub port: InputPort<In>,
     pub input: Mailbox<In>,
     pub output: Mailbox<Out>,
-    pub output_policy: Backpressure,
     pub state: Arc<Mutex<KernelState>>,
     pub control: Arc<Control>,
     /// Held by the kernel thread while it takes and processes a batch, so `deactivate` can
@@ -185,7 +184,6 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
         id: Arc<str>,
         input: Mailbox<In>,
         output: Mailbox<Out>,
-        output_policy: Backpressure,
         ids: Arc<Ids>,
         wait: WaitStrategy,
         batch_size: usize,
@@ -202,7 +200,6 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
             id,
             input,
             output,
-            output_policy,
             state,
             control: Arc::new(Control {
                 active: AtomicBool::new(false),
@@ -228,48 +225,58 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
     /// Routes the result of handling the message with envelope `req`: to its waiting caller
     /// for a `call`, else to the output queue. Records latency.
     pub fn deliver(&self, req: Envelope, out: Option<Out>) {
+        let now = self.ids.now_ns();
         if self.metrics.enabled {
             self.metrics
                 .latency
-                .record(self.ids.now_ns().saturating_sub(req.timestamp_ns));
+                .record(now.saturating_sub(req.timestamp_ns));
         }
         if req.is_call() {
-            match self.pending.lock().remove(&req.message_id) {
-                Some(slot) => slot.complete(out.ok_or(Error::NoReply {
-                    id: self.id.to_string(),
-                    message_id: req.message_id,
-                })),
-                None => {
-                    // The caller gave up (timeout) before the reply came.
-                    self.metrics.late_replies.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            return;
+            self.reply(req, out);
+        } else if let Some(out) = out {
+            let env = self.response_envelope(&req, self.ids.next(), now);
+            self.push_outputs(&[Slot::new(env, out)]);
         }
-        let Some(out) = out else { return };
-        let env = Envelope {
-            message_id: self.ids.next(),
+    }
+
+    fn response_envelope(&self, req: &Envelope, message_id: u64, now: u64) -> Envelope {
+        Envelope {
+            message_id,
             correlation_id: req.message_id,
-            timestamp_ns: self.ids.now_ns(),
+            timestamp_ns: now,
             priority: req.priority,
             flags: req.flags,
             ..Default::default()
-        };
-        let mut slot = Slot::new(env, out);
-        loop {
-            let policy = match self.output_policy {
-                p @ (Backpressure::DropNewest | Backpressure::DropOldest) => p,
-                _ => Backpressure::Block(Duration::from_millis(20)),
-            };
-            match self.output.send_with(slot, policy) {
-                Ok(_) => return,
-                Err(e) => {
-                    slot = e.into_inner();
-                    if self.control.terminate.load(Ordering::Acquire) || self.output.is_closed() {
-                        self.unsent.lock().push(slot);
-                        return;
-                    }
-                }
+        }
+    }
+
+    /// Hands a `call`'s result to its waiting caller.
+    fn reply(&self, req: Envelope, out: Option<Out>) {
+        match self.pending.lock().remove(&req.message_id) {
+            Some(slot) => slot.complete(out.ok_or(Error::NoReply {
+                id: self.id.to_string(),
+                message_id: req.message_id,
+            })),
+            // The caller gave up (timeout) before the reply came.
+            None => {
+                self.metrics.late_replies.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Queues outputs in order, one lock and one wake-up per run. A full output queue makes
+    /// the kernel wait (or drop, under a drop policy); outputs that cannot be queued because
+    /// the kernel is terminating go to the terminate report.
+    fn push_outputs(&self, outputs: &[Slot<Out>]) {
+        let mut done = 0;
+        while done < outputs.len() {
+            let (n, err) = self.output.send_batch(&outputs[done..]);
+            done += n;
+            if err.is_some()
+                && (self.control.terminate.load(Ordering::Acquire) || self.output.is_closed())
+            {
+                self.unsent.lock().extend_from_slice(&outputs[done..]);
+                return;
             }
         }
     }
@@ -310,6 +317,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
         mut handler: crate::runtime::kernel::HandlerFn<In, Out, S>,
     ) {
         let mut batch: Vec<Slot<In>> = Vec::with_capacity(self.batch_size);
+        let mut outputs: Vec<Slot<Out>> = Vec::with_capacity(self.batch_size);
         let c = self.control.clone();
         loop {
             if c.terminate.load(Ordering::Acquire) {
@@ -333,12 +341,17 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                 });
                 continue;
             }
+            outputs.clear();
             for (i, slot) in batch.iter().enumerate() {
                 ctx.current = slot.env;
                 let payload = slot.payload;
                 match catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, payload))) {
-                    Ok(out) => self.deliver(slot.env, out),
+                    // Call replies go to their callers at once; other outputs leave as one batch.
+                    Ok(out) if slot.env.is_call() => self.reply(slot.env, out),
+                    Ok(Some(out)) => outputs.push(Slot::new(slot.env, out)),
+                    Ok(None) => {}
                     Err(panic) => {
+                        self.finish_batch(&batch[..i], &mut outputs);
                         self.metrics.batch_done(i as u64, Instant::now());
                         *self.failed_message.lock() = Some(*slot);
                         self.stranded.lock().extend_from_slice(&batch[i + 1..]);
@@ -351,9 +364,31 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                     }
                 }
             }
+            self.finish_batch(&batch, &mut outputs);
             self.metrics.batch_done(n as u64, Instant::now());
             drop(gate);
         }
+    }
+
+    /// Records the batch's latencies with one clock read, stamps the outputs (which carry
+    /// their request's envelope until here) with ids and correlation, and queues them.
+    fn finish_batch(&self, handled: &[Slot<In>], outputs: &mut [Slot<Out>]) {
+        let now = self.ids.now_ns();
+        if self.metrics.enabled {
+            for s in handled {
+                self.metrics
+                    .latency
+                    .record(now.saturating_sub(s.env.timestamp_ns));
+            }
+        }
+        if outputs.is_empty() {
+            return;
+        }
+        let first = self.ids.next_n(outputs.len() as u64);
+        for (i, o) in outputs.iter_mut().enumerate() {
+            o.env = self.response_envelope(&o.env, first + i as u64, now);
+        }
+        self.push_outputs(outputs);
     }
 
     fn finish_thread(&self) {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use resident_ring::{Mailbox, MailboxConfig, Message, WaitStrategy};
+use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy};
 
 use crate::backend::Backend;
 use crate::telemetry::{RuntimeTelemetry, Telemetry};
@@ -236,10 +236,16 @@ impl Runtime {
         }
         let input = mailbox::<In>(kernel.queue_size, kernel.lanes, kernel.backpressure, wait)
             .map_err(|e| invalid(&e))?;
+        // Outputs never fail a handler: a full output queue makes the kernel wait in short
+        // steps (so terminate is seen), unless the user chose a drop policy.
+        let output_policy = match kernel.backpressure {
+            p @ (Backpressure::DropOldest | Backpressure::DropNewest) => p,
+            _ => Backpressure::Block(Duration::from_millis(20)),
+        };
         let output = mailbox::<Out>(
             kernel.output_queue_size.unwrap_or(kernel.queue_size),
             1,
-            kernel.backpressure,
+            output_policy,
             wait,
         )
         .map_err(|e| invalid(&e))?;
@@ -256,7 +262,6 @@ impl Runtime {
             id_arc.clone(),
             input,
             output,
-            kernel.backpressure,
             self.core.ids.clone(),
             wait,
             kernel.batch_size,
