@@ -349,6 +349,13 @@ impl<T: Copy + Send> Mailbox<T> {
     /// Moves up to `max` messages to `out`, highest lane first, FIFO within a lane. Returns
     /// how many were moved.
     pub fn recv_batch(&self, out: &mut Vec<Slot<T>>, max: usize) -> usize {
+        self.recv_each(max, |s| out.push(s))
+    }
+
+    /// Hands up to `max` messages to `f`, highest lane first, FIFO within a lane, without an
+    /// intermediate buffer. `f` runs under the receivers' lock: keep it short. Returns how
+    /// many were handed over.
+    pub fn recv_each(&self, max: usize, mut f: impl FnMut(Slot<T>)) -> usize {
         let s = &*self.shared;
         let mut n = 0;
         {
@@ -357,7 +364,7 @@ impl<T: Copy + Send> Mailbox<T> {
                 if n == max {
                     break;
                 }
-                n += c.pop_into(out, max - n);
+                n += c.pop_each(max - n, &mut f);
             }
         }
         if n > 0 {

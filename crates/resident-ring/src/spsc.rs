@@ -500,6 +500,32 @@ impl<T: Copy + Send> Consumer<T> {
         n
     }
 
+    /// Hands up to `max` values to `f` in order, with one index publication for the batch.
+    /// Returns how many were handed over.
+    pub fn pop_each(&mut self, max: usize, mut f: impl FnMut(T)) -> usize {
+        let n = self.filled(max).min(max);
+        if n == 0 {
+            return 0;
+        }
+        for i in 0..n as u64 {
+            // SAFETY: the n slots after head were published by the producer and stay ours
+            // until the store of head below.
+            f(unsafe {
+                self.ring
+                    .storage
+                    .read(((self.head + i) & self.ring.mask) as usize)
+            });
+        }
+        self.head += n as u64;
+        // Release: all n reads happen before the producer may reuse those slots.
+        self.ring
+            .storage
+            .header()
+            .head
+            .store(self.head, Ordering::Release);
+        n
+    }
+
     /// Filled slots as seen now (re-reads the producer's index).
     pub fn slots(&mut self) -> usize {
         self.filled(usize::MAX)

@@ -627,12 +627,10 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
 
     /// Up to `max` outputs that are ready now, appended to `out`; returns how many.
     pub fn receive_batch(&self, out: &mut Vec<Out>, max: usize) -> Result<usize> {
-        let mut slots = Vec::with_capacity(max.min(4096));
-        let n = self.shared.output.recv_batch(&mut slots, max);
+        let n = self.shared.output.recv_each(max, |s| out.push(s.payload));
         if n == 0 && self.shared.output.is_closed() {
             return Err(self.closed_error("receive"));
         }
-        out.extend(slots.into_iter().map(|s| s.payload));
         Ok(n)
     }
 
