@@ -157,10 +157,24 @@ struct Shared<T> {
     /// Notified after every dequeue and on close.
     not_full: Signal,
     closed: AtomicBool,
-    accepted: AtomicU64,
+    /// Written by senders.
+    accepted: Padded<AtomicU64>,
     dropped: AtomicU64,
-    delivered: AtomicU64,
     refused: AtomicU64,
+    /// Written by receivers; on its own line so senders and receivers never share one.
+    delivered: Padded<AtomicU64>,
+}
+
+/// Keeps a hot counter alone on a 128-byte line (two 64-byte lines, for adjacent prefetch).
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// A bounded multi-producer mailbox of `Slot<T>` with priority lanes. Cloning shares it.
@@ -213,10 +227,10 @@ impl<T: Copy + Send> Mailbox<T> {
                 not_empty: Signal::new(),
                 not_full: Signal::new(),
                 closed: AtomicBool::new(false),
-                accepted: AtomicU64::new(0),
+                accepted: Padded(AtomicU64::new(0)),
                 dropped: AtomicU64::new(0),
-                delivered: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
+                delivered: Padded(AtomicU64::new(0)),
             }),
         })
     }

@@ -9,6 +9,7 @@
 //!   out is counted as dropped.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -100,6 +101,24 @@ impl<In: Message> InputPort<In> {
     }
 }
 
+/// Hashes message ids (unique, sequential u64s) with one multiply instead of SipHash.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ *b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// A waiting `call`: the reply lands here and the caller is unparked.
 struct CallSlot<Out> {
     done: AtomicU8,
@@ -122,14 +141,19 @@ impl<Out> CallSlot<Out> {
             WaitStrategy::Park => None,
         };
         let mut i = 0u32;
-        while spin_until.is_some_and(|t| Instant::now() < t) {
+        while let Some(until) = spin_until {
             if self.done.load(Ordering::Acquire) == 1 {
                 return self.value.lock().take();
             }
             std::hint::spin_loop();
-            i += 1;
-            if i % 256 == 0 {
-                std::thread::yield_now();
+            i = i.wrapping_add(1);
+            if i % 64 == 0 {
+                if Instant::now() >= until {
+                    break;
+                }
+                if i >= 4096 {
+                    std::thread::yield_now();
+                }
             }
         }
         loop {
@@ -161,9 +185,11 @@ pub(crate) struct KernelShared<In, Out> {
     /// Held by the kernel thread while it takes and processes a batch, so `deactivate` can
     /// wait for the batch in hand to finish.
     pub batch_gate: Mutex<()>,
-    pending: Mutex<HashMap<u64, Arc<CallSlot<Out>>>>,
+    pending: Mutex<HashMap<u64, Arc<CallSlot<Out>>, BuildHasherDefault<IdHasher>>>,
     pub metrics: KernelMetrics,
     pub ids: Arc<Ids>,
+    /// Output ids: the kernel thread's current block `[next, end)`, taken from `ids` in blocks.
+    out_ids: Mutex<(u64, u64)>,
     pub wait: WaitStrategy,
     pub batch_size: usize,
     /// Inputs taken from the queue but not processed because the handler failed.
@@ -207,9 +233,10 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                 signal: Signal::new(),
             }),
             batch_gate: Mutex::new(()),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::default()),
             metrics: KernelMetrics::new(telemetry),
             ids,
+            out_ids: Mutex::new((0, 0)),
             wait,
             batch_size,
             stranded: Mutex::new(Vec::new()),
@@ -234,9 +261,22 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
         if req.is_call() {
             self.reply(req, out);
         } else if let Some(out) = out {
-            let env = self.response_envelope(&req, self.ids.next(), now);
+            let env = self.response_envelope(&req, self.output_ids(1), now);
             self.push_outputs(&[Slot::new(env, out)]);
         }
+    }
+
+    /// The first of `n` consecutive ids for outputs, from the kernel's own block.
+    fn output_ids(&self, n: u64) -> u64 {
+        let mut b = self.out_ids.lock();
+        if b.1 - b.0 < n {
+            let take = n.max(Ids::BLOCK);
+            let first = self.ids.next_n(take);
+            *b = (first, first + take);
+        }
+        let first = b.0;
+        b.0 += n;
+        first
     }
 
     fn response_envelope(&self, req: &Envelope, message_id: u64, now: u64) -> Envelope {
@@ -384,7 +424,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
         if outputs.is_empty() {
             return;
         }
-        let first = self.ids.next_n(outputs.len() as u64);
+        let first = self.output_ids(outputs.len() as u64);
         for (i, o) in outputs.iter_mut().enumerate() {
             o.env = self.response_envelope(&o.env, first + i as u64, now);
         }

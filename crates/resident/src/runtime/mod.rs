@@ -32,6 +32,9 @@ impl Ids {
     pub fn next(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
+    /// Size of the id blocks a kernel reserves for its outputs, so its thread and the senders
+    /// do not bounce the shared counter's cache line on every message.
+    pub const BLOCK: u64 = 4096;
     /// The first of `n` consecutive ids.
     pub fn next_n(&self, n: u64) -> u64 {
         self.next.fetch_add(n.max(1), Ordering::Relaxed)
