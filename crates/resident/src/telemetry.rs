@@ -93,11 +93,11 @@ impl LatencyHistogram {
         };
         LatencySummary {
             count,
-            mean_ns: if count == 0 {
-                0
-            } else {
-                self.sum.load(Ordering::Relaxed) / count
-            },
+            mean_ns: self
+                .sum
+                .load(Ordering::Relaxed)
+                .checked_div(count)
+                .unwrap_or(0),
             p50_ns: quantile(0.50),
             p95_ns: quantile(0.95),
             p99_ns: quantile(0.99),
@@ -272,7 +272,7 @@ impl RuntimeTelemetry {
     /// Prometheus text exposition format (version 0.0.4).
     pub fn to_prometheus(&self) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, fn(&Telemetry) -> f64); 6] = [
+        let counters: [Family; 6] = [
             (
                 "resident_messages_received_total",
                 "Messages accepted into the input queue.",
@@ -300,7 +300,7 @@ impl RuntimeTelemetry {
                 t.batches as f64
             }),
         ];
-        let gauges: [(&str, &str, fn(&Telemetry) -> f64); 4] = [
+        let gauges: [Family; 4] = [
             (
                 "resident_queue_depth",
                 "Messages waiting in the input queue.",
@@ -363,6 +363,9 @@ impl RuntimeTelemetry {
         out
     }
 }
+
+/// A metric family: name, help text, and how to read it from a kernel's telemetry.
+type Family = (&'static str, &'static str, fn(&Telemetry) -> f64);
 
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
