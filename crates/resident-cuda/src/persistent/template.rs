@@ -199,12 +199,7 @@ impl KernelSource {
         s.push_str(PERSISTENT_PARAMS_C_DECL);
         s.push_str("static_assert(sizeof(Envelope) == 32, \"Envelope layout\");\n");
         s.push_str("static_assert(sizeof(RingHeader) == 256, \"RingHeader layout\");\n");
-        s.push_str(
-            "static_assert(__builtin_offsetof(RingHeader, tail) == 128, \"RingHeader layout\");\n",
-        );
         s.push_str("static_assert(sizeof(ControlBlock) == 256, \"ControlBlock layout\");\n");
-        s.push_str("static_assert(__builtin_offsetof(ControlBlock, device_state) == 128, \"ControlBlock layout\");\n");
-        s.push_str("static_assert(__builtin_offsetof(ControlBlock, undelivered) == 168, \"ControlBlock layout\");\n");
         s.push_str(
             "static_assert(sizeof(PersistentParams) == 112, \"PersistentParams layout\");\n",
         );
