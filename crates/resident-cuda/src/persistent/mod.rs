@@ -29,6 +29,8 @@ pub mod emulated;
 pub mod host;
 pub mod template;
 
+mod driver;
+
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use emulated::{EmulatedDevice, EmulatorExit, EmulatorOptions};
 pub use host::{Full, PersistentQueues, QueueConfig};
