@@ -13,7 +13,8 @@ fn nvrtc_or_skip() -> bool {
             if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() == Ok("1") {
                 panic!("RESIDENT_REQUIRE_NVRTC=1 but {e}");
             }
-            eprintln!("SKIP: NVRTC not available: {e}");
+            // The error's Display already starts with "NVRTC not available: ".
+            eprintln!("SKIP: {e}");
             false
         }
     }

@@ -27,6 +27,7 @@ use resident_ring::spsc::{RingError, RingMemory};
 pub mod control;
 pub mod emulated;
 pub mod host;
+pub mod kernel;
 pub mod template;
 
 mod driver;
@@ -34,6 +35,7 @@ mod driver;
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use emulated::{EmulatedDevice, EmulatorExit, EmulatorOptions};
 pub use host::{Full, PersistentQueues, QueueConfig};
+pub use kernel::{bench_ring, BenchRow, LaunchOptions, PersistentKernel};
 pub use template::{compile_ptx, CompiledKernel, KernelSource, MessageDecl};
 
 /// Most priority lanes a kernel can have.
