@@ -302,14 +302,14 @@ pub fn compile_ptx(source: &KernelSource, arch: &str) -> Result<CompiledKernel, 
                 arch: arch.into(),
             })
         }
-        Err(CompileError::CompileError { nvrtc, log, .. })
-            if nvrtc == NvrtcError(nvrtcResult::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE) =>
-        {
-            Err(PersistentError::NvrtcUnavailable(format!(
-                "NVRTC builtins failed (libnvrtc-builtins on LD_LIBRARY_PATH?): {}",
-                log.to_string_lossy()
-            )))
-        }
+        Err(CompileError::CompileError {
+            nvrtc: NvrtcError(nvrtcResult::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE),
+            log,
+            ..
+        }) => Err(PersistentError::NvrtcUnavailable(format!(
+            "NVRTC builtins failed (libnvrtc-builtins on LD_LIBRARY_PATH?): {}",
+            log.to_string_lossy()
+        ))),
         Err(CompileError::CompileError { log, .. }) => Err(PersistentError::Compile {
             name: source.name.clone(),
             arch: arch.into(),
