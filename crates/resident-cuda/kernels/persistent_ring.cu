@@ -1,0 +1,438 @@
+// resident: persistent ring kernel and launch-per-batch kernel (template body).
+//
+// This file is not compiled on its own: `resident_cuda::persistent::template` prepends a
+// generated prelude that defines RESIDENT_BATCH (the block size), the wire structs (Envelope,
+// RingHeader, ControlBlock, PersistentParams), the user's message types aliased as ResidentIn /
+// ResidentOut / ResidentState, InSlot / OutSlot, static_asserts on every size, and the user's
+// handler, called as RESIDENT_HANDLER(state, in, out, env) -> bool (false = no output).
+//
+// Memory rules (see DESIGN.md, "CUDA persistent ring kernel"):
+// * Queue memory is pinned, device-mapped host memory. Foreign indices are read with
+//   ld.acquire.sys, own indices published with st.release.sys; each index has one writer and no
+//   read-modify-write ever crosses PCIe.
+// * Slot bytes are moved with ld/st.relaxed.sys so no stale L1 line of a reused slot is ever
+//   read; queue memory is never read through __ldg or const __restrict__.
+// * One thread (thread 0) owns every index and the control block; the other threads only copy
+//   slots and run the handler, ordered against thread 0 by __syncthreads().
+
+#define RESIDENT_CMD_RUN 0u
+#define RESIDENT_CMD_IDLE 1u
+#define RESIDENT_CMD_EXIT 2u
+
+#define RESIDENT_RUN_LAUNCHED 0u
+#define RESIDENT_RUN_ACTIVE 1u
+#define RESIDENT_RUN_INACTIVE 2u
+#define RESIDENT_RUN_TERMINATE 3u
+
+#define RESIDENT_DEV_RUNNING 1u
+#define RESIDENT_DEV_IDLE 2u
+#define RESIDENT_DEV_TERMINATED 3u
+#define RESIDENT_DEV_HEARTBEAT_TIMEOUT 4u
+#define RESIDENT_DEV_ERROR 5u
+
+#define RESIDENT_ERR_BAD_BLOCK_SIZE 1u
+#define RESIDENT_ERR_BAD_PARAMS 2u
+
+#define RESIDENT_MIN_BACKOFF_NS 32u
+
+static_assert(RESIDENT_BATCH % 32 == 0 && RESIDENT_BATCH >= 32 && RESIDENT_BATCH <= 1024,
+              "RESIDENT_BATCH must be a multiple of 32 in 32..=1024");
+static_assert(sizeof(InSlot) % 8 == 0, "slots are copied as 64-bit words");
+static_assert(sizeof(OutSlot) % 8 == 0, "slots are copied as 64-bit words");
+
+// ---- system-scope memory operations (inline PTX; no libcu++ needed) ----
+
+__device__ __forceinline__ unsigned long long resident_ld_acquire_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ unsigned int resident_ld_acquire_u32(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void resident_st_release_u64(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void resident_st_release_u32(unsigned int* p, unsigned int v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long resident_ld_relaxed_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void resident_st_relaxed_u64(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long resident_now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Copies one slot out of queue memory into thread-private memory.
+template <typename S>
+__device__ __forceinline__ void resident_copy_in(S* dst, const S* src) {
+    unsigned long long* d = (unsigned long long*)dst;
+    const unsigned long long* s = (const unsigned long long*)src;
+#pragma unroll 4
+    for (unsigned int i = 0; i < sizeof(S) / 8; ++i) d[i] = resident_ld_relaxed_u64(s + i);
+}
+
+// Copies one slot from thread-private memory into queue memory.
+template <typename S>
+__device__ __forceinline__ void resident_copy_out(S* dst, const S* src) {
+    unsigned long long* d = (unsigned long long*)dst;
+    const unsigned long long* s = (const unsigned long long*)src;
+#pragma unroll 4
+    for (unsigned int i = 0; i < sizeof(S) / 8; ++i) resident_st_relaxed_u64(d + i, s[i]);
+}
+
+__device__ __forceinline__ InSlot* resident_in_slots(unsigned long long ring) {
+    return (InSlot*)((unsigned char*)ring + sizeof(RingHeader));
+}
+
+__device__ __forceinline__ OutSlot* resident_out_slots(unsigned long long ring) {
+    return (OutSlot*)((unsigned char*)ring + sizeof(RingHeader));
+}
+
+// The response header: the request's id as correlation id, its flags (FLAG_CALL routing), its
+// priority and its send timestamp (so the host measures round trips without a lookup).
+__device__ __forceinline__ Envelope resident_reply_env(const Envelope* req) {
+    Envelope e;
+    e.message_id = req->message_id;
+    e.correlation_id = req->message_id;
+    e.timestamp_ns = req->timestamp_ns;
+    e.priority = req->priority;
+    e.flags = req->flags;
+    e.reserved0 = 0;
+    e.reserved1 = 0;
+    return e;
+}
+
+// Thread 0's private bookkeeping (lives in its registers / local memory for the kernel's life).
+struct ResidentOwner {
+    unsigned long long head[8];         // own input heads (exact)
+    unsigned long long cached_tail[8];  // host's input tails as last read (maybe stale = smaller)
+    unsigned long long out_tail;        // own output tail (exact)
+    unsigned long long out_cached_head; // host's output head as last read (maybe stale = smaller)
+    unsigned long long processed, batches, busy_cycles, undelivered;
+    unsigned long long hb_value, hb_time_ns, last_check_ns;
+    unsigned int run_state, shown_state, backoff_ns;
+};
+
+// Device counters: relaxed stores (the device is their only writer); the release store of
+// device_state that follows a publication orders them for the host's acquire of device_state.
+__device__ void resident_publish_counters(ControlBlock* ctl, const ResidentOwner* o) {
+    resident_st_relaxed_u64(&ctl->processed, o->processed);
+    resident_st_relaxed_u64(&ctl->batches, o->batches);
+    resident_st_relaxed_u64(&ctl->busy_cycles, o->busy_cycles);
+    resident_st_relaxed_u64(&ctl->undelivered, o->undelivered);
+}
+
+// Reads the host line of the control block. Returns 0, or the exit state when the kernel must
+// exit (terminate requested, or the heartbeat stood still for longer than the timeout).
+__device__ unsigned int resident_check_control(ControlBlock* ctl, ResidentOwner* o, unsigned long long now) {
+    o->last_check_ns = now;
+    // Acquire: pairs with the host's release store of heartbeat.
+    unsigned long long hb = resident_ld_acquire_u64(&ctl->heartbeat);
+    if (hb != o->hb_value) {
+        o->hb_value = hb;
+        o->hb_time_ns = now;
+        resident_st_relaxed_u64(&ctl->last_heartbeat_seen, hb);
+    }
+    // Acquire: pairs with the host's release store of the timeout.
+    unsigned long long timeout = resident_ld_acquire_u64(&ctl->heartbeat_timeout_ns);
+    if (timeout != 0 && now - o->hb_time_ns > timeout) return RESIDENT_DEV_HEARTBEAT_TIMEOUT;
+    // Acquire: pairs with the host's release store of run_state (messages it sent before are
+    // visible once the new state is). Unknown values park the kernel.
+    unsigned int rs = resident_ld_acquire_u32(&ctl->run_state);
+    if (rs > RESIDENT_RUN_TERMINATE) rs = RESIDENT_RUN_INACTIVE;
+    o->run_state = rs;
+    if (rs == RESIDENT_RUN_TERMINATE) return RESIDENT_DEV_TERMINATED;
+    return 0;
+}
+
+__device__ void resident_show_state(ControlBlock* ctl, ResidentOwner* o, unsigned int state) {
+    resident_publish_counters(ctl, o);
+    if (state != o->shown_state) {
+        o->shown_state = state;
+        // Release: after the counters; pairs with the host's acquire load of device_state.
+        resident_st_release_u32(&ctl->device_state, state);
+    }
+}
+
+__device__ __forceinline__ void resident_backoff(ResidentOwner* o, unsigned int max_ns) {
+    __nanosleep(o->backoff_ns);
+    unsigned int next = o->backoff_ns * 2;
+    o->backoff_ns = next < max_ns ? next : max_ns;
+}
+
+__device__ __forceinline__ bool resident_is_pow2(unsigned int v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// One block of RESIDENT_BATCH threads, launched once; runs until terminate, heartbeat timeout or a
+// parameter error. Batch output order: gathered order (highest lane first, FIFO within a lane),
+// compacted over inputs whose handler returned false.
+extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent(PersistentParams p) {
+    __shared__ unsigned int s_cmd;
+    __shared__ unsigned int s_count;
+    __shared__ unsigned int s_take[8];
+    __shared__ unsigned long long s_head[8];
+    __shared__ unsigned int s_warp_base[RESIDENT_BATCH / 32];
+    __shared__ unsigned int s_abandon;
+    __shared__ unsigned long long s_out_base;
+
+    const unsigned int tid = threadIdx.x;
+    ControlBlock* ctl = (ControlBlock*)p.control;
+    ResidentState* state = (ResidentState*)p.state;
+    ResidentOwner o;
+    unsigned int exit_state = 0;
+    unsigned long long batch_start = 0;
+
+    if (tid == 0) {
+        s_cmd = RESIDENT_CMD_RUN;
+        unsigned int err = 0;
+        if (blockDim.x != RESIDENT_BATCH || blockDim.y != 1 || blockDim.z != 1 || gridDim.x != 1 ||
+            gridDim.y != 1 || gridDim.z != 1)
+            err = RESIDENT_ERR_BAD_BLOCK_SIZE;
+        else if (p.lane_count < 1 || p.lane_count > 8 || !resident_is_pow2(p.lane_capacity) ||
+                 !resident_is_pow2(p.out_capacity) || p.out_capacity < RESIDENT_BATCH)
+            err = RESIDENT_ERR_BAD_PARAMS;
+        if (err != 0) {
+            asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(&ctl->error_code), "r"(err) : "memory");
+            resident_st_release_u32(&ctl->device_state, RESIDENT_DEV_ERROR);
+            s_cmd = RESIDENT_CMD_EXIT;
+        } else {
+            for (unsigned int l = 0; l < 8; ++l) {
+                o.head[l] = 0;
+                o.cached_tail[l] = 0;
+                if (l < p.lane_count) {
+                    RingHeader* r = (RingHeader*)p.lanes[l];
+                    // Own index: the host never writes it, a relaxed read is exact.
+                    o.head[l] = resident_ld_relaxed_u64(&r->head);
+                    // Acquire: pairs with the host's release store of tail.
+                    o.cached_tail[l] = resident_ld_acquire_u64(&r->tail);
+                }
+            }
+            RingHeader* out = (RingHeader*)p.out;
+            o.out_tail = resident_ld_relaxed_u64(&out->tail);
+            o.out_cached_head = resident_ld_acquire_u64(&out->head);
+            o.processed = o.batches = o.busy_cycles = o.undelivered = 0;
+            o.hb_value = resident_ld_acquire_u64(&ctl->heartbeat);
+            o.hb_time_ns = resident_now_ns();
+            o.last_check_ns = 0;
+            o.run_state = RESIDENT_RUN_LAUNCHED;
+            o.shown_state = 0;
+            o.backoff_ns = RESIDENT_MIN_BACKOFF_NS;
+        }
+    }
+    __syncthreads();
+    if (s_cmd == RESIDENT_CMD_EXIT) return;
+
+    bool idle_last = true;
+    for (;;) {
+        // ---- thread 0: control, then gather (highest lane first) ----
+        if (tid == 0) {
+            unsigned int cmd = RESIDENT_CMD_IDLE;
+            unsigned int total = 0;
+            unsigned long long now = resident_now_ns();
+            if (idle_last || o.run_state != RESIDENT_RUN_ACTIVE || now - o.last_check_ns >= p.control_poll_ns) {
+                exit_state = resident_check_control(ctl, &o, now);
+                if (exit_state == 0)
+                    resident_show_state(ctl, &o, o.run_state == RESIDENT_RUN_ACTIVE ? RESIDENT_DEV_RUNNING : RESIDENT_DEV_IDLE);
+            }
+            for (unsigned int l = 0; l < 8; ++l) s_take[l] = 0;
+            if (exit_state != 0) {
+                cmd = RESIDENT_CMD_EXIT;
+            } else if (o.run_state == RESIDENT_RUN_ACTIVE) {
+                for (int l = (int)p.lane_count - 1; l >= 0 && total < RESIDENT_BATCH; --l) {
+                    if (o.cached_tail[l] == o.head[l]) {
+                        // Acquire: pairs with the host's release store of tail; the slots up
+                        // to it are visible to this thread and, via the barrier below, to all.
+                        o.cached_tail[l] = resident_ld_acquire_u64(&((RingHeader*)p.lanes[l])->tail);
+                    }
+                    unsigned long long avail = o.cached_tail[l] - o.head[l];
+                    unsigned int room = RESIDENT_BATCH - total;
+                    unsigned int take = avail < room ? (unsigned int)avail : room;
+                    s_take[l] = take;
+                    s_head[l] = o.head[l];
+                    total += take;
+                }
+                if (total > 0) cmd = RESIDENT_CMD_RUN;
+            }
+            s_count = total;
+            s_cmd = cmd;
+            if (cmd == RESIDENT_CMD_IDLE) {
+                resident_publish_counters(ctl, &o);
+                resident_backoff(&o, p.max_backoff_ns);
+                idle_last = true;
+            } else {
+                o.backoff_ns = RESIDENT_MIN_BACKOFF_NS;
+                idle_last = false;
+                batch_start = clock64();
+            }
+        }
+        __syncthreads();  // A: s_cmd / s_take / s_head visible to all
+        const unsigned int cmd = s_cmd;
+        if (cmd == RESIDENT_CMD_EXIT) break;
+        if (cmd == RESIDENT_CMD_IDLE) {
+            __syncthreads();  // B: everyone read s_cmd before thread 0 rewrites it
+            continue;
+        }
+
+        // ---- all threads: copy the batch out of the lanes ----
+        const unsigned int n = s_count;
+        InSlot in;
+        OutSlot out;
+        bool produced = false;
+        if (tid < n) {
+            unsigned int rem = tid;
+            int l = (int)p.lane_count - 1;
+            for (; l > 0; --l) {
+                if (rem < s_take[l]) break;
+                rem -= s_take[l];
+            }
+            const InSlot* src = resident_in_slots(p.lanes[l]) + ((s_head[l] + rem) & (unsigned long long)(p.lane_capacity - 1));
+            resident_copy_in(&in, src);
+        }
+        __syncthreads();  // C: every slot read is done before the heads are published
+
+        if (tid == 0) {
+            for (unsigned int l = 0; l < p.lane_count; ++l) {
+                if (s_take[l] != 0) {
+                    o.head[l] += s_take[l];
+                    // Release: our reads of the slots (ordered by barrier C) happen before the
+                    // host's acquire of head lets it overwrite them.
+                    resident_st_release_u64(&((RingHeader*)p.lanes[l])->head, o.head[l]);
+                }
+            }
+        }
+
+        // ---- all threads: handle ----
+        if (tid < n) {
+            out.payload = ResidentOut{};
+            out.env = resident_reply_env(&in.env);
+            produced = RESIDENT_HANDLER(state, &in.payload, &out.payload, &in.env);
+        }
+
+        // ---- compaction: rank = outputs before this thread in gathered order ----
+        const unsigned int lane = tid & 31u;
+        const unsigned int warp = tid >> 5;
+        const unsigned int mask = __ballot_sync(0xffffffffu, produced);
+        if (lane == 0) s_warp_base[warp] = __popc(mask);
+        __syncthreads();  // D: per-warp counts visible
+
+        if (tid == 0) {
+            unsigned int sum = 0;
+            for (unsigned int w = 0; w < RESIDENT_BATCH / 32; ++w) {
+                unsigned int c = s_warp_base[w];
+                s_warp_base[w] = sum;
+                sum += c;
+            }
+            // Wait for room for all `sum` outputs; never drop. Re-read the host's head only when
+            // the cached copy shows too little room.
+            unsigned int abandon = 0;
+            unsigned long long cap = p.out_capacity;
+            unsigned int wait_ns = RESIDENT_MIN_BACKOFF_NS;
+            while (o.out_tail + sum - o.out_cached_head > cap) {
+                // Acquire: pairs with the host's release store of head; its reads of those
+                // slots happen before our writes.
+                o.out_cached_head = resident_ld_acquire_u64(&((RingHeader*)p.out)->head);
+                if (o.out_tail + sum - o.out_cached_head <= cap) break;
+                // Blocked on a full output: make the counters current for whoever watches.
+                if (wait_ns == RESIDENT_MIN_BACKOFF_NS) resident_publish_counters(ctl, &o);
+                exit_state = resident_check_control(ctl, &o, resident_now_ns());
+                if (exit_state != 0) {
+                    abandon = 1;
+                    break;
+                }
+                __nanosleep(wait_ns);
+                wait_ns = wait_ns * 2 < p.max_backoff_ns ? wait_ns * 2 : p.max_backoff_ns;
+            }
+            s_abandon = abandon;
+            s_out_base = o.out_tail;
+            s_count = sum;  // reused: outputs in this batch
+        }
+        __syncthreads();  // E: s_abandon / s_out_base / ranks visible
+
+        const unsigned int abandon = s_abandon;
+        if (!abandon && produced) {
+            unsigned int rank = s_warp_base[warp] + __popc(mask & ((1u << lane) - 1u));
+            OutSlot* dst = resident_out_slots(p.out) + ((s_out_base + rank) & (unsigned long long)(p.out_capacity - 1));
+            resident_copy_out(dst, &out);
+        }
+        __syncthreads();  // F: every output slot written before the tail is published
+
+        if (tid == 0) {
+            unsigned int outputs = s_count;
+            if (abandon) {
+                o.undelivered += outputs;
+            } else if (outputs != 0) {
+                o.out_tail += outputs;
+                // Release (cumulative): the slot writes of all threads, ordered before this by
+                // barrier F, are visible to the host's acquire load of tail.
+                resident_st_release_u64(&((RingHeader*)p.out)->tail, o.out_tail);
+            }
+            o.processed += n;
+            o.batches += 1;
+            o.busy_cycles += (unsigned long long)(clock64() - (long long)batch_start);
+        }
+        if (abandon) break;
+        // No extra barrier needed: thread 0 next writes shared state (s_cmd, s_take, s_head,
+        // s_count) before barrier A, and every other thread's last read of them was before F.
+    }
+
+    if (tid == 0) {
+        resident_publish_counters(ctl, &o);
+        // Release: after the counters; the host's acquire of device_state sees final counters.
+        resident_st_release_u32(&ctl->device_state, exit_state);
+    }
+}
+
+// Launch-per-batch baseline: the same handler over `n` slots in device memory, one block looping
+// over chunks of RESIDENT_BATCH; outputs compacted in input order; `*out_count` = outputs.
+extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH)
+    resident_batch(const InSlot* in, unsigned int n, OutSlot* out, unsigned int* out_count, ResidentState* state) {
+    __shared__ unsigned int s_warp_base[RESIDENT_BATCH / 32];
+    __shared__ unsigned int s_written;
+    const unsigned int tid = threadIdx.x;
+    const unsigned int lane = tid & 31u;
+    const unsigned int warp = tid >> 5;
+    if (tid == 0) s_written = 0;
+    __syncthreads();
+    for (unsigned int base = 0; base < n; base += RESIDENT_BATCH) {
+        const unsigned int i = base + tid;
+        bool produced = false;
+        OutSlot o;
+        if (i < n) {
+            InSlot s = in[i];
+            o.payload = ResidentOut{};
+            o.env = resident_reply_env(&s.env);
+            produced = RESIDENT_HANDLER(state, &s.payload, &o.payload, &s.env);
+        }
+        const unsigned int mask = __ballot_sync(0xffffffffu, produced);
+        if (lane == 0) s_warp_base[warp] = __popc(mask);
+        __syncthreads();
+        if (tid == 0) {
+            unsigned int sum = s_written;
+            for (unsigned int w = 0; w < RESIDENT_BATCH / 32; ++w) {
+                unsigned int c = s_warp_base[w];
+                s_warp_base[w] = sum;
+                sum += c;
+            }
+            s_written = sum;
+        }
+        __syncthreads();
+        if (produced) out[s_warp_base[warp] + __popc(mask & ((1u << lane) - 1u))] = o;
+        __syncthreads();
+    }
+    if (tid == 0) *out_count = s_written;
+}

@@ -1,0 +1,258 @@
+//! The control block: the one 256-byte structure, in pinned device-mapped host memory, through
+//! which the host steers a persistent kernel and the kernel reports back.
+//!
+//! Two 128-byte lines, each written by exactly one side, so no line ever bounces between writers
+//! and no read-modify-write atomic ever crosses PCIe:
+//! * line 0 (offset 0): written only by the host (`run_state`, `heartbeat`, `heartbeat_timeout_ns`);
+//! * line 1 (offset 128): written only by the device (`device_state`, counters, error code).
+//!
+//! Every field is a plain 32- or 64-bit value read with an acquire load and written with a
+//! release store by its one writer; [`CONTROL_BLOCK_C_DECL`] is the same layout for CUDA C.
+
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Size of the control block in bytes.
+pub const CONTROL_BLOCK_BYTES: usize = 256;
+
+/// What the host asks the kernel to do (`ControlBlock::run_state`, host-written).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum RunState {
+    /// Queues exist and the kernel may be resident, but it must not process yet.
+    Launched = 0,
+    /// Drain the input lanes.
+    Active = 1,
+    /// Stop draining (messages queue up) but stay resident.
+    Inactive = 2,
+    /// Finish the batch in hand and exit.
+    Terminate = 3,
+}
+
+impl RunState {
+    /// Decodes the raw value; unknown values read as `None`.
+    pub fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(RunState::Launched),
+            1 => Some(RunState::Active),
+            2 => Some(RunState::Inactive),
+            3 => Some(RunState::Terminate),
+            _ => None,
+        }
+    }
+}
+
+/// What the kernel reports it is doing (`ControlBlock::device_state`, device-written).
+/// Values at or above [`DeviceState::Terminated`] mean the kernel has exited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum DeviceState {
+    /// The kernel has not started yet (the block is zeroed at allocation).
+    NotStarted = 0,
+    /// Resident and draining (`RunState::Active`).
+    Running = 1,
+    /// Resident and parked (`Launched` or `Inactive`).
+    Idle = 2,
+    /// Exited because the host asked (`RunState::Terminate`).
+    Terminated = 3,
+    /// Exited because the heartbeat did not change for `heartbeat_timeout_ns`.
+    HeartbeatTimeout = 4,
+    /// Exited because of an error it detected itself; see `error_code`.
+    Error = 5,
+}
+
+impl DeviceState {
+    /// Decodes the raw value; unknown values read as `None`.
+    pub fn from_raw(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(DeviceState::NotStarted),
+            1 => Some(DeviceState::Running),
+            2 => Some(DeviceState::Idle),
+            3 => Some(DeviceState::Terminated),
+            4 => Some(DeviceState::HeartbeatTimeout),
+            5 => Some(DeviceState::Error),
+            _ => None,
+        }
+    }
+
+    /// Whether the kernel has exited.
+    pub fn has_exited(self) -> bool {
+        matches!(
+            self,
+            DeviceState::Terminated | DeviceState::HeartbeatTimeout | DeviceState::Error
+        )
+    }
+}
+
+/// `error_code` values the device sets together with [`DeviceState::Error`].
+pub mod error_code {
+    /// No error.
+    pub const NONE: u32 = 0;
+    /// The kernel was launched with a block size different from the batch size it was built for.
+    pub const BAD_BLOCK_SIZE: u32 = 1;
+    /// Lane count or capacities in the launch parameters are invalid.
+    pub const BAD_PARAMS: u32 = 2;
+}
+
+/// The shared control block. `#[repr(C)]`, 256 bytes, 128-byte aligned.
+#[repr(C, align(128))]
+pub struct ControlBlock {
+    // ---- line 0: host-written ----
+    /// A [`RunState`] value. Host: release store. Device: acquire load.
+    pub run_state: AtomicU32,
+    _host_pad0: u32,
+    /// Incremented by the host while it is alive (store of its own previous value + 1; the host
+    /// is the only writer). The device exits when it sees no change for `heartbeat_timeout_ns`.
+    pub heartbeat: AtomicU64,
+    /// Heartbeat timeout in nanoseconds of device time; 0 disables the timeout.
+    pub heartbeat_timeout_ns: AtomicU64,
+    _host_pad1: [u8; 104],
+    // ---- line 1: device-written ----
+    /// A [`DeviceState`] value. Device: release store *after* the counters, so an acquire load
+    /// of it here sees counters at least as new as the state.
+    pub device_state: AtomicU32,
+    /// An [`error_code`] value, meaningful with [`DeviceState::Error`].
+    pub error_code: AtomicU32,
+    /// Messages handed to the handler so far.
+    pub processed: AtomicU64,
+    /// Batches drained so far.
+    pub batches: AtomicU64,
+    /// Device clock cycles spent on batches (`clock64`; on the emulated device, nanoseconds).
+    pub busy_cycles: AtomicU64,
+    /// The last `heartbeat` value the device saw.
+    pub last_heartbeat_seen: AtomicU64,
+    /// Outputs produced but never published because the kernel was told to exit (terminate or
+    /// heartbeat timeout) while the output ring stayed full. Counted, never silent.
+    pub undelivered: AtomicU64,
+    _dev_pad: [u8; 80],
+}
+
+const _: () = assert!(core::mem::size_of::<ControlBlock>() == CONTROL_BLOCK_BYTES);
+const _: () = assert!(core::mem::align_of::<ControlBlock>() == 128);
+
+/// The C declaration of [`ControlBlock`], field for field (checked by a test).
+pub const CONTROL_BLOCK_C_DECL: &str = "typedef struct __attribute__((aligned(128))) {
+    unsigned int run_state;
+    unsigned int _host_pad0;
+    unsigned long long heartbeat;
+    unsigned long long heartbeat_timeout_ns;
+    unsigned char _host_pad1[104];
+    unsigned int device_state;
+    unsigned int error_code;
+    unsigned long long processed;
+    unsigned long long batches;
+    unsigned long long busy_cycles;
+    unsigned long long last_heartbeat_seen;
+    unsigned long long undelivered;
+    unsigned char _dev_pad[80];
+} ControlBlock;
+";
+
+/// A snapshot of the device-written line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// Decoded `device_state` (`None` for a value this build does not know).
+    pub state: Option<DeviceState>,
+    /// `error_code`.
+    pub error_code: u32,
+    /// Messages handed to the handler.
+    pub processed: u64,
+    /// Batches drained.
+    pub batches: u64,
+    /// Busy device cycles.
+    pub busy_cycles: u64,
+    /// Last heartbeat value the device saw.
+    pub last_heartbeat_seen: u64,
+    /// Outputs lost because the kernel had to exit with a full output ring.
+    pub undelivered: u64,
+}
+
+impl ControlBlock {
+    /// Reads the device line. The acquire load of `device_state` comes first and pairs with the
+    /// device's release store of it, which follows its counter stores.
+    pub fn device_counters(&self) -> DeviceCounters {
+        let state = self.device_state.load(Ordering::Acquire);
+        DeviceCounters {
+            state: DeviceState::from_raw(state),
+            // Acquire on each: pairs with the device's stores; each is a standalone snapshot.
+            error_code: self.error_code.load(Ordering::Acquire),
+            processed: self.processed.load(Ordering::Acquire),
+            batches: self.batches.load(Ordering::Acquire),
+            busy_cycles: self.busy_cycles.load(Ordering::Acquire),
+            last_heartbeat_seen: self.last_heartbeat_seen.load(Ordering::Acquire),
+            undelivered: self.undelivered.load(Ordering::Acquire),
+        }
+    }
+
+    /// Host side: sets the run state. Release pairs with the device's acquire load, so anything
+    /// the host wrote before (messages, timeout) is visible when the device sees the new state.
+    pub fn set_run_state(&self, s: RunState) {
+        self.run_state.store(s as u32, Ordering::Release);
+    }
+
+    /// Host side: the run state last set.
+    pub fn run_state(&self) -> Option<RunState> {
+        // Relaxed: the host is the only writer and reads back its own value.
+        RunState::from_raw(self.run_state.load(Ordering::Relaxed))
+    }
+
+    /// Host side: bumps the heartbeat. Not a read-modify-write atomic: the host is the only
+    /// writer, so a relaxed load of its own value plus a release store is exact.
+    pub fn bump_heartbeat(&self) -> u64 {
+        let next = self.heartbeat.load(Ordering::Relaxed).wrapping_add(1);
+        // Release: pairs with the device's acquire load of heartbeat.
+        self.heartbeat.store(next, Ordering::Release);
+        next
+    }
+
+    /// Host side: sets the heartbeat timeout (0 disables it). Release pairs with the device's
+    /// acquire load.
+    pub fn set_heartbeat_timeout_ns(&self, ns: u64) {
+        self.heartbeat_timeout_ns.store(ns, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::offset_of;
+
+    /// Offsets the C declaration implies, written out by hand from `CONTROL_BLOCK_C_DECL`.
+    #[test]
+    fn offsets_match_c_declaration() {
+        assert_eq!(offset_of!(ControlBlock, run_state), 0);
+        assert_eq!(offset_of!(ControlBlock, heartbeat), 8);
+        assert_eq!(offset_of!(ControlBlock, heartbeat_timeout_ns), 16);
+        assert_eq!(offset_of!(ControlBlock, device_state), 128);
+        assert_eq!(offset_of!(ControlBlock, error_code), 132);
+        assert_eq!(offset_of!(ControlBlock, processed), 136);
+        assert_eq!(offset_of!(ControlBlock, batches), 144);
+        assert_eq!(offset_of!(ControlBlock, busy_cycles), 152);
+        assert_eq!(offset_of!(ControlBlock, last_heartbeat_seen), 160);
+        assert_eq!(offset_of!(ControlBlock, undelivered), 168);
+        // The C declaration's byte sizes add up to the same total, line for line.
+        let host_line = 4 + 4 + 8 + 8 + 104;
+        let dev_line = 4 + 4 + 8 * 5 + 80;
+        assert_eq!(host_line, 128);
+        assert_eq!(dev_line, 128);
+        assert!(CONTROL_BLOCK_C_DECL.contains("unsigned char _host_pad1[104];"));
+        assert!(CONTROL_BLOCK_C_DECL.contains("unsigned char _dev_pad[80];"));
+    }
+
+    #[test]
+    fn states_round_trip() {
+        for s in [
+            RunState::Launched,
+            RunState::Active,
+            RunState::Inactive,
+            RunState::Terminate,
+        ] {
+            assert_eq!(RunState::from_raw(s as u32), Some(s));
+        }
+        assert_eq!(RunState::from_raw(9), None);
+        for v in 0..6 {
+            assert_eq!(DeviceState::from_raw(v).map(|s| s as u32), Some(v));
+        }
+        assert!(DeviceState::HeartbeatTimeout.has_exited());
+        assert!(!DeviceState::Idle.has_exited());
+    }
+}

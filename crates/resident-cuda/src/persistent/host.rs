@@ -1,0 +1,280 @@
+//! The host's half of the persistent-kernel protocol: one [`Producer`] per input lane, the
+//! [`Consumer`] of the output ring and the [`ControlBlock`], all over caller-provided
+//! [`RingMemory`] (heap memory in tests, pinned device-mapped memory on a GPU).
+//!
+//! The device's halves of the rings (the lanes' consumers and the output's producer) are not
+//! kept: the device plays them directly on the shared memory, see [`DeviceView`].
+
+use core::marker::PhantomData;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use resident_ring::spsc::{ring_bytes, Consumer, HeapMemory, Producer, Ring, RingMemory};
+use resident_ring::{Envelope, Slot};
+
+use super::control::{ControlBlock, DeviceCounters, RunState, CONTROL_BLOCK_BYTES};
+use super::{lane_for_priority, PersistentError, SharedMemory, MAX_LANES};
+
+/// Queue geometry of one persistent kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Input lanes, `1 ..= 8`.
+    pub lanes: usize,
+    /// Slots per input lane (power of two).
+    pub lane_capacity: usize,
+    /// Slots in the output ring (power of two, at least the batch size of the kernel).
+    pub out_capacity: usize,
+}
+
+impl QueueConfig {
+    /// Checks the ranges the device code relies on.
+    pub fn validate(&self) -> Result<(), PersistentError> {
+        if self.lanes == 0 || self.lanes > MAX_LANES {
+            return Err(PersistentError::Config(format!(
+                "lanes = {} is not in 1..={MAX_LANES}",
+                self.lanes
+            )));
+        }
+        for (what, c) in [
+            ("lane_capacity", self.lane_capacity),
+            ("out_capacity", self.out_capacity),
+        ] {
+            if c == 0 || !c.is_power_of_two() || c > (1 << 30) {
+                return Err(PersistentError::Config(format!(
+                    "{what} = {c} is not a power of two in 1..=2^30"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A message the lane had no room for, handed back.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error("priority lane {lane} is full")]
+pub struct Full<T> {
+    /// The lane that was full.
+    pub lane: usize,
+    /// The message, unchanged.
+    pub slot: Slot<T>,
+}
+
+/// The memory regions of one kernel's queues, for whoever plays the device side.
+pub struct DeviceView<In, Out> {
+    /// Input lane rings (header + slots), lane 0 first.
+    pub lanes: Vec<SharedMemory>,
+    /// The output ring.
+    pub out: SharedMemory,
+    /// The control block.
+    pub control: SharedMemory,
+    /// The geometry.
+    pub config: QueueConfig,
+    _t: PhantomData<fn(In) -> Out>,
+}
+
+impl<In, Out> Clone for DeviceView<In, Out> {
+    fn clone(&self) -> Self {
+        DeviceView {
+            lanes: self.lanes.clone(),
+            out: self.out.clone(),
+            control: self.control.clone(),
+            config: self.config,
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<In, Out> DeviceView<In, Out> {
+    /// The control block.
+    pub fn control(&self) -> &ControlBlock {
+        control_ref(&self.control)
+    }
+}
+
+fn control_ref(mem: &SharedMemory) -> &ControlBlock {
+    // SAFETY: checked at construction that the memory is at least CONTROL_BLOCK_BYTES and
+    // 128-aligned; ControlBlock is atomics and padding, valid for any bit pattern (the memory
+    // was zeroed), and it lives as long as `mem`, which the returned borrow is tied to.
+    unsafe { &*(mem.as_mut_ptr() as *const ControlBlock) }
+}
+
+/// The host side of one persistent kernel's queues.
+pub struct PersistentQueues<In: Pod + Send, Out: Pod + Send> {
+    lanes: Vec<Producer<Slot<In>>>,
+    out: Consumer<Slot<Out>>,
+    view: DeviceView<In, Out>,
+    /// Messages accepted per lane, for telemetry.
+    sent: [u64; MAX_LANES],
+}
+
+impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
+    /// Queues on the heap (for the emulated device and tests).
+    ///
+    /// ```
+    /// use resident_cuda::persistent::{PersistentQueues, QueueConfig};
+    /// use resident_ring::Envelope;
+    /// let cfg = QueueConfig { lanes: 2, lane_capacity: 4, out_capacity: 4 };
+    /// let mut q = PersistentQueues::<u64, u64>::on_heap(cfg).unwrap();
+    /// q.send(Envelope::new(1, 200, 0), 7).unwrap();
+    /// assert_eq!(q.pending_input(), 1);
+    /// assert!(q.try_receive().is_none());
+    /// ```
+    pub fn on_heap(config: QueueConfig) -> Result<Self, PersistentError> {
+        Self::with_allocator(config, &mut |len| {
+            Ok(Arc::new(HeapMemory::new(len)) as Arc<dyn RingMemory>)
+        })
+    }
+
+    /// Queues in memory from `alloc(bytes)`, which must return memory of at least `bytes`
+    /// bytes, 128-aligned, that nobody else uses yet (it is zeroed here).
+    pub fn with_allocator(
+        config: QueueConfig,
+        alloc: &mut dyn FnMut(usize) -> Result<Arc<dyn RingMemory>, PersistentError>,
+    ) -> Result<Self, PersistentError> {
+        config.validate()?;
+        let mut get = |what: &'static str, need: usize| -> Result<SharedMemory, PersistentError> {
+            let mem = alloc(need)?;
+            let got = mem.len();
+            if got < need || (mem.as_mut_ptr() as usize) % 128 != 0 {
+                return Err(PersistentError::Memory { what, need, got });
+            }
+            // SAFETY: the memory is ours alone until the device side is started (contract of
+            // `alloc`), valid for `got` bytes; zero makes empty rings and a fresh control block.
+            unsafe { core::ptr::write_bytes(mem.as_mut_ptr(), 0, got) };
+            Ok(SharedMemory(mem))
+        };
+        let control = get("control block", CONTROL_BLOCK_BYTES)?;
+        let mut lane_mems = Vec::with_capacity(config.lanes);
+        let mut lanes = Vec::with_capacity(config.lanes);
+        for _ in 0..config.lanes {
+            let mem = get("input lane", ring_bytes::<Slot<In>>(config.lane_capacity))?;
+            // The consumer half is the device's role: dropped here, played on the memory.
+            let (tx, _device_half) =
+                Ring::<Slot<In>>::with_memory(config.lane_capacity, Box::new(mem.clone()))?;
+            lanes.push(tx);
+            lane_mems.push(mem);
+        }
+        let out_mem = get("output ring", ring_bytes::<Slot<Out>>(config.out_capacity))?;
+        let (_device_half, out) =
+            Ring::<Slot<Out>>::with_memory(config.out_capacity, Box::new(out_mem.clone()))?;
+        Ok(PersistentQueues {
+            lanes,
+            out,
+            view: DeviceView {
+                lanes: lane_mems,
+                out: out_mem,
+                control,
+                config,
+                _t: PhantomData,
+            },
+            sent: [0; MAX_LANES],
+        })
+    }
+
+    /// The geometry.
+    pub fn config(&self) -> QueueConfig {
+        self.view.config
+    }
+
+    /// The memory regions, for the device side.
+    pub fn device_view(&self) -> DeviceView<In, Out> {
+        self.view.clone()
+    }
+
+    /// The control block.
+    pub fn control(&self) -> &ControlBlock {
+        self.view.control()
+    }
+
+    /// The lane `priority` maps to.
+    pub fn lane_of(&self, priority: u8) -> usize {
+        lane_for_priority(priority, self.lanes.len())
+    }
+
+    /// Enqueues one message on its priority's lane; hands it back when that lane is full.
+    pub fn send(&mut self, env: Envelope, payload: In) -> Result<(), Full<In>> {
+        let lane = self.lane_of(env.priority);
+        let slot = Slot::new(env, payload);
+        match self.lanes[lane].push(slot) {
+            Ok(()) => {
+                self.sent[lane] += 1;
+                Ok(())
+            }
+            Err(slot) => Err(Full { lane, slot }),
+        }
+    }
+
+    /// Enqueues the longest prefix of `slots` that fits, publishing each lane's tail once per
+    /// run of consecutive same-lane messages. Returns how many were accepted; the rest were not
+    /// touched (so order within a lane is kept when the caller retries them).
+    pub fn send_batch(&mut self, slots: &[Slot<In>]) -> usize {
+        let mut done = 0;
+        while done < slots.len() {
+            let lane = self.lane_of(slots[done].env.priority);
+            let run = slots[done..]
+                .iter()
+                .take_while(|s| self.lane_of(s.env.priority) == lane)
+                .count();
+            let n = self.lanes[lane].push_slice(&slots[done..done + run]);
+            self.sent[lane] += n as u64;
+            done += n;
+            if n < run {
+                break;
+            }
+        }
+        done
+    }
+
+    /// Takes the oldest output, if any.
+    pub fn try_receive(&mut self) -> Option<Slot<Out>> {
+        self.out.pop()
+    }
+
+    /// Moves up to `max` outputs to `out`; returns how many.
+    pub fn receive_into(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
+        self.out.pop_into(out, max)
+    }
+
+    /// Messages sent but not yet taken by the device, over all lanes.
+    pub fn pending_input(&self) -> usize {
+        self.lanes.iter().map(|p| p.ring().len()).sum()
+    }
+
+    /// Messages accepted per lane since creation (lanes beyond `config.lanes` are 0).
+    pub fn sent_per_lane(&self) -> [u64; MAX_LANES] {
+        self.sent
+    }
+
+    /// Starts (or resumes) processing.
+    pub fn activate(&self) {
+        self.control().set_run_state(RunState::Active);
+    }
+
+    /// Pauses processing; messages queue up.
+    pub fn deactivate(&self) {
+        self.control().set_run_state(RunState::Inactive);
+    }
+
+    /// Asks the device to finish its batch and exit. Returns the messages still queued, which
+    /// will not be processed (the device may still be finishing the batch it holds).
+    pub fn terminate(&self) -> usize {
+        self.control().set_run_state(RunState::Terminate);
+        self.pending_input()
+    }
+
+    /// Bumps the heartbeat; returns the new value.
+    pub fn heartbeat(&self) -> u64 {
+        self.control().bump_heartbeat()
+    }
+
+    /// Sets the heartbeat timeout (`None` disables it).
+    pub fn set_heartbeat_timeout(&self, timeout: Option<std::time::Duration>) {
+        let ns = timeout.map_or(0, |d| d.as_nanos().clamp(1, u64::MAX as u128) as u64);
+        self.control().set_heartbeat_timeout_ns(ns);
+    }
+
+    /// The device-written counters.
+    pub fn device_counters(&self) -> DeviceCounters {
+        self.control().device_counters()
+    }
+}

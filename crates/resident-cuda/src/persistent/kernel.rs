@@ -1,0 +1,823 @@
+//! The GPU launch path: [`PersistentKernel`] (queues and control block in pinned device-mapped
+//! host memory, state in device memory, the template compiled with NVRTC, one resident block on
+//! its own stream) and the benchmark [`bench_ring`] comparing it with launch-per-batch and
+//! CUDA-graph baselines built from the same template.
+//!
+//! Nothing here runs without a GPU: every entry point returns
+//! [`PersistentError::DriverUnavailable`] / [`PersistentError::NvrtcUnavailable`] instead.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytemuck::Pod;
+use cudarc::driver::sys;
+use resident_ring::spsc::RingMemory;
+use resident_ring::{Envelope, Slot};
+
+use super::control::{ControlBlock, DeviceCounters, DeviceState};
+use super::driver::{
+    self, Context, DeviceBuffer, GraphExec, MappedHostMemory, Module, Stream, StreamStatus,
+};
+use super::host::{Full, PersistentQueues, QueueConfig};
+use super::template::{
+    compile_ptx, KernelSource, PersistentParams, BATCH_KERNEL_NAME, PERSISTENT_KERNEL_NAME,
+};
+use super::{PersistentError, SharedMemory, MAX_LANES};
+
+/// How to launch a persistent kernel.
+#[derive(Clone, Debug)]
+pub struct LaunchOptions {
+    /// Device ordinal.
+    pub device: usize,
+    /// `compute_XY` to compile for; `None` = the device's own.
+    pub arch: Option<String>,
+    /// Queue geometry (`out_capacity` must be at least the source's batch size).
+    pub queues: QueueConfig,
+    /// The kernel exits when the host's heartbeat thread stops for this long.
+    pub heartbeat_timeout: Duration,
+    /// Longest idle `__nanosleep`.
+    pub max_backoff_ns: u32,
+    /// Longest time between control checks while busy.
+    pub control_poll: Duration,
+    /// How long `launch` waits for the kernel to report that it is resident.
+    pub start_timeout: Duration,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        LaunchOptions {
+            device: 0,
+            arch: None,
+            queues: QueueConfig {
+                lanes: 1,
+                lane_capacity: 4096,
+                out_capacity: 4096,
+            },
+            heartbeat_timeout: Duration::from_secs(2),
+            max_backoff_ns: 2_000,
+            control_poll: Duration::from_micros(100),
+            start_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+fn check_sizes<In, Out>(source: &KernelSource) -> Result<(), PersistentError> {
+    let (i, o) = (core::mem::size_of::<In>(), core::mem::size_of::<Out>());
+    if source.input.size != i || source.output.size != o {
+        return Err(PersistentError::Config(format!(
+            "kernel `{}`: declared sizes in {} / out {} differ from the Rust types' {i} / {o}",
+            source.name, source.input.size, source.output.size
+        )));
+    }
+    if core::mem::align_of::<In>() > 8 || core::mem::align_of::<Out>() > 8 {
+        return Err(PersistentError::Config(format!(
+            "kernel `{}`: message types must be aligned to at most 8 bytes",
+            source.name
+        )));
+    }
+    Ok(())
+}
+
+/// Compiles, loads and checks the module; returns it with the function `name`.
+fn load(
+    ctx: &Arc<Context>,
+    source: &KernelSource,
+    arch: Option<&str>,
+    name: &str,
+) -> Result<(Module, sys::CUfunction), PersistentError> {
+    let arch = match arch {
+        Some(a) => a.to_string(),
+        None => ctx.arch()?,
+    };
+    let compiled = compile_ptx(source, &arch)?;
+    let module = Module::load_ptx(ctx, &compiled.ptx)?;
+    let f = module.function(name)?;
+    if driver::max_blocks_per_sm(f, source.batch_size)? < 1 {
+        return Err(PersistentError::Config(format!(
+            "kernel `{}`: a block of {} threads does not fit on one SM",
+            source.name, source.batch_size
+        )));
+    }
+    Ok((module, f))
+}
+
+/// A persistent ring kernel resident on a GPU.
+pub struct PersistentKernel<In: Pod + Send, Out: Pod + Send> {
+    name: String,
+    // Fields are `Option` so `Drop` can leak them when the kernel would not exit (freeing memory
+    // a running kernel still uses would be worse than a leak).
+    queues: Option<PersistentQueues<In, Out>>,
+    state: Option<DeviceBuffer>,
+    stream: Option<Stream>,
+    module: Option<Module>,
+    heartbeat: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+    ctx: Arc<Context>,
+    heartbeat_timeout: Duration,
+    exited: bool,
+    fault: Option<String>,
+}
+
+impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
+    /// Compiles `source`, allocates the queues and the state (initialized from `initial_state`,
+    /// which must be `source.state.size` bytes), launches the kernel once and waits until it
+    /// reports it is resident. The kernel starts `Launched` (not processing): call
+    /// [`activate`](Self::activate).
+    pub fn launch(
+        source: &KernelSource,
+        initial_state: &[u8],
+        opts: &LaunchOptions,
+    ) -> Result<Self, PersistentError> {
+        check_sizes::<In, Out>(source)?;
+        if initial_state.len() != source.state.size {
+            return Err(PersistentError::Config(format!(
+                "kernel `{}`: initial state is {} bytes, the state type {}",
+                source.name,
+                initial_state.len(),
+                source.state.size
+            )));
+        }
+        if (source.batch_size as usize) > opts.queues.out_capacity {
+            return Err(PersistentError::Config(format!(
+                "kernel `{}`: out_capacity {} is below the batch size {}",
+                source.name, opts.queues.out_capacity, source.batch_size
+            )));
+        }
+        opts.queues.validate()?;
+        let ctx = Context::new(opts.device)?;
+        let (module, f) = load(&ctx, source, opts.arch.as_deref(), PERSISTENT_KERNEL_NAME)?;
+
+        // Allocation order in `with_allocator`: control block, lanes 0.., output ring.
+        let mut device_ptrs = Vec::new();
+        let queues = PersistentQueues::<In, Out>::with_allocator(opts.queues, &mut |len| {
+            let m = MappedHostMemory::new(&ctx, len)?;
+            device_ptrs.push(m.device_ptr());
+            Ok(Arc::new(m) as Arc<dyn RingMemory>)
+        })?;
+        let lanes = opts.queues.lanes;
+        if device_ptrs.len() != lanes + 2 {
+            return Err(PersistentError::Config(
+                "unexpected allocation order".into(),
+            ));
+        }
+        let state = DeviceBuffer::new(&ctx, initial_state.len())?;
+        state.write(initial_state)?;
+        let stream = Stream::new(&ctx)?;
+
+        let mut params = PersistentParams {
+            out: device_ptrs[lanes + 1],
+            control: device_ptrs[0],
+            state: state.ptr,
+            lane_count: lanes as u32,
+            lane_capacity: opts.queues.lane_capacity as u32,
+            out_capacity: opts.queues.out_capacity as u32,
+            max_backoff_ns: opts.max_backoff_ns.max(32),
+            control_poll_ns: opts.control_poll.as_nanos().min(u64::MAX as u128) as u64,
+            ..Default::default()
+        };
+        params.lanes[..lanes].copy_from_slice(&device_ptrs[1..=lanes]);
+        debug_assert!(lanes <= MAX_LANES);
+
+        queues.set_heartbeat_timeout(Some(opts.heartbeat_timeout));
+        queues.heartbeat();
+
+        let mut args = [&mut params as *mut PersistentParams as *mut c_void];
+        // SAFETY: `f` is `resident_persistent(PersistentParams)`; the driver copies the argument
+        // at launch. Every address inside points at memory this value owns and frees only
+        // after the kernel has exited (or leaks, see Drop).
+        unsafe { driver::launch(f, source.batch_size, &stream, &mut args)? };
+
+        let mut k = PersistentKernel {
+            name: source.name.clone(),
+            queues: Some(queues),
+            state: Some(state),
+            stream: Some(stream),
+            module: Some(module),
+            heartbeat: None,
+            ctx,
+            heartbeat_timeout: opts.heartbeat_timeout,
+            exited: false,
+            fault: None,
+        };
+        // Started after the launch so a failed launch leaves no thread behind; if spawning
+        // fails, dropping `k` terminates the kernel and waits for it.
+        let control = k.q().device_view().control;
+        k.heartbeat = Some(spawn_heartbeat(control, opts.heartbeat_timeout)?);
+        let deadline = Instant::now() + opts.start_timeout;
+        while k.device_counters().state == Some(DeviceState::NotStarted) {
+            k.check()?;
+            if Instant::now() > deadline {
+                return Err(PersistentError::Timeout {
+                    name: k.name.clone(),
+                    what: "the kernel to become resident",
+                });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        k.check()?;
+        Ok(k)
+    }
+
+    fn q(&self) -> &PersistentQueues<In, Out> {
+        self.queues.as_ref().expect("queues are only taken in Drop")
+    }
+
+    fn q_mut(&mut self) -> &mut PersistentQueues<In, Out> {
+        self.queues.as_mut().expect("queues are only taken in Drop")
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Polls the kernel's stream: `Err(DeviceFault)` after a trap / illegal address,
+    /// `Err(Exited)` when it exited on its own (heartbeat timeout, error). Also keeps the host's
+    /// view of mapped memory fresh (see GPU-NOTES: spinning hosts must call a CUDA query).
+    pub fn check(&mut self) -> Result<(), PersistentError> {
+        if let Some(reason) = &self.fault {
+            return Err(PersistentError::DeviceFault {
+                name: self.name.clone(),
+                reason: reason.clone(),
+            });
+        }
+        if self.exited {
+            return self.exit_error();
+        }
+        let stream = self.stream.as_ref().expect("stream is only taken in Drop");
+        match stream.query() {
+            Ok(StreamStatus::Busy) => Ok(()),
+            Ok(StreamStatus::Done) => {
+                self.exited = true;
+                self.exit_error()
+            }
+            Err(e) => {
+                let reason = format!("{e:?}");
+                self.fault = Some(reason.clone());
+                Err(PersistentError::DeviceFault {
+                    name: self.name.clone(),
+                    reason,
+                })
+            }
+        }
+    }
+
+    fn exit_error(&self) -> Result<(), PersistentError> {
+        let c = self.device_counters();
+        Err(PersistentError::Exited {
+            name: self.name.clone(),
+            state: c.state,
+            error_code: c.error_code,
+        })
+    }
+
+    /// Enqueues one message (see [`PersistentQueues::send`]).
+    pub fn send(&mut self, env: Envelope, payload: In) -> Result<(), Full<In>> {
+        self.q_mut().send(env, payload)
+    }
+
+    /// Enqueues the longest prefix that fits.
+    pub fn send_batch(&mut self, slots: &[Slot<In>]) -> usize {
+        self.q_mut().send_batch(slots)
+    }
+
+    /// Takes the oldest output, if any.
+    pub fn try_receive(&mut self) -> Option<Slot<Out>> {
+        self.q_mut().try_receive()
+    }
+
+    /// Waits up to `timeout` for one output, polling the stream so a device fault or an exit
+    /// is returned instead of a hang.
+    pub fn receive(&mut self, timeout: Duration) -> Result<Slot<Out>, PersistentError> {
+        let deadline = Instant::now() + timeout;
+        let mut spins = 0u32;
+        loop {
+            if let Some(s) = self.q_mut().try_receive() {
+                return Ok(s);
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 256 == 0 {
+                self.check()?;
+                if Instant::now() > deadline {
+                    return Err(PersistentError::Timeout {
+                        name: self.name.clone(),
+                        what: "an output",
+                    });
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Moves up to `max` outputs to `out`.
+    pub fn receive_into(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
+        self.q_mut().receive_into(out, max)
+    }
+
+    /// Starts processing.
+    pub fn activate(&mut self) -> Result<(), PersistentError> {
+        self.check()?;
+        self.q().activate();
+        Ok(())
+    }
+
+    /// Pauses processing.
+    pub fn deactivate(&mut self) -> Result<(), PersistentError> {
+        self.check()?;
+        self.q().deactivate();
+        Ok(())
+    }
+
+    /// The device counters.
+    pub fn device_counters(&self) -> DeviceCounters {
+        self.q().device_counters()
+    }
+
+    /// Asks the kernel to exit and waits up to `timeout` for it; returns the messages left in
+    /// the lanes.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<usize, PersistentError> {
+        let left = self.q().terminate();
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.check() {
+                Ok(()) => {}
+                Err(PersistentError::Exited {
+                    state: Some(DeviceState::Terminated),
+                    ..
+                }) => return Ok(left),
+                Err(e) => return Err(e),
+            }
+            if Instant::now() > deadline {
+                return Err(PersistentError::Timeout {
+                    name: self.name.clone(),
+                    what: "the kernel to exit",
+                });
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    fn stop_heartbeat(&mut self) {
+        if let Some((stop, t)) = self.heartbeat.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = t.join();
+        }
+    }
+
+    fn stream_done_within(&self, d: Duration) -> bool {
+        let deadline = Instant::now() + d;
+        let Some(stream) = self.stream.as_ref() else {
+            return true;
+        };
+        loop {
+            match stream.query() {
+                Ok(StreamStatus::Busy) => {}
+                // Done, or faulted (a faulted kernel no longer runs).
+                _ => return true,
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind();
+        let mut done = self.exited || self.fault.is_some();
+        if !done {
+            self.q().terminate();
+            done = self.stream_done_within(Duration::from_secs(2));
+        }
+        self.stop_heartbeat();
+        if !done {
+            // The heartbeat has stopped: the kernel exits within its timeout.
+            done = self.stream_done_within(self.heartbeat_timeout + Duration::from_secs(2));
+        }
+        if !done {
+            // Still running: leak everything it might touch rather than free it under it.
+            std::mem::forget(self.queues.take());
+            std::mem::forget(self.state.take());
+            std::mem::forget(self.stream.take());
+            std::mem::forget(self.module.take());
+        }
+    }
+}
+
+/// Bumps the heartbeat every quarter of the timeout until told to stop. The only writer of
+/// `heartbeat` for a [`PersistentKernel`].
+fn spawn_heartbeat(
+    control: SharedMemory,
+    timeout: Duration,
+) -> Result<(Arc<AtomicBool>, JoinHandle<()>), PersistentError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let period = (timeout / 4).max(Duration::from_micros(100));
+    let t = std::thread::Builder::new()
+        .name("resident-heartbeat".into())
+        .spawn(move || {
+            // SAFETY: `control` is at least CONTROL_BLOCK_BYTES, 128-aligned (checked when the
+            // queues were built) and kept alive by the SharedMemory we own.
+            let ctl = unsafe { &*(control.as_mut_ptr() as *const ControlBlock) };
+            // Relaxed: a plain stop flag, nothing is published through it.
+            while !stop2.load(Ordering::Relaxed) {
+                ctl.bump_heartbeat();
+                std::thread::sleep(period);
+            }
+        })
+        .map_err(|e| PersistentError::Config(format!("cannot spawn heartbeat thread: {e}")))?;
+    Ok((stop, t))
+}
+
+/// The launch-per-batch baseline (and, with `graph`, its CUDA-graph variant): inputs copied to
+/// device memory, one launch of `resident_batch`, outputs copied back.
+struct BatchRunner<In, Out> {
+    f: sys::CUfunction,
+    stream: Stream,
+    d_in: DeviceBuffer,
+    d_out: DeviceBuffer,
+    d_count: DeviceBuffer,
+    d_state: DeviceBuffer,
+    h_in: MappedHostMemory,
+    h_out: MappedHostMemory,
+    max_n: usize,
+    block: u32,
+    graphs: Vec<(usize, GraphExec)>,
+    _module: Module,
+    _t: core::marker::PhantomData<fn(In) -> Out>,
+}
+
+impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
+    fn new(
+        ctx: &Arc<Context>,
+        source: &KernelSource,
+        state: &[u8],
+        max_n: usize,
+    ) -> Result<Self, PersistentError> {
+        check_sizes::<In, Out>(source)?;
+        let (module, f) = load(ctx, source, None, BATCH_KERNEL_NAME)?;
+        let in_bytes = max_n * core::mem::size_of::<Slot<In>>();
+        let out_bytes = max_n * core::mem::size_of::<Slot<Out>>();
+        let d_state = DeviceBuffer::new(ctx, state.len())?;
+        d_state.write(state)?;
+        Ok(BatchRunner {
+            f,
+            stream: Stream::new(ctx)?,
+            d_in: DeviceBuffer::new(ctx, in_bytes)?,
+            d_out: DeviceBuffer::new(ctx, out_bytes)?,
+            d_count: DeviceBuffer::new(ctx, 8)?,
+            d_state,
+            h_in: MappedHostMemory::new(ctx, in_bytes)?,
+            // The count sits in the first 128 bytes, the slots after it.
+            h_out: MappedHostMemory::new(ctx, 128 + out_bytes)?,
+            max_n,
+            block: source.batch_size,
+            graphs: Vec::new(),
+            _module: module,
+            _t: core::marker::PhantomData,
+        })
+    }
+
+    /// Enqueues copy-in, launch and copy-out of `n` staged inputs.
+    fn enqueue(&self, n: usize) -> Result<(), PersistentError> {
+        let e = |call| {
+            move |r: sys::CUresult| {
+                r.result().map_err(|e| PersistentError::Driver {
+                    call,
+                    error: format!("{e:?}"),
+                })
+            }
+        };
+        let in_bytes = n * core::mem::size_of::<Slot<In>>();
+        let out_bytes = n * core::mem::size_of::<Slot<Out>>();
+        // SAFETY: both buffers hold max_n >= n slots; the pinned staging memory lives as long as
+        // `self`, and the caller synchronizes the stream before touching it again.
+        e("cuMemcpyHtoDAsync")(unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                self.d_in.ptr,
+                self.h_in.as_mut_ptr() as *const c_void,
+                in_bytes,
+                self.stream.s,
+            )
+        })?;
+        let mut d_in = self.d_in.ptr;
+        let mut count = n as u32;
+        let mut d_out = self.d_out.ptr;
+        let mut d_count = self.d_count.ptr;
+        let mut d_state = self.d_state.ptr;
+        let mut args = [
+            &mut d_in as *mut u64 as *mut c_void,
+            &mut count as *mut u32 as *mut c_void,
+            &mut d_out as *mut u64 as *mut c_void,
+            &mut d_count as *mut u64 as *mut c_void,
+            &mut d_state as *mut u64 as *mut c_void,
+        ];
+        // SAFETY: matches `resident_batch(const InSlot*, unsigned, OutSlot*, unsigned*, State*)`;
+        // arguments are copied at launch; the buffers live as long as `self`.
+        unsafe { driver::launch(self.f, self.block, &self.stream, &mut args)? };
+        // SAFETY: as for the copy in; h_out holds 128 + max_n output slots.
+        e("cuMemcpyDtoHAsync")(unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                self.h_out.as_mut_ptr() as *mut c_void,
+                self.d_count.ptr,
+                4,
+                self.stream.s,
+            )
+        })?;
+        // SAFETY: as above.
+        e("cuMemcpyDtoHAsync")(unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                self.h_out.as_mut_ptr().add(128) as *mut c_void,
+                self.d_out.ptr,
+                out_bytes,
+                self.stream.s,
+            )
+        })
+    }
+
+    /// Runs one batch; appends the outputs to `out`.
+    fn run(
+        &mut self,
+        inputs: &[Slot<In>],
+        out: &mut Vec<Slot<Out>>,
+        graph: bool,
+    ) -> Result<(), PersistentError> {
+        let n = inputs.len();
+        if n == 0 || n > self.max_n {
+            return Err(PersistentError::Config(format!(
+                "batch of {n} outside 1..={}",
+                self.max_n
+            )));
+        }
+        // SAFETY: h_in holds max_n >= n slots and no copy is in flight (the stream was synced).
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                inputs.as_ptr(),
+                self.h_in.as_mut_ptr() as *mut Slot<In>,
+                n,
+            )
+        };
+        if graph {
+            if !self.graphs.iter().any(|(k, _)| *k == n) {
+                let g = GraphExec::capture(&self.stream, || self.enqueue(n))?;
+                self.graphs.push((n, g));
+            }
+            let (_, g) = self
+                .graphs
+                .iter()
+                .find(|(k, _)| *k == n)
+                .expect("inserted above");
+            g.launch(&self.stream)?;
+        } else {
+            self.enqueue(n)?;
+        }
+        self.stream.synchronize()?;
+        // SAFETY: the stream is synchronized: the copies into h_out are complete.
+        let count = unsafe { (self.h_out.as_mut_ptr() as *const u32).read() } as usize;
+        let count = count.min(n);
+        let base = self.h_out.as_mut_ptr().wrapping_add(128) as *const Slot<Out>;
+        for i in 0..count {
+            // SAFETY: `count <= n` slots were copied back; unaligned read since 128 + k*size
+            // keeps 8-byte alignment only.
+            out.push(unsafe { base.add(i).read_unaligned() });
+        }
+        Ok(())
+    }
+}
+
+/// One benchmark measurement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchRow {
+    /// `persistent`, `launch_per_batch` or `graph`.
+    pub variant: &'static str,
+    /// Payload size in bytes (the envelope's 32 bytes come on top).
+    pub payload_bytes: usize,
+    /// Messages in flight (1 = latency run).
+    pub in_flight: usize,
+    /// Round-trip median, ns (latency runs; throughput runs report the per-batch round trip).
+    pub p50_ns: u64,
+    /// 99th percentile, ns.
+    pub p99_ns: u64,
+    /// 99.9th percentile, ns.
+    pub p999_ns: u64,
+    /// Messages per second.
+    pub msgs_per_s: f64,
+}
+
+fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn row(
+    variant: &'static str,
+    payload_bytes: usize,
+    in_flight: usize,
+    mut rtts: Vec<u64>,
+    msgs: u64,
+    elapsed: Duration,
+) -> BenchRow {
+    rtts.sort_unstable();
+    BenchRow {
+        variant,
+        payload_bytes,
+        in_flight,
+        p50_ns: percentile(&rtts, 0.5),
+        p99_ns: percentile(&rtts, 0.99),
+        p999_ns: percentile(&rtts, 0.999),
+        msgs_per_s: msgs as f64 / elapsed.as_secs_f64().max(1e-9),
+    }
+}
+
+fn bench_source(words: usize, batch: u32) -> KernelSource {
+    use super::template::MessageDecl;
+    let decl = |n: &str| format!("typedef struct {{ unsigned long long w[{words}]; }} {n};");
+    KernelSource::new(
+        format!("bench{}", words * 8),
+        MessageDecl::new("BenchIn", decl("BenchIn"), words * 8),
+        MessageDecl::new("BenchOut", decl("BenchOut"), words * 8),
+        MessageDecl::new("BenchState", "typedef struct { unsigned long long unused; } BenchState;", 8),
+        "__device__ bool handle(BenchState* s, const BenchIn* in, BenchOut* out, const Envelope* env) {\n\
+         for (int i = 0; i < (int)(sizeof(in->w) / 8); ++i) out->w[i] = in->w[i] + 1ull;\n\
+         return true;\n}\n",
+        batch,
+    )
+}
+
+fn bench_payload<const W: usize>(
+    device: usize,
+    iters: usize,
+    in_flight: usize,
+    rows: &mut Vec<BenchRow>,
+) -> Result<(), PersistentError>
+where
+    [u64; W]: Pod,
+{
+    let bytes = W * 8;
+    let batch = 256u32;
+    let source = bench_source(W, batch);
+    let opts = LaunchOptions {
+        device,
+        queues: QueueConfig {
+            lanes: 1,
+            lane_capacity: in_flight.next_power_of_two().max(1024),
+            out_capacity: in_flight.next_power_of_two().max(1024),
+        },
+        ..Default::default()
+    };
+    let epoch = Instant::now();
+    let now_ns = || epoch.elapsed().as_nanos() as u64;
+    let timeout = Duration::from_secs(5);
+
+    // ---- persistent ----
+    {
+        let mut k = PersistentKernel::<[u64; W], [u64; W]>::launch(&source, &[0u8; 8], &opts)?;
+        k.activate()?;
+        let mut rtts = Vec::with_capacity(iters);
+        let start = Instant::now();
+        for i in 0..iters + iters / 10 {
+            let t0 = now_ns();
+            if k.send(Envelope::new(i as u64 + 1, 128, t0), [i as u64; W])
+                .is_err()
+            {
+                return Err(PersistentError::Config(
+                    "latency run: lane unexpectedly full".into(),
+                ));
+            }
+            let r = k.receive(timeout)?;
+            if i >= iters / 10 {
+                rtts.push(now_ns() - r.env.timestamp_ns);
+            }
+        }
+        let el = start.elapsed();
+        rows.push(row(
+            "persistent",
+            bytes,
+            1,
+            rtts,
+            (iters + iters / 10) as u64,
+            el,
+        ));
+
+        // Throughput: keep `in_flight` messages outstanding.
+        let total = (iters * 16) as u64;
+        let (mut sent, mut got) = (0u64, 0u64);
+        let mut buf = Vec::with_capacity(4096);
+        let mut rtts = Vec::new();
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while got < total {
+            while sent < total && sent - got < in_flight as u64 {
+                if k.send(Envelope::new(sent + 1, 128, now_ns()), [sent; W])
+                    .is_err()
+                {
+                    break;
+                }
+                sent += 1;
+            }
+            buf.clear();
+            let n = k.receive_into(&mut buf, 4096);
+            let t = now_ns();
+            for s in &buf {
+                if rtts.len() < 1_000_000 {
+                    rtts.push(t - s.env.timestamp_ns);
+                }
+            }
+            got += n as u64;
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                k.check()?;
+                if start.elapsed() > timeout * 10 {
+                    return Err(PersistentError::Timeout {
+                        name: k.name().into(),
+                        what: "throughput run",
+                    });
+                }
+            }
+        }
+        rows.push(row(
+            "persistent",
+            bytes,
+            in_flight,
+            rtts,
+            total,
+            start.elapsed(),
+        ));
+        k.terminate(timeout)?;
+    }
+
+    // ---- launch per batch and graph ----
+    let ctx = Context::new(device)?;
+    let mut runner =
+        BatchRunner::<[u64; W], [u64; W]>::new(&ctx, &source, &[0u8; 8], in_flight.max(1))?;
+    for (variant, graph) in [("launch_per_batch", false), ("graph", true)] {
+        for n in [1usize, in_flight] {
+            let inputs: Vec<Slot<[u64; W]>> = (0..n)
+                .map(|i| Slot::new(Envelope::new(i as u64 + 1, 128, 0), [i as u64; W]))
+                .collect();
+            let mut out = Vec::with_capacity(n);
+            let reps = if n == 1 {
+                iters
+            } else {
+                (iters * 16 / n).max(10)
+            };
+            let mut rtts = Vec::with_capacity(reps);
+            let start = Instant::now();
+            for r in 0..reps + reps / 10 {
+                out.clear();
+                let t0 = Instant::now();
+                runner.run(&inputs, &mut out, graph)?;
+                if r >= reps / 10 {
+                    rtts.push(t0.elapsed().as_nanos() as u64);
+                }
+                if out.len() != n {
+                    return Err(PersistentError::Config(format!(
+                        "{variant}: {} outputs for {n} inputs",
+                        out.len()
+                    )));
+                }
+            }
+            rows.push(row(
+                variant,
+                bytes,
+                n,
+                rtts,
+                ((reps + reps / 10) * n) as u64,
+                start.elapsed(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Measures, for 16 / 64 / 256-byte payloads, round-trip latency at 1 in flight (p50 / p99 /
+/// p99.9) and throughput with `in_flight` messages outstanding, for the `persistent`,
+/// `launch_per_batch` and `graph` variants of the same kernel template. `iters` latency
+/// samples per configuration (throughput runs move `16 * iters` messages).
+///
+/// Needs a GPU, the driver and NVRTC; returns their absence as a typed error.
+pub fn bench_ring(
+    device: usize,
+    iters: usize,
+    in_flight: usize,
+) -> Result<Vec<BenchRow>, PersistentError> {
+    if iters == 0 || in_flight == 0 || in_flight > 1 << 20 {
+        return Err(PersistentError::Config(format!(
+            "bench_ring: iters {iters} must be > 0 and in_flight {in_flight} in 1..=2^20"
+        )));
+    }
+    driver::driver_available(device)?;
+    super::template::nvrtc_available()?;
+    let mut rows = Vec::new();
+    bench_payload::<2>(device, iters, in_flight, &mut rows)?;
+    bench_payload::<8>(device, iters, in_flight, &mut rows)?;
+    bench_payload::<32>(device, iters, in_flight, &mut rows)?;
+    Ok(rows)
+}

@@ -1,0 +1,151 @@
+//! Persistent ring kernels: a CUDA kernel launched once that stays resident and drains priority
+//! lanes of [`resident_ring::spsc`] rings living in pinned, device-mapped host memory.
+//!
+//! The parts, bottom up:
+//! * [`control`]: the 256-byte [`ControlBlock`] the host steers the kernel through;
+//! * [`host`]: [`PersistentQueues`], the host's half of the protocol (lane producers, output
+//!   consumer, control block) over any [`RingMemory`];
+//! * [`emulated`]: [`EmulatedDevice`], a CPU thread that plays the kernel's part over exactly the
+//!   same memory, so the whole protocol is tested without a GPU;
+//! * [`template`]: the CUDA C translation unit (persistent, launch-per-batch) generated around a
+//!   user handler, and [`compile`](template::compile_ptx) through NVRTC;
+//! * [`kernel`]: [`PersistentKernel`] (the real GPU launch path) and [`bench`](kernel::bench_ring).
+//!
+//! # Priority lanes
+//! Input is `N` lanes (`1 ..= 8`), one ring each. Priority `p` goes to lane `(p * N) >> 8`
+//! ([`lane_for_priority`]); the consumer always drains the highest non-empty lane first and is
+//! FIFO within a lane.
+//!
+//! # Batch output order
+//! A batch is gathered highest lane first, FIFO within each lane. Outputs are compacted (inputs
+//! whose handler returned `false` leave no gap) and published in that same gathered order.
+
+use std::sync::Arc;
+
+use resident_ring::spsc::{RingError, RingMemory};
+
+pub mod control;
+pub mod emulated;
+pub mod host;
+pub mod kernel;
+pub mod template;
+
+mod driver;
+
+pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
+pub use emulated::{EmulatedDevice, EmulatorExit, EmulatorOptions};
+pub use host::{Full, PersistentQueues, QueueConfig};
+pub use kernel::{bench_ring, BenchRow, LaunchOptions, PersistentKernel};
+pub use template::{compile_ptx, CompiledKernel, KernelSource, MessageDecl};
+
+/// Most priority lanes a kernel can have.
+pub const MAX_LANES: usize = 8;
+
+/// The lane a priority goes to with `lanes` lanes: `(priority * lanes) >> 8`.
+///
+/// ```
+/// use resident_cuda::persistent::lane_for_priority;
+/// assert_eq!(lane_for_priority(0, 4), 0);
+/// assert_eq!(lane_for_priority(128, 4), 2);
+/// assert_eq!(lane_for_priority(255, 4), 3);
+/// assert_eq!(lane_for_priority(255, 1), 0);
+/// ```
+pub fn lane_for_priority(priority: u8, lanes: usize) -> usize {
+    (priority as usize * lanes) >> 8
+}
+
+/// Errors of the persistent-kernel layer.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistentError {
+    /// A configuration value is out of range.
+    #[error("invalid persistent kernel configuration: {0}")]
+    Config(String),
+    /// Building a ring failed.
+    #[error("ring: {0}")]
+    Ring(#[from] RingError),
+    /// Memory handed in is too small or misaligned.
+    #[error("memory for {what}: need {need} bytes aligned to 128, got {got} bytes")]
+    Memory {
+        /// What the memory was for.
+        what: &'static str,
+        /// Bytes needed.
+        need: usize,
+        /// Bytes given.
+        got: usize,
+    },
+    /// NVRTC could not be loaded.
+    #[error("NVRTC not available: {0}")]
+    NvrtcUnavailable(String),
+    /// The CUDA driver could not be loaded or has no device.
+    #[error("CUDA driver not available: {0}")]
+    DriverUnavailable(String),
+    /// Kernel source failed to compile (the NVRTC log is included).
+    #[error("kernel `{name}` failed to compile for {arch}:\n{log}")]
+    Compile {
+        /// Kernel name.
+        name: String,
+        /// Target architecture.
+        arch: String,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call {call} failed: {error}")]
+    Driver {
+        /// The call.
+        call: &'static str,
+        /// The driver's error.
+        error: String,
+    },
+    /// The device faulted (trap, illegal address, ...) while the kernel ran.
+    #[error("kernel `{name}` failed on the device: {reason}")]
+    DeviceFault {
+        /// Kernel name.
+        name: String,
+        /// The driver's description.
+        reason: String,
+    },
+    /// The kernel exited on its own (heartbeat timeout or a detected error).
+    #[error("kernel `{name}` exited: {state:?} (error code {error_code})")]
+    Exited {
+        /// Kernel name.
+        name: String,
+        /// Its final state.
+        state: Option<DeviceState>,
+        /// Its error code.
+        error_code: u32,
+    },
+    /// An operation is not allowed in the current state.
+    #[error("kernel `{name}`: cannot {op} while {state}")]
+    InvalidState {
+        /// Kernel name.
+        name: String,
+        /// The operation.
+        op: &'static str,
+        /// The state it was in.
+        state: &'static str,
+    },
+    /// Waiting for the device timed out.
+    #[error("kernel `{name}`: timed out waiting for {what}")]
+    Timeout {
+        /// Kernel name.
+        name: String,
+        /// What was awaited.
+        what: &'static str,
+    },
+}
+
+/// Memory shared between the host's ring halves and the device side (the emulator thread or
+/// the GPU launch): an `Arc` so either may outlive the other.
+#[derive(Clone)]
+pub struct SharedMemory(pub Arc<dyn RingMemory>);
+
+// SAFETY: delegates to the inner memory, whose pointer and length are fixed for its life.
+unsafe impl RingMemory for SharedMemory {
+    fn as_mut_ptr(&self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}

@@ -1,0 +1,324 @@
+//! The CUDA C translation unit of a ring kernel: a generated prelude (wire structs, the user's
+//! message types, `static_assert`s on every size, the user's handler) followed by the template
+//! body `kernels/persistent_ring.cu`, which defines two kernels:
+//! * `resident_persistent(PersistentParams)`: the persistent ring kernel (launched once);
+//! * `resident_batch(in, n, out, out_count, state)`: the launch-per-batch baseline (also the
+//!   node of the CUDA-graph baseline).
+//!
+//! [`compile_ptx`] compiles it with NVRTC, loaded at run time.
+
+use std::fmt::Write as _;
+
+use resident_ring::envelope::ENVELOPE_C_DECL;
+use resident_ring::spsc::RING_HEADER_C_DECL;
+use resident_ring::Slot;
+
+use super::control::CONTROL_BLOCK_C_DECL;
+use super::{PersistentError, MAX_LANES};
+
+/// The template body.
+pub const TEMPLATE_BODY: &str = include_str!("../../kernels/persistent_ring.cu");
+
+/// Name of the persistent kernel in the compiled module.
+pub const PERSISTENT_KERNEL_NAME: &str = "resident_persistent";
+/// Name of the launch-per-batch kernel in the compiled module.
+pub const BATCH_KERNEL_NAME: &str = "resident_batch";
+
+/// Launch parameters of the persistent kernel, passed by value. Device addresses are `u64`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PersistentParams {
+    /// Device address of each input lane's ring (header first); unused lanes 0.
+    pub lanes: [u64; MAX_LANES],
+    /// Device address of the output ring.
+    pub out: u64,
+    /// Device address of the control block.
+    pub control: u64,
+    /// Device address of the handler state.
+    pub state: u64,
+    /// Number of lanes, `1 ..= 8`.
+    pub lane_count: u32,
+    /// Slots per lane (power of two).
+    pub lane_capacity: u32,
+    /// Slots in the output ring (power of two, at least the batch size).
+    pub out_capacity: u32,
+    /// Longest idle `__nanosleep`, in nanoseconds.
+    pub max_backoff_ns: u32,
+    /// Longest time between control-block checks while busy, in nanoseconds of `%globaltimer`.
+    pub control_poll_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<PersistentParams>() == 112);
+
+/// The C declaration of [`PersistentParams`].
+pub const PERSISTENT_PARAMS_C_DECL: &str = "typedef struct {
+    unsigned long long lanes[8];
+    unsigned long long out;
+    unsigned long long control;
+    unsigned long long state;
+    unsigned int lane_count;
+    unsigned int lane_capacity;
+    unsigned int out_capacity;
+    unsigned int max_backoff_ns;
+    unsigned long long control_poll_ns;
+} PersistentParams;
+";
+
+/// A C type the kernel uses: its name, its declaration and the size Rust gives it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MessageDecl {
+    /// The C type name (an identifier), e.g. `Ping`.
+    pub name: String,
+    /// The declaration, e.g. `typedef struct { unsigned int x; } Ping;`. Empty when the type
+    /// is declared by another `MessageDecl` of the same kernel (same name).
+    pub c_decl: String,
+    /// `size_of` the Rust type; the kernel `static_assert`s it.
+    pub size: usize,
+}
+
+impl MessageDecl {
+    /// A declaration with an explicit size.
+    pub fn new(name: impl Into<String>, c_decl: impl Into<String>, size: usize) -> Self {
+        MessageDecl {
+            name: name.into(),
+            c_decl: c_decl.into(),
+            size,
+        }
+    }
+
+    /// A declaration whose size is `size_of::<T>()`.
+    pub fn of<T>(name: impl Into<String>, c_decl: impl Into<String>) -> Self {
+        Self::new(name, c_decl, core::mem::size_of::<T>())
+    }
+
+    /// Size of a ring slot holding this type (`Slot<T>` for `T` aligned to at most 8).
+    pub fn slot_size(&self) -> usize {
+        32 + self.size.div_ceil(8) * 8
+    }
+}
+
+/// Everything that defines one ring kernel's source.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelSource {
+    /// Kernel name, for errors and the NVRTC program name.
+    pub name: String,
+    /// Input message type.
+    pub input: MessageDecl,
+    /// Output message type.
+    pub output: MessageDecl,
+    /// Handler state type (lives in device memory; all threads of a batch share it, so a
+    /// handler that mutates it must use atomics).
+    pub state: MessageDecl,
+    /// CUDA C defining `__device__ bool <handler_fn>(State*, const In*, Out*, const Envelope*)`.
+    pub handler: String,
+    /// Name of the handler function.
+    pub handler_fn: String,
+    /// Block size = most messages per batch: a multiple of 32 in `32 ..= 1024`.
+    pub batch_size: u32,
+}
+
+fn is_c_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl KernelSource {
+    /// A kernel source for a handler named `handle`.
+    pub fn new(
+        name: impl Into<String>,
+        input: MessageDecl,
+        output: MessageDecl,
+        state: MessageDecl,
+        handler: impl Into<String>,
+        batch_size: u32,
+    ) -> Self {
+        KernelSource {
+            name: name.into(),
+            input,
+            output,
+            state,
+            handler: handler.into(),
+            handler_fn: "handle".into(),
+            batch_size,
+        }
+    }
+
+    /// Checks the inputs the generated code relies on.
+    pub fn validate(&self) -> Result<(), PersistentError> {
+        let bad = |m: String| {
+            Err(PersistentError::Config(format!(
+                "kernel `{}`: {m}",
+                self.name
+            )))
+        };
+        if self.batch_size % 32 != 0 || !(32..=1024).contains(&self.batch_size) {
+            return bad(format!(
+                "batch size {} is not a multiple of 32 in 32..=1024",
+                self.batch_size
+            ));
+        }
+        for d in [&self.input, &self.output, &self.state] {
+            if !is_c_identifier(&d.name) {
+                return bad(format!("`{}` is not a C identifier", d.name));
+            }
+            if d.size == 0 {
+                return bad(format!("type `{}` has size 0", d.name));
+            }
+        }
+        if !is_c_identifier(&self.handler_fn) {
+            return bad(format!("`{}` is not a C identifier", self.handler_fn));
+        }
+        let texts = [
+            &self.name,
+            &self.handler,
+            &self.input.c_decl,
+            &self.output.c_decl,
+            &self.state.c_decl,
+        ];
+        if texts.iter().any(|t| t.contains('\0')) {
+            return bad("source text contains a NUL byte".into());
+        }
+        Ok(())
+    }
+
+    /// The whole translation unit.
+    pub fn render(&self) -> Result<String, PersistentError> {
+        self.validate()?;
+        let mut s = String::with_capacity(TEMPLATE_BODY.len() + 4096);
+        let _ = writeln!(
+            s,
+            "// Generated by resident-cuda for ring kernel `{}`.",
+            self.name.replace('\n', " ")
+        );
+        let _ = writeln!(s, "#define RESIDENT_BATCH {}", self.batch_size);
+        let _ = writeln!(s, "#define RESIDENT_HANDLER {}", self.handler_fn);
+        s.push_str(ENVELOPE_C_DECL);
+        s.push_str(RING_HEADER_C_DECL);
+        s.push_str(CONTROL_BLOCK_C_DECL);
+        s.push_str(PERSISTENT_PARAMS_C_DECL);
+        s.push_str("static_assert(sizeof(Envelope) == 32, \"Envelope layout\");\n");
+        s.push_str("static_assert(sizeof(RingHeader) == 256, \"RingHeader layout\");\n");
+        s.push_str("static_assert(sizeof(ControlBlock) == 256, \"ControlBlock layout\");\n");
+        s.push_str(
+            "static_assert(sizeof(PersistentParams) == 112, \"PersistentParams layout\");\n",
+        );
+        let mut declared: Vec<&str> = Vec::new();
+        for d in [&self.input, &self.output, &self.state] {
+            if !declared.contains(&d.name.as_str()) {
+                declared.push(&d.name);
+                s.push_str(&d.c_decl);
+                s.push('\n');
+            }
+            let _ = writeln!(
+                s,
+                "static_assert(sizeof({n}) == {z}, \"C type `{n}` is not the {z} bytes of its Rust type\");",
+                n = d.name,
+                z = d.size
+            );
+        }
+        let _ = writeln!(s, "typedef {} ResidentIn;", self.input.name);
+        let _ = writeln!(s, "typedef {} ResidentOut;", self.output.name);
+        let _ = writeln!(s, "typedef {} ResidentState;", self.state.name);
+        s.push_str("typedef struct { Envelope env; ResidentIn payload; } InSlot;\n");
+        s.push_str("typedef struct { Envelope env; ResidentOut payload; } OutSlot;\n");
+        let _ = writeln!(
+            s,
+            "static_assert(sizeof(InSlot) == {}, \"input slot size differs from Rust's Slot<In>\");",
+            self.input.slot_size()
+        );
+        let _ = writeln!(
+            s,
+            "static_assert(sizeof(OutSlot) == {}, \"output slot size differs from Rust's Slot<Out>\");",
+            self.output.slot_size()
+        );
+        s.push_str("// ---- user handler ----\n");
+        s.push_str(&self.handler);
+        s.push_str("\n// ---- template body ----\n");
+        s.push_str(TEMPLATE_BODY);
+        Ok(s)
+    }
+}
+
+/// Size of `Slot<T>` as Rust lays it out (what [`MessageDecl::slot_size`] must agree with).
+pub const fn rust_slot_size<T>() -> usize {
+    core::mem::size_of::<Slot<T>>()
+}
+
+/// Compiled PTX text of a ring kernel.
+#[derive(Clone, Debug)]
+pub struct CompiledKernel {
+    /// The PTX (NUL-free text).
+    pub ptx: String,
+    /// The architecture it was compiled for, e.g. `compute_90`.
+    pub arch: String,
+}
+
+/// Whether NVRTC can be loaded; `Err` says why not.
+pub fn nvrtc_available() -> Result<(), PersistentError> {
+    // SAFETY: only tries to dlopen the library by its candidate names; no symbol is used.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(PersistentError::NvrtcUnavailable(
+            "libnvrtc could not be loaded (is it on LD_LIBRARY_PATH?)".into(),
+        ))
+    }
+}
+
+/// Compiles `source` to PTX for `arch` (e.g. `compute_90`) with NVRTC.
+///
+/// Errors: [`PersistentError::NvrtcUnavailable`] when NVRTC (or its builtins library) cannot be
+/// loaded, [`PersistentError::Compile`] with the log on a compile error (a layout
+/// `static_assert` included), [`PersistentError::Config`] on invalid input.
+pub fn compile_ptx(source: &KernelSource, arch: &str) -> Result<CompiledKernel, PersistentError> {
+    let text = source.render()?;
+    if !arch.starts_with("compute_") || !arch[8..].chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(PersistentError::Config(format!(
+            "architecture `{arch}` is not of the form compute_NN"
+        )));
+    }
+    nvrtc_available()?;
+    use cudarc::nvrtc::{result::NvrtcError, sys::nvrtcResult, CompileError, CompileOptions};
+    let opts = CompileOptions {
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".into(),
+            "-default-device".into(),
+        ],
+        name: Some(format!("{}.cu", source.name.replace(['\0', '/'], "_"))),
+        ..Default::default()
+    };
+    match cudarc::nvrtc::compile_ptx_with_opts(&text, opts) {
+        Ok(ptx) => {
+            let bytes = ptx.as_bytes().ok_or_else(|| PersistentError::Compile {
+                name: source.name.clone(),
+                arch: arch.into(),
+                log: "NVRTC returned no PTX image".into(),
+            })?;
+            let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+            Ok(CompiledKernel {
+                ptx: String::from_utf8_lossy(&bytes[..end]).into_owned(),
+                arch: arch.into(),
+            })
+        }
+        Err(CompileError::CompileError {
+            nvrtc: NvrtcError(nvrtcResult::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE),
+            log,
+            ..
+        }) => Err(PersistentError::NvrtcUnavailable(format!(
+            "NVRTC builtins failed (libnvrtc-builtins on LD_LIBRARY_PATH?): {}",
+            log.to_string_lossy()
+        ))),
+        Err(CompileError::CompileError { log, .. }) => Err(PersistentError::Compile {
+            name: source.name.clone(),
+            arch: arch.into(),
+            log: log.to_string_lossy().into_owned(),
+        }),
+        Err(e) => Err(PersistentError::Compile {
+            name: source.name.clone(),
+            arch: arch.into(),
+            log: format!("{e:?}"),
+        }),
+    }
+}

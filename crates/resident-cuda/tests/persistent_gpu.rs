@@ -1,0 +1,115 @@
+//! The real GPU path. On a machine without the CUDA driver it must fail with a typed error,
+//! never a panic; with a GPU (and NVRTC) it runs a kernel end to end.
+
+use std::time::Duration;
+
+use resident_cuda::persistent::{
+    bench_ring, DeviceState, KernelSource, LaunchOptions, MessageDecl, PersistentError,
+    PersistentKernel, QueueConfig,
+};
+use resident_ring::Envelope;
+
+fn source() -> KernelSource {
+    KernelSource::new(
+        "gpu_double",
+        MessageDecl::of::<u64>("In64", "typedef struct { unsigned long long v; } In64;"),
+        MessageDecl::of::<u64>("Out64", "typedef struct { unsigned long long v; } Out64;"),
+        MessageDecl::of::<u64>("St", "typedef struct { unsigned long long n; } St;"),
+        "__device__ bool handle(St* s, const In64* in, Out64* out, const Envelope* env) {\n\
+         atomicAdd(&s->n, 1ull); out->v = in->v * 2ull; return (in->v % 3ull) != 0ull; }\n",
+        64,
+    )
+}
+
+fn gpu_present() -> bool {
+    // SAFETY: only tries to dlopen libcuda.
+    let driver = unsafe { cudarc::driver::sys::is_culib_present() };
+    // SAFETY: only tries to dlopen libnvrtc.
+    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    driver && nvrtc
+}
+
+#[test]
+fn without_a_driver_launch_and_bench_are_typed_errors() {
+    if gpu_present() {
+        eprintln!("SKIP: a CUDA driver is present; covered by persistent_kernel_round_trip");
+        return;
+    }
+    let opts = LaunchOptions {
+        queues: QueueConfig {
+            lanes: 2,
+            lane_capacity: 256,
+            out_capacity: 256,
+        },
+        ..Default::default()
+    };
+    let r = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts);
+    assert!(
+        matches!(
+            r,
+            Err(PersistentError::DriverUnavailable(_)) | Err(PersistentError::NvrtcUnavailable(_))
+        ),
+        "{:?}",
+        r.err()
+    );
+    assert!(matches!(
+        bench_ring(0, 10, 64),
+        Err(PersistentError::DriverUnavailable(_)) | Err(PersistentError::NvrtcUnavailable(_))
+    ));
+}
+
+#[test]
+fn launch_rejects_mismatched_rust_types_before_touching_the_driver() {
+    let r = PersistentKernel::<u32, u64>::launch(&source(), &[0u8; 8], &LaunchOptions::default());
+    assert!(
+        matches!(r, Err(PersistentError::Config(_))),
+        "{:?}",
+        r.err()
+    );
+    let r = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 4], &LaunchOptions::default());
+    assert!(
+        matches!(r, Err(PersistentError::Config(_))),
+        "{:?}",
+        r.err()
+    );
+}
+
+#[test]
+fn persistent_kernel_round_trip() {
+    if !gpu_present() {
+        eprintln!("SKIP: CUDA driver or NVRTC not available");
+        return;
+    }
+    let opts = LaunchOptions {
+        queues: QueueConfig {
+            lanes: 2,
+            lane_capacity: 256,
+            out_capacity: 256,
+        },
+        ..Default::default()
+    };
+    let mut k = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts).unwrap();
+    k.activate().unwrap();
+    let mut expect = Vec::new();
+    for i in 1..=1000u64 {
+        while k.send(Envelope::new(i, 0, 0), i).is_err() {
+            std::thread::yield_now();
+        }
+        if i % 3 != 0 {
+            expect.push(i);
+        }
+        // Keep the output drained.
+        while let Some(s) = k.try_receive() {
+            assert_eq!(s.env.correlation_id, expect.remove(0));
+            assert_eq!(s.payload, s.env.correlation_id * 2);
+        }
+    }
+    while !expect.is_empty() {
+        let s = k.receive(Duration::from_secs(5)).unwrap();
+        assert_eq!(s.env.correlation_id, expect.remove(0));
+    }
+    assert_eq!(k.terminate(Duration::from_secs(5)).unwrap(), 0);
+    let c = k.device_counters();
+    assert_eq!(c.state, Some(DeviceState::Terminated));
+    assert_eq!(c.processed, 1000);
+}
