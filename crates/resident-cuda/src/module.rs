@@ -115,6 +115,20 @@ impl KernelParams {
         Ok(self)
     }
 
+    /// Appends a value parameter given as its bytes (at most 64).
+    pub fn push_bytes(&mut self, bytes: &[u8]) -> Result<&mut Self> {
+        if bytes.len() > 64 {
+            return Err(CudaError::invalid(
+                "cuLaunchKernel",
+                "by-value parameter larger than 64 bytes",
+            ));
+        }
+        let mut slot = vec![0u64; bytes.len().div_ceil(8).max(1)].into_boxed_slice();
+        bytemuck::cast_slice_mut::<u64, u8>(&mut slot)[..bytes.len()].copy_from_slice(bytes);
+        self.values.push(slot);
+        Ok(self)
+    }
+
     /// Appends a device pointer parameter.
     pub fn push_ptr(&mut self, device_ptr: u64) -> &mut Self {
         self.values.push(vec![device_ptr].into_boxed_slice());
