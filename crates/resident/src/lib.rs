@@ -5,3 +5,9 @@
 #![deny(missing_docs)]
 
 pub use resident_ring as ring;
+
+pub mod backend;
+pub mod memory;
+
+pub use backend::{Backend, BackendError, ComputeDevice, Kernel, KernelArg, LaunchConfig};
+pub use memory::{BufferState, MemoryError, MemoryPool, PoolKind, UnifiedBuffer};
