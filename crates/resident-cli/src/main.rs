@@ -1,4 +1,5 @@
 //! The `resident` command-line tool.
+mod info;
 fn main() {
     println!("resident {}", env!("CARGO_PKG_VERSION"));
 }
