@@ -44,8 +44,5 @@ pub use telemetry::{DeviceTelemetry, Telemetry};
 
 /// Why CUDA cannot be used here, or `None` when a device opens. Never panics.
 pub fn unavailable_reason() -> Option<CudaError> {
-    match devices() {
-        Ok(_) => None,
-        Err(e) => Some(e),
-    }
+    devices().err()
 }
