@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod info;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,11 +22,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The main job: the demo pipeline, then the quick benchmark (JSON into bench/results/).
+    /// The main job: devices, the demo pipeline, then the quick benchmark (JSON into bench/results/).
     All {
         /// Where the benchmark JSON goes.
         #[arg(long, default_value = "bench/results/cpu-latest.json")]
         out: PathBuf,
+    },
+    /// Backends and devices found here, and why a backend is unavailable.
+    Info {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// A three-stage sensor anomaly pipeline with telemetry.
     Demo {
@@ -47,7 +54,13 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::All { out } => demo::run(1_000_000).and_then(|_| {
+        Command::Info { json } => return info::run(json),
+        Command::All { out } => {
+            info::run(false);
+            println!();
+            demo::run(1_000_000)
+        }
+        .and_then(|_| {
             println!();
             bench::run(&bench::Options { quick: true }, Some(&out)).map(|_| ())
         }),

@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+pub mod memory;
 pub mod runtime;
 pub mod telemetry;
 
@@ -42,3 +43,6 @@ pub mod prelude {
         device_message, Backpressure, DeviceMessage, Envelope, Message, MessageId, WaitStrategy,
     };
 }
+
+pub use backend::{BackendError, ComputeDevice, Kernel, KernelArg, LaunchConfig};
+pub use memory::{BufferState, MemoryError, MemoryPool, PoolKind, UnifiedBuffer};

@@ -27,7 +27,9 @@ fn idle_kernel_uses_no_cpu() {
         return;
     }
     let rt = Runtime::builder().backend(Backend::Cpu).build().unwrap();
-    let h = rt.launch(RingKernel::<u64, u64>::new("idle1").handler(|_: &mut Context<()>, x: u64| Some(x))).unwrap();
+    let h = rt
+        .launch(RingKernel::<u64, u64>::new("idle1").handler(|_: &mut Context<()>, x: u64| Some(x)))
+        .unwrap();
     h.activate().unwrap();
     assert_eq!(h.call(1, Duration::from_secs(5)).unwrap(), 1);
     // Thread names are cut to 15 bytes by the kernel: "resident:idle1".
@@ -36,7 +38,11 @@ fn idle_kernel_uses_no_cpu() {
     std::thread::sleep(Duration::from_millis(1000));
     let after = thread_cpu_ticks("resident:idle1").unwrap();
     // A spinning thread would burn ~100 ticks in 1 s; a parked one burns none.
-    assert!(after - before <= 3, "idle kernel thread used {} ticks in 1 s", after - before);
+    assert!(
+        after - before <= 3,
+        "idle kernel thread used {} ticks in 1 s",
+        after - before
+    );
     // And it still wakes up.
     assert_eq!(h.call(2, Duration::from_secs(5)).unwrap(), 2);
 }

@@ -1,25 +1,306 @@
-//! Backend selection.
+//! Backends: where memory lives and kernels run. Everything above this folder talks to a
+//! [`ComputeDevice`] and never names CUDA types.
+//!
+//! * [`cpu`]: threads and rayon; always available. Its "device memory" is host memory.
+//! * [`cuda`]: `resident-cuda`, loaded at run time; available when a driver and device work.
+//!
+//! [`open`] picks one from a [`Backend`] request; [`probe`] reports what this machine has and
+//! why a backend is missing.
 
-use crate::runtime::state::{Error, Result};
+pub mod cpu;
+pub mod cuda;
+mod kernel;
+mod storage;
 
-/// Which backend a runtime runs on.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub use kernel::{launch_cpu, CpuKernelFn, CpuThread, Kernel, KernelArg, Output};
+pub use resident_cuda::launch::{block_size_for, LaunchConfig};
+pub use resident_cuda::telemetry::DeviceTelemetry;
+pub use storage::{DeviceMemory, HostMemory, Stream};
+
+use std::sync::Arc;
+
+/// Which backend to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Backend {
-    /// Threads on the host; always available.
+    /// Threads and rayon on the host.
     Cpu,
-    /// CUDA through the driver loaded at run time.
+    /// An NVIDIA GPU through the CUDA driver.
     Cuda,
-    /// CUDA when a device works, the CPU otherwise.
+    /// CUDA when a device works, else the CPU.
     #[default]
     Auto,
 }
 
-/// Resolves `Auto` and checks that the requested backend can be used.
-pub(crate) fn resolve(b: Backend) -> Result<Backend> {
+/// The backend a device actually runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// See [`Backend::Cpu`].
+    Cpu,
+    /// See [`Backend::Cuda`].
+    Cuda,
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        })
+    }
+}
+
+/// Errors of the backend layer.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// CUDA was requested but cannot be used here.
+    #[error("CUDA backend unavailable: {0}")]
+    CudaUnavailable(#[source] resident_cuda::CudaError),
+    /// A CUDA operation failed.
+    #[error("CUDA: {0}")]
+    Cuda(#[from] resident_cuda::CudaError),
+    /// The kernel has no CPU closure but runs on the CPU backend.
+    #[error("kernel `{kernel}` has no CPU implementation")]
+    NoCpuImplementation {
+        /// Kernel name.
+        kernel: String,
+    },
+    /// The kernel has no CUDA source but runs on the CUDA backend.
+    #[error("kernel `{kernel}` has no CUDA source")]
+    NoCudaSource {
+        /// Kernel name.
+        kernel: String,
+    },
+    /// A kernel argument is missing or of the wrong kind or size.
+    #[error("kernel argument {index}: {reason}")]
+    BadArgument {
+        /// Position of the argument.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Host and device sides of a copy differ in size.
+    #[error("{what}: host side has {host} bytes, device side {device}")]
+    SizeMismatch {
+        /// The operation.
+        what: &'static str,
+        /// Host bytes.
+        host: usize,
+        /// Device bytes.
+        device: usize,
+    },
+    /// Memory of one backend was handed to another.
+    #[error("{what}: memory belongs to the {memory} backend, not {device}")]
+    WrongBackend {
+        /// The operation.
+        what: &'static str,
+        /// Backend of the memory.
+        memory: BackendKind,
+        /// Backend of the device.
+        device: BackendKind,
+    },
+    /// A request too large for the address space.
+    #[error("allocation of {0} bytes overflows")]
+    TooLarge(usize),
+}
+
+/// Result of this layer.
+pub type Result<T, E = BackendError> = std::result::Result<T, E>;
+
+/// What a device is, in backend-neutral terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Backend.
+    pub backend: BackendKind,
+    /// Ordinal within the backend.
+    pub ordinal: usize,
+    /// Name.
+    pub name: String,
+    /// Parallel units: SMs on CUDA, worker threads on the CPU.
+    pub compute_units: u32,
+    /// Device memory in bytes (0 when unknown, e.g. host RAM on the CPU backend).
+    pub total_memory: u64,
+    /// Largest block (threads).
+    pub max_threads_per_block: u32,
+    /// Compute capability, CUDA only.
+    pub compute_capability: Option<(u32, u32)>,
+    /// Shared memory per block, bytes (CUDA only, else 0).
+    pub shared_memory_per_block: u64,
+    /// Shared memory per SM, bytes (CUDA only, else 0).
+    pub shared_memory_per_sm: u64,
+    /// Whether the device can read mapped pinned host memory (CPU: trivially yes).
+    pub can_map_host_memory: bool,
+    /// Driver's CUDA version, CUDA only.
+    pub driver_version: Option<(u32, u32)>,
+}
+
+/// One backend implementation: device memory, copies, streams, kernel launch, device info.
+pub trait ComputeDevice: Send + Sync + std::fmt::Debug {
+    /// Which backend.
+    fn kind(&self) -> BackendKind;
+    /// Properties.
+    fn info(&self) -> DeviceInfo;
+    /// Whether device memory is host memory (then no copy is ever needed).
+    fn shares_host_memory(&self) -> bool;
+    /// Zeroed device memory.
+    fn alloc(&self, bytes: usize) -> Result<DeviceMemory>;
+    /// Zeroed host memory; `pinned` asks for page-locked, device-mapped memory where the
+    /// backend has it.
+    fn alloc_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory>;
+    /// Copies `src` into device memory of the same size and waits.
+    fn copy_to_device(&self, dst: &mut DeviceMemory, src: &[u8]) -> Result<()>;
+    /// Copies device memory into `dst` of the same size and waits.
+    fn copy_to_host(&self, dst: &mut [u8], src: &DeviceMemory) -> Result<()>;
+    /// Queues a host-to-device copy on `stream`.
+    ///
+    /// # Safety
+    /// `src` must stay valid and unmodified until `stream` is synchronized.
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: &mut DeviceMemory,
+        src: &[u8],
+        stream: &Stream,
+    ) -> Result<()>;
+    /// Queues a device-to-host copy on `stream`.
+    ///
+    /// # Safety
+    /// `dst` must not be read or written until `stream` is synchronized.
+    unsafe fn copy_to_host_async(
+        &self,
+        dst: &mut [u8],
+        src: &DeviceMemory,
+        stream: &Stream,
+    ) -> Result<()>;
+    /// A new stream (work queued on one stream runs in order).
+    fn create_stream(&self) -> Result<Stream>;
+    /// Waits for everything queued on `stream`.
+    fn synchronize(&self, stream: &Stream) -> Result<()>;
+    /// Runs `kernel` over `cfg` with `args`, after the work already queued on `stream` when
+    /// one is given, and waits for it (the arguments' borrows end when this returns).
+    fn launch(
+        &self,
+        kernel: &Kernel,
+        cfg: LaunchConfig,
+        args: &[KernelArg<'_>],
+        stream: Option<&Stream>,
+    ) -> Result<()>;
+}
+
+/// A shared handle to a device of some backend.
+pub type DeviceHandle = Arc<dyn ComputeDevice>;
+
+/// Opens device 0 of the requested backend. `Auto` falls back to the CPU when CUDA is
+/// unavailable; `Cuda` returns [`BackendError::CudaUnavailable`] saying why.
+pub fn open(backend: Backend) -> Result<DeviceHandle> {
+    match backend {
+        Backend::Cpu => Ok(Arc::new(cpu::CpuDevice::new())),
+        Backend::Cuda => Ok(Arc::new(cuda::CudaDevice::open(0)?)),
+        Backend::Auto => match cuda::CudaDevice::open(0) {
+            Ok(d) => Ok(Arc::new(d)),
+            Err(_) => Ok(Arc::new(cpu::CpuDevice::new())),
+        },
+    }
+}
+
+/// What a probe found for one backend.
+#[derive(Clone, Debug)]
+pub struct BackendReport {
+    /// The backend.
+    pub backend: BackendKind,
+    /// Devices (empty when unavailable).
+    pub devices: Vec<DeviceInfo>,
+    /// Why the backend cannot be used, when it cannot.
+    pub unavailable: Option<String>,
+    /// Whether NVRTC (runtime compilation) loads; CUDA only.
+    pub nvrtc: Option<bool>,
+}
+
+/// Every backend this build knows, with devices or the reason it is unavailable.
+pub fn probe() -> Vec<BackendReport> {
+    let cpu = BackendReport {
+        backend: BackendKind::Cpu,
+        devices: vec![cpu::CpuDevice::new().info()],
+        unavailable: None,
+        nvrtc: None,
+    };
+    let cuda = match cuda::device_infos() {
+        Ok(devices) => BackendReport {
+            backend: BackendKind::Cuda,
+            devices,
+            unavailable: None,
+            nvrtc: Some(resident_cuda::nvrtc_present()),
+        },
+        Err(e) => BackendReport {
+            backend: BackendKind::Cuda,
+            devices: Vec::new(),
+            unavailable: Some(e.to_string()),
+            nvrtc: Some(resident_cuda::nvrtc_present()),
+        },
+    };
+    vec![cpu, cuda]
+}
+
+/// NVML telemetry of every GPU, or why it is unavailable.
+pub fn device_telemetry() -> Result<Vec<DeviceTelemetry>, String> {
+    resident_cuda::telemetry::read_all().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_request_matches_this_machine() {
+        let r = open(Backend::Cuda);
+        if resident_cuda::driver_present() {
+            let d = r.expect("a CUDA driver is present, so the CUDA backend must open");
+            assert_eq!(d.kind(), BackendKind::Cuda);
+        } else {
+            match r {
+                Err(BackendError::CudaUnavailable(resident_cuda::CudaError::DriverNotFound)) => {}
+                other => panic!("expected CudaUnavailable(DriverNotFound), got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn auto_falls_back_to_cpu() {
+        let d = open(Backend::Auto).unwrap();
+        let cuda_works = cuda::CudaDevice::open(0).is_ok();
+        let want = if cuda_works {
+            BackendKind::Cuda
+        } else {
+            BackendKind::Cpu
+        };
+        assert_eq!(d.kind(), want);
+        assert_eq!(open(Backend::Cpu).unwrap().kind(), BackendKind::Cpu);
+    }
+
+    #[test]
+    fn probe_explains_missing_cuda() {
+        let reports = probe();
+        assert_eq!(reports.len(), 2);
+        assert!(reports[0].unavailable.is_none() && !reports[0].devices.is_empty());
+        let cuda = &reports[1];
+        assert_eq!(cuda.unavailable.is_some(), cuda.devices.is_empty());
+        if !resident_cuda::driver_present() {
+            assert!(cuda.unavailable.as_deref().unwrap().contains("driver"));
+        }
+    }
+}
+
+/// Resolves a runtime's backend request: `Auto` becomes CUDA when a device opens, else the CPU;
+/// an explicit `Cuda` request that cannot be met is a typed error saying why.
+pub(crate) fn resolve(b: Backend) -> crate::runtime::state::Result<Backend> {
+    use crate::runtime::state::Error;
     match b {
-        Backend::Cpu | Backend::Auto => Ok(Backend::Cpu),
-        Backend::Cuda => Err(Error::BackendUnavailable(
-            "the CUDA backend is not built yet".into(),
-        )),
+        Backend::Cpu => Ok(Backend::Cpu),
+        Backend::Cuda => open(Backend::Cuda)
+            .map(|_| Backend::Cuda)
+            .map_err(|e| Error::BackendUnavailable(e.to_string())),
+        Backend::Auto => Ok(if open(Backend::Cuda).is_ok() {
+            Backend::Cuda
+        } else {
+            Backend::Cpu
+        }),
     }
 }

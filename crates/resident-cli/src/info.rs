@@ -1,0 +1,151 @@
+//! `resident info [--json]`: the backends this machine has, their devices, and, for a missing
+//! backend, why it is missing. Always exits 0: an absent GPU is information, not failure.
+
+use resident::backend::{self, BackendReport, DeviceInfo};
+use serde_json::{json, Value};
+use std::process::ExitCode;
+
+fn device_json(d: &DeviceInfo) -> Value {
+    json!({
+        "ordinal": d.ordinal,
+        "name": d.name,
+        "compute_units": d.compute_units,
+        "total_memory": d.total_memory,
+        "max_threads_per_block": d.max_threads_per_block,
+        "compute_capability": d.compute_capability.map(|(a, b)| format!("{a}.{b}")),
+        "shared_memory_per_block": d.shared_memory_per_block,
+        "shared_memory_per_sm": d.shared_memory_per_sm,
+        "can_map_host_memory": d.can_map_host_memory,
+        "driver_version": d.driver_version.map(|(a, b)| format!("{a}.{b}")),
+    })
+}
+
+fn report_json(r: &BackendReport) -> Value {
+    json!({
+        "backend": r.backend.to_string(),
+        "available": r.unavailable.is_none(),
+        "reason": r.unavailable,
+        "nvrtc": r.nvrtc,
+        "devices": r.devices.iter().map(device_json).collect::<Vec<_>>(),
+    })
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{} MiB", bytes >> 20)
+}
+
+fn print_text(
+    reports: &[BackendReport],
+    telemetry: &Result<Vec<backend::DeviceTelemetry>, String>,
+) {
+    for r in reports {
+        match &r.unavailable {
+            None => println!("{}: available", r.backend),
+            Some(why) => println!("{}: unavailable: {why}", r.backend),
+        }
+        if let Some(nvrtc) = r.nvrtc {
+            println!(
+                "  nvrtc: {}",
+                if nvrtc {
+                    "found"
+                } else {
+                    "not found (kernels cannot be compiled)"
+                }
+            );
+        }
+        for d in &r.devices {
+            println!("  [{}] {}", d.ordinal, d.name);
+            if let Some((a, b)) = d.compute_capability {
+                println!("      compute capability {a}.{b}, {} SMs", d.compute_units);
+                println!("      memory {}", mib(d.total_memory));
+                println!(
+                    "      max threads/block {}, shared memory {} B/block, {} B/SM",
+                    d.max_threads_per_block, d.shared_memory_per_block, d.shared_memory_per_sm
+                );
+                println!("      can map host memory: {}", d.can_map_host_memory);
+            } else {
+                println!("      {} worker threads", d.compute_units);
+            }
+            if let Some((a, b)) = d.driver_version {
+                println!("      driver CUDA version {a}.{b}");
+            }
+        }
+    }
+    match telemetry {
+        Ok(list) => {
+            for t in list {
+                let opt = |v: Option<u32>, unit: &str| {
+                    v.map(|v| format!("{v}{unit}"))
+                        .unwrap_or_else(|| "n/a".into())
+                };
+                println!(
+                    "telemetry [{}]: gpu {} mem {} used {} of {}, {} , {}, sm {} mem {}",
+                    t.index,
+                    opt(t.gpu_utilization_pct, "%"),
+                    opt(t.memory_utilization_pct, "%"),
+                    t.memory_used.map(mib).unwrap_or_else(|| "n/a".into()),
+                    t.memory_total.map(mib).unwrap_or_else(|| "n/a".into()),
+                    opt(t.temperature_c, " C"),
+                    opt(t.power_mw.map(|p| p / 1000), " W"),
+                    opt(t.sm_clock_mhz, " MHz"),
+                    opt(t.memory_clock_mhz, " MHz"),
+                );
+            }
+        }
+        Err(why) => println!("telemetry: unavailable: {why}"),
+    }
+}
+
+/// Prints backends, devices and telemetry, as text or as one JSON object. Exit code 0.
+#[allow(dead_code)] // wired to `resident info [--json]` in main.rs by the lead
+pub fn run(json: bool) -> ExitCode {
+    let reports = backend::probe();
+    let telemetry = backend::device_telemetry();
+    if json {
+        let tel = match &telemetry {
+            Ok(list) => json!({
+                "available": true,
+                "devices": list.iter().map(|t| json!({
+                    "index": t.index,
+                    "name": t.name,
+                    "gpu_utilization_pct": t.gpu_utilization_pct,
+                    "memory_utilization_pct": t.memory_utilization_pct,
+                    "memory_used": t.memory_used,
+                    "memory_total": t.memory_total,
+                    "temperature_c": t.temperature_c,
+                    "power_mw": t.power_mw,
+                    "sm_clock_mhz": t.sm_clock_mhz,
+                    "memory_clock_mhz": t.memory_clock_mhz,
+                })).collect::<Vec<_>>(),
+            }),
+            Err(why) => json!({ "available": false, "reason": why }),
+        };
+        let out = json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "backends": reports.iter().map(report_json).collect::<Vec<_>>(),
+            "telemetry": tel,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    } else {
+        print_text(&reports, &telemetry);
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_names_every_backend_and_why() {
+        let reports = backend::probe();
+        let v: Vec<Value> = reports.iter().map(report_json).collect();
+        assert_eq!(v[0]["backend"], "cpu");
+        assert_eq!(v[0]["available"], true);
+        assert_eq!(v[1]["backend"], "cuda");
+        let available = v[1]["available"].as_bool().unwrap();
+        assert_eq!(available, v[1]["reason"].is_null());
+        assert_eq!(run(true), ExitCode::SUCCESS);
+        assert_eq!(run(false), ExitCode::SUCCESS);
+    }
+}

@@ -1,0 +1,122 @@
+//! Device memory: an owner of one `cuMemAlloc` allocation.
+
+use crate::device::Device;
+use crate::error::{CudaError, Result};
+use crate::result as r;
+use crate::stream::Stream;
+use std::sync::Arc;
+
+/// Bytes of device memory, freed on drop.
+pub struct DeviceBuffer {
+    ptr: r::CUdeviceptr,
+    bytes: usize,
+    device: Arc<Device>,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl DeviceBuffer {
+    /// Allocates `bytes` (at least 1) of uninitialized device memory.
+    pub fn alloc(device: &Arc<Device>, bytes: usize) -> Result<Self> {
+        device.bind()?;
+        // SAFETY: the context is current; a zero-size request is rounded up so the pointer is
+        // always a real allocation.
+        let ptr = unsafe { r::mem_alloc(bytes.max(1))? };
+        Ok(DeviceBuffer {
+            ptr,
+            bytes,
+            device: device.clone(),
+        })
+    }
+
+    /// Allocates `bytes` of zeroed device memory.
+    pub fn zeroed(device: &Arc<Device>, bytes: usize) -> Result<Self> {
+        let buf = Self::alloc(device, bytes)?;
+        // SAFETY: `buf` covers `bytes` bytes of this context's memory.
+        unsafe { r::memset_d8(buf.ptr, 0, bytes)? };
+        Ok(buf)
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the size is zero.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// The device address (for kernel parameters).
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The device this memory belongs to.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    fn check(&self, call: &'static str, n: usize) -> Result<()> {
+        if n != self.bytes {
+            return Err(CudaError::invalid(
+                call,
+                format!("host side has {n} bytes, device buffer {}", self.bytes),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Copies `src` (exactly `len()` bytes) to the device and waits.
+    pub fn copy_from_host(&mut self, src: &[u8]) -> Result<()> {
+        self.check("cuMemcpyHtoD", src.len())?;
+        self.device.bind()?;
+        // SAFETY: both sides hold `bytes` bytes (checked); the call is synchronous.
+        unsafe { r::memcpy_htod(self.ptr, src.as_ptr().cast(), self.bytes) }
+    }
+
+    /// Copies the device bytes into `dst` (exactly `len()` bytes) and waits.
+    pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
+        self.check("cuMemcpyDtoH", dst.len())?;
+        self.device.bind()?;
+        // SAFETY: both sides hold `bytes` bytes (checked); the call is synchronous.
+        unsafe { r::memcpy_dtoh(dst.as_mut_ptr().cast(), self.ptr, self.bytes) }
+    }
+
+    /// Queues a copy from host memory on `stream`.
+    ///
+    /// # Safety
+    /// `src` must stay valid and unmodified until `stream` has passed this copy (pinned memory
+    /// makes it truly asynchronous; pageable memory is staged by the driver).
+    pub unsafe fn copy_from_host_async(&mut self, src: &[u8], stream: &Stream) -> Result<()> {
+        self.check("cuMemcpyHtoDAsync", src.len())?;
+        self.device.bind()?;
+        r::memcpy_htod_async(self.ptr, src.as_ptr().cast(), self.bytes, stream.raw())
+    }
+
+    /// Queues a copy into host memory on `stream`.
+    ///
+    /// # Safety
+    /// Nothing may read or write `dst` until `stream` has passed this copy.
+    pub unsafe fn copy_to_host_async(&self, dst: &mut [u8], stream: &Stream) -> Result<()> {
+        self.check("cuMemcpyDtoHAsync", dst.len())?;
+        self.device.bind()?;
+        r::memcpy_dtoh_async(dst.as_mut_ptr().cast(), self.ptr, self.bytes, stream.raw())
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: allocated in `alloc`, freed once, here, in its own context.
+            let _ = unsafe { r::mem_free(self.ptr) };
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! Loaded PTX modules, their kernels, and one-shot launches.
+//!
+//! [`Device::kernel`] is the whole path: source -> (in-memory cache) -> (disk cache) -> NVRTC ->
+//! `cuModuleLoadData` -> function.
+
+use crate::cache::{CacheKey, KernelCache};
+use crate::device::Device;
+use crate::error::{CudaError, Result};
+use crate::launch::LaunchConfig;
+use crate::nvrtc::{compile_ptx, CompileOptions};
+use crate::result as r;
+use crate::stream::Stream;
+use bytemuck::Pod;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+/// A loaded module, unloaded on drop. Lives inside its [`Device`] (which keeps the context
+/// alive longer than any module).
+pub struct Module {
+    raw: r::CUmodule,
+    /// The context it was loaded in; retained by the owning `Device`, which drops its module
+    /// cache before releasing the context, while every `Function` holds an `Arc<Device>`.
+    ctx: r::CUcontext,
+}
+
+// SAFETY: module handles may be used from any thread with the context current.
+unsafe impl Send for Module {}
+// SAFETY: loaded modules are immutable.
+unsafe impl Sync for Module {}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: `ctx` is still retained (see the field's invariant).
+        let _ = unsafe { r::ctx_set_current(self.ctx) };
+        // SAFETY: loaded in `load`, unloaded once, here; no `Function` outlives its module (each
+        // holds an `Arc<Module>`).
+        let _ = unsafe { r::module_unload(self.raw) };
+    }
+}
+
+/// The in-memory module cache of one device: key -> loaded module.
+#[derive(Default)]
+pub(crate) struct ModuleCache(Mutex<HashMap<u128, Arc<Module>>>);
+
+impl ModuleCache {
+    pub(crate) fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+    fn get(&self, key: u128) -> Option<Arc<Module>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned()
+    }
+    fn insert(&self, key: u128, m: Arc<Module>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, m);
+    }
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// One kernel of a loaded module.
+#[derive(Clone)]
+pub struct Function {
+    raw: r::CUfunction,
+    _module: Arc<Module>,
+    device: Arc<Device>,
+    name: String,
+}
+
+// SAFETY: as `Module`.
+unsafe impl Send for Function {}
+// SAFETY: as `Module`.
+unsafe impl Sync for Function {}
+
+impl std::fmt::Debug for Function {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Function")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Kernel parameters in the form `cuLaunchKernel` takes: each value boxed at a stable,
+/// 8-byte-aligned address.
+#[derive(Default, Debug)]
+pub struct KernelParams {
+    values: Vec<Box<[u64]>>,
+}
+
+impl KernelParams {
+    /// No parameters yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a value parameter (a scalar or a `#[repr(C)]` struct, alignment at most 8).
+    pub fn push<T: Pod>(&mut self, value: T) -> Result<&mut Self> {
+        if std::mem::align_of::<T>() > 8 {
+            return Err(CudaError::invalid(
+                "cuLaunchKernel",
+                "parameter aligned to more than 8 bytes",
+            ));
+        }
+        let bytes = bytemuck::bytes_of(&value);
+        let mut slot = vec![0u64; bytes.len().div_ceil(8).max(1)].into_boxed_slice();
+        bytemuck::cast_slice_mut::<u64, u8>(&mut slot)[..bytes.len()].copy_from_slice(bytes);
+        self.values.push(slot);
+        Ok(self)
+    }
+
+    /// Appends a value parameter given as its bytes (at most 64).
+    pub fn push_bytes(&mut self, bytes: &[u8]) -> Result<&mut Self> {
+        if bytes.len() > 64 {
+            return Err(CudaError::invalid(
+                "cuLaunchKernel",
+                "by-value parameter larger than 64 bytes",
+            ));
+        }
+        let mut slot = vec![0u64; bytes.len().div_ceil(8).max(1)].into_boxed_slice();
+        bytemuck::cast_slice_mut::<u64, u8>(&mut slot)[..bytes.len()].copy_from_slice(bytes);
+        self.values.push(slot);
+        Ok(self)
+    }
+
+    /// Appends a device pointer parameter.
+    pub fn push_ptr(&mut self, device_ptr: u64) -> &mut Self {
+        self.values.push(vec![device_ptr].into_boxed_slice());
+        self
+    }
+
+    /// Number of parameters.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    fn pointers(&mut self) -> Vec<*mut c_void> {
+        self.values
+            .iter_mut()
+            .map(|v| v.as_mut_ptr().cast::<c_void>())
+            .collect()
+    }
+}
+
+impl Device {
+    /// Loads PTX (text) as a module; cached in memory under `key`.
+    pub fn load_ptx(self: &Arc<Self>, key: u128, ptx: &str) -> Result<Arc<Module>> {
+        if let Some(m) = self.modules.get(key) {
+            return Ok(m);
+        }
+        let image = std::ffi::CString::new(ptx)
+            .map_err(|_| CudaError::invalid("cuModuleLoadData", "PTX contains NUL"))?;
+        self.bind()?;
+        // SAFETY: the context is current and `image` is NUL-terminated.
+        let raw = unsafe { r::module_load_data(image.as_ptr().cast())? };
+        let m = Arc::new(Module {
+            raw,
+            ctx: self.ctx(),
+        });
+        self.modules.insert(key, m.clone());
+        Ok(m)
+    }
+
+    /// Number of modules in the in-memory cache.
+    pub fn loaded_modules(&self) -> usize {
+        self.modules.len()
+    }
+
+    /// The kernel `entry` of CUDA C `source`, compiled for this device with `extra` NVRTC
+    /// options. Served from the in-memory cache, else the disk cache (`cache`, or the default
+    /// folder when `None`), else compiled.
+    pub fn kernel(
+        self: &Arc<Self>,
+        source: &str,
+        entry: &str,
+        extra: &[String],
+        cache: Option<&KernelCache>,
+    ) -> Result<Function> {
+        let opts = CompileOptions {
+            arch: self.info().arch(),
+            extra: extra.to_vec(),
+        };
+        let key = CacheKey::new(source, &opts.extra, &opts.arch, self.info().driver_version);
+        let module = match self.modules.get(key.0) {
+            Some(m) => m,
+            None => {
+                let compile = || compile_ptx(source, entry, &opts);
+                let owned_default;
+                let disk = match cache {
+                    Some(c) => Some(c),
+                    None => {
+                        owned_default = KernelCache::from_env().ok();
+                        owned_default.as_ref()
+                    }
+                };
+                let ptx = match disk {
+                    Some(c) => c.get_or_build(&key, compile)?.0,
+                    None => compile()?,
+                };
+                self.load_ptx(key.0, &ptx)?
+            }
+        };
+        self.function(&module, entry)
+    }
+
+    /// A kernel of a loaded module by its `extern "C"` name.
+    pub fn function(self: &Arc<Self>, module: &Arc<Module>, name: &str) -> Result<Function> {
+        self.bind()?;
+        // SAFETY: the module is live (held by `module`).
+        let raw = unsafe { r::module_get_function(module.raw, name)? };
+        Ok(Function {
+            raw,
+            _module: module.clone(),
+            device: self.clone(),
+            name: name.into(),
+        })
+    }
+}
+
+impl Function {
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The occupancy calculator's (minimum grid for full occupancy, block size).
+    pub fn occupancy_block_size(&self, dynamic_shared_bytes: usize) -> Result<(u32, u32)> {
+        self.device.bind()?;
+        // SAFETY: `raw` is live while `_module` is held.
+        unsafe { r::occupancy_max_potential_block_size(self.raw, dynamic_shared_bytes, 0) }
+    }
+
+    /// Resolves an element-count launch with the occupancy calculator (explicit launches pass
+    /// through unchanged).
+    pub fn resolve(&self, cfg: LaunchConfig) -> Result<LaunchConfig> {
+        if cfg.elements.is_none() {
+            return Ok(cfg);
+        }
+        let (_, block) = self.occupancy_block_size(cfg.shared_bytes as usize)?;
+        Ok(cfg.with_suggested_block(block))
+    }
+
+    /// Queues the kernel on `stream`.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list in number, order and types; every device
+    /// pointer among them must stay valid until the kernel finished; the kernel must not access
+    /// memory outside what it was given.
+    pub unsafe fn launch(
+        &self,
+        cfg: LaunchConfig,
+        stream: &Stream,
+        params: &mut KernelParams,
+    ) -> Result<()> {
+        let cfg = self.resolve(cfg)?;
+        self.device.bind()?;
+        let mut ptrs = params.pointers();
+        r::launch_kernel(
+            self.raw,
+            cfg.grid,
+            cfg.block,
+            cfg.shared_bytes,
+            stream.raw(),
+            &mut ptrs,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_are_boxed_and_aligned() {
+        #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+        #[repr(C)]
+        struct P {
+            a: u32,
+            b: f32,
+            c: u64,
+        }
+        let mut p = KernelParams::new();
+        p.push(7u32).unwrap().push_ptr(0xdead_beef);
+        p.push(P { a: 1, b: 2.0, c: 3 }).unwrap();
+        assert_eq!(p.len(), 3);
+        let ptrs = p.pointers();
+        for q in &ptrs {
+            assert_eq!(*q as usize % 8, 0);
+        }
+        // SAFETY: the pointers point into `p`'s boxes, which are alive and initialized.
+        unsafe {
+            assert_eq!(*(ptrs[0] as *const u32), 7);
+            assert_eq!(*(ptrs[1] as *const u64), 0xdead_beef);
+            assert_eq!((*(ptrs[2] as *const P)).c, 3);
+        }
+        assert!(p.push(0u128).is_err() || std::mem::align_of::<u128>() <= 8);
+    }
+}

@@ -1,0 +1,124 @@
+//! NVRTC: CUDA C source to PTX, loaded at run time. [`compile_ptx`] checks that the library is
+//! present before the first call, so a machine without NVRTC gets [`CudaError::NvrtcNotFound`].
+
+use crate::error::{CudaError, Result};
+use cudarc::nvrtc::result as nr;
+use std::ffi::CString;
+use std::sync::OnceLock;
+
+/// Whether `libnvrtc` can be loaded. Cached after the first call.
+pub fn nvrtc_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: `is_culib_present` only tries `dlopen` on a fixed list of names.
+    *PRESENT.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
+}
+
+fn nvrtc_err(call: &'static str) -> impl FnOnce(nr::NvrtcError) -> CudaError {
+    move |e| CudaError::Nvrtc {
+        call,
+        code: format!("{:?}", e.0),
+    }
+}
+
+/// NVRTC's version as (major, minor).
+pub fn nvrtc_version() -> Result<(u32, u32)> {
+    if !nvrtc_present() {
+        return Err(CudaError::NvrtcNotFound);
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present; both out-pointers are valid.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(nvrtc_err("nvrtcVersion"))?;
+    Ok((major as u32, minor as u32))
+}
+
+/// What to compile for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    /// Virtual architecture, e.g. `compute_90`.
+    pub arch: String,
+    /// Further NVRTC options, e.g. `-I/path` or `-DN=4`.
+    pub extra: Vec<String>,
+}
+
+impl CompileOptions {
+    /// Options for a virtual architecture such as `compute_90`.
+    pub fn for_arch(arch: impl Into<String>) -> Self {
+        CompileOptions {
+            arch: arch.into(),
+            extra: Vec::new(),
+        }
+    }
+
+    /// Options for a compute capability, e.g. `(9, 0)` gives `compute_90`.
+    pub fn for_capability(major: u32, minor: u32) -> Self {
+        Self::for_arch(format!("compute_{major}{minor}"))
+    }
+
+    /// All options as NVRTC receives them.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![format!("--gpu-architecture={}", self.arch)];
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+}
+
+/// Owns an `nvrtcProgram` and destroys it on drop.
+struct Program(cudarc::nvrtc::sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_program`, destroyed once, here.
+        let _ = unsafe { nr::destroy_program(self.0) };
+    }
+}
+
+fn c_chars_to_string(v: Vec<std::ffi::c_char>) -> String {
+    let bytes: Vec<u8> = v
+        .into_iter()
+        .map(|c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Compiles CUDA C `source` to PTX. `name` names the program in the log. A compile error
+/// returns [`CudaError::Compile`] with NVRTC's log.
+pub fn compile_ptx(source: &str, name: &str, options: &CompileOptions) -> Result<String> {
+    if !nvrtc_present() {
+        return Err(CudaError::NvrtcNotFound);
+    }
+    let src = CString::new(source)
+        .map_err(|_| CudaError::invalid("nvrtcCreateProgram", "source contains NUL"))?;
+    let cname = CString::new(name)
+        .map_err(|_| CudaError::invalid("nvrtcCreateProgram", "program name contains NUL"))?;
+    let args = options.to_args();
+    if args.iter().any(|a| a.contains('\0')) {
+        return Err(CudaError::invalid(
+            "nvrtcCompileProgram",
+            "an option contains NUL",
+        ));
+    }
+    let prog =
+        Program(nr::create_program(&src, Some(&cname)).map_err(nvrtc_err("nvrtcCreateProgram"))?);
+    // SAFETY: `prog` is live; `args` hold no NUL (checked above, cudarc would panic otherwise).
+    let compiled = unsafe { nr::compile_program(prog.0, &args) };
+    if let Err(e) = compiled {
+        if e.0 == cudarc::nvrtc::sys::nvrtcResult::NVRTC_ERROR_COMPILATION {
+            // SAFETY: `prog` is live.
+            let log = unsafe { nr::get_program_log(prog.0) }
+                .map(c_chars_to_string)
+                .unwrap_or_else(|_| "<no log>".into());
+            return Err(CudaError::Compile {
+                name: name.into(),
+                arch: options.arch.clone(),
+                log,
+            });
+        }
+        return Err(nvrtc_err("nvrtcCompileProgram")(e));
+    }
+    // SAFETY: `prog` is live and compiled.
+    let ptx = unsafe { nr::get_ptx(prog.0) }.map_err(nvrtc_err("nvrtcGetPTX"))?;
+    Ok(c_chars_to_string(ptx))
+}

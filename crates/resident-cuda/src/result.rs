@@ -1,0 +1,370 @@
+//! The thin layer: each driver call wrapped so it returns `Result<_, CudaError>` and nothing more.
+//! Owners with `Drop` live in the other modules and are built on these functions.
+//!
+//! Nothing here may run before [`driver`] succeeded: cudarc panics when `libcuda` is missing,
+//! and [`driver`] is the one place that asks first.
+
+use crate::error::{CudaError, Result};
+use cudarc::driver::result::DriverError;
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+pub use sys::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
+
+pub(crate) fn drv(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
+    move |e| CudaError::Driver {
+        call,
+        code: format!("{:?}", e.0),
+        message: e
+            .error_string()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "no description".into()),
+    }
+}
+
+/// Whether `libcuda` can be loaded. Cached after the first call.
+pub fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: `is_culib_present` only tries `dlopen` on a fixed list of names.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// Loads and initializes the driver once. Every entry point of this crate calls this first.
+pub fn driver() -> Result<()> {
+    static INIT: OnceLock<std::result::Result<(), (String, String)>> = OnceLock::new();
+    if !driver_present() {
+        return Err(CudaError::DriverNotFound);
+    }
+    INIT.get_or_init(|| {
+        cudarc::driver::result::init().map_err(|e| {
+            let CudaError::Driver { code, message, .. } = drv("cuInit")(e) else {
+                unreachable!("drv always builds CudaError::Driver")
+            };
+            (code, message)
+        })
+    })
+    .clone()
+    .map_err(|(code, message)| CudaError::Driver {
+        call: "cuInit",
+        code,
+        message,
+    })
+}
+
+/// The driver's CUDA version as (major, minor), e.g. (13, 0).
+pub fn driver_version() -> Result<(u32, u32)> {
+    driver()?;
+    let mut v = 0;
+    // SAFETY: the library is loaded (checked above); `v` is a valid out-pointer.
+    unsafe { sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .map_err(drv("cuDriverGetVersion"))?;
+    Ok(((v / 1000) as u32, ((v % 1000) / 10) as u32))
+}
+
+/// Number of CUDA devices.
+pub fn device_count() -> Result<usize> {
+    driver()?;
+    let n = cudarc::driver::result::device::get_count().map_err(drv("cuDeviceGetCount"))?;
+    Ok(n.max(0) as usize)
+}
+
+/// The device handle of an ordinal.
+pub fn device_get(ordinal: usize) -> Result<CUdevice> {
+    let count = device_count()?;
+    if count == 0 {
+        return Err(CudaError::NoDevice);
+    }
+    if ordinal >= count {
+        return Err(CudaError::DeviceOutOfRange { ordinal, count });
+    }
+    cudarc::driver::result::device::get(ordinal as i32).map_err(drv("cuDeviceGet"))
+}
+
+/// One integer attribute of a device.
+pub fn device_attribute(dev: CUdevice, attr: sys::CUdevice_attribute) -> Result<i32> {
+    // SAFETY: `dev` came from `device_get`, so the driver is loaded and initialized.
+    unsafe { cudarc::driver::result::device::get_attribute(dev, attr) }
+        .map_err(drv("cuDeviceGetAttribute"))
+}
+
+/// The device's name.
+pub fn device_name(dev: CUdevice) -> Result<String> {
+    cudarc::driver::result::device::get_name(dev).map_err(drv("cuDeviceGetName"))
+}
+
+/// The device's total memory in bytes.
+pub fn device_total_mem(dev: CUdevice) -> Result<usize> {
+    // SAFETY: `dev` came from `device_get`.
+    unsafe { cudarc::driver::result::device::total_mem(dev) }.map_err(drv("cuDeviceTotalMem"))
+}
+
+/// Retains the device's primary context.
+pub fn primary_ctx_retain(dev: CUdevice) -> Result<CUcontext> {
+    // SAFETY: `dev` came from `device_get`.
+    unsafe { cudarc::driver::result::primary_ctx::retain(dev) }
+        .map_err(drv("cuDevicePrimaryCtxRetain"))
+}
+
+/// Releases the device's primary context.
+///
+/// # Safety
+/// Pairs with exactly one earlier `primary_ctx_retain`.
+pub unsafe fn primary_ctx_release(dev: CUdevice) -> Result<()> {
+    cudarc::driver::result::primary_ctx::release(dev).map_err(drv("cuDevicePrimaryCtxRelease"))
+}
+
+/// Makes `ctx` current on this thread.
+///
+/// # Safety
+/// `ctx` must be a live context.
+pub unsafe fn ctx_set_current(ctx: CUcontext) -> Result<()> {
+    cudarc::driver::result::ctx::set_current(ctx).map_err(drv("cuCtxSetCurrent"))
+}
+
+/// Allocates device memory.
+///
+/// # Safety
+/// A context must be current.
+pub unsafe fn mem_alloc(bytes: usize) -> Result<CUdeviceptr> {
+    cudarc::driver::result::malloc_sync(bytes).map_err(drv("cuMemAlloc"))
+}
+
+/// Frees device memory.
+///
+/// # Safety
+/// `ptr` came from `mem_alloc` and is freed once; its context is current.
+pub unsafe fn mem_free(ptr: CUdeviceptr) -> Result<()> {
+    cudarc::driver::result::free_sync(ptr).map_err(drv("cuMemFree"))
+}
+
+/// Sets `bytes` bytes of device memory to `value`.
+///
+/// # Safety
+/// `[dst, dst + bytes)` is live device memory of the current context.
+pub unsafe fn memset_d8(dst: CUdeviceptr, value: u8, bytes: usize) -> Result<()> {
+    sys::cuMemsetD8_v2(dst, value, bytes)
+        .result()
+        .map_err(drv("cuMemsetD8"))
+}
+
+/// Copies host to device, synchronously.
+///
+/// # Safety
+/// `src` is valid for `bytes` reads; `[dst, dst + bytes)` is live device memory.
+pub unsafe fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> Result<()> {
+    sys::cuMemcpyHtoD_v2(dst, src, bytes)
+        .result()
+        .map_err(drv("cuMemcpyHtoD"))
+}
+
+/// Copies device to host, synchronously.
+///
+/// # Safety
+/// `dst` is valid for `bytes` writes; `[src, src + bytes)` is live device memory.
+pub unsafe fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> Result<()> {
+    sys::cuMemcpyDtoH_v2(dst, src, bytes)
+        .result()
+        .map_err(drv("cuMemcpyDtoH"))
+}
+
+/// Copies host to device on a stream.
+///
+/// # Safety
+/// As [`memcpy_htod`], and `src` stays valid and unmodified until the stream reaches the copy.
+pub unsafe fn memcpy_htod_async(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    sys::cuMemcpyHtoDAsync_v2(dst, src, bytes, stream)
+        .result()
+        .map_err(drv("cuMemcpyHtoDAsync"))
+}
+
+/// Copies device to host on a stream.
+///
+/// # Safety
+/// As [`memcpy_dtoh`], and nothing reads or writes `dst` until the stream reaches the copy.
+pub unsafe fn memcpy_dtoh_async(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    sys::cuMemcpyDtoHAsync_v2(dst, src, bytes, stream)
+        .result()
+        .map_err(drv("cuMemcpyDtoHAsync"))
+}
+
+/// Allocates page-locked host memory with explicit `cuMemHostAlloc` flags.
+///
+/// # Safety
+/// A context must be current. The memory is uninitialized.
+pub unsafe fn host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void> {
+    cudarc::driver::result::malloc_host(bytes, flags).map_err(drv("cuMemHostAlloc"))
+}
+
+/// Frees memory from [`host_alloc`].
+///
+/// # Safety
+/// `ptr` came from `host_alloc` and is freed once.
+pub unsafe fn host_free(ptr: *mut c_void) -> Result<()> {
+    cudarc::driver::result::free_host(ptr).map_err(drv("cuMemFreeHost"))
+}
+
+/// The device address of mapped pinned host memory.
+///
+/// # Safety
+/// `ptr` came from `host_alloc` with `CU_MEMHOSTALLOC_DEVICEMAP`; a context is current.
+pub unsafe fn host_device_pointer(ptr: *mut c_void) -> Result<CUdeviceptr> {
+    let mut d: CUdeviceptr = 0;
+    sys::cuMemHostGetDevicePointer_v2(&mut d, ptr, 0)
+        .result()
+        .map_err(drv("cuMemHostGetDevicePointer"))?;
+    Ok(d)
+}
+
+/// Creates a non-blocking stream.
+///
+/// # Safety
+/// A context must be current.
+pub unsafe fn stream_create() -> Result<CUstream> {
+    cudarc::driver::result::stream::create(cudarc::driver::result::stream::StreamKind::NonBlocking)
+        .map_err(drv("cuStreamCreate"))
+}
+
+/// Waits for all work on a stream.
+///
+/// # Safety
+/// `stream` is live.
+pub unsafe fn stream_synchronize(stream: CUstream) -> Result<()> {
+    cudarc::driver::result::stream::synchronize(stream).map_err(drv("cuStreamSynchronize"))
+}
+
+/// Destroys a stream.
+///
+/// # Safety
+/// `stream` is live and destroyed once.
+pub unsafe fn stream_destroy(stream: CUstream) -> Result<()> {
+    cudarc::driver::result::stream::destroy(stream).map_err(drv("cuStreamDestroy"))
+}
+
+/// Makes later work on `stream` wait for `event`.
+///
+/// # Safety
+/// Both are live.
+pub unsafe fn stream_wait_event(stream: CUstream, event: CUevent) -> Result<()> {
+    cudarc::driver::result::stream::wait_event(
+        stream,
+        event,
+        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+    )
+    .map_err(drv("cuStreamWaitEvent"))
+}
+
+/// Creates an event that records timing.
+///
+/// # Safety
+/// A context must be current.
+pub unsafe fn event_create() -> Result<CUevent> {
+    cudarc::driver::result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+        .map_err(drv("cuEventCreate"))
+}
+
+/// Records an event on a stream.
+///
+/// # Safety
+/// Both are live.
+pub unsafe fn event_record(event: CUevent, stream: CUstream) -> Result<()> {
+    cudarc::driver::result::event::record(event, stream).map_err(drv("cuEventRecord"))
+}
+
+/// Waits for an event.
+///
+/// # Safety
+/// `event` is live.
+pub unsafe fn event_synchronize(event: CUevent) -> Result<()> {
+    cudarc::driver::result::event::synchronize(event).map_err(drv("cuEventSynchronize"))
+}
+
+/// Milliseconds between two recorded events.
+///
+/// # Safety
+/// Both are live and recorded.
+pub unsafe fn event_elapsed_ms(start: CUevent, end: CUevent) -> Result<f32> {
+    cudarc::driver::result::event::elapsed(start, end).map_err(drv("cuEventElapsedTime"))
+}
+
+/// Destroys an event.
+///
+/// # Safety
+/// `event` is live and destroyed once.
+pub unsafe fn event_destroy(event: CUevent) -> Result<()> {
+    cudarc::driver::result::event::destroy(event).map_err(drv("cuEventDestroy"))
+}
+
+/// Loads a module from a NUL-terminated PTX image.
+///
+/// # Safety
+/// A context must be current; `image` is NUL-terminated.
+pub unsafe fn module_load_data(image: *const c_void) -> Result<CUmodule> {
+    cudarc::driver::result::module::load_data(image).map_err(drv("cuModuleLoadData"))
+}
+
+/// Unloads a module.
+///
+/// # Safety
+/// `module` is live and unloaded once; no function of it runs any more.
+pub unsafe fn module_unload(module: CUmodule) -> Result<()> {
+    cudarc::driver::result::module::unload(module).map_err(drv("cuModuleUnload"))
+}
+
+/// Looks a kernel up by its (unmangled, `extern "C"`) name.
+///
+/// # Safety
+/// `module` is live.
+pub unsafe fn module_get_function(module: CUmodule, name: &str) -> Result<CUfunction> {
+    let cname = std::ffi::CString::new(name)
+        .map_err(|_| CudaError::invalid("cuModuleGetFunction", "kernel name contains NUL"))?;
+    cudarc::driver::result::module::get_function(module, cname).map_err(drv("cuModuleGetFunction"))
+}
+
+/// The driver's occupancy suggestion: (minimum grid size for full occupancy, block size).
+///
+/// # Safety
+/// `f` is live.
+pub unsafe fn occupancy_max_potential_block_size(
+    f: CUfunction,
+    dynamic_smem: usize,
+    block_limit: u32,
+) -> Result<(u32, u32)> {
+    let (grid, block) = cudarc::driver::result::occupancy::max_potential_block_size(
+        f,
+        None,
+        dynamic_smem,
+        block_limit as i32,
+    )
+    .map_err(drv("cuOccupancyMaxPotentialBlockSize"))?;
+    Ok((grid.max(0) as u32, block.max(0) as u32))
+}
+
+/// Launches a kernel.
+///
+/// # Safety
+/// `params` holds one pointer per kernel parameter, each to a value of the parameter's type,
+/// valid until this call returns; every device pointer among them stays live until the kernel
+/// finished.
+pub unsafe fn launch_kernel(
+    f: CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_bytes: u32,
+    stream: CUstream,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    cudarc::driver::result::launch_kernel(f, grid, block, shared_bytes, stream, params)
+        .map_err(drv("cuLaunchKernel"))
+}

@@ -1,0 +1,185 @@
+//! The CUDA backend over `resident-cuda`.
+
+use super::kernel::{Kernel, KernelArg};
+use super::storage::{DeviceMemory, DeviceMemoryInner, HostMemory, HostMemoryInner};
+use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use resident_cuda::{Device, DeviceBuffer, KernelParams, PinnedMemory};
+use std::sync::Arc;
+
+/// One CUDA device.
+pub struct CudaDevice {
+    device: Arc<Device>,
+    /// Stream for launches and copies that name none; synchronized before they return.
+    default_stream: resident_cuda::Stream,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("name", &self.device.info().name)
+            .finish()
+    }
+}
+
+fn info_of(i: &resident_cuda::DeviceInfo) -> DeviceInfo {
+    DeviceInfo {
+        backend: BackendKind::Cuda,
+        ordinal: i.ordinal,
+        name: i.name.clone(),
+        compute_units: i.sm_count,
+        total_memory: i.total_memory as u64,
+        max_threads_per_block: i.max_threads_per_block,
+        compute_capability: Some(i.compute_capability),
+        shared_memory_per_block: i.shared_memory_per_block as u64,
+        shared_memory_per_sm: i.shared_memory_per_sm as u64,
+        can_map_host_memory: i.can_map_host_memory,
+        driver_version: Some(i.driver_version),
+    }
+}
+
+/// Properties of every CUDA device, or why there are none.
+pub fn device_infos() -> Result<Vec<DeviceInfo>> {
+    let list = resident_cuda::devices().map_err(BackendError::CudaUnavailable)?;
+    Ok(list.iter().map(info_of).collect())
+}
+
+fn cuda_mem<'a>(m: &'a DeviceMemory, what: &'static str) -> Result<&'a DeviceBuffer> {
+    match &m.inner {
+        DeviceMemoryInner::Cuda(b) => Ok(b),
+        DeviceMemoryInner::Host(_) => Err(BackendError::WrongBackend {
+            what,
+            memory: BackendKind::Cpu,
+            device: BackendKind::Cuda,
+        }),
+    }
+}
+
+fn cuda_mem_mut<'a>(m: &'a mut DeviceMemory, what: &'static str) -> Result<&'a mut DeviceBuffer> {
+    match &mut m.inner {
+        DeviceMemoryInner::Cuda(b) => Ok(b),
+        DeviceMemoryInner::Host(_) => Err(BackendError::WrongBackend {
+            what,
+            memory: BackendKind::Cpu,
+            device: BackendKind::Cuda,
+        }),
+    }
+}
+
+impl CudaDevice {
+    /// Opens CUDA device `ordinal`; [`BackendError::CudaUnavailable`] says why it cannot.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let device = Device::open(ordinal).map_err(BackendError::CudaUnavailable)?;
+        let default_stream = resident_cuda::Stream::new(&device)?;
+        Ok(CudaDevice {
+            device,
+            default_stream,
+        })
+    }
+
+    fn stream<'a>(&'a self, s: Option<&'a Stream>) -> &'a resident_cuda::Stream {
+        s.and_then(|s| s.cuda.as_deref())
+            .unwrap_or(&self.default_stream)
+    }
+}
+
+impl ComputeDevice for CudaDevice {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn info(&self) -> DeviceInfo {
+        info_of(self.device.info())
+    }
+
+    fn shares_host_memory(&self) -> bool {
+        false
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
+        Ok(DeviceMemory {
+            inner: DeviceMemoryInner::Cuda(DeviceBuffer::zeroed(&self.device, bytes)?),
+        })
+    }
+
+    fn alloc_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
+        if !pinned {
+            return HostMemory::heap(bytes);
+        }
+        Ok(HostMemory {
+            inner: HostMemoryInner::Pinned(PinnedMemory::new(&self.device, bytes.max(1))?),
+            len: bytes,
+        })
+    }
+
+    fn copy_to_device(&self, dst: &mut DeviceMemory, src: &[u8]) -> Result<()> {
+        Ok(cuda_mem_mut(dst, "copy_to_device")?.copy_from_host(src)?)
+    }
+
+    fn copy_to_host(&self, dst: &mut [u8], src: &DeviceMemory) -> Result<()> {
+        Ok(cuda_mem(src, "copy_to_host")?.copy_to_host(dst)?)
+    }
+
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: &mut DeviceMemory,
+        src: &[u8],
+        stream: &Stream,
+    ) -> Result<()> {
+        let s = self.stream(Some(stream));
+        Ok(cuda_mem_mut(dst, "copy_to_device_async")?.copy_from_host_async(src, s)?)
+    }
+
+    unsafe fn copy_to_host_async(
+        &self,
+        dst: &mut [u8],
+        src: &DeviceMemory,
+        stream: &Stream,
+    ) -> Result<()> {
+        let s = self.stream(Some(stream));
+        Ok(cuda_mem(src, "copy_to_host_async")?.copy_to_host_async(dst, s)?)
+    }
+
+    fn create_stream(&self) -> Result<Stream> {
+        Ok(Stream {
+            cuda: Some(Arc::new(resident_cuda::Stream::new(&self.device)?)),
+        })
+    }
+
+    fn synchronize(&self, stream: &Stream) -> Result<()> {
+        Ok(self.stream(Some(stream)).synchronize()?)
+    }
+
+    fn launch(
+        &self,
+        kernel: &Kernel,
+        cfg: LaunchConfig,
+        args: &[KernelArg<'_>],
+        stream: Option<&Stream>,
+    ) -> Result<()> {
+        let (source, entry, options) =
+            kernel
+                .cuda
+                .as_ref()
+                .ok_or_else(|| BackendError::NoCudaSource {
+                    kernel: kernel.name().to_string(),
+                })?;
+        let f = self.device.kernel(source, entry, options, None)?;
+        let mut params = KernelParams::new();
+        for a in args {
+            match a {
+                KernelArg::Buffer { address, .. } | KernelArg::BufferMut { address, .. } => {
+                    params.push_ptr(*address);
+                }
+                KernelArg::Scalar { bytes, len } => {
+                    params.push_bytes(&bytes[..*len])?;
+                }
+            }
+        }
+        let s = self.stream(stream);
+        // SAFETY: buffer arguments borrow their memory for the duration of `args`, and we wait
+        // for the kernel before returning, so no borrow ends while it runs. The parameter list
+        // matching the kernel's signature is the kernel author's contract (as in CUDA C).
+        unsafe { f.launch(cfg, s, &mut params)? };
+        Ok(s.synchronize()?)
+    }
+}

@@ -1,0 +1,161 @@
+//! Backend-neutral owners of memory and streams. Their insides name the backend's types; their
+//! faces do not.
+
+use super::{BackendError, BackendKind, Result};
+use std::alloc::Layout;
+use std::sync::Arc;
+
+/// Alignment of host allocations: a cache line pair, enough for any `Pod` we move and for
+/// ring headers.
+pub(crate) const HOST_ALIGN: usize = 128;
+
+/// Zeroed, 128-byte aligned heap bytes.
+pub(crate) struct HeapBytes {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    layout: Layout,
+}
+
+// SAFETY: owns its allocation exclusively.
+unsafe impl Send for HeapBytes {}
+// SAFETY: shared access is read-only through `&self` methods.
+unsafe impl Sync for HeapBytes {}
+
+impl HeapBytes {
+    pub(crate) fn zeroed(len: usize) -> Result<Self> {
+        let layout = Layout::from_size_align(len.max(1), HOST_ALIGN)
+            .map_err(|_| BackendError::TooLarge(len))?;
+        // SAFETY: non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Ok(HeapBytes { ptr, len, layout })
+    }
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `len` zero-initialized bytes, owned.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+    pub(crate) fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HeapBytes {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `zeroed`, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+pub(crate) enum DeviceMemoryInner {
+    Host(HeapBytes),
+    Cuda(resident_cuda::DeviceBuffer),
+}
+
+/// Memory a kernel of its backend reads and writes (host memory on the CPU backend).
+pub struct DeviceMemory {
+    pub(crate) inner: DeviceMemoryInner,
+}
+
+impl std::fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceMemory")
+            .field("backend", &self.backend())
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl DeviceMemory {
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        match &self.inner {
+            DeviceMemoryInner::Host(h) => h.len,
+            DeviceMemoryInner::Cuda(b) => b.len(),
+        }
+    }
+    /// Whether the size is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The backend it belongs to.
+    pub fn backend(&self) -> BackendKind {
+        match &self.inner {
+            DeviceMemoryInner::Host(_) => BackendKind::Cpu,
+            DeviceMemoryInner::Cuda(_) => BackendKind::Cuda,
+        }
+    }
+    /// The address a kernel of the backend uses (a host address on the CPU backend).
+    pub fn address(&self) -> u64 {
+        match &self.inner {
+            DeviceMemoryInner::Host(h) => h.as_ptr() as u64,
+            DeviceMemoryInner::Cuda(b) => b.device_ptr(),
+        }
+    }
+}
+
+pub(crate) enum HostMemoryInner {
+    Heap(HeapBytes),
+    Pinned(resident_cuda::PinnedMemory),
+}
+
+/// Host memory, pinned and device-mapped when the backend provides it.
+pub struct HostMemory {
+    pub(crate) inner: HostMemoryInner,
+    pub(crate) len: usize,
+}
+
+impl std::fmt::Debug for HostMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMemory")
+            .field("pinned", &self.is_pinned())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl HostMemory {
+    pub(crate) fn heap(len: usize) -> Result<Self> {
+        Ok(HostMemory {
+            inner: HostMemoryInner::Heap(HeapBytes::zeroed(len)?),
+            len,
+        })
+    }
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the size is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Whether it is page-locked, device-mapped memory.
+    pub fn is_pinned(&self) -> bool {
+        matches!(self.inner, HostMemoryInner::Pinned(_))
+    }
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.inner {
+            HostMemoryInner::Heap(h) => h.as_bytes(),
+            HostMemoryInner::Pinned(p) => &p.as_bytes()[..self.len],
+        }
+    }
+    /// The bytes, mutably.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.inner {
+            HostMemoryInner::Heap(h) => h.as_bytes_mut(),
+            HostMemoryInner::Pinned(p) => &mut p.as_bytes_mut()[..self.len],
+        }
+    }
+}
+
+/// An ordered queue of device work. On the CPU backend work runs when queued, so a stream
+/// there is only a token.
+#[derive(Clone, Debug, Default)]
+pub struct Stream {
+    pub(crate) cuda: Option<Arc<resident_cuda::Stream>>,
+}
