@@ -31,7 +31,11 @@ if [[ ! -e "$LIB/libnvrtc.so.13" ]]; then
         --dest "$DEST/wheels" "nvidia-cuda-nvrtc==$VERSION"
     wheel="$(ls "$DEST"/wheels/nvidia_cuda_nvrtc-"$VERSION"-*.whl | head -n1)"
     log "unpacking $(basename "$wheel")"
-    unzip -q -o "$wheel" 'nvidia/*' -d "$DEST"
+    if command -v unzip >/dev/null; then
+        unzip -q -o "$wheel" 'nvidia/*' -d "$DEST"
+    else
+        "$PYTHON" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$DEST"
+    fi
 fi
 
 if [[ ! -e "$LIB/libnvrtc.so.13" ]]; then
