@@ -373,17 +373,22 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
 
         if (tid == 0) {
             unsigned int outputs = s_count;
+            // Count the batch first and publish the counters before the outputs: the release
+            // store of tail below orders these relaxed stores too, so a host that sees an
+            // output also sees it counted in `processed`.
+            o.processed += n;
+            o.batches += 1;
+            o.busy_cycles += (unsigned long long)(clock64() - (long long)batch_start);
             if (abandon) {
                 o.undelivered += outputs;
-            } else if (outputs != 0) {
+            }
+            resident_publish_counters(ctl, &o);
+            if (!abandon && outputs != 0) {
                 o.out_tail += outputs;
                 // Release (cumulative): the slot writes of all threads, ordered before this by
                 // barrier F, are visible to the host's acquire load of tail.
                 resident_st_release_u64(&((RingHeader*)p.out)->tail, o.out_tail);
             }
-            o.processed += n;
-            o.batches += 1;
-            o.busy_cycles += (unsigned long long)(clock64() - (long long)batch_start);
         }
         if (abandon) break;
         // No extra barrier needed: thread 0 next writes shared state (s_cmd, s_take, s_head,

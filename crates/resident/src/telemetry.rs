@@ -138,6 +138,8 @@ pub(crate) struct KernelMetrics {
     pub batches: AtomicU64,
     pub errors: AtomicU64,
     pub late_replies: AtomicU64,
+    /// Outputs a device kernel lost because it had to exit with its output ring full.
+    pub device_undelivered: AtomicU64,
     pub latency: LatencyHistogram,
     /// (time, processed) samples for the throughput window; oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
@@ -154,16 +156,26 @@ impl KernelMetrics {
             batches: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             late_replies: AtomicU64::new(0),
+            device_undelivered: AtomicU64::new(0),
             latency: LatencyHistogram::default(),
             samples: Mutex::new(VecDeque::from([(started, 0)])),
             last_sample_ns: AtomicU64::new(0),
         }
     }
 
-    /// Counts a processed batch and, every 50 ms at most, samples the throughput window.
-    pub fn batch_done(&self, n: u64, now: Instant) {
-        let total = self.processed.fetch_add(n, Ordering::Relaxed) + n;
-        self.batches.fetch_add(1, Ordering::Relaxed);
+    /// Counts `n` handled messages. Only the kernel's own thread writes `processed`, so a plain
+    /// load and store suffice (no locked read-modify-write on the hot path). Call it before
+    /// publishing the messages' outputs, so whoever sees an output also sees it counted.
+    pub fn messages_done(&self, n: u64) {
+        let p = self.processed.load(Ordering::Relaxed);
+        self.processed.store(p + n, Ordering::Relaxed);
+    }
+
+    /// Counts a drained batch and, every 50 ms at most, samples the throughput window.
+    pub fn batch_done(&self, now: Instant) {
+        let total = self.processed.load(Ordering::Relaxed);
+        self.batches
+            .store(self.batches.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         if self.enabled {
             let at = now.duration_since(self.started).as_nanos() as u64;
             if at.saturating_sub(self.last_sample_ns.load(Ordering::Relaxed)) >= 50_000_000 {

@@ -320,14 +320,18 @@ where
             // the host will not read it before our Release store of tail.
             unsafe { out_ring.slot(out_tail + i as u64).write(*o) };
         }
-        if k > 0 {
-            out_tail += k;
-            // Release: publishes the output slots' bytes to the host's Acquire load of tail.
-            out_ring.header().tail.store(out_tail, Ordering::Release);
-        }
+        // Count and publish before the outputs (as the CUDA kernel does): whoever sees an
+        // output also sees it counted.
         processed += batch.len() as u64;
         batches += 1;
         busy_ns += t0.elapsed().as_nanos() as u64;
+        publish_counters(processed, batches, busy_ns, undelivered);
+        if k > 0 {
+            out_tail += k;
+            // Release: publishes the output slots' bytes (and the counters) to the host's
+            // Acquire load of tail.
+            out_ring.header().tail.store(out_tail, Ordering::Release);
+        }
     };
     publish_counters(processed, batches, busy_ns, undelivered);
     // Release: the counters above are visible to whoever sees the exit state.

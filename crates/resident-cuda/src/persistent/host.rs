@@ -262,6 +262,27 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
         self.pending_input()
     }
 
+    /// Takes back every input the device side did not consume, highest lane first, FIFO
+    /// within a lane, so a terminate can return them instead of losing them.
+    ///
+    /// # Safety
+    /// The device side must have stopped reading the lanes for good (it exited after
+    /// terminate or a heartbeat timeout, or its thread or kernel is gone): the host then plays
+    /// the consumer's part on memory nobody else reads.
+    pub unsafe fn reclaim_input(&mut self) -> Vec<Slot<In>> {
+        let mut out = Vec::new();
+        for mem in self.view.lanes.iter().rev() {
+            // A second view of the same memory starts at its current indices; its consumer
+            // half pops what is left. The geometry was validated at construction.
+            if let Ok((_tx, mut rx)) =
+                Ring::<Slot<In>>::with_memory(self.view.config.lane_capacity, Box::new(mem.clone()))
+            {
+                rx.pop_into(&mut out, usize::MAX);
+            }
+        }
+        out
+    }
+
     /// Bumps the heartbeat; returns the new value.
     pub fn heartbeat(&self) -> u64 {
         self.control().bump_heartbeat()

@@ -246,6 +246,11 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         if self.exited {
             return self.exit_error();
         }
+        // The caller may be any thread (the runtime polls from its pump thread): make the
+        // kernel's context current before the driver call.
+        if let Err(e) = self.ctx.bind() {
+            return Err(e);
+        }
         let stream = self.stream.as_ref().expect("stream is only taken in Drop");
         match stream.query() {
             Ok(StreamStatus::Busy) => Ok(()),
@@ -359,6 +364,17 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         }
     }
 
+    /// After the kernel has exited (a successful [`terminate`](Self::terminate), a heartbeat
+    /// timeout or a fault), takes back the inputs it never consumed. `None` while it may still
+    /// be running.
+    pub fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>> {
+        if !(self.exited || self.fault.is_some()) {
+            return None;
+        }
+        // SAFETY: the kernel has exited or faulted, so the device no longer reads the lanes.
+        Some(unsafe { self.q_mut().reclaim_input() })
+    }
+
     fn stop_heartbeat(&mut self) {
         if let Some((stop, t)) = self.heartbeat.take() {
             stop.store(true, Ordering::Relaxed);
@@ -384,6 +400,12 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         }
     }
 }
+
+// SAFETY: the driver handles inside (context, module, stream, graph) are plain handles that the
+// CUDA driver API allows any host thread to use once the context is current; every method that
+// calls the driver binds the context first (`check`, `terminate` through `check`, `Drop`). The
+// queues are host memory owned by this value, and `&mut self` gives one user at a time.
+unsafe impl<In: Pod + Send, Out: Pod + Send> Send for PersistentKernel<In, Out> {}
 
 impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
     fn drop(&mut self) {

@@ -202,9 +202,8 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
                 }
             };
             if n > 0 {
-                self.shared
-                    .metrics
-                    .batch_done(n as u64, std::time::Instant::now());
+                self.shared.metrics.messages_done(n as u64);
+                self.shared.metrics.batch_done(std::time::Instant::now());
                 return n;
             }
             let c = self.ctx.control.clone();

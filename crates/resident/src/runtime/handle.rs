@@ -25,6 +25,7 @@ use resident_ring::{
 };
 
 use crate::runtime::context::{Context, LoopContext};
+use crate::runtime::device::DeviceEngine;
 use crate::runtime::kernel::{Body, TERMINATE_TIMEOUT};
 use crate::runtime::state::{Error, KernelState, Result, Returned};
 use crate::runtime::Ids;
@@ -385,14 +386,18 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
             for (i, slot) in batch.iter().enumerate() {
                 ctx.current = slot.env;
                 let payload = slot.payload;
-                match catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, payload))) {
+                let result = catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, payload)));
+                if result.is_ok() {
+                    self.metrics.messages_done(1);
+                }
+                match result {
                     // Call replies go to their callers at once; other outputs leave as one batch.
                     Ok(out) if slot.env.is_call() => self.reply(slot.env, out),
                     Ok(Some(out)) => outputs.push(Slot::new(slot.env, out)),
                     Ok(None) => {}
                     Err(panic) => {
                         self.finish_batch(&batch[..i], &mut outputs);
-                        self.metrics.batch_done(i as u64, Instant::now());
+                        self.metrics.batch_done(Instant::now());
                         *self.failed_message.lock() = Some(*slot);
                         self.stranded.lock().extend_from_slice(&batch[i + 1..]);
                         self.set_failed(format!(
@@ -405,7 +410,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                 }
             }
             self.finish_batch(&batch, &mut outputs);
-            self.metrics.batch_done(n as u64, Instant::now());
+            self.metrics.batch_done(Instant::now());
             drop(gate);
         }
     }
@@ -429,6 +434,131 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
             o.env = self.response_envelope(&o.env, first + i as u64, now);
         }
         self.push_outputs(outputs);
+    }
+
+    /// The pump of a device-hosted kernel: mailbox -> device lanes, device output ring ->
+    /// callers and the output queue; heartbeat, fault polling, device counters.
+    fn run_device(&self, mut eng: Box<dyn DeviceEngine<In, Out>>) {
+        let c = self.control.clone();
+        let mut carry: Vec<Slot<In>> = Vec::with_capacity(self.batch_size * 4);
+        let mut outs: Vec<Slot<Out>> = Vec::with_capacity(4096);
+        let mut device_active = false;
+        let mut last_beat = Instant::now();
+        let mut idle: u32 = 0;
+        let failure = loop {
+            if c.terminate.load(Ordering::Acquire) {
+                break None;
+            }
+            let want = c.active.load(Ordering::Acquire);
+            if want != device_active {
+                if let Err(e) = eng.set_active(want) {
+                    break Some(e);
+                }
+                device_active = want;
+            }
+            let mut moved = 0;
+            if want {
+                let _gate = self.batch_gate.lock();
+                // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
+                if c.active.load(Ordering::Acquire) {
+                    if carry.is_empty() {
+                        self.input.recv_batch(&mut carry, self.batch_size * 4);
+                    }
+                    let n = eng.push(&carry);
+                    carry.drain(..n);
+                    moved += n;
+                }
+            }
+            outs.clear();
+            let n = eng.pull(&mut outs, 4096);
+            // Counters first: whoever sees an output also sees it counted.
+            self.store_device_counters(&*eng);
+            if n > 0 {
+                self.deliver_device_outputs(&outs);
+                moved += n;
+            }
+            if last_beat.elapsed() >= Duration::from_millis(50) {
+                last_beat = Instant::now();
+                eng.heartbeat();
+                if let Err(e) = eng.check() {
+                    break Some(e);
+                }
+            }
+            if moved > 0 {
+                idle = 0;
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            if idle < 256 {
+                std::hint::spin_loop();
+            } else {
+                // Outputs from the device come without a wake-up: poll with a bounded backoff
+                // (up to 1 ms), waking at once for new input or a state change.
+                let backoff = Duration::from_micros(1 << (idle - 256).min(10));
+                self.input.wait_nonempty(deadline_after(backoff), || {
+                    c.terminate.load(Ordering::Acquire)
+                        || c.active.load(Ordering::Acquire) != device_active
+                });
+            }
+        };
+        let stop = eng.stop(TERMINATE_TIMEOUT);
+        loop {
+            outs.clear();
+            if eng.pull(&mut outs, 4096) == 0 {
+                break;
+            }
+            self.deliver_device_outputs(&outs);
+        }
+        self.store_device_counters(&*eng);
+        // Inputs the device never consumed were sent before those still in `carry`.
+        let mut stranded = eng.reclaim();
+        stranded.append(&mut carry);
+        self.stranded.lock().extend(stranded);
+        let reason =
+            failure.or_else(|| stop.err().filter(|_| !c.terminate.load(Ordering::Acquire)));
+        if let Some(reason) = reason {
+            self.set_failed(format!("device kernel failed: {reason}"));
+        }
+    }
+
+    fn store_device_counters(&self, eng: &dyn DeviceEngine<In, Out>) {
+        let (processed, batches, lost) = eng.counters();
+        self.metrics.processed.store(processed, Ordering::Relaxed);
+        self.metrics.batches.store(batches, Ordering::Relaxed);
+        self.metrics
+            .device_undelivered
+            .store(lost, Ordering::Relaxed);
+    }
+
+    /// Device outputs carry the request's id as `correlation_id`, its flags and its send
+    /// time: route call replies to their callers, re-stamp the rest and queue them in order.
+    fn deliver_device_outputs(&self, outs: &[Slot<Out>]) {
+        let now = self.ids.now_ns();
+        let mut batch: Vec<Slot<Out>> = Vec::with_capacity(outs.len());
+        for o in outs {
+            if self.metrics.enabled {
+                self.metrics
+                    .latency
+                    .record(now.saturating_sub(o.env.timestamp_ns));
+            }
+            let request = Envelope {
+                message_id: o.env.correlation_id,
+                ..o.env
+            };
+            if request.is_call() {
+                self.reply(request, Some(o.payload));
+            } else {
+                batch.push(Slot::new(request, o.payload));
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let first = self.output_ids(batch.len() as u64);
+        for (i, o) in batch.iter_mut().enumerate() {
+            o.env = self.response_envelope(&o.env, first + i as u64, now);
+        }
+        self.push_outputs(&batch);
     }
 
     fn finish_thread(&self) {
@@ -460,6 +590,10 @@ pub(crate) fn spawn_kernel<In: Message, Out: Message, S: Send + 'static>(
             *s.thread_id.lock() = Some(std::thread::current().id());
             match body {
                 Body::Handler(h) => s.run_handler(ctx, h),
+                Body::Device(engine) => {
+                    drop(ctx);
+                    s.run_device(engine)
+                }
                 Body::Loop(f) => {
                     let mut lctx = LoopContext::new(ctx, s.clone());
                     let r = catch_unwind(AssertUnwindSafe(|| {
@@ -809,7 +943,8 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             messages_processed: m.processed.load(Ordering::Relaxed),
             messages_dropped: input.dropped
                 + output.dropped
-                + m.late_replies.load(Ordering::Relaxed),
+                + m.late_replies.load(Ordering::Relaxed)
+                + m.device_undelivered.load(Ordering::Relaxed),
             messages_refused: input.refused,
             errors: m.errors.load(Ordering::Relaxed),
             queue_depth: sh.input.len(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use resident_ring::{Backpressure, Message, WaitStrategy};
 
 use crate::runtime::context::{Context, LoopContext};
+use crate::runtime::device::{CudaHandler, DeviceEngine};
 
 pub(crate) type HandlerFn<In, Out, S> = Box<dyn FnMut(&mut Context<S>, In) -> Option<Out> + Send>;
 pub(crate) type LoopFn<In, Out, S> = Box<dyn FnOnce(&mut LoopContext<In, Out, S>) + Send>;
@@ -14,6 +15,8 @@ pub(crate) type LoopFn<In, Out, S> = Box<dyn FnOnce(&mut LoopContext<In, Out, S>
 pub(crate) enum Body<In, Out, S> {
     Handler(HandlerFn<In, Out, S>),
     Loop(LoopFn<In, Out, S>),
+    /// Chosen at launch when the kernel runs on a device; the host thread is the pump.
+    Device(Box<dyn DeviceEngine<In, Out>>),
 }
 
 /// The definition of a ring kernel: an actor with an input and an output queue and state that
@@ -44,6 +47,7 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) wait: Option<WaitStrategy>,
     pub(crate) state: S,
     pub(crate) body: Option<Body<In, Out, S>>,
+    pub(crate) cuda: Option<CudaHandler<In, Out>>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -61,6 +65,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             wait: None,
             state: (),
             body: None,
+            cuda: None,
             _types: PhantomData,
         }
     }
@@ -118,6 +123,7 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
             wait: self.wait,
             state,
             body: None,
+            cuda: self.cuda,
             _types: PhantomData,
         }
     }
@@ -140,6 +146,16 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
         F: FnOnce(&mut LoopContext<In, Out, S>) + Send + 'static,
     {
         self.body = Some(Body::Loop(Box::new(f)));
+        self
+    }
+
+    /// Runs the kernel's handler on the GPU: on a CUDA runtime, `launch` compiles `handler`
+    /// into a persistent kernel, launched once, fed through pinned device-mapped queues, and
+    /// the same [`KernelHandle`](crate::prelude::KernelHandle) API drives it. Without a GPU
+    /// the kernel uses its CPU `handler`/`run` (or, with `device_emulation`, the handler's
+    /// Rust twin on the emulated device).
+    pub fn cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
+        self.cuda = Some(handler);
         self
     }
 

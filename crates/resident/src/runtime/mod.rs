@@ -2,6 +2,7 @@
 //! everything down gracefully when dropped.
 
 pub mod context;
+pub mod device;
 pub mod handle;
 pub mod kernel;
 pub mod state;
@@ -18,8 +19,9 @@ use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy}
 use crate::backend::Backend;
 use crate::telemetry::{RuntimeTelemetry, Telemetry};
 use context::Context;
+use device::CudaHandler;
 use handle::{spawn_kernel, InputPort, KernelHandle, KernelShared};
-use kernel::RingKernel;
+use kernel::{Body, RingKernel};
 use state::{Error, KernelState, Result};
 
 /// Message ids and the clock of a runtime.
@@ -133,9 +135,19 @@ pub struct RuntimeBuilder {
     telemetry: bool,
     wait: WaitStrategy,
     shutdown_timeout: Duration,
+    emulate_device: bool,
 }
 
 impl RuntimeBuilder {
+    /// Runs kernels that have a CUDA handler with an `emulate_with` twin on the emulated
+    /// device (a CPU thread playing the GPU's part over the same queue memory and control
+    /// block) when the runtime has no CUDA device. For testing the host side of the device
+    /// protocol; not a fast path.
+    pub fn device_emulation(mut self, on: bool) -> Self {
+        self.emulate_device = on;
+        self
+    }
+
     /// Which backend to run on (default `Backend::Auto`).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.backend = backend;
@@ -175,6 +187,7 @@ impl RuntimeBuilder {
             }),
             backend,
             shutdown_timeout: self.shutdown_timeout,
+            emulate_device: self.emulate_device,
         })
     }
 }
@@ -184,6 +197,7 @@ pub struct Runtime {
     core: Arc<RuntimeCore>,
     backend: Backend,
     shutdown_timeout: Duration,
+    emulate_device: bool,
 }
 
 impl Runtime {
@@ -194,6 +208,7 @@ impl Runtime {
             telemetry: false,
             wait: WaitStrategy::default(),
             shutdown_timeout: Duration::from_secs(5),
+            emulate_device: false,
         }
     }
 
@@ -213,9 +228,25 @@ impl Runtime {
             id: id.clone(),
             reason: reason.to_string(),
         };
-        let body = kernel
-            .body
-            .ok_or_else(|| invalid("no handler: call .handler(..) or .run(..)"))?;
+        let geometry =
+            device::DeviceGeometry::new(kernel.lanes, kernel.queue_size, kernel.batch_size);
+        let body = match (kernel.cuda, kernel.body) {
+            (Some(cuda), _) if self.backend == Backend::Cuda => Body::Device(Box::new(
+                device::GpuEngine::launch(&id, &cuda, &geometry)
+                    .map_err(|e| invalid(&format!("CUDA launch failed: {e}")))?,
+            )),
+            (Some(CudaHandler { emulate: Some(f), .. }), _) if self.emulate_device => Body::Device(Box::new(
+                device::EmulatedEngine::launch(f, &geometry).map_err(|e| invalid(&e))?,
+            )),
+            (_, Some(body)) => body,
+            (Some(_), None) => {
+                return Err(invalid(
+                    "it has only a CUDA handler and this runtime has no CUDA device: add .handler(..) for the CPU, \
+                     or build the runtime with device_emulation(true) and give the handler emulate_with(..)",
+                ))
+            }
+            (None, None) => return Err(invalid("no handler: call .handler(..), .run(..) or .cuda(..)")),
+        };
         if id.is_empty() {
             return Err(invalid("the id is empty"));
         }

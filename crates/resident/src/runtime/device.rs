@@ -1,0 +1,306 @@
+//! Ring kernels whose handler runs on a device: a persistent CUDA kernel, or the emulated
+//! device (a CPU thread that plays the GPU's part over the same queue memory, for testing the
+//! host protocol where no GPU is present).
+//!
+//! The host side is a *pump* thread per kernel. Senders still enqueue into the kernel's host
+//! mailbox, so every rule of the CPU backend (priority lanes, backpressure policies, close,
+//! terminate reports) holds unchanged; the pump moves batches into the device's input lanes
+//! (pinned, device-mapped memory on a GPU), drains the device's output ring, routes `call`
+//! replies by correlation id, beats the heartbeat and polls for device faults.
+
+use std::time::Duration;
+
+use resident_cuda::persistent::{
+    EmulatedDevice, EmulatorOptions, KernelSource, LaunchOptions, MessageDecl, PersistentKernel,
+    PersistentQueues, QueueConfig,
+};
+use resident_ring::{DeviceMessage, Envelope, Message, Slot};
+
+/// A ring kernel's handler in CUDA C: `__device__ bool handle(ResidentState* state,
+/// const ResidentIn* in, ResidentOut* out, const Envelope* env)`, returning `false` for "no
+/// output". `ResidentIn` / `ResidentOut` are typedefs of the message types' C declarations
+/// (generated from the Rust types by `device_message!`), and the runtime adds `static_assert`s
+/// on their sizes. All threads of a batch share `state`: mutate it with atomics.
+pub struct CudaHandler<In, Out> {
+    pub(crate) source: String,
+    pub(crate) function: String,
+    pub(crate) state: Vec<u8>,
+    pub(crate) state_decl: MessageDecl,
+    pub(crate) emulate: Option<EmulatedHandler<In, Out>>,
+    pub(crate) decls: (MessageDecl, MessageDecl),
+}
+
+pub(crate) type EmulatedHandler<In, Out> = Box<dyn FnMut(&In, &mut Out, &Envelope) -> bool + Send>;
+
+const NO_STATE_DECL: &str = "typedef struct { unsigned int unused; } ResidentNoState;\n";
+
+impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
+    /// A handler named `handle` defined in `source`, with no device state.
+    pub fn new(source: impl Into<String>) -> Self {
+        CudaHandler {
+            source: source.into(),
+            function: "handle".into(),
+            state: vec![0; 4],
+            state_decl: MessageDecl::new("ResidentNoState", NO_STATE_DECL, 4),
+            emulate: None,
+            decls: (
+                MessageDecl::new(In::C_NAME, In::c_declarations(), std::mem::size_of::<In>()),
+                MessageDecl::new(
+                    Out::C_NAME,
+                    Out::c_declarations(),
+                    std::mem::size_of::<Out>(),
+                ),
+            ),
+        }
+    }
+
+    /// The name of the handler function in `source` (default `handle`).
+    pub fn function(mut self, name: impl Into<String>) -> Self {
+        self.function = name.into();
+        self
+    }
+
+    /// Device state that persists across messages, initialized to `init`; the handler sees it
+    /// as `ResidentState*` (a typedef of `D`'s C declaration).
+    pub fn state<D: DeviceMessage>(mut self, init: D) -> Self {
+        self.state = bytemuck::bytes_of(&init).to_vec();
+        self.state_decl =
+            MessageDecl::new(D::C_NAME, D::c_declarations(), std::mem::size_of::<D>());
+        self
+    }
+
+    /// The same handler in Rust, run by the emulated device when the runtime was built with
+    /// `device_emulation(true)` and no GPU is present. For testing the host protocol.
+    pub fn emulate_with<F>(mut self, f: F) -> Self
+    where
+        F: FnMut(&In, &mut Out, &Envelope) -> bool + Send + 'static,
+    {
+        self.emulate = Some(Box::new(f));
+        self
+    }
+}
+
+impl<In, Out> CudaHandler<In, Out> {
+    fn kernel_source(&self, id: &str, batch_size: u32) -> KernelSource {
+        let mut source = KernelSource::new(
+            id.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+            self.decls.0.clone(),
+            self.decls.1.clone(),
+            self.state_decl.clone(),
+            self.source.clone(),
+            batch_size,
+        );
+        source.handler_fn = self.function.clone();
+        source
+    }
+
+    /// Compiles the handler inside the persistent-kernel template to PTX for `arch` (e.g.
+    /// `compute_90`) with NVRTC, without a GPU: layout `static_assert`s and handler errors
+    /// show up here, in CI, instead of at launch. Needs NVRTC (not the driver).
+    pub fn compile_ptx(
+        &self,
+        kernel_id: &str,
+        batch_size: usize,
+        arch: &str,
+    ) -> Result<String, String> {
+        let g = DeviceGeometry::new(1, 2, batch_size);
+        resident_cuda::persistent::compile_ptx(&self.kernel_source(kernel_id, g.batch_size), arch)
+            .map(|k| k.ptx)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// What the pump needs from a device-side kernel.
+pub(crate) trait DeviceEngine<In, Out>: Send {
+    /// Moves the longest prefix of `slots` that fits into the device's lanes.
+    fn push(&mut self, slots: &[Slot<In>]) -> usize;
+    /// Moves up to `max` outputs to `out`.
+    fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize;
+    fn set_active(&mut self, on: bool) -> Result<(), String>;
+    fn heartbeat(&mut self);
+    /// `Err(reason)` once the device side has faulted or exited on its own.
+    fn check(&mut self) -> Result<(), String>;
+    /// (processed, batches, outputs lost at a forced exit), from the device's own counters.
+    fn counters(&self) -> (u64, u64, u64);
+    /// Asks the device side to exit and waits for it.
+    fn stop(&mut self, timeout: Duration) -> Result<(), String>;
+    /// After `stop` (or a fault): the inputs the device never consumed.
+    fn reclaim(&mut self) -> Vec<Slot<In>>;
+}
+
+/// Geometry shared by both engines.
+pub(crate) struct DeviceGeometry {
+    pub lanes: usize,
+    pub lane_capacity: usize,
+    pub out_capacity: usize,
+    pub batch_size: u32,
+}
+
+impl DeviceGeometry {
+    pub fn new(lanes: usize, queue_size: usize, batch_size: usize) -> Self {
+        // The GPU's block size is the batch size: a multiple of 32 in 32..=1024.
+        let batch = (batch_size.clamp(32, 1024).div_ceil(32) * 32) as u32;
+        let lane_capacity = queue_size.next_power_of_two().max(2);
+        DeviceGeometry {
+            lanes: lanes.clamp(1, resident_cuda::persistent::MAX_LANES),
+            lane_capacity,
+            out_capacity: lane_capacity.max(batch as usize).next_power_of_two(),
+            batch_size: batch,
+        }
+    }
+
+    fn queues(&self) -> QueueConfig {
+        QueueConfig {
+            lanes: self.lanes,
+            lane_capacity: self.lane_capacity,
+            out_capacity: self.out_capacity,
+        }
+    }
+}
+
+/// A persistent kernel on a GPU.
+pub(crate) struct GpuEngine<In: Message, Out: Message> {
+    kernel: PersistentKernel<In, Out>,
+}
+
+impl<In: Message, Out: Message> GpuEngine<In, Out> {
+    pub fn launch(
+        id: &str,
+        handler: &CudaHandler<In, Out>,
+        g: &DeviceGeometry,
+    ) -> Result<Self, String> {
+        let source = handler.kernel_source(id, g.batch_size);
+        let opts = LaunchOptions {
+            queues: g.queues(),
+            ..LaunchOptions::default()
+        };
+        let kernel =
+            PersistentKernel::launch(&source, &handler.state, &opts).map_err(|e| e.to_string())?;
+        Ok(GpuEngine { kernel })
+    }
+}
+
+impl<In: Message, Out: Message> DeviceEngine<In, Out> for GpuEngine<In, Out> {
+    fn push(&mut self, slots: &[Slot<In>]) -> usize {
+        self.kernel.send_batch(slots)
+    }
+    fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
+        self.kernel.receive_into(out, max)
+    }
+    fn set_active(&mut self, on: bool) -> Result<(), String> {
+        if on {
+            self.kernel.activate()
+        } else {
+            self.kernel.deactivate()
+        }
+        .map_err(|e| e.to_string())
+    }
+    fn heartbeat(&mut self) {
+        // PersistentKernel runs its own heartbeat thread.
+    }
+    fn check(&mut self) -> Result<(), String> {
+        self.kernel.check().map_err(|e| e.to_string())
+    }
+    fn counters(&self) -> (u64, u64, u64) {
+        let c = self.kernel.device_counters();
+        (c.processed, c.batches, c.undelivered)
+    }
+    fn stop(&mut self, timeout: Duration) -> Result<(), String> {
+        self.kernel
+            .terminate(timeout)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+    fn reclaim(&mut self) -> Vec<Slot<In>> {
+        self.kernel.reclaim_input().unwrap_or_default()
+    }
+}
+
+/// The emulated device: the same queue memory and control block, a CPU thread as the GPU.
+pub(crate) struct EmulatedEngine<In: Message, Out: Message> {
+    queues: PersistentQueues<In, Out>,
+    device: Option<EmulatedDevice<EmulatedHandler<In, Out>>>,
+    stopped: bool,
+}
+
+impl<In: Message, Out: Message> EmulatedEngine<In, Out> {
+    pub fn launch(handler: EmulatedHandler<In, Out>, g: &DeviceGeometry) -> Result<Self, String> {
+        let queues = PersistentQueues::<In, Out>::on_heap(g.queues()).map_err(|e| e.to_string())?;
+        let options = EmulatorOptions {
+            batch_size: g.batch_size as usize,
+            ..EmulatorOptions::default()
+        };
+        queues.set_heartbeat_timeout(Some(Duration::from_secs(2)));
+        queues.heartbeat();
+        let device = EmulatedDevice::spawn(queues.device_view(), options, handler)
+            .map_err(|e| e.to_string())?;
+        Ok(EmulatedEngine {
+            queues,
+            device: Some(device),
+            stopped: false,
+        })
+    }
+}
+
+impl<In: Message, Out: Message> DeviceEngine<In, Out> for EmulatedEngine<In, Out> {
+    fn push(&mut self, slots: &[Slot<In>]) -> usize {
+        self.queues.send_batch(slots)
+    }
+    fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
+        self.queues.receive_into(out, max)
+    }
+    fn set_active(&mut self, on: bool) -> Result<(), String> {
+        if on {
+            self.queues.activate()
+        } else {
+            self.queues.deactivate()
+        }
+        Ok(())
+    }
+    fn heartbeat(&mut self) {
+        self.queues.heartbeat();
+    }
+    fn check(&mut self) -> Result<(), String> {
+        match &self.device {
+            Some(d) if d.is_finished() && !self.stopped => {
+                let exit = self.device.take().map(|d| d.join());
+                Err(match exit {
+                    Some(Ok(e)) => format!("emulated device exited on its own ({:?})", e.state),
+                    _ => "emulated device faulted: its handler panicked".to_string(),
+                })
+            }
+            None if !self.stopped => Err("emulated device is gone".into()),
+            _ => Ok(()),
+        }
+    }
+    fn counters(&self) -> (u64, u64, u64) {
+        let c = self.queues.device_counters();
+        (c.processed, c.batches, c.undelivered)
+    }
+    fn stop(&mut self, timeout: Duration) -> Result<(), String> {
+        self.stopped = true;
+        self.queues.terminate();
+        let Some(d) = self.device.take() else {
+            return Ok(());
+        };
+        let deadline = std::time::Instant::now() + timeout;
+        while !d.is_finished() {
+            if std::time::Instant::now() > deadline {
+                // Keep it so `reclaim` does not read lanes it may still consume.
+                self.device = Some(d);
+                return Err("emulated device did not exit in time".into());
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        d.join()
+            .map(|_| ())
+            .map_err(|_| "emulated device faulted: its handler panicked".to_string())
+    }
+    fn reclaim(&mut self) -> Vec<Slot<In>> {
+        if self.device.as_ref().is_some_and(|d| !d.is_finished()) {
+            return Vec::new();
+        }
+        // SAFETY: the device thread has exited (or never existed), so nothing else reads the lanes.
+        unsafe { self.queues.reclaim_input() }
+    }
+}

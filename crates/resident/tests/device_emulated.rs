@@ -1,0 +1,215 @@
+//! Ring kernels with a CUDA handler, driven through the same `KernelHandle` API, with the
+//! emulated device playing the GPU's part over the same queue memory and control block. This
+//! tests the host side of the device protocol (pump, lanes, output ring, correlation, faults,
+//! terminate accounting); it says nothing about GPU behaviour, which needs a GPU run.
+
+use std::time::Duration;
+
+use resident::prelude::*;
+
+device_message! {
+    /// A price tick.
+    pub struct Tick { pub price: f32, pub qty: u32 }
+}
+
+device_message! {
+    /// The handler's answer.
+    pub struct Notional { pub value: f32, pub seq: u32 }
+}
+
+const SRC: &str = r#"
+__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* env) {
+    if (in->qty == 0) return false;
+    out->value = in->price * (float)in->qty;
+    out->seq = (unsigned int)env->message_id;
+    return true;
+}
+"#;
+
+const T: Duration = Duration::from_secs(10);
+
+fn emulated(tick: &Tick, out: &mut Notional, env: &Envelope) -> bool {
+    if tick.qty == 0 {
+        return false;
+    }
+    if tick.qty == 999_999 {
+        panic!("emulated device fault");
+    }
+    out.value = tick.price * tick.qty as f32;
+    out.seq = env.message_id as u32;
+    true
+}
+
+fn runtime() -> Runtime {
+    Runtime::builder()
+        .backend(Backend::Cpu)
+        .device_emulation(true)
+        .enable_telemetry(true)
+        .build()
+        .unwrap()
+}
+
+fn kernel(id: &str) -> RingKernel<Tick, Notional> {
+    RingKernel::<Tick, Notional>::new(id)
+        .queue_size(256)
+        .cuda(CudaHandler::new(SRC).emulate_with(emulated))
+}
+
+#[test]
+fn send_receive_and_call_through_the_device_protocol() {
+    let rt = runtime();
+    let h = rt.launch(kernel("notional")).unwrap();
+    h.activate().unwrap();
+    let id = h.send(Tick { price: 2.5, qty: 4 }).unwrap();
+    let (env, out) = h.receive_envelope(T).unwrap();
+    assert_eq!(out.value, 10.0);
+    assert_eq!(env.correlation_id, id);
+    assert_eq!(out.seq, id as u32, "the device saw the request's envelope");
+    // Many concurrent callers, replies matched by correlation id.
+    let callers: Vec<_> = (0..4u32)
+        .map(|t| {
+            let h = h.clone();
+            std::thread::spawn(move || {
+                for i in 1..=500u32 {
+                    let qty = t * 1000 + i;
+                    let r = h.call(Tick { price: 1.0, qty }, T).unwrap();
+                    assert_eq!(r.value, qty as f32);
+                }
+            })
+        })
+        .collect();
+    for c in callers {
+        c.join().unwrap();
+    }
+    assert_eq!(h.try_receive().unwrap().map(|n| n.value), None);
+    let t = h.telemetry();
+    assert_eq!(
+        t.messages_processed, 2001,
+        "processed comes from the device's own counter"
+    );
+    assert!(t.batches >= 1);
+    assert_eq!(t.latency.count, 2001);
+}
+
+#[test]
+fn handler_without_output_and_priority_order() {
+    let rt = runtime();
+    let h = rt.launch(kernel("prio").batch_size(32)).unwrap();
+    // Queued before activation: the lanes decide the order.
+    for (qty, p) in [(1u32, 10u8), (2, 250), (0, 250), (3, 128), (4, 251)] {
+        h.send_with_priority(Tick { price: 1.0, qty }, p).unwrap();
+    }
+    h.activate().unwrap();
+    let got: Vec<f32> = (0..4).map(|_| h.receive(T).unwrap().value).collect();
+    assert_eq!(got, vec![2.0, 4.0, 3.0, 1.0]);
+    assert!(
+        h.receive(Duration::from_millis(50)).is_err(),
+        "qty 0 produced no output"
+    );
+}
+
+#[test]
+fn deactivate_and_terminate_account_for_everything() {
+    let rt = runtime();
+    let h = rt.launch(kernel("acct")).unwrap();
+    h.activate().unwrap();
+    h.send(Tick { price: 1.0, qty: 1 }).unwrap();
+    assert_eq!(h.receive(T).unwrap().value, 1.0);
+    h.deactivate().unwrap();
+    for qty in 1..=20 {
+        h.send(Tick { price: 1.0, qty }).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        h.telemetry().messages_processed,
+        1,
+        "inactive: nothing processed"
+    );
+    let r = h.terminate().unwrap();
+    assert_eq!(r.undelivered.len(), 20, "every queued message comes back");
+    assert_eq!(
+        r.undelivered.iter().map(|(_, t)| t.qty).collect::<Vec<_>>(),
+        (1..=20).collect::<Vec<_>>()
+    );
+    assert_eq!(h.state(), KernelState::Terminated);
+}
+
+#[test]
+fn device_fault_fails_the_kernel_promptly_and_a_fresh_one_can_launch() {
+    let rt = runtime();
+    let h = rt.launch(kernel("fault")).unwrap();
+    h.activate().unwrap();
+    let start = std::time::Instant::now();
+    let e = h
+        .call(
+            Tick {
+                price: 1.0,
+                qty: 999_999,
+            },
+            Duration::from_secs(30),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::KernelFailed { reason, .. } if reason.contains("device")),
+        "{e}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "the waiting caller is not left hanging"
+    );
+    assert!(matches!(h.state(), KernelState::Failed(_)));
+    assert!(h.send(Tick { price: 1.0, qty: 1 }).is_err());
+    h.terminate().unwrap();
+    let h2 = rt.launch(kernel("fault")).unwrap();
+    h2.activate().unwrap();
+    assert_eq!(h2.call(Tick { price: 3.0, qty: 2 }, T).unwrap().value, 6.0);
+}
+
+#[test]
+fn cuda_only_kernel_without_a_device_is_a_typed_error_and_cpu_handler_is_the_fallback() {
+    let rt = Runtime::builder().backend(Backend::Cpu).build().unwrap();
+    let only_cuda = RingKernel::<Tick, Notional>::new("gpu-only").cuda(CudaHandler::new(SRC));
+    let e = rt.launch(only_cuda).unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
+    assert!(e.to_string().contains("only a CUDA handler"), "{e}");
+    let both = RingKernel::<Tick, Notional>::new("both")
+        .handler(|_: &mut Context<()>, t: Tick| {
+            Some(Notional {
+                value: t.price,
+                seq: 0,
+            })
+        })
+        .cuda(CudaHandler::new(SRC));
+    let h = rt.launch(both).unwrap();
+    h.activate().unwrap();
+    assert_eq!(h.call(Tick { price: 7.0, qty: 1 }, T).unwrap().value, 7.0);
+}
+
+#[test]
+fn handler_compiles_in_the_persistent_template_with_nvrtc() {
+    let handler = CudaHandler::<Tick, Notional>::new(SRC);
+    match handler.compile_ptx("notional", 64, "compute_90") {
+        Ok(ptx) => {
+            assert!(
+                ptx.contains("ld.acquire.sys"),
+                "system-scope acquire on the queues"
+            );
+            assert!(ptx.contains(".entry resident_persistent"));
+        }
+        Err(e)
+            if e.contains("NVRTC")
+                && std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
+        {
+            eprintln!("SKIP: NVRTC not available: {e}");
+        }
+        Err(e) => panic!("compile failed: {e}"),
+    }
+    let broken = CudaHandler::<Tick, Notional>::new("__device__ bool handle(ResidentState*, const ResidentIn*, ResidentOut*, const Envelope*) { return nope; }");
+    if let Err(e) = broken.compile_ptx("broken", 64, "compute_90") {
+        if !e.contains("not available") {
+            assert!(e.contains("nope"), "the NVRTC log names the error: {e}");
+        }
+    } else {
+        panic!("a broken handler compiled");
+    }
+}
