@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod gpu_bench;
 mod info;
 
 use std::path::PathBuf;
@@ -28,6 +29,27 @@ enum Command {
         #[arg(long, default_value = "bench/results/cpu-latest.json")]
         out: PathBuf,
     },
+    /// GPU: pinned vs pageable transfers against a plain cuMemcpy baseline (needs a device).
+    BenchTransfer {
+        /// Copies per size.
+        #[arg(long, default_value_t = 20)]
+        iterations: u32,
+        /// Folder for transfer-<device>-<date>.json.
+        #[arg(long, default_value = "bench/results")]
+        out_dir: PathBuf,
+    },
+    /// GPU: persistent ring kernel vs launch-per-batch vs CUDA graph (needs a device).
+    BenchRing {
+        /// Round trips per latency point.
+        #[arg(long, default_value_t = 20_000)]
+        iters: usize,
+        /// Messages in flight for the throughput points.
+        #[arg(long, default_value_t = 4096)]
+        in_flight: usize,
+        /// Folder for ring-<device>-<date>.json.
+        #[arg(long, default_value = "bench/results")]
+        out_dir: PathBuf,
+    },
     /// Backends and devices found here, and why a backend is unavailable.
     Info {
         /// Print JSON instead of text.
@@ -51,10 +73,29 @@ enum Command {
     },
 }
 
+fn gpu_exit(r: Result<(), String>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { json } => return info::run(json),
+        Command::BenchTransfer {
+            iterations,
+            out_dir,
+        } => return gpu_exit(gpu_bench::transfer(iterations, &out_dir)),
+        Command::BenchRing {
+            iters,
+            in_flight,
+            out_dir,
+        } => return gpu_exit(gpu_bench::ring(iters, in_flight, &out_dir)),
         Command::All { out } => {
             info::run(false);
             println!();

@@ -27,6 +27,7 @@ pub mod memory;
 pub mod runtime;
 pub mod telemetry;
 
+pub use resident_cuda as cuda;
 pub use resident_ring as ring;
 pub use runtime::state::{Error, KernelState, Result};
 
