@@ -297,7 +297,7 @@ pub fn run(opts: &Options, out: Option<&std::path::Path>) -> Result<Value> {
     let report = json!({
         "benchmark": "cpu-backend",
         "command": command.join(" "),
-        "date": chrono_like_now(),
+        "date": resident::cuda::bench::utc_date(std::time::SystemTime::now()),
         "machine": machine(),
         "queue_push_pop": [q8, q64],
         "round_trip": rt_json,
@@ -313,29 +313,4 @@ pub fn run(opts: &Options, out: Option<&std::path::Path>) -> Result<Value> {
         }
     }
     Ok(report)
-}
-
-/// UTC date and time as `YYYY-MM-DDTHH:MM:SSZ`, without a date crate.
-pub fn chrono_like_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + (m <= 2) as i64;
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }
