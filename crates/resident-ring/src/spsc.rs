@@ -19,6 +19,7 @@
 //! The types enforce one writer per index: [`Producer`] and [`Consumer`] are not `Clone`, and
 //! all their methods take `&mut self`.
 
+#[cfg(not(loom))]
 use core::marker::PhantomData;
 use core::mem::{align_of, size_of};
 
