@@ -108,11 +108,11 @@ pub fn run(messages: u32) -> Result<()> {
             _pad: 0,
         });
         if batch.len() == batch.capacity() {
-            ingest.send_batch(&batch)?;
+            send_all(&ingest, &batch)?;
             batch.clear();
         }
     }
-    ingest.send_batch(&batch)?;
+    send_all(&ingest, &batch)?;
     ingest.drain(Duration::from_secs(30))?;
     detect.drain(Duration::from_secs(30))?;
     alert.drain(Duration::from_secs(30))?;
@@ -165,6 +165,15 @@ pub fn run(messages: u32) -> Result<()> {
     report(alert.terminate()?);
     if alerts.len() < spikes as usize {
         eprintln!("warning: fewer alerts than injected spikes");
+    }
+    Ok(())
+}
+
+/// Sends every reading, resending what a full queue left over.
+fn send_all(k: &KernelHandle<Reading, Reading>, mut msgs: &[Reading]) -> Result<()> {
+    while !msgs.is_empty() {
+        let n = k.send_batch(msgs)?;
+        msgs = &msgs[n..];
     }
     Ok(())
 }

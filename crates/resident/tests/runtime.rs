@@ -172,6 +172,30 @@ fn relaunch_after_terminate() {
 }
 
 #[test]
+fn send_batch_reports_how_many_were_taken() {
+    let rt = rt();
+    let h = rt
+        .launch(
+            doubler("sb")
+                .queue_size(4)
+                .priority_lanes(1)
+                .backpressure(Backpressure::Reject),
+        )
+        .unwrap();
+    assert_eq!(
+        h.send_batch(&[1, 2, 3, 4, 5, 6]).unwrap(),
+        4,
+        "the rest is still the caller's"
+    );
+    let e = h.send_batch(&[7, 8]).unwrap_err();
+    assert!(matches!(e, Error::QueueFull { .. }));
+    assert_eq!(e.into_message::<u64>(), Some(7));
+    h.activate().unwrap();
+    let got: Vec<u64> = (0..4).map(|_| h.receive(T).unwrap()).collect();
+    assert_eq!(got, vec![2, 4, 6, 8]);
+}
+
+#[test]
 fn reject_hands_the_message_back() {
     let rt = rt();
     let h = rt

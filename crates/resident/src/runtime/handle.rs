@@ -726,8 +726,10 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     }
 
     /// Sends many messages at the default priority with one queue operation per lane run.
-    /// Returns how many were taken; on a refusal, the error hands back the first refused
-    /// message and the rest of `msgs` were not sent.
+    /// Returns how many were taken (queued, or dropped by a drop policy); when that is fewer
+    /// than `msgs.len()`, `msgs[n..]` were not sent (full under `Reject`, `Block` timed out)
+    /// and are still the caller's. Fails only when nothing was taken, with the first message
+    /// handed back in the error.
     pub fn send_batch(&self, msgs: &[In]) -> Result<usize> {
         let p = &self.shared.port;
         let first = p.ids.next_n(msgs.len() as u64);
@@ -738,8 +740,8 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             .map(|(i, m)| Slot::new(Envelope::new(first + i as u64, DEFAULT_PRIORITY, now), *m))
             .collect();
         match self.shared.input.send_batch(&slots) {
-            (n, None) => Ok(n),
-            (_, Some(e)) => Err(p.refused(e, "send_batch")),
+            (0, Some(e)) => Err(p.refused(e, "send_batch")),
+            (n, _) => Ok(n),
         }
     }
 
