@@ -150,7 +150,8 @@ struct Shared<T> {
     producers: Box<[Mutex<Producer<Slot<T>>>]>,
     /// The lanes' rings, for lock-free length checks by waiters.
     rings: Box<[Arc<Ring<Slot<T>>>]>,
-    consumers: Mutex<Vec<Consumer<Slot<T>>>>,
+    /// Taken by receivers on every pop: alone on its line, away from what senders read.
+    consumers: Padded<Mutex<Vec<Consumer<Slot<T>>>>>,
     config: MailboxConfig,
     /// Notified after every enqueue and on close.
     not_empty: Signal,
@@ -222,7 +223,7 @@ impl<T: Copy + Send> Mailbox<T> {
             shared: Arc::new(Shared {
                 producers: producers.into_boxed_slice(),
                 rings: rings.into_boxed_slice(),
-                consumers: Mutex::new(consumers),
+                consumers: Padded(Mutex::new(consumers)),
                 config: MailboxConfig { capacity, ..config },
                 not_empty: Signal::new(),
                 not_full: Signal::new(),
@@ -298,10 +299,15 @@ impl<T: Copy + Send> Mailbox<T> {
                 Backpressure::Block(timeout) => {
                     drop(producer);
                     let deadline = *deadline.get_or_insert_with(|| deadline_after(timeout));
-                    let ok = s.not_full.wait_until(s.config.wait, deadline, || {
+                    // Receivers wake `not_full` without a fence (a fence on every pop would
+                    // tax the fast path), so a wake-up can be missed: wait in slices of at
+                    // most 200 us and re-check. Only an already-blocked sender pays for it.
+                    let slice = deadline_after(Duration::from_micros(200))
+                        .map(|sl| deadline.map_or(sl, |d| d.min(sl)));
+                    let ok = s.not_full.wait_until(s.config.wait, slice, || {
                         s.closed.load(Ordering::Acquire) || s.rings[lane].len() < s.config.capacity
                     });
-                    if !ok {
+                    if !ok && deadline.is_some_and(|d| Instant::now() >= d) {
                         s.refused.fetch_add(1, Ordering::Relaxed);
                         return Err(SendError::Timeout(slot));
                     }
@@ -351,11 +357,16 @@ impl<T: Copy + Send> Mailbox<T> {
         let s = &*self.shared;
         let got = {
             let mut consumers = s.consumers.lock();
-            consumers.iter_mut().rev().find_map(|c| c.pop())
+            let got = consumers.iter_mut().rev().find_map(|c| c.pop());
+            if got.is_some() {
+                // Written only under the receivers' lock: a plain add, no locked instruction.
+                s.delivered
+                    .store(s.delivered.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            }
+            got
         };
         if got.is_some() {
-            s.delivered.fetch_add(1, Ordering::Relaxed);
-            s.not_full.notify();
+            s.not_full.notify_unfenced();
         }
         got
     }
@@ -380,10 +391,16 @@ impl<T: Copy + Send> Mailbox<T> {
                 }
                 n += c.pop_each(max - n, &mut f);
             }
+            if n > 0 {
+                // Written only under the receivers' lock: a plain add, no locked instruction.
+                s.delivered.store(
+                    s.delivered.load(Ordering::Relaxed) + n as u64,
+                    Ordering::Relaxed,
+                );
+            }
         }
         if n > 0 {
-            s.delivered.fetch_add(n as u64, Ordering::Relaxed);
-            s.not_full.notify();
+            s.not_full.notify_unfenced();
         }
         n
     }

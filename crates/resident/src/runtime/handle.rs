@@ -11,11 +11,12 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{JoinHandle, Thread, ThreadId};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use resident_ring::mailbox::{RecvError, SendError, Sent};
 use resident_ring::wait::{deadline_after, Signal};
@@ -120,19 +121,35 @@ impl Hasher for IdHasher {
     }
 }
 
-/// A waiting `call`: the reply lands here and the caller is unparked.
+/// A waiting `call`: the reply lands here; the caller spins on `done`, and is unparked only if
+/// it announced in `parked` that it sleeps (unparking writes the caller thread's own state, a
+/// cache-line transfer that a spinning caller does not need).
 struct CallSlot<Out> {
-    done: AtomicU8,
+    done: AtomicBool,
+    parked: AtomicBool,
     value: Mutex<Option<Result<Out>>>,
     caller: Thread,
 }
 
 impl<Out> CallSlot<Out> {
+    fn new() -> Self {
+        CallSlot {
+            done: AtomicBool::new(false),
+            parked: AtomicBool::new(false),
+            value: Mutex::new(None),
+            caller: std::thread::current(),
+        }
+    }
+
     fn complete(&self, v: Result<Out>) {
         *self.value.lock() = Some(v);
-        // Release: the value is written before `done`; pairs with the caller's Acquire load.
-        self.done.store(1, Ordering::Release);
-        self.caller.unpark();
+        // SeqCst store then SeqCst load, against the caller's SeqCst store of `parked` then
+        // load of `done` (store-buffering pattern): at least one side sees the other, so a
+        // caller that parks is always unparked. The value is written before `done`.
+        self.done.store(true, Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) {
+            self.caller.unpark();
+        }
     }
 
     fn wait(&self, deadline: Option<Instant>, strategy: WaitStrategy) -> Option<Result<Out>> {
@@ -143,7 +160,8 @@ impl<Out> CallSlot<Out> {
         };
         let mut i = 0u32;
         while let Some(until) = spin_until {
-            if self.done.load(Ordering::Acquire) == 1 {
+            // Acquire: pairs with the SeqCst store in `complete`; the value is visible.
+            if self.done.load(Ordering::Acquire) {
                 return self.value.lock().take();
             }
             std::hint::spin_loop();
@@ -152,13 +170,14 @@ impl<Out> CallSlot<Out> {
                 if Instant::now() >= until {
                     break;
                 }
-                if i >= 4096 {
+                if i >= 256 {
                     std::thread::yield_now();
                 }
             }
         }
         loop {
-            if self.done.load(Ordering::Acquire) == 1 {
+            self.parked.store(true, Ordering::SeqCst);
+            if self.done.load(Ordering::SeqCst) {
                 return self.value.lock().take();
             }
             match deadline {
@@ -185,12 +204,12 @@ pub(crate) struct KernelShared<In, Out> {
     pub control: Arc<Control>,
     /// Held by the kernel thread while it takes and processes a batch, so `deactivate` can
     /// wait for the batch in hand to finish.
-    pub batch_gate: Mutex<()>,
+    pub batch_gate: CachePadded<Mutex<()>>,
     pending: Mutex<HashMap<u64, Arc<CallSlot<Out>>, BuildHasherDefault<IdHasher>>>,
     pub metrics: KernelMetrics,
     pub ids: Arc<Ids>,
     /// Output ids: the kernel thread's current block `[next, end)`, taken from `ids` in blocks.
-    out_ids: Mutex<(u64, u64)>,
+    out_ids: CachePadded<Mutex<(u64, u64)>>,
     pub wait: WaitStrategy,
     pub batch_size: usize,
     /// Inputs taken from the queue but not processed because the handler failed.
@@ -233,11 +252,11 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                 terminate: AtomicBool::new(false),
                 signal: Signal::new(),
             }),
-            batch_gate: Mutex::new(()),
+            batch_gate: CachePadded::new(Mutex::new(())),
             pending: Mutex::new(HashMap::default()),
             metrics: KernelMetrics::new(telemetry),
             ids,
-            out_ids: Mutex::new((0, 0)),
+            out_ids: CachePadded::new(Mutex::new((0, 0))),
             wait,
             batch_size,
             stranded: Mutex::new(Vec::new()),
@@ -751,11 +770,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         let sh = &self.shared;
         let deadline = deadline_after(timeout);
         let id = sh.ids.next();
-        let slot = Arc::new(CallSlot {
-            done: AtomicU8::new(0),
-            value: Mutex::new(None),
-            caller: std::thread::current(),
-        });
+        let slot = Arc::new(CallSlot::new());
         sh.pending.lock().insert(id, slot.clone());
         let mut env = Envelope::new(id, DEFAULT_PRIORITY, sh.ids.now_ns());
         env.flags = FLAG_CALL;

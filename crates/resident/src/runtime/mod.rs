@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use parking_lot::RwLock;
 use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy};
 
@@ -27,7 +28,9 @@ use state::{Error, KernelState, Result};
 /// Message ids and the clock of a runtime.
 pub(crate) struct Ids {
     epoch: Instant,
-    next: AtomicU64,
+    /// Bumped by every send: on its own line so readers of `epoch` (every clock read) do not
+    /// pull the line away from senders.
+    next: CachePadded<AtomicU64>,
 }
 
 impl Ids {
@@ -179,7 +182,7 @@ impl RuntimeBuilder {
             core: Arc::new(RuntimeCore {
                 ids: Arc::new(Ids {
                     epoch: Instant::now(),
-                    next: AtomicU64::new(1),
+                    next: CachePadded::new(AtomicU64::new(1)),
                 }),
                 kernels: RwLock::new(HashMap::new()),
                 telemetry: self.telemetry,
