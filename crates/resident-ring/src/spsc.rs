@@ -19,7 +19,6 @@
 //! The types enforce one writer per index: [`Producer`] and [`Consumer`] are not `Clone`, and
 //! all their methods take `&mut self`.
 
-#[cfg(not(loom))]
 use core::marker::PhantomData;
 use core::mem::{align_of, size_of};
 
@@ -158,25 +157,12 @@ impl<T: Copy> Storage<T> {
             _t: PhantomData,
         }
     }
+    #[inline]
     fn header(&self) -> &RingHeader {
         // SAFETY: the memory is at least HEADER_BYTES, 128-aligned (checked in `with_memory`),
         // lives as long as `self`, and RingHeader is two atomics plus padding, valid for any
         // bit pattern.
         unsafe { &*self.header }
-    }
-    fn slot_ptr(&self, index: usize) -> *mut T {
-        // SAFETY: callers pass `index < capacity`; the memory holds `capacity` slots.
-        unsafe { self.slots.add(index) }
-    }
-    /// # Safety
-    /// The slot must be owned by the producer (between `tail` and `head + capacity`).
-    unsafe fn write(&self, index: usize, value: T) {
-        self.slot_ptr(index).write(value)
-    }
-    /// # Safety
-    /// The slot must be owned by the consumer (between `head` and `tail`) and initialized.
-    unsafe fn read(&self, index: usize) -> T {
-        self.slot_ptr(index).read()
     }
 }
 
@@ -188,12 +174,15 @@ struct Storage<T> {
 
 #[cfg(loom)]
 impl<T: Copy> Storage<T> {
+    #[inline]
     fn header(&self) -> &RingHeader {
         &self.header
     }
+    #[inline]
     unsafe fn write(&self, index: usize, value: T) {
         self.slots[index].with_mut(|p| *p = Some(value))
     }
+    #[inline]
     unsafe fn read(&self, index: usize) -> T {
         self.slots[index].with(|p| (*p).expect("read of an unwritten slot"))
     }
@@ -286,11 +275,13 @@ impl<T: Copy + Send> Ring<T> {
         let tail = ring.storage.header().tail.load(Ordering::Acquire);
         (
             Producer {
+                at: Access::of(&ring),
                 ring: ring.clone(),
                 tail,
                 cached_head: head,
             },
             Consumer {
+                at: Access::of(&ring),
                 ring,
                 head,
                 cached_tail: tail,
@@ -334,9 +325,75 @@ fn check_capacity<T>(capacity: usize) -> Result<(), RingError> {
     Ok(())
 }
 
+/// Where a half reads and writes: the ring's header and slots, mask and capacity.
+struct Access<T> {
+    #[cfg(not(loom))]
+    header: *const RingHeader,
+    #[cfg(not(loom))]
+    slots: *mut T,
+    mask: u64,
+    cap: u64,
+    _t: PhantomData<T>,
+}
+
+impl<T: Copy> Access<T> {
+    fn of(ring: &Ring<T>) -> Self {
+        Access {
+            #[cfg(not(loom))]
+            header: ring.storage.header,
+            #[cfg(not(loom))]
+            slots: ring.storage.slots,
+            mask: ring.mask,
+            cap: ring.capacity as u64,
+            _t: PhantomData,
+        }
+    }
+}
+
+// SAFETY: the pointers point into the ring's memory, which the half's `Arc<Ring>` keeps alive;
+// the protocol (one writer per index, release/acquire) makes moving a half across threads sound.
+unsafe impl<T: Copy + Send> Send for Producer<T> {}
+// SAFETY: as above.
+unsafe impl<T: Copy + Send> Send for Consumer<T> {}
+
+macro_rules! access_methods {
+    () => {
+        #[inline]
+        fn hdr(&self) -> &RingHeader {
+            #[cfg(not(loom))]
+            // SAFETY: the header lives as long as `self.ring` (see `Storage::header`).
+            return unsafe { &*self.at.header };
+            #[cfg(loom)]
+            return self.ring.storage.header();
+        }
+        /// # Safety
+        /// Slot `pos` must be owned by the caller's side (see the protocol above).
+        #[inline]
+        #[allow(dead_code)] // each half uses one of `put` / `get`
+        unsafe fn put(&self, pos: u64, v: T) {
+            #[cfg(not(loom))]
+            self.at.slots.add((pos & self.at.mask) as usize).write(v);
+            #[cfg(loom)]
+            self.ring.storage.write((pos & self.at.mask) as usize, v);
+        }
+        /// # Safety
+        /// Slot `pos` must be owned by the caller's side and initialized.
+        #[inline]
+        #[allow(dead_code)] // each half uses one of `put` / `get`
+        unsafe fn get(&self, pos: u64) -> T {
+            #[cfg(not(loom))]
+            return self.at.slots.add((pos & self.at.mask) as usize).read();
+            #[cfg(loom)]
+            return self.ring.storage.read((pos & self.at.mask) as usize);
+        }
+    };
+}
+
 /// The writing half of a ring. Exactly one exists per ring.
 pub struct Producer<T> {
     ring: Arc<Ring<T>>,
+    /// Copies of the ring's geometry and pointers, so the hot path makes one hop (as rtrb).
+    at: Access<T>,
     /// Our own `tail` (we are its only writer, so this copy is always exact).
     tail: u64,
     /// Last `head` we read; may be stale (too small), which only makes the ring look fuller.
@@ -344,42 +401,39 @@ pub struct Producer<T> {
 }
 
 impl<T: Copy + Send> Producer<T> {
+    access_methods!();
+
     /// Free slots, re-reading the consumer's index only if the cached one shows none free.
+    #[inline]
     fn free_slots(&mut self, want: usize) -> usize {
-        let cap = self.ring.capacity as u64;
+        let cap = self.at.cap;
         let mut free = cap - (self.tail - self.cached_head);
         if free < want as u64 {
             // Acquire: pairs with the consumer's Release store of head, so its reads of the
             // slots we are about to overwrite happened before our writes.
-            self.cached_head = self.ring.storage.header().head.load(Ordering::Acquire);
+            self.cached_head = self.hdr().head.load(Ordering::Acquire);
             free = cap - (self.tail - self.cached_head);
         }
         free as usize
     }
 
     /// Appends one value; hands it back when the ring is full.
+    #[inline]
     pub fn push(&mut self, value: T) -> Result<(), T> {
         if self.free_slots(1) == 0 {
             return Err(value);
         }
         // SAFETY: tail - head < capacity, so slot `tail` is not visible to the consumer.
-        unsafe {
-            self.ring
-                .storage
-                .write((self.tail & self.ring.mask) as usize, value)
-        };
+        unsafe { self.put(self.tail, value) };
         self.tail += 1;
         // Release: publishes the slot's bytes to the consumer's Acquire load of tail.
-        self.ring
-            .storage
-            .header()
-            .tail
-            .store(self.tail, Ordering::Release);
+        self.hdr().tail.store(self.tail, Ordering::Release);
         Ok(())
     }
 
     /// Appends as many leading values of `values` as fit, with one index publication for the
     /// whole batch. Returns how many were written.
+    #[inline]
     pub fn push_slice(&mut self, values: &[T]) -> usize {
         let n = self.free_slots(values.len()).min(values.len());
         if n == 0 {
@@ -387,19 +441,11 @@ impl<T: Copy + Send> Producer<T> {
         }
         for (i, v) in values[..n].iter().enumerate() {
             // SAFETY: the n slots after tail are free (checked above) and unseen by the consumer.
-            unsafe {
-                self.ring
-                    .storage
-                    .write(((self.tail + i as u64) & self.ring.mask) as usize, *v)
-            };
+            unsafe { self.put(self.tail + i as u64, *v) };
         }
         self.tail += n as u64;
         // Release: publishes all n slots at once.
-        self.ring
-            .storage
-            .header()
-            .tail
-            .store(self.tail, Ordering::Release);
+        self.hdr().tail.store(self.tail, Ordering::Release);
         n
     }
 
@@ -423,6 +469,8 @@ impl<T: Copy + Send> Producer<T> {
 /// The reading half of a ring. Exactly one exists per ring.
 pub struct Consumer<T> {
     ring: Arc<Ring<T>>,
+    /// Copies of the ring's geometry and pointers, so the hot path makes one hop (as rtrb).
+    at: Access<T>,
     /// Our own `head` (exact: we are its only writer).
     head: u64,
     /// Last `tail` we read; may be stale (too small), which only makes the ring look emptier.
@@ -430,36 +478,32 @@ pub struct Consumer<T> {
 }
 
 impl<T: Copy + Send> Consumer<T> {
+    access_methods!();
+
     /// Filled slots, re-reading the producer's index only if the cached one shows fewer than `want`.
+    #[inline]
     fn filled(&mut self, want: usize) -> usize {
         let mut filled = self.cached_tail - self.head;
         if filled < want as u64 {
             // Acquire: pairs with the producer's Release store of tail, so the slots' bytes
             // are visible before we read them.
-            self.cached_tail = self.ring.storage.header().tail.load(Ordering::Acquire);
+            self.cached_tail = self.hdr().tail.load(Ordering::Acquire);
             filled = self.cached_tail - self.head;
         }
         filled as usize
     }
 
     /// Removes the oldest value, if any.
+    #[inline]
     pub fn pop(&mut self) -> Option<T> {
         if self.filled(1) == 0 {
             return None;
         }
         // SAFETY: head < tail, so slot `head` was published by the producer and is ours.
-        let v = unsafe {
-            self.ring
-                .storage
-                .read((self.head & self.ring.mask) as usize)
-        };
+        let v = unsafe { self.get(self.head) };
         self.head += 1;
         // Release: our read of the slot happens before the producer may overwrite it.
-        self.ring
-            .storage
-            .header()
-            .head
-            .store(self.head, Ordering::Release);
+        self.hdr().head.store(self.head, Ordering::Release);
         Some(v)
     }
 
@@ -469,15 +513,12 @@ impl<T: Copy + Send> Consumer<T> {
             return None;
         }
         // SAFETY: as in `pop`; the slot stays ours until we advance head.
-        Some(unsafe {
-            self.ring
-                .storage
-                .read((self.head & self.ring.mask) as usize)
-        })
+        Some(unsafe { self.get(self.head) })
     }
 
     /// Moves up to `max` values to the end of `out`, with one index publication for the batch.
     /// Returns how many were moved.
+    #[inline]
     pub fn pop_into(&mut self, out: &mut Vec<T>, max: usize) -> usize {
         let n = self.filled(max).min(max);
         if n == 0 {
@@ -486,24 +527,17 @@ impl<T: Copy + Send> Consumer<T> {
         out.reserve(n);
         for i in 0..n as u64 {
             // SAFETY: the n slots after head were published by the producer.
-            out.push(unsafe {
-                self.ring
-                    .storage
-                    .read(((self.head + i) & self.ring.mask) as usize)
-            });
+            out.push(unsafe { self.get(self.head + i) });
         }
         self.head += n as u64;
         // Release: all n reads happen before the producer may reuse those slots.
-        self.ring
-            .storage
-            .header()
-            .head
-            .store(self.head, Ordering::Release);
+        self.hdr().head.store(self.head, Ordering::Release);
         n
     }
 
     /// Hands up to `max` values to `f` in order, with one index publication for the batch.
     /// Returns how many were handed over.
+    #[inline]
     pub fn pop_each(&mut self, max: usize, mut f: impl FnMut(T)) -> usize {
         let n = self.filled(max).min(max);
         if n == 0 {
@@ -512,19 +546,11 @@ impl<T: Copy + Send> Consumer<T> {
         for i in 0..n as u64 {
             // SAFETY: the n slots after head were published by the producer and stay ours
             // until the store of head below.
-            f(unsafe {
-                self.ring
-                    .storage
-                    .read(((self.head + i) & self.ring.mask) as usize)
-            });
+            f(unsafe { self.get(self.head + i) });
         }
         self.head += n as u64;
         // Release: all n reads happen before the producer may reuse those slots.
-        self.ring
-            .storage
-            .header()
-            .head
-            .store(self.head, Ordering::Release);
+        self.hdr().head.store(self.head, Ordering::Release);
         n
     }
 
