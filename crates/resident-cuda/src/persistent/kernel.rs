@@ -248,9 +248,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         }
         // The caller may be any thread (the runtime polls from its pump thread): make the
         // kernel's context current before the driver call.
-        if let Err(e) = self.ctx.bind() {
-            return Err(e);
-        }
+        self.ctx.bind()?;
         let stream = self.stream.as_ref().expect("stream is only taken in Drop");
         match stream.query() {
             Ok(StreamStatus::Busy) => Ok(()),

@@ -244,6 +244,23 @@ pub fn device_telemetry() -> Result<Vec<DeviceTelemetry>, String> {
     resident_cuda::telemetry::read_all().map_err(|e| e.to_string())
 }
 
+/// Resolves a runtime's backend request: `Auto` becomes CUDA when a device opens, else the CPU;
+/// an explicit `Cuda` request that cannot be met is a typed error saying why.
+pub(crate) fn resolve(b: Backend) -> crate::runtime::state::Result<Backend> {
+    use crate::runtime::state::Error;
+    match b {
+        Backend::Cpu => Ok(Backend::Cpu),
+        Backend::Cuda => open(Backend::Cuda)
+            .map(|_| Backend::Cuda)
+            .map_err(|e| Error::BackendUnavailable(e.to_string())),
+        Backend::Auto => Ok(if open(Backend::Cuda).is_ok() {
+            Backend::Cuda
+        } else {
+            Backend::Cpu
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,22 +302,5 @@ mod tests {
         if !resident_cuda::driver_present() {
             assert!(cuda.unavailable.as_deref().unwrap().contains("driver"));
         }
-    }
-}
-
-/// Resolves a runtime's backend request: `Auto` becomes CUDA when a device opens, else the CPU;
-/// an explicit `Cuda` request that cannot be met is a typed error saying why.
-pub(crate) fn resolve(b: Backend) -> crate::runtime::state::Result<Backend> {
-    use crate::runtime::state::Error;
-    match b {
-        Backend::Cpu => Ok(Backend::Cpu),
-        Backend::Cuda => open(Backend::Cuda)
-            .map(|_| Backend::Cuda)
-            .map_err(|e| Error::BackendUnavailable(e.to_string())),
-        Backend::Auto => Ok(if open(Backend::Cuda).is_ok() {
-            Backend::Cuda
-        } else {
-            Backend::Cpu
-        }),
     }
 }
