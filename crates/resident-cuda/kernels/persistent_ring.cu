@@ -237,14 +237,16 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
     __syncthreads();
     if (s_cmd == RESIDENT_CMD_EXIT) return;
 
-    bool idle_last = true;
     for (;;) {
         // ---- thread 0: control, then gather (highest lane first) ----
         if (tid == 0) {
             unsigned int cmd = RESIDENT_CMD_IDLE;
             unsigned int total = 0;
             unsigned long long now = resident_now_ns();
-            if (idle_last || o.run_state != RESIDENT_RUN_ACTIVE || now - o.last_check_ns >= p.control_poll_ns) {
+            // The control block is read on every poll only while not active (it is all the
+            // kernel waits for then); while active, at most every control_poll_ns, so a poll of
+            // an idle kernel costs one PCIe read (the lane tail), not four.
+            if (o.run_state != RESIDENT_RUN_ACTIVE || now - o.last_check_ns >= p.control_poll_ns) {
                 exit_state = resident_check_control(ctl, &o, now);
                 if (exit_state == 0)
                     resident_show_state(ctl, &o, o.run_state == RESIDENT_RUN_ACTIVE ? RESIDENT_DEV_RUNNING : RESIDENT_DEV_IDLE);
@@ -271,12 +273,11 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
             s_count = total;
             s_cmd = cmd;
             if (cmd == RESIDENT_CMD_IDLE) {
-                resident_publish_counters(ctl, &o);
+                // Counters are already current (published after every batch and at every
+                // control check): an idle poll writes nothing over PCIe.
                 resident_backoff(&o, p.max_backoff_ns);
-                idle_last = true;
             } else {
                 o.backoff_ns = RESIDENT_MIN_BACKOFF_NS;
-                idle_last = false;
                 batch_start = clock64();
             }
         }

@@ -4,7 +4,8 @@ use crate::error::{CudaError, Result};
 use crate::module::ModuleCache;
 use crate::result as r;
 use cudarc::driver::sys::CUdevice_attribute as A;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// What a device is and can do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,12 +87,111 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
     (0..n).map(device_info).collect()
 }
 
+/// The most kernels a device of compute capability 7.0 or newer runs concurrently.
+pub const CONCURRENT_KERNEL_LIMIT: usize = 128;
+
+/// Counts resident (persistent) kernels against a limit; lock-free.
+#[derive(Debug, Default)]
+pub struct ResidencyBudget {
+    resident: AtomicUsize,
+}
+
+impl ResidencyBudget {
+    /// Takes one place if fewer than `limit` are taken; else `Err(taken now)`.
+    pub fn try_take(&self, limit: usize) -> std::result::Result<usize, usize> {
+        // AcqRel/Acquire: a plain counter whose only readers are other `try_take`/`give`
+        // calls; the CAS makes check-and-increment one step so the limit is never passed.
+        self.resident
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .map(|n| n + 1)
+    }
+
+    /// Gives one place back.
+    pub fn give(&self) {
+        // AcqRel: pairs with `try_take`; saturates so a stray give cannot wrap.
+        let _ = self
+            .resident
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Places taken now.
+    pub fn taken(&self) -> usize {
+        self.resident.load(Ordering::Acquire)
+    }
+}
+
+/// What every [`Device`] value of one ordinal shares: whether a fault has poisoned the context,
+/// and the resident-kernel budget.
+#[derive(Debug, Default)]
+pub(crate) struct DeviceShared {
+    lost: OnceLock<String>,
+    pub(crate) residency: ResidencyBudget,
+}
+
+/// Per ordinal: the shared state of the live `Device`s, and whether the context must be reset
+/// before the next open because a fault poisoned it.
+#[derive(Default)]
+struct RegistrySlot {
+    shared: Weak<DeviceShared>,
+    reset_pending: bool,
+}
+
+fn registry() -> &'static Mutex<Vec<RegistrySlot>> {
+    static REGISTRY: OnceLock<Mutex<Vec<RegistrySlot>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// What `open` should do with an ordinal's registry slot.
+#[derive(Debug, PartialEq, Eq)]
+enum SlotDecision {
+    /// Devices of the ordinal are alive and healthy: share their state.
+    Share,
+    /// Devices of the ordinal are alive but lost: refuse.
+    Lost(String),
+    /// None alive: start fresh (after resetting the context when `reset` is set).
+    Fresh {
+        /// A fault poisoned the context the last devices used.
+        reset: bool,
+    },
+}
+
+fn decide(slot: &RegistrySlot) -> SlotDecision {
+    match slot.shared.upgrade() {
+        Some(s) => match s.lost.get() {
+            Some(reason) => SlotDecision::Lost(reason.clone()),
+            None => SlotDecision::Share,
+        },
+        None => SlotDecision::Fresh {
+            reset: slot.reset_pending,
+        },
+    }
+}
+
 /// An opened device: holds its primary context (released on drop) and the modules loaded in it.
+///
+/// Every `Device` of one ordinal shares one record of whether a device fault poisoned the
+/// context ([`Device::mark_lost`]) and one resident-kernel budget
+/// ([`Device::reserve_resident`]).
 pub struct Device {
     raw: r::CUdevice,
     ctx: r::CUcontext,
     info: DeviceInfo,
     pub(crate) modules: ModuleCache,
+    shared: Arc<DeviceShared>,
+}
+
+/// One resident kernel's place in its device's budget; given back on drop.
+#[derive(Debug)]
+pub struct ResidentSlot {
+    shared: Arc<DeviceShared>,
+}
+
+impl Drop for ResidentSlot {
+    fn drop(&mut self) {
+        self.shared.residency.give();
+    }
 }
 
 // SAFETY: a CUDA context may be used from any thread once made current there; every method
@@ -108,24 +208,116 @@ impl std::fmt::Debug for Device {
 
 impl Device {
     /// Opens device `ordinal` (retains its primary context).
+    ///
+    /// After a device fault ([`CudaError::DeviceLost`]) this fails with that error while any
+    /// `Device` from before the fault is alive; once all are dropped it resets the poisoned
+    /// context and opens a fresh one.
     pub fn open(ordinal: usize) -> Result<Arc<Device>> {
         let info = device_info(ordinal)?;
         let raw = r::device_get(ordinal)?;
+        let shared = {
+            let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+            if reg.len() <= ordinal {
+                reg.resize_with(ordinal + 1, RegistrySlot::default);
+            }
+            let slot = &mut reg[ordinal];
+            match decide(slot) {
+                SlotDecision::Share => slot.shared.upgrade().expect("checked alive above"),
+                SlotDecision::Lost(reason) => {
+                    return Err(CudaError::DeviceLost { ordinal, reason })
+                }
+                SlotDecision::Fresh { reset } => {
+                    if reset {
+                        // SAFETY: no `Device` of this ordinal is alive (the weak reference is
+                        // dead), so no owner of this crate refers to the poisoned context. A
+                        // failed reset shows up as an error on the first call that follows.
+                        let _ = unsafe { r::primary_ctx_reset(raw) };
+                        slot.reset_pending = false;
+                    }
+                    let s = Arc::new(DeviceShared::default());
+                    slot.shared = Arc::downgrade(&s);
+                    s
+                }
+            }
+        };
         let ctx = r::primary_ctx_retain(raw)?;
         let dev = Device {
             raw,
             ctx,
             info,
             modules: ModuleCache::default(),
+            shared,
         };
         dev.bind()?;
         Ok(Arc::new(dev))
     }
 
     /// Makes this device's context current on the calling thread (cheap; done before every call).
+    /// A lost device ([`Device::mark_lost`]) answers [`CudaError::DeviceLost`], so owners skip
+    /// freeing what the fault already destroyed.
     pub fn bind(&self) -> Result<()> {
+        if let Some(reason) = self.shared.lost.get() {
+            return Err(CudaError::DeviceLost {
+                ordinal: self.info.ordinal,
+                reason: reason.clone(),
+            });
+        }
         // SAFETY: `ctx` is retained until drop.
         unsafe { r::ctx_set_current(self.ctx) }
+    }
+
+    /// Records that a device fault poisoned this device's context. Every `Device` of the
+    /// ordinal then answers [`CudaError::DeviceLost`]; the context is reset on the next
+    /// [`Device::open`] after all of them are dropped. The first reason sticks.
+    pub fn mark_lost(&self, reason: impl Into<String>) {
+        let _ = self.shared.lost.set(reason.into());
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = reg.get_mut(self.info.ordinal) {
+            slot.reset_pending = true;
+        }
+    }
+
+    /// Why the device was lost, if it was.
+    pub fn lost_reason(&self) -> Option<&str> {
+        self.shared.lost.get().map(String::as_str)
+    }
+
+    /// Passes `r` through; a sticky error (a device fault) marks the device lost first.
+    pub fn watch<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            if e.is_sticky() && !matches!(e, CudaError::DeviceLost { .. }) {
+                self.mark_lost(e.to_string());
+            }
+        }
+        r
+    }
+
+    /// The most resident kernels this device keeps co-resident: one per SM (each resident
+    /// kernel is a single block that fits on an empty SM, so this many always run together),
+    /// and never more than [`CONCURRENT_KERNEL_LIMIT`].
+    pub fn resident_limit(&self) -> usize {
+        (self.info.sm_count as usize).clamp(1, CONCURRENT_KERNEL_LIMIT)
+    }
+
+    /// Takes a place for one resident kernel, or fails with
+    /// [`CudaError::ResidencyExceeded`] when the device is at [`Device::resident_limit`].
+    pub fn reserve_resident(&self) -> Result<ResidentSlot> {
+        let limit = self.resident_limit();
+        match self.shared.residency.try_take(limit) {
+            Ok(_) => Ok(ResidentSlot {
+                shared: self.shared.clone(),
+            }),
+            Err(resident) => Err(CudaError::ResidencyExceeded {
+                ordinal: self.info.ordinal,
+                resident,
+                limit,
+            }),
+        }
+    }
+
+    /// Resident kernels on this device now.
+    pub fn resident_kernels(&self) -> usize {
+        self.shared.residency.taken()
     }
 
     pub(crate) fn ctx(&self) -> r::CUcontext {
@@ -140,7 +332,7 @@ impl Device {
     /// Waits until all work of this context finished.
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
-        cudarc::driver::result::ctx::synchronize().map_err(r::drv("cuCtxSynchronize"))
+        self.watch(cudarc::driver::result::ctx::synchronize().map_err(r::drv("cuCtxSynchronize")))
     }
 }
 
@@ -150,5 +342,58 @@ impl Drop for Device {
         // SAFETY: pairs with the retain in `open`; every owner that used the context holds an
         // `Arc<Device>`, so none is left.
         let _ = unsafe { r::primary_ctx_release(self.raw) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residency_budget_never_passes_its_limit() {
+        let b = ResidencyBudget::default();
+        assert_eq!(b.try_take(2), Ok(1));
+        assert_eq!(b.try_take(2), Ok(2));
+        assert_eq!(b.try_take(2), Err(2));
+        b.give();
+        assert_eq!(b.taken(), 1);
+        assert_eq!(b.try_take(2), Ok(2));
+        b.give();
+        b.give();
+        b.give(); // a stray give saturates at zero
+        assert_eq!(b.taken(), 0);
+    }
+
+    #[test]
+    fn residency_budget_under_contention() {
+        let b = Arc::new(ResidencyBudget::default());
+        let wins: usize = (0..8)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || (0..1000).filter(|_| b.try_take(100).is_ok()).count())
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .sum();
+        assert_eq!(wins, 100);
+        assert_eq!(b.taken(), 100);
+    }
+
+    #[test]
+    fn registry_decisions() {
+        let mut slot = RegistrySlot::default();
+        assert_eq!(decide(&slot), SlotDecision::Fresh { reset: false });
+        let live = Arc::new(DeviceShared::default());
+        slot.shared = Arc::downgrade(&live);
+        assert_eq!(decide(&slot), SlotDecision::Share);
+        let _ = live.lost.set("CUDA_ERROR_ILLEGAL_ADDRESS".into());
+        slot.reset_pending = true;
+        assert_eq!(
+            decide(&slot),
+            SlotDecision::Lost("CUDA_ERROR_ILLEGAL_ADDRESS".into())
+        );
+        drop(live);
+        assert_eq!(decide(&slot), SlotDecision::Fresh { reset: true });
     }
 }

@@ -66,6 +66,27 @@ pub enum CudaError {
         /// NVML's error.
         message: String,
     },
+    /// A device fault (trap, illegal address, ...) poisoned the device's CUDA context: every
+    /// kernel, buffer and stream made on it before the fault is gone. The device opens again once
+    /// every object from before the fault has been dropped (the context is then reset).
+    #[error("CUDA device {ordinal} was lost to a device fault ({reason}); drop every kernel and buffer made on it before the fault, then open it again")]
+    DeviceLost {
+        /// The device.
+        ordinal: usize,
+        /// The fault, as the driver reported it.
+        reason: String,
+    },
+    /// Launching one more resident (persistent) kernel could leave some of them unable to run,
+    /// because not all of them would be co-resident on the device.
+    #[error("CUDA device {ordinal} already holds {resident} resident kernels, its limit (one per SM, at most the device's concurrent-kernel limit) is {limit}")]
+    ResidencyExceeded {
+        /// The device.
+        ordinal: usize,
+        /// Resident kernels now.
+        resident: usize,
+        /// The most this device keeps co-resident.
+        limit: usize,
+    },
     /// A caller passed a value the call cannot accept.
     #[error("invalid argument to {call}: {reason}")]
     InvalidArgument {
@@ -76,7 +97,31 @@ pub enum CudaError {
     },
 }
 
+/// Driver errors after which the context is unusable ("sticky": every later call in the
+/// context fails with the same error until it is reset).
+const STICKY_CODES: &[&str] = &[
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+];
+
 impl CudaError {
+    /// Whether this error poisoned the context (a device fault; see [`CudaError::DeviceLost`]).
+    pub fn is_sticky(&self) -> bool {
+        match self {
+            CudaError::Driver { code, .. } => STICKY_CODES.iter().any(|c| code == c),
+            CudaError::DeviceLost { .. } => true,
+            _ => false,
+        }
+    }
+
     pub(crate) fn invalid(call: &'static str, reason: impl Into<String>) -> Self {
         CudaError::InvalidArgument {
             call,
@@ -87,3 +132,32 @@ impl CudaError {
 
 /// Result of this crate.
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn driver(code: &str) -> CudaError {
+        CudaError::Driver {
+            call: "cuStreamQuery",
+            code: code.into(),
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn faults_are_sticky_other_errors_are_not() {
+        assert!(driver("CUDA_ERROR_ILLEGAL_ADDRESS").is_sticky());
+        assert!(driver("CUDA_ERROR_LAUNCH_FAILED").is_sticky());
+        assert!(driver("CUDA_ERROR_ILLEGAL_INSTRUCTION").is_sticky());
+        assert!(!driver("CUDA_ERROR_OUT_OF_MEMORY").is_sticky());
+        assert!(!driver("CUDA_ERROR_NOT_READY").is_sticky());
+        assert!(!CudaError::NoDevice.is_sticky());
+        // The code strings are the CUresult names as cudarc prints them.
+        let name = format!(
+            "{:?}",
+            cudarc::driver::sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+        );
+        assert!(driver(&name).is_sticky());
+    }
+}

@@ -31,7 +31,10 @@ pub mod stream;
 pub mod telemetry;
 
 pub use cache::{CacheKey, CacheOutcome, KernelCache};
-pub use device::{device_count, device_info, devices, Device, DeviceInfo};
+pub use device::{
+    device_count, device_info, devices, Device, DeviceInfo, ResidencyBudget, ResidentSlot,
+    CONCURRENT_KERNEL_LIMIT,
+};
 pub use error::{CudaError, Result};
 pub use launch::LaunchConfig;
 pub use memory::DeviceBuffer;
@@ -40,7 +43,7 @@ pub use nvrtc::{compile_ptx, nvrtc_present, nvrtc_version, CompileOptions};
 pub use overlap::{DoubleBuffer, PipelineTiming};
 pub use pinned::{PinnedBuffer, PinnedMemory, PINNED_FLAGS};
 pub use result::{driver_present, driver_version};
-pub use stream::{Event, Stream};
+pub use stream::{Event, Graph, Stream};
 pub use telemetry::{DeviceTelemetry, Telemetry};
 
 /// Why CUDA cannot be used here, or `None` when a device opens. Never panics.

@@ -112,6 +112,42 @@ impl DeviceBuffer {
     }
 }
 
+impl DeviceBuffer {
+    fn check_prefix(&self, call: &'static str, n: usize) -> Result<()> {
+        if n > self.bytes {
+            return Err(CudaError::invalid(
+                call,
+                format!("{n} bytes do not fit a {}-byte device buffer", self.bytes),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Queues a copy of `src` into the first `src.len()` bytes (at most `len()`) on `stream`.
+    ///
+    /// # Safety
+    /// As [`DeviceBuffer::copy_from_host_async`].
+    pub unsafe fn copy_prefix_from_host_async(
+        &mut self,
+        src: &[u8],
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_prefix("cuMemcpyHtoDAsync", src.len())?;
+        self.device.bind()?;
+        r::memcpy_htod_async(self.ptr, src.as_ptr().cast(), src.len(), stream.raw())
+    }
+
+    /// Queues a copy of the first `dst.len()` bytes (at most `len()`) into `dst` on `stream`.
+    ///
+    /// # Safety
+    /// As [`DeviceBuffer::copy_to_host_async`].
+    pub unsafe fn copy_prefix_to_host_async(&self, dst: &mut [u8], stream: &Stream) -> Result<()> {
+        self.check_prefix("cuMemcpyDtoHAsync", dst.len())?;
+        self.device.bind()?;
+        r::memcpy_dtoh_async(dst.as_mut_ptr().cast(), self.ptr, dst.len(), stream.raw())
+    }
+}
+
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if self.device.bind().is_ok() {

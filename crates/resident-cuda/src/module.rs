@@ -241,6 +241,19 @@ impl Function {
         unsafe { r::occupancy_max_potential_block_size(self.raw, dynamic_shared_bytes, 0) }
     }
 
+    /// Blocks of `block` threads (with `dynamic_shared_bytes` of dynamic shared memory) that
+    /// one SM holds at once; 0 when such a block does not fit at all.
+    pub fn max_active_blocks_per_sm(&self, block: u32, dynamic_shared_bytes: usize) -> Result<u32> {
+        self.device.bind()?;
+        // SAFETY: `raw` is live while `_module` is held.
+        unsafe { r::occupancy_max_active_blocks(self.raw, block, dynamic_shared_bytes) }
+    }
+
+    /// The device the kernel was loaded on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
     /// Resolves an element-count launch with the occupancy calculator (explicit launches pass
     /// through unchanged).
     pub fn resolve(&self, cfg: LaunchConfig) -> Result<LaunchConfig> {

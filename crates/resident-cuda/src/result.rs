@@ -368,3 +368,94 @@ pub unsafe fn launch_kernel(
     cudarc::driver::result::launch_kernel(f, grid, block, shared_bytes, stream, params)
         .map_err(drv("cuLaunchKernel"))
 }
+
+/// Destroys every allocation, module and stream of the device's primary context and resets its
+/// state, so a context poisoned by a sticky device fault becomes usable again.
+///
+/// # Safety
+/// No live owner of this crate may still refer to anything in that context (see
+/// [`crate::Device::mark_lost`]).
+pub unsafe fn primary_ctx_reset(dev: CUdevice) -> Result<()> {
+    sys::cuDevicePrimaryCtxReset_v2(dev)
+        .result()
+        .map_err(drv("cuDevicePrimaryCtxReset"))
+}
+
+/// Polls a stream: `Ok(true)` when all its work finished, `Ok(false)` while some still runs.
+/// A device fault comes back as the error the fault left in the context.
+///
+/// # Safety
+/// `stream` is live and its context current.
+pub unsafe fn stream_query(stream: CUstream) -> Result<bool> {
+    match sys::cuStreamQuery(stream) {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        e => Err(drv("cuStreamQuery")(DriverError(e))),
+    }
+}
+
+/// Blocks of `f` with `block` threads and `dynamic_smem` bytes that one SM can hold at once.
+///
+/// # Safety
+/// `f` is live.
+pub unsafe fn occupancy_max_active_blocks(
+    f: CUfunction,
+    block: u32,
+    dynamic_smem: usize,
+) -> Result<u32> {
+    cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
+        f,
+        block as i32,
+        dynamic_smem,
+    )
+    .map(|n| n.max(0) as u32)
+    .map_err(drv("cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+}
+
+/// Starts capturing the work queued on `stream` (this thread's calls only) into a graph.
+///
+/// # Safety
+/// `stream` is live and not the legacy default stream.
+pub unsafe fn stream_begin_capture(stream: CUstream) -> Result<()> {
+    cudarc::driver::result::stream::begin_capture(
+        stream,
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    )
+    .map_err(drv("cuStreamBeginCapture"))
+}
+
+/// Ends a capture begun with [`stream_begin_capture`]; returns the captured graph.
+///
+/// # Safety
+/// `stream` is capturing.
+pub unsafe fn stream_end_capture(stream: CUstream) -> Result<sys::CUgraph> {
+    cudarc::driver::result::stream::end_capture(stream).map_err(drv("cuStreamEndCapture"))
+}
+
+/// Instantiates a graph for launching.
+///
+/// # Safety
+/// `graph` is live.
+pub unsafe fn graph_instantiate(graph: sys::CUgraph) -> Result<sys::CUgraphExec> {
+    cudarc::driver::result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0))
+        .map_err(drv("cuGraphInstantiate"))
+}
+
+/// Launches an instantiated graph on a stream.
+///
+/// # Safety
+/// Both handles are live.
+pub unsafe fn graph_launch(exec: sys::CUgraphExec, stream: CUstream) -> Result<()> {
+    cudarc::driver::result::graph::launch(exec, stream).map_err(drv("cuGraphLaunch"))
+}
+
+/// Destroys a graph and (when non-null) its instantiation.
+///
+/// # Safety
+/// Both handles are live (or `exec` null) and destroyed once.
+pub unsafe fn graph_destroy(graph: sys::CUgraph, exec: Option<sys::CUgraphExec>) -> Result<()> {
+    if let Some(e) = exec {
+        cudarc::driver::result::graph::exec_destroy(e).map_err(drv("cuGraphExecDestroy"))?;
+    }
+    cudarc::driver::result::graph::destroy(graph).map_err(drv("cuGraphDestroy"))
+}

@@ -49,7 +49,42 @@ impl Stream {
     pub fn synchronize(&self) -> Result<()> {
         self.device.bind()?;
         // SAFETY: `raw` is live until drop.
-        unsafe { r::stream_synchronize(self.raw) }
+        self.device
+            .watch(unsafe { r::stream_synchronize(self.raw) })
+    }
+
+    /// Whether everything queued on the stream has finished (`false` while work still runs),
+    /// without waiting. A device fault comes back as an error and marks the device lost.
+    pub fn query(&self) -> Result<bool> {
+        self.device.bind()?;
+        // SAFETY: `raw` is live until drop; the context is current.
+        self.device.watch(unsafe { r::stream_query(self.raw) })
+    }
+
+    /// Captures what `record` queues on this stream (from this thread) into a graph and
+    /// instantiates it, for replay with [`Graph::launch`].
+    pub fn capture(&self, record: impl FnOnce(&Stream) -> Result<()>) -> Result<Graph> {
+        self.device.bind()?;
+        // SAFETY: `raw` is a live stream of the current context, not the legacy default stream.
+        unsafe { r::stream_begin_capture(self.raw)? };
+        let recorded = record(self);
+        // SAFETY: ends the capture begun above, whatever `record` did.
+        let graph = unsafe { r::stream_end_capture(self.raw) };
+        recorded?;
+        let graph = graph?;
+        // SAFETY: `graph` was just captured.
+        match unsafe { r::graph_instantiate(graph) } {
+            Ok(exec) => Ok(Graph {
+                graph,
+                exec,
+                device: self.device.clone(),
+            }),
+            Err(e) => {
+                // SAFETY: destroys the graph we own, once.
+                let _ = unsafe { r::graph_destroy(graph, None) };
+                Err(e)
+            }
+        }
     }
 
     /// Makes work queued later on this stream wait for `event`.
@@ -110,7 +145,7 @@ impl Event {
     pub fn synchronize(&self) -> Result<()> {
         self.device.bind()?;
         // SAFETY: live.
-        unsafe { r::event_synchronize(self.raw) }
+        self.device.watch(unsafe { r::event_synchronize(self.raw) })
     }
 
     /// Milliseconds from `self` to `end` (both recorded; waits for `end`).
@@ -126,6 +161,35 @@ impl Drop for Event {
         if self.device.bind().is_ok() {
             // SAFETY: created in `new`, destroyed once.
             let _ = unsafe { r::event_destroy(self.raw) };
+        }
+    }
+}
+
+/// A captured, instantiated CUDA graph ([`Stream::capture`]), destroyed on drop.
+pub struct Graph {
+    graph: cudarc::driver::sys::CUgraph,
+    exec: cudarc::driver::sys::CUgraphExec,
+    device: Arc<Device>,
+}
+
+// SAFETY: graph handles may be used from any thread with their context current; every method
+// binds it first.
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// Queues one replay of the graph on `stream`.
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: both handles are live.
+        unsafe { r::graph_launch(self.exec, stream.raw()) }
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: owned handles, destroyed once.
+            let _ = unsafe { r::graph_destroy(self.graph, Some(self.exec)) };
         }
     }
 }

@@ -220,11 +220,13 @@ fn terminate_reports_what_was_left() {
 #[test]
 fn heartbeat_keeps_alive_and_its_absence_stops_the_device() {
     let q = PersistentQueues::<u64, u64>::on_heap(cfg(1, 8, 8)).unwrap();
-    q.set_heartbeat_timeout(Some(Duration::from_millis(40)));
+    // A timeout far above the beat period: on a loaded 2-core machine the beating thread can
+    // be descheduled for tens of milliseconds.
+    q.set_heartbeat_timeout(Some(Duration::from_millis(300)));
     let dev = EmulatedDevice::spawn(q.device_view(), opts(8), double).unwrap();
     q.activate();
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(200) {
+    while start.elapsed() < Duration::from_millis(900) {
         q.heartbeat();
         std::thread::sleep(Duration::from_millis(5));
     }

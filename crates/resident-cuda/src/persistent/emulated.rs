@@ -2,7 +2,8 @@
 //! memory the GPU would use, following the same steps as the CUDA template
 //! (`kernels/persistent_ring.cu`) so the host protocol is tested without a GPU:
 //!
-//! 1. check the control block (every idle poll, and at least every `control_poll` while busy):
+//! 1. check the control block (every poll while not active; while active, every
+//!    `control_poll`, busy or idle):
 //!    run state, heartbeat (exit after `heartbeat_timeout_ns` without a change), terminate;
 //! 2. gather up to `batch_size` slots, highest lane first, re-reading a lane's `tail` (Acquire)
 //!    only when its cached copy shows the lane empty;
@@ -259,11 +260,10 @@ where
             taken[l] = take;
         }
         if batch.is_empty() {
-            // Going idle: make the counters exact for anyone watching, then back off.
-            publish_counters(processed, batches, busy_ns, undelivered);
+            // Idle: the counters are already current (published after every batch and at every
+            // control check), and the control block waits for its `control_poll` turn, so an
+            // idle poll reads one index per lane and writes nothing, as on the GPU.
             idle_wait(&mut backoff, opt.max_backoff);
-            // Idle polls check the control block every time.
-            last_check = None;
             continue;
         }
         backoff = Duration::from_nanos(64);

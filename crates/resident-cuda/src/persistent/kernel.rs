@@ -6,26 +6,25 @@
 //! Nothing here runs without a GPU: every entry point returns
 //! [`PersistentError::DriverUnavailable`] / [`PersistentError::NvrtcUnavailable`] instead.
 
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
-use cudarc::driver::sys;
 use resident_ring::spsc::RingMemory;
 use resident_ring::{Envelope, Slot};
 
 use super::control::{ControlBlock, DeviceCounters, DeviceState};
-use super::driver::{
-    self, Context, DeviceBuffer, GraphExec, MappedHostMemory, Module, Stream, StreamStatus,
-};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::template::{
     compile_ptx, KernelSource, PersistentParams, BATCH_KERNEL_NAME, PERSISTENT_KERNEL_NAME,
 };
-use super::{PersistentError, SharedMemory, MAX_LANES};
+use super::{PersistentError, SharedMemory};
+use crate::{
+    CacheKey, CudaError, Device, DeviceBuffer, Function, Graph, KernelCache, KernelParams,
+    LaunchConfig, PinnedMemory, ResidentSlot, Stream,
+};
 
 /// How to launch a persistent kernel.
 #[derive(Clone, Debug)]
@@ -38,9 +37,13 @@ pub struct LaunchOptions {
     pub queues: QueueConfig,
     /// The kernel exits when the host's heartbeat thread stops for this long.
     pub heartbeat_timeout: Duration,
-    /// Longest idle `__nanosleep`.
+    /// Longest idle `__nanosleep` between two polls of the input lanes. Each poll already
+    /// costs one PCIe read (about 0.6-1 us), and a message that lands while the kernel sleeps
+    /// waits on average half of this, so it is kept well under a microsecond.
     pub max_backoff_ns: u32,
-    /// Longest time between control checks while busy.
+    /// Longest time between two reads of the control block (activate, deactivate, terminate,
+    /// heartbeat) while the kernel is active. Lane polls do not read it, so a message arriving
+    /// at an idle kernel pays one PCIe read, not four.
     pub control_poll: Duration,
     /// How long `launch` waits for the kernel to report that it is resident.
     pub start_timeout: Duration,
@@ -57,11 +60,35 @@ impl Default for LaunchOptions {
                 out_capacity: 4096,
             },
             heartbeat_timeout: Duration::from_secs(2),
-            max_backoff_ns: 2_000,
-            control_poll: Duration::from_micros(100),
+            max_backoff_ns: 256,
+            control_poll: Duration::from_micros(50),
             start_timeout: Duration::from_secs(10),
         }
     }
+}
+
+/// Maps the CUDA layer's errors: a missing driver, NVRTC or device become the "unavailable"
+/// variants (what callers test for to skip), everything else stays typed in
+/// [`PersistentError::Cuda`].
+pub(crate) fn cuda_error(e: CudaError) -> PersistentError {
+    match e {
+        CudaError::DriverNotFound | CudaError::NoDevice | CudaError::DeviceOutOfRange { .. } => {
+            PersistentError::DriverUnavailable(e.to_string())
+        }
+        CudaError::NvrtcNotFound => PersistentError::NvrtcUnavailable(e.to_string()),
+        e => PersistentError::Cuda(e),
+    }
+}
+
+/// Opens device `ordinal` for persistent kernels (it must map host memory).
+fn open_device(ordinal: usize) -> Result<Arc<Device>, PersistentError> {
+    let device = Device::open(ordinal).map_err(cuda_error)?;
+    if !device.info().can_map_host_memory {
+        return Err(PersistentError::DriverUnavailable(format!(
+            "device {ordinal} cannot map host memory"
+        )));
+    }
+    Ok(device)
 }
 
 fn check_sizes<In, Out>(source: &KernelSource) -> Result<(), PersistentError> {
@@ -81,30 +108,63 @@ fn check_sizes<In, Out>(source: &KernelSource) -> Result<(), PersistentError> {
     Ok(())
 }
 
-/// Compiles, loads and checks the module; returns it with the function `name`.
+/// Compiles `source` (through the on-disk kernel cache when it can be opened, and the device's
+/// module cache), loads it and returns the function `name`, checked to fit on one SM.
 fn load(
-    ctx: &Arc<Context>,
+    device: &Arc<Device>,
     source: &KernelSource,
     arch: Option<&str>,
     name: &str,
-) -> Result<(Module, sys::CUfunction), PersistentError> {
+) -> Result<Function, PersistentError> {
     let arch = match arch {
         Some(a) => a.to_string(),
-        None => ctx.arch()?,
+        None => device.info().arch(),
     };
-    let compiled = compile_ptx(source, &arch)?;
-    let module = Module::load_ptx(ctx, &compiled.ptx)?;
-    let f = module.function(name)?;
-    if driver::max_blocks_per_sm(f, source.batch_size)? < 1 {
+    let text = source.render()?;
+    let key = CacheKey::new(
+        &text,
+        &["resident-persistent".to_string()],
+        &arch,
+        device.info().driver_version,
+    );
+    let mut failed: Option<PersistentError> = None;
+    let mut build = || {
+        compile_ptx(source, &arch).map(|k| k.ptx).map_err(|e| {
+            failed = Some(e);
+            CudaError::invalid("nvrtcCompileProgram", "the kernel did not compile")
+        })
+    };
+    let ptx = match KernelCache::from_env() {
+        Ok(cache) => cache.get_or_build(&key, build).map(|(ptx, _)| ptx),
+        Err(_) => build(),
+    };
+    let ptx = match ptx {
+        Ok(p) => p,
+        Err(e) => return Err(failed.take().unwrap_or_else(|| cuda_error(e))),
+    };
+    let module = device.load_ptx(key.0, &ptx).map_err(cuda_error)?;
+    let f = device.function(&module, name).map_err(cuda_error)?;
+    if f.max_active_blocks_per_sm(source.batch_size, 0)
+        .map_err(cuda_error)?
+        < 1
+    {
         return Err(PersistentError::Config(format!(
             "kernel `{}`: a block of {} threads does not fit on one SM",
             source.name, source.batch_size
         )));
     }
-    Ok((module, f))
+    Ok(f)
 }
 
 /// A persistent ring kernel resident on a GPU.
+///
+/// Residency: each kernel is one block on its own non-blocking stream, and takes one place in
+/// its device's budget ([`Device::reserve_resident`]): `launch` refuses with
+/// [`CudaError::ResidencyExceeded`] (inside [`PersistentError::Cuda`]) rather than start a
+/// kernel that might never be scheduled. Faults: a trap or illegal access in any kernel
+/// poisons the device's context; every kernel on it then reports
+/// [`PersistentError::DeviceFault`], and the device opens again (fresh context) once all of
+/// them are dropped.
 pub struct PersistentKernel<In: Pod + Send, Out: Pod + Send> {
     name: String,
     // Fields are `Option` so `Drop` can leak them when the kernel would not exit (freeing memory
@@ -112,9 +172,10 @@ pub struct PersistentKernel<In: Pod + Send, Out: Pod + Send> {
     queues: Option<PersistentQueues<In, Out>>,
     state: Option<DeviceBuffer>,
     stream: Option<Stream>,
-    module: Option<Module>,
+    function: Option<Function>,
+    residency: Option<ResidentSlot>,
     heartbeat: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
-    ctx: Arc<Context>,
+    device: Arc<Device>,
     heartbeat_timeout: Duration,
     exited: bool,
     fault: Option<String>,
@@ -146,13 +207,19 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             )));
         }
         opts.queues.validate()?;
-        let ctx = Context::new(opts.device)?;
-        let (module, f) = load(&ctx, source, opts.arch.as_deref(), PERSISTENT_KERNEL_NAME)?;
+        let device = open_device(opts.device)?;
+        let function = load(
+            &device,
+            source,
+            opts.arch.as_deref(),
+            PERSISTENT_KERNEL_NAME,
+        )?;
+        let residency = device.reserve_resident().map_err(cuda_error)?;
 
         // Allocation order in `with_allocator`: control block, lanes 0.., output ring.
         let mut device_ptrs = Vec::new();
         let queues = PersistentQueues::<In, Out>::with_allocator(opts.queues, &mut |len| {
-            let m = MappedHostMemory::new(&ctx, len)?;
+            let m = PinnedMemory::new(&device, len).map_err(cuda_error)?;
             device_ptrs.push(m.device_ptr());
             Ok(Arc::new(m) as Arc<dyn RingMemory>)
         })?;
@@ -162,14 +229,19 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 "unexpected allocation order".into(),
             ));
         }
-        let state = DeviceBuffer::new(&ctx, initial_state.len())?;
-        state.write(initial_state)?;
-        let stream = Stream::new(&ctx)?;
+        let mut state =
+            DeviceBuffer::alloc(&device, initial_state.len().max(1)).map_err(cuda_error)?;
+        if !initial_state.is_empty() {
+            let mut bytes = initial_state.to_vec();
+            bytes.resize(state.len(), 0);
+            state.copy_from_host(&bytes).map_err(cuda_error)?;
+        }
+        let stream = Stream::new(&device).map_err(cuda_error)?;
 
         let mut params = PersistentParams {
             out: device_ptrs[lanes + 1],
             control: device_ptrs[0],
-            state: state.ptr,
+            state: state.device_ptr(),
             lane_count: lanes as u32,
             lane_capacity: opts.queues.lane_capacity as u32,
             out_capacity: opts.queues.out_capacity as u32,
@@ -178,25 +250,27 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             ..Default::default()
         };
         params.lanes[..lanes].copy_from_slice(&device_ptrs[1..=lanes]);
-        debug_assert!(lanes <= MAX_LANES);
 
         queues.set_heartbeat_timeout(Some(opts.heartbeat_timeout));
         queues.heartbeat();
 
-        let mut args = [&mut params as *mut PersistentParams as *mut c_void];
-        // SAFETY: `f` is `resident_persistent(PersistentParams)`; the driver copies the argument
-        // at launch. Every address inside points at memory this value owns and frees only
-        // after the kernel has exited (or leaks, see Drop).
-        unsafe { driver::launch(f, source.batch_size, &stream, &mut args)? };
+        let mut args = KernelParams::new();
+        args.push(params).map_err(cuda_error)?;
+        // SAFETY: `function` is `resident_persistent(PersistentParams)` and `args` holds exactly
+        // that struct (the driver copies it at launch). Every address inside points at memory
+        // this value owns and frees only after the kernel has exited (or leaks, see Drop).
+        unsafe { function.launch(LaunchConfig::new(1, source.batch_size), &stream, &mut args) }
+            .map_err(cuda_error)?;
 
         let mut k = PersistentKernel {
             name: source.name.clone(),
             queues: Some(queues),
             state: Some(state),
             stream: Some(stream),
-            module: Some(module),
+            function: Some(function),
+            residency: Some(residency),
             heartbeat: None,
-            ctx,
+            device,
             heartbeat_timeout: opts.heartbeat_timeout,
             exited: false,
             fault: None,
@@ -233,7 +307,13 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         &self.name
     }
 
-    /// Polls the kernel's stream: `Err(DeviceFault)` after a trap / illegal address,
+    /// The device it runs on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Polls the kernel's stream: `Err(DeviceFault)` after a trap / illegal address (in this
+    /// kernel or any other on the same device: the fault poisons the whole context),
     /// `Err(Exited)` when it exited on its own (heartbeat timeout, error). Also keeps the host's
     /// view of mapped memory fresh (see GPU-NOTES: spinning hosts must call a CUDA query).
     pub fn check(&mut self) -> Result<(), PersistentError> {
@@ -246,18 +326,20 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         if self.exited {
             return self.exit_error();
         }
-        // The caller may be any thread (the runtime polls from its pump thread): make the
-        // kernel's context current before the driver call.
-        self.ctx.bind()?;
         let stream = self.stream.as_ref().expect("stream is only taken in Drop");
+        // `query` binds the context (the caller may be any thread) and marks the device lost
+        // on a sticky error; a device already lost answers DeviceLost without a driver call.
         match stream.query() {
-            Ok(StreamStatus::Busy) => Ok(()),
-            Ok(StreamStatus::Done) => {
+            Ok(false) => Ok(()),
+            Ok(true) => {
                 self.exited = true;
                 self.exit_error()
             }
             Err(e) => {
-                let reason = format!("{e:?}");
+                let reason = match &e {
+                    CudaError::DeviceLost { reason, .. } => reason.clone(),
+                    e => e.to_string(),
+                };
                 self.fault = Some(reason.clone());
                 Err(PersistentError::DeviceFault {
                     name: self.name.clone(),
@@ -370,6 +452,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             return None;
         }
         // SAFETY: the kernel has exited or faulted, so the device no longer reads the lanes.
+        // (The pinned memory itself stays mapped until this value drops, faulted or not.)
         Some(unsafe { self.q_mut().reclaim_input() })
     }
 
@@ -380,6 +463,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         }
     }
 
+    /// Whether the stream finished (or faulted) within `d`.
     fn stream_done_within(&self, d: Duration) -> bool {
         let deadline = Instant::now() + d;
         let Some(stream) = self.stream.as_ref() else {
@@ -387,7 +471,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         };
         loop {
             match stream.query() {
-                Ok(StreamStatus::Busy) => {}
+                Ok(false) => {}
                 // Done, or faulted (a faulted kernel no longer runs).
                 _ => return true,
             }
@@ -399,15 +483,8 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     }
 }
 
-// SAFETY: the driver handles inside (context, module, stream, graph) are plain handles that the
-// CUDA driver API allows any host thread to use once the context is current; every method that
-// calls the driver binds the context first (`check`, `terminate` through `check`, `Drop`). The
-// queues are host memory owned by this value, and `&mut self` gives one user at a time.
-unsafe impl<In: Pod + Send, Out: Pod + Send> Send for PersistentKernel<In, Out> {}
-
 impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
     fn drop(&mut self) {
-        let _ = self.ctx.bind();
         let mut done = self.exited || self.fault.is_some();
         if !done {
             self.q().terminate();
@@ -419,12 +496,17 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
             done = self.stream_done_within(self.heartbeat_timeout + Duration::from_secs(2));
         }
         if !done {
-            // Still running: leak everything it might touch rather than free it under it.
+            // Still running: leak everything it might touch rather than free it under it, and
+            // keep its place in the residency budget (it still occupies the device).
             std::mem::forget(self.queues.take());
             std::mem::forget(self.state.take());
             std::mem::forget(self.stream.take());
-            std::mem::forget(self.module.take());
+            std::mem::forget(self.function.take());
+            std::mem::forget(self.residency.take());
         }
+        // Otherwise the fields drop here: pinned memory, state, stream and module are freed
+        // (skipped on a lost device, whose context reset frees them) and the residency place
+        // is given back.
     }
 }
 
@@ -453,110 +535,96 @@ fn spawn_heartbeat(
     Ok((stop, t))
 }
 
-/// The launch-per-batch baseline (and, with `graph`, its CUDA-graph variant): inputs copied to
-/// device memory, one launch of `resident_batch`, outputs copied back.
+/// The launch-per-batch baseline (and, with `graph`, its CUDA-graph variant): inputs staged in
+/// pinned memory, copied to device memory, one launch of `resident_batch`, outputs copied back,
+/// stream synchronized.
 struct BatchRunner<In, Out> {
-    f: sys::CUfunction,
+    f: Function,
     stream: Stream,
     d_in: DeviceBuffer,
     d_out: DeviceBuffer,
     d_count: DeviceBuffer,
     d_state: DeviceBuffer,
-    h_in: MappedHostMemory,
-    h_out: MappedHostMemory,
+    h_in: PinnedMemory,
+    h_out: PinnedMemory,
+    h_count: PinnedMemory,
     max_n: usize,
     block: u32,
-    graphs: Vec<(usize, GraphExec)>,
-    _module: Module,
+    graphs: Vec<(usize, Graph)>,
     _t: core::marker::PhantomData<fn(In) -> Out>,
 }
 
 impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
     fn new(
-        ctx: &Arc<Context>,
+        device: &Arc<Device>,
         source: &KernelSource,
         state: &[u8],
         max_n: usize,
     ) -> Result<Self, PersistentError> {
         check_sizes::<In, Out>(source)?;
-        let (module, f) = load(ctx, source, None, BATCH_KERNEL_NAME)?;
+        let f = load(device, source, None, BATCH_KERNEL_NAME)?;
         let in_bytes = max_n * core::mem::size_of::<Slot<In>>();
         let out_bytes = max_n * core::mem::size_of::<Slot<Out>>();
-        let d_state = DeviceBuffer::new(ctx, state.len())?;
-        d_state.write(state)?;
+        let c = cuda_error;
+        let mut d_state = DeviceBuffer::alloc(device, state.len()).map_err(c)?;
+        d_state.copy_from_host(state).map_err(c)?;
         Ok(BatchRunner {
             f,
-            stream: Stream::new(ctx)?,
-            d_in: DeviceBuffer::new(ctx, in_bytes)?,
-            d_out: DeviceBuffer::new(ctx, out_bytes)?,
-            d_count: DeviceBuffer::new(ctx, 8)?,
+            stream: Stream::new(device).map_err(c)?,
+            d_in: DeviceBuffer::alloc(device, in_bytes).map_err(c)?,
+            d_out: DeviceBuffer::alloc(device, out_bytes).map_err(c)?,
+            d_count: DeviceBuffer::alloc(device, 4).map_err(c)?,
             d_state,
-            h_in: MappedHostMemory::new(ctx, in_bytes)?,
-            // The count sits in the first 128 bytes, the slots after it.
-            h_out: MappedHostMemory::new(ctx, 128 + out_bytes)?,
+            h_in: PinnedMemory::new(device, in_bytes).map_err(c)?,
+            h_out: PinnedMemory::new(device, out_bytes).map_err(c)?,
+            h_count: PinnedMemory::new(device, 4).map_err(c)?,
             max_n,
             block: source.batch_size,
             graphs: Vec::new(),
-            _module: module,
             _t: core::marker::PhantomData,
         })
     }
 
-    /// Enqueues copy-in, launch and copy-out of `n` staged inputs.
-    fn enqueue(&self, n: usize) -> Result<(), PersistentError> {
-        let e = |call| {
-            move |r: sys::CUresult| {
-                r.result().map_err(|e| PersistentError::Driver {
-                    call,
-                    error: format!("{e:?}"),
-                })
-            }
-        };
+    /// Enqueues copy-in, launch and copy-out of `n` staged inputs on `stream`.
+    fn enqueue(
+        f: &Function,
+        bufs: (
+            &mut DeviceBuffer,
+            &mut DeviceBuffer,
+            &mut DeviceBuffer,
+            &DeviceBuffer,
+        ),
+        host: (&PinnedMemory, &PinnedMemory, &PinnedMemory),
+        n: usize,
+        block: u32,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let (d_in, d_out, d_count, d_state) = bufs;
+        let (h_in, h_out, h_count) = host;
         let in_bytes = n * core::mem::size_of::<Slot<In>>();
         let out_bytes = n * core::mem::size_of::<Slot<Out>>();
-        // SAFETY: both buffers hold max_n >= n slots; the pinned staging memory lives as long as
-        // `self`, and the caller synchronizes the stream before touching it again.
-        e("cuMemcpyHtoDAsync")(unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                self.d_in.ptr,
-                self.h_in.as_mut_ptr() as *const c_void,
-                in_bytes,
-                self.stream.s,
-            )
-        })?;
-        let mut d_in = self.d_in.ptr;
-        let mut count = n as u32;
-        let mut d_out = self.d_out.ptr;
-        let mut d_count = self.d_count.ptr;
-        let mut d_state = self.d_state.ptr;
-        let mut args = [
-            &mut d_in as *mut u64 as *mut c_void,
-            &mut count as *mut u32 as *mut c_void,
-            &mut d_out as *mut u64 as *mut c_void,
-            &mut d_count as *mut u64 as *mut c_void,
-            &mut d_state as *mut u64 as *mut c_void,
-        ];
-        // SAFETY: matches `resident_batch(const InSlot*, unsigned, OutSlot*, unsigned*, State*)`;
-        // arguments are copied at launch; the buffers live as long as `self`.
-        unsafe { driver::launch(self.f, self.block, &self.stream, &mut args)? };
-        // SAFETY: as for the copy in; h_out holds 128 + max_n output slots.
-        e("cuMemcpyDtoHAsync")(unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                self.h_out.as_mut_ptr() as *mut c_void,
-                self.d_count.ptr,
-                4,
-                self.stream.s,
-            )
-        })?;
+        // SAFETY: the staging memory is pinned and lives as long as the runner; the caller
+        // synchronizes the stream before touching it again; in_bytes <= its length.
+        let src = unsafe { core::slice::from_raw_parts(h_in.as_ptr(), in_bytes) };
         // SAFETY: as above.
-        e("cuMemcpyDtoHAsync")(unsafe {
-            sys::cuMemcpyDtoHAsync_v2(
-                self.h_out.as_mut_ptr().add(128) as *mut c_void,
-                self.d_out.ptr,
-                out_bytes,
-                self.stream.s,
-            )
-        })
+        unsafe { d_in.copy_prefix_from_host_async(src, stream)? };
+        let mut args = KernelParams::new();
+        args.push_ptr(d_in.device_ptr())
+            .push(n as u32)?
+            .push_ptr(d_out.device_ptr())
+            .push_ptr(d_count.device_ptr())
+            .push_ptr(d_state.device_ptr());
+        // SAFETY: matches `resident_batch(const InSlot*, unsigned, OutSlot*, unsigned*,
+        // State*)`; the buffers hold max_n >= n slots and live as long as the runner.
+        unsafe { f.launch(LaunchConfig::new(1, block), stream, &mut args)? };
+        // SAFETY: pinned destinations that nothing reads before the stream is synchronized.
+        let count = unsafe { core::slice::from_raw_parts_mut(h_count.as_ptr(), 4) };
+        // SAFETY: as above.
+        unsafe { d_count.copy_prefix_to_host_async(count, stream)? };
+        // SAFETY: as above; out_bytes <= h_out's length.
+        let out = unsafe { core::slice::from_raw_parts_mut(h_out.as_ptr(), out_bytes) };
+        // SAFETY: as above.
+        unsafe { d_out.copy_prefix_to_host_async(out, stream) }
     }
 
     /// Runs one batch; appends the outputs to `out`.
@@ -575,15 +643,23 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
         }
         // SAFETY: h_in holds max_n >= n slots and no copy is in flight (the stream was synced).
         unsafe {
-            core::ptr::copy_nonoverlapping(
-                inputs.as_ptr(),
-                self.h_in.as_mut_ptr() as *mut Slot<In>,
-                n,
-            )
+            core::ptr::copy_nonoverlapping(inputs.as_ptr(), self.h_in.as_ptr() as *mut Slot<In>, n)
         };
+        let c = cuda_error;
+        let bufs = (
+            &mut self.d_in,
+            &mut self.d_out,
+            &mut self.d_count,
+            &self.d_state,
+        );
+        let host = (&self.h_in, &self.h_out, &self.h_count);
         if graph {
             if !self.graphs.iter().any(|(k, _)| *k == n) {
-                let g = GraphExec::capture(&self.stream, || self.enqueue(n))?;
+                let (f, block) = (&self.f, self.block);
+                let g = self
+                    .stream
+                    .capture(|s| Self::enqueue(f, bufs, host, n, block, s))
+                    .map_err(c)?;
                 self.graphs.push((n, g));
             }
             let (_, g) = self
@@ -591,19 +667,18 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
                 .iter()
                 .find(|(k, _)| *k == n)
                 .expect("inserted above");
-            g.launch(&self.stream)?;
+            g.launch(&self.stream).map_err(c)?;
         } else {
-            self.enqueue(n)?;
+            Self::enqueue(&self.f, bufs, host, n, self.block, &self.stream).map_err(c)?;
         }
-        self.stream.synchronize()?;
-        // SAFETY: the stream is synchronized: the copies into h_out are complete.
-        let count = unsafe { (self.h_out.as_mut_ptr() as *const u32).read() } as usize;
+        self.stream.synchronize().map_err(c)?;
+        // SAFETY: the stream is synchronized: the copies into h_count and h_out are complete.
+        let count = unsafe { (self.h_count.as_ptr() as *const u32).read() } as usize;
         let count = count.min(n);
-        let base = self.h_out.as_mut_ptr().wrapping_add(128) as *const Slot<Out>;
+        let base = self.h_out.as_ptr() as *const Slot<Out>;
         for i in 0..count {
-            // SAFETY: `count <= n` slots were copied back; unaligned read since 128 + k*size
-            // keeps 8-byte alignment only.
-            out.push(unsafe { base.add(i).read_unaligned() });
+            // SAFETY: `count <= n` slots were copied back into page-aligned pinned memory.
+            out.push(unsafe { base.add(i).read() });
         }
         Ok(())
     }
@@ -774,9 +849,9 @@ where
     }
 
     // ---- launch per batch and graph ----
-    let ctx = Context::new(device)?;
+    let dev = open_device(device)?;
     let mut runner =
-        BatchRunner::<[u64; W], [u64; W]>::new(&ctx, &source, &[0u8; 8], in_flight.max(1))?;
+        BatchRunner::<[u64; W], [u64; W]>::new(&dev, &source, &[0u8; 8], in_flight.max(1))?;
     for (variant, graph) in [("launch_per_batch", false), ("graph", true)] {
         for n in [1usize, in_flight] {
             let inputs: Vec<Slot<[u64; W]>> = (0..n)
@@ -833,7 +908,7 @@ pub fn bench_ring(
             "bench_ring: iters {iters} must be > 0 and in_flight {in_flight} in 1..=2^20"
         )));
     }
-    driver::driver_available(device)?;
+    open_device(device)?;
     super::template::nvrtc_available()?;
     let mut rows = Vec::new();
     bench_payload::<2>(device, iters, in_flight, &mut rows)?;

@@ -30,8 +30,6 @@ pub mod host;
 pub mod kernel;
 pub mod template;
 
-mod driver;
-
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use emulated::{EmulatedDevice, EmulatorExit, EmulatorOptions};
 pub use host::{Full, PersistentQueues, QueueConfig};
@@ -89,14 +87,9 @@ pub enum PersistentError {
         /// NVRTC's log.
         log: String,
     },
-    /// A CUDA driver call failed.
-    #[error("CUDA driver call {call} failed: {error}")]
-    Driver {
-        /// The call.
-        call: &'static str,
-        /// The driver's error.
-        error: String,
-    },
+    /// A call of the CUDA layer failed (driver error, device lost, residency limit, ...).
+    #[error(transparent)]
+    Cuda(crate::CudaError),
     /// The device faulted (trap, illegal address, ...) while the kernel ran.
     #[error("kernel `{name}` failed on the device: {reason}")]
     DeviceFault {

@@ -26,7 +26,7 @@ pub const BATCH_KERNEL_NAME: &str = "resident_batch";
 
 /// Launch parameters of the persistent kernel, passed by value. Device addresses are `u64`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct PersistentParams {
     /// Device address of each input lane's ring (header first); unused lanes 0.
     pub lanes: [u64; MAX_LANES],
