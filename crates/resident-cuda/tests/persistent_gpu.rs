@@ -21,6 +21,13 @@ fn source() -> KernelSource {
     )
 }
 
+/// The GPU tests of this file take turns: the residency test fills the device's budget.
+static GPU_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    GPU_TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn gpu_present() -> bool {
     // SAFETY: only tries to dlopen libcuda.
     let driver = unsafe { cudarc::driver::sys::is_culib_present() };
@@ -76,6 +83,7 @@ fn launch_rejects_mismatched_rust_types_before_touching_the_driver() {
 
 #[test]
 fn persistent_kernel_round_trip() {
+    let _turn = turn();
     if !gpu_present() {
         eprintln!("SKIP: CUDA driver or NVRTC not available");
         return;
@@ -112,4 +120,54 @@ fn persistent_kernel_round_trip() {
     let c = k.device_counters();
     assert_eq!(c.state, Some(DeviceState::Terminated));
     assert_eq!(c.processed, 1000);
+}
+
+#[test]
+fn residency_budget_holds_every_admitted_kernel_resident_and_refuses_one_more() {
+    let _turn = turn();
+    if !gpu_present() {
+        eprintln!("SKIP: CUDA driver or NVRTC not available");
+        return;
+    }
+    let opts = LaunchOptions {
+        queues: QueueConfig {
+            lanes: 1,
+            lane_capacity: 64,
+            out_capacity: 64,
+        },
+        ..Default::default()
+    };
+    let mut src = source();
+    src.batch_size = 32;
+    let first = PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts).unwrap();
+    let limit = first.device().resident_limit();
+    let mut kernels = vec![first];
+    // `launch` returns only once the kernel reports it is running: every admitted kernel is
+    // really co-resident with the others.
+    while kernels.len() < limit {
+        kernels.push(PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts).unwrap());
+    }
+    assert_eq!(kernels[0].device().resident_kernels(), limit);
+    match PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts) {
+        Err(PersistentError::Cuda(resident_cuda::CudaError::ResidencyExceeded {
+            resident,
+            limit: l,
+            ..
+        })) => assert_eq!((resident, l), (limit, limit)),
+        Err(e) => panic!("expected ResidencyExceeded, got {e}"),
+        Ok(_) => panic!("expected ResidencyExceeded, got a kernel"),
+    }
+    // Every one of them still answers.
+    for (i, k) in kernels.iter_mut().enumerate() {
+        k.activate().unwrap();
+        let v = i as u64 * 3 + 1;
+        k.send(Envelope::new(1, 0, 0), v).unwrap();
+        assert_eq!(k.receive(Duration::from_secs(5)).unwrap().payload, v * 2);
+    }
+    // A place given back is a place to launch again.
+    let mut last = kernels.pop().unwrap();
+    last.terminate(Duration::from_secs(5)).unwrap();
+    drop(last);
+    let again = PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts).unwrap();
+    assert_eq!(again.device().resident_kernels(), limit);
 }

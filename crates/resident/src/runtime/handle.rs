@@ -533,6 +533,9 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
         let mut stranded = eng.reclaim();
         stranded.append(&mut carry);
         self.stranded.lock().extend(stranded);
+        // Free the device side before anyone can see the failure: after a device fault the
+        // context is reset on the next launch only once nothing from before the fault is alive.
+        drop(eng);
         let reason =
             failure.or_else(|| stop.err().filter(|_| !c.terminate.load(Ordering::Acquire)));
         if let Some(reason) = reason {
