@@ -83,9 +83,9 @@ fn c_chars_to_string(v: Vec<std::ffi::c_char>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// Compiles CUDA C `source` to PTX. `name` names the program in the log. A compile error
-/// returns [`CudaError::Compile`] with NVRTC's log.
-pub fn compile_ptx(source: &str, name: &str, options: &CompileOptions) -> Result<String> {
+/// Runs NVRTC over `source` with `options`; a compile error returns [`CudaError::Compile`]
+/// with NVRTC's log.
+fn compile(source: &str, name: &str, options: &CompileOptions) -> Result<Program> {
     if !nvrtc_present() {
         return Err(CudaError::NvrtcNotFound);
     }
@@ -106,19 +106,58 @@ pub fn compile_ptx(source: &str, name: &str, options: &CompileOptions) -> Result
     let compiled = unsafe { nr::compile_program(prog.0, &args) };
     if let Err(e) = compiled {
         if e.0 == cudarc::nvrtc::sys::nvrtcResult::NVRTC_ERROR_COMPILATION {
-            // SAFETY: `prog` is live.
-            let log = unsafe { nr::get_program_log(prog.0) }
-                .map(c_chars_to_string)
-                .unwrap_or_else(|_| "<no log>".into());
             return Err(CudaError::Compile {
                 name: name.into(),
                 arch: options.arch.clone(),
-                log,
+                log: program_log(&prog),
             });
         }
         return Err(nvrtc_err("nvrtcCompileProgram")(e));
     }
+    Ok(prog)
+}
+
+fn program_log(prog: &Program) -> String {
+    // SAFETY: `prog` is live.
+    unsafe { nr::get_program_log(prog.0) }
+        .map(c_chars_to_string)
+        .unwrap_or_else(|_| "<no log>".into())
+}
+
+/// Compiles CUDA C `source` to PTX. `name` names the program in the log. A compile error
+/// returns [`CudaError::Compile`] with NVRTC's log.
+pub fn compile_ptx(source: &str, name: &str, options: &CompileOptions) -> Result<String> {
+    let prog = compile(source, name, options)?;
     // SAFETY: `prog` is live and compiled.
     let ptx = unsafe { nr::get_ptx(prog.0) }.map_err(nvrtc_err("nvrtcGetPTX"))?;
     Ok(c_chars_to_string(ptx))
+}
+
+/// Compiles CUDA C `source` all the way to machine code (a CUBIN) for a real architecture
+/// such as `sm_90`, without a GPU: NVRTC runs `ptxas`, so inline PTX, register allocation and
+/// launch bounds are checked here rather than at load time on a device. Returns the image and
+/// NVRTC's log (with `-Xptxas -v` among `options.extra`, `ptxas`'s resource report).
+pub fn compile_cubin(
+    source: &str,
+    name: &str,
+    options: &CompileOptions,
+) -> Result<(Vec<u8>, String)> {
+    if !options.arch.starts_with("sm_") {
+        return Err(CudaError::invalid(
+            "nvrtcGetCUBIN",
+            format!("`{}` is not a real architecture (sm_NN)", options.arch),
+        ));
+    }
+    let prog = compile(source, name, options)?;
+    let mut size = 0usize;
+    // SAFETY: `prog` is live and compiled; `size` is a valid out-pointer.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetCUBINSize(prog.0, &mut size) }
+        .result()
+        .map_err(nvrtc_err("nvrtcGetCUBINSize"))?;
+    let mut image = vec![0u8; size];
+    // SAFETY: `image` holds the `size` bytes NVRTC reported.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetCUBIN(prog.0, image.as_mut_ptr().cast()) }
+        .result()
+        .map_err(nvrtc_err("nvrtcGetCUBIN"))?;
+    Ok((image, program_log(&prog)))
 }

@@ -150,3 +150,46 @@ fn bad_architecture_is_a_typed_error() {
         Err(PersistentError::Config(_))
     ));
 }
+
+/// All the way to Hopper machine code: `ptxas` assembles the queue protocol's inline PTX
+/// (which compiling to PTX passes through unchecked), and the block fits its launch bounds.
+/// The persistent kernel never spills, up to 256-byte payloads and 1024-thread blocks; the
+/// launch-per-batch baseline does not spill at the benchmark's block of 256 (at 1024 threads
+/// its 64-register cap makes it spill 256-byte payloads, which is reported, not hidden).
+#[test]
+fn template_assembles_to_sm90_machine_code_without_spills() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    for (bytes, batch) in [(16usize, 1024u32), (64, 256), (256, 256), (256, 1024)] {
+        let mut src = sample(bytes, bytes);
+        src.batch_size = batch;
+        let reports = match resident_cuda::persistent::compile_sass_report(&src, "sm_90") {
+            Err(PersistentError::NvrtcUnavailable(m))
+                if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
+            {
+                eprintln!("SKIP: NVRTC not available: {m}");
+                return;
+            }
+            r => r.unwrap_or_else(|e| panic!("{e}")),
+        };
+        for entry in ["resident_persistent", "resident_batch"] {
+            let r = reports
+                .iter()
+                .find(|r| r.entry == entry)
+                .unwrap_or_else(|| panic!("{entry} missing from ptxas report {reports:?}"));
+            eprintln!(
+                "sm_90 {entry} payload {bytes} B block {batch}: {} registers, {} B stack, {} B spill stores",
+                r.registers, r.stack_bytes, r.spill_store_bytes
+            );
+            assert!(r.registers > 0, "{r:?}");
+            assert!(
+                r.registers as u64 * batch as u64 <= 65_536,
+                "one block must fit the SM's register file: {r:?}"
+            );
+            if entry == "resident_persistent" || batch == 256 {
+                assert_eq!(r.spill_store_bytes, 0, "no spills on the hot path: {r:?}");
+            }
+        }
+    }
+}

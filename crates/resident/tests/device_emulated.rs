@@ -213,3 +213,25 @@ fn handler_compiles_in_the_persistent_template_with_nvrtc() {
         panic!("a broken handler compiled");
     }
 }
+
+#[test]
+fn handler_assembles_to_hopper_machine_code_with_nvrtc() {
+    let handler = CudaHandler::<Tick, Notional>::new(SRC);
+    match handler.sass_report("notional", 256, "sm_90") {
+        Ok(reports) => {
+            let persistent = reports
+                .iter()
+                .find(|r| r.entry == "resident_persistent")
+                .expect("the persistent entry is compiled");
+            assert!(persistent.registers > 0);
+            assert_eq!(persistent.spill_store_bytes, 0, "{persistent:?}");
+        }
+        Err(e)
+            if e.contains("NVRTC")
+                && std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
+        {
+            eprintln!("SKIP: NVRTC not available: {e}");
+        }
+        Err(e) => panic!("compile failed: {e}"),
+    }
+}

@@ -34,7 +34,10 @@ pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use emulated::{EmulatedDevice, EmulatorExit, EmulatorOptions};
 pub use host::{Full, PersistentQueues, QueueConfig};
 pub use kernel::{bench_ring, BenchRow, LaunchOptions, PersistentKernel};
-pub use template::{compile_ptx, CompiledKernel, KernelSource, MessageDecl};
+pub use template::{
+    compile_ptx, compile_sass_report, parse_ptxas_report, CompiledKernel, KernelSource,
+    MessageDecl, SassReport,
+};
 
 /// Most priority lanes a kernel can have.
 pub const MAX_LANES: usize = 8;

@@ -322,3 +322,109 @@ pub fn compile_ptx(source: &KernelSource, arch: &str) -> Result<CompiledKernel, 
         }),
     }
 }
+
+/// What `ptxas` reported for one kernel entry compiled to machine code.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SassReport {
+    /// The `extern "C"` entry, e.g. `resident_persistent`.
+    pub entry: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Stack frame bytes per thread.
+    pub stack_bytes: u32,
+    /// Bytes spilled to local memory (stores).
+    pub spill_store_bytes: u32,
+    /// Bytes reloaded from spills.
+    pub spill_load_bytes: u32,
+}
+
+/// Parses `ptxas -v` output into one report per compiled entry.
+pub fn parse_ptxas_report(log: &str) -> Vec<SassReport> {
+    fn number_before(line: &str, unit: &str) -> Option<u32> {
+        let end = line.find(unit)?;
+        line[..end].split_whitespace().last()?.parse().ok()
+    }
+    let mut out: Vec<SassReport> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let entry = rest.split('\'').next().unwrap_or_default().to_string();
+            out.push(SassReport {
+                entry,
+                ..Default::default()
+            });
+        } else if let Some(r) = out.last_mut() {
+            if line.contains("bytes stack frame") {
+                r.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
+                r.spill_store_bytes = number_before(line, "bytes spill stores").unwrap_or(0);
+                r.spill_load_bytes = number_before(line, "bytes spill loads").unwrap_or(0);
+            } else if line.contains("Used") && line.contains("registers") {
+                r.registers = number_before(line, "registers").unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+/// Compiles `source` through `ptxas` to machine code for `sm` (e.g. `sm_90`) with NVRTC, no GPU
+/// needed, and returns `ptxas`'s resource report for each entry. This checks what compiling to
+/// PTX cannot: the inline PTX of the queue protocol assembles, and the block fits its launch
+/// bounds.
+pub fn compile_sass_report(
+    source: &KernelSource,
+    sm: &str,
+) -> Result<Vec<SassReport>, PersistentError> {
+    let text = source.render()?;
+    let opts = crate::CompileOptions {
+        arch: sm.to_string(),
+        extra: vec![
+            "--std=c++17".into(),
+            "-default-device".into(),
+            "--ptxas-options=-v".into(),
+        ],
+    };
+    let name = format!("{}.cu", source.name.replace(['\0', '/'], "_"));
+    match crate::nvrtc::compile_cubin(&text, &name, &opts) {
+        Ok((_, log)) => Ok(parse_ptxas_report(&log)),
+        Err(crate::CudaError::Compile { log, .. }) => Err(PersistentError::Compile {
+            name: source.name.clone(),
+            arch: sm.into(),
+            log,
+        }),
+        Err(crate::CudaError::NvrtcNotFound) => Err(PersistentError::NvrtcUnavailable(
+            "libnvrtc could not be loaded".into(),
+        )),
+        Err(e) => Err(PersistentError::Cuda(e)),
+    }
+}
+
+#[cfg(test)]
+mod sass_tests {
+    use super::*;
+
+    #[test]
+    fn parses_ptxas_verbose_output() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'resident_batch' for 'sm_90'\n\
+ptxas info    : Function properties for resident_batch\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 32 registers, used 1 barriers, 392 bytes cmem[0]\n\
+ptxas info    : Compiling entry function 'resident_persistent' for 'sm_90'\n\
+ptxas info    : Function properties for resident_persistent\n\
+    144 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+ptxas info    : Used 40 registers, used 1 barriers, 496 bytes cmem[0]\n";
+        let r = parse_ptxas_report(log);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].entry, "resident_batch");
+        assert_eq!(r[0].registers, 32);
+        assert_eq!(r[1].entry, "resident_persistent");
+        assert_eq!(
+            (
+                r[1].registers,
+                r[1].stack_bytes,
+                r[1].spill_store_bytes,
+                r[1].spill_load_bytes
+            ),
+            (40, 144, 8, 12)
+        );
+    }
+}

@@ -110,6 +110,26 @@ impl<In, Out> CudaHandler<In, Out> {
     }
 }
 
+impl<In, Out> CudaHandler<In, Out> {
+    /// Compiles the handler inside the persistent-kernel template all the way to machine code
+    /// for `sm` (e.g. `sm_90`) with NVRTC, without a GPU, and returns `ptxas`'s report per entry
+    /// (registers, stack, spills): inline PTX and launch bounds are checked here, in CI, rather
+    /// than at load time on a device. Needs NVRTC (not the driver).
+    pub fn sass_report(
+        &self,
+        kernel_id: &str,
+        batch_size: usize,
+        sm: &str,
+    ) -> Result<Vec<resident_cuda::persistent::SassReport>, String> {
+        let g = DeviceGeometry::new(1, 2, batch_size);
+        resident_cuda::persistent::compile_sass_report(
+            &self.kernel_source(kernel_id, g.batch_size),
+            sm,
+        )
+        .map_err(|e| e.to_string())
+    }
+}
+
 /// What the pump needs from a device-side kernel.
 pub(crate) trait DeviceEngine<In, Out>: Send {
     /// Moves the longest prefix of `slots` that fits into the device's lanes.
