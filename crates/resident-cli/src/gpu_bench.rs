@@ -70,7 +70,8 @@ pub fn ring(iters: usize, in_flight: usize, out_dir: &Path) -> Result<(), String
                 r.variant, r.payload_bytes, r.in_flight, r.p50_ns, r.p99_ns, r.p999_ns, r.msgs_per_s
             );
             json!({"variant": r.variant, "payload_bytes": r.payload_bytes, "in_flight": r.in_flight,
-                   "p50_ns": r.p50_ns, "p99_ns": r.p99_ns, "p999_ns": r.p999_ns, "msgs_per_s": r.msgs_per_s})
+                   "p50_ns": r.p50_ns, "p99_ns": r.p99_ns, "p999_ns": r.p999_ns, "msgs_per_s": r.msgs_per_s,
+                   "block_threads": r.block_threads})
         })
         .collect();
     let doc =

@@ -701,6 +701,8 @@ pub struct BenchRow {
     pub p999_ns: u64,
     /// Messages per second.
     pub msgs_per_s: f64,
+    /// Threads per block of the kernel measured (the most messages one batch handles).
+    pub block_threads: u32,
 }
 
 fn percentile(sorted: &[u64], q: f64) -> u64 {
@@ -712,7 +714,7 @@ fn percentile(sorted: &[u64], q: f64) -> u64 {
 }
 
 fn row(
-    variant: &'static str,
+    (variant, block_threads): (&'static str, u32),
     payload_bytes: usize,
     in_flight: usize,
     mut rtts: Vec<u64>,
@@ -728,6 +730,7 @@ fn row(
         p99_ns: percentile(&rtts, 0.99),
         p999_ns: percentile(&rtts, 0.999),
         msgs_per_s: msgs as f64 / elapsed.as_secs_f64().max(1e-9),
+        block_threads,
     }
 }
 
@@ -756,8 +759,24 @@ where
     [u64; W]: Pod,
 {
     let bytes = W * 8;
-    let batch = 256u32;
-    let source = bench_source(W, batch);
+    // Each variant at the block size that suits it: the persistent kernel drains up to 1024
+    // messages per poll; the baseline kernel is built at 256 threads, where it never spills
+    // (at 1024 its 64-register cap spills 256-byte payloads; see the sm_90 report test).
+    let (persistent_block, baseline_block) = (1024u32, 256u32);
+    let source = bench_source(W, persistent_block);
+    let base_source = bench_source(W, baseline_block);
+    // The handler adds 1 to every word: outputs are checked, not just counted.
+    let check = |s: &Slot<[u64; W]>, variant: &str| -> Result<(), PersistentError> {
+        let want = s.env.correlation_id; // input word = id - 1, output = id
+        if s.payload.iter().all(|&w| w == want) {
+            Ok(())
+        } else {
+            Err(PersistentError::Config(format!(
+                "{variant}: wrong output for message {want}: {:?}",
+                &s.payload[..W.min(4)]
+            )))
+        }
+    };
     let opts = LaunchOptions {
         device,
         queues: QueueConfig {
@@ -787,13 +806,14 @@ where
                 ));
             }
             let r = k.receive(timeout)?;
+            check(&r, "persistent")?;
             if i >= iters / 10 {
                 rtts.push(now_ns() - r.env.timestamp_ns);
             }
         }
         let el = start.elapsed();
         rows.push(row(
-            "persistent",
+            ("persistent", persistent_block),
             bytes,
             1,
             rtts,
@@ -805,22 +825,36 @@ where
         let total = (iters * 16) as u64;
         let (mut sent, mut got) = (0u64, 0u64);
         let mut buf = Vec::with_capacity(4096);
+        let mut stage: Vec<Slot<[u64; W]>> = Vec::with_capacity(1024);
         let mut rtts = Vec::new();
         let start = Instant::now();
         let mut spins = 0u32;
         while got < total {
-            while sent < total && sent - got < in_flight as u64 {
-                if k.send(Envelope::new(sent + 1, 128, now_ns()), [sent; W])
-                    .is_err()
-                {
-                    break;
-                }
-                sent += 1;
+            // Refill in chunks (one release of the lane's tail per chunk), as a streaming
+            // producer would.
+            let room = (in_flight as u64 - (sent - got))
+                .min(total - sent)
+                .min(1024);
+            if room > 0 {
+                stage.clear();
+                let t = now_ns();
+                stage.extend(
+                    (sent..sent + room).map(|i| Slot::new(Envelope::new(i + 1, 128, t), [i; W])),
+                );
+                sent += k.send_batch(&stage) as u64;
             }
             buf.clear();
             let n = k.receive_into(&mut buf, 4096);
             let t = now_ns();
-            for s in &buf {
+            for (j, s) in buf.iter().enumerate() {
+                if s.env.correlation_id != got + j as u64 + 1 {
+                    return Err(PersistentError::Config(format!(
+                        "persistent: output {} out of order (id {})",
+                        got + j as u64 + 1,
+                        s.env.correlation_id
+                    )));
+                }
+                check(s, "persistent")?;
                 if rtts.len() < 1_000_000 {
                     rtts.push(t - s.env.timestamp_ns);
                 }
@@ -838,7 +872,7 @@ where
             }
         }
         rows.push(row(
-            "persistent",
+            ("persistent", persistent_block),
             bytes,
             in_flight,
             rtts,
@@ -851,7 +885,7 @@ where
     // ---- launch per batch and graph ----
     let dev = open_device(device)?;
     let mut runner =
-        BatchRunner::<[u64; W], [u64; W]>::new(&dev, &source, &[0u8; 8], in_flight.max(1))?;
+        BatchRunner::<[u64; W], [u64; W]>::new(&dev, &base_source, &[0u8; 8], in_flight.max(1))?;
     for (variant, graph) in [("launch_per_batch", false), ("graph", true)] {
         for n in [1usize, in_flight] {
             let inputs: Vec<Slot<[u64; W]>> = (0..n)
@@ -878,9 +912,14 @@ where
                         out.len()
                     )));
                 }
+                if r == 0 {
+                    for s in &out {
+                        check(s, variant)?;
+                    }
+                }
             }
             rows.push(row(
-                variant,
+                (variant, baseline_block),
                 bytes,
                 n,
                 rtts,
