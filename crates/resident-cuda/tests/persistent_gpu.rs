@@ -24,8 +24,28 @@ fn source() -> KernelSource {
 /// The GPU tests of this file take turns: the residency test fills the device's budget.
 static GPU_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn turn() -> std::sync::MutexGuard<'static, ()> {
-    GPU_TURN.lock().unwrap_or_else(|p| p.into_inner())
+/// The GPU's turn for `test`, or `None` (with a visible `SKIP:`) without a GPU; with
+/// `RESIDENT_REQUIRE_GPU=1` a missing GPU fails the test instead.
+fn gpu_turn(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    if !gpu_present() {
+        if std::env::var("RESIDENT_REQUIRE_GPU").as_deref() == Ok("1") {
+            panic!("{test}: RESIDENT_REQUIRE_GPU=1 but the CUDA driver or NVRTC is missing");
+        }
+        eprintln!("SKIP: CUDA driver or NVRTC not available: {test}");
+        return None;
+    }
+    Some(GPU_TURN.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+fn opts(lanes: usize, capacity: usize) -> LaunchOptions {
+    LaunchOptions {
+        queues: QueueConfig {
+            lanes,
+            lane_capacity: capacity,
+            out_capacity: capacity,
+        },
+        ..Default::default()
+    }
 }
 
 fn gpu_present() -> bool {
@@ -42,15 +62,7 @@ fn without_a_driver_launch_and_bench_are_typed_errors() {
         eprintln!("SKIP: a CUDA driver is present; covered by persistent_kernel_round_trip");
         return;
     }
-    let opts = LaunchOptions {
-        queues: QueueConfig {
-            lanes: 2,
-            lane_capacity: 256,
-            out_capacity: 256,
-        },
-        ..Default::default()
-    };
-    let r = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts);
+    let r = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts(2, 256));
     assert!(
         matches!(
             r,
@@ -83,19 +95,10 @@ fn launch_rejects_mismatched_rust_types_before_touching_the_driver() {
 
 #[test]
 fn persistent_kernel_round_trip() {
-    let _turn = turn();
-    if !gpu_present() {
-        eprintln!("SKIP: CUDA driver or NVRTC not available");
+    let Some(_turn) = gpu_turn("persistent_kernel_round_trip") else {
         return;
-    }
-    let opts = LaunchOptions {
-        queues: QueueConfig {
-            lanes: 2,
-            lane_capacity: 256,
-            out_capacity: 256,
-        },
-        ..Default::default()
     };
+    let opts = opts(2, 256);
     let mut k = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts).unwrap();
     k.activate().unwrap();
     let mut expect = Vec::new();
@@ -124,19 +127,10 @@ fn persistent_kernel_round_trip() {
 
 #[test]
 fn residency_budget_holds_every_admitted_kernel_resident_and_refuses_one_more() {
-    let _turn = turn();
-    if !gpu_present() {
-        eprintln!("SKIP: CUDA driver or NVRTC not available");
+    let Some(_turn) = gpu_turn("residency_budget") else {
         return;
-    }
-    let opts = LaunchOptions {
-        queues: QueueConfig {
-            lanes: 1,
-            lane_capacity: 64,
-            out_capacity: 64,
-        },
-        ..Default::default()
     };
+    let opts = opts(1, 64);
     let mut src = source();
     src.batch_size = 32;
     let first = PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts).unwrap();
