@@ -256,14 +256,47 @@ pub struct CompiledKernel {
 
 /// Whether NVRTC can be loaded; `Err` says why not.
 pub fn nvrtc_available() -> Result<(), PersistentError> {
-    // SAFETY: only tries to dlopen the library by its candidate names; no symbol is used.
-    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if crate::nvrtc_present() {
         Ok(())
     } else {
         Err(PersistentError::NvrtcUnavailable(
             "libnvrtc could not be loaded (is it on LD_LIBRARY_PATH?)".into(),
         ))
     }
+}
+
+/// NVRTC options of the template, for `arch` (`compute_NN` for PTX, `sm_NN` for machine code).
+fn template_options(arch: &str, extra: &[&str]) -> crate::CompileOptions {
+    let mut extra_opts = vec!["--std=c++17".to_string(), "-default-device".to_string()];
+    extra_opts.extend(extra.iter().map(|s| s.to_string()));
+    crate::CompileOptions {
+        arch: arch.to_string(),
+        extra: extra_opts,
+    }
+}
+
+/// Maps the NVRTC layer's errors for `source` compiled for `arch`.
+fn compile_error(source: &KernelSource, arch: &str, e: crate::CudaError) -> PersistentError {
+    match e {
+        crate::CudaError::Compile { log, .. } => PersistentError::Compile {
+            name: source.name.clone(),
+            arch: arch.into(),
+            log,
+        },
+        crate::CudaError::NvrtcNotFound => {
+            PersistentError::NvrtcUnavailable("libnvrtc could not be loaded".into())
+        }
+        crate::CudaError::Nvrtc { code, .. } if code.contains("BUILTIN") => {
+            PersistentError::NvrtcUnavailable(format!(
+                "NVRTC builtins failed (libnvrtc-builtins on LD_LIBRARY_PATH?): {code}"
+            ))
+        }
+        e => PersistentError::Cuda(e),
+    }
+}
+
+fn program_name(source: &KernelSource) -> String {
+    format!("{}.cu", source.name.replace(['\0', '/'], "_"))
 }
 
 /// Compiles `source` to PTX for `arch` (e.g. `compute_90`) with NVRTC.
@@ -279,48 +312,12 @@ pub fn compile_ptx(source: &KernelSource, arch: &str) -> Result<CompiledKernel, 
         )));
     }
     nvrtc_available()?;
-    use cudarc::nvrtc::{result::NvrtcError, sys::nvrtcResult, CompileError, CompileOptions};
-    let opts = CompileOptions {
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "--std=c++17".into(),
-            "-default-device".into(),
-        ],
-        name: Some(format!("{}.cu", source.name.replace(['\0', '/'], "_"))),
-        ..Default::default()
-    };
-    match cudarc::nvrtc::compile_ptx_with_opts(&text, opts) {
-        Ok(ptx) => {
-            let bytes = ptx.as_bytes().ok_or_else(|| PersistentError::Compile {
-                name: source.name.clone(),
-                arch: arch.into(),
-                log: "NVRTC returned no PTX image".into(),
-            })?;
-            let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-            Ok(CompiledKernel {
-                ptx: String::from_utf8_lossy(&bytes[..end]).into_owned(),
-                arch: arch.into(),
-            })
-        }
-        Err(CompileError::CompileError {
-            nvrtc: NvrtcError(nvrtcResult::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE),
-            log,
-            ..
-        }) => Err(PersistentError::NvrtcUnavailable(format!(
-            "NVRTC builtins failed (libnvrtc-builtins on LD_LIBRARY_PATH?): {}",
-            log.to_string_lossy()
-        ))),
-        Err(CompileError::CompileError { log, .. }) => Err(PersistentError::Compile {
-            name: source.name.clone(),
-            arch: arch.into(),
-            log: log.to_string_lossy().into_owned(),
-        }),
-        Err(e) => Err(PersistentError::Compile {
-            name: source.name.clone(),
-            arch: arch.into(),
-            log: format!("{e:?}"),
-        }),
-    }
+    let ptx = crate::nvrtc::compile_ptx(&text, &program_name(source), &template_options(arch, &[]))
+        .map_err(|e| compile_error(source, arch, e))?;
+    Ok(CompiledKernel {
+        ptx,
+        arch: arch.into(),
+    })
 }
 
 /// What `ptxas` reported for one kernel entry compiled to machine code.
@@ -374,27 +371,10 @@ pub fn compile_sass_report(
     sm: &str,
 ) -> Result<Vec<SassReport>, PersistentError> {
     let text = source.render()?;
-    let opts = crate::CompileOptions {
-        arch: sm.to_string(),
-        extra: vec![
-            "--std=c++17".into(),
-            "-default-device".into(),
-            "--ptxas-options=-v".into(),
-        ],
-    };
-    let name = format!("{}.cu", source.name.replace(['\0', '/'], "_"));
-    match crate::nvrtc::compile_cubin(&text, &name, &opts) {
-        Ok((_, log)) => Ok(parse_ptxas_report(&log)),
-        Err(crate::CudaError::Compile { log, .. }) => Err(PersistentError::Compile {
-            name: source.name.clone(),
-            arch: sm.into(),
-            log,
-        }),
-        Err(crate::CudaError::NvrtcNotFound) => Err(PersistentError::NvrtcUnavailable(
-            "libnvrtc could not be loaded".into(),
-        )),
-        Err(e) => Err(PersistentError::Cuda(e)),
-    }
+    let opts = template_options(sm, &["--ptxas-options=-v"]);
+    crate::nvrtc::compile_cubin(&text, &program_name(source), &opts)
+        .map(|(_, log)| parse_ptxas_report(&log))
+        .map_err(|e| compile_error(source, sm, e))
 }
 
 #[cfg(test)]
