@@ -43,8 +43,9 @@ fn pinned_memory_is_mapped_and_hosts_a_ring() {
     assert_eq!(mem.as_ptr() as usize % 128, 0);
     assert_ne!(mem.device_ptr(), 0);
     assert!(mem.as_bytes().iter().all(|&b| b == 0));
+    // SAFETY: fresh pinned memory, used by this ring only.
     let (mut tx, mut rx) =
-        resident_ring::spsc::Ring::<u64>::with_memory(64, Box::new(mem)).unwrap();
+        unsafe { resident_ring::spsc::Ring::<u64>::with_memory(64, Box::new(mem)) }.unwrap();
     tx.push(42).unwrap();
     assert_eq!(rx.pop(), Some(42));
 }

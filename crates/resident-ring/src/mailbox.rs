@@ -256,11 +256,15 @@ impl<T: Copy + Send> Mailbox<T> {
         let lane = lane_of(slot.env.priority, s.config.lanes);
         let mut deadline: Option<Option<Instant>> = None;
         loop {
+            let mut producer = s.producers[lane].lock();
+            // Checked under the lane lock: `close` takes every lane lock after setting `closed`,
+            // so a push that started before the close is complete (and visible to `drain`)
+            // when `close` returns, and none starts after it.
             if s.closed.load(Ordering::Acquire) {
+                drop(producer);
                 s.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(SendError::Closed(slot));
             }
-            let mut producer = s.producers[lane].lock();
             if producer.push(slot).is_ok() {
                 drop(producer);
                 s.accepted.fetch_add(1, Ordering::Relaxed);
@@ -323,19 +327,22 @@ impl<T: Copy + Send> Mailbox<T> {
         let s = &*self.shared;
         let mut done = 0;
         while done < slots.len() {
-            if s.closed.load(Ordering::Acquire) {
-                s.refused.fetch_add(1, Ordering::Relaxed);
-                return (done, Some(SendError::Closed(slots[done])));
-            }
             // The run of consecutive messages for the same lane goes in under one lock.
             let lane = lane_of(slots[done].env.priority, s.config.lanes);
             let run = slots[done..]
                 .iter()
                 .take_while(|m| lane_of(m.env.priority, s.config.lanes) == lane)
                 .count();
-            let pushed = s.producers[lane]
-                .lock()
-                .push_slice(&slots[done..done + run]);
+            let pushed = {
+                let mut producer = s.producers[lane].lock();
+                // Under the lane lock, as in `send_with`.
+                if s.closed.load(Ordering::Acquire) {
+                    drop(producer);
+                    s.refused.fetch_add(1, Ordering::Relaxed);
+                    return (done, Some(SendError::Closed(slots[done])));
+                }
+                producer.push_slice(&slots[done..done + run])
+            };
             if pushed > 0 {
                 s.accepted.fetch_add(pushed as u64, Ordering::Relaxed);
                 s.not_empty.notify();
@@ -455,8 +462,16 @@ impl<T: Copy + Send> Mailbox<T> {
     }
 
     /// Refuses every later send; wakes all waiters. Queued messages stay receivable.
+    ///
+    /// When `close` returns, every send that returned (or will return) `Ok` has its message in
+    /// a lane, so a [`Mailbox::drain`] after `close` sees all of them: senders check `closed`
+    /// under their lane's lock, and `close` takes each lane's lock once after setting it, which
+    /// waits out any push in progress.
     pub fn close(&self) {
         self.shared.closed.store(true, Ordering::Release);
+        for p in self.shared.producers.iter() {
+            drop(p.lock());
+        }
         self.shared.not_empty.notify();
         self.shared.not_full.notify();
     }

@@ -65,6 +65,12 @@ pub enum RingError {
     /// The slot type is aligned to more than 128 bytes.
     #[error("slot alignment {0} exceeds 128 bytes")]
     BadAlignment(usize),
+    /// The ring's memory could not be allocated (too large for this machine).
+    #[error("cannot allocate {bytes} bytes for a ring")]
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: usize,
+    },
 }
 
 /// Memory a ring lives in: a header followed by slots. Implemented for heap memory here and for
@@ -92,15 +98,15 @@ pub struct HeapMemory {
 }
 
 impl HeapMemory {
-    /// Allocates `len` zeroed bytes aligned to 128.
-    pub fn new(len: usize) -> Self {
+    /// Allocates `len` zeroed bytes aligned to 128, or [`RingError::OutOfMemory`] when the
+    /// allocator refuses (never aborts the process).
+    pub fn new(len: usize) -> Result<Self, RingError> {
         let layout = std::alloc::Layout::from_size_align(len.max(HEADER_BYTES), 128)
-            .expect("ring size overflows isize");
+            .map_err(|_| RingError::OutOfMemory { bytes: len })?;
         // SAFETY: the layout has non-zero size (at least HEADER_BYTES).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr =
-            core::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        HeapMemory { ptr, layout }
+        let ptr = core::ptr::NonNull::new(raw).ok_or(RingError::OutOfMemory { bytes: len })?;
+        Ok(HeapMemory { ptr, layout })
     }
 }
 
@@ -128,7 +134,7 @@ unsafe impl RingMemory for HeapMemory {
 
 /// Bytes a ring of `capacity` slots of `T` needs (header included).
 pub const fn ring_bytes<T>(capacity: usize) -> usize {
-    HEADER_BYTES + capacity * size_of::<T>()
+    HEADER_BYTES.saturating_add(capacity.saturating_mul(size_of::<T>()))
 }
 
 /// Where the header and slots live. Normally a raw allocation; under loom, model-checked
@@ -216,10 +222,9 @@ impl<T: Copy + Send> Ring<T> {
         #[cfg(not(loom))]
         {
             check_capacity::<T>(capacity)?;
-            Self::with_memory(
-                capacity,
-                Box::new(HeapMemory::new(ring_bytes::<T>(capacity))),
-            )
+            let bytes = ring_bytes::<T>(capacity);
+            // SAFETY: fresh memory that nothing else can reach: this ring is its only user.
+            unsafe { Self::with_memory(capacity, Box::new(HeapMemory::new(bytes)?)) }
         }
         #[cfg(loom)]
         {
@@ -246,8 +251,14 @@ impl<T: Copy + Send> Ring<T> {
     /// A ring in caller-provided memory (for example pinned, device-mapped host memory that a
     /// GPU kernel consumes). The memory's current header values are taken as the starting
     /// indices, so zeroed memory gives an empty ring.
+    ///
+    /// # Safety
+    /// One writer per index: for as long as the returned halves live, no other ring half and
+    /// no other host-side view may read or write this memory's header or slots (the device
+    /// side of the protocol excepted). Building two rings over one memory would give two
+    /// producers of one ring, which loses messages.
     #[cfg(not(loom))]
-    pub fn with_memory(
+    pub unsafe fn with_memory(
         capacity: usize,
         mem: Box<dyn RingMemory>,
     ) -> Result<(Producer<T>, Consumer<T>), RingError> {
@@ -577,7 +588,11 @@ mod tests {
 
     #[test]
     fn rejects_small_memory() {
-        let err = Ring::<u64>::with_memory(8, Box::new(HeapMemory::new(HEADER_BYTES + 8))).err();
+        // SAFETY: fresh memory, used by this ring only.
+        let err = unsafe {
+            Ring::<u64>::with_memory(8, Box::new(HeapMemory::new(HEADER_BYTES + 8).unwrap()))
+        }
+        .err();
         assert!(
             matches!(err, Some(RingError::BadMemory { need: 320, .. })),
             "{err:?}"

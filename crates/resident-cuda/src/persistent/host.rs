@@ -121,7 +121,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
     /// ```
     pub fn on_heap(config: QueueConfig) -> Result<Self, PersistentError> {
         Self::with_allocator(config, &mut |len| {
-            Ok(Arc::new(HeapMemory::new(len)) as Arc<dyn RingMemory>)
+            Ok(Arc::new(HeapMemory::new(len)?) as Arc<dyn RingMemory>)
         })
     }
 
@@ -149,14 +149,20 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
         for _ in 0..config.lanes {
             let mem = get("input lane", ring_bytes::<Slot<In>>(config.lane_capacity))?;
             // The consumer half is the device's role: dropped here, played on the memory.
-            let (tx, _device_half) =
-                Ring::<Slot<In>>::with_memory(config.lane_capacity, Box::new(mem.clone()))?;
+            // SAFETY: fresh memory (just zeroed, contract of `alloc`): this producer is the
+            // host's only writer of the lane; the device plays the consumer.
+            let (tx, _device_half) = unsafe {
+                Ring::<Slot<In>>::with_memory(config.lane_capacity, Box::new(mem.clone()))?
+            };
             lanes.push(tx);
             lane_mems.push(mem);
         }
         let out_mem = get("output ring", ring_bytes::<Slot<Out>>(config.out_capacity))?;
-        let (_device_half, out) =
-            Ring::<Slot<Out>>::with_memory(config.out_capacity, Box::new(out_mem.clone()))?;
+        // SAFETY: fresh memory: this consumer is the host's only reader of the output ring;
+        // the device plays the producer.
+        let (_device_half, out) = unsafe {
+            Ring::<Slot<Out>>::with_memory(config.out_capacity, Box::new(out_mem.clone()))?
+        };
         Ok(PersistentQueues {
             lanes,
             out,
@@ -274,9 +280,13 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
         for mem in self.view.lanes.iter().rev() {
             // A second view of the same memory starts at its current indices; its consumer
             // half pops what is left. The geometry was validated at construction.
-            if let Ok((_tx, mut rx)) =
+            // SAFETY: this function's contract: the device side stopped reading the lane for
+            // good, and `&mut self` keeps the host's producer from pushing meanwhile, so this
+            // consumer is the lane's only user while it lives.
+            let view = unsafe {
                 Ring::<Slot<In>>::with_memory(self.view.config.lane_capacity, Box::new(mem.clone()))
-            {
+            };
+            if let Ok((_tx, mut rx)) = view {
                 rx.pop_into(&mut out, usize::MAX);
             }
         }
