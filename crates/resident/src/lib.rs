@@ -35,8 +35,9 @@ pub use runtime::state::{Error, KernelState, Result};
 pub mod prelude {
     pub use crate::backend::Backend;
     pub use crate::runtime::context::{Context, LoopContext};
-    pub use crate::runtime::device::CudaHandler;
+    pub use crate::backend::cuda_ring::CudaHandler;
     pub use crate::runtime::handle::{KernelHandle, TerminateReport};
+    pub use crate::runtime::report::KernelReport;
     pub use crate::runtime::kernel::RingKernel;
     pub use crate::runtime::state::{Error, KernelState, Result};
     pub use crate::runtime::{Runtime, RuntimeBuilder};

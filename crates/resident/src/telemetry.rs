@@ -140,6 +140,9 @@ pub(crate) struct KernelMetrics {
     pub late_replies: AtomicU64,
     /// Outputs a device kernel lost because it had to exit with its output ring full.
     pub device_undelivered: AtomicU64,
+    /// Outputs produced by a host thread that terminate had already given up on (abandoned):
+    /// its report was built, so they are counted as dropped.
+    pub late_outputs: AtomicU64,
     pub latency: LatencyHistogram,
     /// (time, processed) samples for the throughput window; oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
@@ -157,6 +160,7 @@ impl KernelMetrics {
             errors: AtomicU64::new(0),
             late_replies: AtomicU64::new(0),
             device_undelivered: AtomicU64::new(0),
+            late_outputs: AtomicU64::new(0),
             latency: LatencyHistogram::default(),
             samples: Mutex::new(VecDeque::from([(started, 0)])),
             last_sample_ns: AtomicU64::new(0),

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use resident::backend::DeviceError;
+use resident::cuda::persistent::PersistentError;
 use resident::prelude::*;
 
 device_message! {
@@ -196,21 +198,20 @@ fn handler_compiles_in_the_persistent_template_with_nvrtc() {
             );
             assert!(ptx.contains(".entry resident_persistent"));
         }
-        Err(e)
-            if e.contains("NVRTC")
-                && std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
+        Err(e @ DeviceError::Cuda(PersistentError::NvrtcUnavailable(_)))
+            if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
         {
             eprintln!("SKIP: NVRTC not available: {e}");
         }
         Err(e) => panic!("compile failed: {e}"),
     }
     let broken = CudaHandler::<Tick, Notional>::new("__device__ bool handle(ResidentState*, const ResidentIn*, ResidentOut*, const Envelope*) { return nope; }");
-    if let Err(e) = broken.compile_ptx("broken", 64, "compute_90") {
-        if !e.contains("not available") {
-            assert!(e.contains("nope"), "the NVRTC log names the error: {e}");
+    match broken.compile_ptx("broken", 64, "compute_90") {
+        Err(DeviceError::Cuda(PersistentError::Compile { log, .. })) => {
+            assert!(log.contains("nope"), "the NVRTC log names the error: {log}")
         }
-    } else {
-        panic!("a broken handler compiled");
+        Err(DeviceError::Cuda(PersistentError::NvrtcUnavailable(_))) => {}
+        other => panic!("a broken handler must be a typed compile error: {other:?}"),
     }
 }
 
@@ -226,9 +227,8 @@ fn handler_assembles_to_hopper_machine_code_with_nvrtc() {
             assert!(persistent.registers > 0);
             assert_eq!(persistent.spill_store_bytes, 0, "{persistent:?}");
         }
-        Err(e)
-            if e.contains("NVRTC")
-                && std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
+        Err(e @ DeviceError::Cuda(PersistentError::NvrtcUnavailable(_)))
+            if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
         {
             eprintln!("SKIP: NVRTC not available: {e}");
         }

@@ -8,9 +8,15 @@
 //! why a backend is missing.
 
 pub mod cpu;
+pub(crate) mod cpu_host;
 pub mod cuda;
+pub mod cuda_ring;
+pub mod device_host;
+pub(crate) mod host;
 mod kernel;
 mod storage;
+
+pub use device_host::DeviceError;
 
 pub use kernel::{launch_cpu, CpuKernelFn, CpuThread, Kernel, KernelArg, Output};
 pub use resident_cuda::launch::{block_size_for, LaunchConfig};
@@ -303,4 +309,37 @@ mod tests {
             assert!(cuda.unavailable.as_deref().unwrap().contains("driver"));
         }
     }
+}
+
+/// Why no device host was built for a kernel: the device refused it.
+pub(crate) struct HostChoice(pub DeviceError);
+
+/// The device host for a kernel with a CUDA handler, when this runtime runs it on a device
+/// (a CUDA GPU, or the emulated device); `Ok(None)` when the kernel runs on the CPU host.
+pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Message>(
+    backend: Backend,
+    emulate: bool,
+    id: &str,
+    cuda: Option<cuda_ring::CudaHandler<In, Out>>,
+    lanes: usize,
+    queue_size: usize,
+    batch_size: usize,
+) -> std::result::Result<Option<Box<dyn host::RingHost<In, Out>>>, HostChoice> {
+    let Some(handler) = cuda else {
+        return Ok(None);
+    };
+    let geometry = cuda_ring::DeviceGeometry::new(lanes, queue_size, batch_size);
+    let ring: Box<dyn device_host::DeviceRing<In, Out>> = if backend == Backend::Cuda {
+        Box::new(cuda_ring::GpuEngine::launch(id, &handler, &geometry).map_err(HostChoice)?)
+    } else if emulate {
+        match handler.emulate {
+            Some(f) => Box::new(
+                cuda_ring::EmulatedEngine::launch(f, &geometry).map_err(HostChoice)?,
+            ),
+            None => return Ok(None),
+        }
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Box::new(device_host::DeviceHost::new(ring))))
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use resident_ring::wait::deadline_after;
 use resident_ring::{Envelope, Message, MessageId, DEFAULT_PRIORITY};
 
-use crate::runtime::handle::{Control, InputPort, KernelShared};
+use crate::runtime::io::{Control, InputPort, KernelIo};
 use crate::runtime::state::{Error, KernelState, Result};
 use crate::runtime::RuntimeCore;
 
@@ -119,7 +119,7 @@ impl<S> Context<S> {
 /// The context of a loop-form kernel: a [`Context`] plus receive and send.
 pub struct LoopContext<In, Out, S> {
     ctx: Context<S>,
-    shared: Arc<KernelShared<In, Out>>,
+    io: Arc<KernelIo<In, Out>>,
 }
 
 impl<In, Out, S> std::ops::Deref for LoopContext<In, Out, S> {
@@ -136,8 +136,8 @@ impl<In, Out, S> std::ops::DerefMut for LoopContext<In, Out, S> {
 }
 
 impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
-    pub(crate) fn new(ctx: Context<S>, shared: Arc<KernelShared<In, Out>>) -> Self {
-        LoopContext { ctx, shared }
+    pub(crate) fn new(ctx: Context<S>, io: Arc<KernelIo<In, Out>>) -> Self {
+        LoopContext { ctx, io }
     }
 
     pub(crate) fn into_parts(self) -> Context<S> {
@@ -194,20 +194,20 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
                 return 0;
             }
             let n = {
-                let _gate = self.shared.batch_gate.lock();
+                let _gate = self.io.batch_gate.lock();
                 if !self.is_active() {
                     0
                 } else {
-                    self.shared.input.recv_batch(out, max)
+                    self.io.input.recv_batch(out, max)
                 }
             };
             if n > 0 {
-                self.shared.metrics.messages_done(n as u64);
-                self.shared.metrics.batch_done(std::time::Instant::now());
+                self.io.metrics.messages_done(n as u64);
+                self.io.metrics.batch_done(std::time::Instant::now());
                 return n;
             }
             let c = self.ctx.control.clone();
-            let woke = self.shared.input.wait_nonempty(deadline, || {
+            let woke = self.io.input.wait_nonempty(deadline, || {
                 c.terminate.load(Ordering::Acquire) || !c.active.load(Ordering::Acquire)
             });
             if !woke {
@@ -218,16 +218,16 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
 
     /// Sends `out` on the output queue as the response to the last message received.
     pub fn send(&mut self, out: Out) {
-        self.shared.deliver(self.ctx.current, Some(out));
+        self.io.publish_one(self.ctx.current, Some(out));
     }
 
     /// Sends `out` as the response to the message with envelope `request`.
     pub fn send_reply(&mut self, request: &Envelope, out: Out) {
-        self.shared.deliver(*request, Some(out));
+        self.io.publish_one(*request, Some(out));
     }
 
     /// The kernel's state as the runtime sees it.
     pub fn kernel_state(&self) -> KernelState {
-        self.shared.state.lock().clone()
+        self.io.state.lock().clone()
     }
 }

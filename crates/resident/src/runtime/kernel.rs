@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use resident_ring::{Backpressure, Message, WaitStrategy};
 
+use crate::backend::cuda_ring::CudaHandler;
 use crate::runtime::context::{Context, LoopContext};
-use crate::runtime::device::{CudaHandler, DeviceEngine};
 
 pub(crate) type HandlerFn<In, Out, S> = Box<dyn FnMut(&mut Context<S>, In) -> Option<Out> + Send>;
 pub(crate) type LoopFn<In, Out, S> = Box<dyn FnOnce(&mut LoopContext<In, Out, S>) + Send>;
@@ -15,8 +15,6 @@ pub(crate) type LoopFn<In, Out, S> = Box<dyn FnOnce(&mut LoopContext<In, Out, S>
 pub(crate) enum Body<In, Out, S> {
     Handler(HandlerFn<In, Out, S>),
     Loop(LoopFn<In, Out, S>),
-    /// Chosen at launch when the kernel runs on a device; the host thread is the pump.
-    Device(Box<dyn DeviceEngine<In, Out>>),
 }
 
 /// The definition of a ring kernel: an actor with an input and an output queue and state that
@@ -47,6 +45,10 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) wait: Option<WaitStrategy>,
     pub(crate) state: S,
     pub(crate) body: Option<Body<In, Out, S>>,
+    /// A handler (or loop) given before `.state(..)`: it was written against `Context<()>`,
+    /// so it runs with a unit context while the state is kept (order does not matter).
+    pub(crate) unit_body: Option<Body<In, Out, ()>>,
+    pub(crate) terminate_timeout: Option<Duration>,
     pub(crate) cuda: Option<CudaHandler<In, Out>>,
     _types: PhantomData<fn(In) -> Out>,
 }
@@ -65,7 +67,30 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             wait: None,
             state: (),
             body: None,
+            unit_body: None,
+            terminate_timeout: None,
             cuda: None,
+            _types: PhantomData,
+        }
+    }
+
+    /// Per-kernel state, owned by the kernel's thread for its whole life. May come before or
+    /// after `.handler(..)`/`.run(..)`: a handler given first was written against
+    /// `Context<()>` (it cannot see this state) and is kept, not discarded.
+    pub fn state<S2: Send + 'static>(self, state: S2) -> RingKernel<In, Out, S2> {
+        RingKernel {
+            id: self.id,
+            queue_size: self.queue_size,
+            output_queue_size: self.output_queue_size,
+            lanes: self.lanes,
+            backpressure: self.backpressure,
+            batch_size: self.batch_size,
+            wait: self.wait,
+            state,
+            body: None,
+            unit_body: self.body.or(self.unit_body),
+            terminate_timeout: self.terminate_timeout,
+            cuda: self.cuda,
             _types: PhantomData,
         }
     }
@@ -105,27 +130,18 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
         self
     }
 
+    /// How long `terminate` and `deactivate` wait for this kernel's host thread (default: the
+    /// runtime's `terminate_timeout`, 10 s). A handler still running then is abandoned: the
+    /// kernel becomes `Failed` and its report holds the stuck message.
+    pub fn terminate_timeout(mut self, t: Duration) -> Self {
+        self.terminate_timeout = Some(t);
+        self
+    }
+
     /// How this kernel's thread and its receivers wait (default: the runtime's).
     pub fn wait_strategy(mut self, wait: WaitStrategy) -> Self {
         self.wait = Some(wait);
         self
-    }
-
-    /// Per-kernel state, owned by the kernel's thread for its whole life.
-    pub fn state<S2: Send + 'static>(self, state: S2) -> RingKernel<In, Out, S2> {
-        RingKernel {
-            id: self.id,
-            queue_size: self.queue_size,
-            output_queue_size: self.output_queue_size,
-            lanes: self.lanes,
-            backpressure: self.backpressure,
-            batch_size: self.batch_size,
-            wait: self.wait,
-            state,
-            body: None,
-            cuda: self.cuda,
-            _types: PhantomData,
-        }
     }
 
     /// The per-message handler; the runtime drains the queue in batches and calls it for each
@@ -165,5 +181,5 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     }
 }
 
-/// How long `terminate` waits for a kernel's thread to stop.
+/// How long `terminate` waits for a kernel's thread to stop, unless configured.
 pub(crate) const TERMINATE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -2,9 +2,10 @@
 //! everything down gracefully when dropped.
 
 pub mod context;
-pub mod device;
 pub mod handle;
+pub(crate) mod io;
 pub mod kernel;
+pub mod report;
 pub mod state;
 
 use std::any::{Any, TypeId};
@@ -17,12 +18,15 @@ use crossbeam_utils::CachePadded;
 use parking_lot::RwLock;
 use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy};
 
+
+use crate::backend::host::RingHost;
 use crate::backend::Backend;
 use crate::telemetry::{RuntimeTelemetry, Telemetry};
 use context::Context;
-use device::CudaHandler;
-use handle::{spawn_kernel, InputPort, KernelHandle, KernelShared};
-use kernel::{Body, RingKernel};
+use handle::{Begin, KernelHandle};
+use io::InputPort;
+use kernel::RingKernel;
+use report::KernelReport;
 use state::{Error, KernelState, Result};
 
 /// Message ids and the clock of a runtime.
@@ -57,8 +61,18 @@ trait KernelEntry: Send + Sync {
     fn types(&self) -> (TypeId, TypeId, String);
     fn handle_any(&self) -> &(dyn Any + Send + Sync);
     fn port_any(&self) -> &(dyn Any + Send + Sync);
-    /// Drains (if active, within `timeout`) then terminates; returns what was left behind.
-    fn shutdown(&self, timeout: Duration) -> Option<(usize, usize)>;
+    /// Drains, if active, until `deadline`.
+    fn drain_until(&self, deadline: Instant);
+    /// First half of terminate; `None` when already terminated (the kept report comes from
+    /// `finish`).
+    fn begin(&self) -> Option<Option<String>>;
+    /// Second half of terminate (or the kept report).
+    fn finish(
+        &self,
+        begun: Option<Option<String>>,
+        deadline: Option<Instant>,
+        timeout: Duration,
+    ) -> Option<KernelReport>;
 }
 
 struct Entry<In, Out> {
@@ -86,14 +100,29 @@ impl<In: Message, Out: Message> KernelEntry for Entry<In, Out> {
     fn port_any(&self) -> &(dyn Any + Send + Sync) {
         &self.port
     }
-    fn shutdown(&self, timeout: Duration) -> Option<(usize, usize)> {
+    fn drain_until(&self, deadline: Instant) {
         if self.handle.state() == KernelState::Active {
-            let _ = self.handle.drain(timeout);
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = self.handle.drain(left);
         }
-        self.handle
-            .terminate()
-            .ok()
-            .map(|r| (r.undelivered.len(), r.unreceived.len()))
+    }
+    fn begin(&self) -> Option<Option<String>> {
+        match self.handle.terminate_begin() {
+            Ok(Begin::Started(failure)) => Some(failure),
+            _ => None,
+        }
+    }
+    fn finish(
+        &self,
+        begun: Option<Option<String>>,
+        deadline: Option<Instant>,
+        timeout: Duration,
+    ) -> Option<KernelReport> {
+        let report = match begun {
+            Some(failure) => self.handle.terminate_finish(failure, deadline, timeout),
+            None => self.handle.report()?,
+        };
+        Some(KernelReport::new(report))
     }
 }
 
@@ -111,6 +140,7 @@ pub(crate) struct RuntimeCore {
     kernels: RwLock<HashMap<String, Arc<dyn KernelEntry>>>,
     telemetry: bool,
     wait: WaitStrategy,
+    terminate_timeout: Duration,
 }
 
 impl RuntimeCore {
@@ -138,6 +168,7 @@ pub struct RuntimeBuilder {
     telemetry: bool,
     wait: WaitStrategy,
     shutdown_timeout: Duration,
+    terminate_timeout: Duration,
     emulate_device: bool,
 }
 
@@ -169,9 +200,19 @@ impl RuntimeBuilder {
         self
     }
 
-    /// How long dropping the runtime lets each active kernel drain (default 5 s).
+    /// How long dropping (or [`Runtime::shutdown`]) lets the active kernels drain, all
+    /// together (default 5 s). Kernels still busy then are terminated; a handler that does
+    /// not return within another `shutdown_timeout` is abandoned (its kernel `Failed`, the
+    /// stuck message in its report). So a drop returns within about twice this bound.
     pub fn shutdown_timeout(mut self, t: Duration) -> Self {
         self.shutdown_timeout = t;
+        self
+    }
+
+    /// Default bound on how long `terminate` and `deactivate` wait for a kernel's host thread
+    /// (default 10 s; per kernel: `RingKernel::terminate_timeout`).
+    pub fn terminate_timeout(mut self, t: Duration) -> Self {
+        self.terminate_timeout = t;
         self
     }
 
@@ -187,6 +228,7 @@ impl RuntimeBuilder {
                 kernels: RwLock::new(HashMap::new()),
                 telemetry: self.telemetry,
                 wait: self.wait,
+                terminate_timeout: self.terminate_timeout,
             }),
             backend,
             shutdown_timeout: self.shutdown_timeout,
@@ -211,6 +253,7 @@ impl Runtime {
             telemetry: false,
             wait: WaitStrategy::default(),
             shutdown_timeout: Duration::from_secs(5),
+            terminate_timeout: kernel::TERMINATE_TIMEOUT,
             emulate_device: false,
         }
     }
@@ -220,82 +263,78 @@ impl Runtime {
         self.backend
     }
 
-    /// Phase 1 of the lifecycle: allocates the kernel's queues and state and starts its thread,
-    /// which handles nothing until [`KernelHandle::activate`]. Messages sent before then queue up.
+    /// Phase 1 of the lifecycle: allocates the kernel's queues and state and starts its host
+    /// thread (on a device backend: compiles and launches the device side), which handles
+    /// nothing until [`KernelHandle::activate`]. Messages sent before then queue up.
+    ///
+    /// The id, the configuration and duplicates are checked before anything is allocated or
+    /// touches a device; errors are typed (a device's own error is the `source` of
+    /// [`Error::Launch`]).
     pub fn launch<In: Message, Out: Message, S: Send + 'static>(
         &self,
         kernel: RingKernel<In, Out, S>,
     ) -> Result<KernelHandle<In, Out>> {
         let id = kernel.id.clone();
-        let invalid = |reason: &str| Error::InvalidConfig {
+        let invalid = |reason: String| Error::InvalidConfig {
             id: id.clone(),
-            reason: reason.to_string(),
-        };
-        let geometry =
-            device::DeviceGeometry::new(kernel.lanes, kernel.queue_size, kernel.batch_size);
-        let body = match (kernel.cuda, kernel.body) {
-            (Some(cuda), _) if self.backend == Backend::Cuda => Body::Device(Box::new(
-                device::GpuEngine::launch(&id, &cuda, &geometry)
-                    .map_err(|e| invalid(&format!("CUDA launch failed: {e}")))?,
-            )),
-            (Some(CudaHandler { emulate: Some(f), .. }), _) if self.emulate_device => Body::Device(Box::new(
-                device::EmulatedEngine::launch(f, &geometry).map_err(|e| invalid(&e))?,
-            )),
-            (_, Some(body)) => body,
-            (Some(_), None) => {
-                return Err(invalid(
-                    "it has only a CUDA handler and this runtime has no CUDA device: add .handler(..) for the CPU, \
-                     or build the runtime with device_emulation(true) and give the handler emulate_with(..)",
-                ))
-            }
-            (None, None) => return Err(invalid("no handler: call .handler(..), .run(..) or .cuda(..)")),
+            reason,
         };
         if id.is_empty() {
-            return Err(invalid("the id is empty"));
+            return Err(invalid("the id is empty".into()));
         }
         if kernel.batch_size == 0 {
-            return Err(invalid("batch_size must be at least 1"));
+            return Err(invalid("batch_size must be at least 1".into()));
         }
+        if kernel.lanes == 0 || kernel.lanes > 256 {
+            return Err(invalid(format!(
+                "priority_lanes must be 1 to 256, got {}",
+                kernel.lanes
+            )));
+        }
+        self.check_duplicate(&id)?;
         let wait = kernel.wait.unwrap_or(self.core.wait);
-        fn mailbox<T: Message>(
-            capacity: usize,
-            lanes: usize,
-            backpressure: resident_ring::Backpressure,
-            wait: WaitStrategy,
-        ) -> std::result::Result<Mailbox<T>, String> {
-            Mailbox::new(MailboxConfig {
-                capacity,
-                lanes,
-                backpressure,
-                wait,
-            })
-            .map_err(|e| e.to_string())
-        }
-        let input = mailbox::<In>(kernel.queue_size, kernel.lanes, kernel.backpressure, wait)
-            .map_err(|e| invalid(&e))?;
+        let cfg = |capacity: usize, lanes: usize, backpressure: Backpressure| MailboxConfig {
+            capacity,
+            lanes,
+            backpressure,
+            wait,
+        };
+        let input_cfg = cfg(kernel.queue_size, kernel.lanes, kernel.backpressure);
         // Outputs never fail a handler: a full output queue makes the kernel wait in short
         // steps (so terminate is seen), unless the user chose a drop policy.
         let output_policy = match kernel.backpressure {
             p @ (Backpressure::DropOldest | Backpressure::DropNewest) => p,
             _ => Backpressure::Block(Duration::from_millis(20)),
         };
-        let output = mailbox::<Out>(
+        let output_cfg = cfg(
             kernel.output_queue_size.unwrap_or(kernel.queue_size),
             1,
             output_policy,
-            wait,
-        )
-        .map_err(|e| invalid(&e))?;
-
-        let mut kernels = self.core.kernels.write();
-        if let Some(existing) = kernels.get(&id) {
-            let state = existing.state();
-            if state != KernelState::Terminated {
-                return Err(Error::DuplicateKernel { id, state });
-            }
+        );
+        fn build<T: Message>(
+            cfg: MailboxConfig,
+            id: &str,
+            what: &'static str,
+        ) -> Result<Mailbox<T>> {
+            Mailbox::new(cfg).map_err(|e| match e {
+                resident_ring::mailbox::MailboxError::Ring(
+                    resident_ring::spsc::RingError::OutOfMemory { bytes },
+                ) => Error::OutOfMemory {
+                    id: id.to_string(),
+                    what,
+                    bytes,
+                },
+                other => Error::InvalidConfig {
+                    id: id.to_string(),
+                    reason: format!("{what}: {other}"),
+                },
+            })
         }
+        let input = build::<In>(input_cfg, &id, "input queue")?;
+        let output = build::<Out>(output_cfg, &id, "output queue")?;
+
         let id_arc: Arc<str> = Arc::from(id.as_str());
-        let shared = Arc::new(KernelShared::new(
+        let io = io::kernel_io(
             id_arc.clone(),
             input,
             output,
@@ -303,25 +342,93 @@ impl Runtime {
             wait,
             kernel.batch_size,
             self.core.telemetry,
-        ));
-        let ctx = Context::new(
-            kernel.state,
-            id_arc,
-            shared.control.clone(),
-            Arc::downgrade(&self.core),
+            kernel.terminate_timeout.unwrap_or(self.core.terminate_timeout),
         );
-        spawn_kernel(shared.clone(), ctx, body)?;
-        let handle = KernelHandle {
-            shared: shared.clone(),
+        let has_cuda = kernel.cuda.is_some();
+        let device = crate::backend::device_host::<In, Out>(
+            self.backend,
+            self.emulate_device,
+            &id,
+            kernel.cuda,
+            kernel.lanes,
+            kernel.queue_size,
+            kernel.batch_size,
+        )
+        .map_err(|crate::backend::HostChoice(source)| Error::Launch {
+            id: id.clone(),
+            source: Box::new(source),
+        })?;
+        let host: Box<dyn RingHost<In, Out>> = match (device, kernel.body, kernel.unit_body) {
+            (Some(device), _, _) => device,
+            (None, Some(body), _) => {
+                let ctx = Context::new(
+                    kernel.state,
+                    id_arc,
+                    io.control.clone(),
+                    Arc::downgrade(&self.core),
+                );
+                Box::new(crate::backend::cpu_host::CpuHost::new(ctx, body))
+            }
+            (None, None, Some(body)) => {
+                // A handler given before `.state(..)`: it runs with a unit context; the state
+                // is kept with the kernel until it ends.
+                let state = kernel.state;
+                let ctx = Context::new(
+                    (),
+                    id_arc,
+                    io.control.clone(),
+                    Arc::downgrade(&self.core),
+                );
+                Box::new(crate::backend::cpu_host::KeepState::new(
+                    crate::backend::cpu_host::CpuHost::new(ctx, body),
+                    state,
+                ))
+            }
+            (None, None, None) if has_cuda => {
+                return Err(invalid(
+                    "it has only a CUDA handler and this runtime has no CUDA device: add .handler(..) for the CPU, \
+                     or build the runtime with device_emulation(true) and give the handler emulate_with(..)"
+                        .into(),
+                ))
+            }
+            (None, None, None) => {
+                return Err(invalid(
+                    "no handler: call .handler(..), .run(..) or .cuda(..)".into(),
+                ))
+            }
         };
+
+        let mut kernels = self.core.kernels.write();
+        if let Some(existing) = kernels.get(&id) {
+            let state = existing.state();
+            if state != KernelState::Terminated {
+                // Dropping `host` frees its device side: nothing keeps running.
+                return Err(Error::DuplicateKernel { id, state });
+            }
+        }
+        crate::backend::host::spawn(io.clone(), host)?;
+        let handle = KernelHandle { io: io.clone() };
         kernels.insert(
             id,
             Arc::new(Entry {
                 handle: handle.clone(),
-                port: shared.port.clone(),
+                port: io.port.clone(),
             }),
         );
         Ok(handle)
+    }
+
+    fn check_duplicate(&self, id: &str) -> Result<()> {
+        if let Some(existing) = self.core.kernels.read().get(id) {
+            let state = existing.state();
+            if state != KernelState::Terminated {
+                return Err(Error::DuplicateKernel {
+                    id: id.to_string(),
+                    state,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The typed handle of kernel `id`; an error for an unknown id or other message types.
@@ -359,31 +466,42 @@ impl Runtime {
         self.telemetry().to_prometheus()
     }
 
-    /// Drains active kernels (up to the shutdown timeout each) and terminates all of them.
-    /// Returns, per kernel id, how many inputs and outputs were left undelivered.
-    pub fn shutdown(self) -> Vec<(String, usize, usize)> {
+    /// Drains the active kernels (together, up to the shutdown timeout), then terminates all
+    /// of them (a handler stuck beyond another shutdown timeout is abandoned) and returns
+    /// every kernel's full report, sorted by id. Each handle the user still holds can get its
+    /// kernel's report too ([`KernelHandle::report`], or `terminate`).
+    pub fn shutdown(self) -> Vec<KernelReport> {
         self.shutdown_all()
     }
 
-    fn shutdown_all(&self) -> Vec<(String, usize, usize)> {
-        let entries: Vec<(String, Arc<dyn KernelEntry>)> = self
-            .core
-            .kernels
-            .read()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let mut left = Vec::new();
-        for (id, e) in entries {
-            if let Some((inputs, outputs)) = e.shutdown(self.shutdown_timeout) {
-                if inputs + outputs > 0 {
-                    tracing::warn!(kernel = %id, inputs, outputs, "runtime shutdown left messages undelivered");
-                }
-                left.push((id, inputs, outputs));
+    fn shutdown_all(&self) -> Vec<KernelReport> {
+        let entries: Vec<Arc<dyn KernelEntry>> =
+            self.core.kernels.read().values().cloned().collect();
+        let t = self.shutdown_timeout;
+        let drain_deadline = Instant::now().checked_add(t);
+        if let Some(d) = drain_deadline {
+            for e in &entries {
+                e.drain_until(d);
             }
         }
-        left.sort();
-        left
+        // Tell every kernel first, then wait for all of them against one deadline.
+        let begun: Vec<_> = entries.iter().map(|e| e.begin()).collect();
+        let deadline = resident_ring::wait::deadline_after(t);
+        let mut reports: Vec<KernelReport> = entries
+            .iter()
+            .zip(begun)
+            .filter_map(|(e, b)| e.finish(b, deadline, t))
+            .collect();
+        for r in &reports {
+            let left = r.undelivered + r.unreceived;
+            if left > 0 || r.failure.is_some() {
+                tracing::warn!(kernel = %r.kernel_id, undelivered = r.undelivered,
+                    unreceived = r.unreceived, failure = ?r.failure,
+                    "runtime shutdown: messages handed back in the kernel's report");
+            }
+        }
+        reports.sort_by(|a, b| a.kernel_id.cmp(&b.kernel_id));
+        reports
     }
 }
 

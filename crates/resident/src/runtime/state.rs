@@ -172,6 +172,34 @@ pub enum Error {
     /// The requested backend cannot be used.
     #[error("backend unavailable: {0}")]
     BackendUnavailable(String),
+    /// A device could not launch the kernel; `source` is the backend's own error (match it
+    /// to tell e.g. `ResidencyExceeded`, `DeviceLost` or a compile error apart).
+    #[error("kernel '{id}': launch failed: {source}")]
+    Launch {
+        /// Kernel id.
+        id: String,
+        /// The device's error.
+        #[source]
+        source: Box<crate::backend::device_host::DeviceError>,
+    },
+    /// A queue or buffer is too large for this machine's memory.
+    #[error("kernel '{id}': cannot allocate {bytes} bytes for its {what}")]
+    OutOfMemory {
+        /// Kernel id.
+        id: String,
+        /// What the memory was for.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: usize,
+    },
+    /// A `call`'s request was dropped by the kernel's `DropOldest`/`DropNewest` policy.
+    #[error("kernel '{id}': request {message_id} was dropped by the backpressure policy")]
+    Dropped {
+        /// Kernel id.
+        id: String,
+        /// The request.
+        message_id: u64,
+    },
     /// The kernel's thread could not be started.
     #[error("kernel '{id}': cannot start its thread: {source}")]
     Spawn {
@@ -197,6 +225,14 @@ impl Error {
         boxed.downcast::<T>().ok().map(|b| *b)
     }
 
+    /// The device error underneath a failed launch, if any.
+    pub fn device_error(&self) -> Option<&crate::backend::device_host::DeviceError> {
+        match self {
+            Error::Launch { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
     /// The id of the kernel the error is about, if any.
     pub fn kernel_id(&self) -> Option<&str> {
         match self {
@@ -210,6 +246,9 @@ impl Error {
             | Error::TypeMismatch { id, .. }
             | Error::DuplicateKernel { id, .. }
             | Error::InvalidConfig { id, .. }
+            | Error::Launch { id, .. }
+            | Error::OutOfMemory { id, .. }
+            | Error::Dropped { id, .. }
             | Error::Spawn { id, .. } => Some(id),
             Error::BackendUnavailable(_) => None,
         }

@@ -1,12 +1,8 @@
-//! Ring kernels whose handler runs on a device: a persistent CUDA kernel, or the emulated
-//! device (a CPU thread that plays the GPU's part over the same queue memory, for testing the
-//! host protocol where no GPU is present).
-//!
-//! The host side is a *pump* thread per kernel. Senders still enqueue into the kernel's host
-//! mailbox, so every rule of the CPU backend (priority lanes, backpressure policies, close,
-//! terminate reports) holds unchanged; the pump moves batches into the device's input lanes
-//! (pinned, device-mapped memory on a GPU), drains the device's output ring, routes `call`
-//! replies by correlation id, beats the heartbeat and polls for device faults.
+//! CUDA ring kernels: the user's [`CudaHandler`] and the two [`DeviceRing`]s that run it — a
+//! persistent kernel on a GPU, or the emulated device (a CPU thread that plays the GPU's part
+//! over the same queue memory, for testing the host protocol where no GPU is present). The
+//! pump that drives them is [`device_host`](super::device_host); this is the only module of
+//! the runtime side that names CUDA types.
 
 use std::time::Duration;
 
@@ -15,6 +11,8 @@ use resident_cuda::persistent::{
     PersistentQueues, QueueConfig,
 };
 use resident_ring::{DeviceMessage, Envelope, Message, Slot};
+
+use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
 
 /// A ring kernel's handler in CUDA C: `__device__ bool handle(ResidentState* state,
 /// const ResidentIn* in, ResidentOut* out, const Envelope* env)`, returning `false` for "no
@@ -102,11 +100,11 @@ impl<In, Out> CudaHandler<In, Out> {
         kernel_id: &str,
         batch_size: usize,
         arch: &str,
-    ) -> Result<String, String> {
+    ) -> Result<String, DeviceError> {
         let g = DeviceGeometry::new(1, 2, batch_size);
         resident_cuda::persistent::compile_ptx(&self.kernel_source(kernel_id, g.batch_size), arch)
             .map(|k| k.ptx)
-            .map_err(|e| e.to_string())
+            .map_err(DeviceError::from)
     }
 }
 
@@ -120,32 +118,14 @@ impl<In, Out> CudaHandler<In, Out> {
         kernel_id: &str,
         batch_size: usize,
         sm: &str,
-    ) -> Result<Vec<resident_cuda::persistent::SassReport>, String> {
+    ) -> Result<Vec<resident_cuda::persistent::SassReport>, DeviceError> {
         let g = DeviceGeometry::new(1, 2, batch_size);
         resident_cuda::persistent::compile_sass_report(
             &self.kernel_source(kernel_id, g.batch_size),
             sm,
         )
-        .map_err(|e| e.to_string())
+        .map_err(DeviceError::from)
     }
-}
-
-/// What the pump needs from a device-side kernel.
-pub(crate) trait DeviceEngine<In, Out>: Send {
-    /// Moves the longest prefix of `slots` that fits into the device's lanes.
-    fn push(&mut self, slots: &[Slot<In>]) -> usize;
-    /// Moves up to `max` outputs to `out`.
-    fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize;
-    fn set_active(&mut self, on: bool) -> Result<(), String>;
-    fn heartbeat(&mut self);
-    /// `Err(reason)` once the device side has faulted or exited on its own.
-    fn check(&mut self) -> Result<(), String>;
-    /// (processed, batches, outputs lost at a forced exit), from the device's own counters.
-    fn counters(&self) -> (u64, u64, u64);
-    /// Asks the device side to exit and waits for it.
-    fn stop(&mut self, timeout: Duration) -> Result<(), String>;
-    /// After `stop` (or a fault): the inputs the device never consumed.
-    fn reclaim(&mut self) -> Vec<Slot<In>>;
 }
 
 /// Geometry shared by both engines.
@@ -188,48 +168,49 @@ impl<In: Message, Out: Message> GpuEngine<In, Out> {
         id: &str,
         handler: &CudaHandler<In, Out>,
         g: &DeviceGeometry,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, DeviceError> {
         let source = handler.kernel_source(id, g.batch_size);
         let opts = LaunchOptions {
             queues: g.queues(),
             ..LaunchOptions::default()
         };
         let kernel =
-            PersistentKernel::launch(&source, &handler.state, &opts).map_err(|e| e.to_string())?;
+            PersistentKernel::launch(&source, &handler.state, &opts)?;
         Ok(GpuEngine { kernel })
     }
 }
 
-impl<In: Message, Out: Message> DeviceEngine<In, Out> for GpuEngine<In, Out> {
+impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
         self.kernel.send_batch(slots)
     }
     fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
         self.kernel.receive_into(out, max)
     }
-    fn set_active(&mut self, on: bool) -> Result<(), String> {
-        if on {
+    fn set_active(&mut self, on: bool) -> Result<(), DeviceError> {
+        Ok(if on {
             self.kernel.activate()
         } else {
             self.kernel.deactivate()
-        }
-        .map_err(|e| e.to_string())
+        }?)
     }
     fn heartbeat(&mut self) {
         // PersistentKernel runs its own heartbeat thread.
     }
-    fn check(&mut self) -> Result<(), String> {
-        self.kernel.check().map_err(|e| e.to_string())
+    fn check(&mut self) -> Result<(), DeviceError> {
+        Ok(self.kernel.check()?)
     }
-    fn counters(&self) -> (u64, u64, u64) {
+    fn counters(&self) -> RingCounters {
         let c = self.kernel.device_counters();
-        (c.processed, c.batches, c.undelivered)
+        RingCounters {
+            processed: c.processed,
+            batches: c.batches,
+            lost: c.undelivered,
+        }
     }
-    fn stop(&mut self, timeout: Duration) -> Result<(), String> {
-        self.kernel
-            .terminate(timeout)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+    fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError> {
+        self.kernel.terminate(timeout)?;
+        Ok(())
     }
     fn reclaim(&mut self) -> Vec<Slot<In>> {
         self.kernel.reclaim_input().unwrap_or_default()
@@ -244,8 +225,11 @@ pub(crate) struct EmulatedEngine<In: Message, Out: Message> {
 }
 
 impl<In: Message, Out: Message> EmulatedEngine<In, Out> {
-    pub fn launch(handler: EmulatedHandler<In, Out>, g: &DeviceGeometry) -> Result<Self, String> {
-        let queues = PersistentQueues::<In, Out>::on_heap(g.queues()).map_err(|e| e.to_string())?;
+    pub fn launch(
+        handler: EmulatedHandler<In, Out>,
+        g: &DeviceGeometry,
+    ) -> Result<Self, DeviceError> {
+        let queues = PersistentQueues::<In, Out>::on_heap(g.queues())?;
         let options = EmulatorOptions {
             batch_size: g.batch_size as usize,
             ..EmulatorOptions::default()
@@ -253,7 +237,7 @@ impl<In: Message, Out: Message> EmulatedEngine<In, Out> {
         queues.set_heartbeat_timeout(Some(Duration::from_secs(2)));
         queues.heartbeat();
         let device = EmulatedDevice::spawn(queues.device_view(), options, handler)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| DeviceError::Fault(format!("cannot start the emulated device: {e}")))?;
         Ok(EmulatedEngine {
             queues,
             device: Some(device),
@@ -262,14 +246,14 @@ impl<In: Message, Out: Message> EmulatedEngine<In, Out> {
     }
 }
 
-impl<In: Message, Out: Message> DeviceEngine<In, Out> for EmulatedEngine<In, Out> {
+impl<In: Message, Out: Message> DeviceRing<In, Out> for EmulatedEngine<In, Out> {
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
         self.queues.send_batch(slots)
     }
     fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
         self.queues.receive_into(out, max)
     }
-    fn set_active(&mut self, on: bool) -> Result<(), String> {
+    fn set_active(&mut self, on: bool) -> Result<(), DeviceError> {
         if on {
             self.queues.activate()
         } else {
@@ -280,24 +264,30 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for EmulatedEngine<In, Out
     fn heartbeat(&mut self) {
         self.queues.heartbeat();
     }
-    fn check(&mut self) -> Result<(), String> {
+    fn check(&mut self) -> Result<(), DeviceError> {
         match &self.device {
             Some(d) if d.is_finished() && !self.stopped => {
                 let exit = self.device.take().map(|d| d.join());
                 Err(match exit {
-                    Some(Ok(e)) => format!("emulated device exited on its own ({:?})", e.state),
-                    _ => "emulated device faulted: its handler panicked".to_string(),
+                    Some(Ok(e)) => DeviceError::ExitedOnItsOwn {
+                        state: format!("{:?}", e.state),
+                    },
+                    _ => DeviceError::Fault("the emulated handler panicked".into()),
                 })
             }
-            None if !self.stopped => Err("emulated device is gone".into()),
+            None if !self.stopped => Err(DeviceError::Fault("the emulated device is gone".into())),
             _ => Ok(()),
         }
     }
-    fn counters(&self) -> (u64, u64, u64) {
+    fn counters(&self) -> RingCounters {
         let c = self.queues.device_counters();
-        (c.processed, c.batches, c.undelivered)
+        RingCounters {
+            processed: c.processed,
+            batches: c.batches,
+            lost: c.undelivered,
+        }
     }
-    fn stop(&mut self, timeout: Duration) -> Result<(), String> {
+    fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError> {
         self.stopped = true;
         self.queues.terminate();
         let Some(d) = self.device.take() else {
@@ -308,13 +298,13 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for EmulatedEngine<In, Out
             if std::time::Instant::now() > deadline {
                 // Keep it so `reclaim` does not read lanes it may still consume.
                 self.device = Some(d);
-                return Err("emulated device did not exit in time".into());
+                return Err(DeviceError::StopTimeout(timeout));
             }
             std::thread::sleep(Duration::from_micros(100));
         }
         d.join()
             .map(|_| ())
-            .map_err(|_| "emulated device faulted: its handler panicked".to_string())
+            .map_err(|_| DeviceError::Fault("the emulated handler panicked".into()))
     }
     fn reclaim(&mut self) -> Vec<Slot<In>> {
         if self.device.as_ref().is_some_and(|d| !d.is_finished()) {

@@ -1,0 +1,168 @@
+//! The CPU ring host: the kernel's handler runs on its own host thread.
+//!
+//! Handler form: take a batch (highest lane first, FIFO within a lane), handle each message,
+//! publish each result as soon as its handler returns. Every message is claimed in
+//! [`InHand`](crate::runtime::io::InHand) before its handler runs, so a `terminate` that gives
+//! up on a handler that never returns takes exactly the messages this thread had not finished.
+//! Loop form: the user's loop receives and sends itself through [`LoopContext`].
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use resident_ring::{Envelope, Message, Slot};
+
+use crate::backend::host::{panic_text, RingHost};
+use crate::runtime::context::{Context, LoopContext};
+use crate::runtime::io::KernelIo;
+use crate::runtime::kernel::{Body, HandlerFn, LoopFn};
+
+/// Hosts a kernel whose handler is a Rust closure (or loop) on a host thread.
+pub(crate) struct CpuHost<In, Out, S> {
+    ctx: Context<S>,
+    body: Body<In, Out, S>,
+}
+
+impl<In, Out, S> CpuHost<In, Out, S> {
+    pub fn new(ctx: Context<S>, body: Body<In, Out, S>) -> Self {
+        CpuHost { ctx, body }
+    }
+}
+
+impl<In: Message, Out: Message, S: Send + 'static> RingHost<In, Out> for CpuHost<In, Out, S> {
+    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>) {
+        let CpuHost { ctx, body } = *self;
+        match body {
+            Body::Handler(h) => run_handler(io, ctx, h),
+            Body::Loop(f) => run_loop(io, ctx, f),
+        }
+    }
+}
+
+fn run_handler<In: Message, Out: Message, S>(
+    io: &Arc<KernelIo<In, Out>>,
+    mut ctx: Context<S>,
+    mut handler: HandlerFn<In, Out, S>,
+) {
+    let mut batch: Vec<Slot<In>> = Vec::with_capacity(io.batch_size);
+    let c = io.control.clone();
+    loop {
+        if io.terminating() {
+            return;
+        }
+        if !io.is_active() {
+            io.wait_for_control();
+            continue;
+        }
+        let gate = io.batch_gate.lock();
+        // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
+        if !io.is_active() || io.terminating() {
+            continue;
+        }
+        let n = match io.in_hand.take(&io.input, &mut batch, io.batch_size) {
+            Ok(n) => n,
+            Err(_abandoned) => return,
+        };
+        if n == 0 {
+            drop(gate);
+            io.input.wait_nonempty(None, || {
+                c.terminate.load(std::sync::atomic::Ordering::Acquire)
+                    || !c.active.load(std::sync::atomic::Ordering::Acquire)
+            });
+            continue;
+        }
+        // The result of the previous message, published once the next claim (or the end of
+        // the batch) confirms terminate has not taken it into its report.
+        let mut done: Option<(Envelope, Option<Out>)> = None;
+        for i in 0..n {
+            if io.in_hand.start(i).is_err() {
+                return; // abandoned: the report holds message i-1 onwards
+            }
+            if let Some((env, out)) = done.take() {
+                io.metrics.messages_done(1);
+                io.publish_one(env, out);
+            }
+            let slot = batch[i];
+            ctx.current = slot.env;
+            match catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, slot.payload))) {
+                Ok(out) => done = Some((slot.env, out)),
+                Err(panic) => {
+                    // Claim the rest of the batch back from the handoff (fails only if
+                    // terminate abandoned us meanwhile and took it).
+                    if io.in_hand.finish(i + 1).is_ok() {
+                        io.metrics.batch_done(Instant::now());
+                        io.fail(
+                            format!(
+                                "handler panicked on message {}: {}",
+                                slot.env.message_id,
+                                panic_text(&panic)
+                            ),
+                            Some(slot),
+                            batch[i + 1..n].to_vec(),
+                        );
+                    }
+                    return;
+                }
+            }
+        }
+        if io.in_hand.finish(n).is_err() {
+            return;
+        }
+        if let Some((env, out)) = done.take() {
+            io.metrics.messages_done(1);
+            io.publish_one(env, out);
+        }
+        io.metrics.batch_done(Instant::now());
+        drop(gate);
+    }
+}
+
+fn run_loop<In: Message, Out: Message, S>(
+    io: &Arc<KernelIo<In, Out>>,
+    ctx: Context<S>,
+    f: LoopFn<In, Out, S>,
+) {
+    let mut lctx = LoopContext::new(ctx, io.clone());
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        // Nothing is handed to the loop before activation.
+        io.wait_for_control();
+        f(&mut lctx)
+    }));
+    drop(lctx.into_parts());
+    match r {
+        Err(p) => io.fail(
+            format!("run loop panicked: {}", panic_text(&p)),
+            None,
+            Vec::new(),
+        ),
+        Ok(()) if !io.terminating() => io.fail(
+            "run loop returned before terminate was requested".into(),
+            None,
+            Vec::new(),
+        ),
+        Ok(()) => {}
+    }
+}
+
+/// A CPU host whose handler was given before `.state(..)`: it runs with a unit context and the
+/// state stays with the kernel (dropped on its host thread when it ends).
+pub(crate) struct KeepState<H, S> {
+    host: H,
+    state: S,
+}
+
+impl<H, S> KeepState<H, S> {
+    pub fn new(host: H, state: S) -> Self {
+        KeepState { host, state }
+    }
+}
+
+impl<In: Message, Out: Message, S: Send + 'static> RingHost<In, Out>
+    for KeepState<CpuHost<In, Out, ()>, S>
+{
+    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>) {
+        let KeepState { host, state } = *self;
+        Box::new(host).run(io);
+        drop(state);
+    }
+}

@@ -1,0 +1,208 @@
+//! The device ring host: a *pump* thread per kernel between `KernelIo` and a
+//! [`DeviceRing`] — the device-side queues of a kernel that runs on a device (a persistent
+//! CUDA kernel, or the emulated device).
+//!
+//! Senders still enqueue into the kernel's host mailbox, so every rule of the CPU backend
+//! (priority lanes, backpressure policies, close, terminate reports) holds unchanged; the pump
+//! moves batches into the device's input lanes, drains the device's output ring into
+//! [`KernelIo::publish`], beats the heartbeat and polls for device faults.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use resident_ring::wait::deadline_after;
+use resident_ring::{Envelope, Message, Slot};
+
+use crate::backend::host::RingHost;
+use crate::runtime::io::KernelIo;
+
+/// Why a device-side kernel could not be launched or stopped, or why it failed. Keeps the
+/// backend's own error as its source, so callers can match e.g.
+/// `resident_cuda::CudaError::ResidencyExceeded`.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The persistent CUDA kernel layer reported an error.
+    #[error(transparent)]
+    Cuda(#[from] resident_cuda::persistent::PersistentError),
+    /// The device side exited without being asked to.
+    #[error("the device kernel exited on its own ({state})")]
+    ExitedOnItsOwn {
+        /// The state it reported.
+        state: String,
+    },
+    /// The device side faulted (a trap, an illegal access, a panic of an emulated handler).
+    #[error("the device kernel faulted: {0}")]
+    Fault(String),
+    /// The device side did not stop within the timeout.
+    #[error("the device kernel did not stop within {0:?}")]
+    StopTimeout(Duration),
+}
+
+impl DeviceError {
+    /// The CUDA error underneath, if this came from the CUDA driver.
+    pub fn cuda(&self) -> Option<&resident_cuda::CudaError> {
+        match self {
+            DeviceError::Cuda(resident_cuda::persistent::PersistentError::Cuda(e)) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Counters a device kernel keeps about itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RingCounters {
+    pub processed: u64,
+    pub batches: u64,
+    /// Outputs lost because the device had to exit with its output ring full.
+    pub lost: u64,
+}
+
+/// What the pump needs from a device-side kernel. Outputs come back carrying their request's
+/// envelope convention: `correlation_id` = the request's `message_id`, the request's flags,
+/// priority and send time.
+pub(crate) trait DeviceRing<In, Out>: Send {
+    /// Moves the longest prefix of `slots` that fits into the device's lanes.
+    fn push(&mut self, slots: &[Slot<In>]) -> usize;
+    /// Moves up to `max` outputs to `out`.
+    fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize;
+    fn set_active(&mut self, on: bool) -> Result<(), DeviceError>;
+    fn heartbeat(&mut self);
+    /// `Err` once the device side has faulted or exited on its own.
+    fn check(&mut self) -> Result<(), DeviceError>;
+    fn counters(&self) -> RingCounters;
+    /// Asks the device side to exit and waits for it (bounded).
+    fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError>;
+    /// After `stop` (or a fault): the inputs the device never consumed.
+    fn reclaim(&mut self) -> Vec<Slot<In>>;
+}
+
+/// Hosts a kernel whose handler runs on a device.
+pub(crate) struct DeviceHost<In, Out> {
+    ring: Box<dyn DeviceRing<In, Out>>,
+}
+
+impl<In, Out> DeviceHost<In, Out> {
+    pub fn new(ring: Box<dyn DeviceRing<In, Out>>) -> Self {
+        DeviceHost { ring }
+    }
+}
+
+impl<In: Message, Out: Message> RingHost<In, Out> for DeviceHost<In, Out> {
+    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>) {
+        pump(io, self.ring)
+    }
+}
+
+fn store_counters<In: Message, Out: Message>(
+    io: &KernelIo<In, Out>,
+    ring: &dyn DeviceRing<In, Out>,
+) {
+    let c = ring.counters();
+    io.metrics.processed.store(c.processed, Ordering::Relaxed);
+    io.metrics.batches.store(c.batches, Ordering::Relaxed);
+    io.metrics.device_undelivered.store(c.lost, Ordering::Relaxed);
+}
+
+/// Device outputs carry the request's id as `correlation_id`: turn them back into
+/// (request envelope, output) pairs for the one publish path.
+fn deliver<In: Message, Out: Message>(io: &KernelIo<In, Out>, outs: &mut Vec<Slot<Out>>) {
+    for o in outs.iter_mut() {
+        o.env = Envelope {
+            message_id: o.env.correlation_id,
+            correlation_id: 0,
+            ..o.env
+        };
+    }
+    io.publish(outs);
+}
+
+fn pump<In: Message, Out: Message>(
+    io: &Arc<KernelIo<In, Out>>,
+    mut ring: Box<dyn DeviceRing<In, Out>>,
+) {
+    let c = io.control.clone();
+    let mut carry: Vec<Slot<In>> = Vec::with_capacity(io.batch_size * 4);
+    let mut outs: Vec<Slot<Out>> = Vec::with_capacity(4096);
+    let mut device_active = false;
+    let mut last_beat = Instant::now();
+    let mut idle: u32 = 0;
+    let failure = loop {
+        if c.terminate.load(Ordering::Acquire) {
+            break None;
+        }
+        let want = c.active.load(Ordering::Acquire);
+        if want != device_active {
+            if let Err(e) = ring.set_active(want) {
+                break Some(e);
+            }
+            device_active = want;
+        }
+        let mut moved = 0;
+        if want {
+            let _gate = io.batch_gate.lock();
+            // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
+            if c.active.load(Ordering::Acquire) {
+                if carry.is_empty() {
+                    io.input.recv_batch(&mut carry, io.batch_size * 4);
+                }
+                let n = ring.push(&carry);
+                carry.drain(..n);
+                moved += n;
+            }
+        }
+        outs.clear();
+        let n = ring.pull(&mut outs, 4096);
+        // Counters first: whoever sees an output also sees it counted.
+        store_counters(io, &*ring);
+        if n > 0 {
+            deliver(io, &mut outs);
+            moved += n;
+        }
+        if last_beat.elapsed() >= Duration::from_millis(50) {
+            last_beat = Instant::now();
+            ring.heartbeat();
+            if let Err(e) = ring.check() {
+                break Some(e);
+            }
+        }
+        if moved > 0 {
+            idle = 0;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        if idle < 256 {
+            std::hint::spin_loop();
+        } else {
+            // Outputs from the device come without a wake-up: poll with a bounded backoff
+            // (up to 1 ms), waking at once for new input or a state change.
+            let backoff = Duration::from_micros(1 << (idle - 256).min(10));
+            io.input.wait_nonempty(deadline_after(backoff), || {
+                c.terminate.load(Ordering::Acquire)
+                    || c.active.load(Ordering::Acquire) != device_active
+            });
+        }
+    };
+    let stop = ring.stop(io.terminate_timeout);
+    loop {
+        outs.clear();
+        if ring.pull(&mut outs, 4096) == 0 {
+            break;
+        }
+        deliver(io, &mut outs);
+    }
+    store_counters(io, &*ring);
+    // Inputs the device never consumed were sent before those still in `carry`.
+    let mut stranded = ring.reclaim();
+    stranded.append(&mut carry);
+    // Free the device side before anyone can see the failure: after a device fault the
+    // context is reset on the next launch only once nothing from before the fault is alive.
+    drop(ring);
+    // A device that did not stop when asked may still hold inputs it never reports: that is a
+    // failure even during terminate, never a silent success.
+    let reason = failure.or_else(|| stop.err());
+    match reason {
+        Some(e) => io.fail(format!("device kernel failed: {e}"), None, stranded),
+        None => io.strand(stranded),
+    }
+}

@@ -1,0 +1,61 @@
+//! The ring-host seam: "host this ring kernel's handler somewhere".
+//!
+//! The runtime keeps everything a message passes through on the host in one place,
+//! [`KernelIo`]: mailbox lanes, the call table, stranded and unreceived messages, metrics, and
+//! the one publish path for outputs. A backend implements [`RingHost`]: on the kernel's host
+//! thread it takes batches from `KernelIo`, runs the handler (on this thread, or on a device it
+//! drives), gives the results back through [`KernelIo::publish`], and reports counters and
+//! faults. Lifecycle flags, lane mapping, envelope stamping, wait-for-exit and terminate
+//! accounting live above this seam, once.
+//!
+//! Hosts: [`cpu_host`](super::cpu_host) (the handler on a host thread) and
+//! [`device_host`](super::device_host) (a pump feeding a [`DeviceRing`](super::device_host::DeviceRing):
+//! a persistent CUDA kernel or the emulated device).
+
+use std::sync::Arc;
+
+use resident_ring::Message;
+
+use crate::runtime::io::KernelIo;
+use crate::runtime::state::{Error, Result};
+
+/// Hosts one ring kernel. `run` is called once, on the kernel's own host thread, right after
+/// launch; it returns when the kernel terminates or fails (having called
+/// [`KernelIo::fail`] for a failure). It must see `io.terminating()` promptly, never publish
+/// outside [`KernelIo::publish`], and hand every input it took but did not handle back with
+/// [`KernelIo::strand`] or [`KernelIo::fail`].
+pub(crate) trait RingHost<In: Message, Out: Message>: Send + 'static {
+    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>);
+}
+
+/// Starts the kernel's host thread, which waits for `activate` before handling anything.
+pub(crate) fn spawn<In: Message, Out: Message>(
+    io: Arc<KernelIo<In, Out>>,
+    host: Box<dyn RingHost<In, Out>>,
+) -> Result<()> {
+    let io2 = io.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("resident:{}", io.id))
+        .spawn(move || {
+            *io2.thread_id.lock() = Some(std::thread::current().id());
+            host.run(&io2);
+            io2.host_exited();
+        })
+        .map_err(|source| Error::Spawn {
+            id: io.id.to_string(),
+            source,
+        })?;
+    *io.thread.lock() = Some(handle);
+    Ok(())
+}
+
+/// Text of a panic payload.
+pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}

@@ -1,0 +1,716 @@
+//! `KernelIo`: everything a message passes through on the host, in one place, for every
+//! backend. Senders enqueue into the input mailbox (priority lanes, backpressure); a backend's
+//! [`RingHost`](crate::backend::host::RingHost) takes batches out, runs the handler wherever it
+//! lives, and gives the results back through [`KernelIo::publish`] — the one path by which
+//! outputs are stamped (one envelope convention), routed (call replies by correlation id, the
+//! rest to the output mailbox) and measured (one meaning per metric).
+//!
+//! Accounting (no silent loss): a message whose send returned `Ok` ends as exactly one of
+//! * processed (`metrics.processed`), its response (if any) published or, when nobody can take
+//!   it any more, kept in `unsent` for the terminate report;
+//! * dropped by the user's policy, counted (`messages_dropped`);
+//! * returned in the `TerminateReport`: still queued, `stranded` by a failure, the message in
+//!   hand when the kernel failed or was abandoned (`failed_message`).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::{JoinHandle, Thread, ThreadId};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+use resident_ring::mailbox::{SendError, Sent};
+use resident_ring::wait::Signal;
+use resident_ring::{Backpressure, Envelope, Mailbox, Message, MessageId, Slot, WaitStrategy};
+
+use crate::runtime::handle::TerminateReport;
+use crate::runtime::state::{Error, KernelState, Result, Returned};
+use crate::runtime::Ids;
+use crate::telemetry::KernelMetrics;
+
+/// Flags the kernel's host thread watches, with the signal that wakes it when they change.
+pub(crate) struct Control {
+    pub active: AtomicBool,
+    pub terminate: AtomicBool,
+    pub signal: Signal,
+}
+
+/// What the input side needs to tell a kernel about a `call` its policy dropped.
+pub(crate) trait DroppedCalls: Send + Sync {
+    fn call_dropped(&self, request: &Envelope);
+}
+
+/// The sending side of a kernel's input: what handles and other kernels send through.
+pub(crate) struct InputPort<In> {
+    pub id: Arc<str>,
+    pub mailbox: Mailbox<In>,
+    pub ids: Arc<Ids>,
+    pub state: Arc<Mutex<KernelState>>,
+    calls: Weak<dyn DroppedCalls>,
+}
+
+impl<In> Clone for InputPort<In> {
+    fn clone(&self) -> Self {
+        InputPort {
+            id: self.id.clone(),
+            mailbox: self.mailbox.clone(),
+            ids: self.ids.clone(),
+            state: self.state.clone(),
+            calls: self.calls.clone(),
+        }
+    }
+}
+
+impl<In: Message> InputPort<In> {
+    pub fn send(&self, msg: In, priority: u8, flags: u8, op: &'static str) -> Result<MessageId> {
+        let id = self.ids.next();
+        let mut env = Envelope::new(id, priority, self.ids.now_ns());
+        env.flags = flags;
+        self.send_slot(Slot::new(env, msg), op).map(|_| id)
+    }
+
+    /// Enqueues one message; `Ok(false)` when the `DropNewest` policy dropped it (counted).
+    pub fn send_slot(&self, slot: Slot<In>, op: &'static str) -> Result<bool> {
+        match self.mailbox.send(slot) {
+            Ok(Sent::Queued) => Ok(true),
+            Ok(Sent::QueuedDroppedOldest(old)) => {
+                self.dropped(&old.env);
+                Ok(true)
+            }
+            Ok(Sent::DroppedNewest) => {
+                self.dropped(&slot.env);
+                Ok(false)
+            }
+            Err(e) => Err(self.refused(e, op)),
+        }
+    }
+
+    /// A message the policy dropped: if it was a `call`, its caller learns at once.
+    pub fn dropped(&self, env: &Envelope) {
+        if env.is_call() {
+            if let Some(c) = self.calls.upgrade() {
+                c.call_dropped(env);
+            }
+        }
+    }
+
+    pub fn refused(&self, e: SendError<Slot<In>>, op: &'static str) -> Error {
+        let id = self.id.to_string();
+        match e {
+            SendError::Full(s) => Error::QueueFull {
+                id,
+                op,
+                message: Returned::new(s.payload),
+            },
+            SendError::Timeout(s) => {
+                let timeout = match self.mailbox.config().backpressure {
+                    Backpressure::Block(t) => t,
+                    _ => Duration::ZERO,
+                };
+                Error::Timeout {
+                    id,
+                    op,
+                    timeout,
+                    message: Some(Returned::new(s.payload)),
+                }
+            }
+            SendError::Closed(s) => Error::NotAccepting {
+                id,
+                op,
+                state: self.state.lock().clone(),
+                message: Returned::new(s.payload),
+            },
+        }
+    }
+}
+
+/// Hashes message ids (unique, sequential u64s) with one multiply instead of SipHash.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ *b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A waiting `call`: the reply lands here; the caller spins on `done`, and is unparked only if
+/// it announced in `parked` that it sleeps (unparking writes the caller thread's own state, a
+/// cache-line transfer that a spinning caller does not need).
+pub(crate) struct CallSlot<Out> {
+    done: AtomicBool,
+    parked: AtomicBool,
+    value: Mutex<Option<Result<Out>>>,
+    caller: Thread,
+}
+
+impl<Out> CallSlot<Out> {
+    pub fn new() -> Self {
+        CallSlot {
+            done: AtomicBool::new(false),
+            parked: AtomicBool::new(false),
+            value: Mutex::new(None),
+            caller: std::thread::current(),
+        }
+    }
+
+    pub fn complete(&self, v: Result<Out>) {
+        *self.value.lock() = Some(v);
+        // SeqCst store then SeqCst load, against the caller's SeqCst store of `parked` then
+        // load of `done` (store-buffering pattern): at least one side sees the other, so a
+        // caller that parks is always unparked. The value is written before `done`.
+        self.done.store(true, Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) {
+            self.caller.unpark();
+        }
+    }
+
+    pub fn wait(&self, deadline: Option<Instant>, strategy: WaitStrategy) -> Option<Result<Out>> {
+        let spin_until = match strategy {
+            WaitStrategy::Spin => deadline,
+            WaitStrategy::SpinThenPark(d) => Instant::now().checked_add(d),
+            WaitStrategy::Park => None,
+        };
+        let mut i = 0u32;
+        while let Some(until) = spin_until {
+            // Acquire: pairs with the SeqCst store in `complete`; the value is visible.
+            if self.done.load(Ordering::Acquire) {
+                return self.value.lock().take();
+            }
+            std::hint::spin_loop();
+            i = i.wrapping_add(1);
+            if i % 64 == 0 {
+                if Instant::now() >= until {
+                    break;
+                }
+                if i >= 256 {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        loop {
+            self.parked.store(true, Ordering::SeqCst);
+            if self.done.load(Ordering::SeqCst) {
+                return self.value.lock().take();
+            }
+            match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    std::thread::park_timeout(d - now);
+                }
+                None => std::thread::park(),
+            }
+        }
+    }
+}
+
+type CallTable<Out> = HashMap<u64, Arc<CallSlot<Out>>, BuildHasherDefault<IdHasher>>;
+
+/// The handoff between a host thread working through a batch and a `terminate` that gives up
+/// waiting for it (a handler that never returns).
+///
+/// `progress` is written by the host thread with one compare-exchange per message and by the
+/// abandoning side with one `fetch_or`, so exactly one of them decides each message's fate:
+/// * `IN_BATCH | k` (k >= 1): messages `0..k-1` of the batch in hand are finished and published,
+///   message `k-1` is being handled; `IN_BATCH | 0`: a batch was taken, nothing started.
+/// * `0`: no batch in hand.
+/// * `ABANDONED` set: terminate took messages `k-1..` (or `0..` for k = 0) into its report; the
+///   host thread must publish nothing more and exit when (if ever) it gets control back.
+pub(crate) struct InHand<In> {
+    progress: CachePadded<AtomicU64>,
+    /// A copy of the batch in hand, written under the lock when a batch is taken.
+    batch: Mutex<Vec<Slot<In>>>,
+}
+
+const IN_BATCH: u64 = 1 << 62;
+const ABANDONED: u64 = 1 << 63;
+const INDEX: u64 = (1 << 32) - 1;
+
+/// Why a host thread must stop now.
+pub(crate) struct Abandoned;
+
+impl<In: Copy + Send> InHand<In> {
+    fn new() -> Self {
+        InHand {
+            progress: CachePadded::new(AtomicU64::new(0)),
+            batch: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Takes a batch from `input` (up to `max`) into `local` and records it as in hand.
+    /// Taking and recording happen under one lock that `abandon` also takes, so a batch is
+    /// either seen by `abandon` or never taken.
+    pub fn take(
+        &self,
+        input: &Mailbox<In>,
+        local: &mut Vec<Slot<In>>,
+        max: usize,
+    ) -> std::result::Result<usize, Abandoned> {
+        let mut copy = self.batch.lock();
+        if self.progress.load(Ordering::Acquire) & ABANDONED != 0 {
+            return Err(Abandoned);
+        }
+        local.clear();
+        let n = input.recv_batch(local, max);
+        if n > 0 {
+            copy.clear();
+            copy.extend_from_slice(local);
+            // Relaxed is enough: `abandon` reads `progress` under the same lock.
+            self.progress.store(IN_BATCH, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+
+    /// Before handling message `i` of the batch (and so after message `i - 1` finished): claims
+    /// it. `Err` when terminate abandoned the batch: message `i - 1`'s result must not be
+    /// published, and nothing more handled.
+    #[inline]
+    pub fn start(&self, i: usize) -> std::result::Result<(), Abandoned> {
+        // AcqRel/Acquire: a successful exchange orders our earlier writes (outputs of earlier
+        // messages) before it; a failed one sees `abandon`'s mark.
+        self.progress
+            .compare_exchange(
+                IN_BATCH | i as u64,
+                IN_BATCH | (i as u64 + 1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map(|_| ())
+            .map_err(|_| Abandoned)
+    }
+
+    /// After the last message of a batch of `n` finished: the batch is done.
+    #[inline]
+    pub fn finish(&self, n: usize) -> std::result::Result<(), Abandoned> {
+        self.progress
+            .compare_exchange(IN_BATCH | n as u64, 0, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+            .map_err(|_| Abandoned)
+    }
+
+    /// Gives up on the host thread: returns (the message in the handler, if any; the messages
+    /// of the batch not started). From here on the host thread publishes nothing.
+    pub fn abandon(&self) -> (Option<Slot<In>>, Vec<Slot<In>>) {
+        let copy = self.batch.lock();
+        let p = self.progress.fetch_or(ABANDONED, Ordering::AcqRel);
+        if p & IN_BATCH == 0 || p & ABANDONED != 0 {
+            return (None, Vec::new());
+        }
+        let k = (p & INDEX) as usize;
+        if k == 0 {
+            return (None, copy.clone());
+        }
+        (copy.get(k - 1).copied(), copy[k.min(copy.len())..].to_vec())
+    }
+
+    pub fn is_abandoned(&self) -> bool {
+        self.progress.load(Ordering::Acquire) & ABANDONED != 0
+    }
+}
+
+/// Everything a kernel's host side and its handles share.
+pub(crate) struct KernelIo<In, Out> {
+    pub id: Arc<str>,
+    pub port: InputPort<In>,
+    pub input: Mailbox<In>,
+    pub output: Mailbox<Out>,
+    pub state: Arc<Mutex<KernelState>>,
+    pub control: Arc<Control>,
+    /// Held by the host thread while it takes and processes a batch, so `deactivate` and
+    /// `drain` can wait (bounded) for the batch in hand to finish.
+    pub batch_gate: CachePadded<Mutex<()>>,
+    pending: Mutex<CallTable<Out>>,
+    pub metrics: KernelMetrics,
+    pub ids: Arc<Ids>,
+    /// Output ids: the host thread's current block `[next, end)`, taken from `ids` in blocks.
+    /// Written only by the host thread (the one publisher), so plain loads and stores.
+    out_next: AtomicU64,
+    out_end: AtomicU64,
+    pub wait: WaitStrategy,
+    pub batch_size: usize,
+    /// How long `terminate` (and `deactivate`) wait for the host thread before giving up.
+    pub terminate_timeout: Duration,
+    pub in_hand: InHand<In>,
+    /// Inputs taken from the queue but not processed because the kernel failed.
+    stranded: Mutex<Vec<Slot<In>>>,
+    /// The input whose handling failed (panicked, or never returned).
+    failed_message: Mutex<Option<Slot<In>>>,
+    /// Outputs produced that no receiver can take any more (terminate came while the output
+    /// queue was full); they go to the terminate report.
+    unsent: Mutex<Vec<Slot<Out>>>,
+    exited: AtomicBool,
+    exit_signal: Signal,
+    pub thread: Mutex<Option<JoinHandle<()>>>,
+    pub thread_id: Mutex<Option<ThreadId>>,
+    /// The report, once terminated, kept for handles that ask after a runtime shutdown.
+    pub report: Mutex<Option<TerminateReport<In, Out>>>,
+}
+
+impl<In: Message, Out: Message> DroppedCalls for KernelIo<In, Out> {
+    fn call_dropped(&self, request: &Envelope) {
+        if let Some(slot) = self.pending.lock().remove(&request.message_id) {
+            slot.complete(Err(Error::Dropped {
+                id: self.id.to_string(),
+                message_id: request.message_id,
+            }));
+        }
+    }
+}
+
+/// Builds a kernel's `KernelIo` (the input port needs a weak pointer to it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn kernel_io<In: Message, Out: Message>(
+    id: Arc<str>,
+    input: Mailbox<In>,
+    output: Mailbox<Out>,
+    ids: Arc<Ids>,
+    wait: WaitStrategy,
+    batch_size: usize,
+    telemetry: bool,
+    terminate_timeout: Duration,
+) -> Arc<KernelIo<In, Out>> {
+    Arc::new_cyclic(|me: &Weak<KernelIo<In, Out>>| {
+        let state = Arc::new(Mutex::new(KernelState::Launched));
+        let calls: Weak<dyn DroppedCalls> = me.clone();
+        KernelIo {
+            port: InputPort {
+                id: id.clone(),
+                mailbox: input.clone(),
+                ids: ids.clone(),
+                state: state.clone(),
+                calls,
+            },
+            id,
+            input,
+            output,
+            state,
+            control: Arc::new(Control {
+                active: AtomicBool::new(false),
+                terminate: AtomicBool::new(false),
+                signal: Signal::new(),
+            }),
+            batch_gate: CachePadded::new(Mutex::new(())),
+            pending: Mutex::new(HashMap::default()),
+            metrics: KernelMetrics::new(telemetry),
+            ids,
+            out_next: AtomicU64::new(0),
+            out_end: AtomicU64::new(0),
+            wait,
+            batch_size,
+            terminate_timeout,
+            in_hand: InHand::new(),
+            stranded: Mutex::new(Vec::new()),
+            failed_message: Mutex::new(None),
+            unsent: Mutex::new(Vec::new()),
+            exited: AtomicBool::new(false),
+            exit_signal: Signal::new(),
+            thread: Mutex::new(None),
+            thread_id: Mutex::new(None),
+            report: Mutex::new(None),
+        }
+    })
+}
+
+impl<In: Message, Out: Message> KernelIo<In, Out> {
+    // ---- calls -------------------------------------------------------------------------
+
+    /// Registers a waiting `call` for request id `id`.
+    pub fn register_call(&self, id: u64) -> Arc<CallSlot<Out>> {
+        let slot = Arc::new(CallSlot::new());
+        self.pending.lock().insert(id, slot.clone());
+        slot
+    }
+
+    /// Removes a call's entry; `false` when the reply already took it.
+    pub fn unregister_call(&self, id: u64) -> bool {
+        self.pending.lock().remove(&id).is_some()
+    }
+
+    fn fail_pending(&self, err: impl Fn(String) -> Error) {
+        let pending: Vec<_> = self.pending.lock().drain().collect();
+        for (_, slot) in pending {
+            slot.complete(Err(err(self.id.to_string())));
+        }
+    }
+
+    // ---- the one publish path ----------------------------------------------------------
+
+    /// The first of `n` consecutive ids for outputs, from the kernel's own block. Only the
+    /// host thread publishes (one writer), so relaxed loads and stores suffice.
+    fn output_ids(&self, n: u64) -> u64 {
+        let (mut next, mut end) = (
+            self.out_next.load(Ordering::Relaxed),
+            self.out_end.load(Ordering::Relaxed),
+        );
+        if end - next < n {
+            let take = n.max(Ids::BLOCK);
+            next = self.ids.next_n(take);
+            end = next + take;
+            self.out_end.store(end, Ordering::Relaxed);
+        }
+        self.out_next.store(next + n, Ordering::Relaxed);
+        next
+    }
+
+    /// Publishes the results of handled requests, in order. Each `Slot` carries the
+    /// *request's* envelope (its id, flags, priority and send time) and the output. Call
+    /// replies go to their callers by correlation id; other outputs get a fresh message id,
+    /// `correlation_id` = the request's id, and go to the output queue. Latency (send to
+    /// response available) is recorded here, for every backend alike.
+    pub fn publish(&self, results: &mut Vec<Slot<Out>>) {
+        if results.is_empty() {
+            return;
+        }
+        let now = self.ids.now_ns();
+        let record = self.metrics.enabled;
+        let mut plain = 0;
+        for i in 0..results.len() {
+            let r = results[i];
+            if record {
+                self.metrics
+                    .latency
+                    .record(now.saturating_sub(r.env.timestamp_ns));
+            }
+            if r.env.is_call() {
+                self.reply(r.env, Some(r.payload));
+            } else {
+                results[plain] = r;
+                plain += 1;
+            }
+        }
+        results.truncate(plain);
+        if results.is_empty() {
+            return;
+        }
+        let first = self.output_ids(results.len() as u64);
+        for (i, o) in results.iter_mut().enumerate() {
+            o.env = Envelope {
+                message_id: first + i as u64,
+                correlation_id: o.env.message_id,
+                timestamp_ns: now,
+                priority: o.env.priority,
+                flags: o.env.flags,
+                ..Default::default()
+            };
+        }
+        self.push_outputs(results);
+        results.clear();
+    }
+
+    /// Publishes the result of one handled request as soon as its handler returned (the
+    /// CPU host's path: an output is visible to `receive` at once, not when the batch ends).
+    /// `out = None` answers a `call` with `NoReply` and publishes nothing otherwise.
+    #[inline]
+    pub fn publish_one(&self, request: Envelope, out: Option<Out>) {
+        let Some(out) = out else {
+            self.no_reply(request);
+            return;
+        };
+        let now = self.ids.now_ns();
+        if self.metrics.enabled {
+            self.metrics
+                .latency
+                .record(now.saturating_sub(request.timestamp_ns));
+        }
+        if request.is_call() {
+            self.reply(request, Some(out));
+            return;
+        }
+        let env = Envelope {
+            message_id: self.output_ids(1),
+            correlation_id: request.message_id,
+            timestamp_ns: now,
+            priority: request.priority,
+            flags: request.flags,
+            ..Default::default()
+        };
+        self.push_outputs(&[Slot::new(env, out)]);
+    }
+
+    /// A handled `call` that produced no output: its caller gets `NoReply`.
+    pub fn no_reply(&self, request: Envelope) {
+        if request.is_call() {
+            if self.metrics.enabled {
+                let now = self.ids.now_ns();
+                self.metrics
+                    .latency
+                    .record(now.saturating_sub(request.timestamp_ns));
+            }
+            self.reply(request, None);
+        }
+    }
+
+    /// Hands a `call`'s result to its waiting caller.
+    fn reply(&self, req: Envelope, out: Option<Out>) {
+        match self.pending.lock().remove(&req.message_id) {
+            Some(slot) => slot.complete(out.ok_or(Error::NoReply {
+                id: self.id.to_string(),
+                message_id: req.message_id,
+            })),
+            // The caller gave up (timeout) before the reply came: counted as dropped.
+            None => {
+                self.metrics.late_replies.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Queues outputs in order. A full output queue makes the host thread wait (or drop,
+    /// under a drop policy); outputs that cannot be queued because the kernel is terminating
+    /// go to the terminate report.
+    fn push_outputs(&self, outputs: &[Slot<Out>]) {
+        let mut done = 0;
+        while done < outputs.len() {
+            let (n, err) = self.output.send_batch(&outputs[done..]);
+            done += n;
+            if err.is_some()
+                && (self.control.terminate.load(Ordering::Acquire) || self.output.is_closed())
+            {
+                if self.in_hand.is_abandoned() {
+                    // The report is already built: count, never lose silently.
+                    self.metrics
+                        .late_outputs
+                        .fetch_add((outputs.len() - done) as u64, Ordering::Relaxed);
+                } else {
+                    self.unsent.lock().extend_from_slice(&outputs[done..]);
+                }
+                return;
+            }
+        }
+    }
+
+    // ---- failures and exit -------------------------------------------------------------
+
+    /// Marks the kernel failed: intake stops, waiting callers and receivers learn at once.
+    /// `message` is the input whose handling failed; `stranded` the inputs taken but not
+    /// handled, in order.
+    pub fn fail(&self, reason: String, message: Option<Slot<In>>, stranded: Vec<Slot<In>>) {
+        if let Some(m) = message {
+            *self.failed_message.lock() = Some(m);
+        }
+        self.stranded.lock().extend(stranded);
+        self.metrics.errors.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut st = self.state.lock();
+            if matches!(*st, KernelState::Terminated) {
+                return;
+            }
+            *st = KernelState::Failed(reason.clone());
+        }
+        tracing::error!(kernel = %self.id, %reason, "kernel failed");
+        self.input.close();
+        self.output.close();
+        self.fail_pending(|id| Error::KernelFailed {
+            id,
+            reason: reason.clone(),
+        });
+        self.control.signal.notify();
+    }
+
+    /// Inputs taken but never handled: back to the report.
+    pub fn strand(&self, inputs: impl IntoIterator<Item = Slot<In>>) {
+        self.stranded.lock().extend(inputs);
+    }
+
+    /// Called by the host thread as its very last act.
+    pub fn host_exited(&self) {
+        self.exited.store(true, Ordering::Release);
+        self.exit_signal.notify();
+    }
+
+    pub fn has_exited(&self) -> bool {
+        self.exited.load(Ordering::Acquire)
+    }
+
+    /// Waits (bounded) for the host thread to exit.
+    pub fn wait_exit(&self, deadline: Option<Instant>) -> bool {
+        self.exit_signal
+            .wait_until(WaitStrategy::Park, deadline, || self.has_exited())
+    }
+
+    /// Waits until the kernel should run (activated) or stop.
+    pub fn wait_for_control(&self) {
+        let c = &self.control;
+        c.signal.wait_until(WaitStrategy::Park, None, || {
+            c.active.load(Ordering::Acquire) || c.terminate.load(Ordering::Acquire)
+        });
+    }
+
+    pub fn terminating(&self) -> bool {
+        self.control.terminate.load(Ordering::Acquire)
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.control.active.load(Ordering::Acquire)
+    }
+
+    /// Collects the terminate report once the host thread is gone (or abandoned): everything
+    /// queued, stranded, in hand, produced and not received. Closes both queues and fails
+    /// the calls still waiting.
+    pub fn collect_report(
+        &self,
+        failure: Option<String>,
+        abandoned: (Option<Slot<In>>, Vec<Slot<In>>),
+    ) -> TerminateReport<In, Out> {
+        let (stuck, not_started) = abandoned;
+        if let Some(s) = stuck {
+            *self.failed_message.lock() = Some(s);
+        }
+        let mut undelivered: Vec<(Envelope, In)> = self
+            .stranded
+            .lock()
+            .drain(..)
+            .map(|s| (s.env, s.payload))
+            .collect();
+        undelivered.extend(not_started.into_iter().map(|s| (s.env, s.payload)));
+        // `close` waits out any send in progress, so the drain sees every accepted message.
+        self.input.close();
+        undelivered.extend(self.input.drain().into_iter().map(|s| (s.env, s.payload)));
+        self.output.close();
+        let mut unreceived: Vec<(Envelope, Out)> = self
+            .output
+            .drain()
+            .into_iter()
+            .map(|s| (s.env, s.payload))
+            .collect();
+        unreceived.extend(self.unsent.lock().drain(..).map(|s| (s.env, s.payload)));
+        // A call whose request is in the report gets its answer now instead of a timeout.
+        self.fail_pending(|id| Error::InvalidState {
+            id,
+            op: "call",
+            state: KernelState::Terminated,
+        });
+        let failed_message = self.failed_message.lock().take().map(|s| (s.env, s.payload));
+        let failure = failure.map(|r| (r, failed_message));
+        TerminateReport {
+            kernel_id: self.id.to_string(),
+            processed: self.metrics.processed.load(Ordering::Relaxed),
+            dropped: self.dropped(),
+            undelivered,
+            unreceived,
+            failure,
+        }
+    }
+
+    /// Every message counted as dropped, by any cause.
+    pub fn dropped(&self) -> u64 {
+        let m = &self.metrics;
+        self.input.counters().dropped
+            + self.output.counters().dropped
+            + m.late_replies.load(Ordering::Relaxed)
+            + m.late_outputs.load(Ordering::Relaxed)
+            + m.device_undelivered.load(Ordering::Relaxed)
+    }
+}

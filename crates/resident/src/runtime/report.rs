@@ -1,0 +1,72 @@
+//! [`KernelReport`]: a kernel's [`TerminateReport`] without its message types, as returned by
+//! [`Runtime::shutdown`](crate::runtime::Runtime::shutdown) for kernels of any types.
+
+use std::any::Any;
+
+use resident_ring::Message;
+
+use crate::runtime::handle::TerminateReport;
+
+/// One kernel's terminate report, with counts readable without knowing its message types and
+/// the full typed report inside ([`KernelReport::typed`], [`KernelReport::into_typed`]).
+pub struct KernelReport {
+    /// Kernel id.
+    pub kernel_id: String,
+    /// Messages the handler finished.
+    pub processed: u64,
+    /// Messages counted as dropped (policy, late replies).
+    pub dropped: u64,
+    /// Inputs handed back (never handled).
+    pub undelivered: usize,
+    /// Outputs handed back (never received).
+    pub unreceived: usize,
+    /// The failure, if the kernel failed or was abandoned.
+    pub failure: Option<String>,
+    report: Box<dyn Any + Send>,
+}
+
+impl std::fmt::Debug for KernelReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelReport")
+            .field("kernel_id", &self.kernel_id)
+            .field("processed", &self.processed)
+            .field("dropped", &self.dropped)
+            .field("undelivered", &self.undelivered)
+            .field("unreceived", &self.unreceived)
+            .field("failure", &self.failure)
+            .finish()
+    }
+}
+
+impl KernelReport {
+    pub(crate) fn new<In: Message, Out: Message>(r: TerminateReport<In, Out>) -> Self {
+        KernelReport {
+            kernel_id: r.kernel_id.clone(),
+            processed: r.processed,
+            dropped: r.dropped,
+            undelivered: r.undelivered.len(),
+            unreceived: r.unreceived.len(),
+            failure: r.failure.as_ref().map(|(reason, _)| reason.clone()),
+            report: Box::new(r),
+        }
+    }
+
+    /// The typed report, if the kernel's messages are `In` and `Out`.
+    pub fn typed<In: Message, Out: Message>(&self) -> Option<&TerminateReport<In, Out>> {
+        self.report.downcast_ref()
+    }
+
+    /// The typed report, or `self` back if the types are not `In` and `Out`.
+    pub fn into_typed<In: Message, Out: Message>(
+        self,
+    ) -> Result<TerminateReport<In, Out>, Self> {
+        if self.report.is::<TerminateReport<In, Out>>() {
+            Ok(*self
+                .report
+                .downcast()
+                .expect("type checked just above"))
+        } else {
+            Err(self)
+        }
+    }
+}
