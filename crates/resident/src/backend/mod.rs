@@ -267,6 +267,39 @@ pub(crate) fn resolve(b: Backend) -> crate::runtime::state::Result<Backend> {
     }
 }
 
+/// Why no device host was built for a kernel: the device refused it.
+pub(crate) struct HostChoice(pub DeviceError);
+
+/// The device host for a kernel with a CUDA handler, when this runtime runs it on a device
+/// (a CUDA GPU, or the emulated device); `Ok(None)` when the kernel runs on the CPU host.
+pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Message>(
+    backend: Backend,
+    emulate: bool,
+    id: &str,
+    cuda: Option<cuda_ring::CudaHandler<In, Out>>,
+    lanes: usize,
+    queue_size: usize,
+    batch_size: usize,
+) -> std::result::Result<Option<Box<dyn host::RingHost<In, Out>>>, HostChoice> {
+    let Some(handler) = cuda else {
+        return Ok(None);
+    };
+    let geometry = cuda_ring::DeviceGeometry::new(lanes, queue_size, batch_size);
+    let ring: Box<dyn device_host::DeviceRing<In, Out>> = if backend == Backend::Cuda {
+        Box::new(cuda_ring::GpuEngine::launch(id, &handler, &geometry).map_err(HostChoice)?)
+    } else if emulate {
+        match handler.emulate {
+            Some(f) => Box::new(
+                cuda_ring::EmulatedEngine::launch(f, &geometry).map_err(HostChoice)?,
+            ),
+            None => return Ok(None),
+        }
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Box::new(device_host::DeviceHost::new(ring))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,37 +342,4 @@ mod tests {
             assert!(cuda.unavailable.as_deref().unwrap().contains("driver"));
         }
     }
-}
-
-/// Why no device host was built for a kernel: the device refused it.
-pub(crate) struct HostChoice(pub DeviceError);
-
-/// The device host for a kernel with a CUDA handler, when this runtime runs it on a device
-/// (a CUDA GPU, or the emulated device); `Ok(None)` when the kernel runs on the CPU host.
-pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Message>(
-    backend: Backend,
-    emulate: bool,
-    id: &str,
-    cuda: Option<cuda_ring::CudaHandler<In, Out>>,
-    lanes: usize,
-    queue_size: usize,
-    batch_size: usize,
-) -> std::result::Result<Option<Box<dyn host::RingHost<In, Out>>>, HostChoice> {
-    let Some(handler) = cuda else {
-        return Ok(None);
-    };
-    let geometry = cuda_ring::DeviceGeometry::new(lanes, queue_size, batch_size);
-    let ring: Box<dyn device_host::DeviceRing<In, Out>> = if backend == Backend::Cuda {
-        Box::new(cuda_ring::GpuEngine::launch(id, &handler, &geometry).map_err(HostChoice)?)
-    } else if emulate {
-        match handler.emulate {
-            Some(f) => Box::new(
-                cuda_ring::EmulatedEngine::launch(f, &geometry).map_err(HostChoice)?,
-            ),
-            None => return Ok(None),
-        }
-    } else {
-        return Ok(None);
-    };
-    Ok(Some(Box::new(device_host::DeviceHost::new(ring))))
 }
