@@ -266,8 +266,10 @@ impl<T: Copy + Send> Mailbox<T> {
                 return Err(SendError::Closed(slot));
             }
             if producer.push(slot).is_ok() {
-                drop(producer);
+                // Counted under the lane lock, so `close` (which waits for the lock) sees the
+                // count of every message it lets through.
                 s.accepted.fetch_add(1, Ordering::Relaxed);
+                drop(producer);
                 s.not_empty.notify();
                 return Ok(Sent::Queued);
             }
@@ -288,14 +290,16 @@ impl<T: Copy + Send> Mailbox<T> {
                     if producer.push(slot).is_err() {
                         unreachable!("a slot was just freed under the producer lock");
                     }
-                    drop(producer);
+                    // Counted under the lane lock: once `close` has passed this lock, a
+                    // report built from the counters sees this drop.
                     s.accepted.fetch_add(1, Ordering::Relaxed);
+                    if old.is_some() {
+                        s.dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(producer);
                     s.not_empty.notify();
                     return Ok(match old {
-                        Some(old) => {
-                            s.dropped.fetch_add(1, Ordering::Relaxed);
-                            Sent::QueuedDroppedOldest(old)
-                        }
+                        Some(old) => Sent::QueuedDroppedOldest(old),
                         // A receiver emptied the slot between our push and the pop.
                         None => Sent::Queued,
                     });
@@ -341,10 +345,11 @@ impl<T: Copy + Send> Mailbox<T> {
                     s.refused.fetch_add(1, Ordering::Relaxed);
                     return (done, Some(SendError::Closed(slots[done])));
                 }
-                producer.push_slice(&slots[done..done + run])
+                let pushed = producer.push_slice(&slots[done..done + run]);
+                s.accepted.fetch_add(pushed as u64, Ordering::Relaxed);
+                pushed
             };
             if pushed > 0 {
-                s.accepted.fetch_add(pushed as u64, Ordering::Relaxed);
                 s.not_empty.notify();
                 done += pushed;
             }

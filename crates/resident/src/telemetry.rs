@@ -143,6 +143,8 @@ pub(crate) struct KernelMetrics {
     /// Outputs produced by a host thread that terminate had already given up on (abandoned):
     /// its report was built, so they are counted as dropped.
     pub late_outputs: AtomicU64,
+    /// Inputs a device took and never handled because it did not stop when asked.
+    pub lost_in_device: AtomicU64,
     pub latency: LatencyHistogram,
     /// (time, processed) samples for the throughput window; oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
@@ -161,6 +163,7 @@ impl KernelMetrics {
             late_replies: AtomicU64::new(0),
             device_undelivered: AtomicU64::new(0),
             late_outputs: AtomicU64::new(0),
+            lost_in_device: AtomicU64::new(0),
             latency: LatencyHistogram::default(),
             samples: Mutex::new(VecDeque::from([(started, 0)])),
             last_sample_ns: AtomicU64::new(0),

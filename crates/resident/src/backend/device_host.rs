@@ -127,6 +127,7 @@ fn pump<In: Message, Out: Message>(
     let mut device_active = false;
     let mut last_beat = Instant::now();
     let mut idle: u32 = 0;
+    let mut pushed: u64 = 0;
     let failure = loop {
         if c.terminate.load(Ordering::Acquire) {
             break None;
@@ -149,12 +150,15 @@ fn pump<In: Message, Out: Message>(
                 let n = ring.push(&carry);
                 carry.drain(..n);
                 moved += n;
+                pushed += n as u64;
             }
         }
         outs.clear();
         let n = ring.pull(&mut outs, 4096);
         // Counters first: whoever sees an output also sees it counted.
         store_counters(io, &*ring);
+        let in_device = pushed.saturating_sub(ring.counters().processed) + carry.len() as u64;
+        io.in_flight.store(in_device, Ordering::Release);
         if n > 0 {
             deliver(io, &mut outs);
             moved += n;
@@ -183,7 +187,9 @@ fn pump<In: Message, Out: Message>(
             });
         }
     };
-    let stop = ring.stop(io.terminate_timeout);
+    // Leave `terminate` (which waits `terminate_timeout` for this thread) time to collect
+    // what the pump hands back.
+    let stop = ring.stop(io.terminate_timeout.mul_f64(0.75));
     loop {
         outs.clear();
         if ring.pull(&mut outs, 4096) == 0 {
@@ -194,6 +200,14 @@ fn pump<In: Message, Out: Message>(
     store_counters(io, &*ring);
     // Inputs the device never consumed were sent before those still in `carry`.
     let mut stranded = ring.reclaim();
+    if stop.is_err() {
+        // A device that did not stop keeps what it took: neither handled nor returnable.
+        // Count it (as dropped), never lose it silently.
+        let lost = pushed
+            .saturating_sub(ring.counters().processed)
+            .saturating_sub(stranded.len() as u64);
+        io.metrics.lost_in_device.store(lost, Ordering::Relaxed);
+    }
     stranded.append(&mut carry);
     // Free the device side before anyone can see the failure: after a device fault the
     // context is reset on the next launch only once nothing from before the fault is alive.

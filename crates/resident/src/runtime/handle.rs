@@ -285,13 +285,16 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
                 KernelState::Active => {}
                 state => return Err(self.invalid("drain", state)),
             }
-            if self.io.input.is_empty() {
+            let idle = || {
+                self.io.input.is_empty() && self.io.in_flight.load(Ordering::Acquire) == 0
+            };
+            if idle() {
                 let gate = match deadline {
                     Some(d) => self.io.batch_gate.try_lock_until(d),
                     None => Some(self.io.batch_gate.lock()),
                 };
                 match gate {
-                    Some(_g) if self.io.input.is_empty() => return Ok(()),
+                    Some(_g) if idle() => return Ok(()),
                     Some(_) => {}
                     None => return Err(timed_out()),
                 }
@@ -377,6 +380,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     ) -> TerminateReport<In, Out> {
         let io = &self.io;
         let mut abandoned = (None, Vec::new());
+        let failed_before = failure.is_some();
         let gave_up = !io.wait_exit(deadline);
         if gave_up {
             // The handler never returned: take its batch back and give up on the thread.
@@ -401,8 +405,10 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             }
         }
         let report = io.collect_report(failure.clone(), abandoned);
+        // A failure that arose during this terminate (a handler abandoned, a device that
+        // would not stop) leaves the kernel `Failed`; one from before ends as `Terminated`.
         *io.state.lock() = match &failure {
-            Some(r) if gave_up => KernelState::Failed(r.clone()),
+            Some(r) if gave_up || !failed_before => KernelState::Failed(r.clone()),
             _ => KernelState::Terminated,
         };
         *io.report.lock() = Some(report.clone());

@@ -344,6 +344,9 @@ pub(crate) struct KernelIo<In, Out> {
     /// How long `terminate` (and `deactivate`) wait for the host thread before giving up.
     pub terminate_timeout: Duration,
     pub in_hand: InHand<In>,
+    /// Inputs handed to a device and not yet handled there (the device host keeps it; 0 on
+    /// the CPU host), so `drain` waits for the device too.
+    pub in_flight: AtomicU64,
     /// Inputs taken from the queue but not processed because the kernel failed.
     stranded: Mutex<Vec<Slot<In>>>,
     /// The input whose handling failed (panicked, or never returned).
@@ -412,6 +415,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             batch_size,
             terminate_timeout,
             in_hand: InHand::new(),
+            in_flight: AtomicU64::new(0),
             stranded: Mutex::new(Vec::new()),
             failed_message: Mutex::new(None),
             unsent: Mutex::new(Vec::new()),
@@ -711,6 +715,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             + self.output.counters().dropped
             + m.late_replies.load(Ordering::Relaxed)
             + m.late_outputs.load(Ordering::Relaxed)
+            + m.lost_in_device.load(Ordering::Relaxed)
             + m.device_undelivered.load(Ordering::Relaxed)
     }
 }
