@@ -10,6 +10,17 @@
 use bytemuck::Pod;
 
 /// A value that can travel through a ring: fixed size, plain bytes, sendable.
+///
+/// Define message types with [`device_message!`](crate::device_message) (a `#[repr(C)]` struct
+/// that is `Pod`, with its C declaration), or derive `bytemuck::Pod`. A type that is not `Pod`
+/// (a `String`, a `Vec`, a struct with padding or references) is refused at compile time with
+/// an error naming `Pod` and `Message` ("the trait `Pod` is not implemented for `String` ...
+/// required for `String` to implement `Message`"); the fix is `device_message!`:
+///
+/// ```compile_fail
+/// fn send<T: resident_ring::Message>(_: T) {}
+/// send(String::from("not plain bytes"));
+/// ```
 pub trait Message: Pod + Send + 'static {}
 
 impl<T: Pod + Send + 'static> Message for T {}

@@ -107,6 +107,9 @@ pub enum BackendError {
     /// A request too large for the address space.
     #[error("allocation of {0} bytes overflows")]
     TooLarge(usize),
+    /// The allocator refused: more memory than this machine can give.
+    #[error("out of memory: cannot allocate {0} bytes")]
+    OutOfMemory(usize),
 }
 
 /// Result of this layer.

@@ -27,8 +27,8 @@ impl HeapBytes {
             .map_err(|_| BackendError::TooLarge(len))?;
         // SAFETY: non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr =
-            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        // A refusal is a typed error, never `handle_alloc_error` (which aborts the process).
+        let ptr = std::ptr::NonNull::new(raw).ok_or(BackendError::OutOfMemory(len))?;
         Ok(HeapBytes { ptr, len, layout })
     }
     pub(crate) fn as_ptr(&self) -> *mut u8 {
