@@ -232,7 +232,20 @@ fn machine() -> Value {
     json!({"cpu": cpu, "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "os": std::env::consts::OS, "arch": std::env::consts::ARCH})
 }
 
-pub fn run(opts: &Options, out: Option<&std::path::Path>) -> Result<Value> {
+/// Errors of the benchmark command (runtime errors, or results that cannot be written).
+pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
+
+pub fn run(opts: &Options, out: Option<&std::path::Path>) -> std::result::Result<Value, BenchError> {
+    // Fail before measuring when the results could not be saved.
+    if let Some(dir) = out.and_then(|p| p.parent()).filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            return Err(format!(
+                "cannot write the results: folder {} does not exist (create it, or pass --out)",
+                dir.display()
+            )
+            .into());
+        }
+    }
     let (pairs, rounds, rt_n, tp_n) = if opts.quick {
         (2_000_000, 5, 20_000, 5_000_000)
     } else {
@@ -304,13 +317,13 @@ pub fn run(opts: &Options, out: Option<&std::path::Path>) -> Result<Value> {
         "throughput": tp_json,
     });
     if let Some(path) = out {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).ok();
-        }
-        match std::fs::write(path, serde_json::to_string_pretty(&report).expect("json")) {
-            Ok(()) => println!("wrote {}", path.display()),
-            Err(e) => eprintln!("could not write {}: {e}", path.display()),
-        }
+        // No directory is created: a missing one is the user's to make (or a typo), and the
+        // command fails (non-zero exit) rather than pretending the results were saved.
+        let text = serde_json::to_string_pretty(&report).expect("json");
+        std::fs::write(path, text).map_err(|e| {
+            format!("cannot write the results to {}: {e}", path.display())
+        })?;
+        println!("wrote {}", path.display());
     }
     Ok(report)
 }

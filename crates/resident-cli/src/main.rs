@@ -100,12 +100,13 @@ fn main() -> ExitCode {
             info::run(false);
             println!();
             demo::run(1_000_000)
+                .map_err(bench::BenchError::from)
+                .and_then(|_| {
+                    println!();
+                    bench::run(&bench::Options { quick: true }, Some(&out)).map(|_| ())
+                })
         }
-        .and_then(|_| {
-            println!();
-            bench::run(&bench::Options { quick: true }, Some(&out)).map(|_| ())
-        }),
-        Command::Demo { messages } => demo::run(messages),
+        Command::Demo { messages } => demo::run(messages).map_err(bench::BenchError::from),
         Command::Bench { quick, out } => {
             bench::run(&bench::Options { quick }, Some(&out)).map(|_| ())
         }
