@@ -10,27 +10,32 @@
 //! * [`mailbox`]: priority lanes of SPSC rings behind a multi-producer front, with
 //!   [`Backpressure`] policies, blocking waits and close.
 //! * [`wait`]: [`WaitStrategy`] (spin, then park) and the lost-wake-up-free [`wait::Signal`].
+//! * [`call`]: [`CallSlot`], where the reply of a waiting request/response call lands.
+//!
+//! Under `--cfg loom` the SPSC ring, the signal and the call slot are built on loom's
+//! primitives for the model checks in `tests/loom_*.rs`; the mailbox is left out of that build.
 //!
 //! No allocation happens after a ring is built; a full ring hands the value back, an empty
 //! one returns `None`.
 #![deny(missing_docs)]
 
+pub mod call;
 pub mod envelope;
-// The loom model (`--cfg loom`) checks the SPSC protocol alone; the blocking layers built on
-// it use std primitives and are left out of that build.
+// The loom build (`--cfg loom`) models the SPSC ring, the signal and the call slot; the
+// mailbox, built on them with parking_lot locks, is checked by its own model-based and
+// stress tests instead and left out of that build.
 #[cfg(not(loom))]
 pub mod mailbox;
 pub mod message;
 pub mod spsc;
 mod sync;
-#[cfg(not(loom))]
 pub mod wait;
 
+pub use call::CallSlot;
 pub use envelope::{Envelope, MessageId, Slot, DEFAULT_PRIORITY, FLAG_CALL};
 #[cfg(not(loom))]
 pub use mailbox::{lane_of, Backpressure, Mailbox, MailboxConfig};
 pub use message::{DeviceMessage, Message};
-#[cfg(not(loom))]
 pub use wait::WaitStrategy;
 
 #[doc(hidden)]

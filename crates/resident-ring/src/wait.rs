@@ -5,11 +5,15 @@
 //! `waiters` and re-checks its condition under the lock; the notifier publishes its progress,
 //! then checks `waiters`. Sequentially consistent fences on both sides make it impossible for
 //! both to miss each other (the store-buffering pattern).
+//!
+//! Under `--cfg loom` the primitives are loom's (see `tests/loom_signal.rs`); the spin phase
+//! is then a couple of checks instead of a timed loop, since a model has no time.
 
-use std::sync::atomic::{fence, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+#[cfg(not(loom))]
+use crate::sync::thread;
+use crate::sync::{fence, AtomicUsize, Condvar, Mutex, Ordering};
 
 /// How receivers and idle kernels wait for work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +32,10 @@ impl Default for WaitStrategy {
         WaitStrategy::SpinThenPark(Duration::from_micros(50))
     }
 }
+
+/// Checks of the condition in the spin phase under loom (where a spin cannot be timed).
+#[cfg(loom)]
+pub(crate) const LOOM_SPIN_CHECKS: usize = 2;
 
 /// A deadline `timeout` from now; `None` when it does not fit in an `Instant` (wait forever).
 pub fn deadline_after(timeout: Duration) -> Option<Instant> {
@@ -87,6 +95,22 @@ impl Signal {
             WaitStrategy::SpinThenPark(d) => Some(d),
             WaitStrategy::Park => Some(Duration::ZERO),
         };
+        #[cfg(loom)]
+        if spin_for != Some(Duration::ZERO) {
+            // A model has no time: a bounded spin of checks stands for the spin phase, so
+            // loom explores a wake-up caught while spinning as well as one caught after
+            // parking. No `yield_now` here: loom runs the other threads to a standstill
+            // after a yield, which would hide the park path.
+            for _ in 0..LOOM_SPIN_CHECKS {
+                if ready() {
+                    return true;
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return ready();
+            }
+        }
+        #[cfg(not(loom))]
         if spin_for != Some(Duration::ZERO) {
             let start = Instant::now();
             let spin_end = match (spin_for.and_then(|d| start.checked_add(d)), deadline) {
@@ -109,7 +133,7 @@ impl Signal {
                     // After about a microsecond of pure spinning, give the core away at every
                     // time check: on small machines the thread we wait for may need it.
                     if rounds >= 256 {
-                        std::thread::yield_now();
+                        thread::yield_now();
                     }
                 }
             }
@@ -141,7 +165,7 @@ impl Signal {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;

@@ -2,6 +2,8 @@
 //! lanes, MPSC front) to one consumer; per-producer sequence numbers and checksums prove
 //! every accepted message arrived exactly once and in FIFO order within its producer and lane.
 
+#![cfg(not(loom))]
+
 use std::time::Duration;
 
 use resident_ring::mailbox::{Backpressure, Mailbox, MailboxConfig, Sent};
