@@ -16,11 +16,12 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::thread::{JoinHandle, Thread, ThreadId};
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
+use resident_ring::call::CallSlot;
 use resident_ring::mailbox::{SendError, Sent};
 use resident_ring::wait::Signal;
 use resident_ring::{Backpressure, Envelope, Mailbox, Message, MessageId, Slot, WaitStrategy};
@@ -144,80 +145,9 @@ impl Hasher for IdHasher {
     }
 }
 
-/// A waiting `call`: the reply lands here; the caller spins on `done`, and is unparked only if
-/// it announced in `parked` that it sleeps (unparking writes the caller thread's own state, a
-/// cache-line transfer that a spinning caller does not need).
-pub(crate) struct CallSlot<Out> {
-    done: AtomicBool,
-    parked: AtomicBool,
-    value: Mutex<Option<Result<Out>>>,
-    caller: Thread,
-}
-
-impl<Out> CallSlot<Out> {
-    pub fn new() -> Self {
-        CallSlot {
-            done: AtomicBool::new(false),
-            parked: AtomicBool::new(false),
-            value: Mutex::new(None),
-            caller: std::thread::current(),
-        }
-    }
-
-    pub fn complete(&self, v: Result<Out>) {
-        *self.value.lock() = Some(v);
-        // SeqCst store then SeqCst load, against the caller's SeqCst store of `parked` then
-        // load of `done` (store-buffering pattern): at least one side sees the other, so a
-        // caller that parks is always unparked. The value is written before `done`.
-        self.done.store(true, Ordering::SeqCst);
-        if self.parked.load(Ordering::SeqCst) {
-            self.caller.unpark();
-        }
-    }
-
-    pub fn wait(&self, deadline: Option<Instant>, strategy: WaitStrategy) -> Option<Result<Out>> {
-        let spin_until = match strategy {
-            WaitStrategy::Spin => deadline,
-            WaitStrategy::SpinThenPark(d) => Instant::now().checked_add(d),
-            WaitStrategy::Park => None,
-        };
-        let mut i = 0u32;
-        while let Some(until) = spin_until {
-            // Acquire: pairs with the SeqCst store in `complete`; the value is visible.
-            if self.done.load(Ordering::Acquire) {
-                return self.value.lock().take();
-            }
-            std::hint::spin_loop();
-            i = i.wrapping_add(1);
-            if i % 64 == 0 {
-                if Instant::now() >= until {
-                    break;
-                }
-                if i >= 256 {
-                    std::thread::yield_now();
-                }
-            }
-        }
-        loop {
-            self.parked.store(true, Ordering::SeqCst);
-            if self.done.load(Ordering::SeqCst) {
-                return self.value.lock().take();
-            }
-            match deadline {
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return None;
-                    }
-                    std::thread::park_timeout(d - now);
-                }
-                None => std::thread::park(),
-            }
-        }
-    }
-}
-
-type CallTable<Out> = HashMap<u64, Arc<CallSlot<Out>>, BuildHasherDefault<IdHasher>>;
+/// A waiting `call` (its reply lands in a [`CallSlot`], model-checked with loom in
+/// `resident-ring`).
+type CallTable<Out> = HashMap<u64, Arc<CallSlot<Result<Out>>>, BuildHasherDefault<IdHasher>>;
 
 /// The handoff between a host thread working through a batch and a `terminate` that gives up
 /// waiting for it (a handler that never returns).
@@ -432,7 +362,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     // ---- calls -------------------------------------------------------------------------
 
     /// Registers a waiting `call` for request id `id`.
-    pub fn register_call(&self, id: u64) -> Arc<CallSlot<Out>> {
+    pub fn register_call(&self, id: u64) -> Arc<CallSlot<Result<Out>>> {
         let slot = Arc::new(CallSlot::new());
         self.pending.lock().insert(id, slot.clone());
         slot
