@@ -96,6 +96,9 @@ impl JetStreamOptions {
 pub struct JetStreamStats {
     /// Inputs pulled from the consumer (redeliveries included).
     pub received: AtomicU64,
+    /// Of those, redeliveries (delivered before, to this or another worker, and not
+    /// acknowledged in time: a worker died, a publish failed, the kernel was busy).
+    pub redelivered: AtomicU64,
     /// Outputs stored and their inputs acknowledged.
     pub outputs: AtomicU64,
     /// Of those, outputs the stream reported as duplicates (a redelivered input whose output
@@ -289,6 +292,9 @@ where
                 }
             };
             bump(&worker.stats.received);
+            if msg.info().map(|i| i.delivered > 1).unwrap_or(false) {
+                bump(&worker.stats.redelivered);
+            }
             // We asked for no more than the free slots, so this does not wait long.
             let Ok(permit) = permits.clone().acquire_owned().await else {
                 break 'pull;
