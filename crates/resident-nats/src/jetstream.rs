@@ -15,6 +15,7 @@ use async_nats::jetstream::consumer::pull::Config as PullConfig;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer};
 use async_nats::jetstream::message::Message as JsMessage;
 use async_nats::jetstream::stream::{Config as StreamConfig, StorageType};
+use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::{AckKind, Context};
 use async_nats::HeaderMap;
 use futures_util::StreamExt;
@@ -242,11 +243,16 @@ where
                     &worker.opts.durable,
                 )
                 .await;
-                let w = worker.clone();
-                tokio::spawn(async move {
-                    w.finish(job.msg, out).await;
-                    drop(job.permit);
-                });
+                // The output is sent here, in input order (one connection keeps order, so
+                // the output stream stores this worker's outputs in input order); waiting
+                // for the stream's acknowledgement and acking the input run concurrently.
+                if let Some((msg, stored)) = worker.publish_output(job.msg, out).await {
+                    let w = worker.clone();
+                    tokio::spawn(async move {
+                        w.settle(msg, stored).await;
+                        drop(job.permit);
+                    });
+                }
             }
         })
     };
@@ -363,6 +369,18 @@ impl<S: Service, C: Codec<S::In, S::Out>> Worker<S, C> {
     }
 
     async fn finish(&self, msg: JsMessage, out: resident::Result<S::Out>) {
+        if let Some((msg, stored)) = self.publish_output(msg, out).await {
+            self.settle(msg, stored).await;
+        }
+    }
+
+    /// Sends the output (or settles the input at once on an error). Returns the input and the
+    /// stream's pending acknowledgement of its output.
+    async fn publish_output(
+        &self,
+        msg: JsMessage,
+        out: resident::Result<S::Out>,
+    ) -> Option<(JsMessage, PublishAckFuture)> {
         let out = match out {
             Ok(o) => o,
             Err(e) => {
@@ -375,18 +393,45 @@ impl<S: Service, C: Codec<S::In, S::Out>> Worker<S, C> {
                 } else {
                     self.dead_letter(&msg, kind, e.to_string()).await;
                 }
-                return;
+                return None;
             }
         };
         let payload = match self.codec.encode(&out) {
             Ok(p) => p,
-            Err(e) => return self.dead_letter(&msg, ErrorKind::Internal, e.to_string()).await,
+            Err(e) => {
+                self.dead_letter(&msg, ErrorKind::Internal, e.to_string()).await;
+                return None;
+            }
         };
         let (id, seq) = self.input_id(&msg);
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", id.as_str());
         headers.insert(INPUT_SEQ_HEADER, seq.to_string().as_str());
-        match self.store(&self.opts.output_subject, headers, payload).await {
+        match self
+            .js
+            .publish_with_headers(self.opts.output_subject.clone(), headers, payload.into())
+            .await
+        {
+            Ok(stored) => Some((msg, stored)),
+            Err(e) => {
+                tracing::debug!(error = %e, "output not sent; input left for redelivery");
+                bump(&self.stats.naks);
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(Duration::from_millis(500))))
+                    .await;
+                None
+            }
+        }
+    }
+
+    /// Waits for the stream to store the output, then acknowledges the input.
+    async fn settle(&self, msg: JsMessage, stored: PublishAckFuture) {
+        let stored = match tokio::time::timeout(Duration::from_secs(5), stored).await {
+            Ok(Ok(ack)) => Ok(ack.duplicate),
+            Ok(Err(e)) => Err(async_nats::Error::from(e)),
+            Err(_) => Err("timed out waiting for the stream's acknowledgement".into()),
+        };
+        match stored {
             Ok(duplicate) => {
                 if duplicate {
                     bump(&self.stats.duplicates);

@@ -442,3 +442,95 @@ fn a_server_restart_is_survived_and_nothing_acknowledged_is_lost() {
         stats.pull_errors.load(Ordering::Relaxed)
     );
 }
+
+#[test]
+fn a_slow_kernel_slows_the_consumer_instead_of_dropping() {
+    let Some(server) = NatsServer::start_or_skip("slow_kernel_backpressure") else {
+        return;
+    };
+    const N: u32 = 200;
+    const SLOTS: usize = 8;
+    let kernels = Runtime::builder().backend(Backend::Cpu).build().unwrap();
+    // 2 ms per message and a queue of 8: far slower than the inputs arrive.
+    let slow = demo::launch_anomaly(
+        &kernels,
+        "slow",
+        DemoOptions {
+            queue_size: SLOTS,
+            delay: Duration::from_millis(2),
+        },
+    )
+    .unwrap();
+    rt().block_on(async {
+        let client = connect(&server.url()).await;
+        let js = jetstream::new(client.clone());
+        let mut opts = JetStreamOptions::new("SLOW", "t.slow", "slow-workers");
+        opts.max_in_flight = SLOTS;
+        resident_nats::ensure_streams(&js, &opts).await.unwrap();
+        let mut st = demo::SensorStats::default();
+        let mut expected = Vec::new();
+        for i in 0..N {
+            let value = 1.0 + (i % 5) as f64;
+            expected.push(st.observe(value));
+            let body = serde_json::to_vec(&AnomalyRequest { sensor: 0, value }).unwrap();
+            js.publish("t.slow", body.into()).await.unwrap().await.unwrap();
+        }
+        let stats = Arc::new(JetStreamStats::default());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve_jetstream(
+            connect(&server.url()).await,
+            Arc::new(slow.clone()),
+            Arc::new(JsonCodec::<AnomalyRequest, AnomalyReply>::new()),
+            opts,
+            stats.clone(),
+            async {
+                let _ = rx.await;
+            },
+        ));
+        // While it works, the server never has more than SLOTS inputs out for it.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut max_pending = 0;
+        let mut samples = 0;
+        loop {
+            if let Ok(s) = js.get_stream("SLOW").await {
+                if let Ok(mut c) = s
+                    .get_consumer::<jetstream::consumer::pull::Config>("slow-workers")
+                    .await
+                {
+                    if let Ok(i) = c.info().await {
+                        max_pending = max_pending.max(i.num_ack_pending);
+                        samples += 1;
+                    }
+                }
+            }
+            let done = wait_for_messages(&js, "SLOW_OUT", N as u64, Duration::ZERO).await;
+            if done >= N as u64 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "only {done} of {N} outputs in 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        println!("slow kernel: {samples} samples, at most {max_pending} inputs pending");
+        assert!(max_pending <= SLOTS, "{max_pending} pending > {SLOTS} slots");
+        assert!(max_pending > 0, "the sampling saw the work");
+        // Nothing dropped or refused anywhere, nothing handed back.
+        let t = slow.telemetry();
+        assert_eq!((t.messages_dropped, t.messages_refused), (0, 0));
+        assert_eq!(stats.naks.load(Ordering::Relaxed), 0);
+        // The kernel saw the inputs in stream order; each output names its input.
+        let s = js.get_stream("SLOW_OUT").await.unwrap();
+        let mut seen = vec![false; N as usize];
+        for q in 1..=N as u64 {
+            let m = s.get_raw_message(q).await.unwrap();
+            let seq: usize = m.headers.get("Resident-Input-Seq").unwrap().as_str().parse().unwrap();
+            assert_eq!(m.headers.get("Nats-Msg-Id").unwrap().as_str(), format!("SLOW:{seq}"));
+            let r: AnomalyReply = serde_json::from_slice(&m.payload).unwrap();
+            assert_eq!((r.anomaly, r.z), expected[seq - 1], "input {seq}");
+            assert!(!std::mem::replace(&mut seen[seq - 1], true), "input {seq} twice");
+            // One ordered worker, no redelivery: outputs are even stored in input order.
+            assert_eq!(seq as u64, q, "output order");
+        }
+        tx.send(()).unwrap();
+        tokio::time::timeout(T, task).await.unwrap().unwrap().unwrap();
+    });
+}
