@@ -45,7 +45,10 @@ impl Worker {
                 }
                 return (status.success(), out);
             }
-            assert!(Instant::now() < deadline, "resident serve did not exit after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "resident serve did not exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -70,11 +73,22 @@ fn rt() -> tokio::runtime::Runtime {
 
 #[test]
 fn serve_help_shows_a_nats_cli_request() {
-    let out = Command::new(BIN).args(["serve", "--help"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("nats --server nats://127.0.0.1:4222 request resident.pipeline '{\"value\": 42}'"));
-    for flag in ["--nats", "--demo", "--subject", "--jetstream", "--queue-group"] {
+    assert!(text.contains(
+        "nats --server nats://127.0.0.1:4222 request resident.pipeline '{\"value\": 42}'"
+    ));
+    for flag in [
+        "--nats",
+        "--demo",
+        "--subject",
+        "--jetstream",
+        "--queue-group",
+    ] {
         assert!(text.contains(flag), "{flag} documented");
     }
 }
@@ -121,7 +135,12 @@ fn the_help_example_answers_as_shown_and_sigterm_exits_zero() {
             .await
             .unwrap();
         assert_eq!(
-            bad.headers.as_ref().unwrap().get("Resident-Error").unwrap().as_str(),
+            bad.headers
+                .as_ref()
+                .unwrap()
+                .get("Resident-Error")
+                .unwrap()
+                .as_str(),
             "bad_input"
         );
     });
@@ -139,8 +158,20 @@ fn a_killed_worker_loses_nothing_every_input_has_exactly_one_output() {
     let url = server.url();
     // Slow kernels (1 ms per message) so the killed worker surely has inputs in flight.
     let args = [
-        "--nats", &url, "--demo", "pipeline", "--subject", "t.kill", "--jetstream", "KILL",
-        "--queue-size", "32", "--ack-wait", "2", "--kernel-delay-us", "1000",
+        "--nats",
+        &url,
+        "--demo",
+        "pipeline",
+        "--subject",
+        "t.kill",
+        "--jetstream",
+        "KILL",
+        "--queue-size",
+        "32",
+        "--ack-wait",
+        "2",
+        "--kernel-delay-us",
+        "1000",
     ];
     let tokio_rt = rt();
     let _enter = tokio_rt.enter();
@@ -200,7 +231,10 @@ fn a_killed_worker_loses_nothing_every_input_has_exactly_one_output() {
     tokio_rt.block_on(async {
         let mut stream = js.get_stream("KILL_OUT").await.unwrap();
         let info = stream.info().await.unwrap().clone();
-        assert_eq!(info.state.messages, N as u64, "exactly one output per input");
+        assert_eq!(
+            info.state.messages, N as u64,
+            "exactly one output per input"
+        );
         let mut by_id: HashMap<String, u32> = HashMap::new();
         for seq in 1..=info.state.last_sequence {
             let m = stream.get_raw_message(seq).await.unwrap();
@@ -208,7 +242,11 @@ fn a_killed_worker_loses_nothing_every_input_has_exactly_one_output() {
             let id = m.headers.get("Nats-Msg-Id").unwrap().as_str().to_string();
             let i: u32 = id.trim_start_matches("in-").parse().unwrap();
             let r: PipelineReply = serde_json::from_slice(&m.payload).unwrap();
-            assert_eq!(r.score, demo::score(demo::normalize((i % 101) as f64)).0, "{id}");
+            assert_eq!(
+                r.score,
+                demo::score(demo::normalize((i % 101) as f64)).0,
+                "{id}"
+            );
             *by_id.entry(id).or_default() += 1;
         }
         assert_eq!(by_id.len(), N as usize);

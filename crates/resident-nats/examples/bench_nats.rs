@@ -3,6 +3,7 @@
 //!   the anomaly kernel (one `call`) vs the two-kernel pipeline, all JSON, same run;
 //! * JetStream throughput of the pipeline with 1 and 2 workers (inputs stored first, time until
 //!   every output is stored).
+//!
 //! Each measurement is repeated; the JSON has every repeat and the spread.
 //!
 //! cargo run --release -p resident-nats --example bench_nats -- [--out FILE] [--repeats 3]
@@ -19,8 +20,8 @@ use resident_nats::demo::{
 };
 use resident_nats::testing::{connect_options, nats_server_binary, NatsServer};
 use resident_nats::{
-    serve_jetstream, serve_requests, JetStreamOptions, JetStreamStats, JsonCodec,
-    RequestOptions, RequestStats,
+    serve_jetstream, serve_requests, JetStreamOptions, JetStreamStats, JsonCodec, RequestOptions,
+    RequestStats,
 };
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -53,7 +54,9 @@ async fn latency(
     n: usize,
 ) -> Result<(f64, f64), BoxError> {
     for _ in 0..200 {
-        client.request(subject.to_string(), body.to_vec().into()).await?;
+        client
+            .request(subject.to_string(), body.to_vec().into())
+            .await?;
     }
     let mut us = Vec::with_capacity(n);
     for _ in 0..n {
@@ -94,7 +97,10 @@ async fn jetstream_run(
         })?;
         let mut h = async_nats::HeaderMap::new();
         h.insert("Nats-Msg-Id", format!("in-{i}").as_str());
-        acks.push(js.publish_with_headers(subject.clone(), h, body.into()).await?);
+        acks.push(
+            js.publish_with_headers(subject.clone(), h, body.into())
+                .await?,
+        );
     }
     for a in acks {
         a.await?;

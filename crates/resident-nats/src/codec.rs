@@ -94,7 +94,7 @@ mod tests {
     fn pod_codec_checks_the_size_and_reads_unaligned() {
         let c = PodCodec;
         let bytes = 7.5f64.to_ne_bytes();
-        let mut unaligned = vec![0u8; 9];
+        let mut unaligned = [0u8; 9];
         unaligned[1..].copy_from_slice(&bytes);
         let x: f64 = Codec::<f64, f64>::decode(&c, &unaligned[1..]).unwrap();
         assert_eq!(x, 7.5);
@@ -105,7 +105,10 @@ mod tests {
             }) => {}
             other => panic!("expected WrongSize, got {other:?}"),
         }
-        assert_eq!(Codec::<f64, f64>::encode(&c, &2.0).unwrap(), 2.0f64.to_ne_bytes());
+        assert_eq!(
+            Codec::<f64, f64>::encode(&c, &2.0).unwrap(),
+            2.0f64.to_ne_bytes()
+        );
     }
 
     #[test]

@@ -102,18 +102,17 @@ where
     let mut tasks = JoinSet::new();
     let kernel: Arc<str> = Arc::from(opts.subject.as_str());
     tokio::pin!(shutdown);
-    let mut draining = false;
+    let mut draining: Option<tokio::time::Instant> = None;
     loop {
-        let next = if draining {
+        let next = if let Some(deadline) = draining {
             // After `drain` the subscription yields what the client buffered, then ends.
-            match tokio::time::timeout(opts.drain_timeout, sub.next()).await {
-                Ok(m) => m,
-                Err(_) => None,
-            }
+            tokio::time::timeout_at(deadline, sub.next())
+                .await
+                .unwrap_or_default()
         } else {
             tokio::select! {
                 _ = &mut shutdown => {
-                    draining = true;
+                    draining = Some(tokio::time::Instant::now() + opts.drain_timeout);
                     if let Err(e) = sub.drain().await {
                         tracing::warn!(error = %e, "unsubscribing failed");
                     }
@@ -143,7 +142,8 @@ where
             drop(permit);
         });
     }
-    let _ = tokio::time::timeout(opts.drain_timeout, async {
+    let deadline = draining.unwrap_or_else(|| tokio::time::Instant::now() + opts.drain_timeout);
+    let _ = tokio::time::timeout_at(deadline, async {
         while tasks.join_next().await.is_some() {}
     })
     .await;

@@ -288,17 +288,23 @@ pub fn launch_anomaly(
             .queue_size(opts.queue_size)
             .backpressure(Backpressure::Block(Duration::from_secs(1)))
             .state(HashMap::<u32, SensorStats>::new())
-            .handler(move |ctx: &mut Context<HashMap<u32, SensorStats>>, r: Reading| {
-                if !delay.is_zero() {
-                    std::thread::sleep(delay);
-                }
-                let (anomaly, z) = ctx.state_mut().entry(r.sensor).or_default().observe(r.value);
-                Some(Verdict {
-                    z,
-                    anomaly: anomaly as u32,
-                    _pad: 0,
-                })
-            }),
+            .handler(
+                move |ctx: &mut Context<HashMap<u32, SensorStats>>, r: Reading| {
+                    if !delay.is_zero() {
+                        std::thread::sleep(delay);
+                    }
+                    let (anomaly, z) = ctx
+                        .state_mut()
+                        .entry(r.sensor)
+                        .or_default()
+                        .observe(r.value);
+                    Some(Verdict {
+                        z,
+                        anomaly: anomaly as u32,
+                        _pad: 0,
+                    })
+                },
+            ),
     )?;
     k.activate()?;
     Ok(k)
@@ -516,7 +522,18 @@ mod tests {
     fn pipeline_kernels_match_the_reference() {
         let rt = Runtime::builder().backend(Backend::Cpu).build().unwrap();
         let p = Pipeline::launch(&rt, "p", DemoOptions::default()).unwrap();
-        for value in [-5.0, 0.0, 10.0, 54.7, 54.8, 83.6, 83.7, 100.0, 250.0, f64::NAN] {
+        for value in [
+            -5.0,
+            0.0,
+            10.0,
+            54.7,
+            54.8,
+            83.6,
+            83.7,
+            100.0,
+            250.0,
+            f64::NAN,
+        ] {
             let out = p
                 .call(PipelineIn { value, tag: 0 }, Duration::from_secs(5))
                 .unwrap();
@@ -583,7 +600,11 @@ mod tests {
                 .unwrap();
             let r = AnomalyReply::from(v);
             assert_eq!(r.anomaly, anomaly);
-            assert!((r.z - z).abs() <= 1e-12 * z.abs().max(1.0), "{} vs {z}", r.z);
+            assert!(
+                (r.z - z).abs() <= 1e-12 * z.abs().max(1.0),
+                "{} vs {z}",
+                r.z
+            );
             anomalies += anomaly as usize;
         }
         assert!(anomalies > 5, "the spikes are found ({anomalies})");

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull::Config as PullConfig;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::message::Message as JsMessage;
 use async_nats::jetstream::stream::{Config as StreamConfig, StorageType};
-use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::{AckKind, Context};
 use async_nats::HeaderMap;
 use futures_util::StreamExt;
@@ -135,13 +135,20 @@ pub async fn ensure_streams(js: &Context, opts: &JetStreamOptions) -> Result<(),
     })
     .await
     .map_err(|e| js_err(format!("create stream '{}'", opts.stream))(e.into()))?;
-    if js.stream_by_subject(opts.output_subject.clone()).await.is_ok() {
+    if js
+        .stream_by_subject(opts.output_subject.clone())
+        .await
+        .is_ok()
+    {
         return Ok(());
     }
     let created = js
         .get_or_create_stream(StreamConfig {
             name: opts.output_stream.clone(),
-            subjects: vec![opts.output_subject.clone(), opts.dead_letter_subject.clone()],
+            subjects: vec![
+                opts.output_subject.clone(),
+                opts.dead_letter_subject.clone(),
+            ],
             storage: StorageType::File,
             duplicate_window: opts.duplicate_window,
             ..Default::default()
@@ -150,7 +157,14 @@ pub async fn ensure_streams(js: &Context, opts: &JetStreamOptions) -> Result<(),
     match created {
         Ok(_) => Ok(()),
         // Another worker created it between our look-up and the create.
-        Err(_) if js.stream_by_subject(opts.output_subject.clone()).await.is_ok() => Ok(()),
+        Err(_)
+            if js
+                .stream_by_subject(opts.output_subject.clone())
+                .await
+                .is_ok() =>
+        {
+            Ok(())
+        }
         Err(e) => Err(js_err(format!("create stream '{}'", opts.output_stream))(
             e.into(),
         )),
@@ -309,7 +323,8 @@ where
                 Err(e) => {
                     let w = worker.clone();
                     tokio::spawn(async move {
-                        w.dead_letter(&msg, ErrorKind::BadInput, e.to_string()).await;
+                        w.dead_letter(&msg, ErrorKind::BadInput, e.to_string())
+                            .await;
                         drop(permit);
                     });
                 }
@@ -337,11 +352,8 @@ where
     }
     // Drain: no more pulls; wait until every slot is back (every input in flight is settled).
     drop(tx);
-    let drained = tokio::time::timeout(
-        worker.opts.drain_timeout,
-        permits.acquire_many(max as u32),
-    )
-    .await;
+    let drained =
+        tokio::time::timeout(worker.opts.drain_timeout, permits.acquire_many(max as u32)).await;
     if drained.is_err() {
         tracing::warn!("drain timed out; unsettled inputs will be redelivered after ack_wait");
     }
@@ -361,7 +373,10 @@ impl<S: Service, C: Codec<S::In, S::Out>> Worker<S, C> {
             .and_then(|h| h.get("Nats-Msg-Id"))
             .map(|v| v.as_str().to_string())
             .filter(|s| !s.is_empty());
-        (own.unwrap_or_else(|| format!("{}:{seq}", self.opts.stream)), seq)
+        (
+            own.unwrap_or_else(|| format!("{}:{seq}", self.opts.stream)),
+            seq,
+        )
     }
 
     fn delivered(msg: &JsMessage) -> i64 {
@@ -399,7 +414,8 @@ impl<S: Service, C: Codec<S::In, S::Out>> Worker<S, C> {
         let payload = match self.codec.encode(&out) {
             Ok(p) => p,
             Err(e) => {
-                self.dead_letter(&msg, ErrorKind::Internal, e.to_string()).await;
+                self.dead_letter(&msg, ErrorKind::Internal, e.to_string())
+                    .await;
                 return None;
             }
         };
@@ -483,9 +499,16 @@ impl<S: Service, C: Codec<S::In, S::Out>> Worker<S, C> {
             message,
         })
         .unwrap_or_default();
-        headers.insert("Resident-Error-Message", reason.replace(['\r', '\n'], " ").as_str());
+        headers.insert(
+            "Resident-Error-Message",
+            reason.replace(['\r', '\n'], " ").as_str(),
+        );
         match self
-            .store(&self.opts.dead_letter_subject, headers, msg.payload.to_vec())
+            .store(
+                &self.opts.dead_letter_subject,
+                headers,
+                msg.payload.to_vec(),
+            )
             .await
         {
             Ok(_) => {

@@ -48,7 +48,9 @@ impl NatsServer {
                 if std::env::var("RESIDENT_REQUIRE_NATS").as_deref() == Ok("1") {
                     panic!("{test}: nats-server is not installed and RESIDENT_REQUIRE_NATS=1");
                 }
-                println!("SKIP: {test}: nats-server is not installed (apt-get install nats-server)");
+                println!(
+                    "SKIP: {test}: nats-server is not installed (apt-get install nats-server)"
+                );
                 None
             }
         }
@@ -85,7 +87,14 @@ impl NatsServer {
 
     fn spawn(&mut self) -> std::io::Result<()> {
         let mut child = Command::new(&self.binary)
-            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
             .arg(&self.store)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -106,7 +115,9 @@ impl NatsServer {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(std::io::Error::other("nats-server did not listen within 10 s"));
+                return Err(std::io::Error::other(
+                    "nats-server did not listen within 10 s",
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }

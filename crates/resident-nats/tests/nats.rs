@@ -85,8 +85,12 @@ fn request_reply_round_trip_and_typed_errors_for_garbage() {
     rt().block_on(async {
         let worker = connect(&server.url()).await;
         let client = connect(&server.url()).await;
-        let (stop, stats, task) =
-            pipeline_worker(&kernels, "rr", worker.clone(), RequestOptions::new("t.pipeline"));
+        let (stop, stats, task) = pipeline_worker(
+            &kernels,
+            "rr",
+            worker.clone(),
+            RequestOptions::new("t.pipeline"),
+        );
         client.flush().await.unwrap();
         // The subscription is registered once the worker's flush went through; retry briefly.
         let deadline = Instant::now() + T;
@@ -112,14 +116,20 @@ fn request_reply_round_trip_and_typed_errors_for_garbage() {
             assert_eq!(r, PipelineReply { score, class });
         }
         // Garbage: bad JSON, wrong fields, wrong type. Each gets a typed error...
-        for junk in [&b"{\"value\":"[..], b"{\"v\": 1}", b"\x00\x01\x02", b"{\"value\": \"x\"}"] {
+        for junk in [
+            &b"{\"value\":"[..],
+            b"{\"v\": 1}",
+            b"\x00\x01\x02",
+            b"{\"value\": \"x\"}",
+        ] {
             match request(&client, "t.pipeline", junk.to_vec()).await {
                 Reply::Error(e) => assert_eq!(e.error, ErrorKind::BadInput, "{e:?}"),
                 Reply::Output(o) => panic!("garbage {junk:?} answered {o:?}"),
             }
         }
         // ...and the worker keeps serving.
-        let Reply::Output(bytes) = request(&client, "t.pipeline", br#"{"value": 100}"#.to_vec()).await
+        let Reply::Output(bytes) =
+            request(&client, "t.pipeline", br#"{"value": 100}"#.to_vec()).await
         else {
             panic!("worker stopped serving after garbage");
         };
@@ -157,7 +167,11 @@ fn raw_pod_bytes_and_wrong_size_error() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut st = demo::SensorStats::default();
         for i in 0..300u32 {
-            let x = if i == 250 { 90.0 } else { 10.0 + (i % 7) as f64 * 0.1 };
+            let x = if i == 250 {
+                90.0
+            } else {
+                10.0 + (i % 7) as f64 * 0.1
+            };
             let reading = demo::Reading {
                 value: x,
                 sensor: 3,
@@ -182,7 +196,11 @@ fn raw_pod_bytes_and_wrong_size_error() {
         }
         let _ = AnomalyReply::from(demo::Verdict::default());
         tx.send(()).unwrap();
-        tokio::time::timeout(T, task).await.unwrap().unwrap().unwrap();
+        tokio::time::timeout(T, task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     });
 }
 
@@ -214,7 +232,9 @@ fn two_workers_in_a_queue_group_share_the_load() {
                 })
                 .collect();
             for (v, r) in futures_util::future::join_all(futs).await {
-                let Reply::Output(b) = r else { panic!("error reply") };
+                let Reply::Output(b) = r else {
+                    panic!("error reply")
+                };
                 let r: PipelineReply = serde_json::from_slice(&b).unwrap();
                 assert_eq!(r.score, demo::score(demo::normalize(v)).0);
                 answered += 1;
@@ -245,7 +265,9 @@ async fn outputs_by_id(
     let last = s.get_info().await.unwrap().state.last_sequence;
     let mut by_id: HashMap<String, Vec<bytes::Bytes>> = HashMap::new();
     for seq in 1..=last {
-        let Ok(m) = s.get_raw_message(seq).await else { continue };
+        let Ok(m) = s.get_raw_message(seq).await else {
+            continue;
+        };
         if m.subject.as_str() != subject {
             continue;
         }
@@ -331,13 +353,20 @@ fn jetstream_dead_letters_garbage_and_keeps_serving() {
         for q in 1..=seq {
             let m = s.get_raw_message(q).await.unwrap();
             if m.subject.as_str() == "t.dl.dead" {
-                assert_eq!(m.headers.get("Resident-Error").unwrap().as_str(), "bad_input");
+                assert_eq!(
+                    m.headers.get("Resident-Error").unwrap().as_str(),
+                    "bad_input"
+                );
                 kinds += 1;
             }
         }
         assert_eq!(kinds, 5);
         tx.send(()).unwrap();
-        tokio::time::timeout(T, task).await.unwrap().unwrap().unwrap();
+        tokio::time::timeout(T, task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         assert_eq!(stats.dead_letters.load(Ordering::Relaxed), 5);
         assert_eq!(stats.outputs.load(Ordering::Relaxed), 45);
         // Everything acknowledged or terminated: nothing pending on the consumer.
@@ -420,8 +449,16 @@ fn a_server_restart_is_survived_and_nothing_acknowledged_is_lost() {
     assert!(before >= 100);
     server.restart().expect("server restarts");
     publish(300, 600);
-    let after = tokio_rt.block_on(wait_for_messages(&js, "RS_OUT", 600, Duration::from_secs(60)));
-    assert_eq!(after, 600, "every acknowledged input has its output after the restart");
+    let after = tokio_rt.block_on(wait_for_messages(
+        &js,
+        "RS_OUT",
+        600,
+        Duration::from_secs(60),
+    ));
+    assert_eq!(
+        after, 600,
+        "every acknowledged input has its output after the restart"
+    );
     let outs = tokio_rt.block_on(outputs_by_id(&js, "RS_OUT", "t.rs.out"));
     for i in 0..600u32 {
         let got = &outs[&format!("in-{i}")];
@@ -473,7 +510,11 @@ fn a_slow_kernel_slows_the_consumer_instead_of_dropping() {
             let value = 1.0 + (i % 5) as f64;
             expected.push(st.observe(value));
             let body = serde_json::to_vec(&AnomalyRequest { sensor: 0, value }).unwrap();
-            js.publish("t.slow", body.into()).await.unwrap().await.unwrap();
+            js.publish("t.slow", body.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
         }
         let stats = Arc::new(JetStreamStats::default());
         let (tx, rx) = oneshot::channel::<()>();
@@ -507,11 +548,17 @@ fn a_slow_kernel_slows_the_consumer_instead_of_dropping() {
             if done >= N as u64 {
                 break;
             }
-            assert!(Instant::now() < deadline, "only {done} of {N} outputs in 30 s");
+            assert!(
+                Instant::now() < deadline,
+                "only {done} of {N} outputs in 30 s"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         println!("slow kernel: {samples} samples, at most {max_pending} inputs pending");
-        assert!(max_pending <= SLOTS, "{max_pending} pending > {SLOTS} slots");
+        assert!(
+            max_pending <= SLOTS,
+            "{max_pending} pending > {SLOTS} slots"
+        );
         assert!(max_pending > 0, "the sampling saw the work");
         // Nothing dropped or refused anywhere, nothing handed back.
         let t = slow.telemetry();
@@ -522,15 +569,31 @@ fn a_slow_kernel_slows_the_consumer_instead_of_dropping() {
         let mut seen = vec![false; N as usize];
         for q in 1..=N as u64 {
             let m = s.get_raw_message(q).await.unwrap();
-            let seq: usize = m.headers.get("Resident-Input-Seq").unwrap().as_str().parse().unwrap();
-            assert_eq!(m.headers.get("Nats-Msg-Id").unwrap().as_str(), format!("SLOW:{seq}"));
+            let seq: usize = m
+                .headers
+                .get("Resident-Input-Seq")
+                .unwrap()
+                .as_str()
+                .parse()
+                .unwrap();
+            assert_eq!(
+                m.headers.get("Nats-Msg-Id").unwrap().as_str(),
+                format!("SLOW:{seq}")
+            );
             let r: AnomalyReply = serde_json::from_slice(&m.payload).unwrap();
             assert_eq!((r.anomaly, r.z), expected[seq - 1], "input {seq}");
-            assert!(!std::mem::replace(&mut seen[seq - 1], true), "input {seq} twice");
+            assert!(
+                !std::mem::replace(&mut seen[seq - 1], true),
+                "input {seq} twice"
+            );
             // One ordered worker, no redelivery: outputs are even stored in input order.
             assert_eq!(seq as u64, q, "output order");
         }
         tx.send(()).unwrap();
-        tokio::time::timeout(T, task).await.unwrap().unwrap().unwrap();
+        tokio::time::timeout(T, task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     });
 }
