@@ -47,6 +47,9 @@ impl RequestOptions {
 /// Counters of a request/reply worker.
 #[derive(Debug, Default)]
 pub struct RequestStats {
+    /// Set once the subscription is known to the server (subscribed and flushed): requests
+    /// sent from then on reach this worker (or its queue group).
+    pub ready: std::sync::atomic::AtomicBool,
     /// Requests read from the subject.
     pub requests: AtomicU64,
     /// Outputs sent as replies.
@@ -98,6 +101,13 @@ where
         subject: opts.subject.clone(),
         source,
     })?;
+    // A flush is a round trip: after it the server has the subscription.
+    if tokio::time::timeout(Duration::from_secs(5), client.flush())
+        .await
+        .is_ok_and(|r| r.is_ok())
+    {
+        stats.ready.store(true, Ordering::Release);
+    }
     let permits = Arc::new(Semaphore::new(opts.max_in_flight));
     let mut tasks = JoinSet::new();
     let kernel: Arc<str> = Arc::from(opts.subject.as_str());

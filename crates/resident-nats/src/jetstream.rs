@@ -95,6 +95,8 @@ impl JetStreamOptions {
 /// Counters of a JetStream worker.
 #[derive(Debug, Default)]
 pub struct JetStreamStats {
+    /// Set once the streams and the durable consumer exist and the worker starts pulling.
+    pub ready: std::sync::atomic::AtomicBool,
     /// Inputs pulled from the consumer (redeliveries included).
     pub received: AtomicU64,
     /// Of those, redeliveries (delivered before, to this or another worker, and not
@@ -235,6 +237,7 @@ where
     let js = async_nats::jetstream::new(client.clone());
     ensure_streams(&js, &opts).await?;
     let consumer = consumer(&js, &opts).await?;
+    stats.ready.store(true, Ordering::Release);
     let max = opts.max_in_flight;
     let worker = Arc::new(Worker {
         js,

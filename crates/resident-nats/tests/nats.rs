@@ -36,6 +36,18 @@ async fn connect(url: &str) -> async_nats::Client {
         .expect("connect")
 }
 
+/// Waits (at most 10 s) until every worker's subscription is known to the server.
+async fn ready(stats: &[&RequestStats]) {
+    let deadline = Instant::now() + T;
+    while !stats.iter().all(|s| s.ready.load(Ordering::Acquire)) {
+        assert!(
+            Instant::now() < deadline,
+            "workers not subscribed within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn request(c: &async_nats::Client, subject: &str, body: Vec<u8>) -> Reply {
     let m = tokio::time::timeout(T, c.request(subject.to_string(), body.into()))
         .await
@@ -91,21 +103,7 @@ fn request_reply_round_trip_and_typed_errors_for_garbage() {
             worker.clone(),
             RequestOptions::new("t.pipeline"),
         );
-        client.flush().await.unwrap();
-        // The subscription is registered once the worker's flush went through; retry briefly.
-        let deadline = Instant::now() + T;
-        loop {
-            match tokio::time::timeout(
-                Duration::from_millis(500),
-                client.request("t.pipeline", br#"{"value": 50}"#.to_vec().into()),
-            )
-            .await
-            {
-                Ok(Ok(_)) => break,
-                _ if Instant::now() < deadline => continue,
-                other => panic!("no worker answered: {other:?}"),
-            }
-        }
+        ready(&[&stats]).await;
         for v in [-3.0, 0.0, 30.0, 54.7, 60.0, 99.0, 140.0] {
             let body = serde_json::to_vec(&PipelineRequest { value: v }).unwrap();
             let Reply::Output(bytes) = request(&client, "t.pipeline", body).await else {
@@ -138,7 +136,8 @@ fn request_reply_round_trip_and_typed_errors_for_garbage() {
         stop.send(()).unwrap();
         tokio::time::timeout(T, task).await.unwrap().unwrap();
         assert_eq!(stats.bad_input.load(Ordering::Relaxed), 4);
-        assert!(stats.replies.load(Ordering::Relaxed) >= 8);
+        assert_eq!(stats.replies.load(Ordering::Relaxed), 8);
+        assert_eq!(stats.error_replies.load(Ordering::Relaxed), 4);
     });
 }
 
@@ -164,7 +163,7 @@ fn raw_pod_bytes_and_wrong_size_error() {
                 let _ = rx.await;
             },
         ));
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        ready(&[&stats]).await;
         let mut st = demo::SensorStats::default();
         for i in 0..300u32 {
             let x = if i == 250 {
@@ -216,7 +215,7 @@ fn two_workers_in_a_queue_group_share_the_load() {
         let (s1, st1, t1) =
             pipeline_worker(&kernels, "w1", connect(&server.url()).await, opts.clone());
         let (s2, st2, t2) = pipeline_worker(&kernels, "w2", connect(&server.url()).await, opts);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        ready(&[&st1, &st2]).await;
         let client = connect(&server.url()).await;
         // 400 requests, 16 at a time.
         let mut answered = 0;
