@@ -153,6 +153,7 @@ fn raw_pod_bytes_and_wrong_size_error() {
         let client = connect(&server.url()).await;
         let (tx, rx) = oneshot::channel::<()>();
         let stats = Arc::new(RequestStats::default());
+        let handle = anomaly.clone();
         let task = tokio::spawn(serve_requests(
             worker,
             Arc::new(anomaly),
@@ -193,7 +194,20 @@ fn raw_pod_bytes_and_wrong_size_error() {
             }
             Reply::Output(_) => panic!("3 bytes decoded as a Reading"),
         }
-        let _ = AnomalyReply::from(demo::Verdict::default());
+        // A kernel that is gone: a typed `unavailable` reply, and the worker is still there.
+        let report = handle.terminate().unwrap();
+        assert!(report.undelivered.is_empty());
+        let reading = demo::Reading {
+            value: 1.0,
+            sensor: 1,
+            _pad: 0,
+        };
+        for _ in 0..2 {
+            match request(&client, "t.raw", bytemuck::bytes_of(&reading).to_vec()).await {
+                Reply::Error(e) => assert_eq!(e.error, ErrorKind::Unavailable, "{e:?}"),
+                Reply::Output(_) => panic!("a terminated kernel answered"),
+            }
+        }
         tx.send(()).unwrap();
         tokio::time::timeout(T, task)
             .await
