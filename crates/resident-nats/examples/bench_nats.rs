@@ -176,6 +176,7 @@ fn main() -> Result<(), BoxError> {
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let anomaly = Arc::new(demo::launch_anomaly(&kernels, "bench-anomaly", DemoOptions::default())?);
+        let direct = (*anomaly).clone();
         let pipeline = Arc::new(Pipeline::launch(&kernels, "bench-pipeline", DemoOptions::default())?);
         let mut rx1 = stop_rx.clone();
         let t1 = tokio::spawn(serve_requests(
@@ -205,18 +206,37 @@ fn main() -> Result<(), BoxError> {
         let reading = br#"{"sensor": 3, "value": 20.5}"#;
         let value = br#"{"value": 42.0}"#;
         let mut rows = Vec::new();
+        let mut c50 = vec![];
         let (mut e50, mut a50, mut p50, mut a_ratio, mut p_ratio) =
             (vec![], vec![], vec![], vec![], vec![]);
         let (mut e99, mut a99, mut p99) = (vec![], vec![], vec![]);
         for r in 0..repeats {
+            // The kernel alone: `call` from a plain thread, one at a time, no NATS.
+            let k = direct.clone();
+            let call = tokio::task::spawn_blocking(move || -> resident::Result<f64> {
+                let r = demo::Reading { value: 20.5, sensor: 3, _pad: 0 };
+                for _ in 0..200 {
+                    k.call(r, Duration::from_secs(5))?;
+                }
+                let mut us = Vec::with_capacity(requests);
+                for _ in 0..requests {
+                    let t = Instant::now();
+                    k.call(r, Duration::from_secs(5))?;
+                    us.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                Ok(percentile(&us, 0.5))
+            })
+            .await??;
+            c50.push(call);
             let echo = latency(&client, "bench.echo", reading, requests).await?;
             let an = latency(&client, "bench.anomaly", reading, requests).await?;
             let pi = latency(&client, "bench.pipeline", value, requests).await?;
             println!(
-                "repeat {r}: p50/p99 us  echo {:.1}/{:.1}  anomaly kernel {:.1}/{:.1}  pipeline {:.1}/{:.1}",
+                "repeat {r}: p50/p99 us  echo {:.1}/{:.1}  anomaly kernel {:.1}/{:.1}  pipeline {:.1}/{:.1}  (call alone p50 {call:.1})",
                 echo.0, echo.1, an.0, an.1, pi.0, pi.1
             );
-            rows.push(json!({"repeat": r,
+            rows.push(json!({"repeat": r, "call_alone_p50_us": call,
                 "echo_us": {"p50": echo.0, "p99": echo.1},
                 "anomaly_kernel_us": {"p50": an.0, "p99": an.1},
                 "pipeline_kernels_us": {"p50": pi.0, "p99": pi.1}}));
@@ -250,6 +270,7 @@ fn main() -> Result<(), BoxError> {
                 "payload": "JSON, ~30 bytes",
                 "repeats": rows,
                 "summary": {
+                    "call_alone_no_nats_p50_us": spread(&c50),
                     "echo_p50_us": spread(&e50), "echo_p99_us": spread(&e99),
                     "anomaly_p50_us": spread(&a50), "anomaly_p99_us": spread(&a99),
                     "pipeline_p50_us": spread(&p50), "pipeline_p99_us": spread(&p99),
