@@ -103,12 +103,8 @@ pub fn run(args: ServeArgs) -> ExitCode {
     match tokio_rt.block_on(serve(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // The messages name their causes.
             eprintln!("error: {e}");
-            let mut source = std::error::Error::source(&*e);
-            while let Some(s) = source {
-                eprintln!("  caused by: {s}");
-                source = s.source();
-            }
             ExitCode::FAILURE
         }
     }
@@ -142,7 +138,13 @@ async fn serve(args: ServeArgs) -> Result<(), BoxError> {
         queue_size: args.queue_size,
         delay: Duration::from_micros(args.kernel_delay_us),
     };
-    let client = resident_nats::testing::connect_options()
+    // The first connect must succeed (a wrong URL is an error at once); after that the
+    // client reconnects forever with a short backoff (100 ms steps, at most 1 s).
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .reconnect_delay_callback(|attempts| {
+            Duration::from_millis((attempts as u64 * 100).clamp(100, 1000))
+        })
         .name("resident serve")
         .connect(args.nats.as_str())
         .await

@@ -272,3 +272,15 @@ fn a_killed_worker_loses_nothing_every_input_has_exactly_one_output() {
         assert_eq!((ci.num_ack_pending, ci.num_pending), (0, 0));
     });
 }
+
+#[test]
+fn an_unreachable_server_is_a_clear_error_not_a_hang() {
+    // Port 1 on loopback: nothing listens there.
+    let out = Command::new(BIN)
+        .args(["serve", "--nats", "nats://127.0.0.1:1", "--demo", "anomaly"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot connect to NATS at 'nats://127.0.0.1:1'"), "{err}");
+}
