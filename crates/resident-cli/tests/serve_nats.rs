@@ -282,5 +282,8 @@ fn an_unreachable_server_is_a_clear_error_not_a_hang() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot connect to NATS at 'nats://127.0.0.1:1'"), "{err}");
+    assert!(
+        err.contains("cannot connect to NATS at 'nats://127.0.0.1:1'"),
+        "{err}"
+    );
 }
