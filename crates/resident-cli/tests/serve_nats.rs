@@ -287,3 +287,101 @@ fn an_unreachable_server_is_a_clear_error_not_a_hang() {
         "{err}"
     );
 }
+
+#[test]
+fn sigterm_drains_a_jetstream_worker_and_a_successor_finishes_the_stream() {
+    let Some(server) = NatsServer::start_or_skip("sigterm_drains_jetstream") else {
+        return;
+    };
+    const N: u32 = 400;
+    let url = server.url();
+    let args = [
+        "--nats",
+        &url,
+        "--demo",
+        "anomaly",
+        "--subject",
+        "t.term",
+        "--jetstream",
+        "TERM",
+        "--queue-size",
+        "16",
+        "--ack-wait",
+        "30",
+        "--kernel-delay-us",
+        "2000",
+    ];
+    let tokio_rt = rt();
+    let _enter = tokio_rt.enter();
+    let client = tokio_rt.block_on(async { connect_options().connect(url.clone()).await.unwrap() });
+    let js = jetstream::new(client.clone());
+    tokio_rt.block_on(async {
+        let o = resident_nats::JetStreamOptions::new("TERM", "t.term", "resident-anomaly");
+        resident_nats::ensure_streams(&js, &o).await.unwrap();
+        for i in 0..N {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Nats-Msg-Id", format!("r-{i}").as_str());
+            let body = format!("{{\"sensor\": {}, \"value\": {}}}", i % 4, 10 + i % 3);
+            js.publish_with_headers("t.term", h, body.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    });
+    let count = || {
+        tokio_rt.block_on(async {
+            match js.get_stream("TERM_OUT").await {
+                Ok(s) => s.get_info().await.map(|i| i.state.messages).unwrap_or(0),
+                Err(_) => 0,
+            }
+        })
+    };
+    let consumer_info = || {
+        tokio_rt.block_on(async {
+            let mut c: jetstream::consumer::PullConsumer = js
+                .get_stream("TERM")
+                .await
+                .unwrap()
+                .get_consumer("resident-anomaly")
+                .await
+                .unwrap();
+            c.info().await.unwrap().clone()
+        })
+    };
+    let first = Worker::start(&args);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count() < 60 {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, stdout) = first.terminate();
+    assert!(ok, "exit 0 after SIGTERM: {stdout}");
+    // Drained: everything it held is settled (stored and acknowledged, or handed back), so
+    // nothing waits for ack_wait (30 s here).
+    let info = consumer_info();
+    assert_eq!(
+        info.num_ack_pending, 0,
+        "nothing left unsettled by the drained worker"
+    );
+    let stats: serde_json::Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("counters printed");
+    let stored = count();
+    assert_eq!(stats["outputs"].as_u64().unwrap(), stored, "{stdout}");
+    assert!(stored < N as u64, "stopped mid-stream ({stored})");
+    // A successor finishes the stream well before ack_wait could have redelivered anything.
+    let second = Worker::start(&args);
+    let deadline = Instant::now() + Duration::from_secs(25);
+    while count() < N as u64 {
+        assert!(Instant::now() < deadline, "successor stuck at {}", count());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (ok, _) = second.terminate();
+    assert!(ok);
+    assert_eq!(count(), N as u64, "exactly one output per input");
+    let info = consumer_info();
+    assert_eq!((info.num_ack_pending, info.num_pending), (0, 0));
+}

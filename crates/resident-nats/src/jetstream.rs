@@ -302,7 +302,19 @@ where
         // The batch ends after `want` messages or `fetch_expires`.
         loop {
             let next = tokio::select! {
-                _ = &mut shutdown => break 'pull,
+                _ = &mut shutdown => {
+                    // Inputs of this pull that the server already sent us are handed back at
+                    // once (not left to `ack_wait`), so another worker gets them promptly.
+                    let until = tokio::time::Instant::now() + worker.opts.fetch_expires
+                        + Duration::from_secs(1);
+                    while let Ok(Some(m)) = tokio::time::timeout_at(until, batch.next()).await {
+                        if let Ok(m) = m {
+                            bump(&worker.stats.naks);
+                            let _ = m.ack_with(AckKind::Nak(None)).await;
+                        }
+                    }
+                    break 'pull;
+                }
                 n = batch.next() => n,
             };
             let msg = match next {
