@@ -64,7 +64,10 @@ impl NatsServer {
             "resident-nats-{}-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed),
-            Instant::now().elapsed().as_nanos()
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
         ));
         std::fs::create_dir_all(&store)?;
         let mut s = NatsServer {
