@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod gpu_bench;
 mod info;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -71,6 +72,8 @@ enum Command {
         #[arg(long, default_value = "bench/results/cpu-latest.json")]
         out: PathBuf,
     },
+    /// Serve a demo ring kernel over NATS (request/reply, queue groups, JetStream).
+    Serve(serve::ServeArgs),
 }
 
 fn gpu_exit(r: Result<(), String>) -> ExitCode {
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { json } => return info::run(json),
+        Command::Serve(args) => return serve::run(args),
         Command::BenchTransfer {
             iterations,
             out_dir,

@@ -1,0 +1,241 @@
+//! `resident serve`: a demo ring kernel on NATS with JSON payloads, so any NATS client can use
+//! it. Core request/reply (optionally in a queue group), or JetStream with `--jetstream`.
+
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use resident::prelude::*;
+use resident_nats::demo::{
+    self, AnomalyReply, AnomalyRequest, DemoOptions, Pipeline, PipelineReply, PipelineRequest,
+};
+use resident_nats::{
+    serve_jetstream, serve_requests, Codec, JetStreamOptions, JetStreamStats, JsonCodec,
+    RequestOptions, RequestStats, ServeError, Service,
+};
+
+const EXAMPLES: &str = "\
+Examples (with the `nats` command-line tool):
+  resident serve --nats nats://127.0.0.1:4222 --demo pipeline
+  nats --server nats://127.0.0.1:4222 request resident.pipeline '{\"value\": 42}'
+    -> {\"score\":0.17639999999999997,\"class\":\"low\"}
+  resident serve --nats nats://127.0.0.1:4222 --demo anomaly --queue-group workers   (start several)
+  nats request resident.anomaly '{\"sensor\": 7, \"value\": 20.5}'
+    -> {\"anomaly\":false,\"z\":0.0}
+
+  JetStream (inputs stored, outputs to <subject>.out with the input's Nats-Msg-Id):
+  resident serve --nats nats://127.0.0.1:4222 --demo pipeline --jetstream PIPE
+  nats pub resident.pipeline '{\"value\": 80}' -H Nats-Msg-Id:reading-1
+  nats stream view PIPE_OUT
+
+Bad input gets a reply with header Resident-Error: bad_input and a JSON body
+{\"error\":\"bad_input\",\"message\":...}; under JetStream it goes to <subject>.dead.
+SIGINT/SIGTERM: stop reading, finish what is in flight, exit 0.";
+
+/// Which demo kernel to serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DemoKind {
+    /// normalizer -> scorer: {"value": n} -> {"score": n, "class": "low"|"medium"|"high"}
+    Pipeline,
+    /// per-sensor EWMA: {"sensor": i, "value": n} -> {"anomaly": bool, "z": n}
+    Anomaly,
+}
+
+impl DemoKind {
+    fn name(self) -> &'static str {
+        match self {
+            DemoKind::Pipeline => "pipeline",
+            DemoKind::Anomaly => "anomaly",
+        }
+    }
+}
+
+/// `resident serve` arguments.
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct ServeArgs {
+    /// NATS server URL.
+    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats: String,
+    /// The demo kernel to serve.
+    #[arg(long, value_enum)]
+    pub demo: DemoKind,
+    /// Subject requests (or JetStream inputs) arrive on [default: resident.<demo>].
+    #[arg(long, value_name = "S")]
+    pub subject: Option<String>,
+    /// Consume inputs from this JetStream stream (created on subject S if missing) and
+    /// publish outputs to S.out with the input's Nats-Msg-Id.
+    #[arg(long, value_name = "STREAM")]
+    pub jetstream: Option<String>,
+    /// Queue group shared by workers (core NATS); with --jetstream, the durable consumer's
+    /// name [default: resident-<demo>].
+    #[arg(long, value_name = "G")]
+    pub queue_group: Option<String>,
+    /// Kernel queue size per lane; also the in-flight limit and JetStream max_ack_pending.
+    #[arg(long, default_value_t = 256)]
+    pub queue_size: usize,
+    /// JetStream: seconds before an unacknowledged input is delivered again.
+    #[arg(long, default_value_t = 30)]
+    pub ack_wait: u64,
+    /// Milliseconds one kernel call may take.
+    #[arg(long, default_value_t = 5000)]
+    pub call_timeout_ms: u64,
+    /// Simulated device time per message in microseconds (a slow kernel, for trying
+    /// backpressure and failover).
+    #[arg(long, default_value_t = 0)]
+    pub kernel_delay_us: u64,
+}
+
+pub fn run(args: ServeArgs) -> ExitCode {
+    let tokio_rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match tokio_rt.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The messages name their causes.
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Completes on the first SIGINT or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers, serve until killed.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    eprintln!("resident serve: signal received, draining");
+}
+
+async fn serve(args: ServeArgs) -> Result<(), BoxError> {
+    if args.queue_size == 0 {
+        return Err("--queue-size must be at least 1".into());
+    }
+    let rt = Runtime::builder().backend(Backend::Auto).build()?;
+    let opts = DemoOptions {
+        queue_size: args.queue_size,
+        delay: Duration::from_micros(args.kernel_delay_us),
+    };
+    // The first connect must succeed (a wrong URL is an error at once); after that the
+    // client reconnects forever with a short backoff (100 ms steps, at most 1 s).
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .reconnect_delay_callback(|attempts| {
+            Duration::from_millis((attempts as u64 * 100).clamp(100, 1000))
+        })
+        .name("resident serve")
+        .connect(args.nats.as_str())
+        .await
+        .map_err(|source| ServeError::Connect {
+            url: args.nats.clone(),
+            source,
+        })?;
+    let subject = args
+        .subject
+        .clone()
+        .unwrap_or_else(|| format!("resident.{}", args.demo.name()));
+    match args.demo {
+        DemoKind::Pipeline => {
+            let p = Arc::new(Pipeline::launch(&rt, "pipeline", opts)?);
+            let codec = Arc::new(JsonCodec::<PipelineRequest, PipelineReply>::new());
+            run_worker(client, p, codec, &args, subject, false).await
+        }
+        DemoKind::Anomaly => {
+            let k = Arc::new(demo::launch_anomaly(&rt, "anomaly", opts)?);
+            let codec = Arc::new(JsonCodec::<AnomalyRequest, AnomalyReply>::new());
+            // Stateful: feed the kernel in stream order.
+            run_worker(client, k, codec, &args, subject, true).await
+        }
+    }
+    // Dropping `rt` drains and terminates the kernels.
+}
+
+async fn run_worker<S: Service, C: Codec<S::In, S::Out>>(
+    client: async_nats::Client,
+    service: Arc<S>,
+    codec: Arc<C>,
+    args: &ServeArgs,
+    subject: String,
+    ordered: bool,
+) -> Result<(), BoxError> {
+    let call_timeout = Duration::from_millis(args.call_timeout_ms);
+    if let Some(stream) = &args.jetstream {
+        let durable = args
+            .queue_group
+            .clone()
+            .unwrap_or_else(|| format!("resident-{}", args.demo.name()));
+        let mut o = JetStreamOptions::new(stream.clone(), subject.clone(), durable.clone());
+        o.max_in_flight = args.queue_size;
+        o.ack_wait = Duration::from_secs(args.ack_wait.max(1));
+        o.call_timeout = call_timeout;
+        o.ordered = ordered;
+        println!(
+            "resident serve: demo {} on JetStream stream {stream} subject {subject} (durable {durable}), \
+             outputs to {} (stream {} unless one exists), dead letters to {}",
+            args.demo.name(),
+            o.output_subject,
+            o.output_stream,
+            o.dead_letter_subject
+        );
+        let stats = Arc::new(JetStreamStats::default());
+        serve_jetstream(client, service, codec, o, stats.clone(), stop_signal()).await?;
+        println!(
+            "{}",
+            serde_json::json!({
+                "received": stats.received.load(Ordering::Relaxed),
+                "redelivered": stats.redelivered.load(Ordering::Relaxed),
+                "outputs": stats.outputs.load(Ordering::Relaxed),
+                "duplicates": stats.duplicates.load(Ordering::Relaxed),
+                "dead_letters": stats.dead_letters.load(Ordering::Relaxed),
+                "naks": stats.naks.load(Ordering::Relaxed),
+            })
+        );
+    } else {
+        let mut o = RequestOptions::new(subject.clone());
+        o.queue_group = args.queue_group.clone();
+        o.max_in_flight = args.queue_size;
+        o.call_timeout = call_timeout;
+        println!(
+            "resident serve: demo {} on subject {subject}{}",
+            args.demo.name(),
+            o.queue_group
+                .as_deref()
+                .map(|g| format!(" (queue group {g})"))
+                .unwrap_or_default()
+        );
+        let stats = Arc::new(RequestStats::default());
+        serve_requests(client, service, codec, o, stats.clone(), stop_signal()).await?;
+        println!(
+            "{}",
+            serde_json::json!({
+                "requests": stats.requests.load(Ordering::Relaxed),
+                "replies": stats.replies.load(Ordering::Relaxed),
+                "error_replies": stats.error_replies.load(Ordering::Relaxed),
+                "bad_input": stats.bad_input.load(Ordering::Relaxed),
+            })
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! # resident-nats
+//!
+//! Serve resident ring kernels over NATS.
+//!
+//! * **Request/reply** ([`serve_requests`]): each request on a subject becomes one `call` on
+//!   the kernel and the output goes to the request's reply subject. Workers in one queue
+//!   group share the subject. Bad input gets a typed error reply (header `Resident-Error`,
+//!   JSON [`ErrorReply`]); the worker keeps serving.
+//! * **JetStream** ([`serve_jetstream`]): a durable pull consumer feeds the kernel; an input
+//!   is acknowledged only after its output is stored in the output stream with the input's id
+//!   as `Nats-Msg-Id`, so a redelivered input's second output is dropped by the stream's
+//!   duplicate window. A worker pulls only as many inputs as it has free slots, and the
+//!   consumer's `max_ack_pending` is the same figure: a slow kernel slows the consumer.
+//!   Undecodable inputs go to a dead-letter subject and are terminated.
+//! * **Encoding** ([`Codec`]): the message's bytes ([`PodCodec`]) or JSON ([`JsonCodec`]).
+//!
+//! Any `KernelHandle<In, Out>` is a [`Service`]; `call` blocks, so it runs on tokio's
+//! blocking pool, never on the executor.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use resident::prelude::*;
+//! use resident_nats::{serve_requests, PodCodec, RequestOptions, RequestStats};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let rt = Runtime::builder().backend(Backend::Auto).build()?;
+//! let k = rt.launch(RingKernel::<f32, f32>::new("double")
+//!     .handler(|_: &mut Context<()>, x: f32| Some(2.0 * x)))?;
+//! k.activate()?;
+//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+//! let mut opts = RequestOptions::new("double");
+//! opts.queue_group = Some("workers".into());
+//! serve_requests(client, Arc::new(k), Arc::new(PodCodec), opts,
+//!     Arc::new(RequestStats::default()), async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+pub mod codec;
+pub mod core;
+pub mod demo;
+pub mod error;
+pub mod jetstream;
+pub mod service;
+pub mod testing;
+
+pub use crate::codec::{Codec, JsonCodec, PodCodec};
+pub use crate::core::{parse_reply, serve_requests, Reply, RequestOptions, RequestStats};
+pub use crate::error::{DecodeError, EncodeError, ErrorKind, ErrorReply, ServeError, ERROR_HEADER};
+pub use crate::jetstream::{ensure_streams, serve_jetstream, JetStreamOptions, JetStreamStats};
+pub use crate::service::Service;
+pub use async_nats;

@@ -1,0 +1,52 @@
+//! `Service`: what a worker serves — something with a blocking, correlated `call`. Every
+//! `KernelHandle<In, Out>` is one; a chain of kernels connected kernel to kernel can be one too
+//! (see `demo::Pipeline`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use resident::prelude::{KernelHandle, Message};
+
+/// A ring kernel (or a chain of them) seen as request/response. `call` blocks the calling
+/// thread; the serving layer runs it on tokio's blocking pool, never on the executor.
+pub trait Service: Send + Sync + 'static {
+    /// Input message.
+    type In: Message;
+    /// Output message.
+    type Out: Message;
+    /// Sends `msg` and waits up to `timeout` for its output.
+    fn call(&self, msg: Self::In, timeout: Duration) -> resident::Result<Self::Out>;
+}
+
+impl<In: Message, Out: Message> Service for KernelHandle<In, Out> {
+    type In = In;
+    type Out = Out;
+    fn call(&self, msg: In, timeout: Duration) -> resident::Result<Out> {
+        KernelHandle::call(self, msg, timeout)
+    }
+}
+
+impl<S: Service> Service for Arc<S> {
+    type In = S::In;
+    type Out = S::Out;
+    fn call(&self, msg: S::In, timeout: Duration) -> resident::Result<S::Out> {
+        (**self).call(msg, timeout)
+    }
+}
+
+/// Runs a blocking `call` on tokio's blocking pool. A panic inside (there should be none: the
+/// runtime catches handler panics) becomes a typed `KernelFailed`.
+pub(crate) async fn call_blocking<S: Service>(
+    service: Arc<S>,
+    msg: S::In,
+    timeout: Duration,
+    kernel: &str,
+) -> resident::Result<S::Out> {
+    match tokio::task::spawn_blocking(move || service.call(msg, timeout)).await {
+        Ok(r) => r,
+        Err(e) => Err(resident::Error::KernelFailed {
+            id: kernel.to_string(),
+            reason: format!("the blocking call task ended abnormally: {e}"),
+        }),
+    }
+}
