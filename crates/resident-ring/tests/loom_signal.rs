@@ -7,6 +7,9 @@
 //! [`THREE_THREAD_PREEMPTIONS`] preemptions per execution (unless `LOOM_MAX_PREEMPTIONS` is
 //! set), which keeps them to seconds.
 //!
+//! Removing either SeqCst fence of `Signal` (in `notify` or in `wait_until`) makes every
+//! model here fail with a loom deadlock.
+//!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p resident-ring --test loom_signal --release`
 #![cfg(loom)]
 
