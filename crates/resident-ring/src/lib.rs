@@ -29,7 +29,7 @@ pub mod wait;
 pub use envelope::{Envelope, MessageId, Slot, DEFAULT_PRIORITY, FLAG_CALL};
 #[cfg(not(loom))]
 pub use mailbox::{lane_of, Backpressure, Mailbox, MailboxConfig};
-pub use message::{DeviceMessage, Message};
+pub use message::{DeviceMessage, Message, WgslLayoutError};
 #[cfg(not(loom))]
 pub use wait::WaitStrategy;
 
