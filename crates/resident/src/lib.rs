@@ -47,4 +47,5 @@ pub mod prelude {
 }
 
 pub use backend::{BackendError, ComputeDevice, Kernel, KernelArg, LaunchConfig};
+pub use backend::wgpu::WgslError;
 pub use memory::{BufferState, MemoryError, MemoryPool, PoolKind, UnifiedBuffer};
