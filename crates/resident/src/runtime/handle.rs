@@ -222,6 +222,8 @@ pub(crate) struct KernelShared<In, Out> {
     exit_signal: Signal,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: Mutex<Option<ThreadId>>,
+    /// The device state of a WGSL kernel on wgpu, for `snapshot_state`.
+    pub device_state: Mutex<Option<Arc<crate::backend::wgpu::ring::DeviceState>>>,
 }
 
 impl<In: Message, Out: Message> KernelShared<In, Out> {
@@ -266,6 +268,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
             exit_signal: Signal::new(),
             thread: Mutex::new(None),
             thread_id: Mutex::new(None),
+            device_state: Mutex::new(None),
         }
     }
 
@@ -948,6 +951,38 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             unreceived,
             failure: failure.map(|r| (r, failed_message)),
         })
+    }
+
+    /// A copy of the kernel's device state (a WGSL handler's `state` on wgpu): its value after
+    /// every batch submitted before this call. The state stays on the device otherwise; this
+    /// is the only read-back. To see a message's effect, wait for its output (`call`,
+    /// `receive`) or `drain` first. Also works after `terminate` (the final state). `S` must
+    /// be the type given to `WgslHandler::state`.
+    pub fn snapshot_state<S: bytemuck::Pod>(&self) -> Result<S> {
+        let id = self.shared.id.to_string();
+        let st = self.shared.device_state.lock().clone();
+        let Some(st) = st else {
+            return Err(Error::InvalidConfig {
+                id,
+                reason: "it keeps no device state (snapshot_state needs a WGSL handler on the wgpu backend)".into(),
+            });
+        };
+        let bytes = st.read().map_err(|e| Error::Device {
+            id: id.clone(),
+            op: "snapshot_state",
+            source: e.into(),
+        })?;
+        if bytes.len() != std::mem::size_of::<S>() {
+            return Err(Error::InvalidConfig {
+                id,
+                reason: format!(
+                    "snapshot_state as a {}-byte type, but the device state has {} bytes",
+                    std::mem::size_of::<S>(),
+                    bytes.len()
+                ),
+            });
+        }
+        Ok(bytemuck::pod_read_unaligned(&bytes))
     }
 
     /// A snapshot of the kernel's telemetry.

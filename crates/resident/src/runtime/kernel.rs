@@ -7,6 +7,7 @@ use std::time::Duration;
 use resident_ring::{Backpressure, Message, WaitStrategy};
 
 use crate::runtime::context::{Context, LoopContext};
+use crate::backend::wgpu::ring::WgslHandler;
 use crate::runtime::device::{CudaHandler, DeviceEngine};
 
 pub(crate) type HandlerFn<In, Out, S> = Box<dyn FnMut(&mut Context<S>, In) -> Option<Out> + Send>;
@@ -48,6 +49,7 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) state: S,
     pub(crate) body: Option<Body<In, Out, S>>,
     pub(crate) cuda: Option<CudaHandler<In, Out>>,
+    pub(crate) wgsl: Option<WgslHandler<In, Out>>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -66,6 +68,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             state: (),
             body: None,
             cuda: None,
+            wgsl: None,
             _types: PhantomData,
         }
     }
@@ -124,6 +127,7 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
             state,
             body: None,
             cuda: self.cuda,
+            wgsl: self.wgsl,
             _types: PhantomData,
         }
     }
@@ -156,6 +160,16 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// Rust twin on the emulated device).
     pub fn cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
         self.cuda = Some(handler);
+        self
+    }
+
+    /// Runs the kernel's handler on a wgpu device: on a `Backend::Wgpu` runtime, `launch`
+    /// compiles `handler` (WGSL), keeps its state in a device buffer for the kernel's life and
+    /// feeds it pipelined batches behind the same
+    /// [`KernelHandle`](crate::prelude::KernelHandle). On other backends the kernel uses its
+    /// CPU `handler`/`run` (or its CUDA handler on CUDA).
+    pub fn wgsl(mut self, handler: WgslHandler<In, Out>) -> Self {
+        self.wgsl = Some(handler);
         self
     }
 

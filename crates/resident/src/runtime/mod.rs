@@ -233,7 +233,33 @@ impl Runtime {
         };
         let geometry =
             device::DeviceGeometry::new(kernel.lanes, kernel.queue_size, kernel.batch_size);
+        let mut device_state = None;
+        let has_wgsl = kernel.wgsl.is_some();
+        let wgsl = if self.backend == Backend::Wgpu {
+            kernel.wgsl
+        } else {
+            None
+        };
         let body = match (kernel.cuda, kernel.body) {
+            (_, _) if wgsl.is_some() => {
+                let w = wgsl.expect("checked");
+                let device_err = |source| Error::Device {
+                    id: id.clone(),
+                    op: "launch",
+                    source,
+                };
+                let ctx = crate::backend::wgpu::WgpuContext::shared(false)
+                    .map_err(|e| device_err(e.into()))?;
+                let (engine, st) = crate::backend::wgpu::ring::WgpuEngine::launch(
+                    ctx,
+                    &id,
+                    &w,
+                    kernel.batch_size,
+                )
+                .map_err(device_err)?;
+                device_state = Some(st);
+                Body::Device(Box::new(engine))
+            }
             (Some(cuda), _) if self.backend == Backend::Cuda => Body::Device(Box::new(
                 device::GpuEngine::launch(&id, &cuda, &geometry)
                     .map_err(|e| invalid(&format!("CUDA launch failed: {e}")))?,
@@ -248,7 +274,12 @@ impl Runtime {
                      or build the runtime with device_emulation(true) and give the handler emulate_with(..)",
                 ))
             }
-            (None, None) => return Err(invalid("no handler: call .handler(..), .run(..) or .cuda(..)")),
+            (None, None) if has_wgsl => {
+                return Err(invalid(
+                    "it has only a WGSL handler and this runtime is not on the wgpu backend: add .handler(..) for the CPU",
+                ))
+            }
+            (None, None) => return Err(invalid("no handler: call .handler(..), .run(..), .cuda(..) or .wgsl(..)")),
         };
         if id.is_empty() {
             return Err(invalid("the id is empty"));
@@ -304,6 +335,7 @@ impl Runtime {
             kernel.batch_size,
             self.core.telemetry,
         ));
+        *shared.device_state.lock() = device_state;
         let ctx = Context::new(
             kernel.state,
             id_arc,

@@ -172,6 +172,18 @@ pub enum Error {
     /// The requested backend cannot be used.
     #[error("backend unavailable: {0}")]
     BackendUnavailable(String),
+    /// The kernel's device refused it: a handler that does not compile (the compiler's
+    /// message and line inside), a layout WGSL cannot match, an adapter limit, a lost device.
+    #[error("kernel '{id}': {op}: {source}")]
+    Device {
+        /// Kernel id.
+        id: String,
+        /// What was attempted.
+        op: &'static str,
+        /// The cause.
+        #[source]
+        source: crate::backend::wgpu::ring::WgslLaunchError,
+    },
     /// The kernel's thread could not be started.
     #[error("kernel '{id}': cannot start its thread: {source}")]
     Spawn {
@@ -210,6 +222,7 @@ impl Error {
             | Error::TypeMismatch { id, .. }
             | Error::DuplicateKernel { id, .. }
             | Error::InvalidConfig { id, .. }
+            | Error::Device { id, .. }
             | Error::Spawn { id, .. } => Some(id),
             Error::BackendUnavailable(_) => None,
         }

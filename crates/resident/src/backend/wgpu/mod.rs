@@ -9,7 +9,7 @@
 //! into a typed error by the next operation, never a panic.
 
 pub(crate) mod oneshot;
-pub(crate) mod ring;
+pub mod ring;
 pub mod wgsl;
 
 use super::storage::{DeviceMemory, DeviceMemoryInner, HostMemory};
@@ -274,6 +274,17 @@ impl WgpuContext {
         }
         *g = Some(c.clone());
         Ok(c)
+    }
+
+    /// Destroys the device, as a driver reset or a removed GPU would: every buffer, kernel and
+    /// ring kernel on it fails with a typed error, and [`WgpuContext::shared`] opens a fresh
+    /// device next time. For testing fault handling.
+    pub fn destroy_device(&self) {
+        self.device.destroy();
+        let mut f = self.faults.lock();
+        if f.lost.is_none() {
+            f.lost = Some("device lost (destroyed)".into());
+        }
     }
 
     /// Adapter properties.

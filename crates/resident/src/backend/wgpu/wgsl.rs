@@ -21,7 +21,6 @@ pub struct WgslError {
 /// A parsed and validated WGSL module.
 pub(crate) struct Compiled {
     pub module: naga::Module,
-    pub info: naga::valid::ModuleInfo,
 }
 
 /// Parses and validates `source`.
@@ -35,7 +34,7 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
             column: loc.map(|l| l.line_position),
         }
     })?;
-    let info = Validator::new(ValidationFlags::all(), Capabilities::default())
+    Validator::new(ValidationFlags::all(), Capabilities::default())
         .validate(&module)
         .map_err(|e| {
             let loc = e.location(source);
@@ -46,7 +45,7 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
                 column: loc.map(|l| l.line_position),
             }
         })?;
-    Ok(Compiled { module, info })
+    Ok(Compiled { module })
 }
 
 /// How a shader binds one resource of group 0.
