@@ -245,19 +245,16 @@ struct InFlight<In> {
 /// The device side of a WGSL ring kernel (see the module docs).
 pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     ctx: Arc<WgpuContext>,
-    pipeline: ::wgpu::ComputePipeline,
+    pipeline: RingPipeline,
     sets: Vec<BatchBuffers>,
     free: Vec<usize>,
     in_flight: VecDeque<InFlight<In>>,
     ready: VecDeque<Slot<Out>>,
-    batch: usize,
-    workgroup: u32,
-    keep_offset: u64,
+    geometry: BatchGeometry,
     processed: u64,
     batches: u64,
     failure: Option<String>,
     scratch: Vec<u8>,
-    envs: Vec<Envelope>,
     _t: PhantomData<fn() -> Out>,
 }
 
@@ -282,64 +279,55 @@ fn layout_check(
     }
 }
 
-impl<In: Message, Out: Message> WgpuEngine<In, Out> {
-    /// Compiles `handler`, allocates the state and `in_flight` batch sets of `batch` messages.
-    pub fn launch(
-        ctx: Arc<WgpuContext>,
+/// A compiled WGSL ring-kernel module: its pipeline, bind-group layout and state size.
+struct RingPipeline {
+    pipeline: ::wgpu::ComputePipeline,
+    layout: ::wgpu::BindGroupLayout,
+    state_len: usize,
+    workgroup: u32,
+}
+
+impl RingPipeline {
+    fn build<In, Out>(
+        ctx: &WgpuContext,
         id: &str,
         handler: &WgslHandler<In, Out>,
         batch: usize,
-    ) -> Result<(Self, Arc<DeviceState>), WgslLaunchError> {
+        in_size: usize,
+        out_size: usize,
+    ) -> Result<Self, WgslLaunchError> {
         ctx.check()?;
         let source = handler.module_source()?;
         let compiled = compile(&source)?;
-        layout_check(&compiled, handler.names.0, std::mem::size_of::<In>())?;
-        layout_check(&compiled, handler.names.1, std::mem::size_of::<Out>())?;
+        layout_check(&compiled, handler.names.0, in_size)?;
+        layout_check(&compiled, handler.names.1, out_size)?;
         let (_, _, state_len) = handler.state_decl.clone()?;
         layout_check(&compiled, "ResidentState", state_len)?;
-        check_workgroup(&ctx, [handler.workgroup, 1, 1])?;
-        let batch = batch.max(1);
+        check_workgroup(ctx, [handler.workgroup, 1, 1])?;
         check_grid(
-            &ctx,
+            ctx,
             (batch.div_ceil(handler.workgroup as usize) as u32, 1, 1),
         )?;
-        let in_size = std::mem::size_of::<In>() as u64;
-        let out_size = std::mem::size_of::<Out>() as u64;
-        let b = batch as u64;
-        let state_buf = ctx.storage_buffer("resident state", state_len as u64, ::wgpu::BufferUsages::empty())?;
-        ctx.write(&state_buf, &handler.state);
-        let storage = |bytes: u64| ::wgpu::BindGroupLayoutEntry {
-            binding: 0,
+        let buffer = |binding: u32, ty| ::wgpu::BindGroupLayoutEntry {
+            binding,
             visibility: ::wgpu::ShaderStages::COMPUTE,
             ty: ::wgpu::BindingType::Buffer {
-                ty: ::wgpu::BufferBindingType::Storage {
-                    read_only: bytes == 1,
-                },
+                ty,
                 has_dynamic_offset: false,
                 min_binding_size: None,
             },
             count: None,
         };
-        let mut entries = [
-            storage(1),
-            storage(1),
-            storage(0),
-            storage(0),
-            storage(0),
-            ::wgpu::BindGroupLayoutEntry {
-                binding: 5,
-                visibility: ::wgpu::ShaderStages::COMPUTE,
-                ty: ::wgpu::BindingType::Buffer {
-                    ty: ::wgpu::BufferBindingType::Uniform,
-                    has_dynamic_offset: false,
-                    min_binding_size: None,
-                },
-                count: None,
-            },
+        let read = ::wgpu::BufferBindingType::Storage { read_only: true };
+        let write = ::wgpu::BufferBindingType::Storage { read_only: false };
+        let entries = [
+            buffer(0, read),
+            buffer(1, read),
+            buffer(2, write),
+            buffer(3, write),
+            buffer(4, write),
+            buffer(5, ::wgpu::BufferBindingType::Uniform),
         ];
-        for (i, e) in entries.iter_mut().enumerate() {
-            e.binding = i as u32;
-        }
         let (pipeline, layout) = ctx.scoped("create ring-kernel pipeline", || {
             let module = ctx
                 .device
@@ -372,71 +360,182 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 });
             (pipeline, layout)
         })?;
-        let keep_offset = padded(b * out_size);
+        Ok(RingPipeline {
+            pipeline,
+            layout,
+            state_len,
+            workgroup: handler.workgroup,
+        })
+    }
+
+    /// One set of batch buffers bound to `state`.
+    fn batch_buffers(
+        &self,
+        ctx: &WgpuContext,
+        id: &str,
+        state: &::wgpu::Buffer,
+        geometry: &BatchGeometry,
+    ) -> Result<BatchBuffers, BackendError> {
+        let b = geometry.batch as u64;
+        let none = ::wgpu::BufferUsages::empty();
+        let input = ctx.storage_buffer("resident batch in", b * geometry.in_size, none)?;
+        let env = ctx.storage_buffer("resident batch env", b * 32, none)?;
+        let out = ctx.storage_buffer("resident batch out", b * geometry.out_size, none)?;
+        let keep = ctx.storage_buffer("resident batch keep", b * 4, none)?;
+        let staging = ctx.readback_buffer("resident batch staging", geometry.keep_offset + b * 4)?;
+        let count = ctx.scoped("create uniform", || {
+            ctx.device.create_buffer(&::wgpu::BufferDescriptor {
+                label: Some("resident batch count"),
+                size: 16,
+                usage: ::wgpu::BufferUsages::UNIFORM | ::wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        let group = ctx.scoped("create bind group", || {
+            let bufs = [&input, &env, &out, &keep, state, &count];
+            let entries: Vec<_> = bufs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| ::wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: b.as_entire_binding(),
+                })
+                .collect();
+            ctx.device.create_bind_group(&::wgpu::BindGroupDescriptor {
+                label: Some(id),
+                layout: &self.layout,
+                entries: &entries,
+            })
+        })?;
+        Ok(BatchBuffers {
+            input,
+            env,
+            out,
+            keep,
+            count,
+            staging,
+            group,
+        })
+    }
+
+    /// Uploads a batch into `bufs`, records its dispatch and the copies of its outputs into
+    /// staging on `enc`.
+    fn record<In: Message>(
+        &self,
+        ctx: &WgpuContext,
+        enc: &mut ::wgpu::CommandEncoder,
+        bufs: &BatchBuffers,
+        geometry: &BatchGeometry,
+        chunk: &[Slot<In>],
+        scratch: &mut Vec<u8>,
+    ) {
+        let n = chunk.len();
+        scratch.clear();
+        for s in chunk {
+            scratch.extend_from_slice(bytemuck::bytes_of(&s.payload));
+        }
+        ctx.write(&bufs.input, scratch);
+        scratch.clear();
+        for s in chunk {
+            scratch.extend_from_slice(bytemuck::bytes_of(&s.env));
+        }
+        ctx.write(&bufs.env, scratch);
+        ctx.write(&bufs.count, bytemuck::bytes_of(&[n as u32, 0, 0, 0]));
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&self.pipeline);
+            pass.set_bind_group(0, &bufs.group, &[]);
+            pass.dispatch_workgroups((n as u32).div_ceil(self.workgroup), 1, 1);
+        }
+        let out_bytes = n as u64 * geometry.out_size;
+        if out_bytes > 0 {
+            enc.copy_buffer_to_buffer(&bufs.out, 0, &bufs.staging, 0, padded(out_bytes));
+        }
+        enc.copy_buffer_to_buffer(&bufs.keep, 0, &bufs.staging, geometry.keep_offset, n as u64 * 4);
+    }
+}
+
+/// Sizes of one batch set.
+struct BatchGeometry {
+    batch: usize,
+    in_size: u64,
+    out_size: u64,
+    /// Where the keep flags start in the staging buffer (after the outputs).
+    keep_offset: u64,
+}
+
+impl BatchGeometry {
+    fn new(batch: usize, in_size: usize, out_size: usize) -> Self {
+        let batch = batch.max(1);
+        BatchGeometry {
+            batch,
+            in_size: in_size as u64,
+            out_size: out_size as u64,
+            keep_offset: padded(batch as u64 * out_size as u64),
+        }
+    }
+}
+
+/// Reads the outputs of a completed batch from its mapped staging buffer, in input order:
+/// each kept output carries the request's envelope with `correlation_id` = its `message_id`.
+fn decode<In, Out: Message>(
+    view: &[u8],
+    geometry: &BatchGeometry,
+    inputs: &[Slot<In>],
+    out: &mut impl Extend<Slot<Out>>,
+) {
+    let osz = std::mem::size_of::<Out>();
+    let keep_at = geometry.keep_offset as usize;
+    out.extend(inputs.iter().enumerate().filter_map(|(i, s)| {
+        let k = &view[keep_at + 4 * i..keep_at + 4 * i + 4];
+        if k == [0, 0, 0, 0] {
+            return None;
+        }
+        let payload: Out = bytemuck::pod_read_unaligned(&view[i * osz..(i + 1) * osz]);
+        let env = Envelope {
+            correlation_id: s.env.message_id,
+            ..s.env
+        };
+        Some(Slot::new(env, payload))
+    }));
+}
+
+impl<In: Message, Out: Message> WgpuEngine<In, Out> {
+    /// Compiles `handler`, allocates the state and the handler's in-flight batch sets of
+    /// `batch` messages.
+    pub fn launch(
+        ctx: Arc<WgpuContext>,
+        id: &str,
+        handler: &WgslHandler<In, Out>,
+        batch: usize,
+    ) -> Result<(Self, Arc<DeviceState>), WgslLaunchError> {
+        let geometry = BatchGeometry::new(batch, std::mem::size_of::<In>(), std::mem::size_of::<Out>());
+        let p = RingPipeline::build(&ctx, id, handler, geometry.batch, std::mem::size_of::<In>(), std::mem::size_of::<Out>())?;
+        let state_buf = ctx.storage_buffer("resident state", p.state_len as u64, ::wgpu::BufferUsages::empty())?;
+        ctx.write(&state_buf, &handler.state);
         let mut sets = Vec::with_capacity(handler.in_flight);
         for _ in 0..handler.in_flight {
-            let none = ::wgpu::BufferUsages::empty();
-            let input = ctx.storage_buffer("resident batch in", b * in_size, none)?;
-            let env = ctx.storage_buffer("resident batch env", b * 32, none)?;
-            let out = ctx.storage_buffer("resident batch out", b * out_size, none)?;
-            let keep = ctx.storage_buffer("resident batch keep", b * 4, none)?;
-            let staging = ctx.readback_buffer("resident batch staging", keep_offset + b * 4)?;
-            let count = ctx.scoped("create uniform", || {
-                ctx.device.create_buffer(&::wgpu::BufferDescriptor {
-                    label: Some("resident batch count"),
-                    size: 16,
-                    usage: ::wgpu::BufferUsages::UNIFORM | ::wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            })?;
-            let group = ctx.scoped("create bind group", || {
-                let bufs = [&input, &env, &out, &keep, &state_buf, &count];
-                let entries: Vec<_> = bufs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| ::wgpu::BindGroupEntry {
-                        binding: i as u32,
-                        resource: b.as_entire_binding(),
-                    })
-                    .collect();
-                ctx.device.create_bind_group(&::wgpu::BindGroupDescriptor {
-                    label: Some(id),
-                    layout: &layout,
-                    entries: &entries,
-                })
-            })?;
-            sets.push(BatchBuffers {
-                input,
-                env,
-                out,
-                keep,
-                count,
-                staging,
-                group,
-            });
+            sets.push(p.batch_buffers(&ctx, id, &state_buf, &geometry)?);
         }
         let state = Arc::new(DeviceState {
             ctx: ctx.clone(),
             buffer: state_buf,
-            len: state_len,
+            len: p.state_len,
         });
         let free = (0..sets.len()).rev().collect();
         Ok((
             WgpuEngine {
                 ctx,
-                pipeline,
+                pipeline: p,
                 sets,
                 free,
                 in_flight: VecDeque::new(),
                 ready: VecDeque::new(),
-                batch,
-                workgroup: handler.workgroup,
-                keep_offset,
+                geometry,
                 processed: 0,
                 batches: 0,
                 failure: None,
                 scratch: Vec::new(),
-                envs: Vec::new(),
                 _t: PhantomData,
             },
             state,
@@ -446,34 +545,13 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
 
 impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     fn submit(&mut self, set: usize, chunk: &[Slot<In>]) -> Result<(), BackendError> {
-        let n = chunk.len();
         let bufs = &self.sets[set];
-        self.scratch.clear();
-        for s in chunk {
-            self.scratch
-                .extend_from_slice(bytemuck::bytes_of(&s.payload));
-        }
-        self.envs.clear();
-        self.envs.extend(chunk.iter().map(|s| s.env));
-        self.ctx.write(&bufs.input, &self.scratch);
-        self.ctx.write(&bufs.env, bytemuck::cast_slice(&self.envs));
-        self.ctx
-            .write(&bufs.count, bytemuck::bytes_of(&[n as u32, 0, 0, 0]));
-        let out_bytes = n as u64 * std::mem::size_of::<Out>() as u64;
         let mut enc = self
             .ctx
             .device
             .create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&self.pipeline);
-            pass.set_bind_group(0, &bufs.group, &[]);
-            pass.dispatch_workgroups((n as u32).div_ceil(self.workgroup), 1, 1);
-        }
-        if out_bytes > 0 {
-            enc.copy_buffer_to_buffer(&bufs.out, 0, &bufs.staging, 0, padded(out_bytes));
-        }
-        enc.copy_buffer_to_buffer(&bufs.keep, 0, &bufs.staging, self.keep_offset, n as u64 * 4);
+        self.pipeline
+            .record(&self.ctx, &mut enc, bufs, &self.geometry, chunk, &mut self.scratch);
         self.ctx.queue.submit([enc.finish()]);
         let mapped: MapResult = Arc::new(Mutex::new(None));
         let m = mapped.clone();
@@ -508,29 +586,15 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
             }
             let f = self.in_flight.pop_front().expect("front exists");
             let bufs = &self.sets[f.set];
-            let n = f.inputs.len();
             {
                 let view = bufs
                     .staging
                     .get_mapped_range(..)
                     .map_err(|e| format!("mapping a batch failed: {e}"))?;
-                let osz = std::mem::size_of::<Out>();
-                let keep_at = self.keep_offset as usize;
                 // Counted before the outputs become visible (the pump stores counters first).
-                self.processed += n as u64;
+                self.processed += f.inputs.len() as u64;
                 self.batches += 1;
-                for (i, s) in f.inputs.iter().enumerate() {
-                    let k = &view[keep_at + 4 * i..keep_at + 4 * i + 4];
-                    if k == [0, 0, 0, 0] {
-                        continue;
-                    }
-                    let payload: Out = bytemuck::pod_read_unaligned(&view[i * osz..(i + 1) * osz]);
-                    let env = Envelope {
-                        correlation_id: s.env.message_id,
-                        ..s.env
-                    };
-                    self.ready.push_back(Slot::new(env, payload));
-                }
+                decode(&view, &self.geometry, &f.inputs, &mut self.ready);
             }
             bufs.staging.unmap();
             self.free.push(f.set);
@@ -550,7 +614,7 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for WgpuEngine<In, Out> {
         let mut taken = 0;
         while taken < slots.len() && self.failure.is_none() {
             let Some(set) = self.free.pop() else { break };
-            let n = (slots.len() - taken).min(self.batch);
+            let n = (slots.len() - taken).min(self.geometry.batch);
             if let Err(e) = self.submit(set, &slots[taken..taken + n]) {
                 // The chunk may or may not have run: the device is unusable; hand it back.
                 self.free.push(set);
@@ -635,5 +699,113 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for WgpuEngine<In, Out> {
             .drain(..)
             .flat_map(|f| f.inputs)
             .collect()
+    }
+}
+
+/// The stateless baseline the benchmark measures a ring kernel against: the same compiled
+/// handler, one batch at a time, with the state uploaded before and downloaded after every
+/// batch (what a kernel without device residency must do). Not a ring kernel: no queues, no
+/// pipelining, no runtime.
+pub struct StatelessBatches<In, Out> {
+    ctx: Arc<WgpuContext>,
+    pipeline: RingPipeline,
+    bufs: BatchBuffers,
+    state_buf: ::wgpu::Buffer,
+    state_staging: ::wgpu::Buffer,
+    geometry: BatchGeometry,
+    host_state: Vec<u8>,
+    scratch: Vec<u8>,
+    _t: PhantomData<fn(In) -> Out>,
+}
+
+impl<In: Message, Out: Message> StatelessBatches<In, Out> {
+    /// Compiles `handler` for batches of up to `batch` messages on the shared wgpu device.
+    pub fn new(handler: &WgslHandler<In, Out>, batch: usize) -> Result<Self, WgslLaunchError> {
+        let ctx = WgpuContext::shared(false)?;
+        let (is, os) = (std::mem::size_of::<In>(), std::mem::size_of::<Out>());
+        let geometry = BatchGeometry::new(batch, is, os);
+        let pipeline = RingPipeline::build(&ctx, "stateless", handler, geometry.batch, is, os)?;
+        let state_buf = ctx.storage_buffer(
+            "stateless state",
+            pipeline.state_len as u64,
+            ::wgpu::BufferUsages::empty(),
+        )?;
+        let state_staging = ctx.readback_buffer("stateless state staging", pipeline.state_len as u64)?;
+        let bufs = pipeline.batch_buffers(&ctx, "stateless", &state_buf, &geometry)?;
+        Ok(StatelessBatches {
+            ctx,
+            pipeline,
+            bufs,
+            state_buf,
+            state_staging,
+            geometry,
+            host_state: handler.state.clone(),
+            scratch: Vec::new(),
+            _t: PhantomData,
+        })
+    }
+
+    /// Uploads the state and `inputs`, runs the handler, downloads the outputs (appended to
+    /// `out` in input order) and the state, and waits (bounded).
+    pub fn run(&mut self, inputs: &[Slot<In>], out: &mut Vec<Slot<Out>>) -> Result<(), BackendError> {
+        if inputs.len() > self.geometry.batch {
+            return Err(BackendError::BadArgument {
+                index: 0,
+                reason: format!("{} inputs, batch size is {}", inputs.len(), self.geometry.batch),
+            });
+        }
+        if inputs.is_empty() {
+            return Ok(());
+        }
+        let ctx = &self.ctx;
+        ctx.write(&self.state_buf, &self.host_state);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        self.pipeline
+            .record(ctx, &mut enc, &self.bufs, &self.geometry, inputs, &mut self.scratch);
+        enc.copy_buffer_to_buffer(&self.state_buf, 0, &self.state_staging, 0, padded(self.host_state.len() as u64));
+        let index = ctx.queue.submit([enc.finish()]);
+        let done: [MapResult; 2] = [Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None))];
+        for (buf, d) in [&self.bufs.staging, &self.state_staging].into_iter().zip(&done) {
+            let d = d.clone();
+            buf.map_async(::wgpu::MapMode::Read, .., move |r| *d.lock() = Some(r));
+        }
+        ctx.wait_for(Some(index), "stateless batch")?;
+        let deadline = Instant::now() + WAIT_TIMEOUT;
+        while done.iter().any(|d| d.lock().is_none()) {
+            if Instant::now() > deadline {
+                return Err(BackendError::WgpuTimeout {
+                    operation: "stateless batch map",
+                    waited: WAIT_TIMEOUT,
+                });
+            }
+            ctx.wait_idle("stateless batch map")?;
+        }
+        for d in &done {
+            if let Some(Err(e)) = d.lock().take() {
+                return Err(BackendError::WgpuDevice {
+                    operation: "stateless batch map",
+                    reason: e.to_string(),
+                });
+            }
+        }
+        let map_err = |e: ::wgpu::MapRangeError| BackendError::WgpuDevice {
+            operation: "stateless batch map",
+            reason: e.to_string(),
+        };
+        {
+            let view = self.bufs.staging.get_mapped_range(..).map_err(map_err)?;
+            decode(&view, &self.geometry, inputs, out);
+            let sv = self.state_staging.get_mapped_range(..).map_err(map_err)?;
+            let n = self.host_state.len();
+            self.host_state.copy_from_slice(&sv[..n]);
+        }
+        self.bufs.staging.unmap();
+        self.state_staging.unmap();
+        Ok(())
+    }
+
+    /// The state as of the last batch (host copy).
+    pub fn state(&self) -> &[u8] {
+        &self.host_state
     }
 }
