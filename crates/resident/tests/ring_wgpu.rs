@@ -321,3 +321,36 @@ fn wgsl_only_kernel_on_the_cpu_backend_is_refused() {
     assert_eq!(h.call(order(7), T).unwrap().qty, 7);
     assert!(matches!(h.snapshot_state::<Book>(), Err(Error::InvalidConfig { .. })));
 }
+
+#[test]
+fn terminate_with_batches_in_flight_accounts_for_every_message() {
+    let Some(rt) = wgpu_runtime("terminate_with_batches_in_flight_accounts_for_every_message") else {
+        return;
+    };
+    let h = rt.launch(wgsl_kernel("acct").batch_size(64)).unwrap();
+    h.activate().unwrap();
+    let msgs: Vec<Order> = (1..=3000u32).map(order).collect();
+    let mut sent = 0;
+    while sent < msgs.len() {
+        sent += h.send_batch(&msgs[sent..]).unwrap();
+    }
+    // Receive a few, deactivate and reactivate mid-stream, then terminate without draining.
+    for _ in 0..10 {
+        h.receive(T).unwrap();
+    }
+    h.deactivate().unwrap();
+    h.activate().unwrap();
+    let r = h.terminate().unwrap();
+    assert!(r.failure.is_none(), "{:?}", r.failure);
+    // Every message sent is exactly one of: processed (its output received or reported
+    // unreceived) or handed back undelivered.
+    assert_eq!(r.processed as usize + r.undelivered.len(), 3000);
+    assert_eq!(10 + r.unreceived.len(), r.processed as usize);
+    let mut qty: Vec<u32> = r.undelivered.iter().map(|(_, o)| o.qty).collect();
+    qty.extend(r.unreceived.iter().map(|(_, f)| f.qty));
+    qty.sort_unstable();
+    qty.dedup();
+    assert_eq!(qty.len(), 3000 - 10, "no message reported twice");
+    let s = h.snapshot_state::<Book>().unwrap();
+    assert_eq!(s.count as u64, r.processed, "device state agrees with the count");
+}

@@ -258,6 +258,17 @@ impl WgpuContext {
     /// previous one was lost). `hardware_only` refuses software adapters.
     pub fn shared(hardware_only: bool) -> Result<Arc<Self>> {
         static SHARED: OnceLock<Mutex<Option<Arc<WgpuContext>>>> = OnceLock::new();
+        if hardware_only {
+            // Ask before opening anything: creating a device on a software adapter only to
+            // refuse it would cost a device per `Backend::Auto` request.
+            let list = adapters();
+            if !list.iter().any(|a| a.kind.is_hardware()) {
+                return Err(unavailable(match list.first() {
+                    Some(a) => format!("only a {} adapter ({}) is present", a.kind, a.name),
+                    None => "no wgpu adapter".to_string(),
+                }));
+            }
+        }
         let slot = SHARED.get_or_init(|| Mutex::new(None));
         let mut g = slot.lock();
         if let Some(c) = g.as_ref() {

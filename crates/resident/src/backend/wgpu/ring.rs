@@ -249,6 +249,9 @@ pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     sets: Vec<BatchBuffers>,
     free: Vec<usize>,
     in_flight: VecDeque<InFlight<In>>,
+    /// Inputs taken from the pump but not yet submitted: a partial batch waits here while
+    /// the device is busy (it is submitted as soon as it is full, or the device goes idle).
+    pending: Vec<Slot<In>>,
     ready: VecDeque<Slot<Out>>,
     geometry: BatchGeometry,
     processed: u64,
@@ -530,6 +533,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 sets,
                 free,
                 in_flight: VecDeque::new(),
+                pending: Vec::new(),
                 ready: VecDeque::new(),
                 geometry,
                 processed: 0,
@@ -544,23 +548,29 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
 }
 
 impl<In: Message, Out: Message> WgpuEngine<In, Out> {
-    fn submit(&mut self, set: usize, chunk: &[Slot<In>]) -> Result<(), BackendError> {
+    fn submit(
+        &mut self,
+        set: usize,
+        chunk: Vec<Slot<In>>,
+    ) -> Result<(), (BackendError, Vec<Slot<In>>)> {
         let bufs = &self.sets[set];
         let mut enc = self
             .ctx
             .device
             .create_command_encoder(&Default::default());
         self.pipeline
-            .record(&self.ctx, &mut enc, bufs, &self.geometry, chunk, &mut self.scratch);
+            .record(&self.ctx, &mut enc, bufs, &self.geometry, &chunk, &mut self.scratch);
         self.ctx.queue.submit([enc.finish()]);
         let mapped: MapResult = Arc::new(Mutex::new(None));
         let m = mapped.clone();
         bufs.staging
             .map_async(::wgpu::MapMode::Read, .., move |r| *m.lock() = Some(r));
-        self.ctx.check()?;
+        if let Err(e) = self.ctx.check() {
+            return Err((e, chunk));
+        }
         self.in_flight.push_back(InFlight {
             set,
-            inputs: chunk.to_vec(),
+            inputs: chunk,
             mapped,
             submitted: Instant::now(),
         });
@@ -602,6 +612,30 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
         Ok(())
     }
 
+    /// Submits the pending inputs when a batch set is free; `false` when none is (or the
+    /// submission failed, then the inputs stay pending for `reclaim`).
+    fn flush(&mut self) -> bool {
+        if self.pending.is_empty() {
+            return true;
+        }
+        if self.failure.is_some() {
+            return false;
+        }
+        let Some(set) = self.free.pop() else {
+            return false;
+        };
+        let chunk = std::mem::replace(&mut self.pending, Vec::with_capacity(self.geometry.batch));
+        match self.submit(set, chunk) {
+            Ok(()) => true,
+            Err((e, chunk)) => {
+                self.free.push(set);
+                self.pending = chunk;
+                self.fail(e.to_string());
+                false
+            }
+        }
+    }
+
     fn fail(&mut self, reason: String) {
         if self.failure.is_none() {
             self.failure = Some(reason);
@@ -611,17 +645,26 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
 
 impl<In: Message, Out: Message> DeviceEngine<In, Out> for WgpuEngine<In, Out> {
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
+        // Full batches go out while a batch set is free; a partial batch waits while the
+        // device is busy (it fills up meanwhile, which is what throughput needs) and goes at
+        // once when the device is idle (which is what latency needs).
         let mut taken = 0;
-        while taken < slots.len() && self.failure.is_none() {
-            let Some(set) = self.free.pop() else { break };
-            let n = (slots.len() - taken).min(self.geometry.batch);
-            if let Err(e) = self.submit(set, &slots[taken..taken + n]) {
-                // The chunk may or may not have run: the device is unusable; hand it back.
-                self.free.push(set);
-                self.fail(e.to_string());
+        while self.failure.is_none() {
+            if self.pending.len() >= self.geometry.batch {
+                if !self.flush() {
+                    break;
+                }
+                continue;
+            }
+            if taken == slots.len() {
                 break;
             }
+            let n = (self.geometry.batch - self.pending.len()).min(slots.len() - taken);
+            self.pending.extend_from_slice(&slots[taken..taken + n]);
             taken += n;
+        }
+        if self.in_flight.is_empty() {
+            self.flush();
         }
         taken
     }
@@ -635,6 +678,9 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for WgpuEngine<In, Out> {
             if let Err(e) = self.collect() {
                 self.fail(e);
             }
+        }
+        if self.in_flight.is_empty() {
+            self.flush();
         }
         let n = self.ready.len().min(max);
         out.extend(self.ready.drain(..n));
@@ -665,7 +711,9 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for WgpuEngine<In, Out> {
     fn stop(&mut self, timeout: Duration) -> Result<(), String> {
         // Finish the batches in flight so their outputs are published (bounded).
         let deadline = Instant::now() + timeout.min(WAIT_TIMEOUT);
-        while !self.in_flight.is_empty() && self.failure.is_none() {
+        // The pending partial batch is "in hand": it runs too.
+        self.flush();
+        while (!self.in_flight.is_empty() || !self.pending.is_empty()) && self.failure.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 self.fail(format!("batches in flight did not complete within {timeout:?}"));
@@ -686,6 +734,7 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for WgpuEngine<In, Out> {
             if let Err(e) = self.collect() {
                 self.fail(e);
             }
+            self.flush();
         }
         match &self.failure {
             Some(f) => Err(f.clone()),
@@ -694,11 +743,11 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for WgpuEngine<In, Out> {
     }
 
     fn reclaim(&mut self) -> Vec<Slot<In>> {
-        // Batches that never completed (device lost or timed out): their inputs come back.
-        self.in_flight
-            .drain(..)
-            .flat_map(|f| f.inputs)
-            .collect()
+        // Batches that never completed (device lost or timed out) and inputs never submitted:
+        // they come back, in the order they were taken.
+        let mut v: Vec<Slot<In>> = self.in_flight.drain(..).flat_map(|f| f.inputs).collect();
+        v.append(&mut self.pending);
+        v
     }
 }
 
