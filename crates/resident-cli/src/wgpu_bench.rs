@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use resident::backend::wgpu::ring::StatelessBatches;
+use resident::backend::wgpu::ring::{ResidentBatches, StatelessBatches};
 use resident::backend::wgpu::WgpuContext;
 use resident::prelude::*;
 use resident::ring::Slot;
@@ -21,31 +21,55 @@ device_message! {
     pub struct Msg64 { pub v: [u32; 16] }
 }
 
-/// Histogram bins in the device state (4 bytes each).
-const BINS: usize = 4096;
-
 device_message! {
     /// Device state: a histogram the handler updates per message (16 KiB).
-    pub struct Hist { pub bins: [u32; 4096] }
+    pub struct Hist16K { pub bins: [u32; 4096] }
 }
 
-const HANDLER: &str = r#"
-fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {
+device_message! {
+    /// Device state: a histogram the handler updates per message (1 MiB).
+    pub struct Hist1M { pub bins: [u32; 262144] }
+}
+
+fn handler_source(bins: usize) -> String {
+    format!(
+        r#"
+fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {{
     var m = input;
     var acc = 0u;
-    for (var i = 0u; i < 16u; i = i + 1u) {
+    for (var i = 0u; i < 16u; i = i + 1u) {{
         acc = acc * 31u + m.v[i];
         (*out).v[i] = m.v[i] ^ acc;
-    }
-    atomicAdd(&state.bins[acc % 4096u], 1u);
+    }}
+    atomicAdd(&state.bins[acc % {bins}u], 1u);
     return true;
+}}
+"#
+    )
 }
-"#;
 
 const T: Duration = Duration::from_secs(120);
 
-fn handler() -> WgslHandler<Msg64, Msg64> {
-    WgslHandler::new(HANDLER).state(Hist { bins: [0; BINS] })
+/// A histogram state of some size: the only thing the benchmark varies between state sizes.
+trait HistState: DeviceMessage + Copy {
+    const BINS: usize;
+}
+impl HistState for Hist16K {
+    const BINS: usize = 4096;
+}
+impl HistState for Hist1M {
+    const BINS: usize = 262144;
+}
+
+fn handler<S: HistState>() -> WgslHandler<Msg64, Msg64> {
+    WgslHandler::new(handler_source(S::BINS)).state(<S as bytemuck::Zeroable>::zeroed())
+}
+
+fn total_count(state_bytes: &[u8]) -> u64 {
+    bytemuck::cast_slice::<u8, u32>(state_bytes)
+        .iter()
+        .map(|&b| b as u64)
+        .sum()
 }
 
 fn msg(i: u64) -> Msg64 {
@@ -90,7 +114,7 @@ fn send_all(h: &KernelHandle<Msg64, Msg64>, msgs: &[Msg64]) -> Result<(), String
     Ok(())
 }
 
-fn resident_point(rt: &Runtime, batch: usize, iters: usize, total: usize, run: usize) -> Result<Point, String> {
+fn resident_point<S: HistState>(rt: &Runtime, batch: usize, iters: usize, total: usize, run: usize) -> Result<Point, String> {
     let id = format!("bench-{batch}-{run}");
     let h = rt
         .launch(
@@ -99,7 +123,7 @@ fn resident_point(rt: &Runtime, batch: usize, iters: usize, total: usize, run: u
                 .queue_size((batch * 4).max(4096))
                 .batch_size(batch)
                 .backpressure(Backpressure::Block(T))
-                .wgsl(handler()),
+                .wgsl(handler::<S>()),
         )
         .map_err(|e| e.to_string())?;
     h.activate().map_err(|e| e.to_string())?;
@@ -139,8 +163,8 @@ fn resident_point(rt: &Runtime, batch: usize, iters: usize, total: usize, run: u
     }
     let secs = t0.elapsed().as_secs_f64();
     producer.join().map_err(|_| "producer panicked".to_string())??;
-    let state = h.snapshot_state::<Hist>().map_err(|e| e.to_string())?;
-    let counted: u64 = state.bins.iter().map(|&b| b as u64).sum();
+    let state = h.snapshot_state::<S>().map_err(|e| e.to_string())?;
+    let counted = total_count(bytemuck::bytes_of(&state));
     let expected = (batch + iters * batch + total) as u64;
     if counted != expected {
         return Err(format!("resident state counts {counted} messages, {expected} were sent"));
@@ -156,11 +180,109 @@ fn resident_point(rt: &Runtime, batch: usize, iters: usize, total: usize, run: u
     })
 }
 
-fn stateless_point(batch: usize, iters: usize, total: usize) -> Result<Point, String> {
-    let mut k = StatelessBatches::new(&handler(), batch).map_err(|e| e.to_string())?;
-    let input: Vec<Slot<Msg64>> = (0..batch as u64)
+fn slots(batch: usize) -> Vec<Slot<Msg64>> {
+    (0..batch as u64)
         .map(|i| Slot::new(Envelope::new(i + 1, 128, 0), msg(i)))
-        .collect();
+        .collect()
+}
+
+/// Backs off like the runtime's pump: a few yields, then 50 us sleeps (lavapipe's threads
+/// share the CPU with this one).
+fn backoff(idle: &mut u32) {
+    *idle += 1;
+    if *idle < 16 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Pulls until `n` outputs arrived (bounded), backing off between polls.
+fn pull_n(k: &mut ResidentBatches<Msg64, Msg64>, n: usize, out: &mut Vec<Slot<Msg64>>) -> Result<(), String> {
+    out.clear();
+    let deadline = Instant::now() + T;
+    let mut idle = 0;
+    while out.len() < n {
+        if k.pull(out, n - out.len())? == 0 {
+            if Instant::now() > deadline {
+                return Err("engine outputs did not arrive in time".into());
+            }
+            backoff(&mut idle);
+        } else {
+            idle = 0;
+        }
+    }
+    Ok(())
+}
+
+/// The ring kernel's device side driven directly (no runtime): residency and pipelining alone.
+fn engine_point<S: HistState>(batch: usize, iters: usize, total: usize) -> Result<Point, String> {
+    let mut k = ResidentBatches::new(&handler::<S>(), batch).map_err(|e| e.to_string())?;
+    let input = slots(batch);
+    let mut out = Vec::with_capacity(batch);
+    let run_one = |k: &mut ResidentBatches<Msg64, Msg64>, out: &mut Vec<Slot<Msg64>>| -> Result<(), String> {
+        let mut taken = 0;
+        while taken < input.len() {
+            taken += k.push(&input[taken..]);
+        }
+        pull_n(k, input.len(), out)
+    };
+    run_one(&mut k, &mut out)?;
+    let mut rts = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        run_one(&mut k, &mut out)?;
+        rts.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    // Throughput: keep the batch sets full, collect outputs as they complete.
+    let t0 = Instant::now();
+    let (mut sent, mut got) = (0usize, 0usize);
+    let mut last = Vec::with_capacity(batch);
+    let deadline = Instant::now() + T;
+    let mut idle = 0;
+    while got < total {
+        let mut progressed = false;
+        while sent < total {
+            let want = (total - sent).min(batch);
+            let n = k.push(&input[..want]);
+            sent += n;
+            if n == 0 {
+                break;
+            }
+            progressed = true;
+        }
+        last.clear();
+        let n = k.pull(&mut last, usize::MAX)?;
+        got += n;
+        if n == 0 && !progressed {
+            if Instant::now() > deadline {
+                return Err("engine throughput run did not finish in time".into());
+            }
+            backoff(&mut idle);
+        } else {
+            idle = 0;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    k.finish(T)?;
+    let counted = total_count(&k.snapshot_state().map_err(|e| e.to_string())?);
+    let expected = (batch + iters * batch + total) as u64;
+    if counted != expected {
+        return Err(format!("engine state counts {counted} messages, {expected} were run"));
+    }
+    let checksum = out.iter().map(|s| s.payload.v[15] as u64).sum();
+    rts.sort_by(|a, b| a.total_cmp(b));
+    Ok(Point {
+        msgs_per_s: total as f64 / secs,
+        p50_us: pct(&rts, 0.5),
+        p99_us: pct(&rts, 0.99),
+        checksum,
+    })
+}
+
+fn stateless_point<S: HistState>(batch: usize, iters: usize, total: usize) -> Result<Point, String> {
+    let mut k = StatelessBatches::new(&handler::<S>(), batch).map_err(|e| e.to_string())?;
+    let input = slots(batch);
     let mut out = Vec::with_capacity(batch);
     k.run(&input, &mut out).map_err(|e| e.to_string())?;
     let mut rts = Vec::with_capacity(iters);
@@ -179,8 +301,7 @@ fn stateless_point(batch: usize, iters: usize, total: usize) -> Result<Point, St
         left -= n;
     }
     let secs = t0.elapsed().as_secs_f64();
-    let state: &[u32] = bytemuck::cast_slice(k.state());
-    let counted: u64 = state.iter().map(|&b| b as u64).sum();
+    let counted = total_count(k.state());
     let expected = (batch + iters * batch + total) as u64;
     if counted != expected {
         return Err(format!("stateless state counts {counted} messages, {expected} were run"));
@@ -201,6 +322,73 @@ fn spread(v: &[f64]) -> Value {
     json!({"runs": v, "median": s[s.len() / 2], "min": s[0], "max": s[s.len() - 1]})
 }
 
+fn point<S: HistState>(rt: &Runtime, batch: usize, repeats: usize, quick: bool) -> Result<Value, String> {
+    let iters = match (batch, quick) {
+        (64, false) => 200,
+        (1024, false) => 60,
+        (_, false) => 12,
+        (64, true) => 40,
+        (1024, true) => 12,
+        (_, true) => 4,
+    };
+    let total = if quick { (batch * 8).max(8192) } else { (batch * 16).max(65536) };
+    let (mut res, mut eng, mut base) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..repeats {
+        // Rotate the order so drift on a shared machine does not favour one variant.
+        for k in 0..3 {
+            match (r + k) % 3 {
+                0 => res.push(resident_point::<S>(rt, batch, iters, total, r)?),
+                1 => eng.push(engine_point::<S>(batch, iters, total)?),
+                _ => base.push(stateless_point::<S>(batch, iters, total)?),
+            }
+        }
+    }
+    if res.iter().chain(&eng).chain(&base).any(|p| p.checksum != res[0].checksum) {
+        return Err(format!("batch {batch}: the variants computed different outputs"));
+    }
+    let f = |v: &[Point], g: fn(&Point) -> f64| v.iter().map(g).collect::<Vec<_>>();
+    let variant = |v: &[Point]| {
+        json!({
+            "msgs_per_s": spread(&f(v, |p| p.msgs_per_s)),
+            "round_trip_p50_us": spread(&f(v, |p| p.p50_us)),
+            "round_trip_p99_us": spread(&f(v, |p| p.p99_us)),
+        })
+    };
+    let ratio = |a: &[Point], b: &[Point]| -> Vec<f64> {
+        a.iter().zip(b).map(|(x, y)| x.msgs_per_s / y.msgs_per_s).collect()
+    };
+    let p50 = |a: &[Point], b: &[Point]| -> Vec<f64> {
+        a.iter().zip(b).map(|(x, y)| y.p50_us / x.p50_us).collect()
+    };
+    let row = json!({
+        "batch": batch,
+        "message_bytes": 64,
+        "state_bytes": S::BINS * 4,
+        "latency_batches": iters,
+        "throughput_messages": total,
+        "resident_runtime": variant(&res),
+        "resident_engine": variant(&eng),
+        "stateless": variant(&base),
+        "throughput_ratio_runtime_over_stateless": spread(&ratio(&res, &base)),
+        "throughput_ratio_engine_over_stateless": spread(&ratio(&eng, &base)),
+        "p50_speedup_runtime_over_stateless": spread(&p50(&res, &base)),
+        "p50_speedup_engine_over_stateless": spread(&p50(&eng, &base)),
+    });
+    let m = |v: &Value, k: &str, q: &str| v[k][q]["median"].as_f64().unwrap_or(0.0);
+    println!(
+        "state {:>4} KiB batch {batch:>5}: runtime {:>9.0} msg/s p50 {:>7.0} us | engine {:>9.0} msg/s p50 {:>7.0} us | stateless {:>9.0} msg/s p50 {:>7.0} us | engine/stateless x{:.2} [{:.2}..{:.2}], runtime/stateless x{:.2}",
+        S::BINS * 4 / 1024,
+        m(&row, "resident_runtime", "msgs_per_s"), m(&row, "resident_runtime", "round_trip_p50_us"),
+        m(&row, "resident_engine", "msgs_per_s"), m(&row, "resident_engine", "round_trip_p50_us"),
+        m(&row, "stateless", "msgs_per_s"), m(&row, "stateless", "round_trip_p50_us"),
+        row["throughput_ratio_engine_over_stateless"]["median"].as_f64().unwrap_or(0.0),
+        row["throughput_ratio_engine_over_stateless"]["min"].as_f64().unwrap_or(0.0),
+        row["throughput_ratio_engine_over_stateless"]["max"].as_f64().unwrap_or(0.0),
+        row["throughput_ratio_runtime_over_stateless"]["median"].as_f64().unwrap_or(0.0),
+    );
+    Ok(row)
+}
+
 /// Runs the benchmark; writes `wgpu-<adapter>-<date>.json` under `out_dir`.
 pub fn run(repeats: usize, quick: bool, out_dir: &std::path::Path) -> Result<(), String> {
     let ctx = WgpuContext::shared(false).map_err(|e| e.to_string())?;
@@ -218,66 +406,15 @@ pub fn run(repeats: usize, quick: bool, out_dir: &std::path::Path) -> Result<(),
         .build()
         .map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
-    for &batch in &[64usize, 1024, 16384] {
-        let iters = match (batch, quick) {
-            (64, false) => 200,
-            (1024, false) => 60,
-            (_, false) => 12,
-            (64, true) => 40,
-            (1024, true) => 12,
-            (_, true) => 4,
-        };
-        let total = if quick { (batch * 8).max(8192) } else { (batch * 16).max(65536) };
-        let mut res = Vec::new();
-        let mut base = Vec::new();
-        for r in 0..repeats {
-            // Alternate the order so drift on a shared machine does not favour one side.
-            if r % 2 == 0 {
-                res.push(resident_point(&rt, batch, iters, total, r)?);
-                base.push(stateless_point(batch, iters, total)?);
+    for state_kib in [16usize, 1024] {
+        for &batch in &[64usize, 1024, 16384] {
+            let row = if state_kib == 16 {
+                point::<Hist16K>(&rt, batch, repeats, quick)?
             } else {
-                base.push(stateless_point(batch, iters, total)?);
-                res.push(resident_point(&rt, batch, iters, total, r)?);
-            }
+                point::<Hist1M>(&rt, batch, repeats, quick)?
+            };
+            rows.push(row);
         }
-        if res.iter().chain(&base).any(|p| p.checksum != res[0].checksum) {
-            return Err(format!("batch {batch}: the two variants computed different outputs"));
-        }
-        let f = |v: &[Point], g: fn(&Point) -> f64| v.iter().map(g).collect::<Vec<_>>();
-        let ratios: Vec<f64> = res.iter().zip(&base).map(|(r, b)| r.msgs_per_s / b.msgs_per_s).collect();
-        let p50_ratios: Vec<f64> = res.iter().zip(&base).map(|(r, b)| b.p50_us / r.p50_us).collect();
-        let row = json!({
-            "batch": batch,
-            "message_bytes": 64,
-            "state_bytes": BINS * 4,
-            "latency_batches": iters,
-            "throughput_messages": total,
-            "resident": {
-                "msgs_per_s": spread(&f(&res, |p| p.msgs_per_s)),
-                "round_trip_p50_us": spread(&f(&res, |p| p.p50_us)),
-                "round_trip_p99_us": spread(&f(&res, |p| p.p99_us)),
-            },
-            "stateless": {
-                "msgs_per_s": spread(&f(&base, |p| p.msgs_per_s)),
-                "round_trip_p50_us": spread(&f(&base, |p| p.p50_us)),
-                "round_trip_p99_us": spread(&f(&base, |p| p.p99_us)),
-            },
-            "throughput_ratio_resident_over_stateless": spread(&ratios),
-            "p50_speedup_resident_over_stateless": spread(&p50_ratios),
-        });
-        println!(
-            "batch {batch:>5}: resident {:>10.0} msg/s (p50 {:>8.0} us, p99 {:>8.0} us) | stateless {:>10.0} msg/s (p50 {:>8.0} us, p99 {:>8.0} us) | throughput x{:.2} [{:.2}..{:.2}]",
-            row["resident"]["msgs_per_s"]["median"].as_f64().unwrap_or(0.0),
-            row["resident"]["round_trip_p50_us"]["median"].as_f64().unwrap_or(0.0),
-            row["resident"]["round_trip_p99_us"]["median"].as_f64().unwrap_or(0.0),
-            row["stateless"]["msgs_per_s"]["median"].as_f64().unwrap_or(0.0),
-            row["stateless"]["round_trip_p50_us"]["median"].as_f64().unwrap_or(0.0),
-            row["stateless"]["round_trip_p99_us"]["median"].as_f64().unwrap_or(0.0),
-            row["throughput_ratio_resident_over_stateless"]["median"].as_f64().unwrap_or(0.0),
-            row["throughput_ratio_resident_over_stateless"]["min"].as_f64().unwrap_or(0.0),
-            row["throughput_ratio_resident_over_stateless"]["max"].as_f64().unwrap_or(0.0),
-        );
-        rows.push(row);
     }
     let date = resident::cuda::bench::utc_date(std::time::SystemTime::now());
     let command: Vec<String> = std::env::args().collect();
@@ -295,7 +432,7 @@ pub fn run(repeats: usize, quick: bool, out_dir: &std::path::Path) -> Result<(),
         } else {
             "Hardware adapter."
         },
-        "method": "resident: one ring kernel per point through Runtime/KernelHandle (state in a device buffer for the kernel's life, 3 batches in flight); stateless: the same compiled WGSL handler run batch by batch with the 16 KiB state uploaded before and downloaded after every batch, without the runtime. Round trip = one batch sent until all its outputs are received (one batch at a time); msgs_per_s = a stream of throughput_messages. Both variants' outputs and state (histogram total = messages run) are checked.",
+        "method": "Three variants of one WGSL handler (64 B message in and out, a histogram state of state_bytes updated with atomicAdd per message). resident_runtime: a ring kernel through Runtime/KernelHandle (state in a device buffer for the kernel's life, 3 batches in flight, host mailboxes and pump thread included). resident_engine: the same device side (ResidentBatches) driven directly without the runtime: what residency and pipelining alone give. stateless: the same compiled handler batch by batch with the state uploaded before and downloaded after every batch, no runtime. Round trip = one batch submitted until all its outputs are back (one batch at a time); msgs_per_s = a stream of throughput_messages. Every variant's outputs (checksum) and state (histogram total = messages run) are checked.",
         "repeats": repeats,
         "rows": rows,
     });

@@ -596,15 +596,19 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
             }
             let f = self.in_flight.pop_front().expect("front exists");
             let bufs = &self.sets[f.set];
-            {
-                let view = bufs
-                    .staging
-                    .get_mapped_range(..)
-                    .map_err(|e| format!("mapping a batch failed: {e}"))?;
-                // Counted before the outputs become visible (the pump stores counters first).
-                self.processed += f.inputs.len() as u64;
-                self.batches += 1;
-                decode(&view, &self.geometry, &f.inputs, &mut self.ready);
+            match bufs.staging.get_mapped_range(..) {
+                Ok(view) => {
+                    // Counted before the outputs become visible (the pump stores counters
+                    // first).
+                    self.processed += f.inputs.len() as u64;
+                    self.batches += 1;
+                    decode(&view, &self.geometry, &f.inputs, &mut self.ready);
+                }
+                Err(e) => {
+                    // Keep the batch so `reclaim` hands its inputs back.
+                    self.in_flight.push_front(f);
+                    return Err(format!("mapping a batch failed: {e}"));
+                }
             }
             bufs.staging.unmap();
             self.free.push(f.set);
@@ -856,5 +860,47 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
     /// The state as of the last batch (host copy).
     pub fn state(&self) -> &[u8] {
         &self.host_state
+    }
+}
+
+/// The device side of a WGSL ring kernel without the runtime around it (no host mailboxes,
+/// no pump thread, no call routing): the engine a `RingKernel` on wgpu runs, driven by hand.
+/// It exists so the benchmark can separate what device residency and pipelining buy from
+/// what the runtime's host queues cost; applications use `RingKernel::wgsl`.
+pub struct ResidentBatches<In: Message, Out: Message> {
+    engine: WgpuEngine<In, Out>,
+    state: Arc<DeviceState>,
+}
+
+impl<In: Message, Out: Message> ResidentBatches<In, Out> {
+    /// Compiles `handler` for batches of up to `batch` messages on the shared wgpu device.
+    pub fn new(handler: &WgslHandler<In, Out>, batch: usize) -> Result<Self, WgslLaunchError> {
+        let ctx = WgpuContext::shared(false)?;
+        let (engine, state) = WgpuEngine::launch(ctx, "resident-batches", handler, batch)?;
+        Ok(ResidentBatches { engine, state })
+    }
+
+    /// Takes the longest prefix of `inputs` that fits (full batches are submitted while a
+    /// batch set is free; see the module docs); returns how many were taken.
+    pub fn push(&mut self, inputs: &[Slot<In>]) -> usize {
+        self.engine.push(inputs)
+    }
+
+    /// Moves up to `max` outputs of completed batches to `out`, in input order, without
+    /// blocking; `Err` once the device failed.
+    pub fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> Result<usize, String> {
+        let n = self.engine.pull(out, max);
+        self.engine.check()?;
+        Ok(n)
+    }
+
+    /// Waits (bounded) until every input taken so far has run and its outputs are ready.
+    pub fn finish(&mut self, timeout: Duration) -> Result<(), String> {
+        self.engine.stop(timeout)
+    }
+
+    /// A copy of the device state (see `KernelHandle::snapshot_state`).
+    pub fn snapshot_state(&self) -> Result<Vec<u8>, BackendError> {
+        self.state.read()
     }
 }
