@@ -179,7 +179,7 @@ impl<'a> CpuThread<'a> {
                     *address as *const T,
                     bytes / std::mem::size_of::<T>().max(1),
                 );
-                if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+                if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
                     return Err(self.bad(arg, "buffer misaligned for the element type"));
                 }
                 // SAFETY: the argument borrows `bytes` bytes of host memory (CPU backend) for
@@ -219,7 +219,7 @@ impl<'a> CpuThread<'a> {
         match self.args.get(arg) {
             Some(KernelArg::BufferMut { address, bytes, .. }) => {
                 let ptr = *address as *mut T;
-                if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+                if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
                     return Err(self.bad(arg, "buffer misaligned for the element type"));
                 }
                 Ok(Output {

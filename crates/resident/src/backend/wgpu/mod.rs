@@ -124,7 +124,7 @@ fn properties(ordinal: usize, a: &::wgpu::Adapter) -> AdapterProperties {
         kind: AdapterKind::of(i.device_type),
         driver: format!("{} {}", i.driver, i.driver_info).trim().to_string(),
         max_buffer_size: l.max_buffer_size,
-        max_storage_buffer_binding_size: l.max_storage_buffer_binding_size as u64,
+        max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
         max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
         max_compute_workgroup_size: (
             l.max_compute_workgroup_size_x,
@@ -383,7 +383,7 @@ impl WgpuContext {
                 max: self.limits.max_buffer_size,
             });
         }
-        let max_binding = self.limits.max_storage_buffer_binding_size as u64;
+        let max_binding = self.limits.max_storage_buffer_binding_size;
         if storage && bytes > max_binding {
             return Err(BackendError::WgpuLimit {
                 limit: "max_storage_buffer_binding_size",
