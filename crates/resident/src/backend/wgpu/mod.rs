@@ -1,7 +1,7 @@
 //! The wgpu backend: Vulkan, Metal or DX12 through `wgpu`, and Mesa's lavapipe (Vulkan on the
 //! CPU) in CI. A buffer is either mapped for the host or usable by the GPU, never both, so
 //! nothing here is persistent: memory is wgpu storage buffers, one-shot kernels are WGSL
-//! compute shaders ([`oneshot`]), and ring kernels keep their state in a storage buffer for
+//! compute shaders (`Kernel::wgsl`), and ring kernels keep their state in a storage buffer for
 //! their whole life and are fed in pipelined batches ([`ring`]).
 //!
 //! Every wait on the device has a bound ([`WAIT_TIMEOUT`]); a lost device or a validation
