@@ -167,6 +167,10 @@ fn scenario(h: &KernelHandle<Order, Fill>, device: bool, state: impl Fn() -> Boo
         })
         .collect();
     let calls = callers.into_iter().map(|c| c.join().unwrap()).sum();
+    // A call the handler answers with no output fails at once with NoReply, on both backends.
+    let t0 = std::time::Instant::now();
+    assert!(matches!(h.call(order(0), T), Err(Error::NoReply { .. })));
+    assert!(t0.elapsed() < Duration::from_secs(10));
     h.drain(T).unwrap();
     let s = state();
     let processed = h.telemetry().messages_processed;

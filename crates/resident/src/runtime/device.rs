@@ -146,6 +146,10 @@ pub(crate) trait DeviceEngine<In, Out>: Send {
     fn stop(&mut self, timeout: Duration) -> Result<(), String>;
     /// After `stop` (or a fault): the inputs the device never consumed.
     fn reclaim(&mut self) -> Vec<Slot<In>>;
+    /// Envelopes of `call` requests the handler answered with no output (so their callers
+    /// get `NoReply` at once). Engines that cannot tell leave this empty and such callers
+    /// time out.
+    fn take_unanswered_calls(&mut self, _out: &mut Vec<Envelope>) {}
 }
 
 /// Geometry shared by both engines.

@@ -464,6 +464,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
         let c = self.control.clone();
         let mut carry: Vec<Slot<In>> = Vec::with_capacity(self.batch_size * 4);
         let mut outs: Vec<Slot<Out>> = Vec::with_capacity(4096);
+        let mut unanswered: Vec<Envelope> = Vec::new();
         let mut device_active = false;
         let mut last_beat = Instant::now();
         let mut idle: u32 = 0;
@@ -499,6 +500,11 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                 self.deliver_device_outputs(&outs);
                 moved += n;
             }
+            unanswered.clear();
+            eng.take_unanswered_calls(&mut unanswered);
+            for req in &unanswered {
+                self.reply(*req, None);
+            }
             if last_beat.elapsed() >= Duration::from_millis(50) {
                 last_beat = Instant::now();
                 eng.heartbeat();
@@ -530,6 +536,11 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                 break;
             }
             self.deliver_device_outputs(&outs);
+        }
+        unanswered.clear();
+        eng.take_unanswered_calls(&mut unanswered);
+        for req in &unanswered {
+            self.reply(*req, None);
         }
         self.store_device_counters(&*eng);
         // Inputs the device never consumed were sent before those still in `carry`.

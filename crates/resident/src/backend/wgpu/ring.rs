@@ -253,6 +253,8 @@ pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     /// the device is busy (it is submitted as soon as it is full, or the device goes idle).
     pending: Vec<Slot<In>>,
     ready: VecDeque<Slot<Out>>,
+    /// `call` requests the handler answered with `false`, for the pump to fail with NoReply.
+    unanswered: Vec<Envelope>,
     geometry: BatchGeometry,
     processed: u64,
     batches: u64,
@@ -481,17 +483,22 @@ impl BatchGeometry {
 
 /// Reads the outputs of a completed batch from its mapped staging buffer, in input order:
 /// each kept output carries the request's envelope with `correlation_id` = its `message_id`.
+/// Requests that were `call`s and got no output go to `unanswered`.
 fn decode<In, Out: Message>(
     view: &[u8],
     geometry: &BatchGeometry,
     inputs: &[Slot<In>],
     out: &mut impl Extend<Slot<Out>>,
+    unanswered: &mut Vec<Envelope>,
 ) {
     let osz = std::mem::size_of::<Out>();
     let keep_at = geometry.keep_offset as usize;
     out.extend(inputs.iter().enumerate().filter_map(|(i, s)| {
         let k = &view[keep_at + 4 * i..keep_at + 4 * i + 4];
         if k == [0, 0, 0, 0] {
+            if s.env.is_call() {
+                unanswered.push(s.env);
+            }
             return None;
         }
         let payload: Out = bytemuck::pod_read_unaligned(&view[i * osz..(i + 1) * osz]);
@@ -535,6 +542,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 in_flight: VecDeque::new(),
                 pending: Vec::new(),
                 ready: VecDeque::new(),
+                unanswered: Vec::new(),
                 geometry,
                 processed: 0,
                 batches: 0,
@@ -602,7 +610,13 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                     // first).
                     self.processed += f.inputs.len() as u64;
                     self.batches += 1;
-                    decode(&view, &self.geometry, &f.inputs, &mut self.ready);
+                    decode(
+                        &view,
+                        &self.geometry,
+                        &f.inputs,
+                        &mut self.ready,
+                        &mut self.unanswered,
+                    );
                 }
                 Err(e) => {
                     // Keep the batch so `reclaim` hands its inputs back.
@@ -746,6 +760,10 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for WgpuEngine<In, Out> {
         }
     }
 
+    fn take_unanswered_calls(&mut self, out: &mut Vec<Envelope>) {
+        out.append(&mut self.unanswered);
+    }
+
     fn reclaim(&mut self) -> Vec<Slot<In>> {
         // Batches that never completed (device lost or timed out) and inputs never submitted:
         // they come back, in the order they were taken.
@@ -847,7 +865,7 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
         };
         {
             let view = self.bufs.staging.get_mapped_range(..).map_err(map_err)?;
-            decode(&view, &self.geometry, inputs, out);
+            decode(&view, &self.geometry, inputs, out, &mut Vec::new());
             let sv = self.state_staging.get_mapped_range(..).map_err(map_err)?;
             let n = self.host_state.len();
             self.host_state.copy_from_slice(&sv[..n]);
