@@ -20,7 +20,32 @@ fn device_json(d: &DeviceInfo) -> Value {
     })
 }
 
+fn adapter_json(a: &backend::wgpu::AdapterProperties) -> Value {
+    json!({
+        "ordinal": a.ordinal,
+        "name": a.name,
+        "api": a.api,
+        "device_type": a.kind.to_string(),
+        "software": !a.kind.is_hardware(),
+        "driver": a.driver,
+        "max_buffer_size": a.max_buffer_size,
+        "max_storage_buffer_binding_size": a.max_storage_buffer_binding_size,
+        "max_compute_invocations_per_workgroup": a.max_compute_invocations_per_workgroup,
+        "max_compute_workgroup_size": [a.max_compute_workgroup_size.0, a.max_compute_workgroup_size.1, a.max_compute_workgroup_size.2],
+        "max_compute_workgroups_per_dimension": a.max_compute_workgroups_per_dimension,
+        "max_storage_buffers_per_shader_stage": a.max_storage_buffers_per_shader_stage,
+    })
+}
+
 fn report_json(r: &BackendReport) -> Value {
+    if r.backend == backend::BackendKind::Wgpu {
+        return json!({
+            "backend": r.backend.to_string(),
+            "available": r.unavailable.is_none(),
+            "reason": r.unavailable,
+            "adapters": backend::wgpu::adapters().iter().map(adapter_json).collect::<Vec<_>>(),
+        });
+    }
     json!({
         "backend": r.backend.to_string(),
         "available": r.unavailable.is_none(),
@@ -52,6 +77,31 @@ fn print_text(
                     "not found (kernels cannot be compiled)"
                 }
             );
+        }
+        if r.backend == backend::BackendKind::Wgpu {
+            for a in backend::wgpu::adapters() {
+                println!(
+                    "  [{}] {} ({}, {}{})",
+                    a.ordinal,
+                    a.name,
+                    a.api,
+                    a.kind,
+                    if a.kind.is_hardware() { "" } else { ": runs on the CPU, never picked by Auto" }
+                );
+                println!("      driver {}", a.driver);
+                println!(
+                    "      max buffer {}, max storage binding {}, {} storage buffers/stage",
+                    mib(a.max_buffer_size),
+                    mib(a.max_storage_buffer_binding_size),
+                    a.max_storage_buffers_per_shader_stage
+                );
+                let (x, y, z) = a.max_compute_workgroup_size;
+                println!(
+                    "      workgroup up to {x}x{y}x{z}, {} invocations; {} workgroups/dimension",
+                    a.max_compute_invocations_per_workgroup, a.max_compute_workgroups_per_dimension
+                );
+            }
+            continue;
         }
         for d in &r.devices {
             println!("  [{}] {}", d.ordinal, d.name);

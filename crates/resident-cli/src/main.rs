@@ -5,6 +5,7 @@ mod demo;
 mod gpu_bench;
 mod info;
 mod serve;
+mod wgpu_bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +49,19 @@ enum Command {
         #[arg(long, default_value_t = 4096)]
         in_flight: usize,
         /// Folder for ring-<device>-<date>.json.
+        #[arg(long, default_value = "bench/results")]
+        out_dir: PathBuf,
+    },
+    /// wgpu: a ring kernel with state on the device vs the same WGSL handler stateless
+    /// (state uploaded and downloaded per batch), batches of 64 / 1024 / 16384.
+    BenchWgpu {
+        /// Repeats of every point (the JSON gives the spread).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Fewer batches per point.
+        #[arg(long)]
+        quick: bool,
+        /// Folder for wgpu-<adapter>-<date>.json.
         #[arg(long, default_value = "bench/results")]
         out_dir: PathBuf,
     },
@@ -100,6 +114,11 @@ fn main() -> ExitCode {
             in_flight,
             out_dir,
         } => return gpu_exit(gpu_bench::ring(iters, in_flight, &out_dir)),
+        Command::BenchWgpu {
+            repeats,
+            quick,
+            out_dir,
+        } => return gpu_exit(wgpu_bench::run(repeats.max(1), quick, &out_dir)),
         Command::All { out } => {
             info::run(false);
             println!();

@@ -153,7 +153,7 @@ fn handler_without_output_is_compacted() {
         opts(64),
         |x: &u64, out: &mut u64, _e: &Envelope| {
             *out = *x;
-            x % 2 == 0
+            x.is_multiple_of(2)
         },
     )
     .unwrap();

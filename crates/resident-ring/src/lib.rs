@@ -35,7 +35,7 @@ pub use call::CallSlot;
 pub use envelope::{Envelope, MessageId, Slot, DEFAULT_PRIORITY, FLAG_CALL};
 #[cfg(not(loom))]
 pub use mailbox::{lane_of, Backpressure, Mailbox, MailboxConfig};
-pub use message::{DeviceMessage, Message};
+pub use message::{DeviceMessage, Message, WgslLayoutError};
 pub use wait::WaitStrategy;
 
 #[doc(hidden)]

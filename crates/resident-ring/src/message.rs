@@ -32,6 +32,53 @@ pub trait CField {
     /// Appends the declarations this type needs before it can be used (nested structs), in
     /// dependency order, without duplicates.
     fn c_dependencies(_out: &mut Vec<String>) {}
+    /// The WGSL type of a field of this type, or why it has none that matches the Rust layout
+    /// byte for byte. `atomic` asks for `atomic<u32>`/`atomic<i32>` in place of `u32`/`i32`
+    /// (same size and alignment), for state that the invocations of a batch share.
+    fn wgsl_type(_atomic: bool) -> Result<String, WgslLayoutError> {
+        Err(WgslLayoutError::new(
+            std::any::type_name::<Self>(),
+            "has no WGSL equivalent",
+        ))
+    }
+    /// Appends the WGSL declarations this type needs first (nested structs), in dependency
+    /// order, without duplicates.
+    fn wgsl_dependencies(_out: &mut Vec<String>) -> Result<(), WgslLayoutError> {
+        Ok(())
+    }
+}
+
+/// A Rust type that cannot be declared in WGSL with the same bytes at the same offsets.
+///
+/// WGSL (storage address space) has 4-byte scalars only (`u32`, `i32`, `f32`; `f16` needs an
+/// extension), aligns a struct to its largest member and an array element to its own
+/// alignment, and has no 8-, 16- or 64-bit integers. A message made of 4-byte scalars, arrays
+/// of them and structs of them has exactly its C layout in WGSL; everything else is refused
+/// here (the runtime reports it when a WGSL kernel is launched), never silently re-laid out.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("type `{ty}` cannot be shared with WGSL: {reason}")]
+pub struct WgslLayoutError {
+    /// The Rust type (and field, when known).
+    pub ty: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl WgslLayoutError {
+    /// An error about `ty`.
+    pub fn new(ty: impl Into<String>, reason: impl Into<String>) -> Self {
+        WgslLayoutError {
+            ty: ty.into(),
+            reason: reason.into(),
+        }
+    }
+    /// The same error, naming the field it came from.
+    pub fn in_field(self, owner: &str, field: &str) -> Self {
+        WgslLayoutError {
+            ty: format!("{owner}.{field}: {}", self.ty),
+            reason: self.reason,
+        }
+    }
 }
 
 macro_rules! c_prim {
@@ -39,6 +86,9 @@ macro_rules! c_prim {
         impl CField for $t {
             fn c_field(name: &str) -> String {
                 format!(concat!($c, " {}"), name)
+            }
+            fn wgsl_type(atomic: bool) -> Result<String, WgslLayoutError> {
+                <$t as WgslScalar>::wgsl(atomic)
             }
         }
     )*};
@@ -50,6 +100,42 @@ c_prim! {
     f32 => "float", f64 => "double",
 }
 
+macro_rules! wgsl_prim {
+    ($($t:ty => $w:literal, $atomic:literal;)*) => {$(
+        impl WgslScalar for $t {
+            fn wgsl(atomic: bool) -> Result<String, WgslLayoutError> {
+                Ok(if atomic && $atomic { format!("atomic<{}>", $w) } else { $w.to_string() })
+            }
+        }
+    )*};
+}
+
+macro_rules! wgsl_refused {
+    ($($t:ty => $why:literal;)*) => {$(
+        impl WgslScalar for $t {
+            fn wgsl(_atomic: bool) -> Result<String, WgslLayoutError> {
+                Err(WgslLayoutError::new(stringify!($t), $why))
+            }
+        }
+    )*};
+}
+
+/// The WGSL side of the primitives (what [`CField::wgsl_type`] returns for them).
+trait WgslScalar {
+    fn wgsl(atomic: bool) -> Result<String, WgslLayoutError>;
+}
+
+wgsl_prim! { u32 => "u32", true; i32 => "i32", true; f32 => "f32", false; }
+wgsl_refused! {
+    u8 => "WGSL has no 8-bit integers (pack four into a u32)";
+    i8 => "WGSL has no 8-bit integers (pack four into a u32)";
+    u16 => "WGSL has no 16-bit integers (pack two into a u32)";
+    i16 => "WGSL has no 16-bit integers (pack two into a u32)";
+    u64 => "WGSL has no 64-bit integers (use [u32; 2], low word first)";
+    i64 => "WGSL has no 64-bit integers (use [u32; 2], low word first)";
+    f64 => "WGSL has no f64 (use f32)";
+}
+
 impl<T: CField, const N: usize> CField for [T; N] {
     fn c_field(name: &str) -> String {
         // `[[f32; 4]; 2]` -> `float name[2][4]`: the outer extent is written first in C.
@@ -57,6 +143,14 @@ impl<T: CField, const N: usize> CField for [T; N] {
     }
     fn c_dependencies(out: &mut Vec<String>) {
         T::c_dependencies(out)
+    }
+    fn wgsl_type(atomic: bool) -> Result<String, WgslLayoutError> {
+        // Element stride in a WGSL array is roundUp(align(T), size(T)); every type accepted
+        // here has a size that is a multiple of its alignment, so the stride is size_of::<T>().
+        Ok(format!("array<{}, {N}>", T::wgsl_type(atomic)?))
+    }
+    fn wgsl_dependencies(out: &mut Vec<String>) -> Result<(), WgslLayoutError> {
+        T::wgsl_dependencies(out)
     }
 }
 
@@ -73,6 +167,19 @@ pub trait DeviceMessage: Message + CField {
         let mut decls = Vec::new();
         Self::c_dependencies(&mut decls);
         decls.concat()
+    }
+
+    /// The WGSL `struct` of this type alone, declared as `name` (`atomic`: integer fields as
+    /// `atomic<u32>`/`atomic<i32>`, for shared device state), or why WGSL cannot hold it with
+    /// the same layout.
+    fn wgsl_struct(name: &str, atomic: bool) -> Result<String, WgslLayoutError>;
+
+    /// This type's WGSL declaration (under its own name) preceded by every nested struct's,
+    /// each once; `Err` when any field has no byte-identical WGSL type.
+    fn wgsl_declarations() -> Result<String, WgslLayoutError> {
+        let mut decls = Vec::new();
+        Self::wgsl_dependencies(&mut decls)?;
+        Ok(decls.concat())
     }
 }
 
@@ -141,6 +248,23 @@ macro_rules! device_message {
                     out.push(decl);
                 }
             }
+            fn wgsl_type(_atomic: bool) -> Result<String, $crate::message::WgslLayoutError> {
+                // Nested structs are never made atomic: atomics apply to the state's own fields.
+                Ok(stringify!($name).to_string())
+            }
+            fn wgsl_dependencies(
+                out: &mut Vec<String>,
+            ) -> Result<(), $crate::message::WgslLayoutError> {
+                $( <$ty as $crate::message::CField>::wgsl_dependencies(out)?; )*
+                let decl = <$name as $crate::message::DeviceMessage>::wgsl_struct(
+                    stringify!($name),
+                    false,
+                )?;
+                if !out.contains(&decl) {
+                    out.push(decl);
+                }
+                Ok(())
+            }
         }
 
         impl $crate::message::DeviceMessage for $name {
@@ -160,6 +284,24 @@ macro_rules! device_message {
                     stringify!($name), stringify!($name), ::core::mem::size_of::<$name>(), stringify!($name)
                 ));
                 s
+            }
+            fn wgsl_struct(
+                name: &str,
+                atomic: bool,
+            ) -> Result<String, $crate::message::WgslLayoutError> {
+                let mut s = format!(
+                    "// {} bytes, as the Rust type {}\nstruct {} {{\n",
+                    ::core::mem::size_of::<$name>(),
+                    stringify!($name),
+                    name
+                );
+                $(
+                    let ty = <$ty as $crate::message::CField>::wgsl_type(atomic)
+                        .map_err(|e| e.in_field(stringify!($name), stringify!($field)))?;
+                    s.push_str(&format!("    {}: {},\n", stringify!($field), ty));
+                )*
+                s.push_str("}\n");
+                Ok(s)
             }
         }
     };
@@ -187,6 +329,32 @@ mod tests {
         assert!(all.contains("Vec3 pos;"));
         assert!(all.contains("float m[3][2];"));
         assert!(all.contains("sizeof(Particle) == 40"));
+    }
+
+    crate::device_message! {
+        pub struct Wide { pub id: u64, pub x: f32, pub pad: u32 }
+    }
+
+    #[test]
+    fn wgsl_declarations_match_the_c_layout_or_are_refused() {
+        let all = Particle::wgsl_declarations().unwrap();
+        let v = all.find("struct Vec3 {").expect("Vec3 declared");
+        let p = all.find("struct Particle {").expect("Particle declared");
+        assert!(v < p);
+        assert_eq!(all.matches("struct Vec3 {").count(), 1);
+        assert!(all.contains("pos: Vec3,"));
+        assert!(all.contains("m: array<array<f32, 2>, 3>,"));
+        assert!(all.contains("// 40 bytes"));
+        // The C emission is unchanged by the WGSL one.
+        assert!(Particle::c_declarations().contains("float m[3][2];"));
+        let atomic = Particle::wgsl_struct("ResidentState", true).unwrap();
+        assert!(atomic.contains("struct ResidentState {"));
+        assert!(atomic.contains("id: atomic<u32>,"));
+        assert!(atomic.contains("pos: Vec3,"), "nested structs stay plain: {atomic}");
+        let e = Wide::wgsl_declarations().unwrap_err();
+        assert_eq!(e.ty, "Wide.id: u64");
+        assert!(e.reason.contains("64-bit"), "{e}");
+        assert!(Wide::c_declarations().contains("unsigned long long id;"));
     }
 
     #[test]

@@ -126,7 +126,7 @@ impl Signal {
                     return true;
                 }
                 rounds = rounds.wrapping_add(1);
-                if rounds % 64 == 0 {
+                if rounds.is_multiple_of(64) {
                     if spin_end.is_some_and(|end| Instant::now() >= end) {
                         break;
                     }

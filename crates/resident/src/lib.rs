@@ -33,6 +33,7 @@ pub use runtime::state::{Error, KernelState, Result};
 
 /// Everything a user of ring kernels needs.
 pub mod prelude {
+    pub use crate::backend::wgpu::ring::WgslHandler;
     pub use crate::backend::Backend;
     pub use crate::runtime::context::{Context, LoopContext};
     pub use crate::backend::cuda_ring::CudaHandler;
@@ -48,4 +49,5 @@ pub mod prelude {
 }
 
 pub use backend::{BackendError, ComputeDevice, Kernel, KernelArg, LaunchConfig};
+pub use backend::wgpu::WgslError;
 pub use memory::{BufferState, MemoryError, MemoryPool, PoolKind, UnifiedBuffer};

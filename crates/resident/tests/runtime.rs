@@ -303,7 +303,7 @@ fn call_with_no_output_and_call_timeout() {
                 if x == 0 {
                     std::thread::sleep(Duration::from_millis(100));
                 }
-                (x % 2 == 0).then_some(x)
+                x.is_multiple_of(2).then_some(x)
             }),
         )
         .unwrap();

@@ -215,7 +215,7 @@ where
 
     let exit_state = 'outer: loop {
         let now = Instant::now();
-        let due = last_check.map_or(true, |t| now.duration_since(t) >= opt.control_poll);
+        let due = last_check.is_none_or(|t| now.duration_since(t) >= opt.control_poll);
         if due || run_state != RunState::Active {
             last_check = Some(now);
             if let Some(s) = check_control(&mut run_state, now) {

@@ -135,7 +135,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
         let mut get = |what: &'static str, need: usize| -> Result<SharedMemory, PersistentError> {
             let mem = alloc(need)?;
             let got = mem.len();
-            if got < need || (mem.as_mut_ptr() as usize) % 128 != 0 {
+            if got < need || !(mem.as_mut_ptr() as usize).is_multiple_of(128) {
                 return Err(PersistentError::Memory { what, need, got });
             }
             // SAFETY: the memory is ours alone until the device side is started (contract of

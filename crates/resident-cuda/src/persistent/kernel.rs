@@ -383,7 +383,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 return Ok(s);
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 {
+            if spins.is_multiple_of(256) {
                 self.check()?;
                 if Instant::now() > deadline {
                     return Err(PersistentError::Timeout {
@@ -861,7 +861,7 @@ where
             }
             got += n as u64;
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 k.check()?;
                 if start.elapsed() > timeout * 10 {
                     return Err(PersistentError::Timeout {

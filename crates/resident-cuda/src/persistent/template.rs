@@ -152,7 +152,7 @@ impl KernelSource {
                 self.name
             )))
         };
-        if self.batch_size % 32 != 0 || !(32..=1024).contains(&self.batch_size) {
+        if !self.batch_size.is_multiple_of(32) || !(32..=1024).contains(&self.batch_size) {
             return bad(format!(
                 "batch size {} is not a multiple of 32 in 32..=1024",
                 self.batch_size

@@ -19,9 +19,13 @@ impl CpuDevice {
 fn host_bytes<'a>(mem: &'a DeviceMemory, what: &'static str) -> Result<&'a HeapBytes> {
     match &mem.inner {
         DeviceMemoryInner::Host(h) => Ok(h),
-        DeviceMemoryInner::Cuda(_) => Err(BackendError::WrongBackend {
+        other => Err(BackendError::WrongBackend {
             what,
-            memory: BackendKind::Cuda,
+            memory: if matches!(other, DeviceMemoryInner::Cuda(_)) {
+                BackendKind::Cuda
+            } else {
+                BackendKind::Wgpu
+            },
             device: BackendKind::Cpu,
         }),
     }
@@ -74,10 +78,14 @@ impl ComputeDevice for CpuDevice {
         same_len("copy_to_device", src.len(), dst.len())?;
         match &mut dst.inner {
             DeviceMemoryInner::Host(h) => h.as_bytes_mut().copy_from_slice(src),
-            DeviceMemoryInner::Cuda(_) => {
+            other => {
                 return Err(BackendError::WrongBackend {
                     what: "copy_to_device",
-                    memory: BackendKind::Cuda,
+                    memory: if matches!(other, DeviceMemoryInner::Cuda(_)) {
+                        BackendKind::Cuda
+                    } else {
+                        BackendKind::Wgpu
+                    },
                     device: BackendKind::Cpu,
                 })
             }

@@ -46,9 +46,13 @@ pub fn device_infos() -> Result<Vec<DeviceInfo>> {
 fn cuda_mem<'a>(m: &'a DeviceMemory, what: &'static str) -> Result<&'a DeviceBuffer> {
     match &m.inner {
         DeviceMemoryInner::Cuda(b) => Ok(b),
-        DeviceMemoryInner::Host(_) => Err(BackendError::WrongBackend {
+        other => Err(BackendError::WrongBackend {
             what,
-            memory: BackendKind::Cpu,
+            memory: if matches!(other, DeviceMemoryInner::Host(_)) {
+                BackendKind::Cpu
+            } else {
+                BackendKind::Wgpu
+            },
             device: BackendKind::Cuda,
         }),
     }
@@ -57,9 +61,13 @@ fn cuda_mem<'a>(m: &'a DeviceMemory, what: &'static str) -> Result<&'a DeviceBuf
 fn cuda_mem_mut<'a>(m: &'a mut DeviceMemory, what: &'static str) -> Result<&'a mut DeviceBuffer> {
     match &mut m.inner {
         DeviceMemoryInner::Cuda(b) => Ok(b),
-        DeviceMemoryInner::Host(_) => Err(BackendError::WrongBackend {
+        other => Err(BackendError::WrongBackend {
             what,
-            memory: BackendKind::Cpu,
+            memory: if matches!(other, DeviceMemoryInner::Host(_)) {
+                BackendKind::Cpu
+            } else {
+                BackendKind::Wgpu
+            },
             device: BackendKind::Cuda,
         }),
     }

@@ -37,6 +37,12 @@ pub enum DeviceError {
     /// The device side did not stop within the timeout.
     #[error("the device kernel did not stop within {0:?}")]
     StopTimeout(Duration),
+    /// A WGSL ring kernel could not be launched (compile error with line, layout, limits).
+    #[error(transparent)]
+    Wgsl(#[from] crate::backend::wgpu::ring::WgslLaunchError),
+    /// The backend's device layer failed (wgpu validation, memory, device lost).
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
 }
 
 impl DeviceError {
@@ -75,6 +81,15 @@ pub(crate) trait DeviceRing<In, Out>: Send {
     fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError>;
     /// After `stop` (or a fault): the inputs the device never consumed.
     fn reclaim(&mut self) -> Vec<Slot<In>>;
+    /// Envelopes of `call` requests the handler answered with no output, so their callers get
+    /// `NoReply` at once. Rings that cannot tell leave this empty; such callers time out.
+    fn take_unanswered_calls(&mut self, _out: &mut Vec<Envelope>) {}
+}
+
+/// Read access to a device kernel's state (`KernelHandle::snapshot_state`).
+pub(crate) trait StateSnapshot: Send + Sync {
+    /// The state's bytes as of every batch submitted before the call (bounded wait).
+    fn read(&self) -> Result<Vec<u8>, DeviceError>;
 }
 
 /// Hosts a kernel whose handler runs on a device.
@@ -128,6 +143,14 @@ fn pump<In: Message, Out: Message>(
     let mut last_beat = Instant::now();
     let mut idle: u32 = 0;
     let mut pushed: u64 = 0;
+    let mut unanswered: Vec<Envelope> = Vec::new();
+    let mut answer_none = |ring: &mut Box<dyn DeviceRing<In, Out>>| {
+        unanswered.clear();
+        ring.take_unanswered_calls(&mut unanswered);
+        for req in &unanswered {
+            io.no_reply(*req);
+        }
+    };
     let failure = loop {
         if c.terminate.load(Ordering::Acquire) {
             break None;
@@ -163,6 +186,7 @@ fn pump<In: Message, Out: Message>(
             deliver(io, &mut outs);
             moved += n;
         }
+        answer_none(&mut ring);
         if last_beat.elapsed() >= Duration::from_millis(50) {
             last_beat = Instant::now();
             ring.heartbeat();
@@ -197,6 +221,7 @@ fn pump<In: Message, Out: Message>(
         }
         deliver(io, &mut outs);
     }
+    answer_none(&mut ring);
     store_counters(io, &*ring);
     // Inputs the device never consumed were sent before those still in `carry`.
     let mut stranded = ring.reclaim();

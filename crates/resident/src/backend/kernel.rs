@@ -16,6 +16,7 @@ pub type CpuKernelFn = dyn Fn(&CpuThread<'_>) -> Result<()> + Send + Sync;
 pub struct Kernel {
     name: String,
     pub(crate) cuda: Option<(String, String, Vec<String>)>,
+    pub(crate) wgsl: Option<(String, String)>,
     pub(crate) cpu: Option<Arc<CpuKernelFn>>,
 }
 
@@ -24,6 +25,7 @@ impl std::fmt::Debug for Kernel {
         f.debug_struct("Kernel")
             .field("name", &self.name)
             .field("cuda", &self.cuda.is_some())
+            .field("wgsl", &self.wgsl.is_some())
             .field("cpu", &self.cpu.is_some())
             .finish()
     }
@@ -35,6 +37,7 @@ impl Kernel {
         Kernel {
             name: name.into(),
             cuda: None,
+            wgsl: None,
             cpu: None,
         }
     }
@@ -42,6 +45,14 @@ impl Kernel {
     /// The CUDA C `source` and its `extern "C"` `entry` kernel.
     pub fn cuda(mut self, source: impl Into<String>, entry: impl Into<String>) -> Self {
         self.cuda = Some((source.into(), entry.into(), Vec::new()));
+        self
+    }
+
+    /// The WGSL `source` and its `@compute` `entry` point, for the wgpu backend. Argument `i`
+    /// is `@group(0) @binding(i)`: read-only buffers `var<storage, read>`, writable ones
+    /// `var<storage, read_write>`, scalars `var<uniform>`; the workgroup size is the source's.
+    pub fn wgsl(mut self, source: impl Into<String>, entry: impl Into<String>) -> Self {
+        self.wgsl = Some((source.into(), entry.into()));
         self
     }
 
@@ -168,7 +179,7 @@ impl<'a> CpuThread<'a> {
                     *address as *const T,
                     bytes / std::mem::size_of::<T>().max(1),
                 );
-                if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+                if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
                     return Err(self.bad(arg, "buffer misaligned for the element type"));
                 }
                 // SAFETY: the argument borrows `bytes` bytes of host memory (CPU backend) for
@@ -208,7 +219,7 @@ impl<'a> CpuThread<'a> {
         match self.args.get(arg) {
             Some(KernelArg::BufferMut { address, bytes, .. }) => {
                 let ptr = *address as *mut T;
-                if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+                if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
                     return Err(self.bad(arg, "buffer misaligned for the element type"));
                 }
                 Ok(Output {

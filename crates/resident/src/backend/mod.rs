@@ -3,6 +3,7 @@
 //!
 //! * [`cpu`]: threads and rayon; always available. Its "device memory" is host memory.
 //! * [`cuda`]: `resident-cuda`, loaded at run time; available when a driver and device work.
+//! * [`wgpu`]: Vulkan / Metal / DX12 through wgpu (lavapipe in CI); WGSL kernels.
 //!
 //! [`open`] picks one from a [`Backend`] request; [`probe`] reports what this machine has and
 //! why a backend is missing.
@@ -14,6 +15,7 @@ pub mod cuda_ring;
 pub mod device_host;
 pub(crate) mod host;
 mod kernel;
+pub mod wgpu;
 mod storage;
 
 pub use device_host::DeviceError;
@@ -32,7 +34,11 @@ pub enum Backend {
     Cpu,
     /// An NVIDIA GPU through the CUDA driver.
     Cuda,
-    /// CUDA when a device works, else the CPU.
+    /// A GPU through wgpu (Vulkan, Metal, DX12), hardware adapters first; an explicit request
+    /// also accepts a software adapter such as lavapipe.
+    Wgpu,
+    /// CUDA when a device works, else a hardware wgpu adapter, else the CPU (never a software
+    /// wgpu adapter on its own).
     #[default]
     Auto,
 }
@@ -44,6 +50,8 @@ pub enum BackendKind {
     Cpu,
     /// See [`Backend::Cuda`].
     Cuda,
+    /// See [`Backend::Wgpu`].
+    Wgpu,
 }
 
 impl std::fmt::Display for BackendKind {
@@ -51,6 +59,7 @@ impl std::fmt::Display for BackendKind {
         f.write_str(match self {
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
+            BackendKind::Wgpu => "wgpu",
         })
     }
 }
@@ -110,6 +119,67 @@ pub enum BackendError {
     /// The allocator refused: more memory than this machine can give.
     #[error("out of memory: cannot allocate {0} bytes")]
     OutOfMemory(usize),
+    /// wgpu was requested but no usable adapter exists.
+    #[error("wgpu backend unavailable: {reason}")]
+    WgpuUnavailable {
+        /// Why.
+        reason: String,
+    },
+    /// The kernel has no WGSL source but runs on the wgpu backend.
+    #[error("kernel `{kernel}` has no WGSL source")]
+    NoWgslSource {
+        /// Kernel name.
+        kernel: String,
+    },
+    /// A WGSL source did not compile (naga's message and line inside).
+    #[error("kernel `{kernel}`: {source}")]
+    WgslCompile {
+        /// Kernel name.
+        kernel: String,
+        /// The compiler's error.
+        #[source]
+        source: wgpu::WgslError,
+    },
+    /// A request past what the wgpu adapter supports.
+    #[error("wgpu adapter limit `{limit}` exceeded: {requested} requested, at most {max}")]
+    WgpuLimit {
+        /// The wgpu limit's name.
+        limit: &'static str,
+        /// What was asked for.
+        requested: u64,
+        /// The adapter's limit.
+        max: u64,
+    },
+    /// A wgpu operation failed validation or the device reported an error.
+    #[error("wgpu {operation}: {reason}")]
+    WgpuDevice {
+        /// The operation.
+        operation: &'static str,
+        /// wgpu's message.
+        reason: String,
+    },
+    /// wgpu ran out of memory.
+    #[error("wgpu {operation}: out of memory: {reason}")]
+    WgpuOutOfMemory {
+        /// The operation.
+        operation: &'static str,
+        /// wgpu's message.
+        reason: String,
+    },
+    /// The device did not finish in time.
+    #[error("wgpu {operation}: device did not finish within {waited:?}")]
+    WgpuTimeout {
+        /// The operation.
+        operation: &'static str,
+        /// How long we waited.
+        waited: std::time::Duration,
+    },
+    /// The wgpu device was lost (driver reset, removal, destroy).
+    #[error("wgpu {reason}")]
+    DeviceLost {
+        /// wgpu's reason and message.
+        reason: String,
+    },
 }
 
 /// Result of this layer.
@@ -197,16 +267,23 @@ pub trait ComputeDevice: Send + Sync + std::fmt::Debug {
 /// A shared handle to a device of some backend.
 pub type DeviceHandle = Arc<dyn ComputeDevice>;
 
-/// Opens device 0 of the requested backend. `Auto` falls back to the CPU when CUDA is
-/// unavailable; `Cuda` returns [`BackendError::CudaUnavailable`] saying why.
+/// Opens device 0 of the requested backend. `Auto` tries CUDA, then a hardware wgpu adapter,
+/// then the CPU; `Cuda` returns [`BackendError::CudaUnavailable`] and `Wgpu`
+/// [`BackendError::WgpuUnavailable`] saying why they cannot be used.
 pub fn open(backend: Backend) -> Result<DeviceHandle> {
     match backend {
         Backend::Cpu => Ok(Arc::new(cpu::CpuDevice::new())),
         Backend::Cuda => Ok(Arc::new(cuda::CudaDevice::open(0)?)),
-        Backend::Auto => match cuda::CudaDevice::open(0) {
-            Ok(d) => Ok(Arc::new(d)),
-            Err(_) => Ok(Arc::new(cpu::CpuDevice::new())),
-        },
+        Backend::Wgpu => Ok(Arc::new(wgpu::WgpuDevice::open()?)),
+        Backend::Auto => {
+            if let Ok(d) = cuda::CudaDevice::open(0) {
+                return Ok(Arc::new(d));
+            }
+            if let Ok(d) = wgpu::WgpuDevice::open_hardware() {
+                return Ok(Arc::new(d));
+            }
+            Ok(Arc::new(cpu::CpuDevice::new()))
+        }
     }
 }
 
@@ -245,7 +322,16 @@ pub fn probe() -> Vec<BackendReport> {
             nvrtc: Some(resident_cuda::nvrtc_present()),
         },
     };
-    vec![cpu, cuda]
+    let adapters = wgpu::adapters();
+    let wgpu = BackendReport {
+        backend: BackendKind::Wgpu,
+        devices: adapters.iter().map(wgpu::info_of).collect(),
+        unavailable: adapters
+            .is_empty()
+            .then(|| "no wgpu adapter (no Vulkan, Metal or DX12 driver found)".to_string()),
+        nvrtc: None,
+    };
+    vec![cpu, cuda, wgpu]
 }
 
 /// NVML telemetry of every GPU, or why it is unavailable.
@@ -262,8 +348,13 @@ pub(crate) fn resolve(b: Backend) -> crate::runtime::state::Result<Backend> {
         Backend::Cuda => open(Backend::Cuda)
             .map(|_| Backend::Cuda)
             .map_err(|e| Error::BackendUnavailable(e.to_string())),
+        Backend::Wgpu => open(Backend::Wgpu)
+            .map(|_| Backend::Wgpu)
+            .map_err(|e| Error::BackendUnavailable(e.to_string())),
         Backend::Auto => Ok(if open(Backend::Cuda).is_ok() {
             Backend::Cuda
+        } else if wgpu::hardware_adapter_present() {
+            Backend::Wgpu
         } else {
             Backend::Cpu
         }),
@@ -273,34 +364,58 @@ pub(crate) fn resolve(b: Backend) -> crate::runtime::state::Result<Backend> {
 /// Why no device host was built for a kernel: the device refused it.
 pub(crate) struct HostChoice(pub DeviceError);
 
-/// The device host for a kernel with a CUDA handler, when this runtime runs it on a device
-/// (a CUDA GPU, or the emulated device); `Ok(None)` when the kernel runs on the CPU host.
+/// A device-hosted kernel: its host, and its state if the device keeps one readable.
+pub(crate) type DeviceHosted<In, Out> = (
+    Box<dyn host::RingHost<In, Out>>,
+    Option<std::sync::Arc<dyn device_host::StateSnapshot>>,
+);
+
+/// The device handlers a kernel definition carries.
+pub(crate) struct DeviceHandlers<In, Out> {
+    pub cuda: Option<cuda_ring::CudaHandler<In, Out>>,
+    pub wgsl: Option<wgpu::ring::WgslHandler<In, Out>>,
+}
+
+/// The device host for a kernel with a handler for this runtime's device (a CUDA GPU, the
+/// emulated device, a wgpu adapter); `Ok(None)` when the kernel runs on the CPU host.
 pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Message>(
     backend: Backend,
     emulate: bool,
     id: &str,
-    cuda: Option<cuda_ring::CudaHandler<In, Out>>,
+    handlers: DeviceHandlers<In, Out>,
     lanes: usize,
     queue_size: usize,
     batch_size: usize,
-) -> std::result::Result<Option<Box<dyn host::RingHost<In, Out>>>, HostChoice> {
-    let Some(handler) = cuda else {
+) -> std::result::Result<Option<DeviceHosted<In, Out>>, HostChoice> {
+    let fail = |e: DeviceError| HostChoice(e);
+    if backend == Backend::Wgpu {
+        let Some(w) = handlers.wgsl else {
+            return Ok(None);
+        };
+        let ctx = wgpu::WgpuContext::shared(false).map_err(|e| fail(e.into()))?;
+        let (engine, state) = wgpu::ring::WgpuEngine::launch(ctx, id, &w, batch_size)
+            .map_err(|e| fail(e.into()))?;
+        let state: std::sync::Arc<dyn device_host::StateSnapshot> = state;
+        return Ok(Some((
+            Box::new(device_host::DeviceHost::new(Box::new(engine))),
+            Some(state),
+        )));
+    }
+    let Some(handler) = handlers.cuda else {
         return Ok(None);
     };
     let geometry = cuda_ring::DeviceGeometry::new(lanes, queue_size, batch_size);
     let ring: Box<dyn device_host::DeviceRing<In, Out>> = if backend == Backend::Cuda {
-        Box::new(cuda_ring::GpuEngine::launch(id, &handler, &geometry).map_err(HostChoice)?)
+        Box::new(cuda_ring::GpuEngine::launch(id, &handler, &geometry).map_err(fail)?)
     } else if emulate {
         match handler.emulate {
-            Some(f) => Box::new(
-                cuda_ring::EmulatedEngine::launch(f, &geometry).map_err(HostChoice)?,
-            ),
+            Some(f) => Box::new(cuda_ring::EmulatedEngine::launch(f, &geometry).map_err(fail)?),
             None => return Ok(None),
         }
     } else {
         return Ok(None);
     };
-    Ok(Some(Box::new(device_host::DeviceHost::new(ring))))
+    Ok(Some((Box::new(device_host::DeviceHost::new(ring)), None)))
 }
 
 #[cfg(test)]
@@ -327,7 +442,10 @@ mod tests {
         let cuda_works = cuda::CudaDevice::open(0).is_ok();
         let want = if cuda_works {
             BackendKind::Cuda
+        } else if wgpu::hardware_adapter_present() {
+            BackendKind::Wgpu
         } else {
+            // A software wgpu adapter (lavapipe) is never picked on its own.
             BackendKind::Cpu
         };
         assert_eq!(d.kind(), want);
@@ -337,7 +455,9 @@ mod tests {
     #[test]
     fn probe_explains_missing_cuda() {
         let reports = probe();
-        assert_eq!(reports.len(), 2);
+        assert_eq!(reports.len(), 3);
+        let w = &reports[2];
+        assert_eq!(w.unavailable.is_some(), w.devices.is_empty());
         assert!(reports[0].unavailable.is_none() && !reports[0].devices.is_empty());
         let cuda = &reports[1];
         assert_eq!(cuda.unavailable.is_some(), cuda.devices.is_empty());

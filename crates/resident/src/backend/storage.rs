@@ -54,6 +54,7 @@ impl Drop for HeapBytes {
 pub(crate) enum DeviceMemoryInner {
     Host(HeapBytes),
     Cuda(resident_cuda::DeviceBuffer),
+    Wgpu(super::wgpu::WgpuMemory),
 }
 
 /// Memory a kernel of its backend reads and writes (host memory on the CPU backend).
@@ -76,6 +77,7 @@ impl DeviceMemory {
         match &self.inner {
             DeviceMemoryInner::Host(h) => h.len,
             DeviceMemoryInner::Cuda(b) => b.len(),
+            DeviceMemoryInner::Wgpu(w) => w.len,
         }
     }
     /// Whether the size is zero.
@@ -87,13 +89,16 @@ impl DeviceMemory {
         match &self.inner {
             DeviceMemoryInner::Host(_) => BackendKind::Cpu,
             DeviceMemoryInner::Cuda(_) => BackendKind::Cuda,
+            DeviceMemoryInner::Wgpu(_) => BackendKind::Wgpu,
         }
     }
-    /// The address a kernel of the backend uses (a host address on the CPU backend).
+    /// The address a kernel of the backend uses (a host address on the CPU backend; on wgpu,
+    /// which has no device pointers, a handle the backend maps back to the buffer).
     pub fn address(&self) -> u64 {
         match &self.inner {
             DeviceMemoryInner::Host(h) => h.as_ptr() as u64,
             DeviceMemoryInner::Cuda(b) => b.device_ptr(),
+            DeviceMemoryInner::Wgpu(w) => w.address,
         }
     }
 }

@@ -415,6 +415,38 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         report
     }
 
+    /// A copy of the kernel's device state (a WGSL handler's `state` on wgpu): its value after
+    /// every batch submitted before this call. The state stays on the device otherwise; this
+    /// is the only read-back. To see a message's effect, wait for its output (`call`,
+    /// `receive`) or `drain` first. Also works after `terminate` (the final state). `S` must
+    /// be the type given to `WgslHandler::state`.
+    pub fn snapshot_state<S: bytemuck::Pod>(&self) -> Result<S> {
+        let id = self.io.id.to_string();
+        let st = self.io.device_state.lock().clone();
+        let Some(st) = st else {
+            return Err(Error::InvalidConfig {
+                id,
+                reason: "it keeps no device state (snapshot_state needs a WGSL handler on the wgpu backend)".into(),
+            });
+        };
+        let bytes = st.read().map_err(|e| Error::Device {
+            id: id.clone(),
+            op: "snapshot_state",
+            source: Box::new(e),
+        })?;
+        if bytes.len() != std::mem::size_of::<S>() {
+            return Err(Error::InvalidConfig {
+                id,
+                reason: format!(
+                    "snapshot_state as a {}-byte type, but the device state has {} bytes",
+                    std::mem::size_of::<S>(),
+                    bytes.len()
+                ),
+            });
+        }
+        Ok(bytemuck::pod_read_unaligned(&bytes))
+    }
+
     /// The report kept when the kernel was terminated (by `terminate`, a runtime shutdown or
     /// drop), if it was.
     pub fn report(&self) -> Option<TerminateReport<In, Out>> {

@@ -8,6 +8,8 @@ use resident_ring::{Backpressure, Message, WaitStrategy};
 
 use crate::backend::cuda_ring::CudaHandler;
 use crate::runtime::context::{Context, LoopContext};
+use crate::backend::wgpu::ring::WgslHandler;
+
 
 pub(crate) type HandlerFn<In, Out, S> = Box<dyn FnMut(&mut Context<S>, In) -> Option<Out> + Send>;
 pub(crate) type LoopFn<In, Out, S> = Box<dyn FnOnce(&mut LoopContext<In, Out, S>) + Send>;
@@ -50,6 +52,7 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) unit_body: Option<Body<In, Out, ()>>,
     pub(crate) terminate_timeout: Option<Duration>,
     pub(crate) cuda: Option<CudaHandler<In, Out>>,
+    pub(crate) wgsl: Option<WgslHandler<In, Out>>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -70,6 +73,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             unit_body: None,
             terminate_timeout: None,
             cuda: None,
+            wgsl: None,
             _types: PhantomData,
         }
     }
@@ -91,6 +95,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             unit_body: self.body.or(self.unit_body),
             terminate_timeout: self.terminate_timeout,
             cuda: self.cuda,
+            wgsl: self.wgsl,
             _types: PhantomData,
         }
     }
@@ -172,6 +177,16 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// Rust twin on the emulated device).
     pub fn cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
         self.cuda = Some(handler);
+        self
+    }
+
+    /// Runs the kernel's handler on a wgpu device: on a `Backend::Wgpu` runtime, `launch`
+    /// compiles `handler` (WGSL), keeps its state in a device buffer for the kernel's life and
+    /// feeds it pipelined batches behind the same
+    /// [`KernelHandle`](crate::prelude::KernelHandle). On other backends the kernel uses its
+    /// CPU `handler`/`run` (or its CUDA handler on CUDA).
+    pub fn wgsl(mut self, handler: WgslHandler<In, Out>) -> Self {
+        self.wgsl = Some(handler);
         self
     }
 

@@ -345,21 +345,29 @@ impl Runtime {
             kernel.terminate_timeout.unwrap_or(self.core.terminate_timeout),
         );
         let has_cuda = kernel.cuda.is_some();
+        let has_wgsl = kernel.wgsl.is_some();
         let device = crate::backend::device_host::<In, Out>(
             self.backend,
             self.emulate_device,
             &id,
-            kernel.cuda,
+            crate::backend::DeviceHandlers {
+                cuda: kernel.cuda,
+                wgsl: kernel.wgsl,
+            },
             kernel.lanes,
             kernel.queue_size,
             kernel.batch_size,
         )
-        .map_err(|crate::backend::HostChoice(source)| Error::Launch {
+        .map_err(|crate::backend::HostChoice(source)| Error::Device {
             id: id.clone(),
+            op: "launch",
             source: Box::new(source),
         })?;
         let host: Box<dyn RingHost<In, Out>> = match (device, kernel.body, kernel.unit_body) {
-            (Some(device), _, _) => device,
+            (Some((device, state)), _, _) => {
+                *io.device_state.lock() = state;
+                device
+            }
             (None, Some(body), _) => {
                 let ctx = Context::new(
                     kernel.state,
@@ -384,6 +392,12 @@ impl Runtime {
                     state,
                 ))
             }
+            (None, None, None) if has_wgsl && !has_cuda => {
+                return Err(invalid(
+                    "it has only a WGSL handler and this runtime is not on the wgpu backend: add .handler(..) for the CPU"
+                        .into(),
+                ))
+            }
             (None, None, None) if has_cuda => {
                 return Err(invalid(
                     "it has only a CUDA handler and this runtime has no CUDA device: add .handler(..) for the CPU, \
@@ -393,7 +407,7 @@ impl Runtime {
             }
             (None, None, None) => {
                 return Err(invalid(
-                    "no handler: call .handler(..), .run(..) or .cuda(..)".into(),
+                    "no handler: call .handler(..), .run(..), .cuda(..) or .wgsl(..)".into(),
                 ))
             }
         };

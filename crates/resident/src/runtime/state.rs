@@ -172,12 +172,17 @@ pub enum Error {
     /// The requested backend cannot be used.
     #[error("backend unavailable: {0}")]
     BackendUnavailable(String),
-    /// A device could not launch the kernel; `source` is the backend's own error (match it
-    /// to tell e.g. `ResidencyExceeded`, `DeviceLost` or a compile error apart).
-    #[error("kernel '{id}': launch failed: {source}")]
-    Launch {
+    /// The kernel's device refused an operation (`op`: "launch", "snapshot_state"): a
+    /// handler that does not compile (the compiler's message and line inside), a layout the
+    /// device language cannot match, a residency or adapter limit, a lost device. `source` is
+    /// the backend's own error: match it to tell e.g. `ResidencyExceeded`, `DeviceLost` or a
+    /// compile error apart.
+    #[error("kernel '{id}': {op} failed: {source}")]
+    Device {
         /// Kernel id.
         id: String,
+        /// What was attempted.
+        op: &'static str,
         /// The device's error.
         #[source]
         source: Box<crate::backend::device_host::DeviceError>,
@@ -225,10 +230,10 @@ impl Error {
         boxed.downcast::<T>().ok().map(|b| *b)
     }
 
-    /// The device error underneath a failed launch, if any.
+    /// The device error underneath a device operation that failed, if any.
     pub fn device_error(&self) -> Option<&crate::backend::device_host::DeviceError> {
         match self {
-            Error::Launch { source, .. } => Some(source),
+            Error::Device { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -246,7 +251,7 @@ impl Error {
             | Error::TypeMismatch { id, .. }
             | Error::DuplicateKernel { id, .. }
             | Error::InvalidConfig { id, .. }
-            | Error::Launch { id, .. }
+            | Error::Device { id, .. }
             | Error::OutOfMemory { id, .. }
             | Error::Dropped { id, .. }
             | Error::Spawn { id, .. } => Some(id),

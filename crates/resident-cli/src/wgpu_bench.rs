@@ -1,0 +1,454 @@
+//! `resident bench-wgpu`: on one wgpu adapter in one run, a ring kernel that keeps its state on
+//! the device (pipelined batches through the runtime) against the same WGSL handler run
+//! stateless (state uploaded, dispatch, outputs and state downloaded, per batch), for 64-byte
+//! messages and batch sizes 64 / 1024 / 16384: messages per second and per-batch round-trip
+//! p50/p99, each point repeated, with the spread.
+//!
+//! The baseline runs without the runtime (no host queues, no pump): it is the cheaper path on
+//! the host, so the ratio is conservative for the ring kernel. On a software adapter
+//! (lavapipe) the absolute figures are CPU figures; the ratio is what carries over.
+
+use std::time::{Duration, Instant};
+
+use resident::backend::wgpu::ring::{ResidentBatches, StatelessBatches};
+use resident::backend::wgpu::WgpuContext;
+use resident::prelude::*;
+use resident::ring::Slot;
+use serde_json::{json, Value};
+
+device_message! {
+    /// A 64-byte message.
+    pub struct Msg64 { pub v: [u32; 16] }
+}
+
+device_message! {
+    /// Device state: a histogram the handler updates per message (16 KiB).
+    pub struct Hist16K { pub bins: [u32; 4096] }
+}
+
+device_message! {
+    /// Device state: a histogram the handler updates per message (1 MiB).
+    pub struct Hist1M { pub bins: [u32; 262144] }
+}
+
+fn handler_source(bins: usize) -> String {
+    format!(
+        r#"
+fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {{
+    var m = input;
+    var acc = 0u;
+    for (var i = 0u; i < 16u; i = i + 1u) {{
+        acc = acc * 31u + m.v[i];
+        (*out).v[i] = m.v[i] ^ acc;
+    }}
+    atomicAdd(&state.bins[acc % {bins}u], 1u);
+    return true;
+}}
+"#
+    )
+}
+
+const T: Duration = Duration::from_secs(120);
+
+/// A histogram state of some size: the only thing the benchmark varies between state sizes.
+trait HistState: DeviceMessage + Copy {
+    const BINS: usize;
+}
+impl HistState for Hist16K {
+    const BINS: usize = 4096;
+}
+impl HistState for Hist1M {
+    const BINS: usize = 262144;
+}
+
+fn handler<S: HistState>() -> WgslHandler<Msg64, Msg64> {
+    WgslHandler::new(handler_source(S::BINS)).state(<S as bytemuck::Zeroable>::zeroed())
+}
+
+fn total_count(state_bytes: &[u8]) -> u64 {
+    bytemuck::cast_slice::<u8, u32>(state_bytes)
+        .iter()
+        .map(|&b| b as u64)
+        .sum()
+}
+
+fn msg(i: u64) -> Msg64 {
+    let mut v = [0u32; 16];
+    for (k, x) in v.iter_mut().enumerate() {
+        *x = (i as u32).wrapping_mul(2654435761).wrapping_add(k as u32);
+    }
+    Msg64 { v }
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+struct Point {
+    msgs_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    checksum: u64,
+}
+
+fn receive_n(h: &KernelHandle<Msg64, Msg64>, n: usize, buf: &mut Vec<Msg64>) -> Result<(), String> {
+    buf.clear();
+    while buf.len() < n {
+        let got = h.receive_batch(buf, n - buf.len()).map_err(|e| e.to_string())?;
+        if got == 0 {
+            buf.push(h.receive(T).map_err(|e| e.to_string())?);
+        }
+    }
+    Ok(())
+}
+
+fn send_all(h: &KernelHandle<Msg64, Msg64>, msgs: &[Msg64]) -> Result<(), String> {
+    let mut sent = 0;
+    while sent < msgs.len() {
+        sent += h.send_batch(&msgs[sent..]).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn resident_point<S: HistState>(rt: &Runtime, batch: usize, iters: usize, total: usize, run: usize) -> Result<Point, String> {
+    let id = format!("bench-{batch}-{run}");
+    let h = rt
+        .launch(
+            RingKernel::<Msg64, Msg64>::new(&id)
+                .priority_lanes(1)
+                .queue_size((batch * 4).max(4096))
+                .batch_size(batch)
+                .backpressure(Backpressure::Block(T))
+                .wgsl(handler::<S>()),
+        )
+        .map_err(|e| e.to_string())?;
+    h.activate().map_err(|e| e.to_string())?;
+    let input: Vec<Msg64> = (0..batch as u64).map(msg).collect();
+    let mut out = Vec::with_capacity(batch);
+    // Warm-up (pipeline compile, first-touch of buffers).
+    send_all(&h, &input)?;
+    receive_n(&h, batch, &mut out)?;
+    // Round trip of one batch at a time.
+    let mut rts = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        send_all(&h, &input)?;
+        receive_n(&h, batch, &mut out)?;
+        rts.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    // Throughput: a producer streams `total` messages while this thread receives.
+    let producer = {
+        let h = h.clone();
+        let input = input.clone();
+        std::thread::spawn(move || -> Result<(), String> {
+            let mut left = total;
+            while left > 0 {
+                let n = left.min(input.len());
+                send_all(&h, &input[..n])?;
+                left -= n;
+            }
+            Ok(())
+        })
+    };
+    let t0 = Instant::now();
+    let mut got = 0;
+    while got < total {
+        let want = (total - got).min(batch);
+        receive_n(&h, want, &mut out)?;
+        got += want;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    producer.join().map_err(|_| "producer panicked".to_string())??;
+    let state = h.snapshot_state::<S>().map_err(|e| e.to_string())?;
+    let counted = total_count(bytemuck::bytes_of(&state));
+    let expected = (batch + iters * batch + total) as u64;
+    if counted != expected {
+        return Err(format!("resident state counts {counted} messages, {expected} were sent"));
+    }
+    let checksum = out.iter().map(|m| m.v[15] as u64).sum();
+    h.terminate().map_err(|e| e.to_string())?;
+    rts.sort_by(|a, b| a.total_cmp(b));
+    Ok(Point {
+        msgs_per_s: total as f64 / secs,
+        p50_us: pct(&rts, 0.5),
+        p99_us: pct(&rts, 0.99),
+        checksum,
+    })
+}
+
+fn slots(batch: usize) -> Vec<Slot<Msg64>> {
+    (0..batch as u64)
+        .map(|i| Slot::new(Envelope::new(i + 1, 128, 0), msg(i)))
+        .collect()
+}
+
+/// Backs off like the runtime's pump: a few yields, then 50 us sleeps (lavapipe's threads
+/// share the CPU with this one).
+fn backoff(idle: &mut u32) {
+    *idle += 1;
+    if *idle < 16 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// Pulls until `n` outputs arrived (bounded), backing off between polls.
+fn pull_n(k: &mut ResidentBatches<Msg64, Msg64>, n: usize, out: &mut Vec<Slot<Msg64>>) -> Result<(), String> {
+    out.clear();
+    let deadline = Instant::now() + T;
+    let mut idle = 0;
+    while out.len() < n {
+        if k.pull(out, n - out.len()).map_err(|e| e.to_string())? == 0 {
+            if Instant::now() > deadline {
+                return Err("engine outputs did not arrive in time".into());
+            }
+            backoff(&mut idle);
+        } else {
+            idle = 0;
+        }
+    }
+    Ok(())
+}
+
+/// The ring kernel's device side driven directly (no runtime): residency and pipelining alone.
+fn engine_point<S: HistState>(batch: usize, iters: usize, total: usize) -> Result<Point, String> {
+    let mut k = ResidentBatches::new(&handler::<S>(), batch).map_err(|e| e.to_string())?;
+    let input = slots(batch);
+    let mut out = Vec::with_capacity(batch);
+    let run_one = |k: &mut ResidentBatches<Msg64, Msg64>, out: &mut Vec<Slot<Msg64>>| -> Result<(), String> {
+        let mut taken = 0;
+        while taken < input.len() {
+            taken += k.push(&input[taken..]);
+        }
+        pull_n(k, input.len(), out)
+    };
+    run_one(&mut k, &mut out)?;
+    let mut rts = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        run_one(&mut k, &mut out)?;
+        rts.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    // Throughput: keep the batch sets full, collect outputs as they complete.
+    let t0 = Instant::now();
+    let (mut sent, mut got) = (0usize, 0usize);
+    let mut last = Vec::with_capacity(batch);
+    let deadline = Instant::now() + T;
+    let mut idle = 0;
+    while got < total {
+        let mut progressed = false;
+        while sent < total {
+            let want = (total - sent).min(batch);
+            let n = k.push(&input[..want]);
+            sent += n;
+            if n == 0 {
+                break;
+            }
+            progressed = true;
+        }
+        last.clear();
+        let n = k.pull(&mut last, usize::MAX).map_err(|e| e.to_string())?;
+        got += n;
+        if n == 0 && !progressed {
+            if Instant::now() > deadline {
+                return Err("engine throughput run did not finish in time".into());
+            }
+            backoff(&mut idle);
+        } else {
+            idle = 0;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    k.finish(T).map_err(|e| e.to_string())?;
+    let counted = total_count(&k.snapshot_state().map_err(|e| e.to_string())?);
+    let expected = (batch + iters * batch + total) as u64;
+    if counted != expected {
+        return Err(format!("engine state counts {counted} messages, {expected} were run"));
+    }
+    let checksum = out.iter().map(|s| s.payload.v[15] as u64).sum();
+    rts.sort_by(|a, b| a.total_cmp(b));
+    Ok(Point {
+        msgs_per_s: total as f64 / secs,
+        p50_us: pct(&rts, 0.5),
+        p99_us: pct(&rts, 0.99),
+        checksum,
+    })
+}
+
+fn stateless_point<S: HistState>(batch: usize, iters: usize, total: usize) -> Result<Point, String> {
+    let mut k = StatelessBatches::new(&handler::<S>(), batch).map_err(|e| e.to_string())?;
+    let input = slots(batch);
+    let mut out = Vec::with_capacity(batch);
+    k.run(&input, &mut out).map_err(|e| e.to_string())?;
+    let mut rts = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        out.clear();
+        let t0 = Instant::now();
+        k.run(&input, &mut out).map_err(|e| e.to_string())?;
+        rts.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    let t0 = Instant::now();
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(batch);
+        out.clear();
+        k.run(&input[..n], &mut out).map_err(|e| e.to_string())?;
+        left -= n;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let counted = total_count(k.state());
+    let expected = (batch + iters * batch + total) as u64;
+    if counted != expected {
+        return Err(format!("stateless state counts {counted} messages, {expected} were run"));
+    }
+    let checksum = out.iter().map(|s| s.payload.v[15] as u64).sum();
+    rts.sort_by(|a, b| a.total_cmp(b));
+    Ok(Point {
+        msgs_per_s: total as f64 / secs,
+        p50_us: pct(&rts, 0.5),
+        p99_us: pct(&rts, 0.99),
+        checksum,
+    })
+}
+
+fn spread(v: &[f64]) -> Value {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    json!({"runs": v, "median": s[s.len() / 2], "min": s[0], "max": s[s.len() - 1]})
+}
+
+fn point<S: HistState>(rt: &Runtime, batch: usize, repeats: usize, quick: bool) -> Result<Value, String> {
+    let iters = match (batch, quick) {
+        (64, false) => 200,
+        (1024, false) => 60,
+        (_, false) => 12,
+        (64, true) => 40,
+        (1024, true) => 12,
+        (_, true) => 4,
+    };
+    let total = if quick { (batch * 8).max(8192) } else { (batch * 16).max(65536) };
+    let (mut res, mut eng, mut base) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..repeats {
+        // Rotate the order so drift on a shared machine does not favour one variant.
+        for k in 0..3 {
+            match (r + k) % 3 {
+                0 => res.push(resident_point::<S>(rt, batch, iters, total, r)?),
+                1 => eng.push(engine_point::<S>(batch, iters, total)?),
+                _ => base.push(stateless_point::<S>(batch, iters, total)?),
+            }
+        }
+    }
+    if res.iter().chain(&eng).chain(&base).any(|p| p.checksum != res[0].checksum) {
+        return Err(format!("batch {batch}: the variants computed different outputs"));
+    }
+    let f = |v: &[Point], g: fn(&Point) -> f64| v.iter().map(g).collect::<Vec<_>>();
+    let variant = |v: &[Point]| {
+        json!({
+            "msgs_per_s": spread(&f(v, |p| p.msgs_per_s)),
+            "round_trip_p50_us": spread(&f(v, |p| p.p50_us)),
+            "round_trip_p99_us": spread(&f(v, |p| p.p99_us)),
+        })
+    };
+    let ratio = |a: &[Point], b: &[Point]| -> Vec<f64> {
+        a.iter().zip(b).map(|(x, y)| x.msgs_per_s / y.msgs_per_s).collect()
+    };
+    let p50 = |a: &[Point], b: &[Point]| -> Vec<f64> {
+        a.iter().zip(b).map(|(x, y)| y.p50_us / x.p50_us).collect()
+    };
+    let row = json!({
+        "batch": batch,
+        "message_bytes": 64,
+        "state_bytes": S::BINS * 4,
+        "latency_batches": iters,
+        "throughput_messages": total,
+        "resident_runtime": variant(&res),
+        "resident_engine": variant(&eng),
+        "stateless": variant(&base),
+        "throughput_ratio_runtime_over_stateless": spread(&ratio(&res, &base)),
+        "throughput_ratio_engine_over_stateless": spread(&ratio(&eng, &base)),
+        "p50_speedup_runtime_over_stateless": spread(&p50(&res, &base)),
+        "p50_speedup_engine_over_stateless": spread(&p50(&eng, &base)),
+    });
+    let m = |v: &Value, k: &str, q: &str| v[k][q]["median"].as_f64().unwrap_or(0.0);
+    println!(
+        "state {:>4} KiB batch {batch:>5}: runtime {:>9.0} msg/s p50 {:>7.0} us | engine {:>9.0} msg/s p50 {:>7.0} us | stateless {:>9.0} msg/s p50 {:>7.0} us | engine/stateless x{:.2} [{:.2}..{:.2}], runtime/stateless x{:.2}",
+        S::BINS * 4 / 1024,
+        m(&row, "resident_runtime", "msgs_per_s"), m(&row, "resident_runtime", "round_trip_p50_us"),
+        m(&row, "resident_engine", "msgs_per_s"), m(&row, "resident_engine", "round_trip_p50_us"),
+        m(&row, "stateless", "msgs_per_s"), m(&row, "stateless", "round_trip_p50_us"),
+        row["throughput_ratio_engine_over_stateless"]["median"].as_f64().unwrap_or(0.0),
+        row["throughput_ratio_engine_over_stateless"]["min"].as_f64().unwrap_or(0.0),
+        row["throughput_ratio_engine_over_stateless"]["max"].as_f64().unwrap_or(0.0),
+        row["throughput_ratio_runtime_over_stateless"]["median"].as_f64().unwrap_or(0.0),
+    );
+    Ok(row)
+}
+
+/// Runs the benchmark; writes `wgpu-<adapter>-<date>.json` under `out_dir`.
+pub fn run(repeats: usize, quick: bool, out_dir: &std::path::Path) -> Result<(), String> {
+    let ctx = WgpuContext::shared(false).map_err(|e| e.to_string())?;
+    let a = ctx.properties().clone();
+    let software = !a.kind.is_hardware();
+    println!(
+        "== bench-wgpu on {} ({}, {}){} ==",
+        a.name,
+        a.api,
+        a.kind,
+        if software { ": a software adapter, so these are CPU figures; the ratio is what carries over" } else { "" }
+    );
+    let rt = Runtime::builder()
+        .backend(Backend::Wgpu)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut rows = Vec::new();
+    for state_kib in [16usize, 1024] {
+        for &batch in &[64usize, 1024, 16384] {
+            let row = if state_kib == 16 {
+                point::<Hist16K>(&rt, batch, repeats, quick)?
+            } else {
+                point::<Hist1M>(&rt, batch, repeats, quick)?
+            };
+            rows.push(row);
+        }
+    }
+    let date = resident::cuda::bench::utc_date(std::time::SystemTime::now());
+    let command: Vec<String> = std::env::args().collect();
+    let report = json!({
+        "benchmark": "wgpu-ring-vs-stateless",
+        "command": command.join(" "),
+        "date": date,
+        "machine": crate::bench::machine(),
+        "adapter": {
+            "name": a.name, "api": a.api, "device_type": a.kind.to_string(),
+            "software": software, "driver": a.driver,
+        },
+        "note": if software {
+            "Software adapter (Mesa lavapipe: Vulkan compute on the host CPU). Absolute figures are CPU figures, not GPU figures; only the resident/stateless ratio carries over, and on a GPU the stateless side also pays PCIe transfers for the state."
+        } else {
+            "Hardware adapter."
+        },
+        "method": "Three variants of one WGSL handler (64 B message in and out, a histogram state of state_bytes updated with atomicAdd per message). resident_runtime: a ring kernel through Runtime/KernelHandle (state in a device buffer for the kernel's life, 3 batches in flight, host mailboxes and pump thread included). resident_engine: the same device side (ResidentBatches) driven directly without the runtime: what residency and pipelining alone give. stateless: the same compiled handler batch by batch with the state uploaded before and downloaded after every batch, no runtime. Round trip = one batch submitted until all its outputs are back (one batch at a time); msgs_per_s = a stream of throughput_messages. Every variant's outputs (checksum) and state (histogram total = messages run) are checked.",
+        "repeats": repeats,
+        "rows": rows,
+    });
+    std::fs::create_dir_all(out_dir).map_err(|e| e.to_string())?;
+    let slug: String = a
+        .name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .collect::<String>()
+        .split('-')
+        .filter(|s| !s.is_empty())
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("-");
+    let path = out_dir.join(format!("wgpu-{slug}-{date}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json")).map_err(|e| e.to_string())?;
+    println!("wrote {}", path.display());
+    Ok(())
+}

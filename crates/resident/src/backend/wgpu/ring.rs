@@ -1,0 +1,934 @@
+//! Ring kernels with WGSL handlers on wgpu: state on the device for the kernel's life, batches
+//! pipelined, outputs read back asynchronously and published in input order.
+//!
+//! # The handler
+//!
+//! ```wgsl
+//! fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool
+//! ```
+//!
+//! `ResidentIn` / `ResidentOut` are aliases of the message types' WGSL structs, generated from
+//! the Rust types by `device_message!` (a type WGSL cannot hold byte for byte is refused at
+//! `launch`). `env` is the request's 32-byte header (`message_id`, `correlation_id`,
+//! `timestamp_ns` as `vec2<u32>` low word first; `resident_priority(env)`,
+//! `resident_flags(env)`). Returning `false` sends no output.
+//!
+//! # Device state and how a batch mutates it
+//!
+//! The state is the module-scope `var<storage, read_write> state: ResidentState`, declared
+//! from the Rust type given to [`WgslHandler::state`] with every `u32`/`i32` field (and array
+//! of them) as `atomic<u32>`/`atomic<i32>` (same size and alignment, so the bytes still match
+//! the Rust type). Each message of a batch runs in its own invocation, in parallel, like the
+//! CUDA handler's threads: update shared integers with `atomicAdd`, `atomicMax`, ...; plain
+//! (`f32`, nested struct) fields are racy unless one invocation per batch writes them. We chose
+//! this over a sequential handler (one invocation looping over the batch), which would match a
+//! CPU closure for any update but use one GPU thread per batch: with atomics the handler scales
+//! with the batch and, for commutative updates (counts, sums, min/max, histograms), gives the
+//! same state as a sequential CPU closure. Batches run in submission order on the one queue,
+//! so batch N+1 sees all of batch N's updates.
+//!
+//! The state buffer lives as long as the kernel (and as long as a snapshot handle); it is
+//! never copied to the host unless [`KernelHandle::snapshot_state`] asks.
+//!
+//! [`KernelHandle::snapshot_state`]: crate::runtime::handle::KernelHandle::snapshot_state
+//!
+//! # Pipelining
+//!
+//! The engine owns `depth` sets of batch buffers (input, envelopes, output, keep flags, a
+//! count uniform and a host-mappable staging buffer). `push` fills a free set, records the
+//! dispatch and the copies into staging, submits, and asks for the staging map
+//! (`map_async`) without waiting, so the host fills batch N+1 while the device runs batch N.
+//! `pull` polls the device without blocking and publishes completed batches strictly in
+//! submission order. A batch that does not complete within [`super::WAIT_TIMEOUT`] fails the
+//! kernel instead of hanging it.
+
+use super::oneshot::{check_grid, check_workgroup};
+use super::wgsl::{compile, WgslError};
+use super::{padded, WgpuContext, WAIT_TIMEOUT};
+use crate::backend::BackendError;
+use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
+use parking_lot::Mutex;
+use resident_ring::message::WgslLayoutError;
+use resident_ring::{DeviceMessage, Envelope, Message, Slot};
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A ring kernel's handler in WGSL (see the module docs for the signature and the state rules).
+pub struct WgslHandler<In, Out> {
+    source: String,
+    function: String,
+    state: Vec<u8>,
+    state_decl: Result<(String, String, usize), WgslLayoutError>,
+    workgroup: u32,
+    in_flight: usize,
+    /// The message types' WGSL declarations (nested structs first), or why there are none.
+    decls: Result<String, WgslLayoutError>,
+    names: (&'static str, &'static str),
+    _t: PhantomData<fn(In) -> Out>,
+}
+
+const NO_STATE: &str = "struct ResidentState {\n    unused: u32,\n}\n";
+
+impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
+    /// A handler named `handle` defined in `source`, with no device state.
+    pub fn new(source: impl Into<String>) -> Self {
+        WgslHandler {
+            source: source.into(),
+            function: "handle".into(),
+            state: vec![0; 4],
+            state_decl: Ok((String::new(), NO_STATE.to_string(), 4)),
+            workgroup: 64,
+            in_flight: 3,
+            decls: (|| {
+                let mut decls = Vec::new();
+                In::wgsl_dependencies(&mut decls)?;
+                Out::wgsl_dependencies(&mut decls)?;
+                Ok(decls.concat())
+            })(),
+            names: (In::C_NAME, Out::C_NAME),
+            _t: PhantomData,
+        }
+    }
+
+    /// The name of the handler function in the source (default `handle`).
+    pub fn function(mut self, name: impl Into<String>) -> Self {
+        self.function = name.into();
+        self
+    }
+
+    /// Device state, initialized to `init`, kept in a storage buffer for the kernel's life;
+    /// the handler sees it as `state: ResidentState` (integer fields atomic).
+    pub fn state<D: DeviceMessage>(mut self, init: D) -> Self {
+        self.state = bytemuck::bytes_of(&init).to_vec();
+        self.state_decl = (|| {
+            let mut deps = Vec::new();
+            // Nested structs the state uses, declared once under their own names.
+            D::wgsl_dependencies(&mut deps)?;
+            let own = D::wgsl_struct(D::C_NAME, false)?;
+            deps.retain(|d| d != &own);
+            let decl = D::wgsl_struct("ResidentState", true)?;
+            Ok((deps.concat(), decl, std::mem::size_of::<D>()))
+        })();
+        self
+    }
+
+}
+
+impl<In, Out> WgslHandler<In, Out> {
+    /// Invocations per workgroup (default 64).
+    pub fn workgroup_size(mut self, n: u32) -> Self {
+        self.workgroup = n;
+        self
+    }
+
+    /// Batches in flight at once (default 3, at least 1): the host fills one while the device
+    /// runs the others.
+    pub fn batches_in_flight(mut self, n: usize) -> Self {
+        self.in_flight = n.max(1);
+        self
+    }
+
+    /// The complete WGSL module the runtime compiles: the handler source first (so compiler
+    /// line numbers are the source's own), then the generated declarations and entry point.
+    pub fn module_source(&self) -> Result<String, WgslLayoutError> {
+        let decls = self.decls.clone()?;
+        let (state_deps, state_decl, _) = self.state_decl.clone()?;
+        let mut s = String::with_capacity(self.source.len() + 2048);
+        s.push_str(&self.source);
+        s.push_str("\n// ---- generated by resident ----\n");
+        s.push_str(&decls);
+        if !state_deps.is_empty() && !s.contains(&state_deps) {
+            s.push_str(&state_deps);
+        }
+        s.push_str(&state_decl);
+        s.push_str(&format!(
+            "alias ResidentIn = {};\nalias ResidentOut = {};\n",
+            self.names.0, self.names.1
+        ));
+        s.push_str(&format!(
+            r#"// The 32-byte wire header, byte for byte (resident_ring::Envelope).
+struct Envelope {{
+    message_id: vec2<u32>,
+    correlation_id: vec2<u32>,
+    timestamp_ns: vec2<u32>,
+    priority_flags: u32,
+    reserved1: u32,
+}}
+fn resident_priority(env: Envelope) -> u32 {{ return env.priority_flags & 0xffu; }}
+fn resident_flags(env: Envelope) -> u32 {{ return (env.priority_flags >> 8u) & 0xffu; }}
+@group(0) @binding(0) var<storage, read> resident_in: array<ResidentIn>;
+@group(0) @binding(1) var<storage, read> resident_env: array<Envelope>;
+@group(0) @binding(2) var<storage, read_write> resident_out: array<ResidentOut>;
+@group(0) @binding(3) var<storage, read_write> resident_keep: array<u32>;
+@group(0) @binding(4) var<storage, read_write> state: ResidentState;
+@group(0) @binding(5) var<uniform> resident_count: vec4<u32>;
+@compute @workgroup_size({wg})
+fn resident_main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x;
+    if (i >= resident_count.x) {{ return; }}
+    var out: ResidentOut;
+    let keep = {f}(resident_in[i], &out, resident_env[i]);
+    resident_out[i] = out;
+    resident_keep[i] = select(0u, 1u, keep);
+}}
+"#,
+            wg = self.workgroup,
+            f = self.function,
+        ));
+        Ok(s)
+    }
+}
+
+/// Why a WGSL ring kernel could not be launched.
+#[derive(Debug, thiserror::Error)]
+pub enum WgslLaunchError {
+    /// A message or state type has no byte-identical WGSL declaration.
+    #[error(transparent)]
+    Layout(#[from] WgslLayoutError),
+    /// The handler (with the generated code) did not compile.
+    #[error(transparent)]
+    Compile(#[from] WgslError),
+    /// WGSL lays a type out with another size than Rust.
+    #[error("type `{ty}` is {wgsl} bytes in WGSL but {rust} bytes in Rust")]
+    LayoutMismatch {
+        /// The type.
+        ty: String,
+        /// WGSL size.
+        wgsl: u32,
+        /// Rust size.
+        rust: usize,
+    },
+    /// The device refused (limits, memory, loss).
+    #[error(transparent)]
+    Device(#[from] BackendError),
+}
+
+/// Read access to a kernel's device state, shared by the engine and the kernel's handles.
+pub(crate) struct DeviceState {
+    ctx: Arc<WgpuContext>,
+    buffer: ::wgpu::Buffer,
+    len: usize,
+}
+
+impl DeviceState {
+    /// Copies the state to the host: its value after every batch submitted before this call
+    /// (bounded wait).
+    pub fn read(&self) -> Result<Vec<u8>, BackendError> {
+        let mut v = vec![0u8; self.len];
+        self.ctx.read(&mut v, &self.buffer)?;
+        Ok(v)
+    }
+}
+
+impl crate::backend::device_host::StateSnapshot for DeviceState {
+    fn read(&self) -> Result<Vec<u8>, DeviceError> {
+        DeviceState::read(self).map_err(DeviceError::from)
+    }
+}
+
+struct BatchBuffers {
+    input: ::wgpu::Buffer,
+    env: ::wgpu::Buffer,
+    out: ::wgpu::Buffer,
+    keep: ::wgpu::Buffer,
+    count: ::wgpu::Buffer,
+    staging: ::wgpu::Buffer,
+    group: ::wgpu::BindGroup,
+}
+
+type MapResult = Arc<Mutex<Option<Result<(), ::wgpu::BufferAsyncError>>>>;
+
+struct InFlight<In> {
+    set: usize,
+    inputs: Vec<Slot<In>>,
+    mapped: MapResult,
+    submitted: Instant,
+}
+
+/// The device side of a WGSL ring kernel (see the module docs).
+pub(crate) struct WgpuEngine<In: Message, Out: Message> {
+    ctx: Arc<WgpuContext>,
+    pipeline: RingPipeline,
+    sets: Vec<BatchBuffers>,
+    free: Vec<usize>,
+    in_flight: VecDeque<InFlight<In>>,
+    /// Inputs taken from the pump but not yet submitted: a partial batch waits here while
+    /// the device is busy (it is submitted as soon as it is full, or the device goes idle).
+    pending: Vec<Slot<In>>,
+    ready: VecDeque<Slot<Out>>,
+    /// `call` requests the handler answered with `false`, for the pump to fail with NoReply.
+    unanswered: Vec<Envelope>,
+    geometry: BatchGeometry,
+    processed: u64,
+    batches: u64,
+    failure: Option<String>,
+    scratch: Vec<u8>,
+    _t: PhantomData<fn() -> Out>,
+}
+
+fn layout_check(
+    compiled: &super::wgsl::Compiled,
+    ty: &str,
+    rust: usize,
+) -> Result<(), WgslLaunchError> {
+    match compiled.type_size(ty) {
+        Some(w) if w as usize == rust => Ok(()),
+        Some(w) => Err(WgslLaunchError::LayoutMismatch {
+            ty: ty.to_string(),
+            wgsl: w,
+            rust,
+        }),
+        None => Err(WgslLaunchError::Compile(WgslError {
+            stage: "layout",
+            message: format!("type `{ty}` not found in the compiled module"),
+            line: None,
+            column: None,
+        })),
+    }
+}
+
+/// A compiled WGSL ring-kernel module: its pipeline, bind-group layout and state size.
+struct RingPipeline {
+    pipeline: ::wgpu::ComputePipeline,
+    layout: ::wgpu::BindGroupLayout,
+    state_len: usize,
+    workgroup: u32,
+}
+
+impl RingPipeline {
+    fn build<In, Out>(
+        ctx: &WgpuContext,
+        id: &str,
+        handler: &WgslHandler<In, Out>,
+        batch: usize,
+        in_size: usize,
+        out_size: usize,
+    ) -> Result<Self, WgslLaunchError> {
+        ctx.check()?;
+        let source = handler.module_source()?;
+        let compiled = compile(&source)?;
+        layout_check(&compiled, handler.names.0, in_size)?;
+        layout_check(&compiled, handler.names.1, out_size)?;
+        let (_, _, state_len) = handler.state_decl.clone()?;
+        layout_check(&compiled, "ResidentState", state_len)?;
+        check_workgroup(ctx, [handler.workgroup, 1, 1])?;
+        check_grid(
+            ctx,
+            (batch.div_ceil(handler.workgroup as usize) as u32, 1, 1),
+        )?;
+        let buffer = |binding: u32, ty| ::wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: ::wgpu::ShaderStages::COMPUTE,
+            ty: ::wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let read = ::wgpu::BufferBindingType::Storage { read_only: true };
+        let write = ::wgpu::BufferBindingType::Storage { read_only: false };
+        let entries = [
+            buffer(0, read),
+            buffer(1, read),
+            buffer(2, write),
+            buffer(3, write),
+            buffer(4, write),
+            buffer(5, ::wgpu::BufferBindingType::Uniform),
+        ];
+        let (pipeline, layout) = ctx.scoped("create ring-kernel pipeline", || {
+            let module = ctx
+                .device
+                .create_shader_module(::wgpu::ShaderModuleDescriptor {
+                    label: Some(id),
+                    source: ::wgpu::ShaderSource::Wgsl(Cow::Borrowed(&source)),
+                });
+            let layout = ctx
+                .device
+                .create_bind_group_layout(&::wgpu::BindGroupLayoutDescriptor {
+                    label: Some(id),
+                    entries: &entries,
+                });
+            let pl = ctx
+                .device
+                .create_pipeline_layout(&::wgpu::PipelineLayoutDescriptor {
+                    label: Some(id),
+                    bind_group_layouts: &[Some(&layout)],
+                    immediate_size: 0,
+                });
+            let pipeline = ctx
+                .device
+                .create_compute_pipeline(&::wgpu::ComputePipelineDescriptor {
+                    label: Some(id),
+                    layout: Some(&pl),
+                    module: &module,
+                    entry_point: Some("resident_main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                });
+            (pipeline, layout)
+        })?;
+        Ok(RingPipeline {
+            pipeline,
+            layout,
+            state_len,
+            workgroup: handler.workgroup,
+        })
+    }
+
+    /// One set of batch buffers bound to `state`.
+    fn batch_buffers(
+        &self,
+        ctx: &WgpuContext,
+        id: &str,
+        state: &::wgpu::Buffer,
+        geometry: &BatchGeometry,
+    ) -> Result<BatchBuffers, BackendError> {
+        let b = geometry.batch as u64;
+        let none = ::wgpu::BufferUsages::empty();
+        let input = ctx.storage_buffer("resident batch in", b * geometry.in_size, none)?;
+        let env = ctx.storage_buffer("resident batch env", b * 32, none)?;
+        let out = ctx.storage_buffer("resident batch out", b * geometry.out_size, none)?;
+        let keep = ctx.storage_buffer("resident batch keep", b * 4, none)?;
+        let staging = ctx.readback_buffer("resident batch staging", geometry.keep_offset + b * 4)?;
+        let count = ctx.scoped("create uniform", || {
+            ctx.device.create_buffer(&::wgpu::BufferDescriptor {
+                label: Some("resident batch count"),
+                size: 16,
+                usage: ::wgpu::BufferUsages::UNIFORM | ::wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        let group = ctx.scoped("create bind group", || {
+            let bufs = [&input, &env, &out, &keep, state, &count];
+            let entries: Vec<_> = bufs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| ::wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: b.as_entire_binding(),
+                })
+                .collect();
+            ctx.device.create_bind_group(&::wgpu::BindGroupDescriptor {
+                label: Some(id),
+                layout: &self.layout,
+                entries: &entries,
+            })
+        })?;
+        Ok(BatchBuffers {
+            input,
+            env,
+            out,
+            keep,
+            count,
+            staging,
+            group,
+        })
+    }
+
+    /// Uploads a batch into `bufs`, records its dispatch and the copies of its outputs into
+    /// staging on `enc`.
+    fn record<In: Message>(
+        &self,
+        ctx: &WgpuContext,
+        enc: &mut ::wgpu::CommandEncoder,
+        bufs: &BatchBuffers,
+        geometry: &BatchGeometry,
+        chunk: &[Slot<In>],
+        scratch: &mut Vec<u8>,
+    ) {
+        let n = chunk.len();
+        scratch.clear();
+        for s in chunk {
+            scratch.extend_from_slice(bytemuck::bytes_of(&s.payload));
+        }
+        ctx.write(&bufs.input, scratch);
+        scratch.clear();
+        for s in chunk {
+            scratch.extend_from_slice(bytemuck::bytes_of(&s.env));
+        }
+        ctx.write(&bufs.env, scratch);
+        ctx.write(&bufs.count, bytemuck::bytes_of(&[n as u32, 0, 0, 0]));
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&self.pipeline);
+            pass.set_bind_group(0, &bufs.group, &[]);
+            pass.dispatch_workgroups((n as u32).div_ceil(self.workgroup), 1, 1);
+        }
+        let out_bytes = n as u64 * geometry.out_size;
+        if out_bytes > 0 {
+            enc.copy_buffer_to_buffer(&bufs.out, 0, &bufs.staging, 0, padded(out_bytes));
+        }
+        enc.copy_buffer_to_buffer(&bufs.keep, 0, &bufs.staging, geometry.keep_offset, n as u64 * 4);
+    }
+}
+
+/// Sizes of one batch set.
+struct BatchGeometry {
+    batch: usize,
+    in_size: u64,
+    out_size: u64,
+    /// Where the keep flags start in the staging buffer (after the outputs).
+    keep_offset: u64,
+}
+
+impl BatchGeometry {
+    fn new(batch: usize, in_size: usize, out_size: usize) -> Self {
+        let batch = batch.max(1);
+        BatchGeometry {
+            batch,
+            in_size: in_size as u64,
+            out_size: out_size as u64,
+            keep_offset: padded(batch as u64 * out_size as u64),
+        }
+    }
+}
+
+/// Reads the outputs of a completed batch from its mapped staging buffer, in input order:
+/// each kept output carries the request's envelope with `correlation_id` = its `message_id`.
+/// Requests that were `call`s and got no output go to `unanswered`.
+fn decode<In, Out: Message>(
+    view: &[u8],
+    geometry: &BatchGeometry,
+    inputs: &[Slot<In>],
+    out: &mut impl Extend<Slot<Out>>,
+    unanswered: &mut Vec<Envelope>,
+) {
+    let osz = std::mem::size_of::<Out>();
+    let keep_at = geometry.keep_offset as usize;
+    out.extend(inputs.iter().enumerate().filter_map(|(i, s)| {
+        let k = &view[keep_at + 4 * i..keep_at + 4 * i + 4];
+        if k == [0, 0, 0, 0] {
+            if s.env.is_call() {
+                unanswered.push(s.env);
+            }
+            return None;
+        }
+        let payload: Out = bytemuck::pod_read_unaligned(&view[i * osz..(i + 1) * osz]);
+        let env = Envelope {
+            correlation_id: s.env.message_id,
+            ..s.env
+        };
+        Some(Slot::new(env, payload))
+    }));
+}
+
+impl<In: Message, Out: Message> WgpuEngine<In, Out> {
+    /// Compiles `handler`, allocates the state and the handler's in-flight batch sets of
+    /// `batch` messages.
+    pub fn launch(
+        ctx: Arc<WgpuContext>,
+        id: &str,
+        handler: &WgslHandler<In, Out>,
+        batch: usize,
+    ) -> Result<(Self, Arc<DeviceState>), WgslLaunchError> {
+        let geometry = BatchGeometry::new(batch, std::mem::size_of::<In>(), std::mem::size_of::<Out>());
+        let p = RingPipeline::build(&ctx, id, handler, geometry.batch, std::mem::size_of::<In>(), std::mem::size_of::<Out>())?;
+        let state_buf = ctx.storage_buffer("resident state", p.state_len as u64, ::wgpu::BufferUsages::empty())?;
+        ctx.write(&state_buf, &handler.state);
+        let mut sets = Vec::with_capacity(handler.in_flight);
+        for _ in 0..handler.in_flight {
+            sets.push(p.batch_buffers(&ctx, id, &state_buf, &geometry)?);
+        }
+        let state = Arc::new(DeviceState {
+            ctx: ctx.clone(),
+            buffer: state_buf,
+            len: p.state_len,
+        });
+        let free = (0..sets.len()).rev().collect();
+        Ok((
+            WgpuEngine {
+                ctx,
+                pipeline: p,
+                sets,
+                free,
+                in_flight: VecDeque::new(),
+                pending: Vec::new(),
+                ready: VecDeque::new(),
+                unanswered: Vec::new(),
+                geometry,
+                processed: 0,
+                batches: 0,
+                failure: None,
+                scratch: Vec::new(),
+                _t: PhantomData,
+            },
+            state,
+        ))
+    }
+}
+
+impl<In: Message, Out: Message> WgpuEngine<In, Out> {
+    fn submit(
+        &mut self,
+        set: usize,
+        chunk: Vec<Slot<In>>,
+    ) -> Result<(), (BackendError, Vec<Slot<In>>)> {
+        let bufs = &self.sets[set];
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&Default::default());
+        self.pipeline
+            .record(&self.ctx, &mut enc, bufs, &self.geometry, &chunk, &mut self.scratch);
+        self.ctx.queue.submit([enc.finish()]);
+        let mapped: MapResult = Arc::new(Mutex::new(None));
+        let m = mapped.clone();
+        bufs.staging
+            .map_async(::wgpu::MapMode::Read, .., move |r| *m.lock() = Some(r));
+        if let Err(e) = self.ctx.check() {
+            return Err((e, chunk));
+        }
+        self.in_flight.push_back(InFlight {
+            set,
+            inputs: chunk,
+            mapped,
+            submitted: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// Publishes every completed batch at the front, in order. `Err` on a failed map or a
+    /// batch past its deadline.
+    fn collect(&mut self) -> Result<(), String> {
+        while let Some(front) = self.in_flight.front() {
+            let r = front.mapped.lock().take();
+            match r {
+                None => {
+                    if front.submitted.elapsed() > WAIT_TIMEOUT {
+                        return Err(format!(
+                            "a batch did not complete within {WAIT_TIMEOUT:?}"
+                        ));
+                    }
+                    return Ok(());
+                }
+                Some(Err(e)) => return Err(format!("reading a batch back failed: {e}")),
+                Some(Ok(())) => {}
+            }
+            let f = self.in_flight.pop_front().expect("front exists");
+            let bufs = &self.sets[f.set];
+            match bufs.staging.get_mapped_range(..) {
+                Ok(view) => {
+                    // Counted before the outputs become visible (the pump stores counters
+                    // first).
+                    self.processed += f.inputs.len() as u64;
+                    self.batches += 1;
+                    decode(
+                        &view,
+                        &self.geometry,
+                        &f.inputs,
+                        &mut self.ready,
+                        &mut self.unanswered,
+                    );
+                }
+                Err(e) => {
+                    // Keep the batch so `reclaim` hands its inputs back.
+                    self.in_flight.push_front(f);
+                    return Err(format!("mapping a batch failed: {e}"));
+                }
+            }
+            bufs.staging.unmap();
+            self.free.push(f.set);
+        }
+        Ok(())
+    }
+
+    /// Submits the pending inputs when a batch set is free; `false` when none is (or the
+    /// submission failed, then the inputs stay pending for `reclaim`).
+    fn flush(&mut self) -> bool {
+        if self.pending.is_empty() {
+            return true;
+        }
+        if self.failure.is_some() {
+            return false;
+        }
+        let Some(set) = self.free.pop() else {
+            return false;
+        };
+        let chunk = std::mem::replace(&mut self.pending, Vec::with_capacity(self.geometry.batch));
+        match self.submit(set, chunk) {
+            Ok(()) => true,
+            Err((e, chunk)) => {
+                self.free.push(set);
+                self.pending = chunk;
+                self.fail(e.to_string());
+                false
+            }
+        }
+    }
+
+    fn fail(&mut self, reason: String) {
+        if self.failure.is_none() {
+            self.failure = Some(reason);
+        }
+    }
+}
+
+impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
+    fn push(&mut self, slots: &[Slot<In>]) -> usize {
+        // Full batches go out while a batch set is free; a partial batch waits while the
+        // device is busy (it fills up meanwhile, which is what throughput needs) and goes at
+        // once when the device is idle (which is what latency needs).
+        let mut taken = 0;
+        while self.failure.is_none() {
+            if self.pending.len() >= self.geometry.batch {
+                if !self.flush() {
+                    break;
+                }
+                continue;
+            }
+            if taken == slots.len() {
+                break;
+            }
+            let n = (self.geometry.batch - self.pending.len()).min(slots.len() - taken);
+            self.pending.extend_from_slice(&slots[taken..taken + n]);
+            taken += n;
+        }
+        if self.in_flight.is_empty() {
+            self.flush();
+        }
+        taken
+    }
+
+    fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
+        if self.ready.is_empty() && !self.in_flight.is_empty() && self.failure.is_none() {
+            // Never blocks: runs the map callbacks of whatever has completed.
+            if let Err(e) = self.ctx.device.poll(::wgpu::PollType::Poll) {
+                self.fail(format!("device poll failed: {e}"));
+            }
+            if let Err(e) = self.collect() {
+                self.fail(e);
+            }
+        }
+        if self.in_flight.is_empty() {
+            self.flush();
+        }
+        let n = self.ready.len().min(max);
+        out.extend(self.ready.drain(..n));
+        n
+    }
+
+    fn set_active(&mut self, _on: bool) -> Result<(), DeviceError> {
+        // Nothing runs on the device between batches: the pump stops feeding when inactive.
+        Ok(())
+    }
+
+    fn heartbeat(&mut self) {}
+
+    fn check(&mut self) -> Result<(), DeviceError> {
+        if let Err(e) = self.ctx.check() {
+            self.fail(e.to_string());
+        }
+        match &self.failure {
+            Some(f) => Err(DeviceError::Fault(f.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn counters(&self) -> RingCounters {
+        RingCounters {
+            processed: self.processed,
+            batches: self.batches,
+            lost: 0,
+        }
+    }
+
+    fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError> {
+        // Finish the batches in flight so their outputs are published (bounded).
+        let deadline = Instant::now() + timeout.min(WAIT_TIMEOUT);
+        // The pending partial batch is "in hand": it runs too.
+        self.flush();
+        while (!self.in_flight.is_empty() || !self.pending.is_empty()) && self.failure.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.fail(format!("batches in flight did not complete within {timeout:?}"));
+                break;
+            }
+            let r = self.ctx.device.poll(::wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: Some(left.min(Duration::from_millis(100))),
+            });
+            if let Err(e) = r {
+                if !matches!(e, ::wgpu::PollError::Timeout) {
+                    self.fail(format!("device poll failed: {e}"));
+                }
+            }
+            if let Err(e) = self.ctx.check() {
+                self.fail(e.to_string());
+            }
+            if let Err(e) = self.collect() {
+                self.fail(e);
+            }
+            self.flush();
+        }
+        match &self.failure {
+            Some(f) => Err(DeviceError::Fault(f.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn take_unanswered_calls(&mut self, out: &mut Vec<Envelope>) {
+        out.append(&mut self.unanswered);
+    }
+
+    fn reclaim(&mut self) -> Vec<Slot<In>> {
+        // Batches that never completed (device lost or timed out) and inputs never submitted:
+        // they come back, in the order they were taken.
+        let mut v: Vec<Slot<In>> = self.in_flight.drain(..).flat_map(|f| f.inputs).collect();
+        v.append(&mut self.pending);
+        v
+    }
+}
+
+/// The stateless baseline the benchmark measures a ring kernel against: the same compiled
+/// handler, one batch at a time, with the state uploaded before and downloaded after every
+/// batch (what a kernel without device residency must do). Not a ring kernel: no queues, no
+/// pipelining, no runtime.
+pub struct StatelessBatches<In, Out> {
+    ctx: Arc<WgpuContext>,
+    pipeline: RingPipeline,
+    bufs: BatchBuffers,
+    state_buf: ::wgpu::Buffer,
+    state_staging: ::wgpu::Buffer,
+    geometry: BatchGeometry,
+    host_state: Vec<u8>,
+    scratch: Vec<u8>,
+    _t: PhantomData<fn(In) -> Out>,
+}
+
+impl<In: Message, Out: Message> StatelessBatches<In, Out> {
+    /// Compiles `handler` for batches of up to `batch` messages on the shared wgpu device.
+    pub fn new(handler: &WgslHandler<In, Out>, batch: usize) -> Result<Self, WgslLaunchError> {
+        let ctx = WgpuContext::shared(false)?;
+        let (is, os) = (std::mem::size_of::<In>(), std::mem::size_of::<Out>());
+        let geometry = BatchGeometry::new(batch, is, os);
+        let pipeline = RingPipeline::build(&ctx, "stateless", handler, geometry.batch, is, os)?;
+        let state_buf = ctx.storage_buffer(
+            "stateless state",
+            pipeline.state_len as u64,
+            ::wgpu::BufferUsages::empty(),
+        )?;
+        let state_staging = ctx.readback_buffer("stateless state staging", pipeline.state_len as u64)?;
+        let bufs = pipeline.batch_buffers(&ctx, "stateless", &state_buf, &geometry)?;
+        Ok(StatelessBatches {
+            ctx,
+            pipeline,
+            bufs,
+            state_buf,
+            state_staging,
+            geometry,
+            host_state: handler.state.clone(),
+            scratch: Vec::new(),
+            _t: PhantomData,
+        })
+    }
+
+    /// Uploads the state and `inputs`, runs the handler, downloads the outputs (appended to
+    /// `out` in input order) and the state, and waits (bounded).
+    pub fn run(&mut self, inputs: &[Slot<In>], out: &mut Vec<Slot<Out>>) -> Result<(), BackendError> {
+        if inputs.len() > self.geometry.batch {
+            return Err(BackendError::BadArgument {
+                index: 0,
+                reason: format!("{} inputs, batch size is {}", inputs.len(), self.geometry.batch),
+            });
+        }
+        if inputs.is_empty() {
+            return Ok(());
+        }
+        let ctx = &self.ctx;
+        ctx.write(&self.state_buf, &self.host_state);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        self.pipeline
+            .record(ctx, &mut enc, &self.bufs, &self.geometry, inputs, &mut self.scratch);
+        enc.copy_buffer_to_buffer(&self.state_buf, 0, &self.state_staging, 0, padded(self.host_state.len() as u64));
+        let index = ctx.queue.submit([enc.finish()]);
+        let done: [MapResult; 2] = [Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None))];
+        for (buf, d) in [&self.bufs.staging, &self.state_staging].into_iter().zip(&done) {
+            let d = d.clone();
+            buf.map_async(::wgpu::MapMode::Read, .., move |r| *d.lock() = Some(r));
+        }
+        ctx.wait_for(Some(index), "stateless batch")?;
+        let deadline = Instant::now() + WAIT_TIMEOUT;
+        while done.iter().any(|d| d.lock().is_none()) {
+            if Instant::now() > deadline {
+                return Err(BackendError::WgpuTimeout {
+                    operation: "stateless batch map",
+                    waited: WAIT_TIMEOUT,
+                });
+            }
+            ctx.wait_idle("stateless batch map")?;
+        }
+        for d in &done {
+            if let Some(Err(e)) = d.lock().take() {
+                return Err(BackendError::WgpuDevice {
+                    operation: "stateless batch map",
+                    reason: e.to_string(),
+                });
+            }
+        }
+        let map_err = |e: ::wgpu::MapRangeError| BackendError::WgpuDevice {
+            operation: "stateless batch map",
+            reason: e.to_string(),
+        };
+        {
+            let view = self.bufs.staging.get_mapped_range(..).map_err(map_err)?;
+            decode(&view, &self.geometry, inputs, out, &mut Vec::new());
+            let sv = self.state_staging.get_mapped_range(..).map_err(map_err)?;
+            let n = self.host_state.len();
+            self.host_state.copy_from_slice(&sv[..n]);
+        }
+        self.bufs.staging.unmap();
+        self.state_staging.unmap();
+        Ok(())
+    }
+
+    /// The state as of the last batch (host copy).
+    pub fn state(&self) -> &[u8] {
+        &self.host_state
+    }
+}
+
+/// The device side of a WGSL ring kernel without the runtime around it (no host mailboxes,
+/// no pump thread, no call routing): the engine a `RingKernel` on wgpu runs, driven by hand.
+/// It exists so the benchmark can separate what device residency and pipelining buy from
+/// what the runtime's host queues cost; applications use `RingKernel::wgsl`.
+pub struct ResidentBatches<In: Message, Out: Message> {
+    engine: WgpuEngine<In, Out>,
+    state: Arc<DeviceState>,
+}
+
+impl<In: Message, Out: Message> ResidentBatches<In, Out> {
+    /// Compiles `handler` for batches of up to `batch` messages on the shared wgpu device.
+    pub fn new(handler: &WgslHandler<In, Out>, batch: usize) -> Result<Self, WgslLaunchError> {
+        let ctx = WgpuContext::shared(false)?;
+        let (engine, state) = WgpuEngine::launch(ctx, "resident-batches", handler, batch)?;
+        Ok(ResidentBatches { engine, state })
+    }
+
+    /// Takes the longest prefix of `inputs` that fits (full batches are submitted while a
+    /// batch set is free; see the module docs); returns how many were taken.
+    pub fn push(&mut self, inputs: &[Slot<In>]) -> usize {
+        self.engine.push(inputs)
+    }
+
+    /// Moves up to `max` outputs of completed batches to `out`, in input order, without
+    /// blocking; `Err` once the device failed.
+    pub fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> Result<usize, DeviceError> {
+        let n = self.engine.pull(out, max);
+        self.engine.check()?;
+        Ok(n)
+    }
+
+    /// Waits (bounded) until every input taken so far has run and its outputs are ready.
+    pub fn finish(&mut self, timeout: Duration) -> Result<(), DeviceError> {
+        self.engine.stop(timeout)
+    }
+
+    /// A copy of the device state (see `KernelHandle::snapshot_state`).
+    pub fn snapshot_state(&self) -> Result<Vec<u8>, BackendError> {
+        self.state.read()
+    }
+}

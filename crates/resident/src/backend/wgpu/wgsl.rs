@@ -1,0 +1,199 @@
+//! WGSL compilation and reflection with naga (the compiler wgpu itself uses): a shader that
+//! does not parse or validate is a [`WgslError`] with naga's message and the line, before any
+//! pipeline is built.
+
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+/// A WGSL source that naga refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("WGSL {stage} error{}: {message}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
+pub struct WgslError {
+    /// `parse` or `validation`.
+    pub stage: &'static str,
+    /// naga's message, with the source excerpt it points at.
+    pub message: String,
+    /// 1-based line in the source that was compiled, when naga gives one.
+    pub line: Option<u32>,
+    /// 1-based column, when naga gives one.
+    pub column: Option<u32>,
+}
+
+/// A parsed and validated WGSL module.
+pub(crate) struct Compiled {
+    pub module: naga::Module,
+}
+
+/// Parses and validates `source`.
+pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| {
+        let loc = e.location(source);
+        WgslError {
+            stage: "parse",
+            message: e.emit_to_string(source),
+            line: loc.map(|l| l.line_number),
+            column: loc.map(|l| l.line_position),
+        }
+    })?;
+    Validator::new(ValidationFlags::all(), Capabilities::default())
+        .validate(&module)
+        .map_err(|e| {
+            let loc = e.location(source);
+            WgslError {
+                stage: "validation",
+                message: e.emit_to_string(source),
+                line: loc.map(|l| l.line_number),
+                column: loc.map(|l| l.line_position),
+            }
+        })?;
+    Ok(Compiled { module })
+}
+
+/// How a shader binds one resource of group 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BindingKind {
+    /// `var<storage, read>`.
+    StorageRead,
+    /// `var<storage, read_write>`.
+    StorageReadWrite,
+    /// `var<uniform>`.
+    Uniform,
+    /// Anything else (textures, samplers ...): not a kernel argument.
+    Other,
+}
+
+impl std::fmt::Display for BindingKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BindingKind::StorageRead => "var<storage, read>",
+            BindingKind::StorageReadWrite => "var<storage, read_write>",
+            BindingKind::Uniform => "var<uniform>",
+            BindingKind::Other => "a non-buffer resource",
+        })
+    }
+}
+
+/// One binding of group 0: its number, kind, name and the byte size of its type (the
+/// element size for a runtime-sized array).
+#[derive(Clone, Debug)]
+pub(crate) struct Binding {
+    pub binding: u32,
+    pub kind: BindingKind,
+    pub name: String,
+    pub size: u32,
+}
+
+impl Compiled {
+    /// The compute entry point `entry`: its index and workgroup size.
+    pub fn entry(&self, entry: &str) -> Option<(usize, [u32; 3])> {
+        self.module
+            .entry_points
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.name == entry && e.stage == naga::ShaderStage::Compute)
+            .map(|(i, e)| (i, e.workgroup_size))
+    }
+
+    /// Bindings of group 0, by binding number; bindings in other groups are reported as `Err`.
+    pub fn group0(&self) -> Result<Vec<Binding>, String> {
+        let mut layouter = naga::proc::Layouter::default();
+        layouter
+            .update(self.module.to_ctx())
+            .map_err(|e| format!("layout: {e}"))?;
+        let mut out = Vec::new();
+        for (_, g) in self.module.global_variables.iter() {
+            let Some(rb) = &g.binding else { continue };
+            if rb.group != 0 {
+                return Err(format!(
+                    "`{}` is in @group({}); kernel arguments are @group(0) only",
+                    g.name.as_deref().unwrap_or("?"),
+                    rb.group
+                ));
+            }
+            let kind = match g.space {
+                naga::AddressSpace::Storage { access } => {
+                    if access.contains(naga::StorageAccess::STORE) {
+                        BindingKind::StorageReadWrite
+                    } else {
+                        BindingKind::StorageRead
+                    }
+                }
+                naga::AddressSpace::Uniform => BindingKind::Uniform,
+                _ => BindingKind::Other,
+            };
+            let size = match &self.module.types[g.ty].inner {
+                naga::TypeInner::Array {
+                    size: naga::ArraySize::Dynamic,
+                    stride,
+                    ..
+                } => *stride,
+                _ => layouter[g.ty].size,
+            };
+            out.push(Binding {
+                binding: rb.binding,
+                kind,
+                name: g.name.clone().unwrap_or_default(),
+                size,
+            });
+        }
+        out.sort_by_key(|b| b.binding);
+        Ok(out)
+    }
+
+    /// Size in bytes of the named struct type, as WGSL lays it out.
+    pub fn type_size(&self, name: &str) -> Option<u32> {
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(self.module.to_ctx()).ok()?;
+        self.module
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some(name))
+            .map(|(h, _)| layouter[h].size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_error_carries_message_and_line() {
+        let e = compile("fn f() -> u32 {\n  return 1u\n}\n").err().unwrap();
+        assert_eq!(e.stage, "parse");
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.to_string().contains("line 3"), "{e}");
+    }
+
+    #[test]
+    fn validation_error_carries_message_and_line() {
+        let e = compile("fn f() -> u32 {\n  let x: f32 = 1.0;\n  return x;\n}\n")
+            .err()
+            .unwrap();
+        assert_eq!(e.stage, "validation", "{e}");
+        assert!(e.line.is_some(), "{e}");
+    }
+
+    #[test]
+    fn reflection_reads_workgroup_size_and_bindings() {
+        let c = compile(
+            "@group(0) @binding(0) var<uniform> a: f32;\n\
+             @group(0) @binding(1) var<storage, read> x: array<f32>;\n\
+             @group(0) @binding(2) var<storage, read_write> y: array<f32>;\n\
+             @compute @workgroup_size(64, 2) fn main(@builtin(global_invocation_id) g: vec3<u32>) {\n\
+               y[g.x] = a * x[g.x];\n}\n",
+        )
+        .unwrap();
+        assert_eq!(c.entry("main"), Some((0, [64, 2, 1])));
+        assert!(c.entry("nope").is_none());
+        let b = c.group0().unwrap();
+        let kinds: Vec<_> = b.iter().map(|b| b.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                BindingKind::Uniform,
+                BindingKind::StorageRead,
+                BindingKind::StorageReadWrite
+            ]
+        );
+        assert_eq!(b[1].size, 4);
+    }
+}
