@@ -116,7 +116,7 @@ pub struct ControlBlock {
     pub processed: AtomicU64,
     /// Batches drained so far.
     pub batches: AtomicU64,
-    /// Device clock cycles spent on batches (`clock64`; on the emulated device, nanoseconds).
+    /// Device clock cycles spent on batches (`clock64`; on CudaSim, nanoseconds).
     pub busy_cycles: AtomicU64,
     /// The last `heartbeat` value the device saw.
     pub last_heartbeat_seen: AtomicU64,

@@ -459,6 +459,9 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     fn stop_heartbeat(&mut self) {
         if let Some((stop, t)) = self.heartbeat.take() {
             stop.store(true, Ordering::Relaxed);
+            // The thread parks between beats: wake it so the join is immediate instead of
+            // waiting out a period (up to a quarter of the heartbeat timeout).
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -528,7 +531,9 @@ fn spawn_heartbeat(
             // Relaxed: a plain stop flag, nothing is published through it.
             while !stop2.load(Ordering::Relaxed) {
                 ctl.bump_heartbeat();
-                std::thread::sleep(period);
+                // Parked, not asleep: `stop_heartbeat` unparks it, so dropping a kernel joins
+                // this thread at once. A spurious wake-up only beats early.
+                std::thread::park_timeout(period);
             }
         })
         .map_err(|e| PersistentError::Config(format!("cannot spawn heartbeat thread: {e}")))?;

@@ -232,9 +232,11 @@ impl KernelSource {
             "static_assert(sizeof(OutSlot) == {}, \"output slot size differs from Rust's Slot<Out>\");",
             self.output.slot_size()
         );
-        s.push_str("// ---- user handler ----\n");
+        // `#line` so compiler diagnostics (NVRTC's and the host compiler's) name the handler's
+        // own lines and the template's.
+        s.push_str("// ---- user handler ----\n#line 1 \"handler.cu\"\n");
         s.push_str(&self.handler);
-        s.push_str("\n// ---- template body ----\n");
+        s.push_str("\n// ---- template body ----\n#line 1 \"persistent_ring.cu\"\n");
         s.push_str(TEMPLATE_BODY);
         Ok(s)
     }
@@ -317,6 +319,38 @@ pub fn compile_ptx(source: &KernelSource, arch: &str) -> Result<CompiledKernel, 
     Ok(CompiledKernel {
         ptx,
         arch: arch.into(),
+    })
+}
+
+/// The architecture name CudaSim compile errors carry.
+pub const SIM_ARCH: &str = "host C++ (CudaSim)";
+
+/// Compiles `source` (template + handler) with the host C++ compiler for CudaSim, or takes it
+/// from the disk cache. A handler that uses something the shim does not provide fails here
+/// with [`PersistentError::Compile`], whose log is the compiler's diagnostics naming it.
+pub fn compile_sim(source: &KernelSource) -> Result<crate::sim::SimModule, PersistentError> {
+    compile_sim_with(source, &crate::sim::SimOptions::default())
+}
+
+/// [`compile_sim`] with extra compiler options.
+pub fn compile_sim_with(
+    source: &KernelSource,
+    options: &crate::sim::SimOptions,
+) -> Result<crate::sim::SimModule, PersistentError> {
+    let text = source.render()?;
+    crate::sim::SimModule::compile(
+        &source.name.replace(['\0', '/'], "_"),
+        &text,
+        &[PERSISTENT_KERNEL_NAME, BATCH_KERNEL_NAME],
+        options,
+    )
+    .map_err(|e| match e {
+        crate::sim::SimError::Compile { log, compiler, .. } => PersistentError::Compile {
+            name: source.name.clone(),
+            arch: format!("{SIM_ARCH}, {compiler}"),
+            log,
+        },
+        e => PersistentError::Sim(e),
     })
 }
 
