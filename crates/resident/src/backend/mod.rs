@@ -3,12 +3,17 @@
 //!
 //! * [`cpu`]: threads and rayon; always available. Its "device memory" is host memory.
 //! * [`cuda`]: `resident-cuda`, loaded at run time; available when a driver and device work.
+//! * [`cuda_sim`]: CudaSim, the CUDA C source (ring-kernel template + handlers, one-shot
+//!   kernels) compiled by the host C++ compiler and run on host threads; available where a
+//!   host C++ compiler (`g++`, or `RESIDENT_SIM_CXX`) runs. For running and debugging CUDA
+//!   handlers without a GPU, not for speed.
 //!
 //! [`open`] picks one from a [`Backend`] request; [`probe`] reports what this machine has and
 //! why a backend is missing.
 
 pub mod cpu;
 pub mod cuda;
+pub mod cuda_sim;
 mod kernel;
 mod storage;
 
@@ -29,6 +34,8 @@ pub enum Backend {
     /// CUDA when a device works, else the CPU.
     #[default]
     Auto,
+    /// The CUDA C source run on host threads (see [`cuda_sim`]); never picked by `Auto`.
+    CudaSim,
 }
 
 /// The backend a device actually runs on.
@@ -38,6 +45,8 @@ pub enum BackendKind {
     Cpu,
     /// See [`Backend::Cuda`].
     Cuda,
+    /// See [`Backend::CudaSim`].
+    CudaSim,
 }
 
 impl std::fmt::Display for BackendKind {
@@ -45,6 +54,7 @@ impl std::fmt::Display for BackendKind {
         f.write_str(match self {
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
+            BackendKind::CudaSim => "cuda-sim",
         })
     }
 }
@@ -58,6 +68,10 @@ pub enum BackendError {
     /// A CUDA operation failed.
     #[error("CUDA: {0}")]
     Cuda(#[from] resident_cuda::CudaError),
+    /// CudaSim failed: no host compiler, a compile error (with the compiler's log), a device
+    /// fault (`__trap()`) or an invalid launch.
+    #[error("CudaSim: {0}")]
+    Sim(#[from] resident_cuda::sim::SimError),
     /// The kernel has no CPU closure but runs on the CPU backend.
     #[error("kernel `{kernel}` has no CPU implementation")]
     NoCpuImplementation {
@@ -198,6 +212,7 @@ pub fn open(backend: Backend) -> Result<DeviceHandle> {
             Ok(d) => Ok(Arc::new(d)),
             Err(_) => Ok(Arc::new(cpu::CpuDevice::new())),
         },
+        Backend::CudaSim => Ok(Arc::new(cuda_sim::CudaSimDevice::open()?)),
     }
 }
 
@@ -236,7 +251,21 @@ pub fn probe() -> Vec<BackendReport> {
             nvrtc: Some(resident_cuda::nvrtc_present()),
         },
     };
-    vec![cpu, cuda]
+    let sim = match cuda_sim::CudaSimDevice::open() {
+        Ok(d) => BackendReport {
+            backend: BackendKind::CudaSim,
+            devices: vec![d.info()],
+            unavailable: None,
+            nvrtc: None,
+        },
+        Err(e) => BackendReport {
+            backend: BackendKind::CudaSim,
+            devices: Vec::new(),
+            unavailable: Some(e.to_string()),
+            nvrtc: None,
+        },
+    };
+    vec![cpu, cuda, sim]
 }
 
 /// NVML telemetry of every GPU, or why it is unavailable.
@@ -252,6 +281,9 @@ pub(crate) fn resolve(b: Backend) -> crate::runtime::state::Result<Backend> {
         Backend::Cpu => Ok(Backend::Cpu),
         Backend::Cuda => open(Backend::Cuda)
             .map(|_| Backend::Cuda)
+            .map_err(|e| Error::BackendUnavailable(e.to_string())),
+        Backend::CudaSim => open(Backend::CudaSim)
+            .map(|_| Backend::CudaSim)
             .map_err(|e| Error::BackendUnavailable(e.to_string())),
         Backend::Auto => Ok(if open(Backend::Cuda).is_ok() {
             Backend::Cuda
@@ -295,7 +327,10 @@ mod tests {
     #[test]
     fn probe_explains_missing_cuda() {
         let reports = probe();
-        assert_eq!(reports.len(), 2);
+        assert_eq!(reports.len(), 3);
+        let sim = &reports[2];
+        assert_eq!(sim.backend, BackendKind::CudaSim);
+        assert_eq!(sim.unavailable.is_some(), sim.devices.is_empty());
         assert!(reports[0].unavailable.is_none() && !reports[0].devices.is_empty());
         let cuda = &reports[1];
         assert_eq!(cuda.unavailable.is_some(), cuda.devices.is_empty());

@@ -1,6 +1,6 @@
-//! Ring kernels whose handler runs on a device: a persistent CUDA kernel, or the emulated
-//! device (a CPU thread that plays the GPU's part over the same queue memory, for testing the
-//! host protocol where no GPU is present).
+//! Ring kernels whose handler runs on a device: a persistent CUDA kernel on a GPU, or the same
+//! kernel source on CudaSim (`backend::cuda_sim`: compiled by the host C++ compiler and run as
+//! one block of OS threads over the same queue memory and control block).
 //!
 //! The host side is a *pump* thread per kernel. Senders still enqueue into the kernel's host
 //! mailbox, so every rule of the CPU backend (priority lanes, backpressure policies, close,
@@ -11,10 +11,9 @@
 use std::time::Duration;
 
 use resident_cuda::persistent::{
-    EmulatedDevice, EmulatorOptions, KernelSource, LaunchOptions, MessageDecl, PersistentKernel,
-    PersistentQueues, QueueConfig,
+    KernelSource, LaunchOptions, MessageDecl, PersistentKernel, QueueConfig,
 };
-use resident_ring::{DeviceMessage, Envelope, Message, Slot};
+use resident_ring::{DeviceMessage, Message, Slot};
 
 /// A ring kernel's handler in CUDA C: `__device__ bool handle(ResidentState* state,
 /// const ResidentIn* in, ResidentOut* out, const Envelope* env)`, returning `false` for "no
@@ -26,11 +25,9 @@ pub struct CudaHandler<In, Out> {
     pub(crate) function: String,
     pub(crate) state: Vec<u8>,
     pub(crate) state_decl: MessageDecl,
-    pub(crate) emulate: Option<EmulatedHandler<In, Out>>,
     pub(crate) decls: (MessageDecl, MessageDecl),
+    _types: std::marker::PhantomData<fn(In) -> Out>,
 }
-
-pub(crate) type EmulatedHandler<In, Out> = Box<dyn FnMut(&In, &mut Out, &Envelope) -> bool + Send>;
 
 const NO_STATE_DECL: &str = "typedef struct { unsigned int unused; } ResidentNoState;\n";
 
@@ -42,7 +39,7 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
             function: "handle".into(),
             state: vec![0; 4],
             state_decl: MessageDecl::new("ResidentNoState", NO_STATE_DECL, 4),
-            emulate: None,
+            _types: std::marker::PhantomData,
             decls: (
                 MessageDecl::new(In::C_NAME, In::c_declarations(), std::mem::size_of::<In>()),
                 MessageDecl::new(
@@ -68,20 +65,10 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
             MessageDecl::new(D::C_NAME, D::c_declarations(), std::mem::size_of::<D>());
         self
     }
-
-    /// The same handler in Rust, run by the emulated device when the runtime was built with
-    /// `device_emulation(true)` and no GPU is present. For testing the host protocol.
-    pub fn emulate_with<F>(mut self, f: F) -> Self
-    where
-        F: FnMut(&In, &mut Out, &Envelope) -> bool + Send + 'static,
-    {
-        self.emulate = Some(Box::new(f));
-        self
-    }
 }
 
 impl<In, Out> CudaHandler<In, Out> {
-    fn kernel_source(&self, id: &str, batch_size: u32) -> KernelSource {
+    pub(crate) fn kernel_source(&self, id: &str, batch_size: u32) -> KernelSource {
         let mut source = KernelSource::new(
             id.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
             self.decls.0.clone(),
@@ -169,7 +156,7 @@ impl DeviceGeometry {
         }
     }
 
-    fn queues(&self) -> QueueConfig {
+    pub(crate) fn queues(&self) -> QueueConfig {
         QueueConfig {
             lanes: self.lanes,
             lane_capacity: self.lane_capacity,
@@ -233,94 +220,5 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for GpuEngine<In, Out> {
     }
     fn reclaim(&mut self) -> Vec<Slot<In>> {
         self.kernel.reclaim_input().unwrap_or_default()
-    }
-}
-
-/// The emulated device: the same queue memory and control block, a CPU thread as the GPU.
-pub(crate) struct EmulatedEngine<In: Message, Out: Message> {
-    queues: PersistentQueues<In, Out>,
-    device: Option<EmulatedDevice<EmulatedHandler<In, Out>>>,
-    stopped: bool,
-}
-
-impl<In: Message, Out: Message> EmulatedEngine<In, Out> {
-    pub fn launch(handler: EmulatedHandler<In, Out>, g: &DeviceGeometry) -> Result<Self, String> {
-        let queues = PersistentQueues::<In, Out>::on_heap(g.queues()).map_err(|e| e.to_string())?;
-        let options = EmulatorOptions {
-            batch_size: g.batch_size as usize,
-            ..EmulatorOptions::default()
-        };
-        queues.set_heartbeat_timeout(Some(Duration::from_secs(2)));
-        queues.heartbeat();
-        let device = EmulatedDevice::spawn(queues.device_view(), options, handler)
-            .map_err(|e| e.to_string())?;
-        Ok(EmulatedEngine {
-            queues,
-            device: Some(device),
-            stopped: false,
-        })
-    }
-}
-
-impl<In: Message, Out: Message> DeviceEngine<In, Out> for EmulatedEngine<In, Out> {
-    fn push(&mut self, slots: &[Slot<In>]) -> usize {
-        self.queues.send_batch(slots)
-    }
-    fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
-        self.queues.receive_into(out, max)
-    }
-    fn set_active(&mut self, on: bool) -> Result<(), String> {
-        if on {
-            self.queues.activate()
-        } else {
-            self.queues.deactivate()
-        }
-        Ok(())
-    }
-    fn heartbeat(&mut self) {
-        self.queues.heartbeat();
-    }
-    fn check(&mut self) -> Result<(), String> {
-        match &self.device {
-            Some(d) if d.is_finished() && !self.stopped => {
-                let exit = self.device.take().map(|d| d.join());
-                Err(match exit {
-                    Some(Ok(e)) => format!("emulated device exited on its own ({:?})", e.state),
-                    _ => "emulated device faulted: its handler panicked".to_string(),
-                })
-            }
-            None if !self.stopped => Err("emulated device is gone".into()),
-            _ => Ok(()),
-        }
-    }
-    fn counters(&self) -> (u64, u64, u64) {
-        let c = self.queues.device_counters();
-        (c.processed, c.batches, c.undelivered)
-    }
-    fn stop(&mut self, timeout: Duration) -> Result<(), String> {
-        self.stopped = true;
-        self.queues.terminate();
-        let Some(d) = self.device.take() else {
-            return Ok(());
-        };
-        let deadline = std::time::Instant::now() + timeout;
-        while !d.is_finished() {
-            if std::time::Instant::now() > deadline {
-                // Keep it so `reclaim` does not read lanes it may still consume.
-                self.device = Some(d);
-                return Err("emulated device did not exit in time".into());
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        d.join()
-            .map(|_| ())
-            .map_err(|_| "emulated device faulted: its handler panicked".to_string())
-    }
-    fn reclaim(&mut self) -> Vec<Slot<In>> {
-        if self.device.as_ref().is_some_and(|d| !d.is_finished()) {
-            return Vec::new();
-        }
-        // SAFETY: the device thread has exited (or never existed), so nothing else reads the lanes.
-        unsafe { self.queues.reclaim_input() }
     }
 }

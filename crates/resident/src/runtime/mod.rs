@@ -20,7 +20,6 @@ use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy}
 use crate::backend::Backend;
 use crate::telemetry::{RuntimeTelemetry, Telemetry};
 use context::Context;
-use device::CudaHandler;
 use handle::{spawn_kernel, InputPort, KernelHandle, KernelShared};
 use kernel::{Body, RingKernel};
 use state::{Error, KernelState, Result};
@@ -138,19 +137,9 @@ pub struct RuntimeBuilder {
     telemetry: bool,
     wait: WaitStrategy,
     shutdown_timeout: Duration,
-    emulate_device: bool,
 }
 
 impl RuntimeBuilder {
-    /// Runs kernels that have a CUDA handler with an `emulate_with` twin on the emulated
-    /// device (a CPU thread playing the GPU's part over the same queue memory and control
-    /// block) when the runtime has no CUDA device. For testing the host side of the device
-    /// protocol; not a fast path.
-    pub fn device_emulation(mut self, on: bool) -> Self {
-        self.emulate_device = on;
-        self
-    }
-
     /// Which backend to run on (default `Backend::Auto`).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.backend = backend;
@@ -190,7 +179,6 @@ impl RuntimeBuilder {
             }),
             backend,
             shutdown_timeout: self.shutdown_timeout,
-            emulate_device: self.emulate_device,
         })
     }
 }
@@ -200,7 +188,6 @@ pub struct Runtime {
     core: Arc<RuntimeCore>,
     backend: Backend,
     shutdown_timeout: Duration,
-    emulate_device: bool,
 }
 
 impl Runtime {
@@ -211,11 +198,10 @@ impl Runtime {
             telemetry: false,
             wait: WaitStrategy::default(),
             shutdown_timeout: Duration::from_secs(5),
-            emulate_device: false,
         }
     }
 
-    /// The backend this runtime resolved to (`Cpu` or `Cuda`, never `Auto`).
+    /// The backend this runtime resolved to (`Cpu`, `Cuda` or `CudaSim`, never `Auto`).
     pub fn backend(&self) -> Backend {
         self.backend
     }
@@ -238,14 +224,15 @@ impl Runtime {
                 device::GpuEngine::launch(&id, &cuda, &geometry)
                     .map_err(|e| invalid(&format!("CUDA launch failed: {e}")))?,
             )),
-            (Some(CudaHandler { emulate: Some(f), .. }), _) if self.emulate_device => Body::Device(Box::new(
-                device::EmulatedEngine::launch(f, &geometry).map_err(|e| invalid(&e))?,
+            (Some(cuda), _) if self.backend == Backend::CudaSim => Body::Device(Box::new(
+                crate::backend::cuda_sim::SimEngine::launch(&id, &cuda, &geometry)
+                    .map_err(|e| invalid(&format!("CudaSim launch failed: {e}")))?,
             )),
             (_, Some(body)) => body,
             (Some(_), None) => {
                 return Err(invalid(
                     "it has only a CUDA handler and this runtime has no CUDA device: add .handler(..) for the CPU, \
-                     or build the runtime with device_emulation(true) and give the handler emulate_with(..)",
+                     or run it on Backend::CudaSim (the same CUDA source on host threads)",
                 ))
             }
             (None, None) => return Err(invalid("no handler: call .handler(..), .run(..) or .cuda(..)")),

@@ -1,0 +1,107 @@
+//! The persistent ring kernel under ThreadSanitizer: for every batch size we ship, the CudaSim
+//! translation unit (shim + generated prelude + a handler + the template) is compiled together
+//! with a C++ driver (`tests/sim/tsan_driver.cpp`) that plays the host's half of the protocol,
+//! with `g++ -fsanitize=thread`, and run. The test fails on any TSan report, a driver check
+//! (exactly once, FIFO per lane, payloads, counters) or a timeout.
+//!
+//! Needs g++ and libtsan (Debian: `libtsan2`, installed by `.ci/run`). Without them the test
+//! prints `SKIP:` unless `RESIDENT_REQUIRE_TSAN=1`.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use resident_cuda::persistent::{KernelSource, MessageDecl};
+
+const DRIVER: &str = include_str!("sim/tsan_driver.cpp");
+
+/// The batch sizes the crates use: 32 (smallest), 64 (`RingKernel` default), 96 (not a power of
+/// two), 256 (bench baseline), 1024 (bench persistent kernel, largest).
+const BATCH_SIZES: &[u32] = &[32, 64, 96, 256, 1024];
+
+const HANDLER: &str = r#"
+__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) {
+    *out = *in * 2ull + 1ull;
+    atomicAdd(&s->n, 1ull);
+    return true;
+}
+"#;
+
+fn source(batch: u32) -> KernelSource {
+    let u64_decl = MessageDecl::new("U64", "typedef unsigned long long U64;", 8);
+    KernelSource::new(
+        format!("tsan_{batch}"),
+        u64_decl.clone(),
+        u64_decl,
+        MessageDecl::new("Count", "typedef struct { unsigned long long n; } Count;", 8),
+        HANDLER,
+        batch,
+    )
+}
+
+fn skip_or_fail(why: &str) {
+    if std::env::var("RESIDENT_REQUIRE_TSAN").as_deref() == Ok("1") {
+        panic!("RESIDENT_REQUIRE_TSAN=1 but {why}");
+    }
+    eprintln!("SKIP: ThreadSanitizer run: {why}");
+}
+
+#[test]
+fn persistent_kernel_is_clean_under_thread_sanitizer_for_every_batch_size() {
+    let Ok((cxx, _)) = resident_cuda::sim::compiler() else {
+        return skip_or_fail("no host C++ compiler");
+    };
+    let dir = std::env::temp_dir().join(format!("resident-tsan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for &batch in BATCH_SIZES {
+        let tu = resident_cuda::sim::translation_unit(
+            &format!("tsan_{batch}"),
+            &source(batch).render().unwrap(),
+            &[],
+        ) + "\n#line 1 \"tsan_driver.cpp\"\n"
+            + DRIVER;
+        let src = dir.join(format!("tsan_{batch}.cpp"));
+        let exe = dir.join(format!("tsan_{batch}"));
+        std::fs::write(&src, tu).unwrap();
+        let out = Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-pthread", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            let log = String::from_utf8_lossy(&out.stderr);
+            if log.contains("libtsan") || log.contains("-ltsan") {
+                let _ = std::fs::remove_dir_all(&dir);
+                return skip_or_fail(&format!("libtsan is missing: {log}"));
+            }
+            panic!("batch {batch}: the TSan build failed:\n{log}");
+        }
+        let mut child = Command::new(&exe)
+            .env("TSAN_OPTIONS", "halt_on_error=1 exitcode=66 second_deadlock_stack=1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("batch {batch}: the TSan run timed out (a hang in the protocol?)");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            status.success() && !stderr.contains("ThreadSanitizer"),
+            "batch {batch}: status {status:?}\n{stdout}\n{stderr}"
+        );
+        println!("batch {batch}: {}", stdout.trim());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
