@@ -18,6 +18,8 @@ const DRIVER: &str = include_str!("sim/tsan_driver.cpp");
 /// two), 256 (bench baseline), 1024 (bench persistent kernel, largest).
 const BATCH_SIZES: &[u32] = &[32, 64, 96, 256, 1024];
 
+// RESIDENT_TSAN_KEEP=1 keeps the generated sources and binaries (the folder is printed).
+
 const HANDLER: &str = r#"
 __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) {
     *out = *in * 2ull + 1ull;
@@ -103,5 +105,9 @@ fn persistent_kernel_is_clean_under_thread_sanitizer_for_every_batch_size() {
         );
         println!("batch {batch}: {}", stdout.trim());
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var("RESIDENT_TSAN_KEEP").as_deref() == Ok("1") {
+        println!("kept the TSan sources and binaries in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

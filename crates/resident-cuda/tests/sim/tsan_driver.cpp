@@ -17,7 +17,9 @@ namespace drv {
 
 constexpr unsigned LANES = 4;
 constexpr unsigned LANE_CAP = 64;    // small: producers wait on the device's head
-constexpr unsigned OUT_CAP = RESIDENT_BATCH;  // smallest legal: the device waits on the host's head
+constexpr unsigned pow2_at_least(unsigned n) { unsigned p = 1; while (p < n) p *= 2; return p; }
+// Smallest legal output ring (a power of two holding a batch): the device waits on our head.
+constexpr unsigned OUT_CAP = pow2_at_least(RESIDENT_BATCH);
 
 template <typename T>
 T load_acq(T* p) { return std::atomic_ref<T>(*p).load(std::memory_order_acquire); }
@@ -89,6 +91,9 @@ int main() {
         std::this_thread::yield();
     }
 
+    if (load_acq(&ctl->device_state) >= RESIDENT_DEV_TERMINATED)
+        fail("kernel exited at start; error code", load_acq(&ctl->device_state), load_acq(&ctl->error_code));
+
     // Producer: ids 1..=N, priority cycles through the lanes; lane = priority * LANES >> 8.
     std::atomic<bool> stop_beats{false};
     std::thread beats([&] {
@@ -117,10 +122,17 @@ int main() {
             s.payload = (ResidentIn)id;
             std::memcpy(r.slots + sizeof(InSlot) * (tails[l] & (r.cap - 1)), &s, sizeof s);
             store_rel(&r.hdr->tail, ++tails[l]);
-            if (id == 1000) store_rel(&ctl->run_state, RESIDENT_RUN_ACTIVE);  // first 1000 queued before
-            if (id == 9000) store_rel(&ctl->run_state, RESIDENT_RUN_INACTIVE);
-            if (id == 9500) store_rel(&ctl->run_state, RESIDENT_RUN_ACTIVE);
         }
+    });
+    // The control line changes while messages flow: queued before activation, then active,
+    // parked (the producer stalls on full lanes), active again.
+    std::thread controller([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        store_rel(&ctl->run_state, RESIDENT_RUN_ACTIVE);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        store_rel(&ctl->run_state, RESIDENT_RUN_INACTIVE);
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        store_rel(&ctl->run_state, RESIDENT_RUN_ACTIVE);
     });
 
     // Consumer: exactly once, FIFO per lane, payload.
@@ -150,6 +162,7 @@ int main() {
         store_rel(&out.hdr->head, head);
     }
     producer.join();
+    controller.join();
     if (sum != N * (N + 1) / 2) fail("checksum", sum, N * (N + 1) / 2);
 
     // Terminate; the kernel's counters are final once device_state says so.
