@@ -85,7 +85,11 @@ __device__ __forceinline__ unsigned long long resident_ld_tail(const unsigned lo
     return resident_sim_load(p, std::memory_order_relaxed);
 #endif
 }
-__device__ __forceinline__ void resident_fence_acquire() { std::atomic_thread_fence(std::memory_order_acquire); }
+__device__ __forceinline__ void resident_fence_acquire() {
+#if !defined(__SANITIZE_THREAD__)
+    std::atomic_thread_fence(std::memory_order_acquire);
+#endif
+}
 __device__ __forceinline__ unsigned long long resident_now_ns() { return resident_sim::now_ns(); }
 #else
 __device__ __forceinline__ unsigned long long resident_ld_acquire_u64(const unsigned long long* p) {

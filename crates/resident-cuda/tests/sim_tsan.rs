@@ -47,67 +47,112 @@ fn skip_or_fail(why: &str) {
     eprintln!("SKIP: ThreadSanitizer run: {why}");
 }
 
-#[test]
-fn persistent_kernel_is_clean_under_thread_sanitizer_for_every_batch_size() {
+/// Builds `rendered` (a rendered template) with the driver under TSan and runs it; returns
+/// (exit status success, stdout, stderr), or `None` after a skip.
+fn build_and_run(dir: &std::path::Path, tag: &str, rendered: &str) -> Option<(bool, String, String)> {
     let Ok((cxx, _)) = resident_cuda::sim::compiler() else {
-        return skip_or_fail("no host C++ compiler");
+        skip_or_fail("no host C++ compiler");
+        return None;
     };
-    let dir = std::env::temp_dir().join(format!("resident-tsan-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for &batch in BATCH_SIZES {
-        let tu = resident_cuda::sim::translation_unit(
-            &format!("tsan_{batch}"),
-            &source(batch).render().unwrap(),
-            &[],
-        ) + "\n#line 1 \"tsan_driver.cpp\"\n"
-            + DRIVER;
-        let src = dir.join(format!("tsan_{batch}.cpp"));
-        let exe = dir.join(format!("tsan_{batch}"));
-        std::fs::write(&src, tu).unwrap();
-        let out = Command::new(&cxx)
-            .args(["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-pthread", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .output()
-            .unwrap();
-        if !out.status.success() {
-            let log = String::from_utf8_lossy(&out.stderr);
-            if log.contains("libtsan") || log.contains("-ltsan") {
-                let _ = std::fs::remove_dir_all(&dir);
-                return skip_or_fail(&format!("libtsan is missing: {log}"));
-            }
-            panic!("batch {batch}: the TSan build failed:\n{log}");
+    let tu = resident_cuda::sim::translation_unit(tag, rendered, &[])
+        + "\n#line 1 \"tsan_driver.cpp\"\n"
+        + DRIVER;
+    let src = dir.join(format!("{tag}.cpp"));
+    let exe = dir.join(tag);
+    std::fs::write(&src, tu).unwrap();
+    let out = Command::new(&cxx)
+        .args(["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        let log = String::from_utf8_lossy(&out.stderr);
+        if log.contains("libtsan") || log.contains("-ltsan") {
+            skip_or_fail(&format!("libtsan is missing: {log}"));
+            return None;
         }
-        let mut child = Command::new(&exe)
-            .env("TSAN_OPTIONS", "halt_on_error=1 exitcode=66 second_deadlock_stack=1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("batch {batch}: the TSan run timed out (a hang in the protocol?)");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let output = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            status.success() && !stderr.contains("ThreadSanitizer"),
-            "batch {batch}: status {status:?}\n{stdout}\n{stderr}"
-        );
-        println!("batch {batch}: {}", stdout.trim());
+        panic!("{tag}: the TSan build failed:\n{log}");
     }
+    let mut child = Command::new(&exe)
+        .env("TSAN_OPTIONS", "halt_on_error=1 exitcode=66 second_deadlock_stack=1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{tag}: the TSan run timed out (a hang in the protocol?)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = child.wait_with_output().unwrap();
+    Some((
+        status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+fn work_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("resident-tsan-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn finish(dir: &std::path::Path) {
     if std::env::var("RESIDENT_TSAN_KEEP").as_deref() == Ok("1") {
         println!("kept the TSan sources and binaries in {}", dir.display());
     } else {
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+#[test]
+fn persistent_kernel_is_clean_under_thread_sanitizer_for_every_batch_size() {
+    let dir = work_dir("clean");
+    for &batch in BATCH_SIZES {
+        let rendered = source(batch).render().unwrap();
+        let Some((ok, stdout, stderr)) = build_and_run(&dir, &format!("tsan_{batch}"), &rendered)
+        else {
+            return;
+        };
+        assert!(
+            ok && !stderr.contains("ThreadSanitizer"),
+            "batch {batch}:\n{stdout}\n{stderr}"
+        );
+        println!("batch {batch}: {}", stdout.trim());
+    }
+    finish(&dir);
+}
+
+/// The harness has teeth: the template's start-up broadcast as it was before the fix (thread 0
+/// reused `s_cmd` for it, then rewrote `s_cmd` in the loop while other threads could still be
+/// reading the start value) is reported as a data race.
+#[test]
+fn thread_sanitizer_reports_the_old_s_cmd_race() {
+    let dir = work_dir("race");
+    let rendered = source(32).render().unwrap();
+    let old = rendered
+        .replace("s_start = RESIDENT_CMD_RUN;", "s_cmd = RESIDENT_CMD_RUN;")
+        .replace("s_start = RESIDENT_CMD_EXIT;", "s_cmd = RESIDENT_CMD_EXIT;")
+        .replace(
+            "if (s_start == RESIDENT_CMD_EXIT) return;",
+            "if (s_cmd == RESIDENT_CMD_EXIT) return;",
+        );
+    assert_ne!(old, rendered, "the template still has the start-up broadcast");
+    let Some((ok, stdout, stderr)) = build_and_run(&dir, "old_s_cmd", &old) else {
+        return;
+    };
+    assert!(
+        !ok && stderr.contains("ThreadSanitizer: data race"),
+        "expected a data race report:\n{stdout}\n{stderr}"
+    );
+    finish(&dir);
 }
