@@ -98,7 +98,10 @@ pub enum CudaError {
 }
 
 /// Driver errors after which the context is unusable ("sticky": every later call in the
-/// context fails with the same error until it is reset).
+/// context fails with the same error until it is reset). From the CUDA driver API's `CUresult`
+/// documentation: every code documented as leaving "the context in an inconsistent state" or
+/// requiring that "the process must be terminated and relaunched", plus `CUDA_ERROR_UNKNOWN`,
+/// which a fault can surface as and after which nothing about the context is known.
 const STICKY_CODES: &[&str] = &[
     "CUDA_ERROR_ILLEGAL_ADDRESS",
     "CUDA_ERROR_LAUNCH_FAILED",
@@ -110,6 +113,11 @@ const STICKY_CODES: &[&str] = &[
     "CUDA_ERROR_HARDWARE_STACK_ERROR",
     "CUDA_ERROR_ASSERT",
     "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_NVLINK_UNCORRECTABLE",
+    "CUDA_ERROR_CONTAINED",
+    "CUDA_ERROR_TENSOR_MEMORY_LEAK",
+    "CUDA_ERROR_EXTERNAL_DEVICE",
+    "CUDA_ERROR_UNKNOWN",
 ];
 
 impl CudaError {
@@ -150,6 +158,16 @@ mod tests {
         assert!(driver("CUDA_ERROR_ILLEGAL_ADDRESS").is_sticky());
         assert!(driver("CUDA_ERROR_LAUNCH_FAILED").is_sticky());
         assert!(driver("CUDA_ERROR_ILLEGAL_INSTRUCTION").is_sticky());
+        for code in [
+            "CUDA_ERROR_UNKNOWN",
+            "CUDA_ERROR_CONTAINED",
+            "CUDA_ERROR_EXTERNAL_DEVICE",
+            "CUDA_ERROR_NVLINK_UNCORRECTABLE",
+            "CUDA_ERROR_TENSOR_MEMORY_LEAK",
+            "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        ] {
+            assert!(driver(code).is_sticky(), "{code}");
+        }
         assert!(!driver("CUDA_ERROR_OUT_OF_MEMORY").is_sticky());
         assert!(!driver("CUDA_ERROR_NOT_READY").is_sticky());
         assert!(!CudaError::NoDevice.is_sticky());

@@ -291,6 +291,16 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             std::thread::sleep(Duration::from_micros(50));
         }
         k.check()?;
+        // Resident means running or parked: a kernel that already reported an exit (a
+        // parameter error, say) is an error, never `Ok`.
+        let c = k.device_counters();
+        if let Some(s) = c.state.filter(|s| s.has_exited()) {
+            return Err(PersistentError::Exited {
+                name: k.name.clone(),
+                state: Some(s),
+                error_code: c.error_code,
+            });
+        }
         Ok(k)
     }
 
