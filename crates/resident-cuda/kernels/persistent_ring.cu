@@ -23,12 +23,14 @@
 #define RESIDENT_RUN_ACTIVE 1u
 #define RESIDENT_RUN_INACTIVE 2u
 #define RESIDENT_RUN_TERMINATE 3u
+#define RESIDENT_RUN_QUIESCE 4u
 
 #define RESIDENT_DEV_RUNNING 1u
 #define RESIDENT_DEV_IDLE 2u
 #define RESIDENT_DEV_TERMINATED 3u
 #define RESIDENT_DEV_HEARTBEAT_TIMEOUT 4u
 #define RESIDENT_DEV_ERROR 5u
+#define RESIDENT_DEV_QUIESCED 6u
 
 #define RESIDENT_ERR_BAD_BLOCK_SIZE 1u
 #define RESIDENT_ERR_BAD_PARAMS 2u
@@ -219,9 +221,12 @@ __device__ unsigned int resident_check_control(ControlBlock* ctl, ResidentOwner*
     // Acquire: pairs with the host's release store of run_state (messages it sent before are
     // visible once the new state is). Unknown values park the kernel.
     unsigned int rs = resident_ld_acquire_u32(&ctl->run_state);
-    if (rs > RESIDENT_RUN_TERMINATE) rs = RESIDENT_RUN_INACTIVE;
+    if (rs > RESIDENT_RUN_QUIESCE) rs = RESIDENT_RUN_INACTIVE;
     o->run_state = rs;
     if (rs == RESIDENT_RUN_TERMINATE) return RESIDENT_DEV_TERMINATED;
+    // Quiesce: finish the batch in hand (outputs included) and exit; queues, heads, tails,
+    // counters and state stay where they are, and a relaunch over them resumes.
+    if (rs == RESIDENT_RUN_QUIESCE) return RESIDENT_DEV_QUIESCED;
     return 0;
 }
 
@@ -440,7 +445,11 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
                 // Blocked on a full output: make the counters current for whoever watches.
                 if (wait_ns == RESIDENT_MIN_BACKOFF_NS) resident_publish_counters(ctl, &o);
                 exit_state = resident_check_control(ctl, &o, resident_now_ns());
-                if (exit_state != 0) {
+                if (exit_state == RESIDENT_DEV_QUIESCED) {
+                    // A quiesce never drops outputs: keep waiting for the host to drain; the
+                    // next control check after this batch exits.
+                    exit_state = 0;
+                } else if (exit_state != 0) {
                     abandon = 1;
                     break;
                 }

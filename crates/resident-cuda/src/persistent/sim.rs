@@ -7,8 +7,9 @@
 //! runs on a launcher thread until it exits (terminate, heartbeat timeout, a parameter error)
 //! or faults (`__trap()` in any thread faults the block: see [`SimKernel::check`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use bytemuck::Pod;
 use resident_ring::spsc::{HeapMemory, RingMemory};
 use resident_ring::{Envelope, Slot};
 
-use super::control::{DeviceCounters, DeviceState};
+use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::template::{compile_sim, KernelSource, PersistentParams, PERSISTENT_KERNEL_NAME};
 use super::{PersistentError, SharedMemory};
@@ -55,8 +56,149 @@ impl Default for SimLaunchOptions {
     }
 }
 
-/// What the launcher thread reports when the block has exited.
+/// What the launcher thread reports when the block has exited for good.
 type Exit = Result<(), SimError>;
+
+/// The quiesce state of one kernel, shared by its handle, its launcher thread and the
+/// process-wide registry that [`with_all_quiesced`] walks.
+struct QuiesceShared {
+    control: SharedMemory,
+    state: Mutex<QState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct QState {
+    /// A quiesce was asked for and not yet resumed.
+    quiescing: bool,
+    /// The block exited on the quiesce and the launcher waits to relaunch it.
+    parked: bool,
+    /// Bumped by every resume (and by terminate while parked): the launcher relaunches.
+    resume: u64,
+    /// The run state the host wants once resumed (activate/deactivate while quiesced).
+    want: Option<RunState>,
+    /// The launcher is gone (final exit or fault).
+    finished: bool,
+}
+
+impl QuiesceShared {
+    fn control(&self) -> &ControlBlock {
+        // SAFETY: the control memory was checked by PersistentQueues (CONTROL_BLOCK_BYTES,
+        // 128-aligned) and lives as long as `self`.
+        unsafe { &*(self.control.as_mut_ptr() as *const ControlBlock) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The host's run-state writes go through here so a quiesce never loses one.
+    fn set_run_state(&self, rs: RunState) {
+        let mut q = self.lock();
+        if q.quiescing && rs != RunState::Terminate {
+            q.want = Some(rs);
+            return;
+        }
+        if rs == RunState::Terminate && q.quiescing {
+            // Relaunch so the block sees Terminate at once and exits for good.
+            q.quiescing = false;
+            q.want = None;
+            q.resume += 1;
+        }
+        self.control().set_run_state(rs);
+        self.cv.notify_all();
+    }
+
+    /// Asks the block to finish its batch and exit (queues stay), and waits until it has.
+    fn quiesce(&self, timeout: Duration) -> bool {
+        let mut q = self.lock();
+        if q.finished {
+            return true;
+        }
+        if !q.quiescing {
+            q.quiescing = true;
+            q.want = self.control().run_state();
+            self.control().set_run_state(RunState::Quiesce);
+        }
+        let deadline = Instant::now() + timeout;
+        while !q.parked && !q.finished {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            q = self
+                .cv
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Relaunches a quiesced block with the run state the host wants.
+    fn resume(&self) {
+        let mut q = self.lock();
+        if !q.quiescing {
+            return;
+        }
+        q.quiescing = false;
+        let want = q.want.take().unwrap_or(RunState::Inactive);
+        self.control().set_run_state(want);
+        q.resume += 1;
+        self.cv.notify_all();
+    }
+}
+
+fn registry() -> &'static Mutex<Vec<Weak<QuiesceShared>>> {
+    static R: std::sync::OnceLock<Mutex<Vec<Weak<QuiesceShared>>>> = std::sync::OnceLock::new();
+    R.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+static RELAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Relaunches after a quiesce, over the process's life (for tests and telemetry).
+pub fn relaunch_count() -> u64 {
+    RELAUNCHES.load(Ordering::Relaxed)
+}
+
+/// The residency rule on CudaSim: every resident CudaSim ring kernel of the process parks and
+/// exits (finishing the batch in hand, outputs included; queues, indices, counters and state
+/// stay), `op` runs, and every kernel is relaunched where it left off, with the run state the
+/// host last asked for. Messages sent meanwhile queue up in the lanes; nothing is lost or
+/// reordered. Calls are serialized. Errors: [`PersistentError::Timeout`] when a kernel did not
+/// park within `timeout` (then `op` does not run and every kernel is resumed).
+pub fn with_all_quiesced<R>(
+    timeout: Duration,
+    op: impl FnOnce() -> R,
+) -> Result<R, PersistentError> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let live: Vec<Arc<QuiesceShared>> = {
+        let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
+        r.retain(|w| w.strong_count() > 0);
+        r.iter().filter_map(|w| w.upgrade()).collect()
+    };
+    let mut parked = Vec::with_capacity(live.len());
+    let mut failed = false;
+    let deadline = Instant::now() + timeout;
+    for k in &live {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ok = k.quiesce(left);
+        parked.push(k.clone());
+        if !ok {
+            failed = true;
+            break;
+        }
+    }
+    let out = if failed { None } else { Some(op()) };
+    for k in &parked {
+        k.resume();
+    }
+    out.ok_or(PersistentError::Timeout {
+        name: "(every resident CudaSim kernel)".into(),
+        what: "the resident kernels to quiesce",
+    })
+}
 
 /// A persistent ring kernel running on CudaSim.
 pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
@@ -69,6 +211,7 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
     /// Set once the launcher reported: `Some(Ok)` exited, `Some(Err)` faulted.
     exit: Option<Result<(), String>>,
     _instance: Option<Arc<SimInstance>>,
+    quiesce: Arc<QuiesceShared>,
 }
 
 fn check_sizes<In, Out>(source: &KernelSource) -> Result<(), PersistentError> {
@@ -141,6 +284,12 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         let inst = instance.clone();
         let keep_state = state.clone();
         let block = source.batch_size;
+        let quiesce = Arc::new(QuiesceShared {
+            control: view.control.clone(),
+            state: Mutex::new(QState::default()),
+            cv: Condvar::new(),
+        });
+        let q = quiesce.clone();
         let thread = std::thread::Builder::new()
             .name(format!("resident-sim-{}", source.name))
             .spawn(move || {
@@ -148,21 +297,48 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 let _keep = (view, keep_state);
                 let mut p = params;
                 let arg = &mut p as *mut PersistentParams as *mut core::ffi::c_void;
-                // SAFETY: `resident_persistent(PersistentParams)` takes exactly this struct;
-                // every address in it points at memory kept alive by `_keep` until the block
-                // has exited, and the host touches it only through the ring protocol.
-                let r = unsafe {
-                    inst.launch(
-                        PERSISTENT_KERNEL_NAME,
-                        (1, 1, 1),
-                        (block, 1, 1),
-                        &[arg],
-                        &[core::mem::size_of::<PersistentParams>() as u64],
-                    )
+                let r = loop {
+                    // SAFETY: `resident_persistent(PersistentParams)` takes exactly this
+                    // struct; every address in it points at memory kept alive by `_keep` until
+                    // the block has exited, and the host touches it only through the ring
+                    // protocol.
+                    let r = unsafe {
+                        inst.launch(
+                            PERSISTENT_KERNEL_NAME,
+                            (1, 1, 1),
+                            (block, 1, 1),
+                            &[arg],
+                            &[core::mem::size_of::<PersistentParams>() as u64],
+                        )
+                    };
+                    if r.is_err()
+                        || q.control().device_counters().state != Some(DeviceState::Quiesced)
+                    {
+                        break r;
+                    }
+                    // Quiesced: parked until resumed, then relaunched over the same memory.
+                    let mut st = q.lock();
+                    let seen = st.resume;
+                    st.parked = true;
+                    q.cv.notify_all();
+                    while st.resume == seen {
+                        st = q.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                    }
+                    st.parked = false;
+                    drop(st);
+                    RELAUNCHES.fetch_add(1, Ordering::Relaxed);
                 };
+                let mut st = q.lock();
+                st.finished = true;
+                q.cv.notify_all();
+                drop(st);
                 let _ = tx.send(r);
             })
             .map_err(|e| PersistentError::Config(format!("cannot spawn the CudaSim block: {e}")))?;
+        registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::downgrade(&quiesce));
         let mut k = SimKernel {
             name: source.name.clone(),
             queues,
@@ -172,6 +348,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             thread: Some(thread),
             exit: None,
             _instance: Some(instance),
+            quiesce,
         };
         // `launch` returns once the kernel reports it is resident, or with its error.
         let deadline = Instant::now() + opts.start_timeout;
@@ -282,12 +459,23 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
 
     /// Starts (or resumes) processing.
     pub fn activate(&self) {
-        self.queues.activate()
+        self.quiesce.set_run_state(RunState::Active)
     }
 
     /// Pauses processing; messages queue up.
     pub fn deactivate(&self) {
-        self.queues.deactivate()
+        self.quiesce.set_run_state(RunState::Inactive)
+    }
+
+    /// Parks this kernel: it finishes its batch and exits, its queues and state stay; see
+    /// [`with_all_quiesced`]. `false` when it did not park within `timeout`.
+    pub fn quiesce(&self, timeout: Duration) -> bool {
+        self.quiesce.quiesce(timeout)
+    }
+
+    /// Relaunches a quiesced kernel where it left off.
+    pub fn resume(&self) {
+        self.quiesce.resume()
     }
 
     /// Bumps the heartbeat.
@@ -307,7 +495,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
 
     /// Asks the kernel to finish its batch and exit, and waits up to `timeout` for its block.
     pub fn terminate(&mut self, timeout: Duration) -> Result<(), PersistentError> {
-        self.queues.terminate();
+        self.quiesce.set_run_state(RunState::Terminate);
         if self.exit.is_none() {
             match self.done.recv_timeout(timeout) {
                 Ok(r) => self.record(r),
@@ -346,7 +534,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
 impl<In: Pod + Send, Out: Pod + Send> Drop for SimKernel<In, Out> {
     fn drop(&mut self) {
         if self.exit.is_none() {
-            self.queues.terminate();
+            self.quiesce.set_run_state(RunState::Terminate);
             match self.done.recv_timeout(Duration::from_secs(10)) {
                 Ok(r) => self.record(r),
                 Err(RecvTimeoutError::Disconnected) => self.record_lost(),

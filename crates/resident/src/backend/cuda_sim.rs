@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use resident_cuda::persistent::sim::with_all_quiesced;
 use resident_cuda::persistent::{SimKernel, SimLaunchOptions};
 use resident_cuda::sim::{SimInstance, SimModule, SimOptions};
 use resident_ring::{Message, Slot};
@@ -24,6 +25,15 @@ use crate::runtime::device::{CudaHandler, DeviceEngine, DeviceGeometry};
 /// How long the kernel outlives a silent host (the pump beats every 50 ms).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the residency rule waits for every resident kernel to park.
+pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `op` under the residency rule: every resident CudaSim ring kernel of the process parks
+/// and exits first (queues, indices and state stay) and is relaunched where it left off after.
+fn quiesced<R>(what: &str, op: impl FnOnce() -> R) -> std::result::Result<R, String> {
+    with_all_quiesced(QUIESCE_TIMEOUT, op).map_err(|e| format!("{what}: {e}"))
+}
+
 /// A ring kernel's CUDA handler running as the persistent template on CudaSim.
 pub(crate) struct SimEngine<In: Message, Out: Message> {
     kernel: SimKernel<In, Out>,
@@ -31,6 +41,8 @@ pub(crate) struct SimEngine<In: Message, Out: Message> {
 
 impl<In: Message, Out: Message> SimEngine<In, Out> {
     /// Compiles (or finds cached) and starts the kernel; returns once it reports resident.
+    /// Follows the residency rule: the kernels already resident are quiesced for the launch
+    /// (module load, allocations, the launch) and relaunched after it.
     pub fn launch(
         id: &str,
         handler: &CudaHandler<In, Out>,
@@ -42,7 +54,8 @@ impl<In: Message, Out: Message> SimEngine<In, Out> {
             heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
             ..SimLaunchOptions::default()
         };
-        let kernel = SimKernel::launch(&source, &handler.state, &opts).map_err(|e| e.to_string())?;
+        let kernel = quiesced("launch", || SimKernel::launch(&source, &handler.state, &opts))?
+            .map_err(|e| e.to_string())?;
         Ok(SimEngine { kernel })
     }
 }
@@ -152,12 +165,16 @@ impl ComputeDevice for CudaSimDevice {
         true
     }
 
+    // Allocations follow the residency rule (on a GPU `cuMemAlloc`/`cuMemHostAlloc` may wait
+    // for the device): resident ring kernels are quiesced around them.
     fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
-        self.host.alloc(bytes)
+        with_all_quiesced(QUIESCE_TIMEOUT, || self.host.alloc(bytes))
+            .map_err(BackendError::Residency)?
     }
 
     fn alloc_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
-        self.host.alloc_host(bytes, pinned)
+        with_all_quiesced(QUIESCE_TIMEOUT, || self.host.alloc_host(bytes, pinned))
+            .map_err(BackendError::Residency)?
     }
 
     fn copy_to_device(&self, dst: &mut DeviceMemory, src: &[u8]) -> Result<()> {

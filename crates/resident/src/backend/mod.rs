@@ -102,6 +102,9 @@ pub enum BackendError {
         /// Device bytes.
         device: usize,
     },
+    /// The resident ring kernels did not park for an operation under the residency rule.
+    #[error("residency rule: {0}")]
+    Residency(#[source] resident_cuda::persistent::PersistentError),
     /// Memory of one backend was handed to another.
     #[error("{what}: memory belongs to the {memory} backend, not {device}")]
     WrongBackend {
