@@ -87,6 +87,17 @@ pub enum CudaError {
         /// The most this device keeps co-resident.
         limit: usize,
     },
+    /// A call that waits for the whole device was refused because ring kernels are resident on
+    /// it (they never finish, so it would wait forever).
+    #[error("device {ordinal}: {call} refused: {resident} ring kernel(s) resident, the wait would never end")]
+    WouldWaitForResident {
+        /// The device.
+        ordinal: usize,
+        /// Resident kernels now.
+        resident: usize,
+        /// The refused call.
+        call: &'static str,
+    },
     /// A caller passed a value the call cannot accept.
     #[error("invalid argument to {call}: {reason}")]
     InvalidArgument {

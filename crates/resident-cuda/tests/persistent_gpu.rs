@@ -142,6 +142,14 @@ fn residency_budget_holds_every_admitted_kernel_resident_and_refuses_one_more() 
         kernels.push(PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts).unwrap());
     }
     assert_eq!(kernels[0].device().resident_kernels(), limit);
+    // The default limit leaves SMs and grid slots for other work.
+    assert!(limit <= resident_cuda::device::default_resident_limit(limit + 1).max(limit));
+    assert!(limit <= resident_cuda::CONCURRENT_KERNEL_LIMIT - resident_cuda::device::RESERVED_GRID_SLOTS);
+    // A whole-device wait while ring kernels are resident is refused, not hung.
+    assert!(matches!(
+        kernels[0].device().synchronize(),
+        Err(resident_cuda::CudaError::WouldWaitForResident { .. })
+    ));
     match PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts) {
         Err(PersistentError::Cuda(resident_cuda::CudaError::ResidencyExceeded {
             resident,

@@ -252,6 +252,34 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         }
         opts.queues.validate()?;
         let module = compile_sim(source)?;
+        Self::launch_compiled(&module, source, initial_state, opts)
+    }
+
+    /// [`launch`](Self::launch) with the module already compiled by
+    /// [`compile_sim`](super::compile_sim) from `source` (compiling needs no quiesce; loading
+    /// and launching do).
+    pub fn launch_compiled(
+        module: &crate::sim::SimModule,
+        source: &KernelSource,
+        initial_state: &[u8],
+        opts: &SimLaunchOptions,
+    ) -> Result<Self, PersistentError> {
+        check_sizes::<In, Out>(source)?;
+        if initial_state.len() != source.state.size {
+            return Err(PersistentError::Config(format!(
+                "kernel `{}`: initial state is {} bytes, the state type {}",
+                source.name,
+                initial_state.len(),
+                source.state.size
+            )));
+        }
+        if (source.batch_size as usize) > opts.queues.out_capacity {
+            return Err(PersistentError::Config(format!(
+                "kernel `{}`: out_capacity {} is below the batch size {}",
+                source.name, opts.queues.out_capacity, source.batch_size
+            )));
+        }
+        opts.queues.validate()?;
         let instance = Arc::new(module.instantiate()?);
         let queues = PersistentQueues::<In, Out>::on_heap(opts.queues)?;
         let state = SharedMemory(Arc::new(HeapMemory::new(initial_state.len().max(8))));

@@ -54,8 +54,12 @@ impl<In: Message, Out: Message> SimEngine<In, Out> {
             heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
             ..SimLaunchOptions::default()
         };
-        let kernel = quiesced("launch", || SimKernel::launch(&source, &handler.state, &opts))?
-            .map_err(|e| e.to_string())?;
+        // Compiling touches no device: outside the quiesce, so resident kernels keep running.
+        let module = resident_cuda::persistent::compile_sim(&source).map_err(|e| e.to_string())?;
+        let kernel = quiesced("launch", || {
+            SimKernel::launch_compiled(&module, &source, &handler.state, &opts)
+        })?
+        .map_err(|e| e.to_string())?;
         Ok(SimEngine { kernel })
     }
 }
