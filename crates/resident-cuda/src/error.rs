@@ -11,6 +11,31 @@ pub enum CudaError {
     /// `libnvrtc` could not be loaded.
     #[error("NVRTC library not found (searched libnvrtc.so, libnvrtc.so.13 and related names); run scripts/setup-nvrtc.sh and put its lib folder on LD_LIBRARY_PATH")]
     NvrtcNotFound,
+    /// `libcuda` loaded but lacks functions this build calls (an older driver than the
+    /// `cuda-13000` bindings expect); refused before any call could panic on the missing symbol.
+    #[error("the CUDA driver lacks {symbols:?}, which this build calls; install a newer NVIDIA driver")]
+    MissingDriverSymbols {
+        /// The functions not found in libcuda.
+        symbols: Vec<&'static str>,
+    },
+    /// NVRTC is newer than the driver: its PTX would be refused at load (PTX ISA too new).
+    #[error("NVRTC {}.{} is newer than the CUDA driver ({}.{}): its PTX cannot be loaded; use an NVRTC of at most the driver's version or a newer driver", nvrtc.0, nvrtc.1, driver.0, driver.1)]
+    NvrtcNewerThanDriver {
+        /// NVRTC's version.
+        nvrtc: (u32, u32),
+        /// The driver's CUDA version.
+        driver: (u32, u32),
+    },
+    /// `cuModuleLoadDataEx` failed; `log` is the JIT compiler's error log.
+    #[error("cuModuleLoadDataEx failed: {code} ({message}); JIT log:\n{log}")]
+    ModuleLoad {
+        /// The `CUresult` name.
+        code: String,
+        /// The driver's description.
+        message: String,
+        /// The JIT error log (empty when the driver wrote none).
+        log: String,
+    },
     /// The driver loaded but reports no CUDA device.
     #[error("the CUDA driver reports no device")]
     NoDevice,

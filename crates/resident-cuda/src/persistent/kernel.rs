@@ -116,33 +116,79 @@ fn load(
     arch: Option<&str>,
     name: &str,
 ) -> Result<Function, PersistentError> {
-    let arch = match arch {
-        Some(a) => a.to_string(),
-        None => device.info().arch(),
-    };
     let text = source.render()?;
-    let key = CacheKey::new(
-        &text,
-        &["resident-persistent".to_string()],
-        &arch,
-        device.info().driver_version,
-    );
     let mut failed: Option<PersistentError> = None;
-    let mut build = || {
-        compile_ptx(source, &arch).map(|k| k.ptx).map_err(|e| {
-            failed = Some(e);
-            CudaError::invalid("nvrtcCompileProgram", "the kernel did not compile")
-        })
+    let module = match arch {
+        // An explicit `compute_XY`: PTX for it, JIT-compiled by the driver.
+        Some(arch) => {
+            let key = CacheKey::new(
+                &text,
+                &["resident-persistent".to_string()],
+                arch,
+                device.info().driver_version,
+            );
+            let mut build = || {
+                compile_ptx(source, arch).map(|k| k.ptx).map_err(|e| {
+                    failed = Some(e);
+                    CudaError::invalid("nvrtcCompileProgram", "the kernel did not compile")
+                })
+            };
+            let ptx = match KernelCache::from_env() {
+                Ok(cache) => cache.get_or_build(&key, build).map(|(ptx, _)| ptx),
+                Err(_) => build(),
+            };
+            let ptx = match ptx {
+                Ok(p) => p,
+                Err(e) => return Err(failed.take().unwrap_or_else(|| cuda_error(e))),
+            };
+            if let Ok(nv) = crate::nvrtc::nvrtc_version() {
+                crate::result::check_ptx_compatible(nv, device.info().driver_version)
+                    .map_err(cuda_error)?;
+            }
+            device.load_ptx(key.0, &ptx).map_err(cuda_error)?
+        }
+        // The device's own architecture: machine code, PTX only as the fallback.
+        None => {
+            let failed_cubin = std::cell::RefCell::new(None);
+            let r = device.load_best(
+                &text,
+                &["resident-persistent".to_string()],
+                None,
+                |sm| {
+                    super::template::compile_cubin(source, sm).map_err(|e| {
+                        let compile = matches!(e, PersistentError::Compile { .. });
+                        *failed_cubin.borrow_mut() = Some(e);
+                        if compile {
+                            CudaError::Compile {
+                                name: source.name.clone(),
+                                arch: sm.to_string(),
+                                log: "see the kernel's compile error".into(),
+                            }
+                        } else {
+                            CudaError::invalid("nvrtcGetCUBIN", "no machine code for this device")
+                        }
+                    })
+                },
+                |arch| {
+                    compile_ptx(source, arch).map(|k| k.ptx).map_err(|e| {
+                        failed = Some(e);
+                        CudaError::invalid("nvrtcCompileProgram", "the kernel did not compile")
+                    })
+                },
+            );
+            match r {
+                Ok(m) => m,
+                Err(e) => {
+                    let first = failed_cubin.into_inner();
+                    return Err(match (e, first, failed.take()) {
+                        (CudaError::Compile { .. }, Some(c), _) => c,
+                        (_, _, Some(p)) => p,
+                        (e, _, None) => cuda_error(e),
+                    });
+                }
+            }
+        }
     };
-    let ptx = match KernelCache::from_env() {
-        Ok(cache) => cache.get_or_build(&key, build).map(|(ptx, _)| ptx),
-        Err(_) => build(),
-    };
-    let ptx = match ptx {
-        Ok(p) => p,
-        Err(e) => return Err(failed.take().unwrap_or_else(|| cuda_error(e))),
-    };
-    let module = device.load_ptx(key.0, &ptx).map_err(cuda_error)?;
     let f = device.function(&module, name).map_err(cuda_error)?;
     if f.max_active_blocks_per_sm(source.batch_size, 0)
         .map_err(cuda_error)?

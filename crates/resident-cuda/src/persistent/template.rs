@@ -354,6 +354,16 @@ pub fn compile_sim_with(
     })
 }
 
+/// Compiles `source` to machine code (a CUBIN) for `sm` (e.g. `sm_90`) with NVRTC: what a
+/// device of exactly that architecture loads without a JIT step.
+pub fn compile_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, PersistentError> {
+    let text = source.render()?;
+    nvrtc_available()?;
+    crate::nvrtc::compile_cubin(&text, &program_name(source), &template_options(sm, &[]))
+        .map(|(image, _)| image)
+        .map_err(|e| compile_error(source, sm, e))
+}
+
 /// What `ptxas` reported for one kernel entry compiled to machine code.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SassReport {
