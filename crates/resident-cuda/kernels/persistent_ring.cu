@@ -248,6 +248,19 @@ __device__ __forceinline__ void resident_backoff(ResidentOwner* o, unsigned int 
     o->backoff_ns = next < max_ns ? next : max_ns;
 }
 
+// Which lane and which position in its run of the batch gathered slot `i` is (slots are
+// gathered highest lane first).
+__device__ __forceinline__ void resident_locate(const PersistentParams* p, const unsigned int* take, unsigned int i,
+                                                unsigned int* lane, unsigned int* rem) {
+    int l = (int)p->lane_count - 1;
+    for (; l > 0; --l) {
+        if (i < take[l]) break;
+        i -= take[l];
+    }
+    *lane = (unsigned int)l;
+    *rem = i;
+}
+
 __device__ __forceinline__ bool resident_is_pow2(unsigned int v) { return v != 0 && (v & (v - 1)) == 0; }
 
 // One block of RESIDENT_BATCH threads, launched once; runs until terminate, heartbeat timeout or a
@@ -260,6 +273,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
     __shared__ unsigned int s_take[8];
     __shared__ unsigned long long s_head[8];
     __shared__ unsigned int s_warp_base[RESIDENT_BATCH / 32];
+    __shared__ unsigned long long s_stage[RESIDENT_BATCH / 32][32];  // per-warp copy staging
     __shared__ unsigned int s_abandon;
     __shared__ unsigned long long s_out_base;
 
@@ -384,20 +398,48 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
         const unsigned int cmd = s_cmd;
         if (cmd == RESIDENT_CMD_EXIT) break;
 
-        // ---- all threads: copy the batch out of the lanes ----
+        // ---- all threads: copy the batch out of the lanes, warp by warp ----
+        // A warp whose 32 slots are one contiguous run of one lane (the common case) reads it
+        // in 32-word chunks, lane L reading word L of the chunk (consecutive lanes, consecutive
+        // 8-byte words: coalesced), and hands each word to its slot's thread through a
+        // per-warp staging line in shared memory. Runs that cross lanes or wrap the ring fall
+        // back to one slot per thread. The choice is warp-uniform, so every lane takes part in
+        // every __syncwarp.
         const unsigned int n = s_count;
+        const unsigned int lane = tid & 31u;
+        const unsigned int warp = tid >> 5;
         InSlot in;
         OutSlot out;
         bool produced = false;
-        if (tid < n) {
-            unsigned int rem = tid;
-            int l = (int)p.lane_count - 1;
-            for (; l > 0; --l) {
-                if (rem < s_take[l]) break;
-                rem -= s_take[l];
+        if (warp * 32u < n) {
+            const unsigned int w_first = warp * 32u;
+            const unsigned int w_count = n - w_first < 32u ? n - w_first : 32u;
+            unsigned int l0, r0, l1, r1;
+            resident_locate(&p, s_take, w_first, &l0, &r0);
+            resident_locate(&p, s_take, w_first + w_count - 1u, &l1, &r1);
+            const unsigned long long pos0 = (s_head[l0] + r0) & (unsigned long long)(p.lane_capacity - 1);
+            if (l0 == l1 && pos0 + w_count <= p.lane_capacity) {
+                const unsigned int W = (unsigned int)(sizeof(InSlot) / 8);
+                const unsigned long long* src = (const unsigned long long*)(resident_in_slots(p.lanes[l0]) + pos0);
+                unsigned long long* mine = (unsigned long long*)&in;
+                const unsigned int words = w_count * W;
+                for (unsigned int base = 0; base < words; base += 32u) {
+                    if (base + lane < words) s_stage[warp][lane] = resident_ld_relaxed_u64(src + base + lane);
+                    __syncwarp();
+                    if (lane < w_count) {
+                        const unsigned int first = lane * W;
+                        const unsigned int lo = first > base ? first : base;
+                        const unsigned int hi = first + W < base + 32u ? first + W : base + 32u;
+                        for (unsigned int g = lo; g < hi; ++g) mine[g - first] = s_stage[warp][g - base];
+                    }
+                    __syncwarp();
+                }
+            } else if (tid < n) {
+                unsigned int l, rem;
+                resident_locate(&p, s_take, tid, &l, &rem);
+                const InSlot* src = resident_in_slots(p.lanes[l]) + ((s_head[l] + rem) & (unsigned long long)(p.lane_capacity - 1));
+                resident_copy_in(&in, src);
             }
-            const InSlot* src = resident_in_slots(p.lanes[l]) + ((s_head[l] + rem) & (unsigned long long)(p.lane_capacity - 1));
-            resident_copy_in(&in, src);
         }
 
         // ---- all threads: handle ----
@@ -408,8 +450,6 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
         }
 
         // ---- compaction: rank = outputs before this thread in gathered order ----
-        const unsigned int lane = tid & 31u;
-        const unsigned int warp = tid >> 5;
         const unsigned int mask = __ballot_sync(0xffffffffu, produced);
         if (lane == 0) s_warp_base[warp] = __popc(mask);
         __syncthreads();  // D: per-warp counts visible; every slot read and handler done
@@ -462,11 +502,34 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
         }
         __syncthreads();  // E: s_abandon / s_out_base / ranks visible
 
+        // A warp's outputs are consecutive in the ring (ranks s_warp_base[warp] + 0..count):
+        // staged through shared memory and stored in coalesced 32-word chunks, unless they
+        // wrap the ring (then one slot per thread).
         const unsigned int abandon = s_abandon;
-        if (!abandon && produced) {
-            unsigned int rank = s_warp_base[warp] + __popc(mask & ((1u << lane) - 1u));
-            OutSlot* dst = resident_out_slots(p.out) + ((s_out_base + rank) & (unsigned long long)(p.out_capacity - 1));
-            resident_copy_out(dst, &out);
+        const unsigned int w_out = __popc(mask);
+        if (!abandon && w_out != 0) {
+            const unsigned int wrank = __popc(mask & ((1u << lane) - 1u));
+            const unsigned long long pos0 = (s_out_base + s_warp_base[warp]) & (unsigned long long)(p.out_capacity - 1);
+            if (pos0 + w_out <= p.out_capacity) {
+                const unsigned int W = (unsigned int)(sizeof(OutSlot) / 8);
+                unsigned long long* dst = (unsigned long long*)(resident_out_slots(p.out) + pos0);
+                const unsigned long long* mine = (const unsigned long long*)&out;
+                const unsigned int words = w_out * W;
+                for (unsigned int base = 0; base < words; base += 32u) {
+                    if (produced) {
+                        const unsigned int first = wrank * W;
+                        const unsigned int lo = first > base ? first : base;
+                        const unsigned int hi = first + W < base + 32u ? first + W : base + 32u;
+                        for (unsigned int g = lo; g < hi; ++g) s_stage[warp][g - base] = mine[g - first];
+                    }
+                    __syncwarp();
+                    if (base + lane < words) resident_st_relaxed_u64(dst + base + lane, s_stage[warp][lane]);
+                    __syncwarp();
+                }
+            } else if (produced) {
+                OutSlot* dst = resident_out_slots(p.out) + ((pos0 + wrank) & (unsigned long long)(p.out_capacity - 1));
+                resident_copy_out(dst, &out);
+            }
         }
         __syncthreads();  // F: every output slot written before the tail is published
 
