@@ -173,3 +173,116 @@ fn residency_budget_holds_every_admitted_kernel_resident_and_refuses_one_more() 
     let again = PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts).unwrap();
     assert_eq!(again.device().resident_kernels(), limit);
 }
+
+/// The residency probe for `scripts/gpu-run.sh`: with a ring kernel resident (not quiesced),
+/// times `cuMemAlloc`, `cuMemFree`, a module load and a one-shot launch, each on its own
+/// thread with a deadline, and prints one `PROBE {json}` line per operation: `"ms"` when it
+/// returned, `"blocked": true` when it had not returned within the deadline (the driver call
+/// is then still waiting for the device, which is what the residency rule avoids). Nothing is
+/// asserted about the times: this records what the driver does on that machine.
+#[test]
+fn residency_probe_times_driver_calls_while_a_ring_kernel_is_resident() {
+    let Some(_turn) = gpu_turn("residency_probe") else {
+        return;
+    };
+    use std::sync::mpsc;
+    use std::time::Instant;
+    let mut src = source();
+    src.batch_size = 64;
+    let mut k = PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts(1, 64)).unwrap();
+    k.activate().unwrap();
+    let dev = k.device().clone();
+    let deadline = Duration::from_secs(10);
+    let probe = |what: &'static str, op: Box<dyn FnOnce() -> String + Send>| {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let detail = op();
+            let _ = tx.send((t.elapsed(), detail));
+        });
+        match rx.recv_timeout(deadline) {
+            Ok((d, detail)) => println!(
+                "PROBE {{\"op\":\"{what}\",\"ms\":{:.3},\"blocked\":false,\"detail\":\"{}\"}}",
+                d.as_secs_f64() * 1e3,
+                detail.replace('"', "'")
+            ),
+            Err(_) => println!(
+                "PROBE {{\"op\":\"{what}\",\"blocked\":true,\"deadline_ms\":{}}}",
+                deadline.as_millis()
+            ),
+        }
+    };
+    let d1 = dev.clone();
+    probe(
+        "cuMemAlloc+cuMemFree (1 MiB)",
+        Box::new(move || match resident_cuda::DeviceBuffer::alloc(&d1, 1 << 20) {
+            Ok(b) => {
+                drop(b);
+                "ok".into()
+            }
+            Err(e) => e.to_string(),
+        }),
+    );
+    let d2 = dev.clone();
+    probe(
+        "cuMemAlloc (64 MiB)",
+        Box::new(move || match resident_cuda::DeviceBuffer::alloc(&d2, 64 << 20) {
+            Ok(b) => {
+                std::mem::forget(b);
+                "ok (kept: freeing is probed next)".into()
+            }
+            Err(e) => e.to_string(),
+        }),
+    );
+    let d3 = dev.clone();
+    probe(
+        "module load (NVRTC + cuModuleLoadDataEx)",
+        Box::new(move || {
+            let src = "extern \"C\" __global__ void probe_k(unsigned int* p) { if (p) p[0] = 1u; }";
+            match d3.kernel(src, "probe_k", &["-DPROBE=1".to_string()], None) {
+                Ok(_) => "ok".into(),
+                Err(e) => e.to_string(),
+            }
+        }),
+    );
+    let d4 = dev.clone();
+    probe(
+        "one-shot launch + stream sync",
+        Box::new(move || {
+            let f = match d4.kernel(
+                resident_cuda::builtin::ELEMENTWISE.code,
+                "resident_fill_u32",
+                &[],
+                None,
+            ) {
+                Ok(f) => f,
+                Err(e) => return e.to_string(),
+            };
+            let buf = match resident_cuda::DeviceBuffer::zeroed(&d4, 4096) {
+                Ok(b) => b,
+                Err(e) => return e.to_string(),
+            };
+            let stream = match resident_cuda::Stream::new(&d4) {
+                Ok(s) => s,
+                Err(e) => return e.to_string(),
+            };
+            let mut p = resident_cuda::KernelParams::new();
+            p.push_ptr(buf.device_ptr());
+            if let Err(e) = p.push(7u32).and_then(|p| p.push(1024u64)) {
+                return e.to_string();
+            }
+            // SAFETY: params match `resident_fill_u32(unsigned*, unsigned, unsigned long long)`;
+            // `buf` outlives the synchronize.
+            let r = unsafe { f.launch(resident_cuda::LaunchConfig::new(4, 256), &stream, &mut p) }
+                .and_then(|_| stream.synchronize());
+            match r {
+                Ok(()) => "ok".into(),
+                Err(e) => e.to_string(),
+            }
+        }),
+    );
+    // The ring kernel still answers after all that.
+    k.send(Envelope::new(1, 0, 0), 21).unwrap();
+    let answer = k.receive(Duration::from_secs(10)).map(|s| s.payload);
+    println!("PROBE {{\"op\":\"ring kernel answers after the probe\",\"ok\":{}}}", answer.is_ok());
+}
