@@ -564,42 +564,58 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
     }
 }
 
-// Launch-per-batch baseline: the same handler over `n` slots in device memory, one block looping
-// over chunks of RESIDENT_BATCH; outputs compacted in input order; `*out_count` = outputs.
+// Launch-per-batch baseline: the same handler over `n` slots in device memory, on a grid that
+// covers the batch (ceil(n / RESIDENT_BATCH) blocks, one message per thread); outputs compacted
+// in input order across the whole grid; `*out_count` = outputs.
+//
+// Cross-block order comes from a chained scan over `scan` (zeroed before the launch):
+// scan[0] is a ticket that numbers blocks in the order they start, and block b publishes its
+// inclusive output count in scan[2 + 2b] with a release of its flag scan[1 + 2b]. A block only
+// waits for a lower ticket, i.e. a block that has already started, so the chain completes
+// whatever order the hardware schedules blocks in.
 extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH)
-    resident_batch(const InSlot* in, unsigned int n, OutSlot* out, unsigned int* out_count, ResidentState* state) {
+    resident_batch(const InSlot* in, unsigned int n, OutSlot* out, unsigned int* out_count, ResidentState* state,
+                   unsigned int* scan) {
     __shared__ unsigned int s_warp_base[RESIDENT_BATCH / 32];
-    __shared__ unsigned int s_written;
+    __shared__ unsigned int s_block;
+    __shared__ unsigned int s_prefix;
     const unsigned int tid = threadIdx.x;
     const unsigned int lane = tid & 31u;
     const unsigned int warp = tid >> 5;
-    if (tid == 0) s_written = 0;
+    if (tid == 0) s_block = atomicAdd(&scan[0], 1u);
     __syncthreads();
-    for (unsigned int base = 0; base < n; base += RESIDENT_BATCH) {
-        const unsigned int i = base + tid;
-        bool produced = false;
-        OutSlot o;
-        if (i < n) {
-            InSlot s = in[i];
-            o.payload = ResidentOut{};
-            o.env = resident_reply_env(&s.env);
-            produced = RESIDENT_HANDLER(state, &s.payload, &o.payload, &s.env);
-        }
-        const unsigned int mask = __ballot_sync(0xffffffffu, produced);
-        if (lane == 0) s_warp_base[warp] = __popc(mask);
-        __syncthreads();
-        if (tid == 0) {
-            unsigned int sum = s_written;
-            for (unsigned int w = 0; w < RESIDENT_BATCH / 32; ++w) {
-                unsigned int c = s_warp_base[w];
-                s_warp_base[w] = sum;
-                sum += c;
-            }
-            s_written = sum;
-        }
-        __syncthreads();
-        if (produced) out[s_warp_base[warp] + __popc(mask & ((1u << lane) - 1u))] = o;
-        __syncthreads();
+    const unsigned int b = s_block;
+    const unsigned int i = b * RESIDENT_BATCH + tid;
+    bool produced = false;
+    OutSlot o;
+    if (i < n) {
+        InSlot s = in[i];
+        o.payload = ResidentOut{};
+        o.env = resident_reply_env(&s.env);
+        produced = RESIDENT_HANDLER(state, &s.payload, &o.payload, &s.env);
     }
-    if (tid == 0) *out_count = s_written;
+    const unsigned int mask = __ballot_sync(0xffffffffu, produced);
+    if (lane == 0) s_warp_base[warp] = __popc(mask);
+    __syncthreads();
+    if (tid == 0) {
+        unsigned int sum = 0;
+        for (unsigned int w = 0; w < RESIDENT_BATCH / 32; ++w) {
+            unsigned int c = s_warp_base[w];
+            s_warp_base[w] = sum;
+            sum += c;
+        }
+        unsigned int prefix = 0;
+        if (b > 0) {
+            // Acquire: pairs with the previous block's release of its flag (its count first).
+            while (resident_ld_acquire_u32(&scan[1 + 2 * (b - 1)]) == 0u) __nanosleep(64);
+            prefix = resident_ld_acquire_u32(&scan[2 + 2 * (b - 1)]);
+        }
+        resident_st_relaxed_u32(&scan[2 + 2 * b], prefix + sum);
+        // Release: the count above is visible to whoever sees the flag.
+        resident_st_release_u32(&scan[1 + 2 * b], 1u);
+        s_prefix = prefix;
+        if (b == gridDim.x * gridDim.y * gridDim.z - 1u) *out_count = prefix + sum;
+    }
+    __syncthreads();
+    if (produced) out[s_prefix + s_warp_base[warp] + __popc(mask & ((1u << lane) - 1u))] = o;
 }

@@ -85,6 +85,7 @@ pub const REQUIRED_DRIVER_SYMBOLS: &[&str] = &[
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemsetD8_v2",
+    "cuMemsetD8Async",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamQuery",
@@ -270,6 +271,22 @@ pub unsafe fn memset_d8(dst: CUdeviceptr, value: u8, bytes: usize) -> Result<()>
     sys::cuMemsetD8_v2(dst, value, bytes)
         .result()
         .map_err(drv("cuMemsetD8"))
+}
+
+/// Queues setting `bytes` bytes at `dst` to `value` on `stream`.
+///
+/// # Safety
+/// `dst` is device memory of the current context, valid for `bytes` bytes until the stream
+/// has run the operation.
+pub unsafe fn memset_d8_async(
+    dst: CUdeviceptr,
+    value: u8,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    sys::cuMemsetD8Async(dst, value, bytes, stream)
+        .result()
+        .map_err(drv("cuMemsetD8Async"))
 }
 
 /// Copies host to device, synchronously.

@@ -494,3 +494,44 @@ fn a_handler_using_what_the_shim_lacks_is_a_compile_error_naming_it() {
         Ok(_) => panic!("compiled a handler the shim cannot run"),
     }
 }
+
+/// The launch-per-batch baseline kernel on a grid that covers the batch (ceil(n / block)
+/// blocks), compacting outputs in input order across blocks through its chained scan.
+#[test]
+fn launch_per_batch_kernel_covers_the_batch_with_a_grid_and_keeps_order() {
+    use resident_cuda::persistent::{batch_scan_bytes, compile_sim};
+    let src = source("batch-grid", EVEN, 64);
+    let inst = compile_sim(&src).unwrap().instantiate().unwrap();
+    let n = 1000usize;
+    let mut input: Vec<Slot<u64>> = (0..n as u64).map(|i| Slot::new(env(i + 1, 0), i)).collect();
+    let mut output: Vec<Slot<u64>> = vec![Slot::new(Envelope::default(), 0); n];
+    let mut count = 0u32;
+    let mut state = 0u64;
+    let mut scan = vec![0u32; batch_scan_bytes(n, 64) / 4];
+    let blocks = n.div_ceil(64) as u32;
+    let mut a_in = input.as_mut_ptr() as u64;
+    let mut a_n = n as u32;
+    let mut a_out = output.as_mut_ptr() as u64;
+    let mut a_count = &mut count as *mut u32 as u64;
+    let mut a_state = &mut state as *mut u64 as u64;
+    let mut a_scan = scan.as_mut_ptr() as u64;
+    let args: [*mut core::ffi::c_void; 6] = [
+        (&mut a_in as *mut u64).cast(),
+        (&mut a_n as *mut u32).cast(),
+        (&mut a_out as *mut u64).cast(),
+        (&mut a_count as *mut u64).cast(),
+        (&mut a_state as *mut u64).cast(),
+        (&mut a_scan as *mut u64).cast(),
+    ];
+    // SAFETY: the arguments match `resident_batch`'s parameters (checked by size), and every
+    // buffer they point at is live, large enough and untouched until the launch returns.
+    unsafe {
+        inst.launch("resident_batch", (blocks, 1, 1), (64, 1, 1), &args, &[8, 4, 8, 8, 8, 8])
+    }
+    .unwrap();
+    assert_eq!(count, 500, "even payloads produce");
+    let got: Vec<u64> = output[..500].iter().map(|s| s.payload).collect();
+    assert_eq!(got, (0..1000u64).filter(|x| x % 2 == 0).collect::<Vec<_>>());
+    assert!(output[..500].iter().all(|s| s.env.correlation_id == s.payload + 1));
+    assert_eq!(scan[0], blocks, "every block took a ticket");
+}

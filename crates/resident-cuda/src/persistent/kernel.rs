@@ -606,6 +606,8 @@ struct BatchRunner<In, Out> {
     d_out: DeviceBuffer,
     d_count: DeviceBuffer,
     d_state: DeviceBuffer,
+    /// The grid's block ticket and chained-scan cells (zeroed before every launch).
+    d_scan: DeviceBuffer,
     h_in: PinnedMemory,
     h_out: PinnedMemory,
     h_count: PinnedMemory,
@@ -636,6 +638,8 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
             d_out: DeviceBuffer::alloc(device, out_bytes).map_err(c)?,
             d_count: DeviceBuffer::alloc(device, 4).map_err(c)?,
             d_state,
+            d_scan: DeviceBuffer::alloc(device, batch_scan_bytes(max_n, source.batch_size))
+                .map_err(c)?,
             h_in: PinnedMemory::new(device, in_bytes).map_err(c)?,
             h_out: PinnedMemory::new(device, out_bytes).map_err(c)?,
             h_count: PinnedMemory::new(device, 4).map_err(c)?,
@@ -654,13 +658,14 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
             &mut DeviceBuffer,
             &mut DeviceBuffer,
             &DeviceBuffer,
+            &mut DeviceBuffer,
         ),
         host: (&PinnedMemory, &PinnedMemory, &PinnedMemory),
         n: usize,
         block: u32,
         stream: &Stream,
     ) -> Result<(), CudaError> {
-        let (d_in, d_out, d_count, d_state) = bufs;
+        let (d_in, d_out, d_count, d_state, d_scan) = bufs;
         let (h_in, h_out, h_count) = host;
         let in_bytes = n * core::mem::size_of::<Slot<In>>();
         let out_bytes = n * core::mem::size_of::<Slot<Out>>();
@@ -669,15 +674,20 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
         let src = unsafe { core::slice::from_raw_parts(h_in.as_ptr(), in_bytes) };
         // SAFETY: as above.
         unsafe { d_in.copy_prefix_from_host_async(src, stream)? };
+        let blocks = n.div_ceil(block as usize) as u32;
+        d_scan.memset_zero_async(stream)?;
         let mut args = KernelParams::new();
         args.push_ptr(d_in.device_ptr())
             .push(n as u32)?
             .push_ptr(d_out.device_ptr())
             .push_ptr(d_count.device_ptr())
-            .push_ptr(d_state.device_ptr());
+            .push_ptr(d_state.device_ptr())
+            .push_ptr(d_scan.device_ptr());
         // SAFETY: matches `resident_batch(const InSlot*, unsigned, OutSlot*, unsigned*,
-        // State*)`; the buffers hold max_n >= n slots and live as long as the runner.
-        unsafe { f.launch(LaunchConfig::new(1, block), stream, &mut args)? };
+        // State*, unsigned*)`; the buffers hold max_n >= n slots, the scan cells
+        // batch_scan_bytes(max_n) >= what `blocks` use, and all live as long as the runner.
+        // A grid that covers the batch: ceil(n / block) blocks.
+        unsafe { f.launch(LaunchConfig::new(blocks, block), stream, &mut args)? };
         // SAFETY: pinned destinations that nothing reads before the stream is synchronized.
         let count = unsafe { core::slice::from_raw_parts_mut(h_count.as_ptr(), 4) };
         // SAFETY: as above.
@@ -712,6 +722,7 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
             &mut self.d_out,
             &mut self.d_count,
             &self.d_state,
+            &mut self.d_scan,
         );
         let host = (&self.h_in, &self.h_out, &self.h_count);
         if graph {
@@ -745,11 +756,21 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
     }
 }
 
+/// Bytes of the launch-per-batch kernel's scan cells for batches of up to `max_n` messages:
+/// a block ticket, then per block a "done" flag and the inclusive output count.
+pub fn batch_scan_bytes(max_n: usize, block: u32) -> usize {
+    4 * (1 + 2 * max_n.div_ceil(block as usize).max(1))
+}
+
 /// One benchmark measurement.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchRow {
-    /// `persistent`, `launch_per_batch` or `graph`.
+    /// `persistent`, `persistent_streaming`, `launch_per_batch` or `graph`.
     pub variant: &'static str,
+    /// What p50/p99/p99.9 measure, identical for every variant of the same `in_flight`:
+    /// [`MEASURES_MESSAGE`] (in_flight 1), [`MEASURES_BATCH`] (a closed-loop batch of
+    /// `in_flight` messages), or [`MEASURES_STREAMING`] (the `persistent_streaming` row only).
+    pub measures: &'static str,
     /// Payload size in bytes (the envelope's 32 bytes come on top).
     pub payload_bytes: usize,
     /// Messages in flight (1 = latency run).
@@ -765,6 +786,16 @@ pub struct BenchRow {
     /// Threads per block of the kernel measured (the most messages one batch handles).
     pub block_threads: u32,
 }
+
+/// Latency rows: one message's round trip, from send to its output received.
+pub const MEASURES_MESSAGE: &str = "round trip of one message: send to its output received";
+/// Batch rows: a batch of `in_flight` messages, from the first send to the last output
+/// received (the launch-per-batch variants' `run()`, the persistent kernel fed the same batch).
+pub const MEASURES_BATCH: &str =
+    "round trip of a batch of in_flight messages: first send to last output received";
+/// The streaming row: each message's send-to-receive time while `in_flight` stay outstanding.
+pub const MEASURES_STREAMING: &str =
+    "per message, send to output received, with in_flight messages kept outstanding (queueing included)";
 
 fn percentile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
@@ -785,6 +816,13 @@ fn row(
     rtts.sort_unstable();
     BenchRow {
         variant,
+        measures: if variant == "persistent_streaming" {
+            MEASURES_STREAMING
+        } else if in_flight == 1 {
+            MEASURES_MESSAGE
+        } else {
+            MEASURES_BATCH
+        },
         payload_bytes,
         in_flight,
         p50_ns: percentile(&rtts, 0.5),
@@ -933,11 +971,58 @@ where
             }
         }
         rows.push(row(
-            ("persistent", persistent_block),
+            ("persistent_streaming", persistent_block),
             bytes,
             in_flight,
             rtts,
             total,
+            start.elapsed(),
+        ));
+
+        // The baselines' quantity: a closed-loop batch of `in_flight` messages, first send to
+        // last output received.
+        let reps = (iters * 16 / in_flight).max(10);
+        let mut rtts = Vec::with_capacity(reps);
+        let mut next = got;
+        let start = Instant::now();
+        for r in 0..reps + reps / 10 {
+            let t0 = Instant::now();
+            let first = next;
+            let (mut sent_b, mut got_b) = (0u64, 0u64);
+            while got_b < in_flight as u64 {
+                if sent_b < in_flight as u64 {
+                    let room = (in_flight as u64 - sent_b).min(1024);
+                    stage.clear();
+                    let t = now_ns();
+                    stage.extend((0..room).map(|j| {
+                        let i = first + sent_b + j;
+                        Slot::new(Envelope::new(i + 1, 128, t), [i; W])
+                    }));
+                    sent_b += k.send_batch(&stage) as u64;
+                }
+                buf.clear();
+                got_b += k.receive_into(&mut buf, 4096) as u64;
+                for s in &buf {
+                    check(s, "persistent")?;
+                }
+                if t0.elapsed() > timeout {
+                    return Err(PersistentError::Timeout {
+                        name: k.name().into(),
+                        what: "batch round trip",
+                    });
+                }
+            }
+            next += in_flight as u64;
+            if r >= reps / 10 {
+                rtts.push(t0.elapsed().as_nanos() as u64);
+            }
+        }
+        rows.push(row(
+            ("persistent", persistent_block),
+            bytes,
+            in_flight,
+            rtts,
+            ((reps + reps / 10) * in_flight) as u64,
             start.elapsed(),
         ));
         k.terminate(timeout)?;

@@ -33,7 +33,10 @@ pub mod template;
 
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use host::{Full, PersistentQueues, QueueConfig};
-pub use kernel::{bench_ring, BenchRow, LaunchOptions, PersistentKernel};
+pub use kernel::{
+    batch_scan_bytes, bench_ring, BenchRow, LaunchOptions, PersistentKernel, MEASURES_BATCH,
+    MEASURES_MESSAGE, MEASURES_STREAMING,
+};
 pub use sim::{SimKernel, SimLaunchOptions};
 pub use template::{
     compile_ptx, compile_sass_report, compile_sim, compile_sim_with, parse_ptxas_report,

@@ -2,8 +2,8 @@
 //! message types, `static_assert`s on every size, the user's handler) followed by the template
 //! body `kernels/persistent_ring.cu`, which defines two kernels:
 //! * `resident_persistent(PersistentParams)`: the persistent ring kernel (launched once);
-//! * `resident_batch(in, n, out, out_count, state)`: the launch-per-batch baseline (also the
-//!   node of the CUDA-graph baseline).
+//! * `resident_batch(in, n, out, out_count, state, scan)`: the launch-per-batch baseline (also
+//!   the node of the CUDA-graph baseline), on a grid of `ceil(n / batch)` blocks.
 //!
 //! [`compile_ptx`] compiles it with NVRTC, loaded at run time.
 
