@@ -13,7 +13,9 @@ pub enum CudaError {
     NvrtcNotFound,
     /// `libcuda` loaded but lacks functions this build calls (an older driver than the
     /// `cuda-13000` bindings expect); refused before any call could panic on the missing symbol.
-    #[error("the CUDA driver lacks {symbols:?}, which this build calls; install a newer NVIDIA driver")]
+    #[error(
+        "the CUDA driver lacks {symbols:?}, which this build calls; install a newer NVIDIA driver"
+    )]
     MissingDriverSymbols {
         /// The functions not found in libcuda.
         symbols: Vec<&'static str>,

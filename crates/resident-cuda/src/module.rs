@@ -223,7 +223,8 @@ impl Device {
             None => build(),
         }
         .and_then(|h| {
-            from_hex(&h).ok_or_else(|| CudaError::invalid("cuModuleLoadDataEx", "cached CUBIN is not hex"))
+            from_hex(&h)
+                .ok_or_else(|| CudaError::invalid("cuModuleLoadDataEx", "cached CUBIN is not hex"))
         });
         match image {
             Ok(image) => match self.load_cubin(key.0, &image) {

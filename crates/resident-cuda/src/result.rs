@@ -10,33 +10,6 @@ use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-#[cfg(test)]
-mod probe_tests {
-    use super::*;
-
-    #[test]
-    fn a_missing_driver_symbol_is_found_by_the_probe_not_by_a_panic() {
-        // libc stands in for an old libcuda: it has `malloc`, not `cuEventElapsedTime_v2`.
-        // SAFETY: loading libc (already mapped into every process) runs no new initializer.
-        let libc = unsafe { libloading::Library::new("libc.so.6") }.unwrap();
-        assert_eq!(
-            missing_symbols(&libc, &["malloc", "cuEventElapsedTime_v2", "free"]),
-            vec!["cuEventElapsedTime_v2"]
-        );
-        assert_eq!(missing_symbols(&libc, REQUIRED_DRIVER_SYMBOLS).len(), REQUIRED_DRIVER_SYMBOLS.len());
-    }
-
-    #[test]
-    fn nvrtc_newer_than_the_driver_is_refused_naming_both() {
-        assert!(check_ptx_compatible((12, 4), (12, 4)).is_ok());
-        assert!(check_ptx_compatible((12, 2), (13, 0)).is_ok());
-        let e = check_ptx_compatible((13, 0), (12, 8)).unwrap_err();
-        assert!(matches!(e, CudaError::NvrtcNewerThanDriver { nvrtc: (13, 0), driver: (12, 8) }));
-        let text = e.to_string();
-        assert!(text.contains("13.0") && text.contains("12.8"), "{text}");
-    }
-}
-
 pub use sys::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
 
 pub(crate) fn drv(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
@@ -632,4 +605,40 @@ pub unsafe fn graph_destroy(graph: sys::CUgraph, exec: Option<sys::CUgraphExec>)
         cudarc::driver::result::graph::exec_destroy(e).map_err(drv("cuGraphExecDestroy"))?;
     }
     cudarc::driver::result::graph::destroy(graph).map_err(drv("cuGraphDestroy"))
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_driver_symbol_is_found_by_the_probe_not_by_a_panic() {
+        // libc stands in for an old libcuda: it has `malloc`, not `cuEventElapsedTime_v2`.
+        // SAFETY: loading libc (already mapped into every process) runs no new initializer.
+        let libc = unsafe { libloading::Library::new("libc.so.6") }.unwrap();
+        assert_eq!(
+            missing_symbols(&libc, &["malloc", "cuEventElapsedTime_v2", "free"]),
+            vec!["cuEventElapsedTime_v2"]
+        );
+        assert_eq!(
+            missing_symbols(&libc, REQUIRED_DRIVER_SYMBOLS).len(),
+            REQUIRED_DRIVER_SYMBOLS.len()
+        );
+    }
+
+    #[test]
+    fn nvrtc_newer_than_the_driver_is_refused_naming_both() {
+        assert!(check_ptx_compatible((12, 4), (12, 4)).is_ok());
+        assert!(check_ptx_compatible((12, 2), (13, 0)).is_ok());
+        let e = check_ptx_compatible((13, 0), (12, 8)).unwrap_err();
+        assert!(matches!(
+            e,
+            CudaError::NvrtcNewerThanDriver {
+                nvrtc: (13, 0),
+                driver: (12, 8)
+            }
+        ));
+        let text = e.to_string();
+        assert!(text.contains("13.0") && text.contains("12.8"), "{text}");
+    }
 }

@@ -115,7 +115,10 @@ pub fn compiler() -> Result<(String, String), SimError> {
         .get_or_init(|| match Command::new(&cxx).arg("--version").output() {
             Ok(o) if o.status.success() => {
                 let v = String::from_utf8_lossy(&o.stdout);
-                Ok((cxx.clone(), v.lines().next().unwrap_or_default().to_string()))
+                Ok((
+                    cxx.clone(),
+                    v.lines().next().unwrap_or_default().to_string(),
+                ))
             }
             Ok(o) => Err(format!(
                 "`{cxx} --version` failed: {}",
@@ -270,7 +273,8 @@ impl SimModule {
         })?;
         if !out.status.success() {
             let _ = std::fs::remove_file(&tmp);
-            let log = String::from_utf8_lossy(&out.stderr).replace(&*src.to_string_lossy(), "sim_shim.h");
+            let log =
+                String::from_utf8_lossy(&out.stderr).replace(&*src.to_string_lossy(), "sim_shim.h");
             return Err(SimError::Compile {
                 name: name.to_string(),
                 compiler: version,
@@ -295,9 +299,7 @@ impl SimModule {
     /// Loads a private copy: its `__shared__` variables, globals and thread-locals are its own,
     /// so two instances of one module can run at once.
     pub fn instantiate(&self) -> Result<SimInstance, SimError> {
-        let copy = self
-            .path
-            .with_extension(format!("{}.so", unique_suffix()));
+        let copy = self.path.with_extension(format!("{}.so", unique_suffix()));
         std::fs::copy(&self.path, &copy).map_err(io_err(&copy))?;
         // SAFETY: the object was built by `compile` from the shim, whose static initializers
         // only construct standard-library objects; loading runs nothing else.
@@ -317,14 +319,8 @@ impl SimModule {
     }
 }
 
-type EntryFn = unsafe extern "C" fn(
-    *const Dims,
-    *mut *mut c_void,
-    *const u64,
-    u32,
-    *mut u8,
-    u32,
-) -> i32;
+type EntryFn =
+    unsafe extern "C" fn(*const Dims, *mut *mut c_void, *const u64, u32, *mut u8, u32) -> i32;
 
 #[repr(C)]
 struct Dims {
@@ -386,11 +382,10 @@ impl SimInstance {
         // SAFETY: every exported launcher has exactly the `EntryFn` signature (the
         // RESIDENT_SIM_EXPORT macro of the shim defines them all).
         let f: libloading::Symbol<EntryFn> =
-            lib.get(symbol.as_bytes())
-                .map_err(|_| SimError::NoEntry {
-                    module: self.module.clone(),
-                    entry: entry.into(),
-                })?;
+            lib.get(symbol.as_bytes()).map_err(|_| SimError::NoEntry {
+                module: self.module.clone(),
+                entry: entry.into(),
+            })?;
         let dims = Dims {
             grid: [grid.0, grid.1, grid.2],
             block: [block.0, block.1, block.2],

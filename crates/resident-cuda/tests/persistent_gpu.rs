@@ -144,7 +144,10 @@ fn residency_budget_holds_every_admitted_kernel_resident_and_refuses_one_more() 
     assert_eq!(kernels[0].device().resident_kernels(), limit);
     // The default limit leaves SMs and grid slots for other work.
     assert!(limit <= resident_cuda::device::default_resident_limit(limit + 1).max(limit));
-    assert!(limit <= resident_cuda::CONCURRENT_KERNEL_LIMIT - resident_cuda::device::RESERVED_GRID_SLOTS);
+    assert!(
+        limit
+            <= resident_cuda::CONCURRENT_KERNEL_LIMIT - resident_cuda::device::RESERVED_GRID_SLOTS
+    );
     // A whole-device wait while ring kernels are resident is refused, not hung.
     assert!(matches!(
         kernels[0].device().synchronize(),
@@ -215,24 +218,28 @@ fn residency_probe_times_driver_calls_while_a_ring_kernel_is_resident() {
     let d1 = dev.clone();
     probe(
         "cuMemAlloc+cuMemFree (1 MiB)",
-        Box::new(move || match resident_cuda::DeviceBuffer::alloc(&d1, 1 << 20) {
-            Ok(b) => {
-                drop(b);
-                "ok".into()
-            }
-            Err(e) => e.to_string(),
-        }),
+        Box::new(
+            move || match resident_cuda::DeviceBuffer::alloc(&d1, 1 << 20) {
+                Ok(b) => {
+                    drop(b);
+                    "ok".into()
+                }
+                Err(e) => e.to_string(),
+            },
+        ),
     );
     let d2 = dev.clone();
     probe(
         "cuMemAlloc (64 MiB)",
-        Box::new(move || match resident_cuda::DeviceBuffer::alloc(&d2, 64 << 20) {
-            Ok(b) => {
-                std::mem::forget(b);
-                "ok (kept: freeing is probed next)".into()
-            }
-            Err(e) => e.to_string(),
-        }),
+        Box::new(
+            move || match resident_cuda::DeviceBuffer::alloc(&d2, 64 << 20) {
+                Ok(b) => {
+                    std::mem::forget(b);
+                    "ok (kept: freeing is probed next)".into()
+                }
+                Err(e) => e.to_string(),
+            },
+        ),
     );
     let d3 = dev.clone();
     probe(
@@ -284,5 +291,8 @@ fn residency_probe_times_driver_calls_while_a_ring_kernel_is_resident() {
     // The ring kernel still answers after all that.
     k.send(Envelope::new(1, 0, 0), 21).unwrap();
     let answer = k.receive(Duration::from_secs(10)).map(|s| s.payload);
-    println!("PROBE {{\"op\":\"ring kernel answers after the probe\",\"ok\":{}}}", answer.is_ok());
+    println!(
+        "PROBE {{\"op\":\"ring kernel answers after the probe\",\"ok\":{}}}",
+        answer.is_ok()
+    );
 }

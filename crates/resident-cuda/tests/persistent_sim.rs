@@ -228,7 +228,10 @@ fn terminate_reports_what_was_left() {
     // Never activated: the five stay queued and come back.
     q.terminate(T).unwrap();
     let back = q.reclaim_input().unwrap();
-    assert_eq!(back.iter().map(|s| s.payload).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(
+        back.iter().map(|s| s.payload).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
     let c = q.device_counters();
     assert_eq!(c.state, Some(DeviceState::Terminated));
     assert_eq!(c.processed, 0);
@@ -252,10 +255,7 @@ fn heartbeat_keeps_alive_and_its_absence_stops_the_device() {
         q.heartbeat();
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(
-        !q.has_exited(),
-        "a beating host must keep the device alive"
-    );
+    assert!(!q.has_exited(), "a beating host must keep the device alive");
     assert!(q.device_counters().last_heartbeat_seen > 0);
     // The host "crashes": no more beats.
     wait_until("heartbeat exit", || q.has_exited());
@@ -442,7 +442,11 @@ fn device_state_persists_across_batches() {
         seen.extend(receive_n(&mut q, 50).into_iter().map(|s| s.payload));
     }
     seen.sort_unstable();
-    assert_eq!(seen, (1..=250u64).collect::<Vec<_>>(), "each count handed out once");
+    assert_eq!(
+        seen,
+        (1..=250u64).collect::<Vec<_>>(),
+        "each count handed out once"
+    );
     assert!(q.device_counters().batches >= 5);
     q.terminate(T).unwrap();
     let state = q.state_bytes().unwrap();
@@ -457,7 +461,9 @@ fn a_trapping_handler_faults_the_block_and_check_reports_it() {
     assert_eq!(receive_n(&mut q, 1)[0].payload, 1);
     // Parked while the rest queues up, so the 39 arrive as one batch (batch size 64).
     q.deactivate();
-    wait_until("parked", || q.device_counters().state == Some(DeviceState::Idle));
+    wait_until("parked", || {
+        q.device_counters().state == Some(DeviceState::Idle)
+    });
     for i in 2..=40u64 {
         q.send(env(i, 0), if i == 20 { 13 } else { i }).unwrap();
     }
@@ -526,12 +532,20 @@ fn launch_per_batch_kernel_covers_the_batch_with_a_grid_and_keeps_order() {
     // SAFETY: the arguments match `resident_batch`'s parameters (checked by size), and every
     // buffer they point at is live, large enough and untouched until the launch returns.
     unsafe {
-        inst.launch("resident_batch", (blocks, 1, 1), (64, 1, 1), &args, &[8, 4, 8, 8, 8, 8])
+        inst.launch(
+            "resident_batch",
+            (blocks, 1, 1),
+            (64, 1, 1),
+            &args,
+            &[8, 4, 8, 8, 8, 8],
+        )
     }
     .unwrap();
     assert_eq!(count, 500, "even payloads produce");
     let got: Vec<u64> = output[..500].iter().map(|s| s.payload).collect();
     assert_eq!(got, (0..1000u64).filter(|x| x % 2 == 0).collect::<Vec<_>>());
-    assert!(output[..500].iter().all(|s| s.env.correlation_id == s.payload + 1));
+    assert!(output[..500]
+        .iter()
+        .all(|s| s.env.correlation_id == s.payload + 1));
     assert_eq!(scan[0], blocks, "every block took a ticket");
 }

@@ -34,7 +34,11 @@ fn source(batch: u32) -> KernelSource {
         format!("tsan_{batch}"),
         u64_decl.clone(),
         u64_decl,
-        MessageDecl::new("Count", "typedef struct { unsigned long long n; } Count;", 8),
+        MessageDecl::new(
+            "Count",
+            "typedef struct { unsigned long long n; } Count;",
+            8,
+        ),
         HANDLER,
         batch,
     )
@@ -49,7 +53,11 @@ fn skip_or_fail(why: &str) {
 
 /// Builds `rendered` (a rendered template) with the driver under TSan and runs it; returns
 /// (exit status success, stdout, stderr), or `None` after a skip.
-fn build_and_run(dir: &std::path::Path, tag: &str, rendered: &str) -> Option<(bool, String, String)> {
+fn build_and_run(
+    dir: &std::path::Path,
+    tag: &str,
+    rendered: &str,
+) -> Option<(bool, String, String)> {
     let Ok((cxx, _)) = resident_cuda::sim::compiler() else {
         skip_or_fail("no host C++ compiler");
         return None;
@@ -61,7 +69,14 @@ fn build_and_run(dir: &std::path::Path, tag: &str, rendered: &str) -> Option<(bo
     let exe = dir.join(tag);
     std::fs::write(&src, tu).unwrap();
     let out = Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-pthread", "-o"])
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-g",
+            "-fsanitize=thread",
+            "-pthread",
+            "-o",
+        ])
         .arg(&exe)
         .arg(&src)
         .output()
@@ -75,7 +90,10 @@ fn build_and_run(dir: &std::path::Path, tag: &str, rendered: &str) -> Option<(bo
         panic!("{tag}: the TSan build failed:\n{log}");
     }
     let mut child = Command::new(&exe)
-        .env("TSAN_OPTIONS", "halt_on_error=1 exitcode=66 second_deadlock_stack=1")
+        .env(
+            "TSAN_OPTIONS",
+            "halt_on_error=1 exitcode=66 second_deadlock_stack=1",
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -146,7 +164,10 @@ fn thread_sanitizer_reports_the_old_s_cmd_race() {
             "if (s_start == RESIDENT_CMD_EXIT) return;",
             "if (s_cmd == RESIDENT_CMD_EXIT) return;",
         );
-    assert_ne!(old, rendered, "the template still has the start-up broadcast");
+    assert_ne!(
+        old, rendered,
+        "the template still has the start-up broadcast"
+    );
     let Some((ok, stdout, stderr)) = build_and_run(&dir, "old_s_cmd", &old) else {
         return;
     };

@@ -18,7 +18,8 @@ fn the_shipped_saxpy_runs_over_a_grid_of_blocks() {
     let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let mut xb = UnifiedBuffer::from_slice(&d, &x, BufferOptions::default()).unwrap();
     let mut yb = UnifiedBuffer::from_slice(&d, &vec![1.0f32; n], BufferOptions::default()).unwrap();
-    let saxpy = Kernel::new("saxpy").cuda(resident_cuda::builtin::ELEMENTWISE.code, "resident_saxpy");
+    let saxpy =
+        Kernel::new("saxpy").cuda(resident_cuda::builtin::ELEMENTWISE.code, "resident_saxpy");
     {
         let xv = xb.device().unwrap();
         let mut yv = yb.device_mut().unwrap();
@@ -64,7 +65,8 @@ fn warp_collectives_shared_memory_and_exited_threads() {
     let n = 5000u32;
     let input: Vec<u32> = (0..n).map(|i| i * 7 % 1001).collect();
     let mut inb = d.alloc(4 * n as usize).unwrap();
-    d.copy_to_device(&mut inb, bytemuck::cast_slice(&input)).unwrap();
+    d.copy_to_device(&mut inb, bytemuck::cast_slice(&input))
+        .unwrap();
     let mut outb = d.alloc(8).unwrap();
     let k = Kernel::new("block_sum").cuda(BLOCK_SUM, "block_sum");
     {
@@ -88,9 +90,17 @@ fn launch_errors_are_typed() {
     let d = sim();
     let mut m = d.alloc(16).unwrap();
     // Wrong argument count and sizes: checked against the kernel's C++ signature.
-    let k = Kernel::new("fill").cuda(resident_cuda::builtin::ELEMENTWISE.code, "resident_fill_u32");
+    let k = Kernel::new("fill").cuda(
+        resident_cuda::builtin::ELEMENTWISE.code,
+        "resident_fill_u32",
+    );
     let e = d
-        .launch(&k, LaunchConfig::new(1, 32), &[KernelArg::buffer_mut(&mut m)], None)
+        .launch(
+            &k,
+            LaunchConfig::new(1, 32),
+            &[KernelArg::buffer_mut(&mut m)],
+            None,
+        )
         .unwrap_err();
     assert!(
         matches!(&e, BackendError::Sim(SimError::BadLaunch { reason, .. }) if reason.contains("3 arguments")),
@@ -101,7 +111,9 @@ fn launch_errors_are_typed() {
         KernelArg::scalar(1u32),
         KernelArg::scalar(4u32),
     ];
-    let e = d.launch(&k, LaunchConfig::new(1, 32), &args, None).unwrap_err();
+    let e = d
+        .launch(&k, LaunchConfig::new(1, 32), &args, None)
+        .unwrap_err();
     assert!(
         matches!(&e, BackendError::Sim(SimError::BadLaunch { reason, .. }) if reason.contains("argument 2")),
         "{e}"
@@ -112,7 +124,12 @@ fn launch_errors_are_typed() {
         "trap",
     );
     let e = d
-        .launch(&trap, LaunchConfig::new(2, 64), &[KernelArg::buffer_mut(&mut m)], None)
+        .launch(
+            &trap,
+            LaunchConfig::new(2, 64),
+            &[KernelArg::buffer_mut(&mut m)],
+            None,
+        )
         .unwrap_err();
     assert!(
         matches!(&e, BackendError::Sim(SimError::Fault { reason, .. }) if reason.contains("block (1,0,0) thread (5,0,0)")),
@@ -124,7 +141,12 @@ fn launch_errors_are_typed() {
         "lacks",
     );
     let e = d
-        .launch(&lacks, LaunchConfig::new(1, 32), &[KernelArg::buffer_mut(&mut m)], None)
+        .launch(
+            &lacks,
+            LaunchConfig::new(1, 32),
+            &[KernelArg::buffer_mut(&mut m)],
+            None,
+        )
         .unwrap_err();
     assert!(
         matches!(&e, BackendError::Sim(SimError::Compile { log, .. }) if log.contains("__syncthreads_count")),

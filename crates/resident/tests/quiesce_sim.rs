@@ -50,7 +50,10 @@ fn kernel(id: &str) -> RingKernel<Req, Rep> {
 
 #[test]
 fn launches_and_allocations_quiesce_resident_kernels_and_nothing_is_lost_or_reordered() {
-    let rt = Runtime::builder().backend(Backend::CudaSim).build().unwrap();
+    let rt = Runtime::builder()
+        .backend(Backend::CudaSim)
+        .build()
+        .unwrap();
     let a = rt.launch(kernel("quiesce-a")).unwrap();
     a.activate().unwrap();
     let relaunches_before = relaunch_count();
@@ -90,7 +93,10 @@ fn launches_and_allocations_quiesce_resident_kernels_and_nothing_is_lost_or_reor
         in_flight.push(progress.load(std::sync::atomic::Ordering::Relaxed));
         let b = rt.launch(kernel(&format!("quiesce-b{k}"))).unwrap();
         b.activate().unwrap();
-        assert_eq!(b.call(Req { x: 7 }, Duration::from_secs(30)).unwrap().seq, 1);
+        assert_eq!(
+            b.call(Req { x: 7 }, Duration::from_secs(30)).unwrap().seq,
+            1
+        );
         others.push(b);
         let _mem = dev.alloc(4096).unwrap();
     }

@@ -419,7 +419,9 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
 
     fn record_lost(&mut self) {
         if self.exit.is_none() {
-            self.exit = Some(Err("the CudaSim launcher thread ended without a report".into()));
+            self.exit = Some(Err(
+                "the CudaSim launcher thread ended without a report".into()
+            ));
         }
     }
 
@@ -555,7 +557,9 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             return None;
         }
         // SAFETY: the block has exited; the memory holds at least `state_len` bytes.
-        Some(unsafe { std::slice::from_raw_parts(self.state.as_mut_ptr(), self.state_len) }.to_vec())
+        Some(
+            unsafe { std::slice::from_raw_parts(self.state.as_mut_ptr(), self.state_len) }.to_vec(),
+        )
     }
 }
 

@@ -97,12 +97,15 @@ impl<In: Message, Out: Message> DeviceEngine<In, Out> for SimEngine<In, Out> {
     }
 }
 
+/// Loaded one-shot modules by (source, entry, options).
+type ModuleMap = HashMap<(String, String, Vec<String>), Arc<SimInstance>>;
+
 /// One-shot kernels with CUDA source on host threads; memory is host memory.
 #[derive(Debug, Default)]
 pub struct CudaSimDevice {
     host: CpuDevice,
     /// Loaded modules by (source, entry, options).
-    modules: Mutex<HashMap<(String, String, Vec<String>), Arc<SimInstance>>>,
+    modules: Mutex<ModuleMap>,
 }
 
 impl CudaSimDevice {
