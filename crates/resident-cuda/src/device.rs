@@ -145,12 +145,34 @@ impl ResidencyBudget {
 
 /// What every [`Device`] value of one ordinal shares: whether a fault has poisoned the context,
 /// and the resident-kernel budget.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct DeviceShared {
     lost: OnceLock<String>,
     pub(crate) residency: ResidencyBudget,
     /// A limit set with [`Device::set_resident_limit`] (0: the default).
     limit_override: AtomicUsize,
+    /// The resident ring kernels, for the residency rule ([`Device::with_quiesced`]).
+    quiescers: Mutex<Vec<std::sync::Weak<dyn Quiesce>>>,
+    /// Serializes quiesces of this device.
+    quiesce_turn: Mutex<()>,
+}
+
+impl std::fmt::Debug for DeviceShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceShared")
+            .field("lost", &self.lost.get())
+            .field("residency", &self.residency)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A resident kernel that can park and be relaunched where it left off (the residency rule).
+pub trait Quiesce: Send + Sync {
+    /// Asks it to finish its batch and exit, keeping its queues and state; `true` once it has
+    /// exited (or was not running), `false` if it had not by `deadline`.
+    fn park(&self, deadline: std::time::Instant) -> bool;
+    /// Relaunches it where it left off, with the run state the host last asked for.
+    fn resume(&self);
 }
 
 /// Per ordinal: the shared state of the live `Device`s, and whether the context must be reset
@@ -367,6 +389,63 @@ impl Device {
     /// The device's properties.
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// Registers a resident kernel for the residency rule (held weakly).
+    pub fn register_resident(&self, k: std::sync::Weak<dyn Quiesce>) {
+        let mut v = self
+            .shared
+            .quiescers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.push(k);
+    }
+
+    /// The residency rule: a driver call that may wait for the whole device (allocation, free,
+    /// module load, a launch) must not run while a ring kernel is resident, because a resident
+    /// kernel never finishes. So every registered resident kernel of this device parks and
+    /// exits (queues in host memory, state in device memory, heads and tails persist), `op`
+    /// runs, and each is relaunched where it left off. Calls are serialized per device; hot
+    /// paths (send, receive, call) never come here. [`CudaError::QuiesceTimeout`] when a
+    /// kernel did not park within `timeout` (then `op` does not run; the parked ones resume).
+    pub fn with_quiesced<R>(
+        &self,
+        timeout: std::time::Duration,
+        op: impl FnOnce() -> R,
+    ) -> Result<R> {
+        let _turn = self
+            .shared
+            .quiesce_turn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let live: Vec<Arc<dyn Quiesce>> = {
+            let mut v = self
+                .shared
+                .quiescers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            v.retain(|w| w.strong_count() > 0);
+            v.iter().filter_map(|w| w.upgrade()).collect()
+        };
+        let deadline = std::time::Instant::now() + timeout;
+        let mut parked = 0;
+        let mut ok = true;
+        for k in &live {
+            parked += 1;
+            if !k.park(deadline) {
+                ok = false;
+                break;
+            }
+        }
+        let out = ok.then(op);
+        for k in &live[..parked] {
+            k.resume();
+        }
+        out.ok_or(CudaError::QuiesceTimeout {
+            ordinal: self.info.ordinal,
+            kernels: live.len(),
+        })
     }
 
     /// Waits until all work of this context finished. Refused with

@@ -125,6 +125,15 @@ pub enum CudaError {
         /// The refused call.
         call: &'static str,
     },
+    /// The resident kernels of a device did not all park for an operation under the
+    /// residency rule within its timeout.
+    #[error("device {ordinal}: the {kernels} resident kernel(s) did not all park in time for an operation under the residency rule")]
+    QuiesceTimeout {
+        /// The device.
+        ordinal: usize,
+        /// Resident kernels asked to park.
+        kernels: usize,
+    },
     /// A caller passed a value the call cannot accept.
     #[error("invalid argument to {call}: {reason}")]
     InvalidArgument {

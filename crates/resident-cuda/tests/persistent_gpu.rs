@@ -296,3 +296,38 @@ fn residency_probe_times_driver_calls_while_a_ring_kernel_is_resident() {
         answer.is_ok()
     );
 }
+
+/// The residency rule on a GPU: launching a second kernel and allocating memory park the
+/// resident one and relaunch it where it left off; messages sent around it all come back, in
+/// order. (Skips without a GPU; the same mechanism is tested on CudaSim in CI.)
+#[test]
+fn launch_and_alloc_quiesce_the_resident_kernel_and_nothing_is_lost() {
+    let Some(_turn) = gpu_turn("quiesce") else {
+        return;
+    };
+    let mut src = source();
+    src.batch_size = 64;
+    let mut a = PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts(1, 1024)).unwrap();
+    a.activate().unwrap();
+    let mut got = Vec::new();
+    let mut next = 1u64;
+    for round in 0..3 {
+        for _ in 0..200 {
+            a.send(Envelope::new(next, 0, 0), next).unwrap();
+            next += 1;
+        }
+        let b = PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts(1, 64)).unwrap();
+        let _buf = resident_cuda::DeviceBuffer::alloc(b.device(), 1 << 20).unwrap();
+        drop(b);
+        // The handler answers every id not divisible by 3.
+        let want = (1..next).filter(|v| v % 3 != 0).count();
+        while got.len() < want {
+            got.push(a.receive(Duration::from_secs(10)).unwrap());
+        }
+        let _ = round;
+    }
+    let ids: Vec<u64> = got.iter().map(|s| s.env.correlation_id).collect();
+    assert_eq!(ids, (1..next).filter(|v| v % 3 != 0).collect::<Vec<_>>());
+    assert!(got.iter().all(|s| s.payload == s.env.correlation_id * 2));
+    a.terminate(Duration::from_secs(5)).unwrap();
+}

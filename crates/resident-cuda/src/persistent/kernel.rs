@@ -15,7 +15,7 @@ use bytemuck::Pod;
 use resident_ring::spsc::RingMemory;
 use resident_ring::{Envelope, Slot};
 
-use super::control::{ControlBlock, DeviceCounters, DeviceState};
+use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::template::{
     compile_ptx, KernelSource, PersistentParams, BATCH_KERNEL_NAME, PERSISTENT_KERNEL_NAME,
@@ -217,9 +217,11 @@ pub struct PersistentKernel<In: Pod + Send, Out: Pod + Send> {
     // a running kernel still uses would be worse than a leak).
     queues: Option<PersistentQueues<In, Out>>,
     state: Option<DeviceBuffer>,
-    stream: Option<Stream>,
+    stream: Option<Arc<Stream>>,
     function: Option<Function>,
     residency: Option<ResidentSlot>,
+    /// Its side of the residency rule (registered with the device).
+    resident: Option<Arc<GpuResident>>,
     heartbeat: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
     device: Arc<Device>,
     heartbeat_timeout: Duration,
@@ -254,73 +256,102 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         }
         opts.queues.validate()?;
         let device = open_device(opts.device)?;
-        let function = load(
-            &device,
-            source,
-            opts.arch.as_deref(),
-            PERSISTENT_KERNEL_NAME,
-        )?;
-        let residency = device.reserve_resident().map_err(cuda_error)?;
+        // The residency rule: module load, allocations and the launch run while every other
+        // resident kernel of the device is parked (they are relaunched right after).
+        let dev = device.clone();
+        let mut k = device
+            .with_quiesced(QUIESCE_TIMEOUT, move || -> Result<Self, PersistentError> {
+                let device = dev;
+                let function = load(
+                    &device,
+                    source,
+                    opts.arch.as_deref(),
+                    PERSISTENT_KERNEL_NAME,
+                )?;
+                let residency = device.reserve_resident().map_err(cuda_error)?;
 
-        // Allocation order in `with_allocator`: control block, lanes 0.., output ring.
-        let mut device_ptrs = Vec::new();
-        let queues = PersistentQueues::<In, Out>::with_allocator(opts.queues, &mut |len| {
-            let m = PinnedMemory::new(&device, len).map_err(cuda_error)?;
-            device_ptrs.push(m.device_ptr());
-            Ok(Arc::new(m) as Arc<dyn RingMemory>)
-        })?;
-        let lanes = opts.queues.lanes;
-        if device_ptrs.len() != lanes + 2 {
-            return Err(PersistentError::Config(
-                "unexpected allocation order".into(),
-            ));
+                // Allocation order in `with_allocator`: control block, lanes 0.., output ring.
+                let mut device_ptrs = Vec::new();
+                let queues =
+                    PersistentQueues::<In, Out>::with_allocator(opts.queues, &mut |len| {
+                        let m = PinnedMemory::new(&device, len).map_err(cuda_error)?;
+                        device_ptrs.push(m.device_ptr());
+                        Ok(Arc::new(m) as Arc<dyn RingMemory>)
+                    })?;
+                let lanes = opts.queues.lanes;
+                if device_ptrs.len() != lanes + 2 {
+                    return Err(PersistentError::Config(
+                        "unexpected allocation order".into(),
+                    ));
+                }
+                let mut state =
+                    DeviceBuffer::alloc(&device, initial_state.len().max(1)).map_err(cuda_error)?;
+                if !initial_state.is_empty() {
+                    let mut bytes = initial_state.to_vec();
+                    bytes.resize(state.len(), 0);
+                    state.copy_from_host(&bytes).map_err(cuda_error)?;
+                }
+                let stream = Stream::new(&device).map_err(cuda_error)?;
+
+                let mut params = PersistentParams {
+                    out: device_ptrs[lanes + 1],
+                    control: device_ptrs[0],
+                    state: state.device_ptr(),
+                    lane_count: lanes as u32,
+                    lane_capacity: opts.queues.lane_capacity as u32,
+                    out_capacity: opts.queues.out_capacity as u32,
+                    max_backoff_ns: opts.max_backoff_ns.max(32),
+                    control_poll_ns: opts.control_poll.as_nanos().min(u64::MAX as u128) as u64,
+                    ..Default::default()
+                };
+                params.lanes[..lanes].copy_from_slice(&device_ptrs[1..=lanes]);
+
+                queues.set_heartbeat_timeout(Some(opts.heartbeat_timeout));
+                queues.heartbeat();
+
+                let mut args = KernelParams::new();
+                args.push(params).map_err(cuda_error)?;
+                // SAFETY: `function` is `resident_persistent(PersistentParams)` and `args` holds exactly
+                // that struct (the driver copies it at launch). Every address inside points at memory
+                // this value owns and frees only after the kernel has exited (or leaks, see Drop).
+                unsafe {
+                    function.launch(LaunchConfig::new(1, source.batch_size), &stream, &mut args)
+                }
+                .map_err(cuda_error)?;
+
+                let mut k = PersistentKernel::<In, Out> {
+                    name: source.name.clone(),
+                    queues: Some(queues),
+                    state: Some(state),
+                    stream: None,
+                    function: Some(function.clone()),
+                    residency: Some(residency),
+                    resident: None,
+                    heartbeat: None,
+                    device,
+                    heartbeat_timeout: opts.heartbeat_timeout,
+                    exited: false,
+                    fault: None,
+                };
+                let stream = Arc::new(stream);
+                k.stream = Some(stream.clone());
+                let control = k.q().device_view().control;
+                k.resident = Some(Arc::new(GpuResident {
+                    control,
+                    function,
+                    stream,
+                    params,
+                    block: source.batch_size,
+                    st: std::sync::Mutex::new(GState::default()),
+                }));
+                Ok(k)
+            })
+            .map_err(cuda_error)??;
+        if let Some(r) = &k.resident {
+            let weak: std::sync::Weak<dyn crate::device::Quiesce> =
+                Arc::downgrade(&(r.clone() as Arc<dyn crate::device::Quiesce>));
+            k.device.register_resident(weak);
         }
-        let mut state =
-            DeviceBuffer::alloc(&device, initial_state.len().max(1)).map_err(cuda_error)?;
-        if !initial_state.is_empty() {
-            let mut bytes = initial_state.to_vec();
-            bytes.resize(state.len(), 0);
-            state.copy_from_host(&bytes).map_err(cuda_error)?;
-        }
-        let stream = Stream::new(&device).map_err(cuda_error)?;
-
-        let mut params = PersistentParams {
-            out: device_ptrs[lanes + 1],
-            control: device_ptrs[0],
-            state: state.device_ptr(),
-            lane_count: lanes as u32,
-            lane_capacity: opts.queues.lane_capacity as u32,
-            out_capacity: opts.queues.out_capacity as u32,
-            max_backoff_ns: opts.max_backoff_ns.max(32),
-            control_poll_ns: opts.control_poll.as_nanos().min(u64::MAX as u128) as u64,
-            ..Default::default()
-        };
-        params.lanes[..lanes].copy_from_slice(&device_ptrs[1..=lanes]);
-
-        queues.set_heartbeat_timeout(Some(opts.heartbeat_timeout));
-        queues.heartbeat();
-
-        let mut args = KernelParams::new();
-        args.push(params).map_err(cuda_error)?;
-        // SAFETY: `function` is `resident_persistent(PersistentParams)` and `args` holds exactly
-        // that struct (the driver copies it at launch). Every address inside points at memory
-        // this value owns and frees only after the kernel has exited (or leaks, see Drop).
-        unsafe { function.launch(LaunchConfig::new(1, source.batch_size), &stream, &mut args) }
-            .map_err(cuda_error)?;
-
-        let mut k = PersistentKernel {
-            name: source.name.clone(),
-            queues: Some(queues),
-            state: Some(state),
-            stream: Some(stream),
-            function: Some(function),
-            residency: Some(residency),
-            heartbeat: None,
-            device,
-            heartbeat_timeout: opts.heartbeat_timeout,
-            exited: false,
-            fault: None,
-        };
         // Started after the launch so a failed launch leaves no thread behind; if spawning
         // fails, dropping `k` terminates the kernel and waits for it.
         let control = k.q().device_view().control;
@@ -383,10 +414,28 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             return self.exit_error();
         }
         let stream = self.stream.as_ref().expect("stream is only taken in Drop");
+        // Parked by the residency rule: its stream is idle but it has not exited. The lock is
+        // held across the query so a park or relaunch cannot slip in between.
+        let resident = self.resident.clone();
+        let guard = resident.as_ref().map(|r| r.lock());
+        if let Some(g) = &guard {
+            if let Some(e) = &g.relaunch_error {
+                let reason = format!("relaunch after a quiesce failed: {e}");
+                self.fault = Some(reason.clone());
+                return Err(PersistentError::DeviceFault {
+                    name: self.name.clone(),
+                    reason,
+                });
+            }
+        }
+        let parked = guard.as_ref().is_some_and(|g| g.quiescing);
         // `query` binds the context (the caller may be any thread) and marks the device lost
         // on a sticky error; a device already lost answers DeviceLost without a driver call.
-        match stream.query() {
+        let q = stream.query();
+        drop(guard);
+        match q {
             Ok(false) => Ok(()),
+            Ok(true) if parked => Ok(()),
             Ok(true) => {
                 self.exited = true;
                 self.exit_error()
@@ -460,15 +509,23 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     /// Starts processing.
     pub fn activate(&mut self) -> Result<(), PersistentError> {
         self.check()?;
-        self.q().activate();
+        self.set_run_state(RunState::Active);
         Ok(())
     }
 
     /// Pauses processing.
     pub fn deactivate(&mut self) -> Result<(), PersistentError> {
         self.check()?;
-        self.q().deactivate();
+        self.set_run_state(RunState::Inactive);
         Ok(())
+    }
+
+    /// Run-state writes go through the residency side, so a quiesce never loses one.
+    fn set_run_state(&self, rs: RunState) {
+        match &self.resident {
+            Some(r) => r.set_run_state(rs),
+            None => self.q().control().set_run_state(rs),
+        }
     }
 
     /// The device counters.
@@ -479,13 +536,14 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     /// Asks the kernel to exit and waits up to `timeout` for it; returns the messages left in
     /// the lanes.
     pub fn terminate(&mut self, timeout: Duration) -> Result<usize, PersistentError> {
-        let left = self.q().terminate();
+        self.set_run_state(RunState::Terminate);
+        let left = self.q().pending_input();
         let deadline = Instant::now() + timeout;
         loop {
             match self.check() {
                 Ok(()) => {}
                 Err(PersistentError::Exited {
-                    state: Some(DeviceState::Terminated),
+                    state: Some(DeviceState::Terminated | DeviceState::Quiesced),
                     ..
                 }) => return Ok(left),
                 Err(e) => return Err(e),
@@ -563,9 +621,126 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
             std::mem::forget(self.function.take());
             std::mem::forget(self.residency.take());
         }
-        // Otherwise the fields drop here: pinned memory, state, stream and module are freed
-        // (skipped on a lost device, whose context reset frees them) and the residency place
-        // is given back.
+        // Otherwise the device side is freed under the residency rule (cuMemFree and
+        // cuMemFreeHost may wait for the device): the other resident kernels park meanwhile.
+        // Our own registration goes first so we are not asked to park. On a lost device the
+        // context reset frees them; if the others do not park in time, the closure is dropped
+        // unrun and the fields are freed right there anyway.
+        self.resident.take();
+        let parts = (
+            self.queues.take(),
+            self.state.take(),
+            self.stream.take(),
+            self.function.take(),
+            self.residency.take(),
+        );
+        if parts.0.is_some() {
+            let _ = self
+                .device
+                .with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
+        }
+    }
+}
+
+/// How long the residency rule waits for the resident kernels of a device to park.
+pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A [`PersistentKernel`]'s side of the residency rule: parks it (`RunState::Quiesce`, then
+/// waits for its stream to drain) and relaunches it over the same memory.
+struct GpuResident {
+    control: SharedMemory,
+    function: Function,
+    stream: Arc<Stream>,
+    params: PersistentParams,
+    block: u32,
+    st: std::sync::Mutex<GState>,
+}
+
+#[derive(Default)]
+struct GState {
+    /// Asked to park and not resumed yet.
+    quiescing: bool,
+    /// The run state the host wants once resumed.
+    want: Option<RunState>,
+    /// A relaunch that failed (reported by `check` as a fault).
+    relaunch_error: Option<String>,
+}
+
+impl GpuResident {
+    fn control(&self) -> &ControlBlock {
+        // SAFETY: CONTROL_BLOCK_BYTES, 128-aligned (checked by PersistentQueues), kept alive
+        // by the SharedMemory we hold.
+        unsafe { &*(self.control.as_mut_ptr() as *const ControlBlock) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_run_state(&self, rs: RunState) {
+        let mut g = self.lock();
+        if g.quiescing && rs != RunState::Terminate {
+            g.want = Some(rs);
+            return;
+        }
+        if rs == RunState::Terminate {
+            // A parked kernel is not relaunched just to exit: it has exited already.
+            g.quiescing = false;
+            g.want = None;
+        }
+        self.control().set_run_state(rs);
+    }
+}
+
+impl crate::device::Quiesce for GpuResident {
+    fn park(&self, deadline: Instant) -> bool {
+        {
+            let mut g = self.lock();
+            if !g.quiescing {
+                g.quiescing = true;
+                g.want = self.control().run_state();
+                self.control().set_run_state(RunState::Quiesce);
+            }
+        }
+        loop {
+            match self.stream.query() {
+                // Exited (parked, or for another reason), or faulted: not running.
+                Ok(true) | Err(_) => return true,
+                Ok(false) => {}
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    fn resume(&self) {
+        let mut g = self.lock();
+        if !g.quiescing {
+            return;
+        }
+        let want = g.want.take().unwrap_or(RunState::Inactive);
+        let parked = self.control().device_counters().state == Some(DeviceState::Quiesced);
+        self.control().set_run_state(want);
+        if parked {
+            let mut args = KernelParams::new();
+            let r = args.push(self.params).map(|_| ()).and_then(|_| {
+                // SAFETY: the same function, parameters and stream as the first launch; the
+                // memory they address is owned by the PersistentKernel, which unregisters this
+                // before freeing it.
+                unsafe {
+                    self.function
+                        .launch(LaunchConfig::new(1, self.block), &self.stream, &mut args)
+                }
+            });
+            if let Err(e) = r {
+                g.relaunch_error = Some(e.to_string());
+            }
+        }
+        // Cleared after the relaunch is queued, under the lock `check` takes: `check` never
+        // sees an idle stream without the parked flag in between.
+        g.quiescing = false;
     }
 }
 
