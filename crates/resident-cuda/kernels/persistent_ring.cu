@@ -266,7 +266,7 @@ __device__ __forceinline__ bool resident_is_pow2(unsigned int v) { return v != 0
 // One block of RESIDENT_BATCH threads, launched once; runs until terminate, heartbeat timeout or a
 // parameter error. Batch output order: gathered order (highest lane first, FIFO within a lane),
 // compacted over inputs whose handler returned false.
-extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent(PersistentParams p) {
+extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persistent(PersistentParams p) {
     __shared__ unsigned int s_cmd;
     __shared__ unsigned int s_start;  // written once, before the first barrier (never reused)
     __shared__ unsigned int s_count;
@@ -339,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
         if (tid == 0) {
             unsigned int cmd = RESIDENT_CMD_IDLE;
             unsigned int total = 0;
-            unsigned int take[8];
+            // s_take is written here on every poll: no other thread reads it before barrier A.
             for (;;) {
                 unsigned long long now = resident_now_ns();
                 // The control block is read on every poll only while not active (it is all the
@@ -373,7 +373,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
                         unsigned long long avail = o.cached_tail[l] - o.head[l];
                         unsigned int room = RESIDENT_BATCH - total;
                         unsigned int t = avail < room ? (unsigned int)avail : room;
-                        take[l] = t;
+                        s_take[l] = t;
                         total += t;
                     }
                     if (total > 0) {
@@ -385,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
             }
             if (cmd == RESIDENT_CMD_RUN) {
                 for (unsigned int l = 0; l < 8; ++l) {
-                    s_take[l] = l < p.lane_count ? take[l] : 0;
+                    if (l >= p.lane_count) s_take[l] = 0;
                     s_head[l] = o.head[l];
                 }
             }
