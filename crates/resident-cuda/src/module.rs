@@ -154,7 +154,7 @@ impl KernelParams {
 }
 
 /// Hex text of a binary image (the disk cache stores text).
-fn to_hex(b: &[u8]) -> String {
+pub(crate) fn to_hex(b: &[u8]) -> String {
     let mut s = String::with_capacity(b.len() * 2);
     for x in b {
         s.push_str(&format!("{x:02x}"));

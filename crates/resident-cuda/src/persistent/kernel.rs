@@ -256,6 +256,27 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         }
         opts.queues.validate()?;
         let device = open_device(opts.device)?;
+        // Compile before the quiesce (NVRTC needs no device): the machine code for the
+        // device's architecture goes into the disk cache under the key `load` looks up, so the
+        // resident kernels are parked only for the module load, allocations and launch.
+        if opts.arch.is_none() {
+            if let (Ok(cache), Ok(text)) = (KernelCache::from_env(), source.render()) {
+                let (major, minor) = device.info().compute_capability;
+                let sm = format!("sm_{major}{minor}");
+                let key = CacheKey::new(
+                    &text,
+                    &["resident-persistent".to_string()],
+                    &sm,
+                    device.info().driver_version,
+                );
+                // A failure here is reported by `load` inside the quiesce, with its log.
+                let _ = cache.get_or_build(&key, || {
+                    super::template::compile_cubin(source, &sm)
+                        .map(|b| crate::module::to_hex(&b))
+                        .map_err(|e| CudaError::invalid("nvrtcGetCUBIN", e.to_string()))
+                });
+            }
+        }
         // The residency rule: module load, allocations and the launch run while every other
         // resident kernel of the device is parked (they are relaunched right after).
         let dev = device.clone();
