@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, here, everything a GPU machine (no Rust toolchain there) needs, into ./.gpu/:
 # the release `resident` binary and every test binary of the workspace. Carry `.gpu` to the
-# device machine and run scripts/gpu-run.sh there.
+# device machine and run scripts/gpu-run.sh there (it writes everything under gpu-out/<date>/).
+# CudaSim tests need g++ there too; without it they fail with a typed "no host C++ compiler" error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .gpu && mkdir -p .gpu/tests

@@ -1,25 +1,47 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repo root, with ./.gpu carried (see gpu-pack.sh): every
-# test binary with the GPU required, compute-sanitizer on the CUDA tests, and the GPU
-# benchmarks. Raw output goes to $OUT (or ./gpu-out) for committing under bench/results/.
+# test binary with the GPU required, compute-sanitizer (memcheck and racecheck) on the CUDA
+# tests, the residency probe (cuMemAlloc, cuMemFree, module load and a launch timed while a
+# ring kernel is resident), and the GPU benchmarks. Each step runs under `timeout`, so a hang
+# (e.g. a driver call waiting on a resident kernel) is recorded, not waited on forever.
+# Everything goes under one folder: $OUT (default ./gpu-out/<UTC date-time>).
 set -uo pipefail
-OUT="${OUT:-gpu-out}"
+OUT="${OUT:-gpu-out/$(date -u +%Y%m%dT%H%M%SZ)}"
+T_TEST="${T_TEST:-600}"     # seconds per test binary
+T_BENCH="${T_BENCH:-1800}"  # seconds per benchmark
 mkdir -p "$OUT"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 export RESIDENT_REQUIRE_GPU=1 RESIDENT_REQUIRE_NVRTC=1 RESIDENT_KERNEL_CACHE="$PWD/.gpu/kcache"
-{
-  nvidia-smi || true
-  .gpu/resident info
-  for t in .gpu/tests/*; do
-    echo "== $t"; "$t" --test-threads=1 2>&1 || echo "FAILED: $t"
-  done
-  if command -v compute-sanitizer >/dev/null; then
+
+run() {  # run <seconds> <log> <cmd...>: records the exit status (124 = timed out)
+  local t="$1" log="$2"; shift 2
+  echo "== $* (timeout ${t}s)" | tee -a "$log"
+  timeout --kill-after=30 "$t" "$@" >>"$log" 2>&1
+  local rc=$?
+  echo "exit $rc: $*" | tee -a "$log" "$OUT/status.txt"
+}
+
+{ nvidia-smi || true; .gpu/resident info || true; } >"$OUT/machine.txt" 2>&1
+for t in .gpu/tests/*; do
+  run "$T_TEST" "$OUT/gpu-tests.log" "$t" --test-threads=1 --nocapture
+done
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
     for t in .gpu/tests/gpu-* .gpu/tests/persistent_gpu-* .gpu/tests/memory_cuda-*; do
-      [ -e "$t" ] && { echo "== memcheck $t"; compute-sanitizer --tool memcheck "$t" --test-threads=1 2>&1 | tail -20; }
+      [ -e "$t" ] && run "$T_TEST" "$OUT/sanitizer-$tool.log" compute-sanitizer --tool "$tool" "$t" --test-threads=1
     done
-  fi
-} 2>&1 | tee "$OUT/gpu-tests.log"
-.gpu/resident bench-transfer --out-dir "$OUT" 2>&1 | tee "$OUT/transfer.log"
-.gpu/resident bench-ring --out-dir "$OUT" 2>&1 | tee "$OUT/ring.log"
+  done
+else
+  echo "compute-sanitizer not found: sanitizer runs skipped" | tee -a "$OUT/status.txt"
+fi
+# The residency probe: one JSON object per line.
+for t in .gpu/tests/persistent_gpu-*; do
+  run "$T_TEST" "$OUT/residency-probe.log" "$t" --exact \
+    residency_probe_times_driver_calls_while_a_ring_kernel_is_resident --nocapture --test-threads=1
+done
+grep -h '^PROBE ' "$OUT/residency-probe.log" 2>/dev/null | sed 's/^PROBE //' >"$OUT/residency-probe.jsonl" || true
+run "$T_BENCH" "$OUT/transfer.log" .gpu/resident bench-transfer --out-dir "$OUT"
+run "$T_BENCH" "$OUT/ring.log" .gpu/resident bench-ring --out-dir "$OUT"
+echo "everything is in $OUT (status.txt: one line per step)"

@@ -66,16 +66,21 @@ pub fn ring(iters: usize, in_flight: usize, out_dir: &Path) -> Result<(), String
         .iter()
         .map(|r| {
             println!(
-                "{:<17} {:>4} B in_flight {:>6}: p50 {:>8} ns p99 {:>8} ns p99.9 {:>8} ns {:>12.0} msg/s",
+                "{:<20} {:>4} B in_flight {:>6}: p50 {:>8} ns p99 {:>8} ns p99.9 {:>8} ns {:>12.0} msg/s",
                 r.variant, r.payload_bytes, r.in_flight, r.p50_ns, r.p99_ns, r.p999_ns, r.msgs_per_s
             );
             json!({"variant": r.variant, "payload_bytes": r.payload_bytes, "in_flight": r.in_flight,
                    "p50_ns": r.p50_ns, "p99_ns": r.p99_ns, "p999_ns": r.p999_ns, "msgs_per_s": r.msgs_per_s,
-                   "block_threads": r.block_threads})
+                   "block_threads": r.block_threads, "measures": r.measures})
         })
         .collect();
-    let doc =
-        json!({"device": device.name, "date": date, "command": command_line(), "results": results});
+    // Rows of the same in_flight measure the same quantity for every variant ("measures");
+    // launch_per_batch and graph launch ceil(n / block_threads) blocks.
+    let doc = json!({"device": device.name, "date": date, "command": command_line(),
+                     "measures": {"latency": resident::cuda::persistent::MEASURES_MESSAGE,
+                                  "batch": resident::cuda::persistent::MEASURES_BATCH,
+                                  "persistent_streaming": resident::cuda::persistent::MEASURES_STREAMING},
+                     "results": results});
     write(
         out_dir,
         format!("ring-{}-{}.json", slug(&device.name), date),

@@ -23,12 +23,14 @@
 #define RESIDENT_RUN_ACTIVE 1u
 #define RESIDENT_RUN_INACTIVE 2u
 #define RESIDENT_RUN_TERMINATE 3u
+#define RESIDENT_RUN_QUIESCE 4u
 
 #define RESIDENT_DEV_RUNNING 1u
 #define RESIDENT_DEV_IDLE 2u
 #define RESIDENT_DEV_TERMINATED 3u
 #define RESIDENT_DEV_HEARTBEAT_TIMEOUT 4u
 #define RESIDENT_DEV_ERROR 5u
+#define RESIDENT_DEV_QUIESCED 6u
 
 #define RESIDENT_ERR_BAD_BLOCK_SIZE 1u
 #define RESIDENT_ERR_BAD_PARAMS 2u
@@ -40,8 +42,58 @@ static_assert(RESIDENT_BATCH % 32 == 0 && RESIDENT_BATCH >= 32 && RESIDENT_BATCH
 static_assert(sizeof(InSlot) % 8 == 0, "slots are copied as 64-bit words");
 static_assert(sizeof(OutSlot) % 8 == 0, "slots are copied as 64-bit words");
 
-// ---- system-scope memory operations (inline PTX; no libcu++ needed) ----
+// ---- system-scope memory operations ----
+// On the GPU: inline PTX (no libcu++ needed). In the CudaSim build (RESIDENT_SIM, the host C++
+// compiler with kernels/sim_shim.h in front): std::atomic_ref with the same orderings, so the
+// host's C++/Rust half and this code follow one memory model that ThreadSanitizer checks.
 
+#ifdef RESIDENT_SIM
+template <typename T>
+__device__ __forceinline__ T resident_sim_load(const T* p, std::memory_order o) {
+    return std::atomic_ref<T>(*const_cast<T*>(p)).load(o);
+}
+template <typename T>
+__device__ __forceinline__ void resident_sim_store(T* p, T v, std::memory_order o) {
+    std::atomic_ref<T>(*p).store(v, o);
+}
+__device__ __forceinline__ unsigned long long resident_ld_acquire_u64(const unsigned long long* p) {
+    return resident_sim_load(p, std::memory_order_acquire);
+}
+__device__ __forceinline__ unsigned int resident_ld_acquire_u32(const unsigned int* p) {
+    return resident_sim_load(p, std::memory_order_acquire);
+}
+__device__ __forceinline__ void resident_st_release_u64(unsigned long long* p, unsigned long long v) {
+    resident_sim_store(p, v, std::memory_order_release);
+}
+__device__ __forceinline__ void resident_st_release_u32(unsigned int* p, unsigned int v) {
+    resident_sim_store(p, v, std::memory_order_release);
+}
+__device__ __forceinline__ unsigned long long resident_ld_relaxed_u64(const unsigned long long* p) {
+    return resident_sim_load(p, std::memory_order_relaxed);
+}
+__device__ __forceinline__ void resident_st_relaxed_u64(unsigned long long* p, unsigned long long v) {
+    resident_sim_store(p, v, std::memory_order_relaxed);
+}
+__device__ __forceinline__ void resident_st_relaxed_u32(unsigned int* p, unsigned int v) {
+    resident_sim_store(p, v, std::memory_order_relaxed);
+}
+// A lane tail: relaxed, made acquire by one resident_fence_acquire() after the gather.
+// ThreadSanitizer does not model standalone fences, so the TSan build reads tails with acquire
+// loads instead (on x86 both are the same plain load).
+__device__ __forceinline__ unsigned long long resident_ld_tail(const unsigned long long* p) {
+#if defined(__SANITIZE_THREAD__)
+    return resident_sim_load(p, std::memory_order_acquire);
+#else
+    return resident_sim_load(p, std::memory_order_relaxed);
+#endif
+}
+__device__ __forceinline__ void resident_fence_acquire() {
+#if !defined(__SANITIZE_THREAD__)
+    std::atomic_thread_fence(std::memory_order_acquire);
+#endif
+}
+__device__ __forceinline__ unsigned long long resident_now_ns() { return resident_sim::now_ns(); }
+#else
 __device__ __forceinline__ unsigned long long resident_ld_acquire_u64(const unsigned long long* p) {
     unsigned long long v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -72,11 +124,25 @@ __device__ __forceinline__ void resident_st_relaxed_u64(unsigned long long* p, u
     asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+__device__ __forceinline__ void resident_st_relaxed_u32(unsigned int* p, unsigned int v) {
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// A lane tail: a relaxed load (no serialization per lane); the gather issues one
+// resident_fence_acquire() after reading all of them, which makes every tail read before it an
+// acquire (PTX memory model: relaxed load + fence.acq_rel = acquire pattern).
+__device__ __forceinline__ unsigned long long resident_ld_tail(const unsigned long long* p) {
+    return resident_ld_relaxed_u64(p);
+}
+
+__device__ __forceinline__ void resident_fence_acquire() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
 __device__ __forceinline__ unsigned long long resident_now_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+#endif
 
 // Copies one slot out of queue memory into thread-private memory.
 template <typename S>
@@ -155,15 +221,21 @@ __device__ unsigned int resident_check_control(ControlBlock* ctl, ResidentOwner*
     // Acquire: pairs with the host's release store of run_state (messages it sent before are
     // visible once the new state is). Unknown values park the kernel.
     unsigned int rs = resident_ld_acquire_u32(&ctl->run_state);
-    if (rs > RESIDENT_RUN_TERMINATE) rs = RESIDENT_RUN_INACTIVE;
+    if (rs > RESIDENT_RUN_QUIESCE) rs = RESIDENT_RUN_INACTIVE;
     o->run_state = rs;
     if (rs == RESIDENT_RUN_TERMINATE) return RESIDENT_DEV_TERMINATED;
+    // Quiesce: finish the batch in hand (outputs included) and exit; queues, heads, tails,
+    // counters and state stay where they are, and a relaunch over them resumes.
+    if (rs == RESIDENT_RUN_QUIESCE) return RESIDENT_DEV_QUIESCED;
     return 0;
 }
 
+// Publishes a state change (with the counters first). Nothing is written when the state is
+// unchanged: the counters are already current (published after every batch and while blocked on
+// a full output), so a parked kernel's poll writes nothing over PCIe.
 __device__ void resident_show_state(ControlBlock* ctl, ResidentOwner* o, unsigned int state) {
-    resident_publish_counters(ctl, o);
     if (state != o->shown_state) {
+        resident_publish_counters(ctl, o);
         o->shown_state = state;
         // Release: after the counters; pairs with the host's acquire load of device_state.
         resident_st_release_u32(&ctl->device_state, state);
@@ -176,17 +248,32 @@ __device__ __forceinline__ void resident_backoff(ResidentOwner* o, unsigned int 
     o->backoff_ns = next < max_ns ? next : max_ns;
 }
 
+// Which lane and which position in its run of the batch gathered slot `i` is (slots are
+// gathered highest lane first).
+__device__ __forceinline__ void resident_locate(const PersistentParams* p, const unsigned int* take, unsigned int i,
+                                                unsigned int* lane, unsigned int* rem) {
+    int l = (int)p->lane_count - 1;
+    for (; l > 0; --l) {
+        if (i < take[l]) break;
+        i -= take[l];
+    }
+    *lane = (unsigned int)l;
+    *rem = i;
+}
+
 __device__ __forceinline__ bool resident_is_pow2(unsigned int v) { return v != 0 && (v & (v - 1)) == 0; }
 
 // One block of RESIDENT_BATCH threads, launched once; runs until terminate, heartbeat timeout or a
 // parameter error. Batch output order: gathered order (highest lane first, FIFO within a lane),
 // compacted over inputs whose handler returned false.
-extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent(PersistentParams p) {
+extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persistent(PersistentParams p) {
     __shared__ unsigned int s_cmd;
+    __shared__ unsigned int s_start;  // written once, before the first barrier (never reused)
     __shared__ unsigned int s_count;
     __shared__ unsigned int s_take[8];
     __shared__ unsigned long long s_head[8];
     __shared__ unsigned int s_warp_base[RESIDENT_BATCH / 32];
+    __shared__ unsigned long long s_stage[RESIDENT_BATCH / 32][32];  // per-warp copy staging
     __shared__ unsigned int s_abandon;
     __shared__ unsigned long long s_out_base;
 
@@ -198,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
     unsigned long long batch_start = 0;
 
     if (tid == 0) {
-        s_cmd = RESIDENT_CMD_RUN;
+        s_start = RESIDENT_CMD_RUN;
         unsigned int err = 0;
         if (blockDim.x != RESIDENT_BATCH || blockDim.y != 1 || blockDim.z != 1 || gridDim.x != 1 ||
             gridDim.y != 1 || gridDim.z != 1)
@@ -207,9 +294,9 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
                  !resident_is_pow2(p.out_capacity) || p.out_capacity < RESIDENT_BATCH)
             err = RESIDENT_ERR_BAD_PARAMS;
         if (err != 0) {
-            asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(&ctl->error_code), "r"(err) : "memory");
+            resident_st_relaxed_u32(&ctl->error_code, err);
             resident_st_release_u32(&ctl->device_state, RESIDENT_DEV_ERROR);
-            s_cmd = RESIDENT_CMD_EXIT;
+            s_start = RESIDENT_CMD_EXIT;
         } else {
             for (unsigned int l = 0; l < 8; ++l) {
                 o.head[l] = 0;
@@ -225,7 +312,12 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
             RingHeader* out = (RingHeader*)p.out;
             o.out_tail = resident_ld_relaxed_u64(&out->tail);
             o.out_cached_head = resident_ld_acquire_u64(&out->head);
-            o.processed = o.batches = o.busy_cycles = o.undelivered = 0;
+            // Device-written counters continue from the control block, so a kernel relaunched
+            // over the same queues (after a quiesce) counts on where it left off.
+            o.processed = resident_ld_relaxed_u64(&ctl->processed);
+            o.batches = resident_ld_relaxed_u64(&ctl->batches);
+            o.busy_cycles = resident_ld_relaxed_u64(&ctl->busy_cycles);
+            o.undelivered = resident_ld_relaxed_u64(&ctl->undelivered);
             o.hb_value = resident_ld_acquire_u64(&ctl->heartbeat);
             o.hb_time_ns = resident_now_ns();
             o.last_check_ns = 0;
@@ -235,85 +327,118 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
         }
     }
     __syncthreads();
-    if (s_cmd == RESIDENT_CMD_EXIT) return;
+    if (s_start == RESIDENT_CMD_EXIT) return;
 
     for (;;) {
         // ---- thread 0: control, then gather (highest lane first) ----
+        // Idle polls stay inside thread 0's loop: the other threads wait at barrier A (on the
+        // GPU a warp waiting at bar.sync costs no issue slots) and shared memory is written only
+        // when there is a batch or an exit to announce. So s_cmd is never rewritten while
+        // another thread may still read it (the race compute-sanitizer's racecheck reported
+        // when idle polls went through the barriers), and an idle poll costs no barrier.
         if (tid == 0) {
             unsigned int cmd = RESIDENT_CMD_IDLE;
             unsigned int total = 0;
-            unsigned long long now = resident_now_ns();
-            // The control block is read on every poll only while not active (it is all the
-            // kernel waits for then); while active, at most every control_poll_ns, so a poll of
-            // an idle kernel costs one PCIe read (the lane tail), not four.
-            if (o.run_state != RESIDENT_RUN_ACTIVE || now - o.last_check_ns >= p.control_poll_ns) {
-                exit_state = resident_check_control(ctl, &o, now);
-                if (exit_state == 0)
-                    resident_show_state(ctl, &o, o.run_state == RESIDENT_RUN_ACTIVE ? RESIDENT_DEV_RUNNING : RESIDENT_DEV_IDLE);
-            }
-            for (unsigned int l = 0; l < 8; ++l) s_take[l] = 0;
-            if (exit_state != 0) {
-                cmd = RESIDENT_CMD_EXIT;
-            } else if (o.run_state == RESIDENT_RUN_ACTIVE) {
-                for (int l = (int)p.lane_count - 1; l >= 0 && total < RESIDENT_BATCH; --l) {
-                    if (o.cached_tail[l] == o.head[l]) {
-                        // Acquire: pairs with the host's release store of tail; the slots up
-                        // to it are visible to this thread and, via the barrier below, to all.
-                        o.cached_tail[l] = resident_ld_acquire_u64(&((RingHeader*)p.lanes[l])->tail);
-                    }
-                    unsigned long long avail = o.cached_tail[l] - o.head[l];
-                    unsigned int room = RESIDENT_BATCH - total;
-                    unsigned int take = avail < room ? (unsigned int)avail : room;
-                    s_take[l] = take;
-                    s_head[l] = o.head[l];
-                    total += take;
+            // s_take is written here on every poll: no other thread reads it before barrier A.
+            for (;;) {
+                unsigned long long now = resident_now_ns();
+                // The control block is read on every poll only while not active (it is all the
+                // kernel waits for then); while active, at most every control_poll_ns, so a poll
+                // of an idle kernel costs the lane tails, not the control line.
+                if (o.run_state != RESIDENT_RUN_ACTIVE || now - o.last_check_ns >= p.control_poll_ns) {
+                    exit_state = resident_check_control(ctl, &o, now);
+                    if (exit_state == 0)
+                        resident_show_state(ctl, &o, o.run_state == RESIDENT_RUN_ACTIVE ? RESIDENT_DEV_RUNNING : RESIDENT_DEV_IDLE);
                 }
-                if (total > 0) cmd = RESIDENT_CMD_RUN;
+                if (exit_state != 0) {
+                    cmd = RESIDENT_CMD_EXIT;
+                    break;
+                }
+                if (o.run_state == RESIDENT_RUN_ACTIVE) {
+                    // Re-read the tails that look empty with relaxed loads (independent, so they
+                    // overlap instead of serializing one PCIe round trip each) ...
+                    bool fresh = false;
+                    for (unsigned int l = 0; l < p.lane_count; ++l) {
+                        if (o.cached_tail[l] == o.head[l]) {
+                            unsigned long long t = resident_ld_tail(&((RingHeader*)p.lanes[l])->tail);
+                            fresh |= t != o.cached_tail[l];
+                            o.cached_tail[l] = t;
+                        }
+                    }
+                    // ... then one acquire fence: pairs with the host's release stores of those
+                    // tails, so the slots up to them are visible to this thread and, via barrier
+                    // A, to all.
+                    if (fresh) resident_fence_acquire();
+                    for (int l = (int)p.lane_count - 1; l >= 0; --l) {
+                        unsigned long long avail = o.cached_tail[l] - o.head[l];
+                        unsigned int room = RESIDENT_BATCH - total;
+                        unsigned int t = avail < room ? (unsigned int)avail : room;
+                        s_take[l] = t;
+                        total += t;
+                    }
+                    if (total > 0) {
+                        cmd = RESIDENT_CMD_RUN;
+                        break;
+                    }
+                }
+                resident_backoff(&o, p.max_backoff_ns);
+            }
+            if (cmd == RESIDENT_CMD_RUN) {
+                for (unsigned int l = 0; l < 8; ++l) {
+                    if (l >= p.lane_count) s_take[l] = 0;
+                    s_head[l] = o.head[l];
+                }
             }
             s_count = total;
             s_cmd = cmd;
-            if (cmd == RESIDENT_CMD_IDLE) {
-                // Counters are already current (published after every batch and at every
-                // control check): an idle poll writes nothing over PCIe.
-                resident_backoff(&o, p.max_backoff_ns);
-            } else {
-                o.backoff_ns = RESIDENT_MIN_BACKOFF_NS;
-                batch_start = clock64();
-            }
+            o.backoff_ns = RESIDENT_MIN_BACKOFF_NS;
+            batch_start = clock64();
         }
         __syncthreads();  // A: s_cmd / s_take / s_head visible to all
         const unsigned int cmd = s_cmd;
         if (cmd == RESIDENT_CMD_EXIT) break;
-        if (cmd == RESIDENT_CMD_IDLE) {
-            __syncthreads();  // B: everyone read s_cmd before thread 0 rewrites it
-            continue;
-        }
 
-        // ---- all threads: copy the batch out of the lanes ----
+        // ---- all threads: copy the batch out of the lanes, warp by warp ----
+        // A warp whose 32 slots are one contiguous run of one lane (the common case) reads it
+        // in 32-word chunks, lane L reading word L of the chunk (consecutive lanes, consecutive
+        // 8-byte words: coalesced), and hands each word to its slot's thread through a
+        // per-warp staging line in shared memory. Runs that cross lanes or wrap the ring fall
+        // back to one slot per thread. The choice is warp-uniform, so every lane takes part in
+        // every __syncwarp.
         const unsigned int n = s_count;
+        const unsigned int lane = tid & 31u;
+        const unsigned int warp = tid >> 5;
         InSlot in;
         OutSlot out;
         bool produced = false;
-        if (tid < n) {
-            unsigned int rem = tid;
-            int l = (int)p.lane_count - 1;
-            for (; l > 0; --l) {
-                if (rem < s_take[l]) break;
-                rem -= s_take[l];
-            }
-            const InSlot* src = resident_in_slots(p.lanes[l]) + ((s_head[l] + rem) & (unsigned long long)(p.lane_capacity - 1));
-            resident_copy_in(&in, src);
-        }
-        __syncthreads();  // C: every slot read is done before the heads are published
-
-        if (tid == 0) {
-            for (unsigned int l = 0; l < p.lane_count; ++l) {
-                if (s_take[l] != 0) {
-                    o.head[l] += s_take[l];
-                    // Release: our reads of the slots (ordered by barrier C) happen before the
-                    // host's acquire of head lets it overwrite them.
-                    resident_st_release_u64(&((RingHeader*)p.lanes[l])->head, o.head[l]);
+        if (warp * 32u < n) {
+            const unsigned int w_first = warp * 32u;
+            const unsigned int w_count = n - w_first < 32u ? n - w_first : 32u;
+            unsigned int l0, r0, l1, r1;
+            resident_locate(&p, s_take, w_first, &l0, &r0);
+            resident_locate(&p, s_take, w_first + w_count - 1u, &l1, &r1);
+            const unsigned long long pos0 = (s_head[l0] + r0) & (unsigned long long)(p.lane_capacity - 1);
+            if (l0 == l1 && pos0 + w_count <= p.lane_capacity) {
+                const unsigned int W = (unsigned int)(sizeof(InSlot) / 8);
+                const unsigned long long* src = (const unsigned long long*)(resident_in_slots(p.lanes[l0]) + pos0);
+                unsigned long long* mine = (unsigned long long*)&in;
+                const unsigned int words = w_count * W;
+                for (unsigned int base = 0; base < words; base += 32u) {
+                    if (base + lane < words) s_stage[warp][lane] = resident_ld_relaxed_u64(src + base + lane);
+                    __syncwarp();
+                    if (lane < w_count) {
+                        const unsigned int first = lane * W;
+                        const unsigned int lo = first > base ? first : base;
+                        const unsigned int hi = first + W < base + 32u ? first + W : base + 32u;
+                        for (unsigned int g = lo; g < hi; ++g) mine[g - first] = s_stage[warp][g - base];
+                    }
+                    __syncwarp();
                 }
+            } else if (tid < n) {
+                unsigned int l, rem;
+                resident_locate(&p, s_take, tid, &l, &rem);
+                const InSlot* src = resident_in_slots(p.lanes[l]) + ((s_head[l] + rem) & (unsigned long long)(p.lane_capacity - 1));
+                resident_copy_in(&in, src);
             }
         }
 
@@ -325,13 +450,22 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
         }
 
         // ---- compaction: rank = outputs before this thread in gathered order ----
-        const unsigned int lane = tid & 31u;
-        const unsigned int warp = tid >> 5;
         const unsigned int mask = __ballot_sync(0xffffffffu, produced);
         if (lane == 0) s_warp_base[warp] = __popc(mask);
-        __syncthreads();  // D: per-warp counts visible
+        __syncthreads();  // D: per-warp counts visible; every slot read and handler done
 
         if (tid == 0) {
+            // Publish the lane heads only now, after every handler of the batch returned: a
+            // batch whose handler faults (trap) is never marked consumed, so the host takes
+            // those inputs back instead of losing them.
+            for (unsigned int l = 0; l < p.lane_count; ++l) {
+                if (s_take[l] != 0) {
+                    o.head[l] += s_take[l];
+                    // Release: our reads of the slots (ordered by barrier D) happen before the
+                    // host's acquire of head lets it overwrite them.
+                    resident_st_release_u64(&((RingHeader*)p.lanes[l])->head, o.head[l]);
+                }
+            }
             unsigned int sum = 0;
             for (unsigned int w = 0; w < RESIDENT_BATCH / 32; ++w) {
                 unsigned int c = s_warp_base[w];
@@ -351,7 +485,11 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
                 // Blocked on a full output: make the counters current for whoever watches.
                 if (wait_ns == RESIDENT_MIN_BACKOFF_NS) resident_publish_counters(ctl, &o);
                 exit_state = resident_check_control(ctl, &o, resident_now_ns());
-                if (exit_state != 0) {
+                if (exit_state == RESIDENT_DEV_QUIESCED) {
+                    // A quiesce never drops outputs: keep waiting for the host to drain; the
+                    // next control check after this batch exits.
+                    exit_state = 0;
+                } else if (exit_state != 0) {
                     abandon = 1;
                     break;
                 }
@@ -364,11 +502,34 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
         }
         __syncthreads();  // E: s_abandon / s_out_base / ranks visible
 
+        // A warp's outputs are consecutive in the ring (ranks s_warp_base[warp] + 0..count):
+        // staged through shared memory and stored in coalesced 32-word chunks, unless they
+        // wrap the ring (then one slot per thread).
         const unsigned int abandon = s_abandon;
-        if (!abandon && produced) {
-            unsigned int rank = s_warp_base[warp] + __popc(mask & ((1u << lane) - 1u));
-            OutSlot* dst = resident_out_slots(p.out) + ((s_out_base + rank) & (unsigned long long)(p.out_capacity - 1));
-            resident_copy_out(dst, &out);
+        const unsigned int w_out = __popc(mask);
+        if (!abandon && w_out != 0) {
+            const unsigned int wrank = __popc(mask & ((1u << lane) - 1u));
+            const unsigned long long pos0 = (s_out_base + s_warp_base[warp]) & (unsigned long long)(p.out_capacity - 1);
+            if (pos0 + w_out <= p.out_capacity) {
+                const unsigned int W = (unsigned int)(sizeof(OutSlot) / 8);
+                unsigned long long* dst = (unsigned long long*)(resident_out_slots(p.out) + pos0);
+                const unsigned long long* mine = (const unsigned long long*)&out;
+                const unsigned int words = w_out * W;
+                for (unsigned int base = 0; base < words; base += 32u) {
+                    if (produced) {
+                        const unsigned int first = wrank * W;
+                        const unsigned int lo = first > base ? first : base;
+                        const unsigned int hi = first + W < base + 32u ? first + W : base + 32u;
+                        for (unsigned int g = lo; g < hi; ++g) s_stage[warp][g - base] = mine[g - first];
+                    }
+                    __syncwarp();
+                    if (base + lane < words) resident_st_relaxed_u64(dst + base + lane, s_stage[warp][lane]);
+                    __syncwarp();
+                }
+            } else if (produced) {
+                OutSlot* dst = resident_out_slots(p.out) + ((pos0 + wrank) & (unsigned long long)(p.out_capacity - 1));
+                resident_copy_out(dst, &out);
+            }
         }
         __syncthreads();  // F: every output slot written before the tail is published
 
@@ -403,42 +564,58 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH) resident_persistent
     }
 }
 
-// Launch-per-batch baseline: the same handler over `n` slots in device memory, one block looping
-// over chunks of RESIDENT_BATCH; outputs compacted in input order; `*out_count` = outputs.
+// Launch-per-batch baseline: the same handler over `n` slots in device memory, on a grid that
+// covers the batch (ceil(n / RESIDENT_BATCH) blocks, one message per thread); outputs compacted
+// in input order across the whole grid; `*out_count` = outputs.
+//
+// Cross-block order comes from a chained scan over `scan` (zeroed before the launch):
+// scan[0] is a ticket that numbers blocks in the order they start, and block b publishes its
+// inclusive output count in scan[2 + 2b] with a release of its flag scan[1 + 2b]. A block only
+// waits for a lower ticket, i.e. a block that has already started, so the chain completes
+// whatever order the hardware schedules blocks in.
 extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH)
-    resident_batch(const InSlot* in, unsigned int n, OutSlot* out, unsigned int* out_count, ResidentState* state) {
+    resident_batch(const InSlot* in, unsigned int n, OutSlot* out, unsigned int* out_count, ResidentState* state,
+                   unsigned int* scan) {
     __shared__ unsigned int s_warp_base[RESIDENT_BATCH / 32];
-    __shared__ unsigned int s_written;
+    __shared__ unsigned int s_block;
+    __shared__ unsigned int s_prefix;
     const unsigned int tid = threadIdx.x;
     const unsigned int lane = tid & 31u;
     const unsigned int warp = tid >> 5;
-    if (tid == 0) s_written = 0;
+    if (tid == 0) s_block = atomicAdd(&scan[0], 1u);
     __syncthreads();
-    for (unsigned int base = 0; base < n; base += RESIDENT_BATCH) {
-        const unsigned int i = base + tid;
-        bool produced = false;
-        OutSlot o;
-        if (i < n) {
-            InSlot s = in[i];
-            o.payload = ResidentOut{};
-            o.env = resident_reply_env(&s.env);
-            produced = RESIDENT_HANDLER(state, &s.payload, &o.payload, &s.env);
-        }
-        const unsigned int mask = __ballot_sync(0xffffffffu, produced);
-        if (lane == 0) s_warp_base[warp] = __popc(mask);
-        __syncthreads();
-        if (tid == 0) {
-            unsigned int sum = s_written;
-            for (unsigned int w = 0; w < RESIDENT_BATCH / 32; ++w) {
-                unsigned int c = s_warp_base[w];
-                s_warp_base[w] = sum;
-                sum += c;
-            }
-            s_written = sum;
-        }
-        __syncthreads();
-        if (produced) out[s_warp_base[warp] + __popc(mask & ((1u << lane) - 1u))] = o;
-        __syncthreads();
+    const unsigned int b = s_block;
+    const unsigned int i = b * RESIDENT_BATCH + tid;
+    bool produced = false;
+    OutSlot o;
+    if (i < n) {
+        InSlot s = in[i];
+        o.payload = ResidentOut{};
+        o.env = resident_reply_env(&s.env);
+        produced = RESIDENT_HANDLER(state, &s.payload, &o.payload, &s.env);
     }
-    if (tid == 0) *out_count = s_written;
+    const unsigned int mask = __ballot_sync(0xffffffffu, produced);
+    if (lane == 0) s_warp_base[warp] = __popc(mask);
+    __syncthreads();
+    if (tid == 0) {
+        unsigned int sum = 0;
+        for (unsigned int w = 0; w < RESIDENT_BATCH / 32; ++w) {
+            unsigned int c = s_warp_base[w];
+            s_warp_base[w] = sum;
+            sum += c;
+        }
+        unsigned int prefix = 0;
+        if (b > 0) {
+            // Acquire: pairs with the previous block's release of its flag (its count first).
+            while (resident_ld_acquire_u32(&scan[1 + 2 * (b - 1)]) == 0u) __nanosleep(64);
+            prefix = resident_ld_acquire_u32(&scan[2 + 2 * (b - 1)]);
+        }
+        resident_st_relaxed_u32(&scan[2 + 2 * b], prefix + sum);
+        // Release: the count above is visible to whoever sees the flag.
+        resident_st_release_u32(&scan[1 + 2 * b], 1u);
+        s_prefix = prefix;
+        if (b == gridDim.x * gridDim.y * gridDim.z - 1u) *out_count = prefix + sum;
+    }
+    __syncthreads();
+    if (produced) out[s_prefix + s_warp_base[warp] + __popc(mask & ((1u << lane) - 1u))] = o;
 }

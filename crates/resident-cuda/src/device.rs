@@ -87,8 +87,29 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
     (0..n).map(device_info).collect()
 }
 
-/// The most kernels a device of compute capability 7.0 or newer runs concurrently.
+/// The most kernels a device of compute capability 7.0 or newer runs concurrently (on 9.0,
+/// also the most grids resident at once).
 pub const CONCURRENT_KERNEL_LIMIT: usize = 128;
+
+/// Grid slots the default residency limit always leaves for other work (one-shot kernels,
+/// copies' kernels, libraries): ring kernels never take the last ones.
+pub const RESERVED_GRID_SLOTS: usize = 16;
+
+/// The default most resident ring kernels on a device with `sm_count` SMs: at most one per
+/// SM, leaving an eighth of the SMs (at least one, unless there is only one) and
+/// [`RESERVED_GRID_SLOTS`] of the [`CONCURRENT_KERNEL_LIMIT`] grid slots for other work.
+///
+/// ```
+/// use resident_cuda::device::default_resident_limit;
+/// assert_eq!(default_resident_limit(1), 1);
+/// assert_eq!(default_resident_limit(8), 7);
+/// assert_eq!(default_resident_limit(132), 112); // H100 SXM: the grid slots bind
+/// ```
+pub fn default_resident_limit(sm_count: usize) -> usize {
+    let sms = sm_count.max(1);
+    let by_sm = if sms == 1 { 1 } else { sms - (sms / 8).max(1) };
+    by_sm.min(CONCURRENT_KERNEL_LIMIT - RESERVED_GRID_SLOTS)
+}
 
 /// Counts resident (persistent) kernels against a limit; lock-free.
 #[derive(Debug, Default)]
@@ -124,10 +145,34 @@ impl ResidencyBudget {
 
 /// What every [`Device`] value of one ordinal shares: whether a fault has poisoned the context,
 /// and the resident-kernel budget.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct DeviceShared {
     lost: OnceLock<String>,
     pub(crate) residency: ResidencyBudget,
+    /// A limit set with [`Device::set_resident_limit`] (0: the default).
+    limit_override: AtomicUsize,
+    /// The resident ring kernels, for the residency rule ([`Device::with_quiesced`]).
+    quiescers: Mutex<Vec<std::sync::Weak<dyn Quiesce>>>,
+    /// Serializes quiesces of this device.
+    quiesce_turn: Mutex<()>,
+}
+
+impl std::fmt::Debug for DeviceShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceShared")
+            .field("lost", &self.lost.get())
+            .field("residency", &self.residency)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A resident kernel that can park and be relaunched where it left off (the residency rule).
+pub trait Quiesce: Send + Sync {
+    /// Asks it to finish its batch and exit, keeping its queues and state; `true` once it has
+    /// exited (or was not running), `false` if it had not by `deadline`.
+    fn park(&self, deadline: std::time::Instant) -> bool;
+    /// Relaunches it where it left off, with the run state the host last asked for.
+    fn resume(&self);
 }
 
 /// Per ordinal: the shared state of the live `Device`s, and whether the context must be reset
@@ -292,11 +337,28 @@ impl Device {
         r
     }
 
-    /// The most resident kernels this device keeps co-resident: one per SM (each resident
-    /// kernel is a single block that fits on an empty SM, so this many always run together),
-    /// and never more than [`CONCURRENT_KERNEL_LIMIT`].
+    /// The most resident kernels this device keeps co-resident: by default
+    /// [`default_resident_limit`] (at most one per SM, which always run together, with SMs and
+    /// grid slots left for other work); [`set_resident_limit`](Self::set_resident_limit)
+    /// changes it.
     pub fn resident_limit(&self) -> usize {
-        (self.info.sm_count as usize).clamp(1, CONCURRENT_KERNEL_LIMIT)
+        let sms = self.info.sm_count as usize;
+        match self.shared.limit_override.load(Ordering::Relaxed) {
+            0 => default_resident_limit(sms),
+            n => n,
+        }
+    }
+
+    /// Sets the residency limit of this device (every `Device` of the ordinal shares it);
+    /// `None` restores the default. A value is capped at one per SM and one below
+    /// [`CONCURRENT_KERNEL_LIMIT`] (a slot always stays free for other work); kernels already
+    /// resident stay.
+    pub fn set_resident_limit(&self, limit: Option<usize>) -> usize {
+        let sms = (self.info.sm_count as usize).max(1);
+        let v = limit.map_or(0, |n| n.clamp(1, sms.min(CONCURRENT_KERNEL_LIMIT - 1)));
+        // Relaxed: a configuration value; reserve_resident's CAS on the budget is what counts.
+        self.shared.limit_override.store(v, Ordering::Relaxed);
+        self.resident_limit()
     }
 
     /// Takes a place for one resident kernel, or fails with
@@ -329,8 +391,75 @@ impl Device {
         &self.info
     }
 
-    /// Waits until all work of this context finished.
+    /// Registers a resident kernel for the residency rule (held weakly).
+    pub fn register_resident(&self, k: std::sync::Weak<dyn Quiesce>) {
+        let mut v = self
+            .shared
+            .quiescers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.push(k);
+    }
+
+    /// The residency rule: a driver call that may wait for the whole device (allocation, free,
+    /// module load, a launch) must not run while a ring kernel is resident, because a resident
+    /// kernel never finishes. So every registered resident kernel of this device parks and
+    /// exits (queues in host memory, state in device memory, heads and tails persist), `op`
+    /// runs, and each is relaunched where it left off. Calls are serialized per device; hot
+    /// paths (send, receive, call) never come here. [`CudaError::QuiesceTimeout`] when a
+    /// kernel did not park within `timeout` (then `op` does not run; the parked ones resume).
+    pub fn with_quiesced<R>(
+        &self,
+        timeout: std::time::Duration,
+        op: impl FnOnce() -> R,
+    ) -> Result<R> {
+        let _turn = self
+            .shared
+            .quiesce_turn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let live: Vec<Arc<dyn Quiesce>> = {
+            let mut v = self
+                .shared
+                .quiescers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            v.retain(|w| w.strong_count() > 0);
+            v.iter().filter_map(|w| w.upgrade()).collect()
+        };
+        let deadline = std::time::Instant::now() + timeout;
+        let mut parked = 0;
+        let mut ok = true;
+        for k in &live {
+            parked += 1;
+            if !k.park(deadline) {
+                ok = false;
+                break;
+            }
+        }
+        let out = ok.then(op);
+        for k in &live[..parked] {
+            k.resume();
+        }
+        out.ok_or(CudaError::QuiesceTimeout {
+            ordinal: self.info.ordinal,
+            kernels: live.len(),
+        })
+    }
+
+    /// Waits until all work of this context finished. Refused with
+    /// [`CudaError::WouldWaitForResident`] while a ring kernel is resident on the device: a
+    /// resident kernel does not finish, so the wait would never end.
     pub fn synchronize(&self) -> Result<()> {
+        let resident = self.resident_kernels();
+        if resident > 0 {
+            return Err(CudaError::WouldWaitForResident {
+                ordinal: self.info.ordinal,
+                resident,
+                call: "cuCtxSynchronize",
+            });
+        }
         self.bind()?;
         self.watch(cudarc::driver::result::ctx::synchronize().map_err(r::drv("cuCtxSynchronize")))
     }

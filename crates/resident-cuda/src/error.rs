@@ -11,6 +11,33 @@ pub enum CudaError {
     /// `libnvrtc` could not be loaded.
     #[error("NVRTC library not found (searched libnvrtc.so, libnvrtc.so.13 and related names); run scripts/setup-nvrtc.sh and put its lib folder on LD_LIBRARY_PATH")]
     NvrtcNotFound,
+    /// `libcuda` loaded but lacks functions this build calls (an older driver than the
+    /// `cuda-13000` bindings expect); refused before any call could panic on the missing symbol.
+    #[error(
+        "the CUDA driver lacks {symbols:?}, which this build calls; install a newer NVIDIA driver"
+    )]
+    MissingDriverSymbols {
+        /// The functions not found in libcuda.
+        symbols: Vec<&'static str>,
+    },
+    /// NVRTC is newer than the driver: its PTX would be refused at load (PTX ISA too new).
+    #[error("NVRTC {}.{} is newer than the CUDA driver ({}.{}): its PTX cannot be loaded; use an NVRTC of at most the driver's version or a newer driver", nvrtc.0, nvrtc.1, driver.0, driver.1)]
+    NvrtcNewerThanDriver {
+        /// NVRTC's version.
+        nvrtc: (u32, u32),
+        /// The driver's CUDA version.
+        driver: (u32, u32),
+    },
+    /// `cuModuleLoadDataEx` failed; `log` is the JIT compiler's error log.
+    #[error("cuModuleLoadDataEx failed: {code} ({message}); JIT log:\n{log}")]
+    ModuleLoad {
+        /// The `CUresult` name.
+        code: String,
+        /// The driver's description.
+        message: String,
+        /// The JIT error log (empty when the driver wrote none).
+        log: String,
+    },
     /// The driver loaded but reports no CUDA device.
     #[error("the CUDA driver reports no device")]
     NoDevice,
@@ -87,6 +114,26 @@ pub enum CudaError {
         /// The most this device keeps co-resident.
         limit: usize,
     },
+    /// A call that waits for the whole device was refused because ring kernels are resident on
+    /// it (they never finish, so it would wait forever).
+    #[error("device {ordinal}: {call} refused: {resident} ring kernel(s) resident, the wait would never end")]
+    WouldWaitForResident {
+        /// The device.
+        ordinal: usize,
+        /// Resident kernels now.
+        resident: usize,
+        /// The refused call.
+        call: &'static str,
+    },
+    /// The resident kernels of a device did not all park for an operation under the
+    /// residency rule within its timeout.
+    #[error("device {ordinal}: the {kernels} resident kernel(s) did not all park in time for an operation under the residency rule")]
+    QuiesceTimeout {
+        /// The device.
+        ordinal: usize,
+        /// Resident kernels asked to park.
+        kernels: usize,
+    },
     /// A caller passed a value the call cannot accept.
     #[error("invalid argument to {call}: {reason}")]
     InvalidArgument {
@@ -98,7 +145,10 @@ pub enum CudaError {
 }
 
 /// Driver errors after which the context is unusable ("sticky": every later call in the
-/// context fails with the same error until it is reset).
+/// context fails with the same error until it is reset). From the CUDA driver API's `CUresult`
+/// documentation: every code documented as leaving "the context in an inconsistent state" or
+/// requiring that "the process must be terminated and relaunched", plus `CUDA_ERROR_UNKNOWN`,
+/// which a fault can surface as and after which nothing about the context is known.
 const STICKY_CODES: &[&str] = &[
     "CUDA_ERROR_ILLEGAL_ADDRESS",
     "CUDA_ERROR_LAUNCH_FAILED",
@@ -110,6 +160,11 @@ const STICKY_CODES: &[&str] = &[
     "CUDA_ERROR_HARDWARE_STACK_ERROR",
     "CUDA_ERROR_ASSERT",
     "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_NVLINK_UNCORRECTABLE",
+    "CUDA_ERROR_CONTAINED",
+    "CUDA_ERROR_TENSOR_MEMORY_LEAK",
+    "CUDA_ERROR_EXTERNAL_DEVICE",
+    "CUDA_ERROR_UNKNOWN",
 ];
 
 impl CudaError {
@@ -150,6 +205,16 @@ mod tests {
         assert!(driver("CUDA_ERROR_ILLEGAL_ADDRESS").is_sticky());
         assert!(driver("CUDA_ERROR_LAUNCH_FAILED").is_sticky());
         assert!(driver("CUDA_ERROR_ILLEGAL_INSTRUCTION").is_sticky());
+        for code in [
+            "CUDA_ERROR_UNKNOWN",
+            "CUDA_ERROR_CONTAINED",
+            "CUDA_ERROR_EXTERNAL_DEVICE",
+            "CUDA_ERROR_NVLINK_UNCORRECTABLE",
+            "CUDA_ERROR_TENSOR_MEMORY_LEAK",
+            "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        ] {
+            assert!(driver(code).is_sticky(), "{code}");
+        }
         assert!(!driver("CUDA_ERROR_OUT_OF_MEMORY").is_sticky());
         assert!(!driver("CUDA_ERROR_NOT_READY").is_sticky());
         assert!(!CudaError::NoDevice.is_sticky());

@@ -27,6 +27,7 @@ pub mod overlap;
 pub mod persistent;
 pub mod pinned;
 pub mod result;
+pub mod sim;
 pub mod stream;
 pub mod telemetry;
 

@@ -123,6 +123,14 @@ impl DeviceBuffer {
         Ok(())
     }
 
+    /// Queues zeroing the whole buffer on `stream`.
+    pub fn memset_zero_async(&mut self, stream: &Stream) -> Result<()> {
+        self.device.bind()?;
+        // SAFETY: the buffer covers `bytes` bytes of this context's memory and `&mut self`
+        // keeps it alive; the stream orders the memset before later work on it.
+        unsafe { r::memset_d8_async(self.ptr, 0, self.bytes, stream.raw()) }
+    }
+
     /// Queues a copy of `src` into the first `src.len()` bytes (at most `len()`) on `stream`.
     ///
     /// # Safety

@@ -153,7 +153,104 @@ impl KernelParams {
     }
 }
 
+/// Hex text of a binary image (the disk cache stores text).
+pub(crate) fn to_hex(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        s.push_str(&format!("{x:02x}"));
+    }
+    s
+}
+
+fn from_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 impl Device {
+    /// Loads machine code (a CUBIN for this device's architecture) as a module; cached in
+    /// memory under `key`.
+    pub fn load_cubin(self: &Arc<Self>, key: u128, cubin: &[u8]) -> Result<Arc<Module>> {
+        if let Some(m) = self.modules.get(key) {
+            return Ok(m);
+        }
+        self.bind()?;
+        // SAFETY: the context is current; `cubin` is an ELF image the driver validates.
+        let raw = unsafe { r::module_load_data(cubin.as_ptr().cast())? };
+        let m = Arc::new(Module {
+            raw,
+            ctx: self.ctx(),
+        });
+        self.modules.insert(key, m.clone());
+        Ok(m)
+    }
+
+    /// Loads `source` for this device: machine code for its exact architecture (`sm_XY`,
+    /// built by `cubin`), and only when that cannot be built or loaded for another reason
+    /// than a compile error, PTX for `compute_XY` (built by `ptx`) that the driver JIT-compiles,
+    /// after checking NVRTC is not newer than the driver. Both are disk-cached (`cache`, or the
+    /// default folder) and cached in memory.
+    pub fn load_best(
+        self: &Arc<Self>,
+        source: &str,
+        extra: &[String],
+        cache: Option<&KernelCache>,
+        cubin: impl FnOnce(&str) -> Result<Vec<u8>>,
+        ptx: impl FnOnce(&str) -> Result<String>,
+    ) -> Result<Arc<Module>> {
+        let (major, minor) = self.info().compute_capability;
+        let sm = format!("sm_{major}{minor}");
+        let key = CacheKey::new(source, extra, &sm, self.info().driver_version);
+        if let Some(m) = self.modules.get(key.0) {
+            return Ok(m);
+        }
+        let owned_default;
+        let disk = match cache {
+            Some(c) => Some(c),
+            None => {
+                owned_default = KernelCache::from_env().ok();
+                owned_default.as_ref()
+            }
+        };
+        let build = || cubin(&sm).map(|b| to_hex(&b));
+        let image = match disk {
+            Some(c) => c.get_or_build(&key, build).map(|(h, _)| h),
+            None => build(),
+        }
+        .and_then(|h| {
+            from_hex(&h)
+                .ok_or_else(|| CudaError::invalid("cuModuleLoadDataEx", "cached CUBIN is not hex"))
+        });
+        match image {
+            Ok(image) => match self.load_cubin(key.0, &image) {
+                Ok(m) => return Ok(m),
+                Err(e) if e.is_sticky() => return Err(e),
+                Err(_) => {}
+            },
+            Err(e @ CudaError::Compile { .. }) => return Err(e),
+            Err(_) => {}
+        }
+        // PTX fallback (e.g. an architecture this NVRTC cannot emit machine code for).
+        if let Ok(nv) = crate::nvrtc::nvrtc_version() {
+            r::check_ptx_compatible(nv, self.info().driver_version)?;
+        }
+        let arch = self.info().arch();
+        let pkey = CacheKey::new(source, extra, &arch, self.info().driver_version);
+        if let Some(m) = self.modules.get(pkey.0) {
+            return Ok(m);
+        }
+        let text = match disk {
+            Some(c) => c.get_or_build(&pkey, || ptx(&arch))?.0,
+            None => ptx(&arch)?,
+        };
+        self.load_ptx(pkey.0, &text)
+    }
+
     /// Loads PTX (text) as a module; cached in memory under `key`.
     pub fn load_ptx(self: &Arc<Self>, key: u128, ptx: &str) -> Result<Arc<Module>> {
         if let Some(m) = self.modules.get(key) {
@@ -187,30 +284,25 @@ impl Device {
         extra: &[String],
         cache: Option<&KernelCache>,
     ) -> Result<Function> {
-        let opts = CompileOptions {
-            arch: self.info().arch(),
-            extra: extra.to_vec(),
-        };
-        let key = CacheKey::new(source, &opts.extra, &opts.arch, self.info().driver_version);
-        let module = match self.modules.get(key.0) {
-            Some(m) => m,
-            None => {
-                let compile = || compile_ptx(source, entry, &opts);
-                let owned_default;
-                let disk = match cache {
-                    Some(c) => Some(c),
-                    None => {
-                        owned_default = KernelCache::from_env().ok();
-                        owned_default.as_ref()
-                    }
+        let module = self.load_best(
+            source,
+            extra,
+            cache,
+            |sm| {
+                let opts = CompileOptions {
+                    arch: sm.to_string(),
+                    extra: extra.to_vec(),
                 };
-                let ptx = match disk {
-                    Some(c) => c.get_or_build(&key, compile)?.0,
-                    None => compile()?,
+                crate::nvrtc::compile_cubin(source, entry, &opts).map(|(image, _)| image)
+            },
+            |arch| {
+                let opts = CompileOptions {
+                    arch: arch.to_string(),
+                    extra: extra.to_vec(),
                 };
-                self.load_ptx(key.0, &ptx)?
-            }
-        };
+                compile_ptx(source, entry, &opts)
+            },
+        )?;
         self.function(&module, entry)
     }
 
@@ -293,6 +385,14 @@ impl Function {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cubin_survives_the_text_cache_encoding() {
+        let image: Vec<u8> = (0..=255u8).chain([0x7f, 0x45, 0x4c, 0x46]).collect();
+        assert_eq!(from_hex(&to_hex(&image)).unwrap(), image);
+        assert!(from_hex("abc").is_none());
+        assert!(from_hex("zz").is_none());
+    }
 
     #[test]
     fn params_are_boxed_and_aligned() {

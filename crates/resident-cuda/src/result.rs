@@ -30,12 +30,109 @@ pub fn driver_present() -> bool {
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
+/// Every libcuda function this crate reaches through cudarc (`cuda-13000` bindings) or calls
+/// directly. cudarc resolves a symbol on first use and panics when it is missing, so
+/// [`driver`] checks them all first and turns a miss into [`CudaError::MissingDriverSymbols`].
+pub const REQUIRED_DRIVER_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetCount",
+    "cuDeviceGetName",
+    "cuDeviceTotalMem_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuDevicePrimaryCtxReset_v2",
+    "cuCtxSetCurrent",
+    "cuCtxSynchronize",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemsetD8_v2",
+    "cuMemsetD8Async",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamQuery",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventElapsedTime_v2",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphDestroy",
+    "cuGraphExecDestroy",
+    "cuModuleLoadDataEx",
+    "cuModuleUnload",
+    "cuModuleGetFunction",
+    "cuLaunchKernel",
+    "cuOccupancyMaxPotentialBlockSize",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+];
+
+/// The names of `wanted` that `lib` does not export (a `dlsym` probe, nothing is called).
+pub fn missing_symbols(lib: &libloading::Library, wanted: &[&'static str]) -> Vec<&'static str> {
+    wanted
+        .iter()
+        .copied()
+        .filter(|name| {
+            // SAFETY: only the address is looked up; the symbol is never called or read.
+            unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err()
+        })
+        .collect()
+}
+
+/// Opens libcuda under the names cudarc tries and checks [`REQUIRED_DRIVER_SYMBOLS`].
+fn probe_driver_symbols() -> Result<()> {
+    for name in cudarc::get_lib_name_candidates("cuda") {
+        // SAFETY: loading libcuda runs only the driver's own initializers, as cudarc's load does.
+        if let Ok(lib) = unsafe { libloading::Library::new(&name) } {
+            let missing = missing_symbols(&lib, REQUIRED_DRIVER_SYMBOLS);
+            return if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(CudaError::MissingDriverSymbols { symbols: missing })
+            };
+        }
+    }
+    Err(CudaError::DriverNotFound)
+}
+
+/// Refuses PTX from an NVRTC newer than the driver (the driver rejects a newer PTX ISA).
+pub fn check_ptx_compatible(nvrtc: (u32, u32), driver: (u32, u32)) -> Result<()> {
+    if nvrtc > driver {
+        return Err(CudaError::NvrtcNewerThanDriver { nvrtc, driver });
+    }
+    Ok(())
+}
+
 /// Loads and initializes the driver once. Every entry point of this crate calls this first.
 pub fn driver() -> Result<()> {
     static INIT: OnceLock<std::result::Result<(), (String, String)>> = OnceLock::new();
+    static SYMBOLS: OnceLock<std::result::Result<(), Vec<&'static str>>> = OnceLock::new();
     if !driver_present() {
         return Err(CudaError::DriverNotFound);
     }
+    SYMBOLS
+        .get_or_init(|| match probe_driver_symbols() {
+            Err(CudaError::MissingDriverSymbols { symbols }) => Err(symbols),
+            _ => Ok(()),
+        })
+        .clone()
+        .map_err(|symbols| CudaError::MissingDriverSymbols { symbols })?;
     INIT.get_or_init(|| {
         cudarc::driver::result::init().map_err(|e| {
             let CudaError::Driver { code, message, .. } = drv("cuInit")(e) else {
@@ -147,6 +244,22 @@ pub unsafe fn memset_d8(dst: CUdeviceptr, value: u8, bytes: usize) -> Result<()>
     sys::cuMemsetD8_v2(dst, value, bytes)
         .result()
         .map_err(drv("cuMemsetD8"))
+}
+
+/// Queues setting `bytes` bytes at `dst` to `value` on `stream`.
+///
+/// # Safety
+/// `dst` is device memory of the current context, valid for `bytes` bytes until the stream
+/// has run the operation.
+pub unsafe fn memset_d8_async(
+    dst: CUdeviceptr,
+    value: u8,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<()> {
+    sys::cuMemsetD8Async(dst, value, bytes, stream)
+        .result()
+        .map_err(drv("cuMemsetD8Async"))
 }
 
 /// Copies host to device, synchronously.
@@ -311,7 +424,41 @@ pub unsafe fn event_destroy(event: CUevent) -> Result<()> {
 /// # Safety
 /// A context must be current; `image` is NUL-terminated.
 pub unsafe fn module_load_data(image: *const c_void) -> Result<CUmodule> {
-    cudarc::driver::result::module::load_data(image).map_err(drv("cuModuleLoadData"))
+    // The JIT's error log is kept (cuModuleLoadData discards it): a PTX the driver cannot
+    // compile says why.
+    const LOG_BYTES: usize = 16 * 1024;
+    let mut log = vec![0u8; LOG_BYTES];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), LOG_BYTES as *mut c_void];
+    let mut module = core::mem::MaybeUninit::<CUmodule>::uninit();
+    // SAFETY: `image` per the caller; the option arrays have 2 entries each; the log buffer
+    // has LOG_BYTES bytes and outlives the call; the size is passed by value in the pointer
+    // slot, as the driver API specifies for CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES.
+    let r = sys::cuModuleLoadDataEx(
+        module.as_mut_ptr(),
+        image,
+        options.len() as u32,
+        options.as_mut_ptr(),
+        values.as_mut_ptr(),
+    );
+    match r.result() {
+        // SAFETY: success initialized `module`.
+        Ok(()) => Ok(module.assume_init()),
+        Err(e) => {
+            let CudaError::Driver { code, message, .. } = drv("cuModuleLoadDataEx")(e) else {
+                unreachable!("drv always builds CudaError::Driver")
+            };
+            let n = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            Err(CudaError::ModuleLoad {
+                code,
+                message,
+                log: String::from_utf8_lossy(&log[..n]).into_owned(),
+            })
+        }
+    }
 }
 
 /// Unloads a module.
@@ -458,4 +605,40 @@ pub unsafe fn graph_destroy(graph: sys::CUgraph, exec: Option<sys::CUgraphExec>)
         cudarc::driver::result::graph::exec_destroy(e).map_err(drv("cuGraphExecDestroy"))?;
     }
     cudarc::driver::result::graph::destroy(graph).map_err(drv("cuGraphDestroy"))
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_driver_symbol_is_found_by_the_probe_not_by_a_panic() {
+        // libc stands in for an old libcuda: it has `malloc`, not `cuEventElapsedTime_v2`.
+        // SAFETY: loading libc (already mapped into every process) runs no new initializer.
+        let libc = unsafe { libloading::Library::new("libc.so.6") }.unwrap();
+        assert_eq!(
+            missing_symbols(&libc, &["malloc", "cuEventElapsedTime_v2", "free"]),
+            vec!["cuEventElapsedTime_v2"]
+        );
+        assert_eq!(
+            missing_symbols(&libc, REQUIRED_DRIVER_SYMBOLS).len(),
+            REQUIRED_DRIVER_SYMBOLS.len()
+        );
+    }
+
+    #[test]
+    fn nvrtc_newer_than_the_driver_is_refused_naming_both() {
+        assert!(check_ptx_compatible((12, 4), (12, 4)).is_ok());
+        assert!(check_ptx_compatible((12, 2), (13, 0)).is_ok());
+        let e = check_ptx_compatible((13, 0), (12, 8)).unwrap_err();
+        assert!(matches!(
+            e,
+            CudaError::NvrtcNewerThanDriver {
+                nvrtc: (13, 0),
+                driver: (12, 8)
+            }
+        ));
+        let text = e.to_string();
+        assert!(text.contains("13.0") && text.contains("12.8"), "{text}");
+    }
 }

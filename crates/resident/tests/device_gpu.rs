@@ -3,7 +3,8 @@
 //! the same results. Device faults: a trapping or out-of-bounds handler fails every kernel on
 //! the device promptly, and fresh kernels launch afterwards.
 //!
-//! Without a GPU (driver and NVRTC) every test prints `SKIP:` and passes; with
+//! The same script also runs on `Backend::CudaSim` (the CUDA source on host threads), always.
+//! Without a GPU (driver and NVRTC) the GPU parts print `SKIP:` and pass; with
 //! `RESIDENT_REQUIRE_GPU=1` a missing GPU is a failure instead.
 
 use std::time::{Duration, Instant};
@@ -159,6 +160,15 @@ fn one_definition_runs_on_the_cpu_and_as_a_persistent_gpu_kernel() {
     let cpu = Runtime::builder().backend(Backend::Cpu).build().unwrap();
     assert_eq!(cpu.backend(), Backend::Cpu);
     let on_cpu = exercise(&cpu, "notional-cpu");
+    // The CUDA handler's source, run by CudaSim: same results, same order.
+    let sim = Runtime::builder()
+        .backend(Backend::CudaSim)
+        .enable_telemetry(true)
+        .build()
+        .unwrap();
+    assert_eq!(sim.backend(), Backend::CudaSim);
+    let on_sim = exercise(&sim, "notional-sim");
+    assert_eq!(on_cpu, on_sim, "CudaSim: same results, same order");
     if !gpu("one_definition_runs_on_the_cpu_and_as_a_persistent_gpu_kernel") {
         return;
     }

@@ -26,6 +26,10 @@ pub enum RunState {
     Inactive = 2,
     /// Finish the batch in hand and exit.
     Terminate = 3,
+    /// Finish the batch in hand (never dropping its outputs) and exit with
+    /// [`DeviceState::Quiesced`], leaving queues, indices, counters and state in place so a
+    /// relaunch over them resumes where it left off.
+    Quiesce = 4,
 }
 
 impl RunState {
@@ -36,6 +40,7 @@ impl RunState {
             1 => Some(RunState::Active),
             2 => Some(RunState::Inactive),
             3 => Some(RunState::Terminate),
+            4 => Some(RunState::Quiesce),
             _ => None,
         }
     }
@@ -58,6 +63,8 @@ pub enum DeviceState {
     HeartbeatTimeout = 4,
     /// Exited because of an error it detected itself; see `error_code`.
     Error = 5,
+    /// Exited because the host asked for a quiesce (`RunState::Quiesce`); resumable.
+    Quiesced = 6,
 }
 
 impl DeviceState {
@@ -70,15 +77,19 @@ impl DeviceState {
             3 => Some(DeviceState::Terminated),
             4 => Some(DeviceState::HeartbeatTimeout),
             5 => Some(DeviceState::Error),
+            6 => Some(DeviceState::Quiesced),
             _ => None,
         }
     }
 
-    /// Whether the kernel has exited.
+    /// Whether the kernel has exited (a quiesced kernel has: it is not resident).
     pub fn has_exited(self) -> bool {
         matches!(
             self,
-            DeviceState::Terminated | DeviceState::HeartbeatTimeout | DeviceState::Error
+            DeviceState::Terminated
+                | DeviceState::HeartbeatTimeout
+                | DeviceState::Error
+                | DeviceState::Quiesced
         )
     }
 }
@@ -116,7 +127,7 @@ pub struct ControlBlock {
     pub processed: AtomicU64,
     /// Batches drained so far.
     pub batches: AtomicU64,
-    /// Device clock cycles spent on batches (`clock64`; on the emulated device, nanoseconds).
+    /// Device clock cycles spent on batches (`clock64`; on CudaSim, nanoseconds).
     pub busy_cycles: AtomicU64,
     /// The last `heartbeat` value the device saw.
     pub last_heartbeat_seen: AtomicU64,
@@ -245,11 +256,12 @@ mod tests {
             RunState::Active,
             RunState::Inactive,
             RunState::Terminate,
+            RunState::Quiesce,
         ] {
             assert_eq!(RunState::from_raw(s as u32), Some(s));
         }
         assert_eq!(RunState::from_raw(9), None);
-        for v in 0..6 {
+        for v in 0..7 {
             assert_eq!(DeviceState::from_raw(v).map(|s| s as u32), Some(v));
         }
         assert!(DeviceState::HeartbeatTimeout.has_exited());

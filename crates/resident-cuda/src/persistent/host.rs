@@ -108,7 +108,7 @@ pub struct PersistentQueues<In: Pod + Send, Out: Pod + Send> {
 }
 
 impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
-    /// Queues on the heap (for the emulated device and tests).
+    /// Queues on the heap (for CudaSim and tests).
     ///
     /// ```
     /// use resident_cuda::persistent::{PersistentQueues, QueueConfig};

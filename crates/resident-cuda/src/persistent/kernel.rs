@@ -15,7 +15,7 @@ use bytemuck::Pod;
 use resident_ring::spsc::RingMemory;
 use resident_ring::{Envelope, Slot};
 
-use super::control::{ControlBlock, DeviceCounters, DeviceState};
+use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::template::{
     compile_ptx, KernelSource, PersistentParams, BATCH_KERNEL_NAME, PERSISTENT_KERNEL_NAME,
@@ -116,33 +116,79 @@ fn load(
     arch: Option<&str>,
     name: &str,
 ) -> Result<Function, PersistentError> {
-    let arch = match arch {
-        Some(a) => a.to_string(),
-        None => device.info().arch(),
-    };
     let text = source.render()?;
-    let key = CacheKey::new(
-        &text,
-        &["resident-persistent".to_string()],
-        &arch,
-        device.info().driver_version,
-    );
     let mut failed: Option<PersistentError> = None;
-    let mut build = || {
-        compile_ptx(source, &arch).map(|k| k.ptx).map_err(|e| {
-            failed = Some(e);
-            CudaError::invalid("nvrtcCompileProgram", "the kernel did not compile")
-        })
+    let module = match arch {
+        // An explicit `compute_XY`: PTX for it, JIT-compiled by the driver.
+        Some(arch) => {
+            let key = CacheKey::new(
+                &text,
+                &["resident-persistent".to_string()],
+                arch,
+                device.info().driver_version,
+            );
+            let mut build = || {
+                compile_ptx(source, arch).map(|k| k.ptx).map_err(|e| {
+                    failed = Some(e);
+                    CudaError::invalid("nvrtcCompileProgram", "the kernel did not compile")
+                })
+            };
+            let ptx = match KernelCache::from_env() {
+                Ok(cache) => cache.get_or_build(&key, build).map(|(ptx, _)| ptx),
+                Err(_) => build(),
+            };
+            let ptx = match ptx {
+                Ok(p) => p,
+                Err(e) => return Err(failed.take().unwrap_or_else(|| cuda_error(e))),
+            };
+            if let Ok(nv) = crate::nvrtc::nvrtc_version() {
+                crate::result::check_ptx_compatible(nv, device.info().driver_version)
+                    .map_err(cuda_error)?;
+            }
+            device.load_ptx(key.0, &ptx).map_err(cuda_error)?
+        }
+        // The device's own architecture: machine code, PTX only as the fallback.
+        None => {
+            let failed_cubin = std::cell::RefCell::new(None);
+            let r = device.load_best(
+                &text,
+                &["resident-persistent".to_string()],
+                None,
+                |sm| {
+                    super::template::compile_cubin(source, sm).map_err(|e| {
+                        let compile = matches!(e, PersistentError::Compile { .. });
+                        *failed_cubin.borrow_mut() = Some(e);
+                        if compile {
+                            CudaError::Compile {
+                                name: source.name.clone(),
+                                arch: sm.to_string(),
+                                log: "see the kernel's compile error".into(),
+                            }
+                        } else {
+                            CudaError::invalid("nvrtcGetCUBIN", "no machine code for this device")
+                        }
+                    })
+                },
+                |arch| {
+                    compile_ptx(source, arch).map(|k| k.ptx).map_err(|e| {
+                        failed = Some(e);
+                        CudaError::invalid("nvrtcCompileProgram", "the kernel did not compile")
+                    })
+                },
+            );
+            match r {
+                Ok(m) => m,
+                Err(e) => {
+                    let first = failed_cubin.into_inner();
+                    return Err(match (e, first, failed.take()) {
+                        (CudaError::Compile { .. }, Some(c), _) => c,
+                        (_, _, Some(p)) => p,
+                        (e, _, None) => cuda_error(e),
+                    });
+                }
+            }
+        }
     };
-    let ptx = match KernelCache::from_env() {
-        Ok(cache) => cache.get_or_build(&key, build).map(|(ptx, _)| ptx),
-        Err(_) => build(),
-    };
-    let ptx = match ptx {
-        Ok(p) => p,
-        Err(e) => return Err(failed.take().unwrap_or_else(|| cuda_error(e))),
-    };
-    let module = device.load_ptx(key.0, &ptx).map_err(cuda_error)?;
     let f = device.function(&module, name).map_err(cuda_error)?;
     if f.max_active_blocks_per_sm(source.batch_size, 0)
         .map_err(cuda_error)?
@@ -171,9 +217,11 @@ pub struct PersistentKernel<In: Pod + Send, Out: Pod + Send> {
     // a running kernel still uses would be worse than a leak).
     queues: Option<PersistentQueues<In, Out>>,
     state: Option<DeviceBuffer>,
-    stream: Option<Stream>,
+    stream: Option<Arc<Stream>>,
     function: Option<Function>,
     residency: Option<ResidentSlot>,
+    /// Its side of the residency rule (registered with the device).
+    resident: Option<Arc<GpuResident>>,
     heartbeat: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
     device: Arc<Device>,
     heartbeat_timeout: Duration,
@@ -208,73 +256,123 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         }
         opts.queues.validate()?;
         let device = open_device(opts.device)?;
-        let function = load(
-            &device,
-            source,
-            opts.arch.as_deref(),
-            PERSISTENT_KERNEL_NAME,
-        )?;
-        let residency = device.reserve_resident().map_err(cuda_error)?;
-
-        // Allocation order in `with_allocator`: control block, lanes 0.., output ring.
-        let mut device_ptrs = Vec::new();
-        let queues = PersistentQueues::<In, Out>::with_allocator(opts.queues, &mut |len| {
-            let m = PinnedMemory::new(&device, len).map_err(cuda_error)?;
-            device_ptrs.push(m.device_ptr());
-            Ok(Arc::new(m) as Arc<dyn RingMemory>)
-        })?;
-        let lanes = opts.queues.lanes;
-        if device_ptrs.len() != lanes + 2 {
-            return Err(PersistentError::Config(
-                "unexpected allocation order".into(),
-            ));
+        // Compile before the quiesce (NVRTC needs no device): the machine code for the
+        // device's architecture goes into the disk cache under the key `load` looks up, so the
+        // resident kernels are parked only for the module load, allocations and launch.
+        if opts.arch.is_none() {
+            if let (Ok(cache), Ok(text)) = (KernelCache::from_env(), source.render()) {
+                let (major, minor) = device.info().compute_capability;
+                let sm = format!("sm_{major}{minor}");
+                let key = CacheKey::new(
+                    &text,
+                    &["resident-persistent".to_string()],
+                    &sm,
+                    device.info().driver_version,
+                );
+                // A failure here is reported by `load` inside the quiesce, with its log.
+                let _ = cache.get_or_build(&key, || {
+                    super::template::compile_cubin(source, &sm)
+                        .map(|b| crate::module::to_hex(&b))
+                        .map_err(|e| CudaError::invalid("nvrtcGetCUBIN", e.to_string()))
+                });
+            }
         }
-        let mut state =
-            DeviceBuffer::alloc(&device, initial_state.len().max(1)).map_err(cuda_error)?;
-        if !initial_state.is_empty() {
-            let mut bytes = initial_state.to_vec();
-            bytes.resize(state.len(), 0);
-            state.copy_from_host(&bytes).map_err(cuda_error)?;
+        // The residency rule: module load, allocations and the launch run while every other
+        // resident kernel of the device is parked (they are relaunched right after).
+        let dev = device.clone();
+        let mut k = device
+            .with_quiesced(QUIESCE_TIMEOUT, move || -> Result<Self, PersistentError> {
+                let device = dev;
+                let function = load(
+                    &device,
+                    source,
+                    opts.arch.as_deref(),
+                    PERSISTENT_KERNEL_NAME,
+                )?;
+                let residency = device.reserve_resident().map_err(cuda_error)?;
+
+                // Allocation order in `with_allocator`: control block, lanes 0.., output ring.
+                let mut device_ptrs = Vec::new();
+                let queues =
+                    PersistentQueues::<In, Out>::with_allocator(opts.queues, &mut |len| {
+                        let m = PinnedMemory::new(&device, len).map_err(cuda_error)?;
+                        device_ptrs.push(m.device_ptr());
+                        Ok(Arc::new(m) as Arc<dyn RingMemory>)
+                    })?;
+                let lanes = opts.queues.lanes;
+                if device_ptrs.len() != lanes + 2 {
+                    return Err(PersistentError::Config(
+                        "unexpected allocation order".into(),
+                    ));
+                }
+                let mut state =
+                    DeviceBuffer::alloc(&device, initial_state.len().max(1)).map_err(cuda_error)?;
+                if !initial_state.is_empty() {
+                    let mut bytes = initial_state.to_vec();
+                    bytes.resize(state.len(), 0);
+                    state.copy_from_host(&bytes).map_err(cuda_error)?;
+                }
+                let stream = Stream::new(&device).map_err(cuda_error)?;
+
+                let mut params = PersistentParams {
+                    out: device_ptrs[lanes + 1],
+                    control: device_ptrs[0],
+                    state: state.device_ptr(),
+                    lane_count: lanes as u32,
+                    lane_capacity: opts.queues.lane_capacity as u32,
+                    out_capacity: opts.queues.out_capacity as u32,
+                    max_backoff_ns: opts.max_backoff_ns.max(32),
+                    control_poll_ns: opts.control_poll.as_nanos().min(u64::MAX as u128) as u64,
+                    ..Default::default()
+                };
+                params.lanes[..lanes].copy_from_slice(&device_ptrs[1..=lanes]);
+
+                queues.set_heartbeat_timeout(Some(opts.heartbeat_timeout));
+                queues.heartbeat();
+
+                let mut args = KernelParams::new();
+                args.push(params).map_err(cuda_error)?;
+                // SAFETY: `function` is `resident_persistent(PersistentParams)` and `args` holds exactly
+                // that struct (the driver copies it at launch). Every address inside points at memory
+                // this value owns and frees only after the kernel has exited (or leaks, see Drop).
+                unsafe {
+                    function.launch(LaunchConfig::new(1, source.batch_size), &stream, &mut args)
+                }
+                .map_err(cuda_error)?;
+
+                let mut k = PersistentKernel::<In, Out> {
+                    name: source.name.clone(),
+                    queues: Some(queues),
+                    state: Some(state),
+                    stream: None,
+                    function: Some(function.clone()),
+                    residency: Some(residency),
+                    resident: None,
+                    heartbeat: None,
+                    device,
+                    heartbeat_timeout: opts.heartbeat_timeout,
+                    exited: false,
+                    fault: None,
+                };
+                let stream = Arc::new(stream);
+                k.stream = Some(stream.clone());
+                let control = k.q().device_view().control;
+                k.resident = Some(Arc::new(GpuResident {
+                    control,
+                    function,
+                    stream,
+                    params,
+                    block: source.batch_size,
+                    st: std::sync::Mutex::new(GState::default()),
+                }));
+                Ok(k)
+            })
+            .map_err(cuda_error)??;
+        if let Some(r) = &k.resident {
+            let weak: std::sync::Weak<dyn crate::device::Quiesce> =
+                Arc::downgrade(&(r.clone() as Arc<dyn crate::device::Quiesce>));
+            k.device.register_resident(weak);
         }
-        let stream = Stream::new(&device).map_err(cuda_error)?;
-
-        let mut params = PersistentParams {
-            out: device_ptrs[lanes + 1],
-            control: device_ptrs[0],
-            state: state.device_ptr(),
-            lane_count: lanes as u32,
-            lane_capacity: opts.queues.lane_capacity as u32,
-            out_capacity: opts.queues.out_capacity as u32,
-            max_backoff_ns: opts.max_backoff_ns.max(32),
-            control_poll_ns: opts.control_poll.as_nanos().min(u64::MAX as u128) as u64,
-            ..Default::default()
-        };
-        params.lanes[..lanes].copy_from_slice(&device_ptrs[1..=lanes]);
-
-        queues.set_heartbeat_timeout(Some(opts.heartbeat_timeout));
-        queues.heartbeat();
-
-        let mut args = KernelParams::new();
-        args.push(params).map_err(cuda_error)?;
-        // SAFETY: `function` is `resident_persistent(PersistentParams)` and `args` holds exactly
-        // that struct (the driver copies it at launch). Every address inside points at memory
-        // this value owns and frees only after the kernel has exited (or leaks, see Drop).
-        unsafe { function.launch(LaunchConfig::new(1, source.batch_size), &stream, &mut args) }
-            .map_err(cuda_error)?;
-
-        let mut k = PersistentKernel {
-            name: source.name.clone(),
-            queues: Some(queues),
-            state: Some(state),
-            stream: Some(stream),
-            function: Some(function),
-            residency: Some(residency),
-            heartbeat: None,
-            device,
-            heartbeat_timeout: opts.heartbeat_timeout,
-            exited: false,
-            fault: None,
-        };
         // Started after the launch so a failed launch leaves no thread behind; if spawning
         // fails, dropping `k` terminates the kernel and waits for it.
         let control = k.q().device_view().control;
@@ -291,6 +389,16 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             std::thread::sleep(Duration::from_micros(50));
         }
         k.check()?;
+        // Resident means running or parked: a kernel that already reported an exit (a
+        // parameter error, say) is an error, never `Ok`.
+        let c = k.device_counters();
+        if let Some(s) = c.state.filter(|s| s.has_exited()) {
+            return Err(PersistentError::Exited {
+                name: k.name.clone(),
+                state: Some(s),
+                error_code: c.error_code,
+            });
+        }
         Ok(k)
     }
 
@@ -327,10 +435,28 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             return self.exit_error();
         }
         let stream = self.stream.as_ref().expect("stream is only taken in Drop");
+        // Parked by the residency rule: its stream is idle but it has not exited. The lock is
+        // held across the query so a park or relaunch cannot slip in between.
+        let resident = self.resident.clone();
+        let guard = resident.as_ref().map(|r| r.lock());
+        if let Some(g) = &guard {
+            if let Some(e) = &g.relaunch_error {
+                let reason = format!("relaunch after a quiesce failed: {e}");
+                self.fault = Some(reason.clone());
+                return Err(PersistentError::DeviceFault {
+                    name: self.name.clone(),
+                    reason,
+                });
+            }
+        }
+        let parked = guard.as_ref().is_some_and(|g| g.quiescing);
         // `query` binds the context (the caller may be any thread) and marks the device lost
         // on a sticky error; a device already lost answers DeviceLost without a driver call.
-        match stream.query() {
+        let q = stream.query();
+        drop(guard);
+        match q {
             Ok(false) => Ok(()),
+            Ok(true) if parked => Ok(()),
             Ok(true) => {
                 self.exited = true;
                 self.exit_error()
@@ -404,15 +530,23 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     /// Starts processing.
     pub fn activate(&mut self) -> Result<(), PersistentError> {
         self.check()?;
-        self.q().activate();
+        self.set_run_state(RunState::Active);
         Ok(())
     }
 
     /// Pauses processing.
     pub fn deactivate(&mut self) -> Result<(), PersistentError> {
         self.check()?;
-        self.q().deactivate();
+        self.set_run_state(RunState::Inactive);
         Ok(())
+    }
+
+    /// Run-state writes go through the residency side, so a quiesce never loses one.
+    fn set_run_state(&self, rs: RunState) {
+        match &self.resident {
+            Some(r) => r.set_run_state(rs),
+            None => self.q().control().set_run_state(rs),
+        }
     }
 
     /// The device counters.
@@ -423,13 +557,14 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     /// Asks the kernel to exit and waits up to `timeout` for it; returns the messages left in
     /// the lanes.
     pub fn terminate(&mut self, timeout: Duration) -> Result<usize, PersistentError> {
-        let left = self.q().terminate();
+        self.set_run_state(RunState::Terminate);
+        let left = self.q().pending_input();
         let deadline = Instant::now() + timeout;
         loop {
             match self.check() {
                 Ok(()) => {}
                 Err(PersistentError::Exited {
-                    state: Some(DeviceState::Terminated),
+                    state: Some(DeviceState::Terminated | DeviceState::Quiesced),
                     ..
                 }) => return Ok(left),
                 Err(e) => return Err(e),
@@ -459,6 +594,9 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     fn stop_heartbeat(&mut self) {
         if let Some((stop, t)) = self.heartbeat.take() {
             stop.store(true, Ordering::Relaxed);
+            // The thread parks between beats: wake it so the join is immediate instead of
+            // waiting out a period (up to a quarter of the heartbeat timeout).
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -504,9 +642,126 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
             std::mem::forget(self.function.take());
             std::mem::forget(self.residency.take());
         }
-        // Otherwise the fields drop here: pinned memory, state, stream and module are freed
-        // (skipped on a lost device, whose context reset frees them) and the residency place
-        // is given back.
+        // Otherwise the device side is freed under the residency rule (cuMemFree and
+        // cuMemFreeHost may wait for the device): the other resident kernels park meanwhile.
+        // Our own registration goes first so we are not asked to park. On a lost device the
+        // context reset frees them; if the others do not park in time, the closure is dropped
+        // unrun and the fields are freed right there anyway.
+        self.resident.take();
+        let parts = (
+            self.queues.take(),
+            self.state.take(),
+            self.stream.take(),
+            self.function.take(),
+            self.residency.take(),
+        );
+        if parts.0.is_some() {
+            let _ = self
+                .device
+                .with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
+        }
+    }
+}
+
+/// How long the residency rule waits for the resident kernels of a device to park.
+pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A [`PersistentKernel`]'s side of the residency rule: parks it (`RunState::Quiesce`, then
+/// waits for its stream to drain) and relaunches it over the same memory.
+struct GpuResident {
+    control: SharedMemory,
+    function: Function,
+    stream: Arc<Stream>,
+    params: PersistentParams,
+    block: u32,
+    st: std::sync::Mutex<GState>,
+}
+
+#[derive(Default)]
+struct GState {
+    /// Asked to park and not resumed yet.
+    quiescing: bool,
+    /// The run state the host wants once resumed.
+    want: Option<RunState>,
+    /// A relaunch that failed (reported by `check` as a fault).
+    relaunch_error: Option<String>,
+}
+
+impl GpuResident {
+    fn control(&self) -> &ControlBlock {
+        // SAFETY: CONTROL_BLOCK_BYTES, 128-aligned (checked by PersistentQueues), kept alive
+        // by the SharedMemory we hold.
+        unsafe { &*(self.control.as_mut_ptr() as *const ControlBlock) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_run_state(&self, rs: RunState) {
+        let mut g = self.lock();
+        if g.quiescing && rs != RunState::Terminate {
+            g.want = Some(rs);
+            return;
+        }
+        if rs == RunState::Terminate {
+            // A parked kernel is not relaunched just to exit: it has exited already.
+            g.quiescing = false;
+            g.want = None;
+        }
+        self.control().set_run_state(rs);
+    }
+}
+
+impl crate::device::Quiesce for GpuResident {
+    fn park(&self, deadline: Instant) -> bool {
+        {
+            let mut g = self.lock();
+            if !g.quiescing {
+                g.quiescing = true;
+                g.want = self.control().run_state();
+                self.control().set_run_state(RunState::Quiesce);
+            }
+        }
+        loop {
+            match self.stream.query() {
+                // Exited (parked, or for another reason), or faulted: not running.
+                Ok(true) | Err(_) => return true,
+                Ok(false) => {}
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    fn resume(&self) {
+        let mut g = self.lock();
+        if !g.quiescing {
+            return;
+        }
+        let want = g.want.take().unwrap_or(RunState::Inactive);
+        let parked = self.control().device_counters().state == Some(DeviceState::Quiesced);
+        self.control().set_run_state(want);
+        if parked {
+            let mut args = KernelParams::new();
+            let r = args.push(self.params).map(|_| ()).and_then(|_| {
+                // SAFETY: the same function, parameters and stream as the first launch; the
+                // memory they address is owned by the PersistentKernel, which unregisters this
+                // before freeing it.
+                unsafe {
+                    self.function
+                        .launch(LaunchConfig::new(1, self.block), &self.stream, &mut args)
+                }
+            });
+            if let Err(e) = r {
+                g.relaunch_error = Some(e.to_string());
+            }
+        }
+        // Cleared after the relaunch is queued, under the lock `check` takes: `check` never
+        // sees an idle stream without the parked flag in between.
+        g.quiescing = false;
     }
 }
 
@@ -528,7 +783,9 @@ fn spawn_heartbeat(
             // Relaxed: a plain stop flag, nothing is published through it.
             while !stop2.load(Ordering::Relaxed) {
                 ctl.bump_heartbeat();
-                std::thread::sleep(period);
+                // Parked, not asleep: `stop_heartbeat` unparks it, so dropping a kernel joins
+                // this thread at once. A spurious wake-up only beats early.
+                std::thread::park_timeout(period);
             }
         })
         .map_err(|e| PersistentError::Config(format!("cannot spawn heartbeat thread: {e}")))?;
@@ -545,6 +802,8 @@ struct BatchRunner<In, Out> {
     d_out: DeviceBuffer,
     d_count: DeviceBuffer,
     d_state: DeviceBuffer,
+    /// The grid's block ticket and chained-scan cells (zeroed before every launch).
+    d_scan: DeviceBuffer,
     h_in: PinnedMemory,
     h_out: PinnedMemory,
     h_count: PinnedMemory,
@@ -575,6 +834,8 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
             d_out: DeviceBuffer::alloc(device, out_bytes).map_err(c)?,
             d_count: DeviceBuffer::alloc(device, 4).map_err(c)?,
             d_state,
+            d_scan: DeviceBuffer::alloc(device, batch_scan_bytes(max_n, source.batch_size))
+                .map_err(c)?,
             h_in: PinnedMemory::new(device, in_bytes).map_err(c)?,
             h_out: PinnedMemory::new(device, out_bytes).map_err(c)?,
             h_count: PinnedMemory::new(device, 4).map_err(c)?,
@@ -593,13 +854,14 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
             &mut DeviceBuffer,
             &mut DeviceBuffer,
             &DeviceBuffer,
+            &mut DeviceBuffer,
         ),
         host: (&PinnedMemory, &PinnedMemory, &PinnedMemory),
         n: usize,
         block: u32,
         stream: &Stream,
     ) -> Result<(), CudaError> {
-        let (d_in, d_out, d_count, d_state) = bufs;
+        let (d_in, d_out, d_count, d_state, d_scan) = bufs;
         let (h_in, h_out, h_count) = host;
         let in_bytes = n * core::mem::size_of::<Slot<In>>();
         let out_bytes = n * core::mem::size_of::<Slot<Out>>();
@@ -608,15 +870,20 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
         let src = unsafe { core::slice::from_raw_parts(h_in.as_ptr(), in_bytes) };
         // SAFETY: as above.
         unsafe { d_in.copy_prefix_from_host_async(src, stream)? };
+        let blocks = n.div_ceil(block as usize) as u32;
+        d_scan.memset_zero_async(stream)?;
         let mut args = KernelParams::new();
         args.push_ptr(d_in.device_ptr())
             .push(n as u32)?
             .push_ptr(d_out.device_ptr())
             .push_ptr(d_count.device_ptr())
-            .push_ptr(d_state.device_ptr());
+            .push_ptr(d_state.device_ptr())
+            .push_ptr(d_scan.device_ptr());
         // SAFETY: matches `resident_batch(const InSlot*, unsigned, OutSlot*, unsigned*,
-        // State*)`; the buffers hold max_n >= n slots and live as long as the runner.
-        unsafe { f.launch(LaunchConfig::new(1, block), stream, &mut args)? };
+        // State*, unsigned*)`; the buffers hold max_n >= n slots, the scan cells
+        // batch_scan_bytes(max_n) >= what `blocks` use, and all live as long as the runner.
+        // A grid that covers the batch: ceil(n / block) blocks.
+        unsafe { f.launch(LaunchConfig::new(blocks, block), stream, &mut args)? };
         // SAFETY: pinned destinations that nothing reads before the stream is synchronized.
         let count = unsafe { core::slice::from_raw_parts_mut(h_count.as_ptr(), 4) };
         // SAFETY: as above.
@@ -651,6 +918,7 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
             &mut self.d_out,
             &mut self.d_count,
             &self.d_state,
+            &mut self.d_scan,
         );
         let host = (&self.h_in, &self.h_out, &self.h_count);
         if graph {
@@ -684,11 +952,21 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
     }
 }
 
+/// Bytes of the launch-per-batch kernel's scan cells for batches of up to `max_n` messages:
+/// a block ticket, then per block a "done" flag and the inclusive output count.
+pub fn batch_scan_bytes(max_n: usize, block: u32) -> usize {
+    4 * (1 + 2 * max_n.div_ceil(block as usize).max(1))
+}
+
 /// One benchmark measurement.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchRow {
-    /// `persistent`, `launch_per_batch` or `graph`.
+    /// `persistent`, `persistent_streaming`, `launch_per_batch` or `graph`.
     pub variant: &'static str,
+    /// What p50/p99/p99.9 measure, identical for every variant of the same `in_flight`:
+    /// [`MEASURES_MESSAGE`] (in_flight 1), [`MEASURES_BATCH`] (a closed-loop batch of
+    /// `in_flight` messages), or [`MEASURES_STREAMING`] (the `persistent_streaming` row only).
+    pub measures: &'static str,
     /// Payload size in bytes (the envelope's 32 bytes come on top).
     pub payload_bytes: usize,
     /// Messages in flight (1 = latency run).
@@ -704,6 +982,16 @@ pub struct BenchRow {
     /// Threads per block of the kernel measured (the most messages one batch handles).
     pub block_threads: u32,
 }
+
+/// Latency rows: one message's round trip, from send to its output received.
+pub const MEASURES_MESSAGE: &str = "round trip of one message: send to its output received";
+/// Batch rows: a batch of `in_flight` messages, from the first send to the last output
+/// received (the launch-per-batch variants' `run()`, the persistent kernel fed the same batch).
+pub const MEASURES_BATCH: &str =
+    "round trip of a batch of in_flight messages: first send to last output received";
+/// The streaming row: each message's send-to-receive time while `in_flight` stay outstanding.
+pub const MEASURES_STREAMING: &str =
+    "per message, send to output received, with in_flight messages kept outstanding (queueing included)";
 
 fn percentile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
@@ -724,6 +1012,13 @@ fn row(
     rtts.sort_unstable();
     BenchRow {
         variant,
+        measures: if variant == "persistent_streaming" {
+            MEASURES_STREAMING
+        } else if in_flight == 1 {
+            MEASURES_MESSAGE
+        } else {
+            MEASURES_BATCH
+        },
         payload_bytes,
         in_flight,
         p50_ns: percentile(&rtts, 0.5),
@@ -872,11 +1167,58 @@ where
             }
         }
         rows.push(row(
-            ("persistent", persistent_block),
+            ("persistent_streaming", persistent_block),
             bytes,
             in_flight,
             rtts,
             total,
+            start.elapsed(),
+        ));
+
+        // The baselines' quantity: a closed-loop batch of `in_flight` messages, first send to
+        // last output received.
+        let reps = (iters * 16 / in_flight).max(10);
+        let mut rtts = Vec::with_capacity(reps);
+        let mut next = got;
+        let start = Instant::now();
+        for r in 0..reps + reps / 10 {
+            let t0 = Instant::now();
+            let first = next;
+            let (mut sent_b, mut got_b) = (0u64, 0u64);
+            while got_b < in_flight as u64 {
+                if sent_b < in_flight as u64 {
+                    let room = (in_flight as u64 - sent_b).min(1024);
+                    stage.clear();
+                    let t = now_ns();
+                    stage.extend((0..room).map(|j| {
+                        let i = first + sent_b + j;
+                        Slot::new(Envelope::new(i + 1, 128, t), [i; W])
+                    }));
+                    sent_b += k.send_batch(&stage) as u64;
+                }
+                buf.clear();
+                got_b += k.receive_into(&mut buf, 4096) as u64;
+                for s in &buf {
+                    check(s, "persistent")?;
+                }
+                if t0.elapsed() > timeout {
+                    return Err(PersistentError::Timeout {
+                        name: k.name().into(),
+                        what: "batch round trip",
+                    });
+                }
+            }
+            next += in_flight as u64;
+            if r >= reps / 10 {
+                rtts.push(t0.elapsed().as_nanos() as u64);
+            }
+        }
+        rows.push(row(
+            ("persistent", persistent_block),
+            bytes,
+            in_flight,
+            rtts,
+            ((reps + reps / 10) * in_flight) as u64,
             start.elapsed(),
         ));
         k.terminate(timeout)?;

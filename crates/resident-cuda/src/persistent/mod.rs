@@ -5,8 +5,9 @@
 //! * [`control`]: the 256-byte [`ControlBlock`] the host steers the kernel through;
 //! * [`host`]: [`PersistentQueues`], the host's half of the protocol (lane producers, output
 //!   consumer, control block) over any [`RingMemory`];
-//! * [`emulated`]: [`EmulatedDevice`], a CPU thread that plays the kernel's part over exactly the
-//!   same memory, so the whole protocol is tested without a GPU;
+//! * [`sim`]: [`SimKernel`], the same template and handler compiled by the host C++ compiler
+//!   (CudaSim, see [`crate::sim`]) and run as one block of OS threads over the same memory, so
+//!   the kernel source and the whole protocol run without a GPU;
 //! * [`template`]: the CUDA C translation unit (persistent, launch-per-batch) generated around a
 //!   user handler, and [`compile`](template::compile_ptx) through NVRTC;
 //! * [`kernel`]: [`PersistentKernel`] (the real GPU launch path) and [`bench`](kernel::bench_ring).
@@ -25,18 +26,21 @@ use std::sync::Arc;
 use resident_ring::spsc::{RingError, RingMemory};
 
 pub mod control;
-pub mod emulated;
 pub mod host;
 pub mod kernel;
+pub mod sim;
 pub mod template;
 
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
-pub use emulated::{EmulatedDevice, EmulatorExit, EmulatorOptions};
 pub use host::{Full, PersistentQueues, QueueConfig};
-pub use kernel::{bench_ring, BenchRow, LaunchOptions, PersistentKernel};
+pub use kernel::{
+    batch_scan_bytes, bench_ring, BenchRow, LaunchOptions, PersistentKernel, MEASURES_BATCH,
+    MEASURES_MESSAGE, MEASURES_STREAMING,
+};
+pub use sim::{SimKernel, SimLaunchOptions};
 pub use template::{
-    compile_ptx, compile_sass_report, parse_ptxas_report, CompiledKernel, KernelSource,
-    MessageDecl, SassReport,
+    compile_ptx, compile_sass_report, compile_sim, compile_sim_with, parse_ptxas_report,
+    CompiledKernel, KernelSource, MessageDecl, SassReport, SIM_ARCH,
 };
 
 /// Most priority lanes a kernel can have.
@@ -121,6 +125,9 @@ pub enum PersistentError {
         /// The state it was in.
         state: &'static str,
     },
+    /// The CudaSim layer failed (loading, launching, or a fault of the kernel's block).
+    #[error("CudaSim: {0}")]
+    Sim(#[from] crate::sim::SimError),
     /// Waiting for the device timed out.
     #[error("kernel `{name}`: timed out waiting for {what}")]
     Timeout {
@@ -131,7 +138,7 @@ pub enum PersistentError {
     },
 }
 
-/// Memory shared between the host's ring halves and the device side (the emulator thread or
+/// Memory shared between the host's ring halves and the device side (the CudaSim block or
 /// the GPU launch): an `Arc` so either may outlive the other.
 #[derive(Clone)]
 pub struct SharedMemory(pub Arc<dyn RingMemory>);

@@ -2,8 +2,8 @@
 //! message types, `static_assert`s on every size, the user's handler) followed by the template
 //! body `kernels/persistent_ring.cu`, which defines two kernels:
 //! * `resident_persistent(PersistentParams)`: the persistent ring kernel (launched once);
-//! * `resident_batch(in, n, out, out_count, state)`: the launch-per-batch baseline (also the
-//!   node of the CUDA-graph baseline).
+//! * `resident_batch(in, n, out, out_count, state, scan)`: the launch-per-batch baseline (also
+//!   the node of the CUDA-graph baseline), on a grid of `ceil(n / batch)` blocks.
 //!
 //! [`compile_ptx`] compiles it with NVRTC, loaded at run time.
 
@@ -232,9 +232,11 @@ impl KernelSource {
             "static_assert(sizeof(OutSlot) == {}, \"output slot size differs from Rust's Slot<Out>\");",
             self.output.slot_size()
         );
-        s.push_str("// ---- user handler ----\n");
+        // `#line` so compiler diagnostics (NVRTC's and the host compiler's) name the handler's
+        // own lines and the template's.
+        s.push_str("// ---- user handler ----\n#line 1 \"handler.cu\"\n");
         s.push_str(&self.handler);
-        s.push_str("\n// ---- template body ----\n");
+        s.push_str("\n// ---- template body ----\n#line 1 \"persistent_ring.cu\"\n");
         s.push_str(TEMPLATE_BODY);
         Ok(s)
     }
@@ -318,6 +320,48 @@ pub fn compile_ptx(source: &KernelSource, arch: &str) -> Result<CompiledKernel, 
         ptx,
         arch: arch.into(),
     })
+}
+
+/// The architecture name CudaSim compile errors carry.
+pub const SIM_ARCH: &str = "host C++ (CudaSim)";
+
+/// Compiles `source` (template + handler) with the host C++ compiler for CudaSim, or takes it
+/// from the disk cache. A handler that uses something the shim does not provide fails here
+/// with [`PersistentError::Compile`], whose log is the compiler's diagnostics naming it.
+pub fn compile_sim(source: &KernelSource) -> Result<crate::sim::SimModule, PersistentError> {
+    compile_sim_with(source, &crate::sim::SimOptions::default())
+}
+
+/// [`compile_sim`] with extra compiler options.
+pub fn compile_sim_with(
+    source: &KernelSource,
+    options: &crate::sim::SimOptions,
+) -> Result<crate::sim::SimModule, PersistentError> {
+    let text = source.render()?;
+    crate::sim::SimModule::compile(
+        &source.name.replace(['\0', '/'], "_"),
+        &text,
+        &[PERSISTENT_KERNEL_NAME, BATCH_KERNEL_NAME],
+        options,
+    )
+    .map_err(|e| match e {
+        crate::sim::SimError::Compile { log, compiler, .. } => PersistentError::Compile {
+            name: source.name.clone(),
+            arch: format!("{SIM_ARCH}, {compiler}"),
+            log,
+        },
+        e => PersistentError::Sim(e),
+    })
+}
+
+/// Compiles `source` to machine code (a CUBIN) for `sm` (e.g. `sm_90`) with NVRTC: what a
+/// device of exactly that architecture loads without a JIT step.
+pub fn compile_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, PersistentError> {
+    let text = source.render()?;
+    nvrtc_available()?;
+    crate::nvrtc::compile_cubin(&text, &program_name(source), &template_options(sm, &[]))
+        .map(|(image, _)| image)
+        .map_err(|e| compile_error(source, sm, e))
 }
 
 /// What `ptxas` reported for one kernel entry compiled to machine code.

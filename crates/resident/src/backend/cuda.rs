@@ -103,9 +103,15 @@ impl ComputeDevice for CudaDevice {
         false
     }
 
+    // User allocations follow the residency rule: cuMemAlloc / cuMemHostAlloc may wait for
+    // the device, so resident ring kernels park around them (and are relaunched after).
     fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
+        let q = resident_cuda::persistent::kernel::QUIESCE_TIMEOUT;
+        let buf = self
+            .device
+            .with_quiesced(q, || DeviceBuffer::zeroed(&self.device, bytes))??;
         Ok(DeviceMemory {
-            inner: DeviceMemoryInner::Cuda(DeviceBuffer::zeroed(&self.device, bytes)?),
+            inner: DeviceMemoryInner::Cuda(buf),
         })
     }
 
@@ -113,8 +119,12 @@ impl ComputeDevice for CudaDevice {
         if !pinned {
             return HostMemory::heap(bytes);
         }
+        let q = resident_cuda::persistent::kernel::QUIESCE_TIMEOUT;
+        let mem = self
+            .device
+            .with_quiesced(q, || PinnedMemory::new(&self.device, bytes.max(1)))??;
         Ok(HostMemory {
-            inner: HostMemoryInner::Pinned(PinnedMemory::new(&self.device, bytes.max(1))?),
+            inner: HostMemoryInner::Pinned(mem),
             len: bytes,
         })
     }

@@ -1,16 +1,14 @@
-//! CUDA ring kernels: the user's [`CudaHandler`] and the two [`DeviceRing`]s that run it — a
-//! persistent kernel on a GPU, or the emulated device (a CPU thread that plays the GPU's part
-//! over the same queue memory, for testing the host protocol where no GPU is present). The
-//! pump that drives them is [`device_host`](super::device_host); this is the only module of
-//! the runtime side that names CUDA types.
+//! CUDA ring kernels: the user's [`CudaHandler`] and the persistent kernel on a GPU that runs
+//! it (a [`DeviceRing`]); the same kernel source runs on CudaSim in
+//! [`cuda_sim`](super::cuda_sim). The pump that drives them is
+//! [`device_host`](super::device_host).
 
 use std::time::Duration;
 
 use resident_cuda::persistent::{
-    EmulatedDevice, EmulatorOptions, KernelSource, LaunchOptions, MessageDecl, PersistentKernel,
-    PersistentQueues, QueueConfig,
+    KernelSource, LaunchOptions, MessageDecl, PersistentKernel, QueueConfig,
 };
-use resident_ring::{DeviceMessage, Envelope, Message, Slot};
+use resident_ring::{DeviceMessage, Message, Slot};
 
 use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
 
@@ -24,11 +22,9 @@ pub struct CudaHandler<In, Out> {
     pub(crate) function: String,
     pub(crate) state: Vec<u8>,
     pub(crate) state_decl: MessageDecl,
-    pub(crate) emulate: Option<EmulatedHandler<In, Out>>,
     pub(crate) decls: (MessageDecl, MessageDecl),
+    _types: std::marker::PhantomData<fn(In) -> Out>,
 }
-
-pub(crate) type EmulatedHandler<In, Out> = Box<dyn FnMut(&In, &mut Out, &Envelope) -> bool + Send>;
 
 const NO_STATE_DECL: &str = "typedef struct { unsigned int unused; } ResidentNoState;\n";
 
@@ -40,7 +36,7 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
             function: "handle".into(),
             state: vec![0; 4],
             state_decl: MessageDecl::new("ResidentNoState", NO_STATE_DECL, 4),
-            emulate: None,
+            _types: std::marker::PhantomData,
             decls: (
                 MessageDecl::new(In::C_NAME, In::c_declarations(), std::mem::size_of::<In>()),
                 MessageDecl::new(
@@ -66,20 +62,10 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
             MessageDecl::new(D::C_NAME, D::c_declarations(), std::mem::size_of::<D>());
         self
     }
-
-    /// The same handler in Rust, run by the emulated device when the runtime was built with
-    /// `device_emulation(true)` and no GPU is present. For testing the host protocol.
-    pub fn emulate_with<F>(mut self, f: F) -> Self
-    where
-        F: FnMut(&In, &mut Out, &Envelope) -> bool + Send + 'static,
-    {
-        self.emulate = Some(Box::new(f));
-        self
-    }
 }
 
 impl<In, Out> CudaHandler<In, Out> {
-    fn kernel_source(&self, id: &str, batch_size: u32) -> KernelSource {
+    pub(crate) fn kernel_source(&self, id: &str, batch_size: u32) -> KernelSource {
         let mut source = KernelSource::new(
             id.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
             self.decls.0.clone(),
@@ -149,7 +135,7 @@ impl DeviceGeometry {
         }
     }
 
-    fn queues(&self) -> QueueConfig {
+    pub(crate) fn queues(&self) -> QueueConfig {
         QueueConfig {
             lanes: self.lanes,
             lane_capacity: self.lane_capacity,
@@ -214,103 +200,5 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
     }
     fn reclaim(&mut self) -> Vec<Slot<In>> {
         self.kernel.reclaim_input().unwrap_or_default()
-    }
-}
-
-/// The emulated device: the same queue memory and control block, a CPU thread as the GPU.
-pub(crate) struct EmulatedEngine<In: Message, Out: Message> {
-    queues: PersistentQueues<In, Out>,
-    device: Option<EmulatedDevice<EmulatedHandler<In, Out>>>,
-    stopped: bool,
-}
-
-impl<In: Message, Out: Message> EmulatedEngine<In, Out> {
-    pub fn launch(
-        handler: EmulatedHandler<In, Out>,
-        g: &DeviceGeometry,
-    ) -> Result<Self, DeviceError> {
-        let queues = PersistentQueues::<In, Out>::on_heap(g.queues())?;
-        let options = EmulatorOptions {
-            batch_size: g.batch_size as usize,
-            ..EmulatorOptions::default()
-        };
-        queues.set_heartbeat_timeout(Some(Duration::from_secs(2)));
-        queues.heartbeat();
-        let device = EmulatedDevice::spawn(queues.device_view(), options, handler)
-            .map_err(|e| DeviceError::Fault(format!("cannot start the emulated device: {e}")))?;
-        Ok(EmulatedEngine {
-            queues,
-            device: Some(device),
-            stopped: false,
-        })
-    }
-}
-
-impl<In: Message, Out: Message> DeviceRing<In, Out> for EmulatedEngine<In, Out> {
-    fn push(&mut self, slots: &[Slot<In>]) -> usize {
-        self.queues.send_batch(slots)
-    }
-    fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
-        self.queues.receive_into(out, max)
-    }
-    fn set_active(&mut self, on: bool) -> Result<(), DeviceError> {
-        if on {
-            self.queues.activate()
-        } else {
-            self.queues.deactivate()
-        }
-        Ok(())
-    }
-    fn heartbeat(&mut self) {
-        self.queues.heartbeat();
-    }
-    fn check(&mut self) -> Result<(), DeviceError> {
-        match &self.device {
-            Some(d) if d.is_finished() && !self.stopped => {
-                let exit = self.device.take().map(|d| d.join());
-                Err(match exit {
-                    Some(Ok(e)) => DeviceError::ExitedOnItsOwn {
-                        state: format!("{:?}", e.state),
-                    },
-                    _ => DeviceError::Fault("the emulated handler panicked".into()),
-                })
-            }
-            None if !self.stopped => Err(DeviceError::Fault("the emulated device is gone".into())),
-            _ => Ok(()),
-        }
-    }
-    fn counters(&self) -> RingCounters {
-        let c = self.queues.device_counters();
-        RingCounters {
-            processed: c.processed,
-            batches: c.batches,
-            lost: c.undelivered,
-        }
-    }
-    fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError> {
-        self.stopped = true;
-        self.queues.terminate();
-        let Some(d) = self.device.take() else {
-            return Ok(());
-        };
-        let deadline = std::time::Instant::now() + timeout;
-        while !d.is_finished() {
-            if std::time::Instant::now() > deadline {
-                // Keep it so `reclaim` does not read lanes it may still consume.
-                self.device = Some(d);
-                return Err(DeviceError::StopTimeout(timeout));
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        d.join()
-            .map(|_| ())
-            .map_err(|_| DeviceError::Fault("the emulated handler panicked".into()))
-    }
-    fn reclaim(&mut self) -> Vec<Slot<In>> {
-        if self.device.as_ref().is_some_and(|d| !d.is_finished()) {
-            return Vec::new();
-        }
-        // SAFETY: the device thread has exited (or never existed), so nothing else reads the lanes.
-        unsafe { self.queues.reclaim_input() }
     }
 }

@@ -1,6 +1,6 @@
 //! The device ring host: a *pump* thread per kernel between `KernelIo` and a
 //! [`DeviceRing`] — the device-side queues of a kernel that runs on a device (a persistent
-//! CUDA kernel, or the emulated device).
+//! CUDA kernel, the same kernel on CudaSim, or a wgpu batch pipeline).
 //!
 //! Senders still enqueue into the kernel's host mailbox, so every rule of the CPU backend
 //! (priority lanes, backpressure policies, close, terminate reports) holds unchanged; the pump
@@ -31,7 +31,7 @@ pub enum DeviceError {
         /// The state it reported.
         state: String,
     },
-    /// The device side faulted (a trap, an illegal access, a panic of an emulated handler).
+    /// The device side faulted (a trap, an illegal access).
     #[error("the device kernel faulted: {0}")]
     Fault(String),
     /// The device side did not stop within the timeout.

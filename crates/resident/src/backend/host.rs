@@ -10,7 +10,7 @@
 //!
 //! Hosts: [`cpu_host`](super::cpu_host) (the handler on a host thread) and
 //! [`device_host`](super::device_host) (a pump feeding a [`DeviceRing`](super::device_host::DeviceRing):
-//! a persistent CUDA kernel or the emulated device).
+//! a persistent CUDA kernel, CudaSim, or wgpu).
 
 use std::sync::Arc;
 

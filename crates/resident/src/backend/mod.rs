@@ -4,6 +4,10 @@
 //! * [`cpu`]: threads and rayon; always available. Its "device memory" is host memory.
 //! * [`cuda`]: `resident-cuda`, loaded at run time; available when a driver and device work.
 //! * [`wgpu`]: Vulkan / Metal / DX12 through wgpu (lavapipe in CI); WGSL kernels.
+//! * [`cuda_sim`]: CudaSim, the CUDA C source (ring-kernel template + handlers, one-shot
+//!   kernels) compiled by the host C++ compiler and run on host threads; available where a
+//!   host C++ compiler (`g++`, or `RESIDENT_SIM_CXX`) runs. For running and debugging CUDA
+//!   handlers without a GPU, not for speed.
 //!
 //! [`open`] picks one from a [`Backend`] request; [`probe`] reports what this machine has and
 //! why a backend is missing.
@@ -14,6 +18,7 @@ pub mod cuda;
 pub mod cuda_ring;
 pub mod device_host;
 pub(crate) mod host;
+pub mod cuda_sim;
 mod kernel;
 pub mod wgpu;
 mod storage;
@@ -41,6 +46,8 @@ pub enum Backend {
     /// wgpu adapter on its own).
     #[default]
     Auto,
+    /// The CUDA C source run on host threads (see [`cuda_sim`]); never picked by `Auto`.
+    CudaSim,
 }
 
 /// The backend a device actually runs on.
@@ -52,6 +59,8 @@ pub enum BackendKind {
     Cuda,
     /// See [`Backend::Wgpu`].
     Wgpu,
+    /// See [`Backend::CudaSim`].
+    CudaSim,
 }
 
 impl std::fmt::Display for BackendKind {
@@ -60,6 +69,7 @@ impl std::fmt::Display for BackendKind {
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
             BackendKind::Wgpu => "wgpu",
+            BackendKind::CudaSim => "cuda-sim",
         })
     }
 }
@@ -73,6 +83,10 @@ pub enum BackendError {
     /// A CUDA operation failed.
     #[error("CUDA: {0}")]
     Cuda(#[from] resident_cuda::CudaError),
+    /// CudaSim failed: no host compiler, a compile error (with the compiler's log), a device
+    /// fault (`__trap()`) or an invalid launch.
+    #[error("CudaSim: {0}")]
+    Sim(#[from] resident_cuda::sim::SimError),
     /// The kernel has no CPU closure but runs on the CPU backend.
     #[error("kernel `{kernel}` has no CPU implementation")]
     NoCpuImplementation {
@@ -103,6 +117,9 @@ pub enum BackendError {
         /// Device bytes.
         device: usize,
     },
+    /// The resident ring kernels did not park for an operation under the residency rule.
+    #[error("residency rule: {0}")]
+    Residency(#[source] resident_cuda::persistent::PersistentError),
     /// Memory of one backend was handed to another.
     #[error("{what}: memory belongs to the {memory} backend, not {device}")]
     WrongBackend {
@@ -284,6 +301,7 @@ pub fn open(backend: Backend) -> Result<DeviceHandle> {
             }
             Ok(Arc::new(cpu::CpuDevice::new()))
         }
+        Backend::CudaSim => Ok(Arc::new(cuda_sim::CudaSimDevice::open()?)),
     }
 }
 
@@ -331,7 +349,21 @@ pub fn probe() -> Vec<BackendReport> {
             .then(|| "no wgpu adapter (no Vulkan, Metal or DX12 driver found)".to_string()),
         nvrtc: None,
     };
-    vec![cpu, cuda, wgpu]
+    let sim = match cuda_sim::CudaSimDevice::open() {
+        Ok(d) => BackendReport {
+            backend: BackendKind::CudaSim,
+            devices: vec![d.info()],
+            unavailable: None,
+            nvrtc: None,
+        },
+        Err(e) => BackendReport {
+            backend: BackendKind::CudaSim,
+            devices: Vec::new(),
+            unavailable: Some(e.to_string()),
+            nvrtc: None,
+        },
+    };
+    vec![cpu, cuda, wgpu, sim]
 }
 
 /// NVML telemetry of every GPU, or why it is unavailable.
@@ -350,6 +382,9 @@ pub(crate) fn resolve(b: Backend) -> crate::runtime::state::Result<Backend> {
             .map_err(|e| Error::BackendUnavailable(e.to_string())),
         Backend::Wgpu => open(Backend::Wgpu)
             .map(|_| Backend::Wgpu)
+            .map_err(|e| Error::BackendUnavailable(e.to_string())),
+        Backend::CudaSim => open(Backend::CudaSim)
+            .map(|_| Backend::CudaSim)
             .map_err(|e| Error::BackendUnavailable(e.to_string())),
         Backend::Auto => Ok(if open(Backend::Cuda).is_ok() {
             Backend::Cuda
@@ -376,11 +411,10 @@ pub(crate) struct DeviceHandlers<In, Out> {
     pub wgsl: Option<wgpu::ring::WgslHandler<In, Out>>,
 }
 
-/// The device host for a kernel with a handler for this runtime's device (a CUDA GPU, the
-/// emulated device, a wgpu adapter); `Ok(None)` when the kernel runs on the CPU host.
+/// The device host for a kernel with a handler for this runtime's device (a CUDA GPU, CudaSim,
+/// a wgpu adapter); `Ok(None)` when the kernel runs on the CPU host.
 pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Message>(
     backend: Backend,
-    emulate: bool,
     id: &str,
     handlers: DeviceHandlers<In, Out>,
     lanes: usize,
@@ -405,15 +439,14 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
         return Ok(None);
     };
     let geometry = cuda_ring::DeviceGeometry::new(lanes, queue_size, batch_size);
-    let ring: Box<dyn device_host::DeviceRing<In, Out>> = if backend == Backend::Cuda {
-        Box::new(cuda_ring::GpuEngine::launch(id, &handler, &geometry).map_err(fail)?)
-    } else if emulate {
-        match handler.emulate {
-            Some(f) => Box::new(cuda_ring::EmulatedEngine::launch(f, &geometry).map_err(fail)?),
-            None => return Ok(None),
+    let ring: Box<dyn device_host::DeviceRing<In, Out>> = match backend {
+        Backend::Cuda => {
+            Box::new(cuda_ring::GpuEngine::launch(id, &handler, &geometry).map_err(fail)?)
         }
-    } else {
-        return Ok(None);
+        Backend::CudaSim => {
+            Box::new(cuda_sim::SimEngine::launch(id, &handler, &geometry).map_err(fail)?)
+        }
+        _ => return Ok(None),
     };
     Ok(Some((Box::new(device_host::DeviceHost::new(ring)), None)))
 }
@@ -455,9 +488,13 @@ mod tests {
     #[test]
     fn probe_explains_missing_cuda() {
         let reports = probe();
-        assert_eq!(reports.len(), 3);
+        assert_eq!(reports.len(), 4);
         let w = &reports[2];
+        assert_eq!(w.backend, BackendKind::Wgpu);
         assert_eq!(w.unavailable.is_some(), w.devices.is_empty());
+        let sim = &reports[3];
+        assert_eq!(sim.backend, BackendKind::CudaSim);
+        assert_eq!(sim.unavailable.is_some(), sim.devices.is_empty());
         assert!(reports[0].unavailable.is_none() && !reports[0].devices.is_empty());
         let cuda = &reports[1];
         assert_eq!(cuda.unavailable.is_some(), cuda.devices.is_empty());

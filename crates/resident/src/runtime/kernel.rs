@@ -172,9 +172,9 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
 
     /// Runs the kernel's handler on the GPU: on a CUDA runtime, `launch` compiles `handler`
     /// into a persistent kernel, launched once, fed through pinned device-mapped queues, and
-    /// the same [`KernelHandle`](crate::prelude::KernelHandle) API drives it. Without a GPU
-    /// the kernel uses its CPU `handler`/`run` (or, with `device_emulation`, the handler's
-    /// Rust twin on the emulated device).
+    /// the same [`KernelHandle`](crate::prelude::KernelHandle) API drives it. On
+    /// `Backend::CudaSim` the same source runs on host threads (compiled by the host C++
+    /// compiler). On the CPU backend the kernel uses its CPU `handler`/`run`.
     pub fn cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
         self.cuda = Some(handler);
         self

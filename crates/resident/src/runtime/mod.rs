@@ -169,19 +169,9 @@ pub struct RuntimeBuilder {
     wait: WaitStrategy,
     shutdown_timeout: Duration,
     terminate_timeout: Duration,
-    emulate_device: bool,
 }
 
 impl RuntimeBuilder {
-    /// Runs kernels that have a CUDA handler with an `emulate_with` twin on the emulated
-    /// device (a CPU thread playing the GPU's part over the same queue memory and control
-    /// block) when the runtime has no CUDA device. For testing the host side of the device
-    /// protocol; not a fast path.
-    pub fn device_emulation(mut self, on: bool) -> Self {
-        self.emulate_device = on;
-        self
-    }
-
     /// Which backend to run on (default `Backend::Auto`).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.backend = backend;
@@ -232,7 +222,6 @@ impl RuntimeBuilder {
             }),
             backend,
             shutdown_timeout: self.shutdown_timeout,
-            emulate_device: self.emulate_device,
         })
     }
 }
@@ -242,7 +231,6 @@ pub struct Runtime {
     core: Arc<RuntimeCore>,
     backend: Backend,
     shutdown_timeout: Duration,
-    emulate_device: bool,
 }
 
 impl Runtime {
@@ -254,11 +242,10 @@ impl Runtime {
             wait: WaitStrategy::default(),
             shutdown_timeout: Duration::from_secs(5),
             terminate_timeout: kernel::TERMINATE_TIMEOUT,
-            emulate_device: false,
         }
     }
 
-    /// The backend this runtime resolved to (`Cpu` or `Cuda`, never `Auto`).
+    /// The backend this runtime resolved to (`Cpu`, `Cuda` or `CudaSim`, never `Auto`).
     pub fn backend(&self) -> Backend {
         self.backend
     }
@@ -348,7 +335,6 @@ impl Runtime {
         let has_wgsl = kernel.wgsl.is_some();
         let device = crate::backend::device_host::<In, Out>(
             self.backend,
-            self.emulate_device,
             &id,
             crate::backend::DeviceHandlers {
                 cuda: kernel.cuda,
@@ -401,7 +387,7 @@ impl Runtime {
             (None, None, None) if has_cuda => {
                 return Err(invalid(
                     "it has only a CUDA handler and this runtime has no CUDA device: add .handler(..) for the CPU, \
-                     or build the runtime with device_emulation(true) and give the handler emulate_with(..)"
+                     or run it on Backend::CudaSim (the same CUDA source on host threads)"
                         .into(),
                 ))
             }

@@ -1,7 +1,9 @@
-//! Ring kernels with a CUDA handler, driven through the same `KernelHandle` API, with the
-//! emulated device playing the GPU's part over the same queue memory and control block. This
-//! tests the host side of the device protocol (pump, lanes, output ring, correlation, faults,
-//! terminate accounting); it says nothing about GPU behaviour, which needs a GPU run.
+//! Ring kernels with a CUDA handler on `Backend::CudaSim`, driven through the same
+//! `KernelHandle` API: the persistent CUDA template and the handler's CUDA C source, compiled
+//! by the host C++ compiler against our shim and run as one block of OS threads over the same
+//! queue memory and control block as on a GPU. This runs the kernel source and the host side of
+//! the device protocol (pump, lanes, output ring, correlation, faults, terminate accounting);
+//! it says nothing about GPU timing, which needs a GPU run (none was available).
 
 use std::time::Duration;
 
@@ -19,8 +21,10 @@ device_message! {
     pub struct Notional { pub value: f32, pub seq: u32 }
 }
 
+/// `qty` 999999 traps (a device fault).
 const SRC: &str = r#"
 __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* env) {
+    if (in->qty == 999999u) __trap();
     if (in->qty == 0) return false;
     out->value = in->price * (float)in->qty;
     out->seq = (unsigned int)env->message_id;
@@ -30,22 +34,9 @@ __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out,
 
 const T: Duration = Duration::from_secs(10);
 
-fn emulated(tick: &Tick, out: &mut Notional, env: &Envelope) -> bool {
-    if tick.qty == 0 {
-        return false;
-    }
-    if tick.qty == 999_999 {
-        panic!("emulated device fault");
-    }
-    out.value = tick.price * tick.qty as f32;
-    out.seq = env.message_id as u32;
-    true
-}
-
 fn runtime() -> Runtime {
     Runtime::builder()
-        .backend(Backend::Cpu)
-        .device_emulation(true)
+        .backend(Backend::CudaSim)
         .enable_telemetry(true)
         .build()
         .unwrap()
@@ -54,7 +45,7 @@ fn runtime() -> Runtime {
 fn kernel(id: &str) -> RingKernel<Tick, Notional> {
     RingKernel::<Tick, Notional>::new(id)
         .queue_size(256)
-        .cuda(CudaHandler::new(SRC).emulate_with(emulated))
+        .cuda(CudaHandler::new(SRC))
 }
 
 #[test]
@@ -114,6 +105,7 @@ fn handler_without_output_and_priority_order() {
 fn deactivate_and_terminate_account_for_everything() {
     let rt = runtime();
     let h = rt.launch(kernel("acct")).unwrap();
+    assert_eq!(rt.backend(), Backend::CudaSim);
     h.activate().unwrap();
     h.send(Tick { price: 1.0, qty: 1 }).unwrap();
     assert_eq!(h.receive(T).unwrap().value, 1.0);
@@ -161,7 +153,14 @@ fn device_fault_fails_the_kernel_promptly_and_a_fresh_one_can_launch() {
     );
     assert!(matches!(h.state(), KernelState::Failed(_)));
     assert!(h.send(Tick { price: 1.0, qty: 1 }).is_err());
-    h.terminate().unwrap();
+    // The block faulted before it marked that batch consumed: the poisoned request comes
+    // back in the report rather than vanishing.
+    let report = h.terminate().unwrap();
+    assert!(
+        report.undelivered.iter().any(|(_, t)| t.qty == 999_999),
+        "{:?}",
+        report.undelivered.len()
+    );
     let h2 = rt.launch(kernel("fault")).unwrap();
     h2.activate().unwrap();
     assert_eq!(h2.call(Tick { price: 3.0, qty: 2 }, T).unwrap().value, 6.0);

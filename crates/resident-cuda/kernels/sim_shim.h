@@ -1,0 +1,489 @@
+// resident CUDA-on-host shim (Backend::CudaSim).
+//
+// CUDA C source (the ring-kernel template with the user's handler, or a one-shot kernel) is
+// compiled by the host C++ compiler with this header in front and run on real OS threads: one
+// thread per CUDA thread of a block, blocks of a grid one after another (so `__shared__` is a
+// function-level `static`, private to the block that runs). What this header provides is the
+// whole contract: a kernel that uses anything else fails to compile, and g++ names it.
+//
+// Semantics kept from the PTX ISA:
+// * `__syncthreads()` is a barrier of the block's live threads: a thread that returned from
+//   the kernel drops out of it (it no longer counts), as `exit` does on the GPU.
+// * Warp collectives (`__ballot_sync`, `__shfl*_sync`, `__syncwarp`, `__any_sync`,
+//   `__all_sync`) are barriers of the warp's live lanes. Every live lane of the warp must take
+//   part (partial `mask`s are not modelled: the mask argument is ignored).
+// * `__trap()` faults the block: every thread of it stops at its next barrier, collective or
+//   `__nanosleep`, and the launch returns the fault.
+// * Atomics are `std::atomic_ref` read-modify-writes, sequentially consistent (stronger than
+//   CUDA's relaxed device-scope atomics: a missing fence in a handler does not show here).
+// * `__threadfence*()` is a sequentially consistent fence.
+// * `clock64()` and `%globaltimer` read the host's monotonic clock in nanoseconds.
+#ifndef RESIDENT_SIM
+#define RESIDENT_SIM 1
+#endif
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#define __device__
+#define __host__
+#define __global__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __shared__ static
+#define __constant__
+#define __managed__
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+
+struct uint3 {
+    unsigned int x, y, z;
+};
+struct dim3 {
+    unsigned int x, y, z;
+    constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+static thread_local uint3 threadIdx;
+static thread_local uint3 blockIdx;
+static thread_local dim3 blockDim;
+static thread_local dim3 gridDim;
+static constexpr int warpSize = 32;
+
+namespace resident_sim {
+
+// Thrown in every thread of a faulted block; caught by the launcher.
+struct Fault {};
+
+struct Block;
+
+// A barrier of `expected` threads where a thread may leave for good (`drop`).
+struct Barrier {
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned int expected = 0;
+    unsigned int arrived = 0;
+    unsigned long long generation = 0;
+    const std::atomic<bool>* faulted = nullptr;
+
+    void reset(unsigned int n, const std::atomic<bool>* f) {
+        std::lock_guard<std::mutex> g(m);
+        expected = n;
+        arrived = 0;
+        faulted = f;
+    }
+    void wait() {
+        std::unique_lock<std::mutex> l(m);
+        if (faulted->load(std::memory_order_acquire)) throw Fault{};
+        const unsigned long long gen = generation;
+        if (++arrived >= expected) {
+            arrived = 0;
+            ++generation;
+            cv.notify_all();
+            return;
+        }
+        cv.wait(l, [&] { return generation != gen || faulted->load(std::memory_order_acquire); });
+        if (generation == gen) throw Fault{};
+    }
+    // The calling thread exited: it no longer takes part; release the others if it was the last.
+    void drop() {
+        std::lock_guard<std::mutex> g(m);
+        if (expected > 0) --expected;
+        if (arrived > 0 && arrived >= expected) {
+            arrived = 0;
+            ++generation;
+            cv.notify_all();
+        }
+    }
+    void wake() {
+        std::lock_guard<std::mutex> g(m);
+        cv.notify_all();
+    }
+};
+
+struct Warp {
+    Barrier bar;
+    unsigned long long vals[32];
+    unsigned int live = 0;  // bit per lane still running (under bar.m)
+};
+
+struct Block {
+    Barrier bar;
+    std::unique_ptr<Warp[]> warps;
+    unsigned int warp_count = 0;
+    std::atomic<bool> faulted{false};
+    std::mutex msg_m;
+    std::string msg;
+
+    void fault(const std::string& why) {
+        {
+            std::lock_guard<std::mutex> g(msg_m);
+            if (msg.empty()) msg = why;
+        }
+        faulted.store(true, std::memory_order_release);
+        bar.wake();
+        for (unsigned int w = 0; w < warp_count; ++w) warps[w].bar.wake();
+    }
+};
+
+static thread_local Block* t_block = nullptr;
+static thread_local unsigned int t_lane = 0;
+static thread_local unsigned int t_warp = 0;
+
+inline void check_fault() {
+    if (t_block != nullptr && t_block->faulted.load(std::memory_order_acquire)) throw Fault{};
+}
+
+[[noreturn]] inline void trap(const char* what) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s in block (%u,%u,%u) thread (%u,%u,%u)", what, blockIdx.x, blockIdx.y,
+                  blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+    if (t_block != nullptr) t_block->fault(buf);
+    throw Fault{};
+}
+
+inline unsigned long long now_ns() {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// Exchanges one 64-bit value per lane across the warp; returns all 32 (exited lanes: 0).
+inline void warp_exchange(unsigned long long mine, unsigned long long* all, unsigned int* live) {
+    Warp& w = t_block->warps[t_warp];
+    w.vals[t_lane] = mine;
+    w.bar.wait();  // every live lane has written
+    std::memcpy(all, w.vals, sizeof w.vals);
+    {
+        std::lock_guard<std::mutex> g(w.bar.m);
+        *live = w.live;
+    }
+    w.bar.wait();  // every live lane has read before anyone writes again
+}
+
+}  // namespace resident_sim
+
+// ---- synchronization ----
+inline void __syncthreads() { resident_sim::t_block->bar.wait(); }
+inline void __syncwarp(unsigned int = 0xffffffffu) { resident_sim::t_block->warps[resident_sim::t_warp].bar.wait(); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+[[noreturn]] inline void __trap() { resident_sim::trap("__trap()"); }
+inline void __nanosleep(unsigned int ns) {
+    resident_sim::check_fault();
+    if (ns < 1000)
+        std::this_thread::yield();
+    else
+        std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
+}
+inline long long clock64() { return (long long)resident_sim::now_ns(); }
+
+// ---- warp collectives (every live lane of the warp takes part) ----
+inline unsigned int __activemask() {
+    resident_sim::Warp& w = resident_sim::t_block->warps[resident_sim::t_warp];
+    std::lock_guard<std::mutex> g(w.bar.m);
+    return w.live;
+}
+inline unsigned int __ballot_sync(unsigned int, int pred) {
+    unsigned long long all[32];
+    unsigned int live;
+    resident_sim::warp_exchange(pred ? 1ull : 0ull, all, &live);
+    unsigned int m = 0;
+    for (unsigned int i = 0; i < 32; ++i)
+        if (((live >> i) & 1u) && all[i]) m |= 1u << i;
+    return m;
+}
+inline int __any_sync(unsigned int mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned int mask, int pred) {
+    unsigned long long all[32];
+    unsigned int live;
+    resident_sim::warp_exchange(pred ? 1ull : 0ull, all, &live);
+    (void)mask;
+    for (unsigned int i = 0; i < 32; ++i)
+        if (((live >> i) & 1u) && !all[i]) return 0;
+    return 1;
+}
+namespace resident_sim {
+template <typename T>
+inline T shfl_from(T var, int src, int width) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "__shfl*_sync moves values of up to 8 bytes");
+    unsigned long long mine = 0, all[32];
+    unsigned int live;
+    std::memcpy(&mine, &var, sizeof(T));
+    warp_exchange(mine, all, &live);
+    if (width <= 0 || width > 32) width = 32;
+    const int base = (int)t_lane / width * width;
+    const int lane = base + ((src % width) + width) % width;
+    T out;
+    std::memcpy(&out, &all[lane], sizeof(T));
+    return out;
+}
+}  // namespace resident_sim
+template <typename T>
+inline T __shfl_sync(unsigned int, T var, int src_lane, int width = 32) {
+    return resident_sim::shfl_from(var, src_lane, width);
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned int, T var, unsigned int delta, int width = 32) {
+    const int in_seg = (int)resident_sim::t_lane % width;
+    const int src = in_seg >= (int)delta ? in_seg - (int)delta : in_seg;
+    return resident_sim::shfl_from(var, src, width);
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned int, T var, unsigned int delta, int width = 32) {
+    const int in_seg = (int)resident_sim::t_lane % width;
+    const int src = in_seg + (int)delta < width ? in_seg + (int)delta : in_seg;
+    return resident_sim::shfl_from(var, src, width);
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned int, T var, int lane_mask, int width = 32) {
+    const int in_seg = (int)resident_sim::t_lane % width;
+    return resident_sim::shfl_from(var, in_seg ^ lane_mask, width);
+}
+
+// ---- integer intrinsics ----
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(unsigned int x) { return x == 0 ? 32 : __builtin_clz(x); }
+inline int __clzll(unsigned long long x) { return x == 0 ? 64 : __builtin_clzll(x); }
+inline int __ffs(unsigned int x) { return __builtin_ffs((int)x); }
+inline int __ffsll(unsigned long long x) { return __builtin_ffsll((long long)x); }
+inline unsigned int __brev(unsigned int x) {
+    unsigned int r = 0;
+    for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
+    return r;
+}
+inline unsigned int __umulhi(unsigned int a, unsigned int b) { return (unsigned int)(((unsigned long long)a * b) >> 32); }
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+using std::max;
+using std::min;
+
+// ---- float intrinsics ----
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __sinf(float x) { return std::sin(x); }
+inline float __cosf(float x) { return std::cos(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline float __int_as_float(int x) { float f; std::memcpy(&f, &x, 4); return f; }
+inline int __float_as_int(float f) { int x; std::memcpy(&x, &f, 4); return x; }
+
+// ---- atomics (std::atomic_ref; sequentially consistent) ----
+namespace resident_sim {
+template <typename T>
+using same_t = typename std::type_identity<T>::type;
+template <typename T, typename F>
+inline T cas_loop(T* p, F f) {
+    std::atomic_ref<T> a(*p);
+    T old = a.load();
+    while (!a.compare_exchange_weak(old, f(old))) {
+    }
+    return old;
+}
+}  // namespace resident_sim
+template <typename T>
+inline T atomicAdd(T* p, resident_sim::same_t<T> v) { return std::atomic_ref<T>(*p).fetch_add(v); }
+template <typename T>
+inline T atomicSub(T* p, resident_sim::same_t<T> v) { return std::atomic_ref<T>(*p).fetch_sub(v); }
+template <typename T>
+inline T atomicExch(T* p, resident_sim::same_t<T> v) { return std::atomic_ref<T>(*p).exchange(v); }
+template <typename T>
+inline T atomicCAS(T* p, resident_sim::same_t<T> expected, resident_sim::same_t<T> desired) {
+    std::atomic_ref<T>(*p).compare_exchange_strong(expected, desired);
+    return expected;
+}
+template <typename T>
+inline T atomicAnd(T* p, resident_sim::same_t<T> v) { return std::atomic_ref<T>(*p).fetch_and(v); }
+template <typename T>
+inline T atomicOr(T* p, resident_sim::same_t<T> v) { return std::atomic_ref<T>(*p).fetch_or(v); }
+template <typename T>
+inline T atomicXor(T* p, resident_sim::same_t<T> v) { return std::atomic_ref<T>(*p).fetch_xor(v); }
+template <typename T>
+inline T atomicMin(T* p, resident_sim::same_t<T> v) {
+    return resident_sim::cas_loop(p, [v](T o) { return v < o ? v : o; });
+}
+template <typename T>
+inline T atomicMax(T* p, resident_sim::same_t<T> v) {
+    return resident_sim::cas_loop(p, [v](T o) { return v > o ? v : o; });
+}
+inline unsigned int atomicInc(unsigned int* p, unsigned int v) {
+    return resident_sim::cas_loop(p, [v](unsigned int o) { return o >= v ? 0u : o + 1u; });
+}
+inline unsigned int atomicDec(unsigned int* p, unsigned int v) {
+    return resident_sim::cas_loop(p, [v](unsigned int o) { return (o == 0 || o > v) ? v : o - 1u; });
+}
+#define RESIDENT_SIM_SCOPED(op) \
+    template <typename... A>    \
+    inline auto op##_system(A... a) { return op(a...); } \
+    template <typename... A>    \
+    inline auto op##_block(A... a) { return op(a...); }
+RESIDENT_SIM_SCOPED(atomicAdd)
+RESIDENT_SIM_SCOPED(atomicSub)
+RESIDENT_SIM_SCOPED(atomicExch)
+RESIDENT_SIM_SCOPED(atomicCAS)
+RESIDENT_SIM_SCOPED(atomicAnd)
+RESIDENT_SIM_SCOPED(atomicOr)
+RESIDENT_SIM_SCOPED(atomicXor)
+RESIDENT_SIM_SCOPED(atomicMin)
+RESIDENT_SIM_SCOPED(atomicMax)
+#undef RESIDENT_SIM_SCOPED
+
+// ---- the launcher ----
+namespace resident_sim {
+
+struct Dims {
+    unsigned int grid[3];
+    unsigned int block[3];
+};
+
+template <typename... A, std::size_t... I>
+inline void call_entry(void (*f)(A...), void** args, std::index_sequence<I...>) {
+    f(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(args[I])...);
+}
+
+inline void set_err(char* err, unsigned int errlen, const std::string& s) {
+    if (err == nullptr || errlen == 0) return;
+    std::size_t n = std::min<std::size_t>(s.size(), errlen - 1);
+    std::memcpy(err, s.data(), n);
+    err[n] = 0;
+}
+
+// Runs `f` over the grid: a pool of block-size threads plays each block in turn.
+// Returns 0, 1 (device fault; `err` says which), or 2 (bad launch; `err` says why).
+template <typename... A>
+inline int launch(void (*f)(A...), const Dims* d, void** args, const unsigned long long* sizes, unsigned int nargs,
+                  char* err, unsigned int errlen) {
+    constexpr std::size_t N = sizeof...(A);
+    constexpr std::array<std::size_t, N + 1> want = {sizeof(std::remove_cv_t<std::remove_reference_t<A>>)..., 0};
+    if (nargs != N) {
+        set_err(err, errlen, "the kernel takes " + std::to_string(N) + " arguments, " + std::to_string(nargs) + " were given");
+        return 2;
+    }
+    for (std::size_t i = 0; i < N; ++i) {
+        if (sizes[i] != want[i]) {
+            set_err(err, errlen, "argument " + std::to_string(i) + " is " + std::to_string(sizes[i]) +
+                                     " bytes; the kernel's parameter is " + std::to_string(want[i]) + " bytes");
+            return 2;
+        }
+    }
+    const unsigned long long threads = (unsigned long long)d->block[0] * d->block[1] * d->block[2];
+    const unsigned long long blocks = (unsigned long long)d->grid[0] * d->grid[1] * d->grid[2];
+    if (threads == 0 || threads > 1024 || blocks == 0) {
+        set_err(err, errlen, "invalid launch: " + std::to_string(blocks) + " blocks of " + std::to_string(threads) +
+                                 " threads (1..=1024 threads per block)");
+        return 2;
+    }
+    const unsigned int nt = (unsigned int)threads;
+    Block block;
+    block.warp_count = (nt + 31) / 32;
+    block.warps.reset(new Warp[block.warp_count]);
+
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned long long epoch = 0;  // block number + 1 being played; guarded by m
+    unsigned int done = 0;         // threads finished with the current block; guarded by m
+    bool shutdown = false;
+
+    auto worker = [&](unsigned int t) {
+        unsigned long long seen = 0;
+        t_block = &block;
+        t_warp = t / 32;
+        t_lane = t % 32;
+        threadIdx = uint3{t % d->block[0], (t / d->block[0]) % d->block[1], t / (d->block[0] * d->block[1])};
+        blockDim = dim3(d->block[0], d->block[1], d->block[2]);
+        gridDim = dim3(d->grid[0], d->grid[1], d->grid[2]);
+        for (;;) {
+            unsigned long long b;
+            {
+                std::unique_lock<std::mutex> l(m);
+                cv.wait(l, [&] { return shutdown || epoch != seen; });
+                if (shutdown) return;
+                seen = epoch;
+                b = epoch - 1;
+            }
+            blockIdx = uint3{(unsigned int)(b % d->grid[0]), (unsigned int)((b / d->grid[0]) % d->grid[1]),
+                             (unsigned int)(b / ((unsigned long long)d->grid[0] * d->grid[1]))};
+            try {
+                call_entry(f, args, std::index_sequence_for<A...>{});
+            } catch (const Fault&) {
+            } catch (...) {
+                block.fault("a C++ exception escaped the kernel");
+            }
+            // Exited: drop out of the warp's and the block's barriers.
+            {
+                Warp& w = block.warps[t_warp];
+                std::lock_guard<std::mutex> g(w.bar.m);
+                w.live &= ~(1u << t_lane);
+            }
+            block.warps[t_warp].bar.drop();
+            block.bar.drop();
+            {
+                std::lock_guard<std::mutex> g(m);
+                ++done;
+            }
+            cv.notify_all();
+        }
+    };
+
+    std::vector<std::thread> pool;
+    pool.reserve(nt);
+    int rc = 0;
+    try {
+        for (unsigned int t = 0; t < nt; ++t) pool.emplace_back(worker, t);
+    } catch (...) {
+        set_err(err, errlen, "could not start " + std::to_string(nt) + " threads");
+        rc = 2;
+    }
+    for (unsigned long long b = 0; b < blocks && rc == 0; ++b) {
+        block.bar.reset(nt, &block.faulted);
+        for (unsigned int w = 0; w < block.warp_count; ++w) {
+            unsigned int lanes = std::min(32u, nt - w * 32);
+            block.warps[w].bar.reset(lanes, &block.faulted);
+            block.warps[w].live = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u);
+        }
+        std::unique_lock<std::mutex> l(m);
+        done = 0;
+        epoch = b + 1;
+        cv.notify_all();
+        cv.wait(l, [&] { return done == nt; });
+        if (block.faulted.load(std::memory_order_acquire)) {
+            std::lock_guard<std::mutex> g(block.msg_m);
+            set_err(err, errlen, block.msg);
+            rc = 1;
+        }
+    }
+    {
+        std::lock_guard<std::mutex> l(m);
+        shutdown = true;
+    }
+    cv.notify_all();
+    for (auto& t : pool) t.join();
+    return rc;
+}
+
+}  // namespace resident_sim
+
+#define RESIDENT_SIM_EXPORT(entry)                                                                              \
+    extern "C" __attribute__((visibility("default"))) int resident_sim_entry_##entry(                          \
+        const resident_sim::Dims* d, void** args, const unsigned long long* sizes, unsigned int nargs, char* err, \
+        unsigned int errlen) {                                                                                  \
+        return resident_sim::launch(&entry, d, args, sizes, nargs, err, errlen);                                \
+    }

@@ -1,0 +1,592 @@
+//! [`SimKernel`]: the persistent ring kernel on CudaSim. The template and the user's handler
+//! (the very source the GPU runs) are compiled by the host C++ compiler against the shim and
+//! run as one block of real OS threads over the same queue layout and control block a GPU
+//! uses; the host's half of the protocol is [`PersistentQueues`], unchanged.
+//!
+//! The queues and the state live in host memory (the "device" is the host); the kernel's block
+//! runs on a launcher thread until it exits (terminate, heartbeat timeout, a parameter error)
+//! or faults (`__trap()` in any thread faults the block: see [`SimKernel::check`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytemuck::Pod;
+use resident_ring::spsc::{HeapMemory, RingMemory};
+use resident_ring::{Envelope, Slot};
+
+use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
+use super::host::{Full, PersistentQueues, QueueConfig};
+use super::template::{compile_sim, KernelSource, PersistentParams, PERSISTENT_KERNEL_NAME};
+use super::{PersistentError, SharedMemory};
+use crate::sim::{SimError, SimInstance};
+
+/// How to launch a [`SimKernel`].
+#[derive(Clone, Debug)]
+pub struct SimLaunchOptions {
+    /// Queue geometry (`out_capacity` must be at least the source's batch size).
+    pub queues: QueueConfig,
+    /// The kernel exits when [`SimKernel::heartbeat`] is not called for this long (`None`:
+    /// never).
+    pub heartbeat_timeout: Option<Duration>,
+    /// Longest idle `__nanosleep` of thread 0 between polls (on the host a sleep below the
+    /// timer slack, about 50 us, costs a wake-up anyway, so the default is 50 us).
+    pub max_backoff_ns: u32,
+    /// Longest time between control-block reads while active.
+    pub control_poll: Duration,
+    /// How long `launch` waits for the kernel to report it is resident.
+    pub start_timeout: Duration,
+}
+
+impl Default for SimLaunchOptions {
+    fn default() -> Self {
+        SimLaunchOptions {
+            queues: QueueConfig {
+                lanes: 1,
+                lane_capacity: 4096,
+                out_capacity: 4096,
+            },
+            heartbeat_timeout: Some(Duration::from_secs(10)),
+            max_backoff_ns: 50_000,
+            control_poll: Duration::from_micros(200),
+            start_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the launcher thread reports when the block has exited for good.
+type Exit = Result<(), SimError>;
+
+/// The quiesce state of one kernel, shared by its handle, its launcher thread and the
+/// process-wide registry that [`with_all_quiesced`] walks.
+struct QuiesceShared {
+    control: SharedMemory,
+    state: Mutex<QState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct QState {
+    /// A quiesce was asked for and not yet resumed.
+    quiescing: bool,
+    /// The block exited on the quiesce and the launcher waits to relaunch it.
+    parked: bool,
+    /// Bumped by every resume (and by terminate while parked): the launcher relaunches.
+    resume: u64,
+    /// The run state the host wants once resumed (activate/deactivate while quiesced).
+    want: Option<RunState>,
+    /// The launcher is gone (final exit or fault).
+    finished: bool,
+    /// The kernel was dropped while its block still ran (a handler that never returns): it
+    /// was told to terminate, its host side is gone, and it is left out of later quiesces (it
+    /// will never park; on a GPU such a kernel needs a context reset).
+    abandoned: bool,
+}
+
+impl QuiesceShared {
+    fn control(&self) -> &ControlBlock {
+        // SAFETY: the control memory was checked by PersistentQueues (CONTROL_BLOCK_BYTES,
+        // 128-aligned) and lives as long as `self`.
+        unsafe { &*(self.control.as_mut_ptr() as *const ControlBlock) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The host's run-state writes go through here so a quiesce never loses one.
+    fn set_run_state(&self, rs: RunState) {
+        let mut q = self.lock();
+        if q.quiescing && rs != RunState::Terminate {
+            q.want = Some(rs);
+            return;
+        }
+        if rs == RunState::Terminate && q.quiescing {
+            // Relaunch so the block sees Terminate at once and exits for good.
+            q.quiescing = false;
+            q.want = None;
+            q.resume += 1;
+        }
+        self.control().set_run_state(rs);
+        self.cv.notify_all();
+    }
+
+    /// Asks the block to finish its batch and exit (queues stay), and waits until it has.
+    fn quiesce(&self, timeout: Duration) -> bool {
+        let mut q = self.lock();
+        if q.finished || q.abandoned {
+            return true;
+        }
+        if !q.quiescing {
+            q.quiescing = true;
+            q.want = self.control().run_state();
+            self.control().set_run_state(RunState::Quiesce);
+        }
+        let deadline = Instant::now() + timeout;
+        while !q.parked && !q.finished && !q.abandoned {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            q = self
+                .cv
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Relaunches a quiesced block with the run state the host wants.
+    fn resume(&self) {
+        let mut q = self.lock();
+        if !q.quiescing {
+            return;
+        }
+        q.quiescing = false;
+        let want = q.want.take().unwrap_or(RunState::Inactive);
+        self.control().set_run_state(want);
+        q.resume += 1;
+        self.cv.notify_all();
+    }
+}
+
+fn registry() -> &'static Mutex<Vec<Weak<QuiesceShared>>> {
+    static R: std::sync::OnceLock<Mutex<Vec<Weak<QuiesceShared>>>> = std::sync::OnceLock::new();
+    R.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+static RELAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// Relaunches after a quiesce, over the process's life (for tests and telemetry).
+pub fn relaunch_count() -> u64 {
+    RELAUNCHES.load(Ordering::Relaxed)
+}
+
+/// The residency rule on CudaSim: every resident CudaSim ring kernel of the process parks and
+/// exits (finishing the batch in hand, outputs included; queues, indices, counters and state
+/// stay), `op` runs, and every kernel is relaunched where it left off, with the run state the
+/// host last asked for. Messages sent meanwhile queue up in the lanes; nothing is lost or
+/// reordered. Calls are serialized. Errors: [`PersistentError::Timeout`] when a kernel did not
+/// park within `timeout` (then `op` does not run and every kernel is resumed).
+pub fn with_all_quiesced<R>(
+    timeout: Duration,
+    op: impl FnOnce() -> R,
+) -> Result<R, PersistentError> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let live: Vec<Arc<QuiesceShared>> = {
+        let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
+        r.retain(|w| w.strong_count() > 0);
+        r.iter().filter_map(|w| w.upgrade()).collect()
+    };
+    let mut parked = Vec::with_capacity(live.len());
+    let mut failed = false;
+    let deadline = Instant::now() + timeout;
+    for k in &live {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ok = k.quiesce(left);
+        parked.push(k.clone());
+        if !ok {
+            failed = true;
+            break;
+        }
+    }
+    let out = if failed { None } else { Some(op()) };
+    for k in &parked {
+        k.resume();
+    }
+    out.ok_or(PersistentError::Timeout {
+        name: "(every resident CudaSim kernel)".into(),
+        what: "the resident kernels to quiesce",
+    })
+}
+
+/// How long dropping a still-running kernel waits for its block to exit before leaving it.
+const DROP_WAIT: Duration = Duration::from_secs(2);
+
+/// A persistent ring kernel running on CudaSim.
+pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
+    name: String,
+    queues: PersistentQueues<In, Out>,
+    state: SharedMemory,
+    state_len: usize,
+    done: Receiver<Exit>,
+    thread: Option<JoinHandle<()>>,
+    /// Set once the launcher reported: `Some(Ok)` exited, `Some(Err)` faulted.
+    exit: Option<Result<(), String>>,
+    _instance: Option<Arc<SimInstance>>,
+    quiesce: Arc<QuiesceShared>,
+}
+
+fn check_sizes<In, Out>(source: &KernelSource) -> Result<(), PersistentError> {
+    let (i, o) = (core::mem::size_of::<In>(), core::mem::size_of::<Out>());
+    if source.input.size != i || source.output.size != o {
+        return Err(PersistentError::Config(format!(
+            "kernel `{}`: source declares {}/{} byte messages, the Rust types are {i}/{o} bytes",
+            source.name, source.input.size, source.output.size
+        )));
+    }
+    Ok(())
+}
+
+impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
+    /// Compiles `source` (or takes it from the disk cache), allocates the queues and the state
+    /// (initialized from `initial_state`, `source.state.size` bytes), starts the block and
+    /// returns once the kernel reports it is resident (or its error). The kernel starts
+    /// `Launched`: call [`activate`](Self::activate).
+    pub fn launch(
+        source: &KernelSource,
+        initial_state: &[u8],
+        opts: &SimLaunchOptions,
+    ) -> Result<Self, PersistentError> {
+        check_sizes::<In, Out>(source)?;
+        if initial_state.len() != source.state.size {
+            return Err(PersistentError::Config(format!(
+                "kernel `{}`: initial state is {} bytes, the state type {}",
+                source.name,
+                initial_state.len(),
+                source.state.size
+            )));
+        }
+        if (source.batch_size as usize) > opts.queues.out_capacity {
+            return Err(PersistentError::Config(format!(
+                "kernel `{}`: out_capacity {} is below the batch size {}",
+                source.name, opts.queues.out_capacity, source.batch_size
+            )));
+        }
+        opts.queues.validate()?;
+        let module = compile_sim(source)?;
+        Self::launch_compiled(&module, source, initial_state, opts)
+    }
+
+    /// [`launch`](Self::launch) with the module already compiled by
+    /// [`compile_sim`](super::compile_sim) from `source` (compiling needs no quiesce; loading
+    /// and launching do).
+    pub fn launch_compiled(
+        module: &crate::sim::SimModule,
+        source: &KernelSource,
+        initial_state: &[u8],
+        opts: &SimLaunchOptions,
+    ) -> Result<Self, PersistentError> {
+        check_sizes::<In, Out>(source)?;
+        if initial_state.len() != source.state.size {
+            return Err(PersistentError::Config(format!(
+                "kernel `{}`: initial state is {} bytes, the state type {}",
+                source.name,
+                initial_state.len(),
+                source.state.size
+            )));
+        }
+        if (source.batch_size as usize) > opts.queues.out_capacity {
+            return Err(PersistentError::Config(format!(
+                "kernel `{}`: out_capacity {} is below the batch size {}",
+                source.name, opts.queues.out_capacity, source.batch_size
+            )));
+        }
+        opts.queues.validate()?;
+        let instance = Arc::new(module.instantiate()?);
+        let queues = PersistentQueues::<In, Out>::on_heap(opts.queues)?;
+        let state = SharedMemory(Arc::new(HeapMemory::new(initial_state.len().max(8))?));
+        // SAFETY: fresh memory of at least `initial_state.len()` bytes, not shared yet.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                initial_state.as_ptr(),
+                state.as_mut_ptr(),
+                initial_state.len(),
+            )
+        };
+        queues.set_heartbeat_timeout(opts.heartbeat_timeout);
+        queues.heartbeat();
+        let view = queues.device_view();
+        let mut params = PersistentParams {
+            out: view.out.as_mut_ptr() as u64,
+            control: view.control.as_mut_ptr() as u64,
+            state: state.as_mut_ptr() as u64,
+            lane_count: opts.queues.lanes as u32,
+            lane_capacity: opts.queues.lane_capacity as u32,
+            out_capacity: opts.queues.out_capacity as u32,
+            max_backoff_ns: opts.max_backoff_ns.max(32),
+            control_poll_ns: opts.control_poll.as_nanos().min(u64::MAX as u128) as u64,
+            ..Default::default()
+        };
+        for (l, m) in view.lanes.iter().enumerate() {
+            params.lanes[l] = m.as_mut_ptr() as u64;
+        }
+        let (tx, done) = mpsc::channel();
+        let inst = instance.clone();
+        let keep_state = state.clone();
+        let block = source.batch_size;
+        let quiesce = Arc::new(QuiesceShared {
+            control: view.control.clone(),
+            state: Mutex::new(QState::default()),
+            cv: Condvar::new(),
+        });
+        let q = quiesce.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("resident-sim-{}", source.name))
+            .spawn(move || {
+                // The memory the kernel addresses lives as long as this thread.
+                let _keep = (view, keep_state);
+                let mut p = params;
+                let arg = &mut p as *mut PersistentParams as *mut core::ffi::c_void;
+                let r = loop {
+                    // SAFETY: `resident_persistent(PersistentParams)` takes exactly this
+                    // struct; every address in it points at memory kept alive by `_keep` until
+                    // the block has exited, and the host touches it only through the ring
+                    // protocol.
+                    let r = unsafe {
+                        inst.launch(
+                            PERSISTENT_KERNEL_NAME,
+                            (1, 1, 1),
+                            (block, 1, 1),
+                            &[arg],
+                            &[core::mem::size_of::<PersistentParams>() as u64],
+                        )
+                    };
+                    if r.is_err()
+                        || q.control().device_counters().state != Some(DeviceState::Quiesced)
+                    {
+                        break r;
+                    }
+                    // Quiesced: parked until resumed, then relaunched over the same memory.
+                    let mut st = q.lock();
+                    let seen = st.resume;
+                    st.parked = true;
+                    q.cv.notify_all();
+                    while st.resume == seen {
+                        st = q.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                    }
+                    st.parked = false;
+                    drop(st);
+                    RELAUNCHES.fetch_add(1, Ordering::Relaxed);
+                };
+                let mut st = q.lock();
+                st.finished = true;
+                q.cv.notify_all();
+                drop(st);
+                let _ = tx.send(r);
+            })
+            .map_err(|e| PersistentError::Config(format!("cannot spawn the CudaSim block: {e}")))?;
+        registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::downgrade(&quiesce));
+        let mut k = SimKernel {
+            name: source.name.clone(),
+            queues,
+            state,
+            state_len: initial_state.len(),
+            done,
+            thread: Some(thread),
+            exit: None,
+            _instance: Some(instance),
+            quiesce,
+        };
+        // `launch` returns once the kernel reports it is resident, or with its error.
+        let deadline = Instant::now() + opts.start_timeout;
+        loop {
+            k.check()?;
+            match k.device_counters().state {
+                Some(DeviceState::NotStarted) => {}
+                Some(s) if s.has_exited() => {
+                    k.check()?;
+                    return Err(PersistentError::Exited {
+                        name: k.name.clone(),
+                        state: Some(s),
+                        error_code: k.device_counters().error_code,
+                    });
+                }
+                _ => return Ok(k),
+            }
+            if Instant::now() > deadline {
+                return Err(PersistentError::Timeout {
+                    name: k.name.clone(),
+                    what: "the kernel to become resident",
+                });
+            }
+            match k.done.recv_timeout(Duration::from_micros(200)) {
+                Ok(r) => k.record(r),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => k.record_lost(),
+            }
+        }
+    }
+
+    fn record(&mut self, r: Exit) {
+        if self.exit.is_none() {
+            self.exit = Some(r.map_err(|e| e.to_string()));
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    fn record_lost(&mut self) {
+        if self.exit.is_none() {
+            self.exit = Some(Err(
+                "the CudaSim launcher thread ended without a report".into()
+            ));
+        }
+    }
+
+    fn poll_exit(&mut self) {
+        if self.exit.is_some() {
+            return;
+        }
+        match self.done.try_recv() {
+            Ok(r) => self.record(r),
+            Err(TryRecvError::Empty) => {}
+            Err(TryRecvError::Disconnected) => self.record_lost(),
+        }
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `Ok` while resident or after an exit asked for; [`PersistentError::DeviceFault`] once
+    /// the block faulted (`__trap()`), [`PersistentError::Exited`] when it exited on its own
+    /// (heartbeat timeout, parameter error).
+    pub fn check(&mut self) -> Result<(), PersistentError> {
+        self.poll_exit();
+        match &self.exit {
+            Some(Err(reason)) => Err(PersistentError::DeviceFault {
+                name: self.name.clone(),
+                reason: reason.clone(),
+            }),
+            Some(Ok(())) => {
+                let c = self.device_counters();
+                match c.state {
+                    Some(DeviceState::Terminated) => Ok(()),
+                    state => Err(PersistentError::Exited {
+                        name: self.name.clone(),
+                        state,
+                        error_code: c.error_code,
+                    }),
+                }
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the block has exited (or faulted).
+    pub fn has_exited(&mut self) -> bool {
+        self.poll_exit();
+        self.exit.is_some()
+    }
+
+    /// Enqueues one message on its priority's lane.
+    pub fn send(&mut self, env: Envelope, payload: In) -> Result<(), Full<In>> {
+        self.queues.send(env, payload)
+    }
+
+    /// Enqueues the longest prefix of `slots` that fits; returns how many.
+    pub fn send_batch(&mut self, slots: &[Slot<In>]) -> usize {
+        self.queues.send_batch(slots)
+    }
+
+    /// Moves up to `max` outputs to `out`.
+    pub fn receive_into(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
+        self.queues.receive_into(out, max)
+    }
+
+    /// Starts (or resumes) processing.
+    pub fn activate(&self) {
+        self.quiesce.set_run_state(RunState::Active)
+    }
+
+    /// Pauses processing; messages queue up.
+    pub fn deactivate(&self) {
+        self.quiesce.set_run_state(RunState::Inactive)
+    }
+
+    /// Parks this kernel: it finishes its batch and exits, its queues and state stay; see
+    /// [`with_all_quiesced`]. `false` when it did not park within `timeout`.
+    pub fn quiesce(&self, timeout: Duration) -> bool {
+        self.quiesce.quiesce(timeout)
+    }
+
+    /// Relaunches a quiesced kernel where it left off.
+    pub fn resume(&self) {
+        self.quiesce.resume()
+    }
+
+    /// Bumps the heartbeat.
+    pub fn heartbeat(&self) {
+        self.queues.heartbeat();
+    }
+
+    /// The device-written counters.
+    pub fn device_counters(&self) -> DeviceCounters {
+        self.queues.device_counters()
+    }
+
+    /// The host side of the queues.
+    pub fn queues(&mut self) -> &mut PersistentQueues<In, Out> {
+        &mut self.queues
+    }
+
+    /// Asks the kernel to finish its batch and exit, and waits up to `timeout` for its block.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<(), PersistentError> {
+        self.quiesce.set_run_state(RunState::Terminate);
+        if self.exit.is_none() {
+            match self.done.recv_timeout(timeout) {
+                Ok(r) => self.record(r),
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(PersistentError::Timeout {
+                        name: self.name.clone(),
+                        what: "the kernel to exit",
+                    })
+                }
+                Err(RecvTimeoutError::Disconnected) => self.record_lost(),
+            }
+        }
+        self.check()
+    }
+
+    /// After the block has exited: the inputs it never consumed, highest lane first. `None`
+    /// while it still runs.
+    pub fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>> {
+        if !self.has_exited() {
+            return None;
+        }
+        // SAFETY: the block has exited, so nothing else reads the lanes.
+        Some(unsafe { self.queues.reclaim_input() })
+    }
+
+    /// After the block has exited: the device state's bytes. `None` while it still runs.
+    pub fn state_bytes(&mut self) -> Option<Vec<u8>> {
+        if !self.has_exited() {
+            return None;
+        }
+        // SAFETY: the block has exited; the memory holds at least `state_len` bytes.
+        Some(
+            unsafe { std::slice::from_raw_parts(self.state.as_mut_ptr(), self.state_len) }.to_vec(),
+        )
+    }
+}
+
+impl<In: Pod + Send, Out: Pod + Send> Drop for SimKernel<In, Out> {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            self.quiesce.set_run_state(RunState::Terminate);
+            match self.done.recv_timeout(DROP_WAIT) {
+                Ok(r) => self.record(r),
+                Err(RecvTimeoutError::Disconnected) => self.record_lost(),
+                Err(RecvTimeoutError::Timeout) => {
+                    // Still running: the launcher thread keeps the memory it addresses and the
+                    // loaded object (its `Arc`) alive; they are freed only after its block
+                    // exits, so nothing is unmapped under running code. It no longer takes
+                    // part in quiesces (it would time every later one out).
+                    self.quiesce.lock().abandoned = true;
+                    self.quiesce.cv.notify_all();
+                    self.thread.take();
+                }
+            }
+        }
+    }
+}

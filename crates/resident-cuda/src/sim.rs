@@ -1,0 +1,452 @@
+//! CudaSim: CUDA C source compiled by the host C++ compiler against our shim header
+//! (`kernels/sim_shim.h`) into a shared object, loaded at run time and run on host threads:
+//! one OS thread per CUDA thread of a block, blocks of a grid one after another.
+//!
+//! This runs *the same source* as the GPU (the ring-kernel template with the user's handler, or
+//! a one-shot kernel), so a CUDA handler can be run, tested and debugged on a machine without a
+//! GPU. It does not say anything about GPU performance or about GPU-only behaviour (warp
+//! scheduling, memory coalescing, PCIe); see the shim header for the exact semantics.
+//!
+//! * [`SimModule::compile`] compiles (or finds in the disk cache, keyed by the hash of source,
+//!   options and compiler version) a shared object exporting one launcher per entry;
+//! * [`SimModule::instantiate`] loads a private copy of it (its `__shared__` variables and
+//!   thread-locals belong to that copy alone), and [`SimInstance::launch`] runs an entry over a
+//!   grid and returns after every thread has exited, with [`SimError::Fault`] when a thread
+//!   called `__trap()`.
+
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use crate::cache::Fnv128;
+
+/// The shim header put in front of every CudaSim translation unit.
+pub const SHIM_HEADER: &str = include_str!("../kernels/sim_shim.h");
+
+/// Environment variable naming the host C++ compiler (default `g++`).
+pub const CXX_ENV: &str = "RESIDENT_SIM_CXX";
+
+/// ABI of the exported launchers; part of the cache key.
+const ABI: &str = "resident-sim-1";
+
+/// Errors of the CudaSim layer.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The host C++ compiler cannot be run.
+    #[error("host C++ compiler `{compiler}` is not usable for CudaSim: {reason}")]
+    CompilerUnavailable {
+        /// The compiler command.
+        compiler: String,
+        /// Why.
+        reason: String,
+    },
+    /// The source failed to compile; `log` is the compiler's diagnostics (it names what the
+    /// shim lacks, e.g. "'__syncthreads_count' was not declared in this scope").
+    #[error("`{name}` failed to compile for CudaSim with {compiler}:\n{log}")]
+    Compile {
+        /// Program name.
+        name: String,
+        /// Compiler version line.
+        compiler: String,
+        /// The compiler's diagnostics.
+        log: String,
+    },
+    /// The disk cache could not be used.
+    #[error("CudaSim cache {path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The shared object could not be loaded.
+    #[error("loading CudaSim object {path}: {source}")]
+    Load {
+        /// The object.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: libloading::Error,
+    },
+    /// The entry is not exported by the module.
+    #[error("CudaSim module `{module}` has no kernel entry `{entry}`")]
+    NoEntry {
+        /// Module name.
+        module: String,
+        /// The entry asked for.
+        entry: String,
+    },
+    /// The launch itself was invalid (argument count or sizes, geometry).
+    #[error("invalid CudaSim launch of `{entry}`: {reason}")]
+    BadLaunch {
+        /// The entry.
+        entry: String,
+        /// Why.
+        reason: String,
+    },
+    /// A thread of the kernel faulted (`__trap()`): the block stopped.
+    #[error("device fault in `{entry}` (CudaSim): {reason}")]
+    Fault {
+        /// The entry.
+        entry: String,
+        /// What faulted, and where.
+        reason: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SimError + '_ {
+    move |source| SimError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The host compiler command and its version line.
+pub fn compiler() -> Result<(String, String), SimError> {
+    static VERSION: OnceLock<Result<(String, String), String>> = OnceLock::new();
+    let cxx = std::env::var(CXX_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "g++".into());
+    VERSION
+        .get_or_init(|| match Command::new(&cxx).arg("--version").output() {
+            Ok(o) if o.status.success() => {
+                let v = String::from_utf8_lossy(&o.stdout);
+                Ok((
+                    cxx.clone(),
+                    v.lines().next().unwrap_or_default().to_string(),
+                ))
+            }
+            Ok(o) => Err(format!(
+                "`{cxx} --version` failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => Err(format!("cannot run `{cxx}`: {e}")),
+        })
+        .clone()
+        .map_err(|reason| SimError::CompilerUnavailable {
+            compiler: cxx,
+            reason,
+        })
+}
+
+/// Whether CudaSim can compile here (a host C++ compiler runs).
+pub fn available() -> bool {
+    compiler().is_ok()
+}
+
+/// How to compile a CudaSim module.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SimOptions {
+    /// Extra compiler arguments (e.g. `-DNAME=1`).
+    pub extra: Vec<String>,
+}
+
+/// The folder of compiled CudaSim objects: `<kernel cache>/sim`.
+pub fn cache_dir() -> PathBuf {
+    crate::cache::KernelCache::default_dir()
+        .unwrap_or_else(|| std::env::temp_dir().join("resident-kernels"))
+        .join("sim")
+}
+
+/// The full translation unit: shim, `source` (with its own line numbers), exports.
+pub fn translation_unit(name: &str, source: &str, entries: &[&str]) -> String {
+    let mut tu = String::with_capacity(SHIM_HEADER.len() + source.len() + 256);
+    tu.push_str(SHIM_HEADER);
+    tu.push_str(&format!(
+        "\n#line 1 \"{}.cu\"\n",
+        name.replace(['"', '\\', '\n'], "_")
+    ));
+    tu.push_str(source);
+    tu.push_str("\n#line 1 \"resident-sim-exports\"\n");
+    for e in entries {
+        tu.push_str(&format!("RESIDENT_SIM_EXPORT({e})\n"));
+    }
+    tu
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut c = s.chars();
+    matches!(c.next(), Some(x) if x.is_ascii_alphabetic() || x == '_')
+        && c.all(|x| x.is_ascii_alphanumeric() || x == '_')
+}
+
+static UNIQUE: AtomicU64 = AtomicU64::new(0);
+
+fn unique_suffix() -> String {
+    format!(
+        "{}.{}",
+        std::process::id(),
+        UNIQUE.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A compiled CudaSim shared object on disk.
+#[derive(Clone, Debug)]
+pub struct SimModule {
+    name: String,
+    path: PathBuf,
+    entries: Vec<String>,
+    cached: bool,
+}
+
+impl SimModule {
+    /// Compiles `source` exporting `entries` (each an `extern "C" __global__` function), or
+    /// takes it from the disk cache. Errors: [`SimError::CompilerUnavailable`],
+    /// [`SimError::Compile`] with the compiler's diagnostics, [`SimError::Io`].
+    pub fn compile(
+        name: &str,
+        source: &str,
+        entries: &[&str],
+        options: &SimOptions,
+    ) -> Result<SimModule, SimError> {
+        Self::compile_in(&cache_dir(), name, source, entries, options)
+    }
+
+    /// [`compile`](Self::compile) with an explicit cache folder.
+    pub fn compile_in(
+        dir: &Path,
+        name: &str,
+        source: &str,
+        entries: &[&str],
+        options: &SimOptions,
+    ) -> Result<SimModule, SimError> {
+        let (cxx, version) = compiler()?;
+        if let Some(bad) = entries.iter().find(|e| !is_identifier(e)) {
+            return Err(SimError::BadLaunch {
+                entry: bad.to_string(),
+                reason: "an entry name must be a C identifier".into(),
+            });
+        }
+        let tu = translation_unit(name, source, entries);
+        let mut args: Vec<String> = [
+            "-std=c++20",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-pthread",
+            "-fvisibility=hidden",
+            "-x",
+            "c++",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(options.extra.iter().cloned());
+        let mut h = Fnv128::default();
+        h.field(ABI.as_bytes());
+        h.field(tu.as_bytes());
+        for a in &args {
+            h.field(a.as_bytes());
+        }
+        h.field(cxx.as_bytes());
+        h.field(version.as_bytes());
+        let key = format!("{:032x}", h.finish());
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let path = dir.join(format!("{key}.so"));
+        let module = |cached| SimModule {
+            name: name.to_string(),
+            path: path.clone(),
+            entries: entries.iter().map(|s| s.to_string()).collect(),
+            cached,
+        };
+        if path.is_file() {
+            return Ok(module(true));
+        }
+        let suffix = unique_suffix();
+        let src = dir.join(format!("{key}.{suffix}.cpp"));
+        let tmp = dir.join(format!("{key}.{suffix}.so.tmp"));
+        std::fs::write(&src, &tu).map_err(io_err(&src))?;
+        let out = Command::new(&cxx)
+            .args(&args)
+            .arg("-o")
+            .arg(&tmp)
+            .arg(&src)
+            .output();
+        let _ = std::fs::remove_file(&src);
+        let out = out.map_err(|e| SimError::CompilerUnavailable {
+            compiler: cxx.clone(),
+            reason: e.to_string(),
+        })?;
+        if !out.status.success() {
+            let _ = std::fs::remove_file(&tmp);
+            let log =
+                String::from_utf8_lossy(&out.stderr).replace(&*src.to_string_lossy(), "sim_shim.h");
+            return Err(SimError::Compile {
+                name: name.to_string(),
+                compiler: version,
+                log,
+            });
+        }
+        // Atomic publication: concurrent compilers of the same key each rename a whole file.
+        std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        Ok(module(false))
+    }
+
+    /// The shared object's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether it came from the disk cache.
+    pub fn was_cached(&self) -> bool {
+        self.cached
+    }
+
+    /// Loads a private copy: its `__shared__` variables, globals and thread-locals are its own,
+    /// so two instances of one module can run at once.
+    pub fn instantiate(&self) -> Result<SimInstance, SimError> {
+        let copy = self.path.with_extension(format!("{}.so", unique_suffix()));
+        std::fs::copy(&self.path, &copy).map_err(io_err(&copy))?;
+        // SAFETY: the object was built by `compile` from the shim, whose static initializers
+        // only construct standard-library objects; loading runs nothing else.
+        let lib = unsafe { libloading::Library::new(&copy) };
+        // The mapping stays after the unlink; the copy only had to exist for dlopen.
+        let _ = std::fs::remove_file(&copy);
+        let lib = lib.map_err(|source| SimError::Load {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(SimInstance {
+            lib: Some(lib),
+            module: self.name.clone(),
+            entries: self.entries.clone(),
+            lock: Mutex::new(()),
+        })
+    }
+}
+
+type EntryFn =
+    unsafe extern "C" fn(*const Dims, *mut *mut c_void, *const u64, u32, *mut u8, u32) -> i32;
+
+#[repr(C)]
+struct Dims {
+    grid: [u32; 3],
+    block: [u32; 3],
+}
+
+/// A loaded copy of a [`SimModule`]. Launches on one instance run one at a time.
+pub struct SimInstance {
+    lib: Option<libloading::Library>,
+    module: String,
+    entries: Vec<String>,
+    lock: Mutex<()>,
+}
+
+impl std::fmt::Debug for SimInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimInstance")
+            .field("module", &self.module)
+            .field("entries", &self.entries)
+            .finish()
+    }
+}
+
+impl SimInstance {
+    /// Runs `entry` over `grid` blocks of `block` threads and returns when every thread has
+    /// exited. `args[i]` points at the value of parameter `i` (for a pointer parameter: at the
+    /// 8-byte address), `sizes[i]` is its size, checked against the kernel's signature.
+    ///
+    /// # Safety
+    /// Every pointer the kernel dereferences (the arguments' values and whatever addresses
+    /// they hold) must be valid host memory for the kernel's accesses until this returns, and
+    /// not accessed by others in ways that race with the kernel, except through atomics.
+    pub unsafe fn launch(
+        &self,
+        entry: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        args: &[*mut c_void],
+        sizes: &[u64],
+    ) -> Result<(), SimError> {
+        if args.len() != sizes.len() {
+            return Err(SimError::BadLaunch {
+                entry: entry.into(),
+                reason: format!("{} arguments but {} sizes", args.len(), sizes.len()),
+            });
+        }
+        if !self.entries.iter().any(|e| e == entry) {
+            return Err(SimError::NoEntry {
+                module: self.module.clone(),
+                entry: entry.into(),
+            });
+        }
+        let lib = self.lib.as_ref().ok_or_else(|| SimError::NoEntry {
+            module: self.module.clone(),
+            entry: entry.into(),
+        })?;
+        let symbol = format!("resident_sim_entry_{entry}\0");
+        // SAFETY: every exported launcher has exactly the `EntryFn` signature (the
+        // RESIDENT_SIM_EXPORT macro of the shim defines them all).
+        let f: libloading::Symbol<EntryFn> =
+            lib.get(symbol.as_bytes()).map_err(|_| SimError::NoEntry {
+                module: self.module.clone(),
+                entry: entry.into(),
+            })?;
+        let dims = Dims {
+            grid: [grid.0, grid.1, grid.2],
+            block: [block.0, block.1, block.2],
+        };
+        let mut argv: Vec<*mut c_void> = args.to_vec();
+        let mut err = vec![0u8; 1024];
+        let _one_at_a_time = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the launcher reads `dims`, `argv[..n]`, `sizes[..n]` and writes at most
+        // `err.len()` bytes of `err`; the caller vouches for what the kernel dereferences.
+        let rc = f(
+            &dims,
+            argv.as_mut_ptr(),
+            sizes.as_ptr(),
+            argv.len() as u32,
+            err.as_mut_ptr(),
+            err.len() as u32,
+        );
+        let text = || {
+            let n = err.iter().position(|&b| b == 0).unwrap_or(err.len());
+            String::from_utf8_lossy(&err[..n]).into_owned()
+        };
+        match rc {
+            0 => Ok(()),
+            1 => Err(SimError::Fault {
+                entry: entry.into(),
+                reason: text(),
+            }),
+            _ => Err(SimError::BadLaunch {
+                entry: entry.into(),
+                reason: text(),
+            }),
+        }
+    }
+
+    /// Keeps the object mapped for the rest of the process: for an instance whose kernel may
+    /// still be running on a thread that could not be joined.
+    pub fn leak(mut self) {
+        if let Some(lib) = self.lib.take() {
+            std::mem::forget(lib);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn translation_unit_keeps_user_line_numbers() {
+        let tu = translation_unit("k", "int x;\n", &["a", "b"]);
+        assert!(tu.contains("#line 1 \"k.cu\"\nint x;"));
+        assert!(tu.contains("RESIDENT_SIM_EXPORT(a)\nRESIDENT_SIM_EXPORT(b)\n"));
+    }
+
+    #[test]
+    fn entry_names_must_be_identifiers() {
+        if !available() {
+            eprintln!("SKIP: no host C++ compiler");
+            return;
+        }
+        let e = SimModule::compile("k", "", &["bad name"], &SimOptions::default()).unwrap_err();
+        assert!(matches!(e, SimError::BadLaunch { .. }), "{e}");
+    }
+}

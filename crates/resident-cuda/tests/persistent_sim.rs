@@ -1,0 +1,551 @@
+//! The persistent-kernel protocol end to end on CudaSim: the CUDA C template with a CUDA C
+//! handler, compiled by the host C++ compiler against the shim and run as one block of OS
+//! threads over the same memory layout and control block the GPU uses. Nothing here ran on a
+//! GPU; what it checks is the kernel source and the host protocol.
+
+use std::time::{Duration, Instant};
+
+use resident_cuda::persistent::{
+    lane_for_priority, DeviceState, KernelSource, MessageDecl, PersistentError, QueueConfig,
+    SimKernel, SimLaunchOptions,
+};
+use resident_ring::{Envelope, Slot, FLAG_CALL};
+
+fn cfg(lanes: usize, lane_capacity: usize, out_capacity: usize) -> QueueConfig {
+    QueueConfig {
+        lanes,
+        lane_capacity,
+        out_capacity,
+    }
+}
+
+const DOUBLE: &str = "__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) { *out = *in * 2ull; return true; }";
+const EVEN: &str = "__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) { *out = *in; return (*in % 2ull) == 0; }";
+const MIX: &str = "__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) { *out = (*in * 0x9E3779B97F4A7C15ull) ^ e->message_id; return true; }";
+
+fn source(name: &str, handler: &str, batch: u32) -> KernelSource {
+    let u64_decl = MessageDecl::new("U64", "typedef unsigned long long U64;", 8);
+    KernelSource::new(
+        name,
+        u64_decl.clone(),
+        u64_decl,
+        MessageDecl::new(
+            "Count",
+            "typedef struct { unsigned long long n; } Count;",
+            8,
+        ),
+        handler,
+        batch,
+    )
+}
+
+fn launch_with(
+    name: &str,
+    handler: &str,
+    batch: u32,
+    queues: QueueConfig,
+    heartbeat_timeout: Option<Duration>,
+) -> Result<SimKernel<u64, u64>, PersistentError> {
+    let opts = SimLaunchOptions {
+        queues,
+        heartbeat_timeout,
+        ..SimLaunchOptions::default()
+    };
+    SimKernel::launch(&source(name, handler, batch), &[0u8; 8], &opts)
+}
+
+fn launch(name: &str, handler: &str, batch: u32, queues: QueueConfig) -> SimKernel<u64, u64> {
+    launch_with(name, handler, batch, queues, None).unwrap()
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Receives exactly `n` outputs (panics after a timeout).
+fn receive_n(q: &mut SimKernel<u64, u64>, n: usize) -> Vec<Slot<u64>> {
+    let mut out = Vec::with_capacity(n);
+    wait_until("outputs", || {
+        let want = n - out.len();
+        q.receive_into(&mut out, want);
+        out.len() == n
+    });
+    out
+}
+
+fn env(id: u64, priority: u8) -> Envelope {
+    Envelope::new(id, priority, id * 10)
+}
+
+const T: Duration = Duration::from_secs(30);
+
+#[test]
+fn fifo_within_a_lane_and_reply_envelope() {
+    let mut q = launch("fifo", DOUBLE, 32, cfg(1, 64, 64));
+    q.activate();
+    let mut e = env(1, 7);
+    e.flags = FLAG_CALL;
+    q.send(e, 100).unwrap();
+    let first = receive_n(&mut q, 1)[0];
+    assert_eq!(first.payload, 200);
+    assert_eq!(first.env.correlation_id, 1);
+    assert_eq!(first.env.flags, FLAG_CALL);
+    assert_eq!(first.env.timestamp_ns, 10);
+    // Send and receive concurrently; everything must come back in send order.
+    let mut got: Vec<Slot<u64>> = Vec::new();
+    let mut next = 2u64;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < 999 {
+        assert!(Instant::now() < deadline, "timed out");
+        if next <= 1000 && q.send(env(next, 7), next).is_ok() {
+            next += 1;
+        }
+        q.receive_into(&mut got, 64);
+    }
+    for (k, s) in got.iter().enumerate() {
+        assert_eq!(s.env.correlation_id, k as u64 + 2);
+        assert_eq!(s.payload, 2 * (k as u64 + 2));
+    }
+    q.terminate(T).unwrap();
+    assert_eq!(q.device_counters().state, Some(DeviceState::Terminated));
+    assert_eq!(q.device_counters().processed, 1000);
+}
+
+#[test]
+fn highest_lane_drains_first() {
+    let mut q = launch("lanes", DOUBLE, 256, cfg(4, 64, 256));
+    // Queue everything before activation so the first batch sees all lanes full.
+    let prios = [0u8, 64, 128, 255, 10, 70, 200, 130];
+    let mut id = 0;
+    for round in 0..10 {
+        for &p in &prios {
+            id += 1;
+            q.send(env(id, p), round).unwrap();
+        }
+    }
+    let per_lane = q.queues().sent_per_lane();
+    assert_eq!(&per_lane[..4], &[20, 20, 20, 20]);
+    q.activate();
+    let out = receive_n(&mut q, 80);
+    let lanes: Vec<usize> = out
+        .iter()
+        .map(|s| lane_for_priority(s.env.priority, 4))
+        .collect();
+    let mut sorted = lanes.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    assert_eq!(lanes, sorted, "outputs must come highest lane first");
+    // FIFO within each lane: ids increase.
+    for l in 0..4 {
+        let ids: Vec<u64> = out
+            .iter()
+            .filter(|s| lane_for_priority(s.env.priority, 4) == l)
+            .map(|s| s.env.correlation_id)
+            .collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "lane {l}: {ids:?}");
+    }
+    q.terminate(T).unwrap();
+    assert_eq!(q.device_counters().batches, 1);
+}
+
+#[test]
+fn batches_are_at_most_the_batch_size() {
+    let mut q = launch("batches", DOUBLE, 64, cfg(2, 1024, 64));
+    for i in 0..1000u64 {
+        q.send(env(i + 1, (i % 256) as u8), i).unwrap();
+    }
+    q.activate();
+    let out = receive_n(&mut q, 1000);
+    assert_eq!(out.len(), 1000);
+    wait_until("idle counters", || q.device_counters().processed == 1000);
+    let c = q.device_counters();
+    assert_eq!(c.batches, 1000u64.div_ceil(64));
+    assert_eq!(c.undelivered, 0);
+    q.terminate(T).unwrap();
+}
+
+#[test]
+fn handler_without_output_is_compacted() {
+    let mut q = launch("compact", EVEN, 64, cfg(1, 256, 256));
+    for i in 1..=200u64 {
+        q.send(env(i, 1), i).unwrap();
+    }
+    q.activate();
+    let out = receive_n(&mut q, 100);
+    let ids: Vec<u64> = out.iter().map(|s| s.payload).collect();
+    assert_eq!(ids, (1..=100).map(|k| 2 * k).collect::<Vec<_>>());
+    wait_until("all processed", || q.device_counters().processed == 200);
+    assert!(q.queues().try_receive().is_none());
+    q.terminate(T).unwrap();
+}
+
+#[test]
+fn deactivate_parks_and_activate_resumes() {
+    let mut q = launch("park", DOUBLE, 32, cfg(1, 64, 64));
+    wait_until("idle before activation", || {
+        q.device_counters().state == Some(DeviceState::Idle)
+    });
+    q.activate();
+    wait_until("running", || {
+        q.device_counters().state == Some(DeviceState::Running)
+    });
+    q.send(env(1, 0), 1).unwrap();
+    receive_n(&mut q, 1);
+    q.deactivate();
+    wait_until("idle", || {
+        q.device_counters().state == Some(DeviceState::Idle)
+    });
+    for i in 2..12u64 {
+        q.send(env(i, 0), i).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(
+        q.queues().try_receive().is_none(),
+        "an inactive device must not process"
+    );
+    assert_eq!(q.queues().pending_input(), 10);
+    // A parked kernel writes nothing per poll: the device line stays byte-for-byte the same.
+    let before = q.device_counters();
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(q.device_counters(), before);
+    q.activate();
+    let out = receive_n(&mut q, 10);
+    assert_eq!(out[0].env.correlation_id, 2);
+    assert_eq!(q.queues().pending_input(), 0);
+    q.terminate(T).unwrap();
+    assert_eq!(q.device_counters().state, Some(DeviceState::Terminated));
+}
+
+#[test]
+fn terminate_reports_what_was_left() {
+    let mut q = launch("left", DOUBLE, 32, cfg(2, 64, 64));
+    for i in 1..=5u64 {
+        q.send(env(i, 200), i).unwrap();
+    }
+    // Never activated: the five stay queued and come back.
+    q.terminate(T).unwrap();
+    let back = q.reclaim_input().unwrap();
+    assert_eq!(
+        back.iter().map(|s| s.payload).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
+    let c = q.device_counters();
+    assert_eq!(c.state, Some(DeviceState::Terminated));
+    assert_eq!(c.processed, 0);
+}
+
+#[test]
+fn heartbeat_keeps_alive_and_its_absence_stops_the_device() {
+    // A timeout far above the beat period: on a loaded 2-core machine the beating thread can
+    // be descheduled for tens of milliseconds.
+    let mut q = launch_with(
+        "heartbeat",
+        DOUBLE,
+        32,
+        cfg(1, 8, 32),
+        Some(Duration::from_millis(300)),
+    )
+    .unwrap();
+    q.activate();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(900) {
+        q.heartbeat();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!q.has_exited(), "a beating host must keep the device alive");
+    assert!(q.device_counters().last_heartbeat_seen > 0);
+    // The host "crashes": no more beats.
+    wait_until("heartbeat exit", || q.has_exited());
+    assert!(matches!(
+        q.check(),
+        Err(PersistentError::Exited {
+            state: Some(DeviceState::HeartbeatTimeout),
+            ..
+        })
+    ));
+    assert_eq!(
+        q.device_counters().state,
+        Some(DeviceState::HeartbeatTimeout)
+    );
+}
+
+#[test]
+fn full_lane_hands_the_message_back_and_output_backpressure_never_drops() {
+    let mut q = launch("backpressure", DOUBLE, 32, cfg(1, 16, 32));
+    q.activate();
+    // The host does not receive: the device fills the output ring (32), then the lane (16)
+    // fills behind it, and `send` must hand the message back.
+    // A full lane is only final once the output ring is full too (the device may simply not
+    // have drained the lane yet: a CudaSim batch takes a while).
+    let mut sent = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let full = loop {
+        match q.send(env(sent + 1, 0), sent + 1) {
+            Ok(()) => sent += 1,
+            Err(full) if sent >= 48 => break full,
+            Err(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+        assert!(sent <= 10_000, "the lane never filled");
+        assert!(Instant::now() < deadline, "timed out filling, sent {sent}");
+    };
+    assert_eq!(full.lane, 0);
+    assert_eq!(full.slot.payload, sent + 1);
+    assert_eq!(full.slot.env.message_id, sent + 1);
+    assert!(
+        sent >= 48,
+        "output (32) + lane (16) must both fill, sent {sent}"
+    );
+    // Now drain everything: each message arrives exactly once, in order.
+    let out = receive_n(&mut q, sent as usize);
+    for (k, s) in out.iter().enumerate() {
+        assert_eq!(s.env.correlation_id, k as u64 + 1);
+    }
+    // The batched sender stops at the first message that does not fit.
+    let batch: Vec<Slot<u64>> = (0..40u64).map(|i| Slot::new(env(1000 + i, 0), i)).collect();
+    q.deactivate();
+    wait_until("idle", || {
+        q.device_counters().state == Some(DeviceState::Idle)
+    });
+    assert_eq!(q.send_batch(&batch), 16);
+    q.terminate(T).unwrap();
+    assert_eq!(q.device_counters().undelivered, 0);
+}
+
+#[test]
+fn terminate_with_full_output_counts_undelivered() {
+    let mut q = launch("undelivered", DOUBLE, 32, cfg(1, 64, 32));
+    for i in 1..=64u64 {
+        q.send(env(i, 0), i).unwrap();
+    }
+    q.activate();
+    // First batch (32) fills the output; the second (32) waits for room.
+    wait_until("second batch blocked", || {
+        q.queues().pending_input() == 0 && q.device_counters().processed == 32
+    });
+    q.terminate(T).unwrap();
+    assert_eq!(q.device_counters().state, Some(DeviceState::Terminated));
+    let c = q.device_counters();
+    assert_eq!(c.undelivered, 32);
+    assert_eq!(c.processed, 64);
+    assert_eq!(receive_n(&mut q, 32).len(), 32);
+}
+
+#[test]
+fn stress_exactly_once_across_lanes() {
+    // Fewer messages than the CPU stress test: every batch is ~6 block-wide barriers of real
+    // OS threads on a 2-core machine.
+    const N: u64 = 200_000;
+    let mut q = launch("stress", MIX, 256, cfg(4, 1024, 1024));
+    q.activate();
+    let mut next = 1u64;
+    let mut received = 0u64;
+    let mut sum_ids = 0u64;
+    let mut sum_payload = 0u64;
+    let mut last_in_lane = [0u64; 4];
+    let mut buf = Vec::with_capacity(1024);
+    let mut batch = Vec::with_capacity(64);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while received < N {
+        assert!(Instant::now() < deadline, "stress timed out at {received}");
+        if next <= N {
+            batch.clear();
+            for id in next..(next + 64).min(N + 1) {
+                let prio = (id.wrapping_mul(2_654_435_761) >> 8) as u8;
+                batch.push(Slot::new(env(id, prio), id));
+            }
+            next += q.send_batch(&batch) as u64;
+        }
+        buf.clear();
+        q.receive_into(&mut buf, 1024);
+        for s in &buf {
+            let id = s.env.correlation_id;
+            assert_eq!(s.payload, id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ id);
+            let lane = lane_for_priority(s.env.priority, 4);
+            assert!(id > last_in_lane[lane], "lane {lane} out of order");
+            last_in_lane[lane] = id;
+            sum_ids = sum_ids.wrapping_add(id);
+            sum_payload = sum_payload.wrapping_add(s.payload);
+            received += 1;
+        }
+    }
+    assert_eq!(sum_ids, N * (N + 1) / 2);
+    let expect_payload = (1..=N).fold(0u64, |a, id| {
+        a.wrapping_add(id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ id)
+    });
+    assert_eq!(sum_payload, expect_payload);
+    assert!(q.queues().try_receive().is_none());
+    q.terminate(T).unwrap();
+    let c = q.device_counters();
+    assert_eq!(c.processed, N);
+    assert!(c.batches >= N / 256);
+}
+
+#[test]
+fn invalid_configurations_are_typed_errors() {
+    for bad in [cfg(0, 8, 8), cfg(9, 8, 8), cfg(1, 3, 8), cfg(1, 8, 0)] {
+        assert!(matches!(
+            resident_cuda::persistent::PersistentQueues::<u64, u64>::on_heap(bad),
+            Err(PersistentError::Config(_))
+        ));
+    }
+    // The output ring must hold a whole batch.
+    assert!(matches!(
+        launch_with("small-out", DOUBLE, 32, cfg(1, 8, 16), None),
+        Err(PersistentError::Config(_))
+    ));
+    // Batch sizes are multiples of 32 in 32..=1024 (the block size).
+    assert!(matches!(
+        launch_with("odd-batch", DOUBLE, 48, cfg(1, 64, 64), None),
+        Err(PersistentError::Config(_))
+    ));
+}
+
+#[test]
+fn priority_mapping_covers_every_lane_in_order() {
+    for n in 1..=8 {
+        let lanes: Vec<usize> = (0..=255u8).map(|p| lane_for_priority(p, n)).collect();
+        assert_eq!(lanes[0], 0);
+        assert_eq!(lanes[255], n - 1);
+        assert!(lanes.windows(2).all(|w| w[0] <= w[1] && w[1] - w[0] <= 1));
+        for l in 0..n {
+            let count = lanes.iter().filter(|&&x| x == l).count();
+            assert!(
+                count == 256 / n || count == 256 / n + 1,
+                "n={n} lane {l}: {count}"
+            );
+        }
+    }
+}
+
+/// Counts handled messages in device state (atomically: the threads of a batch share it) and
+/// traps on 13.
+const COUNT_OR_TRAP: &str = r#"
+__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) {
+    if (*in == 13ull) __trap();
+    *out = atomicAdd(&s->n, 1ull) + 1ull;
+    return true;
+}
+"#;
+
+#[test]
+fn device_state_persists_across_batches() {
+    let mut q = launch("state", COUNT_OR_TRAP, 32, cfg(1, 256, 256));
+    q.activate();
+    let mut seen = Vec::new();
+    for round in 0..5u64 {
+        for i in 0..50u64 {
+            q.send(env(round * 100 + i + 1, 0), 1000 + i).unwrap();
+        }
+        seen.extend(receive_n(&mut q, 50).into_iter().map(|s| s.payload));
+    }
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (1..=250u64).collect::<Vec<_>>(),
+        "each count handed out once"
+    );
+    assert!(q.device_counters().batches >= 5);
+    q.terminate(T).unwrap();
+    let state = q.state_bytes().unwrap();
+    assert_eq!(u64::from_le_bytes(state.try_into().unwrap()), 250);
+}
+
+#[test]
+fn a_trapping_handler_faults_the_block_and_check_reports_it() {
+    let mut q = launch("trap", COUNT_OR_TRAP, 64, cfg(1, 256, 256));
+    q.activate();
+    q.send(env(1, 0), 1).unwrap();
+    assert_eq!(receive_n(&mut q, 1)[0].payload, 1);
+    // Parked while the rest queues up, so the 39 arrive as one batch (batch size 64).
+    q.deactivate();
+    wait_until("parked", || {
+        q.device_counters().state == Some(DeviceState::Idle)
+    });
+    for i in 2..=40u64 {
+        q.send(env(i, 0), if i == 20 { 13 } else { i }).unwrap();
+    }
+    q.activate();
+    let start = Instant::now();
+    wait_until("the fault", || q.has_exited());
+    assert!(start.elapsed() < Duration::from_secs(10));
+    match q.check() {
+        Err(PersistentError::DeviceFault { reason, .. }) => {
+            assert!(reason.contains("__trap()"), "{reason}")
+        }
+        other => panic!("expected a device fault, got {other:?}"),
+    }
+    // The block died mid-batch: it publishes a batch's lane heads only after every handler of
+    // the batch returned, so the inputs it held come back (nothing is silently lost).
+    let back = q.reclaim_input().unwrap();
+    assert_eq!(back.len(), 39);
+}
+
+#[test]
+fn a_handler_using_what_the_shim_lacks_is_a_compile_error_naming_it() {
+    let src = "__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) { \
+               *out = __syncthreads_count(*in > 3); return true; }";
+    match launch_with("lacks", src, 32, cfg(1, 64, 64), None) {
+        Err(PersistentError::Compile { log, arch, .. }) => {
+            assert!(log.contains("__syncthreads_count"), "{log}");
+            assert!(arch.contains("CudaSim"), "{arch}");
+            assert!(
+                log.contains("handler.cu:1:"),
+                "diagnostics point into the handler's own lines: {log}"
+            );
+        }
+        Err(e) => panic!("expected a compile error, got {e}"),
+        Ok(_) => panic!("compiled a handler the shim cannot run"),
+    }
+}
+
+/// The launch-per-batch baseline kernel on a grid that covers the batch (ceil(n / block)
+/// blocks), compacting outputs in input order across blocks through its chained scan.
+#[test]
+fn launch_per_batch_kernel_covers_the_batch_with_a_grid_and_keeps_order() {
+    use resident_cuda::persistent::{batch_scan_bytes, compile_sim};
+    let src = source("batch-grid", EVEN, 64);
+    let inst = compile_sim(&src).unwrap().instantiate().unwrap();
+    let n = 1000usize;
+    let mut input: Vec<Slot<u64>> = (0..n as u64).map(|i| Slot::new(env(i + 1, 0), i)).collect();
+    let mut output: Vec<Slot<u64>> = vec![Slot::new(Envelope::default(), 0); n];
+    let mut count = 0u32;
+    let mut state = 0u64;
+    let mut scan = vec![0u32; batch_scan_bytes(n, 64) / 4];
+    let blocks = n.div_ceil(64) as u32;
+    let mut a_in = input.as_mut_ptr() as u64;
+    let mut a_n = n as u32;
+    let mut a_out = output.as_mut_ptr() as u64;
+    let mut a_count = &mut count as *mut u32 as u64;
+    let mut a_state = &mut state as *mut u64 as u64;
+    let mut a_scan = scan.as_mut_ptr() as u64;
+    let args: [*mut core::ffi::c_void; 6] = [
+        (&mut a_in as *mut u64).cast(),
+        (&mut a_n as *mut u32).cast(),
+        (&mut a_out as *mut u64).cast(),
+        (&mut a_count as *mut u64).cast(),
+        (&mut a_state as *mut u64).cast(),
+        (&mut a_scan as *mut u64).cast(),
+    ];
+    // SAFETY: the arguments match `resident_batch`'s parameters (checked by size), and every
+    // buffer they point at is live, large enough and untouched until the launch returns.
+    unsafe {
+        inst.launch(
+            "resident_batch",
+            (blocks, 1, 1),
+            (64, 1, 1),
+            &args,
+            &[8, 4, 8, 8, 8, 8],
+        )
+    }
+    .unwrap();
+    assert_eq!(count, 500, "even payloads produce");
+    let got: Vec<u64> = output[..500].iter().map(|s| s.payload).collect();
+    assert_eq!(got, (0..1000u64).filter(|x| x % 2 == 0).collect::<Vec<_>>());
+    assert!(output[..500]
+        .iter()
+        .all(|s| s.env.correlation_id == s.payload + 1));
+    assert_eq!(scan[0], blocks, "every block took a ticket");
+}

@@ -1,0 +1,179 @@
+//! The persistent ring kernel under ThreadSanitizer: for every batch size we ship, the CudaSim
+//! translation unit (shim + generated prelude + a handler + the template) is compiled together
+//! with a C++ driver (`tests/sim/tsan_driver.cpp`) that plays the host's half of the protocol,
+//! with `g++ -fsanitize=thread`, and run. The test fails on any TSan report, a driver check
+//! (exactly once, FIFO per lane, payloads, counters) or a timeout.
+//!
+//! Needs g++ and libtsan (Debian: `libtsan2`, installed by `.ci/run`). Without them the test
+//! prints `SKIP:` unless `RESIDENT_REQUIRE_TSAN=1`.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use resident_cuda::persistent::{KernelSource, MessageDecl};
+
+const DRIVER: &str = include_str!("sim/tsan_driver.cpp");
+
+/// The batch sizes the crates use: 32 (smallest), 64 (`RingKernel` default), 96 (not a power of
+/// two), 256 (bench baseline), 1024 (bench persistent kernel, largest).
+const BATCH_SIZES: &[u32] = &[32, 64, 96, 256, 1024];
+
+// RESIDENT_TSAN_KEEP=1 keeps the generated sources and binaries (the folder is printed).
+
+const HANDLER: &str = r#"
+__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) {
+    *out = *in * 2ull + 1ull;
+    atomicAdd(&s->n, 1ull);
+    return true;
+}
+"#;
+
+fn source(batch: u32) -> KernelSource {
+    let u64_decl = MessageDecl::new("U64", "typedef unsigned long long U64;", 8);
+    KernelSource::new(
+        format!("tsan_{batch}"),
+        u64_decl.clone(),
+        u64_decl,
+        MessageDecl::new(
+            "Count",
+            "typedef struct { unsigned long long n; } Count;",
+            8,
+        ),
+        HANDLER,
+        batch,
+    )
+}
+
+fn skip_or_fail(why: &str) {
+    if std::env::var("RESIDENT_REQUIRE_TSAN").as_deref() == Ok("1") {
+        panic!("RESIDENT_REQUIRE_TSAN=1 but {why}");
+    }
+    eprintln!("SKIP: ThreadSanitizer run: {why}");
+}
+
+/// Builds `rendered` (a rendered template) with the driver under TSan and runs it; returns
+/// (exit status success, stdout, stderr), or `None` after a skip.
+fn build_and_run(
+    dir: &std::path::Path,
+    tag: &str,
+    rendered: &str,
+) -> Option<(bool, String, String)> {
+    let Ok((cxx, _)) = resident_cuda::sim::compiler() else {
+        skip_or_fail("no host C++ compiler");
+        return None;
+    };
+    let tu = resident_cuda::sim::translation_unit(tag, rendered, &[])
+        + "\n#line 1 \"tsan_driver.cpp\"\n"
+        + DRIVER;
+    let src = dir.join(format!("{tag}.cpp"));
+    let exe = dir.join(tag);
+    std::fs::write(&src, tu).unwrap();
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-g",
+            "-fsanitize=thread",
+            "-pthread",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        let log = String::from_utf8_lossy(&out.stderr);
+        if log.contains("libtsan") || log.contains("-ltsan") {
+            skip_or_fail(&format!("libtsan is missing: {log}"));
+            return None;
+        }
+        panic!("{tag}: the TSan build failed:\n{log}");
+    }
+    let mut child = Command::new(&exe)
+        .env(
+            "TSAN_OPTIONS",
+            "halt_on_error=1 exitcode=66 second_deadlock_stack=1",
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{tag}: the TSan run timed out (a hang in the protocol?)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = child.wait_with_output().unwrap();
+    Some((
+        status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    ))
+}
+
+fn work_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("resident-tsan-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn finish(dir: &std::path::Path) {
+    if std::env::var("RESIDENT_TSAN_KEEP").as_deref() == Ok("1") {
+        println!("kept the TSan sources and binaries in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn persistent_kernel_is_clean_under_thread_sanitizer_for_every_batch_size() {
+    let dir = work_dir("clean");
+    for &batch in BATCH_SIZES {
+        let rendered = source(batch).render().unwrap();
+        let Some((ok, stdout, stderr)) = build_and_run(&dir, &format!("tsan_{batch}"), &rendered)
+        else {
+            return;
+        };
+        assert!(
+            ok && !stderr.contains("ThreadSanitizer"),
+            "batch {batch}:\n{stdout}\n{stderr}"
+        );
+        println!("batch {batch}: {}", stdout.trim());
+    }
+    finish(&dir);
+}
+
+/// The harness has teeth: the template's start-up broadcast as it was before the fix (thread 0
+/// reused `s_cmd` for it, then rewrote `s_cmd` in the loop while other threads could still be
+/// reading the start value) is reported as a data race.
+#[test]
+fn thread_sanitizer_reports_the_old_s_cmd_race() {
+    let dir = work_dir("race");
+    let rendered = source(32).render().unwrap();
+    let old = rendered
+        .replace("s_start = RESIDENT_CMD_RUN;", "s_cmd = RESIDENT_CMD_RUN;")
+        .replace("s_start = RESIDENT_CMD_EXIT;", "s_cmd = RESIDENT_CMD_EXIT;")
+        .replace(
+            "if (s_start == RESIDENT_CMD_EXIT) return;",
+            "if (s_cmd == RESIDENT_CMD_EXIT) return;",
+        );
+    assert_ne!(
+        old, rendered,
+        "the template still has the start-up broadcast"
+    );
+    let Some((ok, stdout, stderr)) = build_and_run(&dir, "old_s_cmd", &old) else {
+        return;
+    };
+    assert!(
+        !ok && stderr.contains("ThreadSanitizer: data race"),
+        "expected a data race report:\n{stdout}\n{stderr}"
+    );
+    finish(&dir);
+}

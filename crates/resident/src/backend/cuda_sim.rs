@@ -1,0 +1,266 @@
+//! The CudaSim backend: everything the CUDA backend runs, from the same CUDA C source, on host
+//! threads (see [`resident_cuda::sim`]): ring kernels with a [`CudaHandler`] run as the
+//! persistent template compiled by the host C++ compiler ([`SimEngine`], one block of OS
+//! threads over the same queue layout and control block as on a GPU), and one-shot
+//! [`Kernel`]s with CUDA source run over their grid ([`CudaSimDevice`]). Memory is host
+//! memory. Nothing here says anything about GPU speed; it runs the kernel source where there
+//! is no GPU, so it can be tested and debugged.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use resident_cuda::persistent::sim::with_all_quiesced;
+use resident_cuda::persistent::{SimKernel, SimLaunchOptions};
+use resident_cuda::sim::{SimInstance, SimModule, SimOptions};
+use resident_ring::{Message, Slot};
+
+use super::cpu::CpuDevice;
+use super::kernel::{Kernel, KernelArg};
+use super::storage::{DeviceMemory, HostMemory};
+use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use super::cuda_ring::{CudaHandler, DeviceGeometry};
+use super::device_host::{DeviceError, DeviceRing, RingCounters};
+
+/// How long the kernel outlives a silent host (the pump beats every 50 ms).
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the residency rule waits for every resident kernel to park.
+pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `op` under the residency rule: every resident CudaSim ring kernel of the process parks
+/// and exits first (queues, indices and state stay) and is relaunched where it left off after.
+fn quiesced<R>(op: impl FnOnce() -> R) -> std::result::Result<R, DeviceError> {
+    Ok(with_all_quiesced(QUIESCE_TIMEOUT, op)?)
+}
+
+/// A ring kernel's CUDA handler running as the persistent template on CudaSim.
+pub(crate) struct SimEngine<In: Message, Out: Message> {
+    kernel: SimKernel<In, Out>,
+}
+
+impl<In: Message, Out: Message> SimEngine<In, Out> {
+    /// Compiles (or finds cached) and starts the kernel; returns once it reports resident.
+    /// Follows the residency rule: the kernels already resident are quiesced for the launch
+    /// (module load, allocations, the launch) and relaunched after it.
+    pub fn launch(
+        id: &str,
+        handler: &CudaHandler<In, Out>,
+        g: &DeviceGeometry,
+    ) -> std::result::Result<Self, DeviceError> {
+        let source = handler.kernel_source(id, g.batch_size);
+        let opts = SimLaunchOptions {
+            queues: g.queues(),
+            heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
+            ..SimLaunchOptions::default()
+        };
+        // Compiling touches no device: outside the quiesce, so resident kernels keep running.
+        let module = resident_cuda::persistent::compile_sim(&source)?;
+        let kernel = quiesced(|| {
+            SimKernel::launch_compiled(&module, &source, &handler.state, &opts)
+        })??;
+        Ok(SimEngine { kernel })
+    }
+}
+
+impl<In: Message, Out: Message> DeviceRing<In, Out> for SimEngine<In, Out> {
+    fn push(&mut self, slots: &[Slot<In>]) -> usize {
+        self.kernel.send_batch(slots)
+    }
+    fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
+        self.kernel.receive_into(out, max)
+    }
+    fn set_active(&mut self, on: bool) -> std::result::Result<(), DeviceError> {
+        if on {
+            self.kernel.activate()
+        } else {
+            self.kernel.deactivate()
+        }
+        Ok(())
+    }
+    fn heartbeat(&mut self) {
+        self.kernel.heartbeat();
+    }
+    fn check(&mut self) -> std::result::Result<(), DeviceError> {
+        Ok(self.kernel.check()?)
+    }
+    fn counters(&self) -> RingCounters {
+        let c = self.kernel.device_counters();
+        RingCounters {
+            processed: c.processed,
+            batches: c.batches,
+            lost: c.undelivered,
+        }
+    }
+    fn stop(&mut self, timeout: Duration) -> std::result::Result<(), DeviceError> {
+        Ok(self.kernel.terminate(timeout)?)
+    }
+    fn reclaim(&mut self) -> Vec<Slot<In>> {
+        self.kernel.reclaim_input().unwrap_or_default()
+    }
+}
+
+/// Loaded one-shot modules by (source, entry, options).
+type ModuleMap = HashMap<(String, String, Vec<String>), Arc<SimInstance>>;
+
+/// One-shot kernels with CUDA source on host threads; memory is host memory.
+#[derive(Debug, Default)]
+pub struct CudaSimDevice {
+    host: CpuDevice,
+    /// Loaded modules by (source, entry, options).
+    modules: Mutex<ModuleMap>,
+}
+
+impl CudaSimDevice {
+    /// The CudaSim device; an error when no host C++ compiler runs.
+    pub fn open() -> Result<Self> {
+        resident_cuda::sim::compiler()?;
+        Ok(CudaSimDevice::default())
+    }
+
+    fn instance(&self, kernel: &Kernel) -> Result<(Arc<SimInstance>, String)> {
+        let Some((source, entry, options)) = &kernel.cuda else {
+            return Err(BackendError::NoCudaSource {
+                kernel: kernel.name().to_string(),
+            });
+        };
+        let key = (source.clone(), entry.clone(), options.clone());
+        if let Some(i) = self.modules.lock().get(&key) {
+            return Ok((i.clone(), entry.clone()));
+        }
+        // NVRTC options (`-arch`, `--use_fast_math`, ...) mean nothing to the host compiler;
+        // only preprocessor definitions carry over.
+        let extra = options
+            .iter()
+            .filter(|o| o.starts_with("-D"))
+            .cloned()
+            .collect();
+        let module = SimModule::compile(
+            kernel.name(),
+            source,
+            &[entry.as_str()],
+            &SimOptions { extra },
+        )?;
+        let instance = Arc::new(module.instantiate()?);
+        self.modules.lock().insert(key, instance.clone());
+        Ok((instance, entry.clone()))
+    }
+}
+
+impl ComputeDevice for CudaSimDevice {
+    fn kind(&self) -> BackendKind {
+        BackendKind::CudaSim
+    }
+
+    fn info(&self) -> DeviceInfo {
+        let compiler = resident_cuda::sim::compiler()
+            .map(|(_, v)| v)
+            .unwrap_or_else(|e| e.to_string());
+        DeviceInfo {
+            backend: BackendKind::CudaSim,
+            ordinal: 0,
+            name: format!("CudaSim: CUDA C on host threads ({compiler})"),
+            compute_units: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            total_memory: 0,
+            max_threads_per_block: 1024,
+            compute_capability: None,
+            shared_memory_per_block: 0,
+            shared_memory_per_sm: 0,
+            can_map_host_memory: true,
+            driver_version: None,
+        }
+    }
+
+    fn shares_host_memory(&self) -> bool {
+        true
+    }
+
+    // Allocations follow the residency rule (on a GPU `cuMemAlloc`/`cuMemHostAlloc` may wait
+    // for the device): resident ring kernels are quiesced around them.
+    fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
+        with_all_quiesced(QUIESCE_TIMEOUT, || self.host.alloc(bytes))
+            .map_err(BackendError::Residency)?
+    }
+
+    fn alloc_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
+        with_all_quiesced(QUIESCE_TIMEOUT, || self.host.alloc_host(bytes, pinned))
+            .map_err(BackendError::Residency)?
+    }
+
+    fn copy_to_device(&self, dst: &mut DeviceMemory, src: &[u8]) -> Result<()> {
+        self.host.copy_to_device(dst, src)
+    }
+
+    fn copy_to_host(&self, dst: &mut [u8], src: &DeviceMemory) -> Result<()> {
+        self.host.copy_to_host(dst, src)
+    }
+
+    unsafe fn copy_to_device_async(
+        &self,
+        dst: &mut DeviceMemory,
+        src: &[u8],
+        _stream: &Stream,
+    ) -> Result<()> {
+        self.host.copy_to_device(dst, src)
+    }
+
+    unsafe fn copy_to_host_async(
+        &self,
+        dst: &mut [u8],
+        src: &DeviceMemory,
+        _stream: &Stream,
+    ) -> Result<()> {
+        self.host.copy_to_host(dst, src)
+    }
+
+    fn create_stream(&self) -> Result<Stream> {
+        self.host.create_stream()
+    }
+
+    fn synchronize(&self, stream: &Stream) -> Result<()> {
+        self.host.synchronize(stream)
+    }
+
+    fn launch(
+        &self,
+        kernel: &Kernel,
+        cfg: LaunchConfig,
+        args: &[KernelArg<'_>],
+        _stream: Option<&Stream>,
+    ) -> Result<()> {
+        if cfg.shared_bytes != 0 {
+            return Err(BackendError::BadArgument {
+                index: 0,
+                reason: "dynamic shared memory (extern __shared__) is not supported on CudaSim"
+                    .into(),
+            });
+        }
+        let (instance, entry) = self.instance(kernel)?;
+        // Each argument's value lives here for the launch: buffers as their 8-byte address
+        // (the kernel's pointer parameter), scalars as their bytes.
+        let mut values: Vec<[u8; 8]> = Vec::with_capacity(args.len());
+        let mut sizes: Vec<u64> = Vec::with_capacity(args.len());
+        for a in args {
+            match a {
+                KernelArg::Buffer { address, .. } | KernelArg::BufferMut { address, .. } => {
+                    values.push(address.to_ne_bytes());
+                    sizes.push(8);
+                }
+                KernelArg::Scalar { bytes, len } => {
+                    values.push(*bytes);
+                    sizes.push(*len as u64);
+                }
+            }
+        }
+        let ptrs: Vec<*mut core::ffi::c_void> = values
+            .iter_mut()
+            .map(|v| v.as_mut_ptr() as *mut core::ffi::c_void)
+            .collect();
+        // SAFETY: buffer addresses are host memory of this backend borrowed for the launch by
+        // the `KernelArg`s (writable ones exclusively); the launcher checks the argument count
+        // and sizes against the kernel's signature; `values` outlives the call.
+        unsafe { instance.launch(&entry, cfg.grid, cfg.block, &ptrs, &sizes) }?;
+        Ok(())
+    }
+}
