@@ -22,6 +22,8 @@ pub struct Context<S> {
     pub(crate) control: Arc<Control>,
     core: Weak<RuntimeCore>,
     routes: HashMap<String, Box<dyn Any + Send>>,
+    /// Bound buffers and the batch lock on them (`runtime::bind`).
+    pub(crate) bound: crate::runtime::bind::BatchBinding,
 }
 
 impl<S> Context<S> {
@@ -38,6 +40,7 @@ impl<S> Context<S> {
             control,
             core,
             routes: HashMap::new(),
+            bound: Default::default(),
         }
     }
 

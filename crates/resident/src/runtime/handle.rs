@@ -222,6 +222,8 @@ pub(crate) struct KernelShared<In, Out> {
     exit_signal: Signal,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: Mutex<Option<ThreadId>>,
+    /// Buffers bound at launch (`runtime::bind`), set once by `launch`.
+    pub bound: std::sync::OnceLock<crate::runtime::bind::SharedTable>,
 }
 
 impl<In: Message, Out: Message> KernelShared<In, Out> {
@@ -266,6 +268,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
             exit_signal: Signal::new(),
             thread: Mutex::new(None),
             thread_id: Mutex::new(None),
+            bound: std::sync::OnceLock::new(),
         }
     }
 
@@ -402,6 +405,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                 continue;
             }
             outputs.clear();
+            ctx.bound.begin();
             for (i, slot) in batch.iter().enumerate() {
                 ctx.current = slot.env;
                 let payload = slot.payload;
@@ -428,6 +432,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                     }
                 }
             }
+            ctx.bound.end();
             self.finish_batch(&batch, &mut outputs);
             self.metrics.batch_done(Instant::now());
             drop(gate);

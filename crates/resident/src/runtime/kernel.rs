@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use resident_ring::{Backpressure, Message, WaitStrategy};
 
+use crate::runtime::bind::PendingBinding;
 use crate::runtime::context::{Context, LoopContext};
 use crate::runtime::device::{CudaHandler, DeviceEngine};
 
@@ -48,6 +49,7 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) state: S,
     pub(crate) body: Option<Body<In, Out, S>>,
     pub(crate) cuda: Option<CudaHandler<In, Out>>,
+    pub(crate) bindings: Vec<PendingBinding>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -66,6 +68,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             state: (),
             body: None,
             cuda: None,
+            bindings: Vec::new(),
             _types: PhantomData,
         }
     }
@@ -124,6 +127,7 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
             state,
             body: None,
             cuda: self.cuda,
+            bindings: self.bindings,
             _types: PhantomData,
         }
     }
@@ -156,6 +160,18 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// Rust twin on the emulated device).
     pub fn cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
         self.cuda = Some(handler);
+        self
+    }
+
+    /// Binds `buffer` to the kernel under `name` for the kernel's whole life: the handler
+    /// borrows it with `ctx.buffer::<T>(name)` / `ctx.buffer_mut::<T>(name)`, the host reads it
+    /// with `KernelHandle::read_buffer` (see `runtime::bind`). A repeated name fails `launch`.
+    pub fn bind<T: bytemuck::Pod + Send>(
+        mut self,
+        name: impl Into<String>,
+        buffer: crate::memory::UnifiedBuffer<T>,
+    ) -> Self {
+        self.bindings.push(PendingBinding::new(name.into(), buffer));
         self
     }
 

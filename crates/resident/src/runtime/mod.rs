@@ -1,6 +1,7 @@
 //! The runtime: launches ring kernels, finds them by id, reports their telemetry, and shuts
 //! everything down gracefully when dropped.
 
+pub mod bind;
 pub mod context;
 pub mod device;
 pub mod handle;
@@ -256,6 +257,13 @@ impl Runtime {
         if kernel.batch_size == 0 {
             return Err(invalid("batch_size must be at least 1"));
         }
+        let bound = match &body {
+            _ if kernel.bindings.is_empty() => None,
+            Body::Handler(_) => bind::table(kernel.bindings)
+                .map_err(|e| invalid(&e))?,
+            Body::Loop(_) => return Err(invalid("bound buffers need the handler form (.handler), not .run")),
+            Body::Device(_) => return Err(invalid("bound buffers are not available to device-hosted handlers yet")),
+        };
         let wait = kernel.wait.unwrap_or(self.core.wait);
         fn mailbox<T: Message>(
             capacity: usize,
@@ -304,12 +312,16 @@ impl Runtime {
             kernel.batch_size,
             self.core.telemetry,
         ));
-        let ctx = Context::new(
+        let mut ctx = Context::new(
             kernel.state,
-            id_arc,
+            id_arc.clone(),
             shared.control.clone(),
             Arc::downgrade(&self.core),
         );
+        if let Some(t) = bound {
+            ctx.bound = bind::BatchBinding::new(Some(t.clone()));
+            let _ = shared.bound.set(t);
+        }
         spawn_kernel(shared.clone(), ctx, body)?;
         let handle = KernelHandle {
             shared: shared.clone(),
