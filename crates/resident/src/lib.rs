@@ -34,7 +34,7 @@ pub use runtime::state::{Error, KernelState, Result};
 /// Everything a user of ring kernels needs.
 pub mod prelude {
     pub use crate::backend::Backend;
-    pub use crate::runtime::bind::{BindError, BufMut, BufRef, BufferId, BufferReadGuard, BufferWriteGuard};
+    pub use crate::runtime::bind::{BindError, Bindings, BufMut, BufRef, BufferId, BufferReadGuard, BufferWriteGuard};
     pub use crate::runtime::context::{Context, LoopContext};
     pub use crate::runtime::device::CudaHandler;
     pub use crate::runtime::handle::{KernelHandle, TerminateReport};

@@ -402,19 +402,20 @@ enum Key<'k> {
     Id(BufferId),
 }
 
-impl<S> Context<S> {
-    fn bound_entry(&self, key: Key<'_>) -> Result<(&str, &Entry), BindError> {
-        let kernel = self.kernel_id();
-        let not_found = || match key {
-            Key::Name(n) => BindError::UnknownBuffer {
-                kernel: kernel.to_string(),
-                name: n.to_string(),
-            },
-            Key::Id(id) => BindError::UnknownBufferId {
-                kernel: kernel.to_string(),
-                id: id.0,
-            },
-        };
+/// The bound buffers of the batch in hand, detached from the context so a handler can hold
+/// buffers and its state at once ([`Context::state_and_buffers`]).
+pub struct Bindings<'a> {
+    kernel: &'a str,
+    bound: &'a BatchBinding,
+}
+
+impl<'a> Bindings<'a> {
+    pub(crate) fn new(kernel: &'a str, bound: &'a BatchBinding) -> Self {
+        Bindings { kernel, bound }
+    }
+
+    fn entry(&self, key: Key<'_>) -> Result<&'a Entry, BindError> {
+        let kernel = self.kernel;
         let Some(guard) = self.bound.guard.as_ref() else {
             return Err(match (&self.bound.table, key) {
                 (None, _) => BindError::NoBindings {
@@ -430,28 +431,37 @@ impl<S> Context<S> {
                 },
             });
         };
-        let e = guard
+        let table: &'a BoundTable = guard;
+        table
             .entries
             .iter()
             .find(|e| match key {
                 Key::Name(n) => e.name == n,
                 Key::Id(id) => e.id == id,
             })
-            .ok_or_else(not_found)?;
-        Ok((kernel, e))
+            .ok_or_else(|| match key {
+                Key::Name(n) => BindError::UnknownBuffer {
+                    kernel: kernel.to_string(),
+                    name: n.to_string(),
+                },
+                Key::Id(id) => BindError::UnknownBufferId {
+                    kernel: kernel.to_string(),
+                    id: id.0,
+                },
+            })
     }
 
-    fn borrow_ref<T: Pod>(&self, key: Key<'_>) -> Result<BufRef<'_, T>, BindError> {
-        let (kernel, e) = self.bound_entry(key)?;
-        elem_check::<T>(kernel, e)?;
+    fn borrow_ref<T: Pod>(&self, key: Key<'_>) -> Result<BufRef<'a, T>, BindError> {
+        let e = self.entry(key)?;
+        elem_check::<T>(self.kernel, e)?;
         if e.borrows.get() < 0 {
             return Err(BindError::AlreadyBorrowed {
-                kernel: kernel.to_string(),
+                kernel: self.kernel.to_string(),
                 name: e.name.clone(),
                 how: "mutably",
             });
         }
-        prepare(kernel, e, Access::Read)?;
+        prepare(self.kernel, e, Access::Read)?;
         e.borrows.set(e.borrows.get() + 1);
         Ok(BufRef {
             entry: e,
@@ -459,20 +469,20 @@ impl<S> Context<S> {
         })
     }
 
-    fn borrow_mut<T: Pod>(&self, key: Key<'_>) -> Result<BufMut<'_, T>, BindError> {
-        let (kernel, e) = self.bound_entry(key)?;
-        elem_check::<T>(kernel, e)?;
+    fn borrow_mut<T: Pod>(&self, key: Key<'_>) -> Result<BufMut<'a, T>, BindError> {
+        let e = self.entry(key)?;
+        elem_check::<T>(self.kernel, e)?;
         match e.borrows.get() {
             0 => {}
             n => {
                 return Err(BindError::AlreadyBorrowed {
-                    kernel: kernel.to_string(),
+                    kernel: self.kernel.to_string(),
                     name: e.name.clone(),
                     how: if n < 0 { "mutably" } else { "shared" },
                 })
             }
         }
-        prepare(kernel, e, Access::Write)?;
+        prepare(self.kernel, e, Access::Write)?;
         e.borrows.set(-1);
         Ok(BufMut {
             entry: e,
@@ -482,25 +492,49 @@ impl<S> Context<S> {
 
     /// The bound buffer `name` as `&[T]` (a device read). Several buffers, or several shared
     /// borrows of one, may be held at once.
-    pub fn buffer<T: Pod>(&self, name: &str) -> Result<BufRef<'_, T>, BindError> {
+    pub fn buffer<T: Pod>(&self, name: &str) -> Result<BufRef<'a, T>, BindError> {
         self.borrow_ref(Key::Name(name))
+    }
+
+    /// The bound buffer `name` as `&mut [T]` (a device write: the buffer becomes
+    /// `DeviceDirty`). A second borrow of the same buffer is [`BindError::AlreadyBorrowed`].
+    pub fn buffer_mut<T: Pod>(&self, name: &str) -> Result<BufMut<'a, T>, BindError> {
+        self.borrow_mut(Key::Name(name))
+    }
+
+    /// [`Bindings::buffer`] by registry id (as carried in a message).
+    pub fn buffer_by_id<T: Pod>(&self, id: BufferId) -> Result<BufRef<'a, T>, BindError> {
+        self.borrow_ref(Key::Id(id))
+    }
+
+    /// [`Bindings::buffer_mut`] by registry id (as carried in a message).
+    pub fn buffer_mut_by_id<T: Pod>(&self, id: BufferId) -> Result<BufMut<'a, T>, BindError> {
+        self.borrow_mut(Key::Id(id))
+    }
+}
+
+impl<S> Context<S> {
+    /// The bound buffer `name` as `&[T]` (a device read). Several buffers, or several shared
+    /// borrows of one, may be held at once.
+    pub fn buffer<T: Pod>(&self, name: &str) -> Result<BufRef<'_, T>, BindError> {
+        self.buffers().buffer(name)
     }
 
     /// The bound buffer `name` as `&mut [T]` (a device write: the buffer becomes
     /// `DeviceDirty`). Takes `&self` so a handler can hold several buffers at once; a second
     /// borrow of the same buffer is [`BindError::AlreadyBorrowed`].
     pub fn buffer_mut<T: Pod>(&self, name: &str) -> Result<BufMut<'_, T>, BindError> {
-        self.borrow_mut(Key::Name(name))
+        self.buffers().buffer_mut(name)
     }
 
     /// [`Context::buffer`] by registry id (as carried in a message).
     pub fn buffer_by_id<T: Pod>(&self, id: BufferId) -> Result<BufRef<'_, T>, BindError> {
-        self.borrow_ref(Key::Id(id))
+        self.buffers().buffer_by_id(id)
     }
 
     /// [`Context::buffer_mut`] by registry id (as carried in a message).
     pub fn buffer_mut_by_id<T: Pod>(&self, id: BufferId) -> Result<BufMut<'_, T>, BindError> {
-        self.borrow_mut(Key::Id(id))
+        self.buffers().buffer_mut_by_id(id)
     }
 }
 

@@ -54,6 +54,19 @@ impl<S> Context<S> {
         &mut self.state
     }
 
+    /// The bound buffers of the batch in hand (see `runtime::bind`).
+    pub fn buffers(&self) -> crate::runtime::bind::Bindings<'_> {
+        crate::runtime::bind::Bindings::new(&self.kernel_id, &self.bound)
+    }
+
+    /// The state and the bound buffers at once (a handler that updates both).
+    pub fn state_and_buffers(&mut self) -> (&mut S, crate::runtime::bind::Bindings<'_>) {
+        (
+            &mut self.state,
+            crate::runtime::bind::Bindings::new(&self.kernel_id, &self.bound),
+        )
+    }
+
     /// This kernel's id.
     pub fn kernel_id(&self) -> &str {
         &self.kernel_id
