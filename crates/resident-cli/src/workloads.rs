@@ -190,6 +190,9 @@ pub struct AnomalyArgs {
     /// Readings per micro-batch.
     #[arg(long, default_value_t = 100)]
     micro_batch: usize,
+    /// Actor: micro-batches outstanding at once (1 = wait for each before sending the next).
+    #[arg(long, default_value_t = anomaly::IN_FLIGHT)]
+    in_flight: usize,
     /// Run the stateless baseline instead of the actor.
     #[arg(long)]
     stateless: bool,
@@ -363,7 +366,7 @@ fn run_anomaly(a: AnomalyArgs) -> Result<(), DemoError> {
     let report = if a.stateless {
         anomaly::run_stateless(&d, &r, a.micro_batch, |k| pb.inc(k as u64))?
     } else {
-        anomaly::run_actor(&rt, &d, &r, a.micro_batch, |k| pb.inc(k as u64))?
+        anomaly::run_actor(&rt, &d, &r, a.micro_batch, a.in_flight, |k| pb.inc(k as u64))?
     };
     pb.finish_and_clear();
     anomaly::check(&report, &r)?;

@@ -76,6 +76,8 @@ struct AnomalyRow {
 
 struct BackendRun {
     name: String,
+    /// Micro-batch 100 across sensor counts: (sensors, actor, stateless readings/s).
+    sweep: Vec<(usize, Vec<f64>, Vec<f64>)>,
     anomaly: Vec<AnomalyRow>,
     full_pr_secs: Vec<f64>,
     full_pr_iterations: u32,
@@ -100,6 +102,7 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
     let t = Instant::now();
     let pr_reference = pagerank::reference(&graph, p)?;
     let reference_secs = t.elapsed().as_secs_f64();
+    let sweep_sensors: Vec<usize> = if o.quick { vec![100, 10_000] } else { vec![1000, 100_000] };
     let update_batches = pagerank::generate_updates(&graph, stream_batches, updates, 9);
 
     let mut runs: Vec<BackendRun> = Vec::new();
@@ -115,12 +118,12 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             }
         };
         println!("-- {name} --");
-        let mut run = BackendRun { name: name.clone(), anomaly: vec![], full_pr_secs: vec![], full_pr_iterations: 0, stream_ratio: vec![], stream: vec![] };
+        let mut run = BackendRun { name: name.clone(), sweep: vec![], anomaly: vec![], full_pr_secs: vec![], full_pr_iterations: 0, stream_ratio: vec![], stream: vec![] };
         for batch in [100usize, 500, 1000] {
             let mut row = AnomalyRow { batch, actor_rps: vec![], stateless_rps: vec![], actor_lat: vec![], stateless_lat: vec![] };
             let pb = bar((2 * repeats * readings) as u64, &format!("anomaly/{batch}"));
             for _ in 0..repeats {
-                let a = anomaly::run_actor(&rt, &d, &slotted, batch, |k| pb.inc(k as u64))?;
+                let a = anomaly::run_actor(&rt, &d, &slotted, batch, anomaly::IN_FLIGHT, |k| pb.inc(k as u64))?;
                 anomaly::check(&a, &slotted)?;
                 let alerted: std::collections::HashSet<u64> = a.alerts.iter().map(|x| x.index).collect();
                 if let Some(i) = spikes.iter().find(|&&i| !alerted.contains(&(i as u64))) {
@@ -148,6 +151,28 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
                 ratios.iter().map(|r| (r * 10.0).round() / 10.0).collect::<Vec<_>>()
             );
             run.anomaly.push(row);
+        }
+        for &ns in &sweep_sensors {
+            let (rs2, _) = input::generate_readings(readings, ns, 0, 3)?;
+            let sl = anomaly::slot(&rs2);
+            let (mut ar, mut sr) = (vec![], vec![]);
+            let pb = bar((2 * repeats * readings) as u64, &format!("sensors/{ns}"));
+            for _ in 0..repeats {
+                let a = anomaly::run_actor(&rt, &d, &sl, 100, anomaly::IN_FLIGHT, |k| pb.inc(k as u64))?;
+                anomaly::check(&a, &sl)?;
+                let s = anomaly::run_stateless(&d, &sl, 100, |k| pb.inc(k as u64))?;
+                anomaly::check(&s, &sl)?;
+                ar.push(readings as f64 / a.elapsed.as_secs_f64());
+                sr.push(readings as f64 / s.elapsed.as_secs_f64());
+            }
+            pb.finish_and_clear();
+            let ratios: Vec<f64> = ar.iter().zip(&sr).map(|(a, s)| a / s).collect();
+            println!(
+                "anomaly micro-batch 100, {ns:>6} sensors: actor {:.2} M/s, stateless {:.3} M/s, x{:.1} (runs {:?})",
+                median(&ar) / 1e6, median(&sr) / 1e6, median(&ratios),
+                ratios.iter().map(|r| (r * 10.0).round() / 10.0).collect::<Vec<_>>()
+            );
+            run.sweep.push((ns, ar, sr));
         }
         let pb = bar(repeats as u64, "pagerank");
         for _ in 0..repeats {
@@ -201,7 +226,7 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
         "absent_backends": absent,
         "pagerank_graph": {"nodes": graph.nodes(), "edges": graph.edges.len(), "generator": "--nodes N --edges-per-node 5 --seed 42", "params": {"damping": p.damping, "tol": p.tol, "max_iter": p.max_iter}, "sequential_reference_s": reference_secs},
         "pagerank_stream": {"batches": stream_batches, "updates_per_batch": updates, "tolerance_l1": pagerank::stream_tolerance(graph.nodes(), p)},
-        "anomaly_input": {"readings": readings, "sensors": sensors, "spikes_injected": spikes.len(), "spike_every": 997},
+        "anomaly_input": {"readings": readings, "sensors": sensors, "spikes_injected": spikes.len(), "spike_every": 997, "actor_micro_batches_in_flight": anomaly::IN_FLIGHT},
         "targets": {"anomaly_actor_vs_stateless_at_100": 5.0, "stream_pagerank_incremental_vs_recompute": 10.0},
         "backends": runs.iter().map(|r| json!({
             "backend": r.name,
@@ -216,6 +241,10 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
                     "stateless_batch_latency_us": {"p50": quantile(&a.stateless_lat, 0.5), "p90": quantile(&a.stateless_lat, 0.9), "p99": quantile(&a.stateless_lat, 0.99), "max": quantile(&a.stateless_lat, 1.0)},
                 })
             }).collect::<Vec<_>>(),
+            "anomaly_sensor_sweep_micro_batch_100": r.sweep.iter().map(|(ns, a, s)| {
+                let ratios: Vec<f64> = a.iter().zip(s).map(|(x, y)| x / y).collect();
+                json!({"sensors": ns, "actor_readings_per_s": stats(a), "stateless_readings_per_s": stats(s), "ratio_actor_vs_stateless": stats(&ratios)})
+            }).collect::<Vec<_>>(),
             "pagerank_full_s": stats(&r.full_pr_secs),
             "pagerank_full_iterations": r.full_pr_iterations,
             "pagerank_stream_ratio_recompute_vs_incremental": stats(&r.stream_ratio),
@@ -227,7 +256,7 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
         .map_err(|source| DemoError::Write { path: json_path.clone(), source })?;
     println!("wrote {}", json_path.display());
     let prefix = if o.quick { "workloads-quick" } else { "workloads" };
-    draw_all(&o.out_dir, prefix, &runs)?;
+    draw_all(&o.out_dir, prefix, &runs, sensors)?;
     Ok(())
 }
 
@@ -250,7 +279,7 @@ fn font_once() {
     });
 }
 
-fn draw_all(dir: &Path, prefix: &str, runs: &[BackendRun]) -> Result<(), DemoError> {
+fn draw_all(dir: &Path, prefix: &str, runs: &[BackendRun], sensors: usize) -> Result<(), DemoError> {
     font_once();
     let fail = |path: &Path, e: Box<dyn std::error::Error>| DemoError::Write {
         path: path.to_path_buf(),
@@ -262,12 +291,12 @@ fn draw_all(dir: &Path, prefix: &str, runs: &[BackendRun]) -> Result<(), DemoErr
             let png_path = dir.join(format!("{prefix}-{}.png", $name));
             {
                 let root = SVGBackend::new(&svg_path, (960, 560)).into_drawing_area();
-                $draw(&root, runs).map_err(|e| fail(&svg_path, e))?;
+                $draw(&root, runs, sensors).map_err(|e| fail(&svg_path, e))?;
                 root.present().map_err(|e| fail(&svg_path, e.into()))?;
             }
             {
                 let root = BitMapBackend::new(&png_path, (960, 560)).into_drawing_area();
-                $draw(&root, runs).map_err(|e| fail(&png_path, e))?;
+                $draw(&root, runs, sensors).map_err(|e| fail(&png_path, e))?;
                 root.present().map_err(|e| fail(&png_path, e.into()))?;
             }
             println!("wrote {} and .png", svg_path.display());
@@ -281,7 +310,7 @@ fn draw_all(dir: &Path, prefix: &str, runs: &[BackendRun]) -> Result<(), DemoErr
 
 /// Latency distribution (CDF) of anomaly micro-batches, actor and stateless, per backend and
 /// micro-batch size.
-fn draw_latency<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun]) -> DrawResult
+fn draw_latency<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun], sensors: usize) -> DrawResult
 where
     DB::ErrorType: 'static,
 {
@@ -290,7 +319,7 @@ where
     let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(0.1);
     let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
     let mut chart = ChartBuilder::on(root)
-        .caption("Anomaly detection: latency per micro-batch (CDF)", ("sans-serif", 24))
+        .caption(format!("Anomaly detection, {sensors} sensors: latency per micro-batch (CDF)"), ("sans-serif", 24))
         .margin(18)
         .x_label_area_size(48)
         .y_label_area_size(64)
@@ -329,7 +358,7 @@ where
 }
 
 /// Throughput against micro-batch size, actor and stateless, per backend.
-fn draw_throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun]) -> DrawResult
+fn draw_throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun], sensors: usize) -> DrawResult
 where
     DB::ErrorType: 'static,
 {
@@ -337,7 +366,7 @@ where
     let hi = runs.iter().flat_map(|r| r.anomaly.iter().flat_map(|a| a.actor_rps.iter().chain(&a.stateless_rps).copied())).fold(1.0, f64::max) / 1e6;
     let lo = runs.iter().flat_map(|r| r.anomaly.iter().flat_map(|a| a.actor_rps.iter().chain(&a.stateless_rps).copied())).fold(f64::INFINITY, f64::min) / 1e6;
     let mut chart = ChartBuilder::on(root)
-        .caption("Anomaly detection: throughput vs micro-batch size", ("sans-serif", 24))
+        .caption(format!("Anomaly detection, {sensors} sensors: throughput vs micro-batch size"), ("sans-serif", 24))
         .margin(18)
         .x_label_area_size(48)
         .y_label_area_size(72)
@@ -377,7 +406,7 @@ where
 }
 
 /// Actor vs stateless batch: speed-up per workload and backend, with the targets.
-fn draw_ratios<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun]) -> DrawResult
+fn draw_ratios<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun], sensors: usize) -> DrawResult
 where
     DB::ErrorType: 'static,
 {
@@ -386,7 +415,11 @@ where
     for r in runs {
         for a in &r.anomaly {
             let ratios: Vec<f64> = a.actor_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect();
-            bars.push((format!("{}: anomaly, batch {}", r.name, a.batch), ratios, if a.batch == 100 { 5.0 } else { 0.0 }));
+            bars.push((format!("{}: anomaly, batch {}, {} sensors", r.name, a.batch, sensors), ratios, if a.batch == 100 { 5.0 } else { 0.0 }));
+        }
+        for (ns, a, s) in &r.sweep {
+            let ratios: Vec<f64> = a.iter().zip(s).map(|(x, y)| x / y).collect();
+            bars.push((format!("{}: anomaly, batch 100, {ns} sensors", r.name), ratios, 5.0));
         }
         bars.push((format!("{}: streaming PageRank", r.name), r.stream_ratio.clone(), 10.0));
     }
@@ -396,7 +429,7 @@ where
         .caption("Resident actor vs stateless batch: speed-up (same run, same backend)", ("sans-serif", 22))
         .margin(18)
         .x_label_area_size(40)
-        .y_label_area_size(260)
+        .y_label_area_size(330)
         .build_cartesian_2d((0.5f64..hi).log_scale(), -0.5f64..(bars.len() as f64 - 0.5))?;
     chart
         .configure_mesh()

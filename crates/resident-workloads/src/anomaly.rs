@@ -196,38 +196,51 @@ pub struct RunReport {
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Runs `readings` through a detector kernel launched on `rt` in micro-batches of `batch`,
-/// calling `progress(done)` after each micro-batch.
+/// Micro-batches the actor keeps in flight by default: the host sends micro-batch `k` once the
+/// results of micro-batch `k - 4` are back, so sending, the kernel and receiving overlap while
+/// queueing delay stays bounded (a stream, not a backlog).
+pub const IN_FLIGHT: usize = 4;
+
+/// Runs `readings` through a detector kernel launched on `rt` in micro-batches of `batch`, at
+/// most `in_flight` micro-batches outstanding (1 = send, wait for the results, repeat), calling
+/// `progress(done)` as micro-batches complete. A micro-batch's latency runs from sending its
+/// first reading to receiving its flush answer.
 pub fn run_actor(
     rt: &Runtime,
     device: &DeviceHandle,
     r: &SlottedReadings,
     batch: usize,
+    in_flight: usize,
     mut progress: impl FnMut(usize),
 ) -> Result<RunReport, WorkloadError> {
     let batch = batch.max(1);
+    let in_flight = in_flight.max(1);
     let id = format!("anomaly-{}", unique());
     let k = rt.launch(kernel(&id, device, r.sensor_ids.len())?)?;
     k.activate()?;
-    let mut report = RunReport::default();
-    let mut msgs: Vec<ReadingMsg> = Vec::with_capacity(batch + 1);
-    let mut got: Vec<AlertMsg> = Vec::with_capacity(256);
-    let start = Instant::now();
-    for (b, chunk) in (0..r.slots.len()).collect::<Vec<_>>().chunks(batch).enumerate() {
-        let t0 = Instant::now();
-        msgs.clear();
-        msgs.extend(chunk.iter().map(|&i| ReadingMsg {
-            index: i as u64,
-            value: r.values[i],
-            slot: r.slots[i],
-            _pad: 0,
-        }));
-        msgs.push(ReadingMsg { index: b as u64, value: 0.0, slot: FLUSH, _pad: 0 });
-        let mut sent = 0;
-        while sent < msgs.len() {
-            sent += k.send_batch(&msgs[sent..])?;
-        }
-        'wait: loop {
+    let result = (|| {
+        let mut report = RunReport::default();
+        let total = r.slots.len().div_ceil(batch);
+        let mut sent_at: Vec<Instant> = Vec::with_capacity(total);
+        let mut msgs: Vec<ReadingMsg> = Vec::with_capacity(batch + 1);
+        let mut got: Vec<AlertMsg> = Vec::with_capacity(256);
+        let mut done = 0usize;
+        let start = Instant::now();
+        while done < total {
+            // Send while the window has room.
+            while sent_at.len() < total && sent_at.len() - done < in_flight {
+                let b = sent_at.len();
+                let lo = b * batch;
+                let hi = (lo + batch).min(r.slots.len());
+                msgs.clear();
+                msgs.extend((lo..hi).map(|i| ReadingMsg { index: i as u64, value: r.values[i], slot: r.slots[i], _pad: 0 }));
+                msgs.push(ReadingMsg { index: b as u64, value: 0.0, slot: FLUSH, _pad: 0 });
+                sent_at.push(Instant::now());
+                let mut sent = 0;
+                while sent < msgs.len() {
+                    sent += k.send_batch(&msgs[sent..])?;
+                }
+            }
             got.clear();
             if k.receive_batch(&mut got, 256)? == 0 {
                 let one = k.receive(WAIT).map_err(|e| match e {
@@ -238,23 +251,21 @@ pub fn run_actor(
             }
             for a in &got {
                 if a.slot == FLUSH {
-                    break 'wait;
+                    report.batch_latency.push(sent_at[a.index as usize].elapsed());
+                    let lo = a.index as usize * batch;
+                    progress((lo + batch).min(r.slots.len()) - lo);
+                    done += 1;
+                    continue;
                 }
-                report.alerts.push(Alert {
-                    index: a.index,
-                    sensor: r.sensor_ids[a.slot as usize],
-                    value: a.value,
-                    z: a.z,
-                });
+                report.alerts.push(Alert { index: a.index, sensor: r.sensor_ids[a.slot as usize], value: a.value, z: a.z });
             }
         }
-        report.batch_latency.push(t0.elapsed());
-        progress(chunk.len());
-    }
-    report.elapsed = start.elapsed();
-    report.stats = k.read_buffer::<SensorStats>("stats", WAIT)?.to_vec();
+        report.elapsed = start.elapsed();
+        report.stats = k.read_buffer::<SensorStats>("stats", WAIT)?.to_vec();
+        Ok(report)
+    })();
     k.terminate()?;
-    Ok(report)
+    result
 }
 
 /// The stateless baseline: the statistics live on the host between micro-batches; every

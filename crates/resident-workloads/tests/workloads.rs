@@ -153,8 +153,9 @@ fn anomaly_actor_and_stateless_match_the_reference_and_catch_every_injected_spik
     assert!(spikes.len() > 20, "{} spikes", spikes.len());
     let r = anomaly::slot(&readings);
     for batch in [100, 500, 1000] {
-        let a = anomaly::run_actor(&rt, &d, &r, batch, |_| {}).unwrap();
+        let a = anomaly::run_actor(&rt, &d, &r, batch, anomaly::IN_FLIGHT, |_| {}).unwrap();
         anomaly::check(&a, &r).unwrap();
+        anomaly::check(&anomaly::run_actor(&rt, &d, &r, batch, 1, |_| {}).unwrap(), &r).unwrap();
         let s = anomaly::run_stateless(&d, &r, batch, |_| {}).unwrap();
         anomaly::check(&s, &r).unwrap();
         let alerted: std::collections::HashSet<u64> = a.alerts.iter().map(|x| x.index).collect();
@@ -172,14 +173,14 @@ fn anomaly_follows_the_definition_on_one_sensor_in_one_batch() {
     let mut rs: Vec<SensorReading> = (0..100).map(|i| SensorReading { sensor: 7, value: if i % 2 == 0 { 10.0 } else { 12.0 } }).collect();
     rs.push(SensorReading { sensor: 7, value: 40.0 });
     let r = anomaly::slot(&rs);
-    let a = anomaly::run_actor(&rt, &d, &r, 1000, |_| {}).unwrap();
+    let a = anomaly::run_actor(&rt, &d, &r, 1000, 2, |_| {}).unwrap();
     anomaly::check(&a, &r).unwrap();
     assert_eq!(a.alerts.len(), 1);
     assert_eq!((a.alerts[0].index, a.alerts[0].sensor), (100, 7));
     let mut early: Vec<SensorReading> = rs[..99].to_vec();
     early.push(SensorReading { sensor: 7, value: 40.0 });
     let r = anomaly::slot(&early);
-    let a = anomaly::run_actor(&rt, &d, &r, 1000, |_| {}).unwrap();
+    let a = anomaly::run_actor(&rt, &d, &r, 1000, 2, |_| {}).unwrap();
     assert!(a.alerts.is_empty());
     // First reading: m = x, v = 0; a second equal reading has no score (v = 0).
     let mut s = anomaly::SensorStats::default();
