@@ -326,6 +326,7 @@ where
         .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0f64..1f64)?;
     chart
         .configure_mesh()
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .x_desc("micro-batch latency, microseconds (log scale)")
         .y_desc("fraction of micro-batches")
         .label_style(("sans-serif", 15))
@@ -373,6 +374,9 @@ where
         .build_cartesian_2d((80f64..1250f64).log_scale(), (lo.max(1e-4) * 0.5..hi * 2.0).log_scale())?;
     chart
         .configure_mesh()
+        .x_labels(4)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y}"))
         .x_desc("readings per micro-batch (log scale)")
         .y_desc("million readings / s (log scale)")
         .label_style(("sans-serif", 15))
@@ -423,14 +427,15 @@ where
         }
         bars.push((format!("{}: streaming PageRank", r.name), r.stream_ratio.clone(), 10.0));
     }
-    let hi = bars.iter().flat_map(|b| b.1.iter().copied()).fold(10.0, f64::max) * 1.3;
+    let hi = bars.iter().flat_map(|b| b.1.iter().copied()).fold(10.0, f64::max) * 1.6;
+    let lo = bars.iter().flat_map(|b| b.1.iter().copied()).fold(0.5, f64::min) * 0.6;
     let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
     let mut chart = ChartBuilder::on(root)
         .caption("Resident actor vs stateless batch: speed-up (same run, same backend)", ("sans-serif", 22))
         .margin(18)
         .x_label_area_size(40)
         .y_label_area_size(330)
-        .build_cartesian_2d((0.5f64..hi).log_scale(), -0.5f64..(bars.len() as f64 - 0.5))?;
+        .build_cartesian_2d((lo..hi).log_scale(), -0.5f64..(bars.len() as f64 - 0.5))?;
     chart
         .configure_mesh()
         .disable_y_mesh()
@@ -439,6 +444,7 @@ where
             let i = y.round();
             if (y - i).abs() < 1e-6 && i >= 0.0 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
         })
+        .x_label_formatter(&|x| format!("{x}"))
         .x_desc("times faster than the stateless baseline (log scale; bar = median, whiskers = min..max of the repeats)")
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 15))
@@ -447,9 +453,9 @@ where
         let y = i as f64;
         let (m, mn, mx) = (median(v), v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max));
         let color = if *target > 0.0 && m < *target { COLORS[1] } else { COLORS[0] };
-        chart.draw_series(std::iter::once(Rectangle::new([(0.5, y - 0.3), (m.max(0.5), y + 0.3)], color.mix(0.8).filled())))?;
-        chart.draw_series(std::iter::once(PathElement::new(vec![(mn.max(0.5), y), (mx.max(0.5), y)], BLACK.stroke_width(2))))?;
-        chart.draw_series(std::iter::once(Text::new(format!("x{m:.1}"), (m.max(0.5) * 1.05, y - 0.1), ("sans-serif", 15))))?;
+        chart.draw_series(std::iter::once(Rectangle::new([(lo, y - 0.3), (m.max(lo), y + 0.3)], color.mix(0.8).filled())))?;
+        chart.draw_series(std::iter::once(PathElement::new(vec![(mn.max(lo), y), (mx.max(lo), y)], BLACK.stroke_width(2))))?;
+        chart.draw_series(std::iter::once(Text::new(if m < 0.95 { format!("x{m:.2}") } else { format!("x{m:.1}") }, (m.max(lo) * 1.05, y - 0.1), ("sans-serif", 15))))?;
         if *target > 0.0 {
             chart.draw_series(std::iter::once(PathElement::new(vec![(*target, y - 0.42), (*target, y + 0.42)], COLORS[1].stroke_width(3))))?;
             chart.draw_series(std::iter::once(Text::new(format!("target x{target}"), (*target * 1.03, y + 0.42), ("sans-serif", 13))))?;
