@@ -131,7 +131,8 @@ resident::ring::device_message! {
 }
 
 resident::ring::device_message! {
-    /// An anomaly (`slot == FLUSH`: the micro-batch `index` is folded; `z` holds its alerts).
+    /// An anomaly (`slot == FLUSH`: micro-batch `index` is folded; `z` holds its alert count and
+    /// `value` the readings the kernel refused).
     pub struct AlertMsg { pub index: u64, pub value: f64, pub z: f64, pub slot: u32, pub _pad: u32 }
 }
 
@@ -142,9 +143,9 @@ pub const FLUSH: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DetectorState {
     /// Alerts since the last flush.
-    pub alerts_since_flush: u64,
-    /// Readings for a slot past the buffer (refused, counted).
-    pub out_of_range: u64,
+    pub alerts: u64,
+    /// Readings refused since the last flush (a slot past the buffer).
+    pub refused: u64,
 }
 
 /// The anomaly detector: one ring kernel with the statistics of `sensors` sensors bound as
@@ -163,20 +164,25 @@ pub fn kernel(
         .state(DetectorState::default())
         .bind("stats", stats)
         .handler(|ctx: &mut Context<DetectorState>, r: ReadingMsg| {
+            let (state, buffers) = ctx.state_and_buffers();
             if r.slot == FLUSH {
-                let n = std::mem::take(&mut ctx.state_mut().alerts_since_flush);
-                return Some(AlertMsg { index: r.index, value: 0.0, z: n as f64, slot: FLUSH, _pad: 0 });
+                // The micro-batch is folded: answer with its alert and refusal counts.
+                let (alerts, refused) = (std::mem::take(&mut state.alerts), std::mem::take(&mut state.refused));
+                return Some(AlertMsg { index: r.index, value: refused as f64, z: alerts as f64, slot: FLUSH, _pad: 0 });
             }
-            let z = {
-                let mut stats = ctx.buffer_mut::<SensorStats>("stats").ok()?;
-                let Some(s) = stats.get_mut(r.slot as usize) else {
-                    drop(stats);
-                    ctx.state_mut().out_of_range += 1;
+            let mut stats = match buffers.buffer_mut::<SensorStats>("stats") {
+                Ok(s) => s,
+                Err(_) => {
+                    state.refused += 1;
                     return None;
-                };
-                observe(s, r.value)?
+                }
             };
-            ctx.state_mut().alerts_since_flush += 1;
+            let Some(s) = stats.get_mut(r.slot as usize) else {
+                state.refused += 1; // a slot past the buffer: counted, reported at the flush
+                return None;
+            };
+            let z = observe(s, r.value)?; // scored before it is folded in
+            state.alerts += 1;
             Some(AlertMsg { index: r.index, value: r.value, z, slot: r.slot, _pad: 0 })
         }))
 }
@@ -251,6 +257,12 @@ pub fn run_actor(
             }
             for a in &got {
                 if a.slot == FLUSH {
+                    if a.value != 0.0 {
+                        return Err(WorkloadError::OutOfRange {
+                            workload: "anomaly",
+                            detail: format!("the kernel refused {} readings of micro-batch {} (sensor slot past its statistics)", a.value, a.index),
+                        });
+                    }
                     report.batch_latency.push(sent_at[a.index as usize].elapsed());
                     let lo = a.index as usize * batch;
                     progress((lo + batch).min(r.slots.len()) - lo);

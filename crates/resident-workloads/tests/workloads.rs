@@ -189,3 +189,20 @@ fn anomaly_follows_the_definition_on_one_sensor_in_one_batch() {
     anomaly::observe(&mut s, 7.0);
     assert!((s.m - 5.02).abs() < 1e-12 && (s.v - 0.99 * 0.04).abs() < 1e-12);
 }
+
+#[test]
+fn anomaly_kernel_counts_and_reports_readings_it_cannot_place() {
+    let (rt, d) = cpu();
+    let k = rt.launch(anomaly::kernel("an-small", &d, 2).unwrap()).unwrap();
+    k.activate().unwrap();
+    let t = std::time::Duration::from_secs(5);
+    k.send(anomaly::ReadingMsg { index: 0, value: 1.0, slot: 1, _pad: 0 }).unwrap();
+    k.send(anomaly::ReadingMsg { index: 1, value: 1.0, slot: 9, _pad: 0 }).unwrap();
+    let f = k.call(anomaly::ReadingMsg { index: 0, value: 0.0, slot: anomaly::FLUSH, _pad: 0 }, t).unwrap();
+    assert_eq!((f.slot, f.value, f.z), (anomaly::FLUSH, 1.0, 0.0));
+    let s = k.read_buffer::<anomaly::SensorStats>("stats", t).unwrap();
+    assert_eq!(s[1].n, 1);
+    assert_eq!(s[0].n, 0);
+    drop(s);
+    k.terminate().unwrap();
+}
