@@ -80,6 +80,8 @@ pub struct Ranks {
     pub iterations: u32,
     /// Last L1 change.
     pub err: f64,
+    /// Time inside the kernel (the run message's round trip), zero for host computations.
+    pub kernel_time: Duration,
 }
 
 /// The graph in CSR by in-edges, with out-degrees (what the full kernel binds).
@@ -146,7 +148,7 @@ pub fn reference(g: &EdgeList, p: Params) -> Result<Ranks, WorkloadError> {
         }
         err = x.iter().zip(&xlast).map(|(a, b)| (a - b).abs()).sum();
         if err < nf * p.tol {
-            return Ok(Ranks { ranks: x, iterations: it, err });
+            return Ok(Ranks { ranks: x, iterations: it, err, kernel_time: Duration::ZERO });
         }
     }
     Err(WorkloadError::NotConverged {
@@ -296,10 +298,12 @@ pub fn run_full(
     let csr = Csr::new(g);
     let k = rt.launch(full_kernel(&format!("pagerank-{}", unique()), device, &csr)?)?;
     k.activate()?;
+    let t = std::time::Instant::now();
     let done = k.call(
         RunPageRank { damping: p.damping, tol: p.tol, max_iter: p.max_iter, _pad: 0 },
         LONG,
     );
+    let kernel_time = t.elapsed();
     let result = done.map_err(WorkloadError::from).and_then(|d| {
         if d.converged == 0 {
             return Err(WorkloadError::NotConverged {
@@ -313,7 +317,7 @@ pub fn run_full(
         } else {
             k.read_buffer::<f64>("ranks", LONG)?.to_vec()
         };
-        Ok(Ranks { ranks, iterations: d.iterations, err: d.err })
+        Ok(Ranks { ranks, iterations: d.iterations, err: d.err, kernel_time })
     });
     k.terminate()?;
     result
@@ -755,7 +759,7 @@ pub fn recompute(g: &EdgeList, p: Params) -> Result<Ranks, WorkloadError> {
     if !ok {
         return Err(WorkloadError::NotConverged { iterations, err, threshold: g.nodes() as f64 * p.tol });
     }
-    Ok(Ranks { ranks: x, iterations, err })
+    Ok(Ranks { ranks: x, iterations, err, kernel_time: Duration::ZERO })
 }
 
 fn unique() -> u64 {
