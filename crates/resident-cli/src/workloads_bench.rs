@@ -450,7 +450,7 @@ where
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::MiddleRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .label_font(("sans-serif", 14))
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
@@ -496,7 +496,7 @@ where
             if (y - i).abs() < 1e-6 && i >= 0.0 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
         })
         .x_label_formatter(&|x| format!("{x}"))
-        .x_desc("times faster than the stateless baseline (log scale; bar = median, whiskers = min..max of the repeats)")
+        .x_desc("times faster than stateless (log scale; bar = median, whisker = min..max of the repeats)")
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 15))
         .draw()?;
