@@ -731,7 +731,7 @@ pub fn run_stream(
                 applied: a.applied,
             };
             on_step(&step);
-            if !(l1 <= stream_tolerance(g.nodes(), p)) {
+            if l1.is_nan() || l1 > stream_tolerance(g.nodes(), p) {
                 return Err(WorkloadError::Mismatch {
                     workload: "pagerank-stream",
                     detail: format!("L1 distance to the recompute {l1:e} > {:e}", stream_tolerance(g.nodes(), p)),

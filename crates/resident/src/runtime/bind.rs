@@ -130,9 +130,9 @@ pub enum BindError {
         kernel: String,
         /// Buffer name.
         name: String,
-        /// The memory error.
+        /// The memory error (boxed: it is large and rare).
         #[source]
-        source: MemoryError,
+        source: Box<MemoryError>,
     },
 }
 
@@ -305,10 +305,10 @@ fn elem_check<T: 'static>(kernel: &str, e: &Entry) -> Result<(), BindError> {
 /// Makes `e` ready for a kernel access of kind `want` in this batch.
 fn prepare(kernel: &str, e: &Entry, want: Access) -> Result<(), BindError> {
     let have = e.access.get();
-    let needed = match (have, want) {
-        (Access::Write, _) | (Access::Read, Access::Read) => false,
-        _ => true,
-    };
+    let needed = !matches!(
+        (have, want),
+        (Access::Write, _) | (Access::Read, Access::Read)
+    );
     if needed {
         if e.busy.replace(true) {
             // Unreachable through the public API (one thread, no re-entry), kept as an error.
@@ -327,7 +327,7 @@ fn prepare(kernel: &str, e: &Entry, want: Access) -> Result<(), BindError> {
         let (ptr, len) = r.map_err(|source| BindError::Memory {
             kernel: kernel.to_string(),
             name: e.name.clone(),
-            source,
+            source: Box::new(source),
         })?;
         e.ptr.set(ptr);
         e.len.set(len);
@@ -637,7 +637,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             .map_err(|source| BindError::Memory {
                 kernel,
                 name: name.to_string(),
-                source,
+                source: Box::new(source),
             })?;
         Ok((t, p, n))
     }
