@@ -6,6 +6,8 @@ mod gpu_bench;
 mod info;
 mod serve;
 mod wgpu_bench;
+mod workloads;
+mod workloads_bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -71,14 +73,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// A three-stage sensor anomaly pipeline with telemetry.
+    /// Demos: `vector-add`, `pagerank`, `pipeline`, `anomaly` (the reference workloads) or
+    /// `sensors` (a three-stage sensor pipeline with telemetry, also what `demo` alone runs).
+    #[command(args_conflicts_with_subcommands = true)]
     Demo {
-        /// Readings to push through the pipeline.
+        #[command(subcommand)]
+        which: Option<workloads::DemoCommand>,
+        /// Readings to push through the sensors pipeline (when no demo is named).
         #[arg(long, default_value_t = 1_000_000)]
         messages: u32,
     },
-    /// CPU-backend benchmarks against rtrb and crossbeam, measured in the same run.
+    /// CPU-backend benchmarks against rtrb and crossbeam, measured in the same run;
+    /// `bench workloads` measures the reference workloads and draws pictures.
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
+        #[command(subcommand)]
+        which: Option<BenchCommand>,
         /// Shorter runs (a few seconds in all).
         #[arg(long)]
         quick: bool,
@@ -90,12 +100,35 @@ enum Command {
     Serve(serve::ServeArgs),
 }
 
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The workloads: anomaly actor vs stateless per micro-batch size, streaming PageRank
+    /// incremental vs recompute, full PageRank; JSON and SVG/PNG pictures.
+    Workloads(workloads_bench::Options),
+}
+
 fn gpu_exit(r: Result<(), String>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// Prints an error with its causes; exit status 1.
+fn demo_exit(r: Result<(), workloads::DemoError>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                eprintln!("  caused by: {s}");
+                source = s.source();
+            }
+            ExitCode::FAILURE
         }
     }
 }
@@ -129,8 +162,20 @@ fn main() -> ExitCode {
                     bench::run(&bench::Options { quick: true }, Some(&out)).map(|_| ())
                 })
         }
-        Command::Demo { messages } => demo::run(messages).map_err(bench::BenchError::from),
-        Command::Bench { quick, out } => {
+        Command::Demo {
+            which: None,
+            messages,
+        } => demo::run(messages).map_err(bench::BenchError::from),
+        Command::Demo { which: Some(w), .. } => return demo_exit(workloads::run(w)),
+        Command::Bench {
+            which: Some(BenchCommand::Workloads(o)),
+            ..
+        } => return demo_exit(workloads_bench::run(&o)),
+        Command::Bench {
+            which: None,
+            quick,
+            out,
+        } => {
             bench::run(&bench::Options { quick }, Some(&out)).map(|_| ())
         }
     };

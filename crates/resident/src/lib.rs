@@ -35,6 +35,7 @@ pub use runtime::state::{Error, KernelState, Result};
 pub mod prelude {
     pub use crate::backend::wgpu::ring::WgslHandler;
     pub use crate::backend::Backend;
+    pub use crate::runtime::bind::{BindError, Bindings, BufMut, BufRef, BufferId, BufferReadGuard, BufferWriteGuard};
     pub use crate::runtime::context::{Context, LoopContext};
     pub use crate::backend::cuda_ring::CudaHandler;
     pub use crate::runtime::handle::{KernelHandle, TerminateReport};

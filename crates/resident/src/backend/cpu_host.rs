@@ -71,6 +71,8 @@ fn run_handler<In: Message, Out: Message, S>(
             });
             continue;
         }
+        // Bound buffers are the batch's for its whole length (a host read waits for its end).
+        ctx.bound.begin();
         // The result of the previous message, published once the next claim (or the end of
         // the batch) confirms terminate has not taken it into its report.
         let mut done: Option<(Envelope, Option<Out>)> = None;
@@ -87,6 +89,7 @@ fn run_handler<In: Message, Out: Message, S>(
             match catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, slot.payload))) {
                 Ok(out) => done = Some((slot.env, out)),
                 Err(panic) => {
+                    ctx.bound.end();
                     // Claim the rest of the batch back from the handoff (fails only if
                     // terminate abandoned us meanwhile and took it).
                     if io.in_hand.finish(i + 1).is_ok() {
@@ -105,6 +108,7 @@ fn run_handler<In: Message, Out: Message, S>(
                 }
             }
         }
+        ctx.bound.end();
         if io.in_hand.finish(n).is_err() {
             return;
         }

@@ -273,6 +273,20 @@ impl<T: Pod> Output<'_, T> {
         unsafe { self.ptr.add(self.index).write(value) };
         Ok(())
     }
+    /// Reads any element (gather from a writable buffer).
+    ///
+    /// # Safety
+    /// No other index of the launch may write element `at`.
+    pub unsafe fn read_at(&self, at: usize) -> Result<T> {
+        if at >= self.len {
+            return Err(BackendError::BadArgument {
+                index: self.arg,
+                reason: format!("index {at} past the buffer's {} elements", self.len),
+            });
+        }
+        Ok(self.ptr.add(at).read())
+    }
+
     /// Writes any element (scatter).
     ///
     /// # Safety

@@ -212,6 +212,11 @@ impl<T: Pod> UnifiedBuffer<T> {
         self.device.shares_host_memory()
     }
 
+    /// Whether the device copy is the host copy (CPU backend): device views are host memory.
+    pub(crate) fn shares_host_memory(&self) -> bool {
+        self.shared()
+    }
+
     fn wait_pending(&mut self) -> Result<(), MemoryError> {
         if let Some(s) = self.pending.take() {
             self.device

@@ -22,6 +22,8 @@ pub struct Context<S> {
     pub(crate) control: Arc<Control>,
     core: Weak<RuntimeCore>,
     routes: HashMap<String, Box<dyn Any + Send>>,
+    /// Bound buffers and the batch lock on them (`runtime::bind`).
+    pub(crate) bound: crate::runtime::bind::BatchBinding,
 }
 
 impl<S> Context<S> {
@@ -38,6 +40,7 @@ impl<S> Context<S> {
             control,
             core,
             routes: HashMap::new(),
+            bound: Default::default(),
         }
     }
 
@@ -49,6 +52,19 @@ impl<S> Context<S> {
     /// The kernel's state, mutably.
     pub fn state_mut(&mut self) -> &mut S {
         &mut self.state
+    }
+
+    /// The bound buffers of the batch in hand (see `runtime::bind`).
+    pub fn buffers(&self) -> crate::runtime::bind::Bindings<'_> {
+        crate::runtime::bind::Bindings::new(&self.kernel_id, &self.bound)
+    }
+
+    /// The state and the bound buffers at once (a handler that updates both).
+    pub fn state_and_buffers(&mut self) -> (&mut S, crate::runtime::bind::Bindings<'_>) {
+        (
+            &mut self.state,
+            crate::runtime::bind::Bindings::new(&self.kernel_id, &self.bound),
+        )
     }
 
     /// This kernel's id.

@@ -290,6 +290,8 @@ pub(crate) struct KernelIo<In, Out> {
     pub thread_id: Mutex<Option<ThreadId>>,
     /// The report, once terminated, kept for handles that ask after a runtime shutdown.
     pub report: Mutex<Option<TerminateReport<In, Out>>>,
+    /// Buffers bound at launch (`runtime::bind`), set once by `launch`.
+    pub bound: std::sync::OnceLock<crate::runtime::bind::SharedTable>,
     /// A device kernel's state, readable on request (`KernelHandle::snapshot_state`).
     pub device_state: Mutex<Option<Arc<dyn crate::backend::device_host::StateSnapshot>>>,
 }
@@ -357,6 +359,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             thread_id: Mutex::new(None),
             report: Mutex::new(None),
             device_state: Mutex::new(None),
+            bound: std::sync::OnceLock::new(),
         }
     })
 }

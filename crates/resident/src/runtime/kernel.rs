@@ -7,6 +7,7 @@ use std::time::Duration;
 use resident_ring::{Backpressure, Message, WaitStrategy};
 
 use crate::backend::cuda_ring::CudaHandler;
+use crate::runtime::bind::PendingBinding;
 use crate::runtime::context::{Context, LoopContext};
 use crate::backend::wgpu::ring::WgslHandler;
 
@@ -53,6 +54,7 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) terminate_timeout: Option<Duration>,
     pub(crate) cuda: Option<CudaHandler<In, Out>>,
     pub(crate) wgsl: Option<WgslHandler<In, Out>>,
+    pub(crate) bindings: Vec<PendingBinding>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -74,6 +76,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             terminate_timeout: None,
             cuda: None,
             wgsl: None,
+            bindings: Vec::new(),
             _types: PhantomData,
         }
     }
@@ -96,6 +99,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             terminate_timeout: self.terminate_timeout,
             cuda: self.cuda,
             wgsl: self.wgsl,
+            bindings: self.bindings,
             _types: PhantomData,
         }
     }
@@ -187,6 +191,18 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// CPU `handler`/`run` (or its CUDA handler on CUDA).
     pub fn wgsl(mut self, handler: WgslHandler<In, Out>) -> Self {
         self.wgsl = Some(handler);
+        self
+    }
+
+    /// Binds `buffer` to the kernel under `name` for the kernel's whole life: the handler
+    /// borrows it with `ctx.buffer::<T>(name)` / `ctx.buffer_mut::<T>(name)`, the host reads it
+    /// with `KernelHandle::read_buffer` (see `runtime::bind`). A repeated name fails `launch`.
+    pub fn bind<T: bytemuck::Pod + Send>(
+        mut self,
+        name: impl Into<String>,
+        buffer: crate::memory::UnifiedBuffer<T>,
+    ) -> Self {
+        self.bindings.push(PendingBinding::new(name.into(), buffer));
         self
     }
 

@@ -1,6 +1,7 @@
 //! The runtime: launches ring kernels, finds them by id, reports their telemetry, and shuts
 //! everything down gracefully when dropped.
 
+pub mod bind;
 pub mod context;
 pub mod handle;
 pub(crate) mod io;
@@ -259,7 +260,7 @@ impl Runtime {
     /// [`Error::Launch`]).
     pub fn launch<In: Message, Out: Message, S: Send + 'static>(
         &self,
-        kernel: RingKernel<In, Out, S>,
+        mut kernel: RingKernel<In, Out, S>,
     ) -> Result<KernelHandle<In, Out>> {
         let id = kernel.id.clone();
         let invalid = |reason: String| Error::InvalidConfig {
@@ -279,6 +280,25 @@ impl Runtime {
             )));
         }
         self.check_duplicate(&id)?;
+        let runs_on_device = match self.backend {
+            Backend::Cuda | Backend::CudaSim => kernel.cuda.is_some(),
+            Backend::Wgpu => kernel.wgsl.is_some(),
+            _ => false,
+        };
+        let bound = match bind::table(std::mem::take(&mut kernel.bindings)).map_err(&invalid)? {
+            None => None,
+            Some(_) if runs_on_device => {
+                return Err(invalid(
+                    "bound buffers are not available to device-hosted handlers yet".into(),
+                ))
+            }
+            Some(_) if matches!(kernel.body, Some(kernel::Body::Loop(_))) => {
+                return Err(invalid(
+                    "bound buffers need the handler form (.handler), not .run".into(),
+                ))
+            }
+            Some(t) => Some(t),
+        };
         let wait = kernel.wait.unwrap_or(self.core.wait);
         let cfg = |capacity: usize, lanes: usize, backpressure: Backpressure| MailboxConfig {
             capacity,
@@ -355,24 +375,32 @@ impl Runtime {
                 device
             }
             (None, Some(body), _) => {
-                let ctx = Context::new(
+                let mut ctx = Context::new(
                     kernel.state,
                     id_arc,
                     io.control.clone(),
                     Arc::downgrade(&self.core),
                 );
+                if let Some(t) = bound {
+                    ctx.bound = bind::BatchBinding::new(Some(t.clone()));
+                    let _ = io.bound.set(t);
+                }
                 Box::new(crate::backend::cpu_host::CpuHost::new(ctx, body))
             }
             (None, None, Some(body)) => {
                 // A handler given before `.state(..)`: it runs with a unit context; the state
                 // is kept with the kernel until it ends.
                 let state = kernel.state;
-                let ctx = Context::new(
+                let mut ctx = Context::new(
                     (),
                     id_arc,
                     io.control.clone(),
                     Arc::downgrade(&self.core),
                 );
+                if let Some(t) = bound {
+                    ctx.bound = bind::BatchBinding::new(Some(t.clone()));
+                    let _ = io.bound.set(t);
+                }
                 Box::new(crate::backend::cpu_host::KeepState::new(
                     crate::backend::cpu_host::CpuHost::new(ctx, body),
                     state,

@@ -1,0 +1,402 @@
+//! `resident demo <vector-add|pagerank|pipeline|anomaly>`: the reference workloads of
+//! `resident-workloads` on a chosen backend, each checked against its f64 reference, with
+//! progress bars (hidden when stderr is not a terminal) and output files.
+
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use resident::backend::{self, DeviceHandle};
+use resident::prelude::*;
+use resident_workloads::input::{self, EdgeList, SensorReading};
+use resident_workloads::{anomaly, pagerank, pipeline, vector_add};
+
+/// Errors of the workload demos (printed with their causes; exit status 1).
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The workload failed (input, runtime, reference check).
+    #[error(transparent)]
+    Workload(#[from] resident_workloads::WorkloadError),
+    /// The backend is not in this build or not usable here.
+    #[error("backend '{name}' is not available: {reason}")]
+    Backend {
+        /// The name given.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// An output file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The runtime failed (the sensors demo).
+    #[error(transparent)]
+    Runtime(#[from] resident::Error),
+    /// Options that do not go together.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl From<resident_workloads::InputError> for DemoError {
+    fn from(e: resident_workloads::InputError) -> Self {
+        DemoError::Workload(e.into())
+    }
+}
+
+/// Backend names the CLI accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    /// Threads and rayon on the host (always available).
+    Cpu,
+    /// An NVIDIA GPU through the CUDA driver.
+    Cuda,
+    /// The CUDA kernel source on host threads (not in this build yet).
+    CudaSim,
+    /// Vulkan/Metal/DX12 through wgpu (not in this build yet).
+    Wgpu,
+    /// CUDA when a device works, else the CPU.
+    Auto,
+}
+
+impl BackendChoice {
+    /// A runtime and a device for the choice, or a clear error.
+    pub fn open(self) -> Result<(Runtime, DeviceHandle), DemoError> {
+        let name = self.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+        let b = match self {
+            BackendChoice::Cpu => Backend::Cpu,
+            BackendChoice::Cuda => Backend::Cuda,
+            BackendChoice::Auto => Backend::Auto,
+            BackendChoice::CudaSim | BackendChoice::Wgpu => {
+                return Err(DemoError::Backend {
+                    name,
+                    reason: "this build has no such backend yet (see `resident info`)".into(),
+                })
+            }
+        };
+        let fail = |reason: String| DemoError::Backend { name: name.clone(), reason };
+        let rt = Runtime::builder().backend(b).build().map_err(|e| fail(e.to_string()))?;
+        let d = backend::open(b).map_err(|e| fail(e.to_string()))?;
+        Ok((rt, d))
+    }
+}
+
+/// `--backend`.
+#[derive(Args, Debug, Clone)]
+pub struct BackendArg {
+    /// Where the kernels run.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
+    pub backend: BackendChoice,
+}
+
+/// The workload demos.
+#[derive(Subcommand, Debug)]
+pub enum DemoCommand {
+    /// The original three-stage sensor pipeline with telemetry (the default demo).
+    Sensors {
+        /// Readings to push through the pipeline.
+        #[arg(long, default_value_t = 1_000_000)]
+        messages: u32,
+    },
+    /// c = a + b by an actor over bound buffers; messages carry offset and length.
+    VectorAdd {
+        #[command(flatten)]
+        backend: BackendArg,
+        /// Elements.
+        #[arg(long, default_value_t = 10_000_000)]
+        n: usize,
+        /// Elements per message.
+        #[arg(long, default_value_t = 65_536)]
+        chunk: usize,
+    },
+    /// PageRank (networkx's definition) over an edge-list file or a generated graph.
+    Pagerank(PagerankArgs),
+    /// normalizer -> scorer, kernel to kernel.
+    Pipeline {
+        #[command(flatten)]
+        backend: BackendArg,
+        /// Readings.
+        #[arg(long, default_value_t = 1_000_000)]
+        n: usize,
+    },
+    /// EWMA anomaly detection with per-sensor statistics resident in the kernel.
+    Anomaly(AnomalyArgs),
+}
+
+/// `demo pagerank`.
+#[derive(Args, Debug)]
+pub struct PagerankArgs {
+    #[command(flatten)]
+    backend: BackendArg,
+    /// Edge list: `src dst` per line, `#` comments.
+    #[arg(long, conflicts_with_all = ["nodes", "edges_per_node", "seed"])]
+    graph: Option<PathBuf>,
+    /// Generated graph: nodes.
+    #[arg(long)]
+    nodes: Option<usize>,
+    /// Generated graph: out-edges drawn per node.
+    #[arg(long, default_value_t = 5)]
+    edges_per_node: usize,
+    /// Generated graph: seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// networkx's tol (stop at L1 change < N x tol).
+    #[arg(long, default_value_t = pagerank::TOL)]
+    tol: f64,
+    /// networkx's max_iter.
+    #[arg(long, default_value_t = pagerank::MAX_ITER)]
+    max_iter: u32,
+    /// Streaming mode: edge updates in batches, incremental refresh vs recompute.
+    #[arg(long)]
+    stream: bool,
+    /// Streaming: update batches.
+    #[arg(long, default_value_t = 10)]
+    batches: usize,
+    /// Streaming: edge updates per batch (half removals, half additions).
+    #[arg(long, default_value_t = 100)]
+    updates_per_batch: usize,
+    /// Write every node's rank (`node rank` per line, original ids).
+    #[arg(long)]
+    ranks_out: Option<PathBuf>,
+}
+
+/// `demo anomaly`.
+#[derive(Args, Debug)]
+pub struct AnomalyArgs {
+    #[command(flatten)]
+    backend: BackendArg,
+    /// Readings CSV: `sensor,value` per line.
+    #[arg(long, conflicts_with_all = ["readings", "sensors", "spike_every", "seed"])]
+    input: Option<PathBuf>,
+    /// Generated stream: readings.
+    #[arg(long, default_value_t = 1_000_000)]
+    readings: usize,
+    /// Generated stream: sensors.
+    #[arg(long, default_value_t = 1000)]
+    sensors: usize,
+    /// Generated stream: a spike every this many readings.
+    #[arg(long, default_value_t = 997)]
+    spike_every: usize,
+    /// Generated stream: seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Readings per micro-batch.
+    #[arg(long, default_value_t = 100)]
+    micro_batch: usize,
+    /// Actor: micro-batches outstanding at once (1 = wait for each before sending the next).
+    #[arg(long, default_value_t = anomaly::IN_FLIGHT)]
+    in_flight: usize,
+    /// Run the stateless baseline instead of the actor.
+    #[arg(long)]
+    stateless: bool,
+    /// Write every alert (`index,sensor,value,z` per line).
+    #[arg(long)]
+    alerts_out: Option<PathBuf>,
+}
+
+/// A progress bar on stderr, hidden when stderr is not a terminal.
+pub fn bar(len: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(len);
+    b.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} ({eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    b.set_message(what.to_string());
+    b
+}
+
+/// Writes `lines` to `path` (never creates directories); any failure is an error.
+pub fn write_lines(path: &Path, mut f: impl FnMut(&mut dyn Write) -> std::io::Result<()>) -> Result<(), DemoError> {
+    let err = |source| DemoError::Write { path: path.to_path_buf(), source };
+    let file = File::create(path).map_err(err)?;
+    let mut w = BufWriter::new(file);
+    f(&mut w).map_err(err)?;
+    w.into_inner().map_err(|e| err(e.into_error()))?.sync_all().map_err(err)?;
+    Ok(())
+}
+
+/// Runs one demo.
+pub fn run(cmd: DemoCommand) -> Result<(), DemoError> {
+    match cmd {
+        DemoCommand::Sensors { messages } => Ok(crate::demo::run(messages)?),
+        DemoCommand::VectorAdd { backend, n, chunk } => {
+            let (rt, d) = backend.backend.open()?;
+            println!("== demo vector-add: {n} elements, {chunk} per message, backend {:?} ==", rt.backend());
+            let (a, b) = vector_add::inputs(n, 1);
+            let r = vector_add::run(&rt, &d, &a, &b, chunk).map_err(DemoError::from)?;
+            vector_add::check(&a, &b, &r.c)?;
+            println!(
+                "{:.3} s, {:.1} M elements/s; every element within f32::EPSILON x |a+b| of the f64 reference",
+                r.elapsed.as_secs_f64(),
+                n as f64 / r.elapsed.as_secs_f64() / 1e6
+            );
+            Ok(())
+        }
+        DemoCommand::Pipeline { backend, n } => {
+            let (rt, _) = backend.backend.open()?;
+            println!("== demo pipeline: normalizer -> scorer, {n} readings, backend {:?} ==", rt.backend());
+            let mut rng = resident_workloads::rng::SplitMix64::new(5);
+            let values: Vec<f64> = (0..n).map(|_| rng.unit() * 140.0 - 20.0).collect();
+            let pb = bar(n as u64, "readings");
+            let r = pipeline::run(&rt, &values, |k| pb.inc(k as u64))?;
+            pb.finish_and_clear();
+            pipeline::check(&r.scored, &values)?;
+            let mut levels = [0usize; 3];
+            for s in &r.scored {
+                levels[s.level as usize] += 1;
+            }
+            println!(
+                "{:.3} s, {:.2} M readings/s; low {} medium {} high {}; equal to the f64 reference",
+                r.elapsed.as_secs_f64(),
+                n as f64 / r.elapsed.as_secs_f64() / 1e6,
+                levels[0],
+                levels[1],
+                levels[2]
+            );
+            Ok(())
+        }
+        DemoCommand::Pagerank(a) => run_pagerank(a),
+        DemoCommand::Anomaly(a) => run_anomaly(a),
+    }
+}
+
+fn load_graph(a: &PagerankArgs) -> Result<EdgeList, DemoError> {
+    match (&a.graph, a.nodes) {
+        (Some(p), _) => Ok(input::read_edge_list(p)?),
+        (None, Some(n)) => Ok(input::generate_graph(n, a.edges_per_node, a.seed)?),
+        (None, None) => Err(DemoError::Usage("give --graph FILE or --nodes N (with --edges-per-node K --seed S)".into())),
+    }
+}
+
+fn run_pagerank(a: PagerankArgs) -> Result<(), DemoError> {
+    if !(a.tol > 0.0 && a.tol.is_finite()) {
+        return Err(DemoError::Usage(format!("--tol must be a positive number, got {}", a.tol)));
+    }
+    let (rt, d) = a.backend.backend.open()?;
+    let t = Instant::now();
+    let g = load_graph(&a)?;
+    println!(
+        "== demo pagerank{}: {} nodes, {} edges (loaded in {:.2} s), backend {:?} ==",
+        if a.stream { " (streaming)" } else { "" },
+        g.nodes(),
+        g.edges.len(),
+        t.elapsed().as_secs_f64(),
+        rt.backend()
+    );
+    let p = pagerank::Params { tol: a.tol, max_iter: a.max_iter, ..Default::default() };
+    let ranks = if a.stream {
+        let batches = pagerank::generate_updates(&g, a.batches, a.updates_per_batch, a.seed);
+        let pb = bar(batches.len() as u64, "batches");
+        let (steps, ranks) = pagerank::run_stream(&rt, &d, &g, p, &batches, |_| pb.inc(1))?;
+        pb.finish_and_clear();
+        let inc: f64 = steps.iter().map(|s| s.incremental.as_secs_f64()).sum();
+        let full: f64 = steps.iter().map(|s| s.recompute.as_secs_f64()).sum();
+        let worst = steps.iter().map(|s| s.l1_diff).fold(0.0, f64::max);
+        println!(
+            "{} batches of {} updates: incremental {:.4} s, recompute {:.4} s (x{:.1}); worst L1 distance {:.2e} <= {:.2e}",
+            steps.len(),
+            a.updates_per_batch,
+            inc,
+            full,
+            full / inc.max(1e-12),
+            worst,
+            pagerank::stream_tolerance(g.nodes(), p)
+        );
+        ranks
+    } else {
+        let pb = bar(1, "pagerank");
+        pb.enable_steady_tick(Duration::from_millis(200));
+        let t = Instant::now();
+        let got = pagerank::run_full(&rt, &d, &g, p)?;
+        let secs = t.elapsed().as_secs_f64();
+        pb.finish_and_clear();
+        let want = pagerank::reference(&g, p)?;
+        pagerank::check_full(&got, &want)?;
+        println!(
+            "{} iterations in {:.3} s (L1 change {:.2e}); every rank within relative {:e} of the sequential reference",
+            got.iterations, secs, got.err, pagerank::FULL_TOLERANCE
+        );
+        got.ranks
+    };
+    if let Some(path) = &a.ranks_out {
+        write_lines(path, |w| {
+            for (id, r) in g.ids.iter().zip(&ranks) {
+                writeln!(w, "{id} {r}")?;
+            }
+            Ok(())
+        })?;
+        println!("wrote {} ranks to {}", ranks.len(), path.display());
+    }
+    Ok(())
+}
+
+fn run_anomaly(a: AnomalyArgs) -> Result<(), DemoError> {
+    if a.micro_batch == 0 {
+        return Err(DemoError::Usage("--micro-batch must be at least 1".into()));
+    }
+    let (rt, d) = a.backend.backend.open()?;
+    let (readings, spikes): (Vec<SensorReading>, Option<Vec<usize>>) = match &a.input {
+        Some(p) => (input::read_readings(p)?, None),
+        None => {
+            let (r, s) = input::generate_readings(a.readings, a.sensors, a.spike_every, a.seed)?;
+            (r, Some(s))
+        }
+    };
+    let r = anomaly::slot(&readings);
+    println!(
+        "== demo anomaly{}: {} readings, {} sensors, micro-batch {}, backend {:?} ==",
+        if a.stateless { " (stateless baseline)" } else { "" },
+        readings.len(),
+        r.sensor_ids.len(),
+        a.micro_batch,
+        rt.backend()
+    );
+    let pb = bar(readings.len() as u64, "readings");
+    let report = if a.stateless {
+        anomaly::run_stateless(&d, &r, a.micro_batch, |k| pb.inc(k as u64))?
+    } else {
+        anomaly::run_actor(&rt, &d, &r, a.micro_batch, a.in_flight, |k| pb.inc(k as u64))?
+    };
+    pb.finish_and_clear();
+    anomaly::check(&report, &r)?;
+    let mut lat: Vec<Duration> = report.batch_latency.clone();
+    lat.sort_unstable();
+    let q = |f: f64| lat.get(((lat.len() as f64 - 1.0) * f) as usize).map(|d| d.as_secs_f64() * 1e6).unwrap_or(0.0);
+    println!(
+        "{} alerts; {:.3} s, {:.2} M readings/s; micro-batch latency p50 {:.1} us p99 {:.1} us; equal to the f64 reference",
+        report.alerts.len(),
+        report.elapsed.as_secs_f64(),
+        readings.len() as f64 / report.elapsed.as_secs_f64().max(1e-12) / 1e6,
+        q(0.5),
+        q(0.99)
+    );
+    if let Some(spikes) = spikes {
+        let alerted: std::collections::HashSet<u64> = report.alerts.iter().map(|x| x.index).collect();
+        let caught = spikes.iter().filter(|&&i| alerted.contains(&(i as u64))).count();
+        println!("injected spikes alerted: {caught} of {}", spikes.len());
+        if caught != spikes.len() {
+            return Err(DemoError::Usage(format!("{} injected spikes were not alerted", spikes.len() - caught)));
+        }
+    }
+    if let Some(path) = &a.alerts_out {
+        write_lines(path, |w| {
+            for x in &report.alerts {
+                writeln!(w, "{},{},{},{}", x.index, x.sensor, x.value, x.z)?;
+            }
+            Ok(())
+        })?;
+        println!("wrote {} alerts to {}", report.alerts.len(), path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,517 @@
+//! `resident bench workloads`: the reference workloads at large sizes, each run checked against
+//! its f64 reference, with the baselines of issue 11 measured in the same run, repeated, and
+//! drawn (SVG and PNG).
+//!
+//! - anomaly: the actor (statistics resident in a bound buffer) vs the stateless batch
+//!   (statistics uploaded, updated by a one-shot kernel and downloaded per micro-batch), on the
+//!   same backend, micro-batches 100 / 500 / 1000;
+//! - streaming PageRank: incremental refresh vs recompute from scratch per update batch;
+//! - full PageRank on the large graph: seconds per backend.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde_json::{json, Value};
+
+use resident_workloads::input;
+use resident_workloads::{anomaly, pagerank};
+
+use crate::workloads::{bar, BackendChoice, DemoError};
+
+/// Options of `bench workloads`.
+#[derive(Args, Debug)]
+pub struct Options {
+    /// Small sizes (seconds, for a smoke test); the committed results use the defaults.
+    #[arg(long)]
+    pub quick: bool,
+    /// Backends to measure (those not present are listed in the JSON with the reason).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![BackendChoice::Cpu, BackendChoice::CudaSim, BackendChoice::Wgpu, BackendChoice::Cuda])]
+    pub backends: Vec<BackendChoice>,
+    /// Repetitions of every measurement (the spread is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Existing folder for workloads.json and the pictures.
+    #[arg(long, default_value = "bench/results")]
+    pub out_dir: PathBuf,
+    /// PageRank graph nodes (edges: 5 per node drawn).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub nodes: usize,
+    /// PageRank's second, tight tolerance (the first is networkx's 1e-6).
+    #[arg(long, default_value_t = 1e-9)]
+    pub tight_tol: f64,
+    /// Anomaly readings per run.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub readings: usize,
+    /// Anomaly sensors.
+    #[arg(long, default_value_t = 10_000)]
+    pub sensors: usize,
+}
+
+fn stats(v: &[f64]) -> Value {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let mean = s.iter().sum::<f64>() / s.len().max(1) as f64;
+    json!({"runs": s, "median": s.get(s.len() / 2), "min": s.first(), "max": s.last(), "mean": mean})
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted.get(((sorted.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get(s.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One backend's anomaly figures.
+struct AnomalyRow {
+    batch: usize,
+    actor_rps: Vec<f64>,
+    /// The actor with one micro-batch in flight (send, wait for its results, repeat).
+    actor_sync_rps: Vec<f64>,
+    stateless_rps: Vec<f64>,
+    /// Micro-batch latencies in microseconds of the last repetition, sorted.
+    actor_lat: Vec<f64>,
+    stateless_lat: Vec<f64>,
+}
+
+struct BackendRun {
+    name: String,
+    /// Micro-batch 100 across sensor counts: (sensors, actor, stateless readings/s).
+    sweep: Vec<(usize, Vec<f64>, Vec<f64>)>,
+    anomaly: Vec<AnomalyRow>,
+    pr: Vec<PrRun>,
+}
+
+/// PageRank figures at one tolerance.
+struct PrRun {
+    tol: f64,
+    /// Graph to ranks: CSR build, buffers bound, launch, iteration, ranks read back.
+    full_secs: Vec<f64>,
+    /// The iteration alone (the run message's round trip).
+    kernel_secs: Vec<f64>,
+    iterations: u32,
+    stream_ratio: Vec<f64>,
+    stream: Vec<Value>,
+    worst_l1: f64,
+}
+
+pub fn run(o: &Options) -> Result<(), DemoError> {
+    if !o.out_dir.is_dir() {
+        return Err(DemoError::Usage(format!("--out-dir {} is not an existing folder", o.out_dir.display())));
+    }
+    let repeats = o.repeats.max(1);
+    let (nodes, readings, sensors) = if o.quick { (20_000, 20_000, 1000) } else { (o.nodes, o.readings, o.sensors) };
+    let (stream_batches, updates) = (5, 100);
+    println!("== bench workloads: {} repeats; PageRank {nodes} nodes x 5 edges; anomaly {readings} readings over {sensors} sensors ==", repeats);
+    let t = Instant::now();
+    let graph = input::generate_graph(nodes, 5, 42)?;
+    println!("graph: {} nodes, {} edges ({:.1} s to generate)", graph.nodes(), graph.edges.len(), t.elapsed().as_secs_f64());
+    let (rs, spikes) = input::generate_readings(readings, sensors, 997, 7)?;
+    let slotted = anomaly::slot(&rs);
+    let p = pagerank::Params::default();
+    // networkx's tol, and a tight one: at N = 1M networkx's rule (L1 change < N x 1e-6 = 1)
+    // stops after one iteration, so the tight tolerance is what shows real iteration work.
+    let mut references = Vec::new();
+    for tol in [pagerank::TOL, o.tight_tol] {
+        let t = Instant::now();
+        let r = pagerank::reference(&graph, pagerank::Params { tol, ..Default::default() })?;
+        references.push((tol, r, t.elapsed().as_secs_f64()));
+    }
+    let sweep_sensors: Vec<usize> = if o.quick { vec![100, 10_000] } else { vec![1000, 100_000] };
+    let update_batches = pagerank::generate_updates(&graph, stream_batches, updates, 9);
+
+    let mut runs: Vec<BackendRun> = Vec::new();
+    let mut absent: Vec<Value> = Vec::new();
+    for &b in &o.backends {
+        let name = format!("{b:?}").to_lowercase();
+        let (rt, d) = match b.open() {
+            Ok(x) => x,
+            Err(e) => {
+                println!("{name}: SKIP: {e}");
+                absent.push(json!({"backend": name, "reason": e.to_string()}));
+                continue;
+            }
+        };
+        println!("-- {name} --");
+        let mut run = BackendRun { name: name.clone(), sweep: vec![], anomaly: vec![], pr: vec![] };
+        for batch in [100usize, 500, 1000] {
+            let mut row = AnomalyRow { batch, actor_rps: vec![], actor_sync_rps: vec![], stateless_rps: vec![], actor_lat: vec![], stateless_lat: vec![] };
+            let pb = bar((3 * repeats * readings) as u64, &format!("anomaly/{batch}"));
+            for _ in 0..repeats {
+                // Latency: one micro-batch in flight, like the stateless batch.
+                let one = anomaly::run_actor(&rt, &d, &slotted, batch, 1, |k| pb.inc(k as u64))?;
+                anomaly::check(&one, &slotted)?;
+                row.actor_sync_rps.push(readings as f64 / one.elapsed.as_secs_f64());
+                // Throughput: micro-batches pipelined (the statistics stay in the kernel, so
+                // micro-batch k+1 need not wait for k's results; a stateless batch must).
+                let a = anomaly::run_actor(&rt, &d, &slotted, batch, anomaly::IN_FLIGHT, |k| pb.inc(k as u64))?;
+                anomaly::check(&a, &slotted)?;
+                let alerted: std::collections::HashSet<u64> = a.alerts.iter().map(|x| x.index).collect();
+                if let Some(i) = spikes.iter().find(|&&i| !alerted.contains(&(i as u64))) {
+                    return Err(DemoError::Usage(format!("injected spike at {i} not alerted")));
+                }
+                let s = anomaly::run_stateless(&d, &slotted, batch, |k| pb.inc(k as u64))?;
+                anomaly::check(&s, &slotted)?;
+                row.actor_rps.push(readings as f64 / a.elapsed.as_secs_f64());
+                row.stateless_rps.push(readings as f64 / s.elapsed.as_secs_f64());
+                let us = |v: &[Duration]| {
+                    let mut x: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+                    x.sort_by(f64::total_cmp);
+                    x
+                };
+                row.actor_lat = us(&one.batch_latency);
+                row.stateless_lat = us(&s.batch_latency);
+            }
+            pb.finish_and_clear();
+            let ratios: Vec<f64> = row.actor_rps.iter().zip(&row.stateless_rps).map(|(a, s)| a / s).collect();
+            println!(
+                "anomaly micro-batch {batch:>4}: actor {:.2} M/s ({} in flight; {:.2} M/s with 1), stateless {:.3} M/s, actor/stateless x{:.1} (runs {:?}); latency p50 actor {:.1} us, stateless {:.1} us",
+                median(&row.actor_rps) / 1e6,
+                anomaly::IN_FLIGHT,
+                median(&row.actor_sync_rps) / 1e6,
+                median(&row.stateless_rps) / 1e6,
+                median(&ratios),
+                ratios.iter().map(|r| (r * 10.0).round() / 10.0).collect::<Vec<_>>(),
+                quantile(&row.actor_lat, 0.5),
+                quantile(&row.stateless_lat, 0.5)
+            );
+            run.anomaly.push(row);
+        }
+        for &ns in &sweep_sensors {
+            let (rs2, _) = input::generate_readings(readings, ns, 0, 3)?;
+            let sl = anomaly::slot(&rs2);
+            let (mut ar, mut sr) = (vec![], vec![]);
+            let pb = bar((2 * repeats * readings) as u64, &format!("sensors/{ns}"));
+            for _ in 0..repeats {
+                let a = anomaly::run_actor(&rt, &d, &sl, 100, anomaly::IN_FLIGHT, |k| pb.inc(k as u64))?;
+                anomaly::check(&a, &sl)?;
+                let s = anomaly::run_stateless(&d, &sl, 100, |k| pb.inc(k as u64))?;
+                anomaly::check(&s, &sl)?;
+                ar.push(readings as f64 / a.elapsed.as_secs_f64());
+                sr.push(readings as f64 / s.elapsed.as_secs_f64());
+            }
+            pb.finish_and_clear();
+            let ratios: Vec<f64> = ar.iter().zip(&sr).map(|(a, s)| a / s).collect();
+            println!(
+                "anomaly micro-batch 100, {ns:>6} sensors: actor {:.2} M/s, stateless {:.3} M/s, x{:.1} (runs {:?})",
+                median(&ar) / 1e6, median(&sr) / 1e6, median(&ratios),
+                ratios.iter().map(|r| (r * 10.0).round() / 10.0).collect::<Vec<_>>()
+            );
+            run.sweep.push((ns, ar, sr));
+        }
+        for (tol, reference, reference_secs) in &references {
+            let p = pagerank::Params { tol: *tol, ..Default::default() };
+            let mut pr = PrRun { tol: *tol, full_secs: vec![], kernel_secs: vec![], iterations: 0, stream_ratio: vec![], stream: vec![], worst_l1: 0.0 };
+            let pb = bar(repeats as u64, "pagerank");
+            for _ in 0..repeats {
+                let t = Instant::now();
+                let got = pagerank::run_full(&rt, &d, &graph, p)?;
+                pr.full_secs.push(t.elapsed().as_secs_f64());
+                pr.kernel_secs.push(got.kernel_time.as_secs_f64());
+                pagerank::check_full(&got, reference)?;
+                pr.iterations = got.iterations;
+                pb.inc(1);
+            }
+            pb.finish_and_clear();
+            println!(
+                "full PageRank, tol {tol:e}: {:.3} s median end to end, {:.3} s in the kernel ({} iterations; sequential reference {:.2} s), runs {:?}",
+                median(&pr.full_secs),
+                median(&pr.kernel_secs),
+                pr.iterations,
+                reference_secs,
+                pr.full_secs.iter().map(|s| (s * 1000.0).round() / 1000.0).collect::<Vec<_>>()
+            );
+            let pb = bar((repeats * stream_batches) as u64, "stream");
+            for _ in 0..repeats {
+                let (steps, _) = pagerank::run_stream(&rt, &d, &graph, p, &update_batches, |_| pb.inc(1))?;
+                let inc: f64 = steps.iter().map(|s| s.incremental.as_secs_f64()).sum();
+                let full: f64 = steps.iter().map(|s| s.recompute.as_secs_f64()).sum();
+                pr.stream_ratio.push(full / inc);
+                pr.worst_l1 = steps.iter().map(|s| s.l1_diff).fold(pr.worst_l1, f64::max);
+                pr.stream.push(json!({
+                    "incremental_s": inc, "recompute_s": full,
+                    "steps": steps.iter().map(|s| json!({
+                        "incremental_s": s.incremental.as_secs_f64(), "pushes": s.pushes, "incremental_work": s.incremental_work,
+                        "recompute_s": s.recompute.as_secs_f64(), "recompute_iterations": s.recompute_iterations, "recompute_work": s.recompute_work,
+                        "l1_diff": s.l1_diff, "applied": s.applied,
+                    })).collect::<Vec<_>>(),
+                }));
+            }
+            pb.finish_and_clear();
+            println!(
+                "streaming PageRank, tol {tol:e} ({stream_batches} batches x {updates} updates): recompute/incremental x{:.1} median (runs {:?}); worst L1 distance {:.2e} <= {:.2e}",
+                median(&pr.stream_ratio),
+                pr.stream_ratio.iter().map(|r| r.round()).collect::<Vec<_>>(),
+                pr.worst_l1,
+                pagerank::stream_tolerance(graph.nodes(), p)
+            );
+            run.pr.push(pr);
+        }
+        runs.push(run);
+    }
+
+    let command: Vec<String> = std::env::args().collect();
+    let report = json!({
+        "benchmark": "workloads",
+        "command": command.join(" "),
+        "date": resident::cuda::bench::utc_date(std::time::SystemTime::now()),
+        "machine": crate::bench::machine(),
+        "note": "shared, noisy 2-vCPU x86_64 VM without a GPU; ratios are measured in the same run on the same backend; every run's results were checked against the sequential f64 reference",
+        "repeats": repeats,
+        "absent_backends": absent,
+        "pagerank_graph": {"nodes": graph.nodes(), "edges": graph.edges.len(), "generator": "--nodes N --edges-per-node 5 --seed 42", "params": {"damping": p.damping, "tols": references.iter().map(|r| r.0).collect::<Vec<_>>(), "max_iter": p.max_iter}, "sequential_reference_s": references.iter().map(|r| r.2).collect::<Vec<_>>()},
+        "pagerank_stream": {"batches": stream_batches, "updates_per_batch": updates},
+        "anomaly_input": {"readings": readings, "sensors": sensors, "spikes_injected": spikes.len(), "spike_every": 997, "actor_micro_batches_in_flight": anomaly::IN_FLIGHT},
+        "targets": {"anomaly_actor_vs_stateless_at_100": 5.0, "stream_pagerank_incremental_vs_recompute": 10.0},
+        "backends": runs.iter().map(|r| json!({
+            "backend": r.name,
+            "anomaly": r.anomaly.iter().map(|a| {
+                let ratios: Vec<f64> = a.actor_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect();
+                json!({
+                    "micro_batch": a.batch,
+                    "actor_readings_per_s": stats(&a.actor_rps),
+                    "actor_one_in_flight_readings_per_s": stats(&a.actor_sync_rps),
+                    "ratio_actor_one_in_flight_vs_stateless": stats(&a.actor_sync_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect::<Vec<_>>()),
+                    "stateless_readings_per_s": stats(&a.stateless_rps),
+                    "ratio_actor_vs_stateless": stats(&ratios),
+                    "actor_batch_latency_us_one_in_flight": {"p50": quantile(&a.actor_lat, 0.5), "p90": quantile(&a.actor_lat, 0.9), "p99": quantile(&a.actor_lat, 0.99), "max": quantile(&a.actor_lat, 1.0)},
+                    "stateless_batch_latency_us": {"p50": quantile(&a.stateless_lat, 0.5), "p90": quantile(&a.stateless_lat, 0.9), "p99": quantile(&a.stateless_lat, 0.99), "max": quantile(&a.stateless_lat, 1.0)},
+                })
+            }).collect::<Vec<_>>(),
+            "anomaly_sensor_sweep_micro_batch_100": r.sweep.iter().map(|(ns, a, s)| {
+                let ratios: Vec<f64> = a.iter().zip(s).map(|(x, y)| x / y).collect();
+                json!({"sensors": ns, "actor_readings_per_s": stats(a), "stateless_readings_per_s": stats(s), "ratio_actor_vs_stateless": stats(&ratios)})
+            }).collect::<Vec<_>>(),
+            "pagerank": r.pr.iter().map(|pr| json!({
+                "tol": pr.tol,
+                "full_s": stats(&pr.full_secs),
+                "full_kernel_s": stats(&pr.kernel_secs),
+                "full_iterations": pr.iterations,
+                "stream_ratio_recompute_vs_incremental": stats(&pr.stream_ratio),
+                "stream_worst_l1_distance": pr.worst_l1,
+                "stream_tolerance_l1": pagerank::stream_tolerance(graph.nodes(), pagerank::Params { tol: pr.tol, ..Default::default() }),
+                "stream_runs": pr.stream,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    });
+    let json_path = o.out_dir.join(if o.quick { "workloads-quick.json" } else { "workloads.json" });
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report).expect("json"))
+        .map_err(|source| DemoError::Write { path: json_path.clone(), source })?;
+    println!("wrote {}", json_path.display());
+    let prefix = if o.quick { "workloads-quick" } else { "workloads" };
+    draw_all(&o.out_dir, prefix, &runs, sensors)?;
+    Ok(())
+}
+
+type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(23, 190, 207),
+];
+
+fn font_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // DejaVu Sans ships with the CLI so PNGs render the same offline on any machine.
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, include_bytes!("../assets/DejaVuSans.ttf"));
+    });
+}
+
+fn draw_all(dir: &Path, prefix: &str, runs: &[BackendRun], sensors: usize) -> Result<(), DemoError> {
+    font_once();
+    let fail = |path: &Path, e: Box<dyn std::error::Error>| DemoError::Write {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    macro_rules! picture {
+        ($name:expr, $draw:ident) => {{
+            let svg_path = dir.join(format!("{prefix}-{}.svg", $name));
+            let png_path = dir.join(format!("{prefix}-{}.png", $name));
+            {
+                let root = SVGBackend::new(&svg_path, (960, 560)).into_drawing_area();
+                $draw(&root, runs, sensors).map_err(|e| fail(&svg_path, e))?;
+                root.present().map_err(|e| fail(&svg_path, e.into()))?;
+            }
+            {
+                let root = BitMapBackend::new(&png_path, (960, 560)).into_drawing_area();
+                $draw(&root, runs, sensors).map_err(|e| fail(&png_path, e))?;
+                root.present().map_err(|e| fail(&png_path, e.into()))?;
+            }
+            println!("wrote {} and .png", svg_path.display());
+        }};
+    }
+    picture!("latency", draw_latency);
+    picture!("throughput", draw_throughput);
+    picture!("actor-vs-stateless", draw_ratios);
+    Ok(())
+}
+
+/// Latency distribution (CDF) of anomaly micro-batches, actor and stateless, per backend and
+/// micro-batch size.
+fn draw_latency<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun], sensors: usize) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
+    let all: Vec<f64> = runs.iter().flat_map(|r| r.anomaly.iter().flat_map(|a| a.actor_lat.iter().chain(&a.stateless_lat).copied())).collect();
+    let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(0.1);
+    let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
+    let mut chart = ChartBuilder::on(root)
+        .caption(format!("Anomaly detection, {sensors} sensors: latency per micro-batch (CDF, one in flight)"), ("sans-serif", 22))
+        .margin(18)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0f64..1f64)?;
+    chart
+        .configure_mesh()
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_desc("micro-batch latency, microseconds (log scale)")
+        .y_desc("fraction of micro-batches")
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
+        .draw()?;
+    let mut c = 0;
+    for r in runs {
+        for a in &r.anomaly {
+            for (mode, lat, dashed) in [("actor", &a.actor_lat, false), ("stateless", &a.stateless_lat, true)] {
+                let color = COLORS[c % COLORS.len()];
+                let n = lat.len().max(1) as f64;
+                let pts: Vec<(f64, f64)> = lat.iter().enumerate().map(|(i, &x)| (x, (i + 1) as f64 / n)).collect();
+                let style = color.stroke_width(if dashed { 1 } else { 3 });
+                chart
+                    .draw_series(LineSeries::new(pts, style))?
+                    .label(format!("{} {mode}, batch {}", r.name, a.batch))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(if dashed { 1 } else { 3 })));
+            }
+            c += 1;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+/// Throughput against micro-batch size, actor and stateless, per backend.
+fn draw_throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun], sensors: usize) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
+    let hi = runs.iter().flat_map(|r| r.anomaly.iter().flat_map(|a| a.actor_rps.iter().chain(&a.stateless_rps).copied())).fold(1.0, f64::max) / 1e6;
+    let lo = runs.iter().flat_map(|r| r.anomaly.iter().flat_map(|a| a.actor_rps.iter().chain(&a.stateless_rps).chain(&a.actor_sync_rps).copied())).fold(f64::INFINITY, f64::min) / 1e6;
+    let mut chart = ChartBuilder::on(root)
+        .caption(format!("Anomaly detection, {sensors} sensors: throughput vs micro-batch size"), ("sans-serif", 24))
+        .margin(18)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d((80f64..1250f64).log_scale(), (lo.max(1e-4) * 0.5..hi * 2.0).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_labels(4)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y}"))
+        .x_desc("readings per micro-batch (log scale)")
+        .y_desc("million readings / s (log scale)")
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
+        .draw()?;
+    for (i, r) in runs.iter().enumerate() {
+        for (j, mode) in ["actor, resident statistics", "stateless, upload/update/download", "actor, one micro-batch in flight"].iter().enumerate() {
+            let color = COLORS[(3 * i + j) % COLORS.len()];
+            let pick = |a: &AnomalyRow| -> Vec<f64> { match j { 0 => a.actor_rps.clone(), 1 => a.stateless_rps.clone(), _ => a.actor_sync_rps.clone() } };
+            let pts: Vec<(f64, f64)> = r.anomaly.iter().map(|a| (a.batch as f64, median(&pick(a)) / 1e6)).collect();
+            // Spread: min..max of the repetitions as a vertical bar.
+            for a in &r.anomaly {
+                let v = &pick(a);
+                let (mn, mx) = (v.iter().copied().fold(f64::INFINITY, f64::min) / 1e6, v.iter().copied().fold(0.0, f64::max) / 1e6);
+                chart.draw_series(std::iter::once(PathElement::new(vec![(a.batch as f64, mn), (a.batch as f64, mx)], color.stroke_width(2))))?;
+            }
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)).point_size(5))?
+                .label(if j == 0 { format!("{} {mode} ({} micro-batches in flight)", r.name, anomaly::IN_FLIGHT) } else { format!("{} {mode}", r.name) })
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
+            chart.draw_series(pts.iter().map(|&(x, y)| Circle::new((x, y), 5, color.filled())))?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+/// Actor vs stateless batch: speed-up per workload and backend, with the targets.
+fn draw_ratios<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun], sensors: usize) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
+    let mut bars: Vec<(String, Vec<f64>, f64)> = Vec::new();
+    for r in runs {
+        for a in &r.anomaly {
+            let ratios: Vec<f64> = a.actor_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect();
+            bars.push((format!("{}: anomaly, batch {}, {} sensors", r.name, a.batch, sensors), ratios, if a.batch == 100 { 5.0 } else { 0.0 }));
+        }
+        for (ns, a, s) in &r.sweep {
+            let ratios: Vec<f64> = a.iter().zip(s).map(|(x, y)| x / y).collect();
+            bars.push((format!("{}: anomaly, batch 100, {ns} sensors", r.name), ratios, 5.0));
+        }
+        for pr in &r.pr {
+            bars.push((format!("{}: streaming PageRank, tol {:e}", r.name, pr.tol), pr.stream_ratio.clone(), 10.0));
+        }
+    }
+    let hi = bars.iter().flat_map(|b| b.1.iter().copied()).fold(10.0, f64::max) * 1.6;
+    let lo = bars.iter().flat_map(|b| b.1.iter().copied()).fold(0.5, f64::min) * 0.6;
+    let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+    let mut chart = ChartBuilder::on(root)
+        .caption("Resident actor vs stateless batch: speed-up (same run, same backend)", ("sans-serif", 22))
+        .margin(18)
+        .x_label_area_size(40)
+        .y_label_area_size(330)
+        .build_cartesian_2d((lo..hi).log_scale(), -0.5f64..(bars.len() as f64 - 0.5))?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(bars.len())
+        .y_label_formatter(&|y| {
+            let i = y.round();
+            if (y - i).abs() < 1e-6 && i >= 0.0 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+        })
+        .x_label_formatter(&|x| format!("{x}"))
+        .x_desc("times faster than stateless (log scale; bar = median, whisker = min..max of the repeats)")
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 15))
+        .draw()?;
+    for (i, (_, v, target)) in bars.iter().enumerate() {
+        let y = i as f64;
+        let (m, mn, mx) = (median(v), v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max));
+        let color = if *target > 0.0 && m < *target { COLORS[1] } else { COLORS[0] };
+        chart.draw_series(std::iter::once(Rectangle::new([(lo, y - 0.3), (m.max(lo), y + 0.3)], color.mix(0.8).filled())))?;
+        chart.draw_series(std::iter::once(PathElement::new(vec![(mn.max(lo), y), (mx.max(lo), y)], BLACK.stroke_width(2))))?;
+        chart.draw_series(std::iter::once(Text::new(if m < 0.95 { format!("x{m:.2}") } else { format!("x{m:.1}") }, (m.max(lo) * 1.05, y - 0.1), ("sans-serif", 15))))?;
+        if *target > 0.0 {
+            chart.draw_series(std::iter::once(PathElement::new(vec![(*target, y - 0.42), (*target, y + 0.42)], COLORS[1].stroke_width(3))))?;
+            chart.draw_series(std::iter::once(Text::new(format!("target x{target}"), (*target * 1.03, y + 0.42), ("sans-serif", 13))))?;
+        }
+    }
+    chart.draw_series(std::iter::once(PathElement::new(vec![(1.0, -0.5), (1.0, bars.len() as f64 - 0.5)], BLACK.stroke_width(1))))?;
+    Ok(())
+}

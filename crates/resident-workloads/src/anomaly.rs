@@ -1,0 +1,380 @@
+//! Real-time anomaly detection over sensor readings, as one ring kernel whose per-sensor
+//! statistics live in a bound buffer for the kernel's whole life.
+//!
+//! The definition (issue 11): per sensor an exponentially weighted mean `m` and variance `v`
+//! with `a = 0.01`. A sensor's first reading sets `m = x, v = 0`. Every later reading `x` is
+//! first scored, `z = |x - m| / sqrt(v)` (no score while `v = 0`), then folded in:
+//! `d = x - m; m += a d; v = (1 - a)(v + a d^2)`. A reading is an anomaly when `z > 4.0` and its
+//! sensor had already seen at least 100 readings before it.
+//!
+//! Readings travel as messages in input order; the kernel handles a batch's messages in order,
+//! so the readings of one sensor are applied in order even when one batch holds many of them.
+//! A micro-batch ends with a flush marker, answered once every reading before it is folded.
+//!
+//! Tolerance against [`reference`]: the same alerts (index and sensor), and `z` and the final
+//! statistics within relative `1e-9` (the CPU kernel does the same f64 operations in the same
+//! order, so in practice they are equal).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use resident::backend::DeviceHandle;
+use resident::memory::BufferOptions;
+use resident::prelude::*;
+use resident::{Kernel, KernelArg, LaunchConfig, UnifiedBuffer};
+
+use crate::error::WorkloadError;
+use crate::input::SensorReading;
+
+/// EWMA weight.
+pub const ALPHA: f64 = 0.01;
+/// Score threshold.
+pub const Z_THRESHOLD: f64 = 4.0;
+/// Readings a sensor must have seen before one of its readings can be an anomaly.
+pub const WARMUP: u64 = 100;
+/// Relative tolerance of the reference check.
+pub const TOLERANCE: f64 = 1e-9;
+
+/// Per-sensor statistics (the bound buffer `stats`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct SensorStats {
+    /// Weighted mean.
+    pub m: f64,
+    /// Weighted variance.
+    pub v: f64,
+    /// Readings folded so far.
+    pub n: u64,
+}
+
+/// Scores `x` against `s`, folds it in, and returns `Some(z)` when it is an anomaly.
+#[inline]
+pub fn observe(s: &mut SensorStats, x: f64) -> Option<f64> {
+    if s.n == 0 {
+        *s = SensorStats { m: x, v: 0.0, n: 1 };
+        return None;
+    }
+    let z = (s.v > 0.0).then(|| (x - s.m).abs() / s.v.sqrt());
+    let d = x - s.m;
+    s.m += ALPHA * d;
+    s.v = (1.0 - ALPHA) * (s.v + ALPHA * d * d);
+    let prior = s.n;
+    s.n += 1;
+    z.filter(|&z| z > Z_THRESHOLD && prior >= WARMUP)
+}
+
+/// One anomaly.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Alert {
+    /// Position of the reading in the input (0-based).
+    pub index: u64,
+    /// Sensor id as given.
+    pub sensor: u64,
+    /// The reading.
+    pub value: f64,
+    /// Its score.
+    pub z: f64,
+}
+
+/// Readings with their sensors mapped to dense slots `0..sensors` (in order of first
+/// appearance), so statistics can sit in one buffer.
+#[derive(Clone, Debug)]
+pub struct SlottedReadings {
+    /// Slot of each reading.
+    pub slots: Vec<u32>,
+    /// Value of each reading.
+    pub values: Vec<f64>,
+    /// Original sensor id of each slot.
+    pub sensor_ids: Vec<u64>,
+}
+
+/// Maps sensors to slots.
+pub fn slot(readings: &[SensorReading]) -> SlottedReadings {
+    let mut map: HashMap<u64, u32> = HashMap::new();
+    let mut sensor_ids = Vec::new();
+    let slots = readings
+        .iter()
+        .map(|r| {
+            *map.entry(r.sensor).or_insert_with(|| {
+                sensor_ids.push(r.sensor);
+                (sensor_ids.len() - 1) as u32
+            })
+        })
+        .collect();
+    SlottedReadings {
+        slots,
+        values: readings.iter().map(|r| r.value).collect(),
+        sensor_ids,
+    }
+}
+
+/// The sequential f64 reference: every alert in input order, and the final statistics per slot.
+pub fn reference(r: &SlottedReadings) -> (Vec<Alert>, Vec<SensorStats>) {
+    let mut stats = vec![SensorStats::default(); r.sensor_ids.len()];
+    let mut alerts = Vec::new();
+    for (i, (&s, &x)) in r.slots.iter().zip(&r.values).enumerate() {
+        if let Some(z) = observe(&mut stats[s as usize], x) {
+            alerts.push(Alert {
+                index: i as u64,
+                sensor: r.sensor_ids[s as usize],
+                value: x,
+                z,
+            });
+        }
+    }
+    (alerts, stats)
+}
+
+resident::ring::device_message! {
+    /// A reading for the kernel (`slot == FLUSH` marks the end of a micro-batch).
+    pub struct ReadingMsg { pub index: u64, pub value: f64, pub slot: u32, pub _pad: u32 }
+}
+
+resident::ring::device_message! {
+    /// An anomaly (`slot == FLUSH`: micro-batch `index` is folded; `z` holds its alert count and
+    /// `value` the readings the kernel refused).
+    pub struct AlertMsg { pub index: u64, pub value: f64, pub z: f64, pub slot: u32, pub _pad: u32 }
+}
+
+/// The flush marker's slot.
+pub const FLUSH: u32 = u32::MAX;
+
+/// The kernel's own counters (its state).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DetectorState {
+    /// Alerts since the last flush.
+    pub alerts: u64,
+    /// Readings refused since the last flush (a slot past the buffer).
+    pub refused: u64,
+}
+
+/// The anomaly detector: one ring kernel with the statistics of `sensors` sensors bound as
+/// `stats` (zeroed: no sensor seen yet).
+pub fn kernel(
+    id: &str,
+    device: &DeviceHandle,
+    sensors: usize,
+) -> Result<RingKernel<ReadingMsg, AlertMsg, DetectorState>, WorkloadError> {
+    let mut stats = UnifiedBuffer::<SensorStats>::new(device, sensors, BufferOptions::default())?;
+    stats.host_mut()?; // zeroed: n = 0 means "not seen yet"
+    Ok(RingKernel::<ReadingMsg, AlertMsg>::new(id)
+        .queue_size(4096)
+        .batch_size(1024)
+        .backpressure(Backpressure::Block(Duration::from_secs(10)))
+        .state(DetectorState::default())
+        .bind("stats", stats)
+        .handler(|ctx: &mut Context<DetectorState>, r: ReadingMsg| {
+            let (state, buffers) = ctx.state_and_buffers();
+            if r.slot == FLUSH {
+                // The micro-batch is folded: answer with its alert and refusal counts.
+                let (alerts, refused) = (std::mem::take(&mut state.alerts), std::mem::take(&mut state.refused));
+                return Some(AlertMsg { index: r.index, value: refused as f64, z: alerts as f64, slot: FLUSH, _pad: 0 });
+            }
+            let mut stats = match buffers.buffer_mut::<SensorStats>("stats") {
+                Ok(s) => s,
+                Err(_) => {
+                    state.refused += 1;
+                    return None;
+                }
+            };
+            let Some(s) = stats.get_mut(r.slot as usize) else {
+                state.refused += 1; // a slot past the buffer: counted, reported at the flush
+                return None;
+            };
+            let z = observe(s, r.value)?; // scored before it is folded in
+            state.alerts += 1;
+            Some(AlertMsg { index: r.index, value: r.value, z, slot: r.slot, _pad: 0 })
+        }))
+}
+
+/// What one run produced and how long each micro-batch took.
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    /// Alerts in input order.
+    pub alerts: Vec<Alert>,
+    /// Final statistics per slot.
+    pub stats: Vec<SensorStats>,
+    /// Wall time of each micro-batch (send -> last result back).
+    pub batch_latency: Vec<Duration>,
+    /// Whole run.
+    pub elapsed: Duration,
+}
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Micro-batches the actor keeps in flight by default: the host sends micro-batch `k` once the
+/// results of micro-batch `k - 16` are back, so sending, the kernel and receiving overlap while
+/// queueing stays bounded (at micro-batch 100, at most 1600 readings, well inside the 4096-slot
+/// lane). The statistics stay in the kernel, so micro-batch `k + 1` never waits for `k`'s
+/// results; a stateless batch must (it needs `k`'s statistics back first).
+pub const IN_FLIGHT: usize = 16;
+
+/// Runs `readings` through a detector kernel launched on `rt` in micro-batches of `batch`, at
+/// most `in_flight` micro-batches outstanding (1 = send, wait for the results, repeat), calling
+/// `progress(done)` as micro-batches complete. A micro-batch's latency runs from sending its
+/// first reading to receiving its flush answer.
+pub fn run_actor(
+    rt: &Runtime,
+    device: &DeviceHandle,
+    r: &SlottedReadings,
+    batch: usize,
+    in_flight: usize,
+    mut progress: impl FnMut(usize),
+) -> Result<RunReport, WorkloadError> {
+    let batch = batch.max(1);
+    let in_flight = in_flight.max(1);
+    let id = format!("anomaly-{}", unique());
+    let k = rt.launch(kernel(&id, device, r.sensor_ids.len())?)?;
+    k.activate()?;
+    let result = (|| {
+        let mut report = RunReport::default();
+        let total = r.slots.len().div_ceil(batch);
+        let mut sent_at: Vec<Instant> = Vec::with_capacity(total);
+        let mut msgs: Vec<ReadingMsg> = Vec::with_capacity(batch + 1);
+        let mut got: Vec<AlertMsg> = Vec::with_capacity(256);
+        let mut done = 0usize;
+        let start = Instant::now();
+        while done < total {
+            // Send while the window has room.
+            while sent_at.len() < total && sent_at.len() - done < in_flight {
+                let b = sent_at.len();
+                let lo = b * batch;
+                let hi = (lo + batch).min(r.slots.len());
+                msgs.clear();
+                msgs.extend((lo..hi).map(|i| ReadingMsg { index: i as u64, value: r.values[i], slot: r.slots[i], _pad: 0 }));
+                msgs.push(ReadingMsg { index: b as u64, value: 0.0, slot: FLUSH, _pad: 0 });
+                sent_at.push(Instant::now());
+                let mut sent = 0;
+                while sent < msgs.len() {
+                    sent += k.send_batch(&msgs[sent..])?;
+                }
+            }
+            got.clear();
+            if k.receive_batch(&mut got, 256)? == 0 {
+                let one = k.receive(WAIT).map_err(|e| match e {
+                    resident::Error::Timeout { .. } => WorkloadError::Timeout { workload: "anomaly", waited: WAIT },
+                    e => e.into(),
+                })?;
+                got.push(one);
+            }
+            for a in &got {
+                if a.slot == FLUSH {
+                    if a.value != 0.0 {
+                        return Err(WorkloadError::OutOfRange {
+                            workload: "anomaly",
+                            detail: format!("the kernel refused {} readings of micro-batch {} (sensor slot past its statistics)", a.value, a.index),
+                        });
+                    }
+                    report.batch_latency.push(sent_at[a.index as usize].elapsed());
+                    let lo = a.index as usize * batch;
+                    progress((lo + batch).min(r.slots.len()) - lo);
+                    done += 1;
+                    continue;
+                }
+                report.alerts.push(Alert { index: a.index, sensor: r.sensor_ids[a.slot as usize], value: a.value, z: a.z });
+            }
+        }
+        report.elapsed = start.elapsed();
+        report.stats = k.read_buffer::<SensorStats>("stats", WAIT)?.to_vec();
+        Ok(report)
+    })();
+    k.terminate()?;
+    result
+}
+
+/// The stateless baseline: the statistics live on the host between micro-batches; every
+/// micro-batch uploads them and its readings into `UnifiedBuffer`s, runs one one-shot kernel
+/// (the same `observe` per reading, in order) and downloads the statistics and scores again.
+pub fn run_stateless(
+    device: &DeviceHandle,
+    r: &SlottedReadings,
+    batch: usize,
+    mut progress: impl FnMut(usize),
+) -> Result<RunReport, WorkloadError> {
+    let batch = batch.max(1);
+    let sensors = r.sensor_ids.len();
+    let mut host_stats = vec![SensorStats::default(); sensors];
+    let mut stats_buf = UnifiedBuffer::<SensorStats>::new(device, sensors, BufferOptions::default())?;
+    let mut slot_buf = UnifiedBuffer::<u32>::new(device, batch, BufferOptions::default())?;
+    let mut value_buf = UnifiedBuffer::<f64>::new(device, batch, BufferOptions::default())?;
+    let mut z_buf = UnifiedBuffer::<f64>::new(device, batch, BufferOptions::default())?;
+    // One index walks the micro-batch in order (readings of one sensor must fold in order);
+    // scores are written per reading, NaN for "no alert".
+    let k = Kernel::new("anomaly_stateless").cpu(|t| {
+        let n = t.scalar::<u64>(0)? as usize;
+        let (slots, values) = (t.input::<u32>(1)?, t.input::<f64>(2)?);
+        let (stats, z) = (t.output::<SensorStats>(3)?, t.output::<f64>(4)?);
+        for i in 0..n {
+            let s = slots[i] as usize;
+            // SAFETY: the launch has one index, so no other index touches these elements.
+            unsafe {
+                let mut st = stats.read_at(s)?;
+                let a = observe(&mut st, values[i]);
+                stats.write_at(s, st)?;
+                z.write_at(i, a.unwrap_or(f64::NAN))?;
+            }
+        }
+        Ok(())
+    });
+    let mut report = RunReport::default();
+    let start = Instant::now();
+    for chunk_start in (0..r.slots.len()).step_by(batch) {
+        let t0 = Instant::now();
+        let end = (chunk_start + batch).min(r.slots.len());
+        let n = end - chunk_start;
+        stats_buf.host_mut()?.copy_from_slice(&host_stats); // upload
+        slot_buf.host_mut()?[..n].copy_from_slice(&r.slots[chunk_start..end]);
+        value_buf.host_mut()?[..n].copy_from_slice(&r.values[chunk_start..end]);
+        z_buf.host_mut()?;
+        {
+            let (sv, vv) = (slot_buf.device()?, value_buf.device()?);
+            let (mut stv, mut zv) = (stats_buf.device_mut()?, z_buf.device_mut()?);
+            let args = [KernelArg::scalar(n as u64), sv.arg(), vv.arg(), stv.arg(), zv.arg()];
+            device.launch(&k, LaunchConfig::for_elements(1), &args, None)?;
+        }
+        host_stats.copy_from_slice(stats_buf.host()?); // download
+        let z = z_buf.host()?;
+        for (j, &zj) in z[..n].iter().enumerate() {
+            if !zj.is_nan() {
+                let i = chunk_start + j;
+                report.alerts.push(Alert {
+                    index: i as u64,
+                    sensor: r.sensor_ids[r.slots[i] as usize],
+                    value: r.values[i],
+                    z: zj,
+                });
+            }
+        }
+        report.batch_latency.push(t0.elapsed());
+        progress(n);
+    }
+    report.elapsed = start.elapsed();
+    report.stats = host_stats;
+    Ok(report)
+}
+
+/// Checks a run against the reference (see the module docs for the tolerance).
+pub fn check(report: &RunReport, r: &SlottedReadings) -> Result<(), WorkloadError> {
+    let (alerts, stats) = reference(r);
+    let bad = |detail: String| WorkloadError::Mismatch { workload: "anomaly", detail };
+    if report.alerts.len() != alerts.len() {
+        return Err(bad(format!("{} alerts, reference has {}", report.alerts.len(), alerts.len())));
+    }
+    let close = |a: f64, b: f64| (a - b).abs() <= TOLERANCE * b.abs().max(1e-300);
+    for (got, want) in report.alerts.iter().zip(&alerts) {
+        if got.index != want.index || got.sensor != want.sensor || !close(got.z, want.z) {
+            return Err(bad(format!("alert {got:?}, reference {want:?}")));
+        }
+    }
+    for (i, (g, w)) in report.stats.iter().zip(&stats).enumerate() {
+        if g.n != w.n || !close(g.m, w.m) || !close(g.v, w.v) {
+            return Err(bad(format!("sensor {} statistics {g:?}, reference {w:?}", r.sensor_ids[i])));
+        }
+    }
+    Ok(())
+}
+
+fn unique() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}

@@ -1,0 +1,93 @@
+//! The errors of the workloads: input files (with line numbers), the runtime, bound buffers, and
+//! failed reference checks.
+
+use std::path::PathBuf;
+
+/// A bad input file or generator parameter.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line that does not parse.
+    #[error("{path}:{line}: {reason}")]
+    BadLine {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A generator or size parameter out of range.
+    #[error("bad parameter {name} = {value}: {reason}")]
+    BadParameter {
+        /// The parameter.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+}
+
+/// Errors of running a workload.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// Bad input.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The runtime refused or a kernel failed.
+    #[error("runtime: {0}")]
+    Runtime(#[from] resident::Error),
+    /// A bound buffer could not be accessed.
+    #[error("bound buffer: {0}")]
+    Bind(#[from] resident::prelude::BindError),
+    /// A buffer could not be made.
+    #[error("memory: {0}")]
+    Memory(#[from] resident::MemoryError),
+    /// A backend could not be opened.
+    #[error("backend: {0}")]
+    Backend(#[from] resident::BackendError),
+    /// PageRank did not converge within `max_iter` (networkx raises
+    /// `PowerIterationFailedConvergence` here).
+    #[error("PageRank did not converge in {iterations} iterations (last L1 change {err:e}, needed < {threshold:e})")]
+    NotConverged {
+        /// Iterations run.
+        iterations: u32,
+        /// Last L1 change.
+        err: f64,
+        /// N x tol.
+        threshold: f64,
+    },
+    /// A kernel result differs from the sequential reference beyond the stated tolerance.
+    #[error("{workload}: result differs from the f64 reference: {detail}")]
+    Mismatch {
+        /// Which workload.
+        workload: &'static str,
+        /// Where and by how much.
+        detail: String,
+    },
+    /// A kernel reported that a message was out of range (or the host would have sent one).
+    #[error("{workload}: {detail}")]
+    OutOfRange {
+        /// Which workload.
+        workload: &'static str,
+        /// What.
+        detail: String,
+    },
+    /// A kernel did not answer in time.
+    #[error("{workload}: no answer from the kernel within {waited:?}")]
+    Timeout {
+        /// Which workload.
+        workload: &'static str,
+        /// How long.
+        waited: std::time::Duration,
+    },
+}

@@ -1,0 +1,768 @@
+//! PageRank as a ring kernel, exactly networkx's `pagerank` definition: damping `d = 0.85`, no
+//! personalization (`p = 1/N`), dangling nodes' mass spread uniformly, start `x = 1/N`, each
+//! iteration `x'[v] = d * (sum over edges u->v of x[u] / out(u) + dangling / N) + (1 - d) / N`,
+//! stop when the L1 change `sum |x' - x| < N * tol` (`tol = 1e-6`), and after `max_iter = 100`
+//! iterations without that, a typed error ([`WorkloadError::NotConverged`], networkx's
+//! `PowerIterationFailedConvergence`).
+//!
+//! **Full mode** ([`full_kernel`]): the graph in CSR (in-edges `in_offsets`/`in_sources`,
+//! `out_degree`) and the `ranks`/`next` vectors are buffers bound to the kernel; a message runs
+//! the whole power iteration (pull form, rayon over nodes) and answers with the iteration count.
+//! Checked against [`reference`] (a sequential push over the edge list, as networkx's Python
+//! loop): same iteration count, every rank within relative [`FULL_TOLERANCE`].
+//!
+//! **Streaming mode** ([`stream_kernel`]): messages add or remove edges; the ranks stay resident
+//! in a bound buffer and are refreshed incrementally. The kernel keeps, besides the ranks `x`,
+//! the residual `r = b + d M x - x` of the PageRank linear system (`b = (1-d)/N`, `M` the
+//! transition matrix with uniform dangling columns) in a second bound buffer. An edge change
+//! alters `M` in one column only, so it changes `r` only at the source's out-neighbours (or, for
+//! a source that becomes or stops being dangling, by a uniform amount kept as one scalar).
+//! A refresh then *pushes* residual (Gauss-Southwell: `x[u] += r[u]`, spread `d r[u] / out(u)`
+//! to the out-neighbours) until every `|r[u]| <= eps = d * tol`, so `||x - x*||_1 <=
+//! ||r||_1 / (1 - d) <= d/(1-d) * N * tol` -- the same bound networkx's stopping rule gives.
+//! Why push rather than only a warm start: a warm-started power iteration still touches every
+//! edge at least once per refresh (one full sweep just to measure the change), while the push
+//! touches only the nodes whose residual an update made large, which for a small update batch
+//! on a large graph is a tiny fraction. Work is proportional to the residual an update batch
+//! creates, roughly `13 B / (N tol)` pushes for `B` edge changes.
+//! The check ([`check_stream`]) compares against recomputing from scratch (power iteration from
+//! `1/N` on the updated graph): both are within `d/(1-d) N tol` of the true ranks, so their
+//! L1 distance must be `<= 2 d/(1-d) N tol` ([`stream_tolerance`]).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use rayon::prelude::*;
+use resident::backend::DeviceHandle;
+use resident::memory::BufferOptions;
+use resident::prelude::*;
+use resident::UnifiedBuffer;
+
+use crate::error::WorkloadError;
+use crate::input::EdgeList;
+
+/// networkx's `alpha`.
+pub const DAMPING: f64 = 0.85;
+/// networkx's `tol`.
+pub const TOL: f64 = 1e-6;
+/// networkx's `max_iter`.
+pub const MAX_ITER: u32 = 100;
+/// Full mode: relative error allowed per rank against the reference (summation order only).
+pub const FULL_TOLERANCE: f64 = 1e-9;
+
+/// Iteration parameters (networkx's defaults by `Default`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Params {
+    /// Damping (`alpha`).
+    pub damping: f64,
+    /// Per-node tolerance; stop at L1 change `< N * tol`.
+    pub tol: f64,
+    /// Most iterations.
+    pub max_iter: u32,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            damping: DAMPING,
+            tol: TOL,
+            max_iter: MAX_ITER,
+        }
+    }
+}
+
+/// Ranks and how they were reached.
+#[derive(Clone, Debug, Default)]
+pub struct Ranks {
+    /// Rank per dense node.
+    pub ranks: Vec<f64>,
+    /// Iterations run.
+    pub iterations: u32,
+    /// Last L1 change.
+    pub err: f64,
+    /// Time inside the kernel (the run message's round trip), zero for host computations.
+    pub kernel_time: Duration,
+}
+
+/// The graph in CSR by in-edges, with out-degrees (what the full kernel binds).
+#[derive(Clone, Debug, Default)]
+pub struct Csr {
+    /// `in_sources[in_offsets[v] .. in_offsets[v + 1]]` are the sources of `v`'s in-edges.
+    pub in_offsets: Vec<u64>,
+    /// Sources of in-edges.
+    pub in_sources: Vec<u32>,
+    /// Out-degree per node.
+    pub out_degree: Vec<u32>,
+}
+
+impl Csr {
+    /// Builds the CSR of `g` (counting sort by destination).
+    pub fn new(g: &EdgeList) -> Self {
+        let n = g.nodes();
+        let mut in_offsets = vec![0u64; n + 1];
+        let mut out_degree = vec![0u32; n];
+        for &(u, v) in &g.edges {
+            in_offsets[v as usize + 1] += 1;
+            out_degree[u as usize] += 1;
+        }
+        for i in 0..n {
+            in_offsets[i + 1] += in_offsets[i];
+        }
+        let mut fill = in_offsets.clone();
+        let mut in_sources = vec![0u32; g.edges.len()];
+        for &(u, v) in &g.edges {
+            in_sources[fill[v as usize] as usize] = u;
+            fill[v as usize] += 1;
+        }
+        Csr {
+            in_offsets,
+            in_sources,
+            out_degree,
+        }
+    }
+}
+
+/// The sequential reference: networkx's Python loop, node by node, pushing along out-edges.
+pub fn reference(g: &EdgeList, p: Params) -> Result<Ranks, WorkloadError> {
+    let n = g.nodes();
+    if n == 0 {
+        return Ok(Ranks::default());
+    }
+    let nf = n as f64;
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for &(u, v) in &g.edges {
+        out[u as usize].push(v);
+    }
+    let mut x = vec![1.0 / nf; n];
+    let mut err = f64::INFINITY;
+    for it in 1..=p.max_iter {
+        let xlast = std::mem::replace(&mut x, vec![0.0; n]);
+        let danglesum: f64 = p.damping
+            * (0..n).filter(|&u| out[u].is_empty()).map(|u| xlast[u]).sum::<f64>();
+        for u in 0..n {
+            let wt = 1.0 / out[u].len() as f64;
+            for &v in &out[u] {
+                x[v as usize] += p.damping * xlast[u] * wt;
+            }
+            x[u] += danglesum / nf + (1.0 - p.damping) / nf;
+        }
+        err = x.iter().zip(&xlast).map(|(a, b)| (a - b).abs()).sum();
+        if err < nf * p.tol {
+            return Ok(Ranks { ranks: x, iterations: it, err, kernel_time: Duration::ZERO });
+        }
+    }
+    Err(WorkloadError::NotConverged {
+        iterations: p.max_iter,
+        err,
+        threshold: nf * p.tol,
+    })
+}
+
+/// The power iteration (pull form, parallel over nodes) on any in-edge structure. Returns
+/// `(iterations, err, converged)`; `x` holds the ranks (it starts at `1/N`).
+fn power_iterate<'g>(
+    n: usize,
+    in_of: impl Fn(usize) -> &'g [u32] + Sync,
+    out_degree: impl Fn(usize) -> usize + Sync,
+    p: Params,
+    x: &mut [f64],
+    next: &mut [f64],
+    contrib: &mut Vec<f64>,
+) -> (u32, f64, bool, u64) {
+    let nf = n as f64;
+    x.par_iter_mut().for_each(|e| *e = 1.0 / nf);
+    contrib.resize(n, 0.0);
+    let mut err = f64::INFINITY;
+    let mut work = 0u64;
+    for it in 1..=p.max_iter {
+        let dangling: f64 = contrib
+            .par_iter_mut()
+            .enumerate()
+            .map(|(u, c)| match out_degree(u) {
+                0 => {
+                    *c = 0.0;
+                    x[u]
+                }
+                k => {
+                    *c = x[u] / k as f64;
+                    0.0
+                }
+            })
+            .sum();
+        let base = p.damping * dangling / nf + (1.0 - p.damping) / nf;
+        let contrib_ref = &*contrib;
+        let edges: u64 = next
+            .par_iter_mut()
+            .enumerate()
+            .map(|(v, nv)| {
+                let ins = in_of(v);
+                let s: f64 = ins.iter().map(|&u| contrib_ref[u as usize]).sum();
+                *nv = base + p.damping * s;
+                ins.len() as u64
+            })
+            .sum();
+        work += edges + n as u64;
+        err = next.par_iter().zip(&*x).map(|(a, b)| (a - b).abs()).sum();
+        x.copy_from_slice(next);
+        if err < nf * p.tol {
+            return (it, err, true, work);
+        }
+    }
+    (p.max_iter, err, false, work)
+}
+
+resident::ring::device_message! {
+    /// Run PageRank (full mode) with these parameters.
+    pub struct RunPageRank { pub damping: f64, pub tol: f64, pub max_iter: u32, pub _pad: u32 }
+}
+
+resident::ring::device_message! {
+    /// The answer to a run, a refresh or a recompute.
+    pub struct PageRankDone {
+        /// Last L1 change (power iteration) or residual L1 (push).
+        pub err: f64,
+        /// Edges and nodes visited.
+        pub work: u64,
+        /// Edge updates applied / refused since the last answer.
+        pub applied: u64,
+        pub rejected: u64,
+        /// Iterations (power iteration) or pushes (refresh, low 32 bits).
+        pub iterations: u32,
+        /// 1 when converged.
+        pub converged: u32,
+    }
+}
+
+fn params_of(m: &RunPageRank) -> Params {
+    Params {
+        damping: m.damping,
+        tol: m.tol,
+        max_iter: m.max_iter,
+    }
+}
+
+/// Full mode: one ring kernel with the CSR of the graph and the rank vectors bound to it.
+pub fn full_kernel(
+    id: &str,
+    device: &DeviceHandle,
+    csr: &Csr,
+) -> Result<RingKernel<RunPageRank, PageRankDone, Vec<f64>>, WorkloadError> {
+    let n = csr.out_degree.len();
+    let o = BufferOptions::default();
+    let k = RingKernel::<RunPageRank, PageRankDone>::new(id)
+        .queue_size(16)
+        .batch_size(1)
+        .state(Vec::<f64>::new())
+        .bind("in_offsets", UnifiedBuffer::from_slice(device, &csr.in_offsets, o)?)
+        .bind("in_sources", UnifiedBuffer::from_slice(device, &csr.in_sources, o)?)
+        .bind("out_degree", UnifiedBuffer::from_slice(device, &csr.out_degree, o)?)
+        .bind("ranks", UnifiedBuffer::<f64>::new(device, n, o)?)
+        .bind("next", UnifiedBuffer::<f64>::new(device, n, o)?)
+        .handler(|ctx: &mut Context<Vec<f64>>, m: RunPageRank| {
+            let (contrib, b) = ctx.state_and_buffers();
+            let off = b.buffer::<u64>("in_offsets").ok()?;
+            let src = b.buffer::<u32>("in_sources").ok()?;
+            let deg = b.buffer::<u32>("out_degree").ok()?;
+            let mut x = b.buffer_mut::<f64>("ranks").ok()?;
+            let mut next = b.buffer_mut::<f64>("next").ok()?;
+            // Plain slices: the guards stay on this thread, the slices go to rayon.
+            let (off, src, deg) = (&*off, &*src, &*deg);
+            let n = deg.len();
+            if n == 0 {
+                return Some(PageRankDone { err: 0.0, work: 0, applied: 0, rejected: 0, iterations: 0, converged: 1 });
+            }
+            let (it, err, ok, work) = power_iterate(
+                n,
+                |v| &src[off[v] as usize..off[v + 1] as usize],
+                |u| deg[u] as usize,
+                params_of(&m),
+                &mut x,
+                &mut next,
+                contrib,
+            );
+            Some(PageRankDone { err, work, applied: 0, rejected: 0, iterations: it, converged: ok as u32 })
+        });
+    Ok(k)
+}
+
+const LONG: Duration = Duration::from_secs(3600);
+
+/// Runs full-mode PageRank on `g` with a kernel launched on `rt`; the ranks come back through
+/// the bound buffer's host read.
+pub fn run_full(
+    rt: &Runtime,
+    device: &DeviceHandle,
+    g: &EdgeList,
+    p: Params,
+) -> Result<Ranks, WorkloadError> {
+    let csr = Csr::new(g);
+    let k = rt.launch(full_kernel(&format!("pagerank-{}", unique()), device, &csr)?)?;
+    k.activate()?;
+    let t = std::time::Instant::now();
+    let done = k.call(
+        RunPageRank { damping: p.damping, tol: p.tol, max_iter: p.max_iter, _pad: 0 },
+        LONG,
+    );
+    let kernel_time = t.elapsed();
+    let result = done.map_err(WorkloadError::from).and_then(|d| {
+        if d.converged == 0 {
+            return Err(WorkloadError::NotConverged {
+                iterations: d.iterations,
+                err: d.err,
+                threshold: g.nodes() as f64 * p.tol,
+            });
+        }
+        let ranks = if g.nodes() == 0 {
+            Vec::new()
+        } else {
+            k.read_buffer::<f64>("ranks", LONG)?.to_vec()
+        };
+        Ok(Ranks { ranks, iterations: d.iterations, err: d.err, kernel_time })
+    });
+    k.terminate()?;
+    result
+}
+
+/// Checks full-mode ranks against the reference (same iterations, relative [`FULL_TOLERANCE`]).
+pub fn check_full(got: &Ranks, want: &Ranks) -> Result<(), WorkloadError> {
+    let bad = |detail: String| WorkloadError::Mismatch { workload: "pagerank", detail };
+    if got.iterations != want.iterations || got.ranks.len() != want.ranks.len() {
+        return Err(bad(format!(
+            "{} iterations over {} nodes, reference {} over {}",
+            got.iterations,
+            got.ranks.len(),
+            want.iterations,
+            want.ranks.len()
+        )));
+    }
+    for (v, (a, b)) in got.ranks.iter().zip(&want.ranks).enumerate() {
+        if (a - b).abs() > FULL_TOLERANCE * b.abs() {
+            return Err(bad(format!("node {v}: {a:e}, reference {b:e}")));
+        }
+    }
+    Ok(())
+}
+
+/// A mutable graph: out- and in-lists per node (the streaming kernels' state).
+#[derive(Clone, Debug, Default)]
+pub struct DynGraph {
+    /// Out-neighbours.
+    pub out: Vec<Vec<u32>>,
+    /// In-neighbours.
+    pub inn: Vec<Vec<u32>>,
+}
+
+impl DynGraph {
+    /// From an edge list.
+    pub fn new(g: &EdgeList) -> Self {
+        let n = g.nodes();
+        let mut d = DynGraph { out: vec![Vec::new(); n], inn: vec![Vec::new(); n] };
+        for &(u, v) in &g.edges {
+            d.out[u as usize].push(v);
+            d.inn[v as usize].push(u);
+        }
+        d
+    }
+    /// Nodes.
+    pub fn nodes(&self) -> usize {
+        self.out.len()
+    }
+    /// Adds `u -> v`; false when present.
+    pub fn add(&mut self, u: u32, v: u32) -> bool {
+        if self.out[u as usize].contains(&v) {
+            return false;
+        }
+        self.out[u as usize].push(v);
+        self.inn[v as usize].push(u);
+        true
+    }
+    /// Removes `u -> v`; false when absent.
+    pub fn remove(&mut self, u: u32, v: u32) -> bool {
+        let Some(i) = self.out[u as usize].iter().position(|&w| w == v) else {
+            return false;
+        };
+        self.out[u as usize].swap_remove(i);
+        let j = self.inn[v as usize].iter().position(|&w| w == u).expect("in-list mirrors out-list");
+        self.inn[v as usize].swap_remove(j);
+        true
+    }
+    /// Ranks from scratch (networkx's iteration from `1/N`) into `x`.
+    fn recompute(&self, p: Params, x: &mut [f64], next: &mut Vec<f64>, contrib: &mut Vec<f64>) -> (u32, f64, bool, u64) {
+        next.resize(self.nodes(), 0.0);
+        power_iterate(self.nodes(), |v| &self.inn[v], |u| self.out[u].len(), p, x, next, contrib)
+    }
+}
+
+resident::ring::device_message! {
+    /// A streaming message: `op` is [`OP_ADD`], [`OP_REMOVE`], [`OP_REFRESH`] or [`OP_RECOMPUTE`].
+    pub struct EdgeUpdate { pub src: u32, pub dst: u32, pub op: u32, pub _pad: u32 }
+}
+
+/// Add the edge `src -> dst`.
+pub const OP_ADD: u32 = 0;
+/// Remove the edge `src -> dst`.
+pub const OP_REMOVE: u32 = 1;
+/// Refresh the ranks incrementally (answered).
+pub const OP_REFRESH: u32 = 2;
+/// Recompute the ranks from scratch (answered; the baseline).
+pub const OP_RECOMPUTE: u32 = 3;
+
+/// A streaming kernel's state: its graph, the uniform part of the residual, the push queue.
+pub struct StreamState {
+    /// The graph.
+    pub graph: DynGraph,
+    params: Params,
+    uniform: f64,
+    queue: VecDeque<u32>,
+    queued: Vec<bool>,
+    applied: u64,
+    rejected: u64,
+    scratch: Vec<f64>,
+    contrib: Vec<f64>,
+}
+
+/// `r[w] += delta` and queue `w` when it is over `eps`.
+#[inline]
+fn bump(r: &mut [f64], q: &mut VecDeque<u32>, queued: &mut [bool], w: u32, delta: f64, eps: f64) {
+    let rw = &mut r[w as usize];
+    *rw += delta;
+    if rw.abs() > eps && !queued[w as usize] {
+        queued[w as usize] = true;
+        q.push_back(w);
+    }
+}
+
+impl StreamState {
+    fn eps(&self) -> f64 {
+        self.params.damping * self.params.tol
+    }
+
+    /// Applies an edge change to the graph and the residual (`d (M' - M) x`).
+    fn apply(&mut self, x: &[f64], r: &mut [f64], op: u32, u: u32, v: u32) -> bool {
+        let n = self.graph.nodes();
+        if u as usize >= n || v as usize >= n {
+            return false;
+        }
+        let (d, eps, nf) = (self.params.damping, self.eps(), n as f64);
+        let k = self.graph.out[u as usize].len() as f64;
+        let mass = d * x[u as usize];
+        let changed = match op {
+            OP_ADD => self.graph.add(u, v),
+            _ => self.graph.remove(u, v),
+        };
+        if !changed {
+            return false;
+        }
+        let k2 = self.graph.out[u as usize].len() as f64;
+        let StreamState { graph, queue, queued, uniform, .. } = self;
+        // Old column: mass/k to each old out-neighbour (or mass/N to all when dangling);
+        // new column likewise with k2. The difference lands on the union of both lists.
+        let (old_share, new_share) = (if k > 0.0 { mass / k } else { 0.0 }, if k2 > 0.0 { mass / k2 } else { 0.0 });
+        if k == 0.0 {
+            *uniform -= mass / nf;
+        }
+        if k2 == 0.0 {
+            *uniform += mass / nf;
+        }
+        for &w in &graph.out[u as usize] {
+            // Nodes in the new list: were in the old list too, except `v` on an add.
+            let was = op != OP_ADD || w != v;
+            let delta = new_share - if was { old_share } else { 0.0 };
+            bump(r, queue, queued, w, delta, eps);
+        }
+        if op == OP_REMOVE {
+            bump(r, queue, queued, v, -old_share, eps);
+        }
+        true
+    }
+
+    /// Pushes residual until every node's is at most `eps` (and the uniform part too).
+    /// Returns (pushes, work, residual L1).
+    fn refresh(&mut self, x: &mut [f64], r: &mut [f64]) -> (u64, u64, f64) {
+        let (d, eps) = (self.params.damping, self.eps());
+        let n = self.graph.nodes();
+        let nf = n as f64;
+        let (mut pushes, mut work) = (0u64, 0u64);
+        loop {
+            while let Some(u) = self.queue.pop_front() {
+                self.queued[u as usize] = false;
+                let delta = r[u as usize];
+                if delta.abs() <= eps {
+                    continue;
+                }
+                x[u as usize] += delta;
+                r[u as usize] = 0.0;
+                pushes += 1;
+                let outs = &self.graph.out[u as usize];
+                if outs.is_empty() {
+                    self.uniform += d * delta / nf;
+                } else {
+                    let share = d * delta / outs.len() as f64;
+                    work += outs.len() as u64;
+                    for &w in outs {
+                        bump(r, &mut self.queue, &mut self.queued, w, share, eps);
+                    }
+                }
+            }
+            if self.uniform.abs() <= eps {
+                break;
+            }
+            // Push the uniform part to every node at once: x += c, r += d M (c 1).
+            let c = std::mem::take(&mut self.uniform);
+            let dangling = self.graph.out.iter().filter(|o| o.is_empty()).count() as f64;
+            let g = &self.graph;
+            x.par_iter_mut().for_each(|e| *e += c);
+            r.par_iter_mut().enumerate().for_each(|(v, rv)| {
+                let s: f64 = g.inn[v].iter().map(|&w| 1.0 / g.out[w as usize].len() as f64).sum();
+                *rv += d * c * (s + dangling / nf);
+            });
+            work += (self.graph.inn.iter().map(|l| l.len()).sum::<usize>() + n) as u64;
+            for (v, rv) in r.iter().enumerate() {
+                if rv.abs() > eps && !self.queued[v] {
+                    self.queued[v] = true;
+                    self.queue.push_back(v as u32);
+                }
+            }
+        }
+        let l1 = r.iter().map(|e| e.abs()).sum::<f64>() + nf * self.uniform.abs();
+        (pushes, work, l1)
+    }
+
+    /// Recomputes from scratch, then sets the residual exactly.
+    fn recompute(&mut self, x: &mut [f64], r: &mut [f64]) -> (u32, f64, bool, u64) {
+        let out = self.graph.recompute(self.params, x, &mut self.scratch, &mut self.contrib);
+        self.reset_residual(x, r);
+        out
+    }
+
+    /// `r = b + d M x - x` exactly, uniform part 0; queues nodes over `eps`.
+    fn reset_residual(&mut self, x: &[f64], r: &mut [f64]) {
+        let (d, eps) = (self.params.damping, self.eps());
+        let n = self.graph.nodes();
+        let nf = n as f64;
+        let g = &self.graph;
+        let dangling: f64 = (0..n).filter(|&u| g.out[u].is_empty()).map(|u| x[u]).sum();
+        let base = (1.0 - d) / nf + d * dangling / nf;
+        r.par_iter_mut().enumerate().for_each(|(v, rv)| {
+            let s: f64 = g.inn[v].iter().map(|&u| x[u as usize] / g.out[u as usize].len() as f64).sum();
+            *rv = base + d * s - x[v];
+        });
+        self.uniform = 0.0;
+        self.queue.clear();
+        self.queued.iter_mut().for_each(|q| *q = false);
+        for (v, rv) in r.iter().enumerate() {
+            if rv.abs() > eps {
+                self.queued[v] = true;
+                self.queue.push_back(v as u32);
+            }
+        }
+    }
+}
+
+/// Streaming mode: one ring kernel whose graph is its state and whose `ranks` and `residual`
+/// are bound buffers. It starts from scratch on its first refresh or recompute.
+pub fn stream_kernel(
+    id: &str,
+    device: &DeviceHandle,
+    g: &EdgeList,
+    p: Params,
+) -> Result<RingKernel<EdgeUpdate, PageRankDone, StreamState>, WorkloadError> {
+    let n = g.nodes();
+    let o = BufferOptions::default();
+    let state = StreamState {
+        graph: DynGraph::new(g),
+        params: p,
+        uniform: 0.0,
+        queue: VecDeque::new(),
+        queued: vec![false; n],
+        applied: 0,
+        rejected: 0,
+        scratch: Vec::new(),
+        contrib: Vec::new(),
+    };
+    let mut ranks = UnifiedBuffer::<f64>::new(device, n, o)?;
+    ranks.host_mut()?.fill(f64::NAN); // "not computed yet"
+    Ok(RingKernel::<EdgeUpdate, PageRankDone>::new(id)
+        .queue_size(4096)
+        .batch_size(1024)
+        .backpressure(Backpressure::Block(Duration::from_secs(60)))
+        .state(state)
+        .bind("ranks", ranks)
+        .bind("residual", UnifiedBuffer::<f64>::new(device, n, o)?)
+        .handler(|ctx: &mut Context<StreamState>, m: EdgeUpdate| {
+            let (s, b) = ctx.state_and_buffers();
+            let mut x = b.buffer_mut::<f64>("ranks").ok()?;
+            let mut r = b.buffer_mut::<f64>("residual").ok()?;
+            let fresh = x.first().is_some_and(|v| v.is_nan());
+            let counts = |s: &mut StreamState| (std::mem::take(&mut s.applied), std::mem::take(&mut s.rejected));
+            match m.op {
+                OP_ADD | OP_REMOVE => {
+                    if s.apply(&x, &mut r, m.op, m.src, m.dst) {
+                        s.applied += 1;
+                    } else {
+                        s.rejected += 1;
+                    }
+                    None
+                }
+                OP_REFRESH if !fresh => {
+                    let (pushes, work, l1) = s.refresh(&mut x, &mut r);
+                    let (applied, rejected) = counts(s);
+                    Some(PageRankDone { err: l1, work, applied, rejected, iterations: pushes.min(u32::MAX as u64) as u32, converged: 1 })
+                }
+                OP_REFRESH | OP_RECOMPUTE => {
+                    let (it, err, ok, work) = s.recompute(&mut x, &mut r);
+                    let (applied, rejected) = counts(s);
+                    Some(PageRankDone { err, work, applied, rejected, iterations: it, converged: ok as u32 })
+                }
+                _ => {
+                    s.rejected += 1;
+                    None
+                }
+            }
+        }))
+}
+
+/// Edge changes applied to both kernels.
+fn send_updates(k: &KernelHandle<EdgeUpdate, PageRankDone>, ups: &[EdgeUpdate]) -> Result<(), WorkloadError> {
+    let mut sent = 0;
+    while sent < ups.len() {
+        sent += k.send_batch(&ups[sent..])?;
+    }
+    Ok(())
+}
+
+/// One update batch of a streaming run.
+#[derive(Clone, Debug)]
+pub struct StreamStep {
+    /// Incremental refresh: wall time, pushes, edges visited.
+    pub incremental: Duration,
+    /// Pushes of the refresh.
+    pub pushes: u64,
+    /// Edges and nodes visited by the refresh.
+    pub incremental_work: u64,
+    /// Recompute from scratch: wall time.
+    pub recompute: Duration,
+    /// Iterations of the recompute.
+    pub recompute_iterations: u32,
+    /// Edges and nodes visited by the recompute.
+    pub recompute_work: u64,
+    /// L1 distance between the two rank vectors.
+    pub l1_diff: f64,
+    /// Updates applied (refused ones: duplicates, absent edges).
+    pub applied: u64,
+}
+
+/// The L1 distance allowed between incremental and recomputed ranks: `2 d/(1-d) N tol`.
+pub fn stream_tolerance(nodes: usize, p: Params) -> f64 {
+    2.0 * p.damping / (1.0 - p.damping) * nodes as f64 * p.tol
+}
+
+/// Deterministic update batches: each half removes an existing edge, half adds a random one.
+pub fn generate_updates(g: &EdgeList, batches: usize, per_batch: usize, seed: u64) -> Vec<Vec<EdgeUpdate>> {
+    let mut rng = crate::rng::SplitMix64::new(seed ^ 0x5EED);
+    let n = g.nodes() as u64;
+    (0..batches)
+        .map(|_| {
+            (0..per_batch)
+                .map(|i| {
+                    if i % 2 == 0 && !g.edges.is_empty() {
+                        let (u, v) = g.edges[rng.below(g.edges.len() as u64) as usize];
+                        EdgeUpdate { src: u, dst: v, op: OP_REMOVE, _pad: 0 }
+                    } else {
+                        EdgeUpdate { src: rng.below(n) as u32, dst: rng.below(n) as u32, op: OP_ADD, _pad: 0 }
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Streaming PageRank: an incremental kernel and a recompute-from-scratch kernel get the same
+/// update batches; after each batch both answer and their ranks are compared
+/// ([`stream_tolerance`]). `on_step` sees every step.
+pub fn run_stream(
+    rt: &Runtime,
+    device: &DeviceHandle,
+    g: &EdgeList,
+    p: Params,
+    batches: &[Vec<EdgeUpdate>],
+    mut on_step: impl FnMut(&StreamStep),
+) -> Result<(Vec<StreamStep>, Vec<f64>), WorkloadError> {
+    let tag = unique();
+    let inc = rt.launch(stream_kernel(&format!("pagerank-inc-{tag}"), device, g, p)?)?;
+    let full = rt.launch(stream_kernel(&format!("pagerank-scratch-{tag}"), device, g, p)?)?;
+    inc.activate()?;
+    full.activate()?;
+    let refresh = EdgeUpdate { src: 0, dst: 0, op: OP_REFRESH, _pad: 0 };
+    let recompute = EdgeUpdate { src: 0, dst: 0, op: OP_RECOMPUTE, _pad: 0 };
+    let result = (|| {
+        // Both start from the same from-scratch ranks.
+        for k in [&inc, &full] {
+            let d = k.call(recompute, LONG)?;
+            if d.converged == 0 {
+                return Err(WorkloadError::NotConverged { iterations: d.iterations, err: d.err, threshold: g.nodes() as f64 * p.tol });
+            }
+        }
+        let mut steps = Vec::with_capacity(batches.len());
+        for ups in batches {
+            send_updates(&inc, ups)?;
+            let t = std::time::Instant::now();
+            let a = inc.call(refresh, LONG)?;
+            let incremental = t.elapsed();
+            send_updates(&full, ups)?;
+            let t = std::time::Instant::now();
+            let b = full.call(recompute, LONG)?;
+            let recompute_t = t.elapsed();
+            if b.converged == 0 {
+                return Err(WorkloadError::NotConverged { iterations: b.iterations, err: b.err, threshold: g.nodes() as f64 * p.tol });
+            }
+            let xa = inc.read_buffer::<f64>("ranks", LONG)?;
+            let xb = full.read_buffer::<f64>("ranks", LONG)?;
+            let l1: f64 = xa.iter().zip(xb.iter()).map(|(a, b)| (a - b).abs()).sum();
+            drop((xa, xb));
+            let step = StreamStep {
+                incremental,
+                pushes: a.iterations as u64,
+                incremental_work: a.work,
+                recompute: recompute_t,
+                recompute_iterations: b.iterations,
+                recompute_work: b.work,
+                l1_diff: l1,
+                applied: a.applied,
+            };
+            on_step(&step);
+            if l1.is_nan() || l1 > stream_tolerance(g.nodes(), p) {
+                return Err(WorkloadError::Mismatch {
+                    workload: "pagerank-stream",
+                    detail: format!("L1 distance to the recompute {l1:e} > {:e}", stream_tolerance(g.nodes(), p)),
+                });
+            }
+            steps.push(step);
+        }
+        let ranks = inc.read_buffer::<f64>("ranks", LONG)?.to_vec();
+        Ok((steps, ranks))
+    })();
+    inc.terminate()?;
+    full.terminate()?;
+    result
+}
+
+/// The baseline alone: ranks from scratch (networkx's iteration) on the edge list.
+pub fn recompute(g: &EdgeList, p: Params) -> Result<Ranks, WorkloadError> {
+    let d = DynGraph::new(g);
+    let mut x = vec![0.0; g.nodes()];
+    let (mut next, mut contrib) = (Vec::new(), Vec::new());
+    if g.nodes() == 0 {
+        return Ok(Ranks::default());
+    }
+    let (iterations, err, ok, _) = d.recompute(p, &mut x, &mut next, &mut contrib);
+    if !ok {
+        return Err(WorkloadError::NotConverged { iterations, err, threshold: g.nodes() as f64 * p.tol });
+    }
+    Ok(Ranks { ranks: x, iterations, err, kernel_time: Duration::ZERO })
+}
+
+fn unique() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}

@@ -1,0 +1,158 @@
+//! A two-stage streaming pipeline, kernel to kernel: `normalizer` clamps a raw value to
+//! `0..=100` and scales it to `[0, 1]` (NaN counts as 0), then sends it on with
+//! `ctx.send_to("<scorer>")`; `scorer` computes `score = x^2` and a level: low below 0.3,
+//! medium below 0.7, else high. The host sends to the normalizer and receives from the scorer.
+//!
+//! Tolerance: the kernels do the same f64 operations as [`reference`]; checked with `1e-12`.
+
+use std::time::{Duration, Instant};
+
+use resident::prelude::*;
+
+use crate::error::WorkloadError;
+
+resident::ring::device_message! {
+    /// A raw reading.
+    pub struct Raw { pub seq: u64, pub value: f64 }
+}
+
+resident::ring::device_message! {
+    /// A normalized reading.
+    pub struct Normalized { pub seq: u64, pub x: f64 }
+}
+
+resident::ring::device_message! {
+    /// A scored reading; `level` is [`LOW`], [`MEDIUM`] or [`HIGH`].
+    pub struct Scored { pub seq: u64, pub x: f64, pub score: f64, pub level: u32, pub _pad: u32 }
+}
+
+/// Score below 0.3.
+pub const LOW: u32 = 0;
+/// Score below 0.7.
+pub const MEDIUM: u32 = 1;
+/// Otherwise.
+pub const HIGH: u32 = 2;
+
+/// Tolerance of the reference check.
+pub const TOLERANCE: f64 = 1e-12;
+
+/// The normalizer's function.
+pub fn normalize(v: f64) -> f64 {
+    if v.is_nan() {
+        0.0
+    } else {
+        v.clamp(0.0, 100.0) / 100.0
+    }
+}
+
+/// The scorer's function: (score, level).
+pub fn score(x: f64) -> (f64, u32) {
+    let s = x * x;
+    (s, if s < 0.3 { LOW } else if s < 0.7 { MEDIUM } else { HIGH })
+}
+
+/// The sequential reference.
+pub fn reference(values: &[f64]) -> Vec<Scored> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let x = normalize(v);
+            let (score, level) = score(x);
+            Scored { seq: i as u64, x, score, level, _pad: 0 }
+        })
+        .collect()
+}
+
+/// The normalizer kernel, forwarding to `scorer_id`.
+pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized, u64> {
+    let to = scorer_id.to_string();
+    RingKernel::<Raw, Normalized>::new(id)
+        .queue_size(4096)
+        .batch_size(256)
+        .state(0u64)
+        .handler(move |ctx: &mut Context<u64>, r: Raw| {
+            // Under the scorer's Block policy; a failure means it stopped: count it.
+            if ctx.send_to(&to, Normalized { seq: r.seq, x: normalize(r.value) }).is_err() {
+                *ctx.state_mut() += 1;
+            }
+            None
+        })
+}
+
+/// The scorer kernel.
+pub fn scorer(id: &str) -> RingKernel<Normalized, Scored> {
+    RingKernel::<Normalized, Scored>::new(id)
+        .queue_size(4096)
+        .batch_size(256)
+        .handler(|_: &mut Context<()>, n: Normalized| {
+            let (score, level) = score(n.x);
+            Some(Scored { seq: n.seq, x: n.x, score, level, _pad: 0 })
+        })
+}
+
+/// What a run measured.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Results in input order.
+    pub scored: Vec<Scored>,
+    /// Whole run.
+    pub elapsed: Duration,
+}
+
+/// Runs `values` through the two kernels launched on `rt`.
+pub fn run(rt: &Runtime, values: &[f64], mut progress: impl FnMut(usize)) -> Result<Report, WorkloadError> {
+    let tag = unique();
+    let (nid, sid) = (format!("normalizer-{tag}"), format!("scorer-{tag}"));
+    let s = rt.launch(scorer(&sid))?;
+    let n = rt.launch(normalizer(&nid, &sid))?;
+    s.activate()?;
+    n.activate()?;
+    let t = Instant::now();
+    let result = (|| {
+        let mut scored = Vec::with_capacity(values.len());
+        let msgs: Vec<Raw> = values.iter().enumerate().map(|(i, &v)| Raw { seq: i as u64, value: v }).collect();
+        let mut buf = Vec::with_capacity(1024);
+        for chunk in msgs.chunks(1024) {
+            let mut sent = 0;
+            while sent < chunk.len() {
+                sent += n.send_batch(&chunk[sent..])?;
+            }
+            // Keep the output queue moving while sending.
+            buf.clear();
+            s.receive_batch(&mut buf, 4096)?;
+            scored.extend_from_slice(&buf);
+            progress(chunk.len());
+        }
+        while scored.len() < values.len() {
+            scored.push(s.receive(Duration::from_secs(30)).map_err(|e| match e {
+                resident::Error::Timeout { .. } => WorkloadError::Timeout { workload: "pipeline", waited: Duration::from_secs(30) },
+                e => e.into(),
+            })?);
+        }
+        Ok(Report { scored, elapsed: t.elapsed() })
+    })();
+    n.terminate()?;
+    s.terminate()?;
+    result
+}
+
+/// Checks results against the reference, in order.
+pub fn check(got: &[Scored], values: &[f64]) -> Result<(), WorkloadError> {
+    let want = reference(values);
+    let bad = |detail: String| WorkloadError::Mismatch { workload: "pipeline", detail };
+    if got.len() != want.len() {
+        return Err(bad(format!("{} results for {} inputs", got.len(), want.len())));
+    }
+    for (g, w) in got.iter().zip(&want) {
+        if g.seq != w.seq || g.level != w.level || (g.x - w.x).abs() > TOLERANCE || (g.score - w.score).abs() > TOLERANCE {
+            return Err(bad(format!("{g:?}, reference {w:?}")));
+        }
+    }
+    Ok(())
+}
+
+fn unique() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}

@@ -1,0 +1,675 @@
+//! Buffers bound to a ring kernel: `UnifiedBuffer`s handed to the kernel at launch by name
+//! (typed), visible to its handler as slices for the kernel's whole life, and readable by the
+//! host through the buffer's state machine.
+//!
+//! # Who may touch a bound buffer when
+//! The kernel owns its bound buffers. Its thread locks the kernel's buffer table for the batch
+//! in hand (taken when the batch starts, released when the batch's outputs are queued), and a
+//! handler borrows buffers from that table through [`Context::buffer`] and
+//! [`Context::buffer_mut`] with `RefCell`-like rules (any number of shared borrows of a buffer,
+//! or one mutable borrow; a conflict is [`BindError::AlreadyBorrowed`], never a panic).
+//!
+//! A host read **is synchronized, not refused**: [`KernelHandle::read_buffer`] waits (up to its
+//! timeout) for the batch in hand to finish, then holds the table so the kernel cannot start its
+//! next batch until the guard is dropped. The data read is therefore always the state between
+//! two batches, never a torn one. Hold guards briefly: a kernel waits for them. A timeout gives
+//! [`BindError::Busy`].
+//!
+//! # The state machine
+//! A handler's first `buffer` in a batch is a device read (`UnifiedBuffer::device`), its first
+//! `buffer_mut` a device write (`device_mut`, the buffer becomes `DeviceDirty`); the host's
+//! `read_buffer` is `UnifiedBuffer::host` (copies back only when the device copy is newer) and
+//! `write_buffer` is `host_mut` (`HostDirty`; the kernel's next access copies it over). On the CPU
+//! backend device memory is host memory, so no bytes move, but the states are the same as on a
+//! device backend.
+//!
+//! # Device handlers (design; the device sides are not implemented yet)
+//! The same table is what device backends will bind: binding `i` (in `bind` order) becomes, in
+//! a CUDA handler, a typed pointer `T* ResidentBuffers::<name>` with its length
+//! `<name>_len` in a struct passed to `handle(..)` (layout generated from the Rust types as
+//! `device_message!` does), and in a WGSL handler `@group(1) @binding(i) var<storage,
+//! read_write> <name>: array<T>;`. The buffer's device copy is what the kernel uses; the host
+//! read guard quiesces the kernel between batches exactly as here. Until then, launching a
+//! kernel with bound buffers on a device engine is a typed `InvalidConfig` error.
+//!
+//! # Buffers by id
+//! Every binding gets a process-wide [`BufferId`] (a `u64`), so a message can name a buffer:
+//! [`KernelHandle::buffer_id`] on the host, [`Context::buffer_by_id`] in the handler.
+
+use std::any::TypeId;
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytemuck::Pod;
+use parking_lot::{Mutex, RawMutex};
+use resident_ring::Message;
+
+use crate::memory::{MemoryError, UnifiedBuffer};
+use crate::runtime::context::Context;
+use crate::runtime::handle::KernelHandle;
+
+/// Process-wide id of a bound buffer, small enough to travel in a message (`u64`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct BufferId(pub u64);
+
+static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Errors of bound-buffer access.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// No buffer of that name is bound to the kernel.
+    #[error("kernel '{kernel}' has no bound buffer named '{name}'")]
+    UnknownBuffer {
+        /// Kernel id.
+        kernel: String,
+        /// The name asked for.
+        name: String,
+    },
+    /// No buffer with that id is bound to the kernel.
+    #[error("kernel '{kernel}' has no bound buffer with id {id}")]
+    UnknownBufferId {
+        /// Kernel id.
+        kernel: String,
+        /// The id asked for.
+        id: u64,
+    },
+    /// The buffer holds another element type.
+    #[error("bound buffer '{name}' of kernel '{kernel}' holds {actual}, asked for {expected}")]
+    TypeMismatch {
+        /// Kernel id.
+        kernel: String,
+        /// Buffer name.
+        name: String,
+        /// The type asked for.
+        expected: &'static str,
+        /// The type bound.
+        actual: &'static str,
+    },
+    /// The handler already holds a conflicting borrow of the buffer in this batch.
+    #[error("bound buffer '{name}' of kernel '{kernel}' is already borrowed {how} in this handler")]
+    AlreadyBorrowed {
+        /// Kernel id.
+        kernel: String,
+        /// Buffer name.
+        name: String,
+        /// `mutably` or `shared`.
+        how: &'static str,
+    },
+    /// Accessed outside a batch (for example from the loop form, which has no batches).
+    #[error("bound buffer '{name}' of kernel '{kernel}' accessed outside a handler batch")]
+    NotInBatch {
+        /// Kernel id.
+        kernel: String,
+        /// Buffer name.
+        name: String,
+    },
+    /// The host waited `waited` for the kernel's batch in hand and it did not finish.
+    #[error("bound buffer '{name}' of kernel '{kernel}': the kernel's batch did not finish within {waited:?}")]
+    Busy {
+        /// Kernel id.
+        kernel: String,
+        /// Buffer name.
+        name: String,
+        /// How long the host waited.
+        waited: Duration,
+    },
+    /// The kernel has no bound buffers at all (launched without `bind`).
+    #[error("kernel '{kernel}' was launched without bound buffers")]
+    NoBindings {
+        /// Kernel id.
+        kernel: String,
+    },
+    /// The buffer's state machine failed (a copy or an allocation).
+    #[error("bound buffer '{name}' of kernel '{kernel}': {source}")]
+    Memory {
+        /// Kernel id.
+        kernel: String,
+        /// Buffer name.
+        name: String,
+        /// The memory error (boxed: it is large and rare).
+        #[source]
+        source: Box<MemoryError>,
+    },
+}
+
+/// A bound buffer with its element type erased.
+trait Bindable: Send {
+    /// The values for the kernel; `write` marks the device copy newer. Pointer and length in
+    /// elements. On a backend whose device memory is not host memory the host copy is used
+    /// (the handler is a host closure), so the state machine moves the data there.
+    fn kernel_view(&mut self, write: bool) -> Result<(*mut u8, usize), MemoryError>;
+    /// The values for the host; `write` marks the host copy newer.
+    fn host_view(&mut self, write: bool) -> Result<(*mut u8, usize), MemoryError>;
+}
+
+impl<T: Pod + Send> Bindable for UnifiedBuffer<T> {
+    fn kernel_view(&mut self, write: bool) -> Result<(*mut u8, usize), MemoryError> {
+        if !self.shares_host_memory() {
+            return self.host_view(write);
+        }
+        // On a shared-memory backend the device address is the host copy's address.
+        if write {
+            let v = self.device_mut()?;
+            Ok((v.address() as *mut u8, v.len()))
+        } else {
+            let v = self.device()?;
+            Ok((v.address() as *mut u8, v.len()))
+        }
+    }
+    fn host_view(&mut self, write: bool) -> Result<(*mut u8, usize), MemoryError> {
+        if write {
+            let s = self.host_mut()?;
+            Ok((s.as_mut_ptr() as *mut u8, s.len()))
+        } else {
+            let s = self.host()?;
+            Ok((s.as_ptr() as *mut u8, s.len()))
+        }
+    }
+}
+
+/// What the batch in hand has done to a buffer so far.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Untouched,
+    Read,
+    Write,
+}
+
+struct Entry {
+    name: String,
+    id: BufferId,
+    elem: TypeId,
+    elem_name: &'static str,
+    buf: std::cell::UnsafeCell<Box<dyn Bindable>>,
+    /// This batch's view (valid while `access != Untouched`).
+    ptr: Cell<*mut u8>,
+    len: Cell<usize>,
+    access: Cell<Access>,
+    /// Borrows handed out in this batch: > 0 shared, -1 mutable, 0 none.
+    borrows: Cell<isize>,
+    /// Whether `buf` is being transitioned (guards the `&mut` made from `&self`).
+    busy: Cell<bool>,
+}
+
+// SAFETY: `ptr` points into `buf`, which the entry owns; an `Entry` is only reached through the
+// table's mutex, so one thread at a time uses the `Cell`s and the pointer.
+unsafe impl Send for Entry {}
+
+/// The buffers of one kernel.
+pub(crate) struct BoundTable {
+    entries: Vec<Entry>,
+}
+
+/// A binding waiting for launch (element type erased).
+pub(crate) struct PendingBinding {
+    name: String,
+    elem: TypeId,
+    elem_name: &'static str,
+    buf: Box<dyn Bindable>,
+}
+
+impl PendingBinding {
+    pub(crate) fn new<T: Pod + Send>(name: String, buf: UnifiedBuffer<T>) -> Self {
+        PendingBinding {
+            name,
+            elem: TypeId::of::<T>(),
+            elem_name: std::any::type_name::<T>(),
+            buf: Box::new(buf),
+        }
+    }
+}
+
+/// The table shared by the kernel thread and its handles.
+pub(crate) type SharedTable = Arc<Mutex<BoundTable>>;
+
+/// Builds a kernel's table at launch; `None` when nothing is bound. A repeated name is an error
+/// (the text names it).
+pub(crate) fn table(
+    pending: Vec<PendingBinding>,
+) -> Result<Option<SharedTable>, String> {
+    if pending.is_empty() {
+        return Ok(None);
+    }
+    let mut entries: Vec<Entry> = Vec::with_capacity(pending.len());
+    for p in pending {
+        if p.name.is_empty() {
+            return Err("a bound buffer has an empty name".into());
+        }
+        if entries.iter().any(|e| e.name == p.name) {
+            return Err(format!("buffer name '{}' is bound twice", p.name));
+        }
+        entries.push(Entry {
+            name: p.name,
+            id: BufferId(NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed)),
+            elem: p.elem,
+            elem_name: p.elem_name,
+            buf: std::cell::UnsafeCell::new(p.buf),
+            ptr: Cell::new(std::ptr::null_mut()),
+            len: Cell::new(0),
+            access: Cell::new(Access::Untouched),
+            borrows: Cell::new(0),
+            busy: Cell::new(false),
+        });
+    }
+    Ok(Some(Arc::new(Mutex::new(BoundTable { entries }))))
+}
+
+/// A kernel context's hold on its table: the table, and the lock for the batch in hand.
+#[derive(Default)]
+pub(crate) struct BatchBinding {
+    table: Option<SharedTable>,
+    guard: Option<parking_lot::lock_api::ArcMutexGuard<RawMutex, BoundTable>>,
+}
+
+impl BatchBinding {
+    pub(crate) fn new(table: Option<SharedTable>) -> Self {
+        BatchBinding { table, guard: None }
+    }
+
+    /// Locks the table for a batch (waits for a host guard to be dropped).
+    pub(crate) fn begin(&mut self) {
+        if let Some(t) = &self.table {
+            if self.guard.is_none() {
+                self.guard = Some(t.lock_arc());
+            }
+        }
+    }
+
+    /// Ends the batch: forgets this batch's views and lets the host in.
+    pub(crate) fn end(&mut self) {
+        if let Some(g) = self.guard.take() {
+            for e in &g.entries {
+                e.access.set(Access::Untouched);
+                e.borrows.set(0);
+            }
+        }
+    }
+}
+
+fn elem_check<T: 'static>(kernel: &str, e: &Entry) -> Result<(), BindError> {
+    if e.elem != TypeId::of::<T>() {
+        return Err(BindError::TypeMismatch {
+            kernel: kernel.to_string(),
+            name: e.name.clone(),
+            expected: std::any::type_name::<T>(),
+            actual: e.elem_name,
+        });
+    }
+    Ok(())
+}
+
+/// Makes `e` ready for a kernel access of kind `want` in this batch.
+fn prepare(kernel: &str, e: &Entry, want: Access) -> Result<(), BindError> {
+    let have = e.access.get();
+    let needed = !matches!(
+        (have, want),
+        (Access::Write, _) | (Access::Read, Access::Read)
+    );
+    if needed {
+        if e.busy.replace(true) {
+            // Unreachable through the public API (one thread, no re-entry), kept as an error.
+            return Err(BindError::AlreadyBorrowed {
+                kernel: kernel.to_string(),
+                name: e.name.clone(),
+                how: "mutably",
+            });
+        }
+        // SAFETY: the table is locked by this thread for the batch; `busy` makes this the only
+        // `&mut` to the buffer object; no slice handed out this batch is alive when the view
+        // changes kind (checked by the callers through `borrows`), and a transition keeps the
+        // allocation where it is (both sides are allocated once, on first use).
+        let r = unsafe { (*e.buf.get()).kernel_view(want == Access::Write) };
+        e.busy.set(false);
+        let (ptr, len) = r.map_err(|source| BindError::Memory {
+            kernel: kernel.to_string(),
+            name: e.name.clone(),
+            source: Box::new(source),
+        })?;
+        e.ptr.set(ptr);
+        e.len.set(len);
+        e.access.set(want);
+    }
+    Ok(())
+}
+
+/// A shared borrow of a bound buffer in a handler: derefs to `&[T]`.
+pub struct BufRef<'a, T> {
+    entry: &'a Entry,
+    _t: PhantomData<&'a [T]>,
+}
+
+/// A mutable borrow of a bound buffer in a handler: derefs to `&mut [T]`.
+pub struct BufMut<'a, T> {
+    entry: &'a Entry,
+    _t: PhantomData<&'a mut [T]>,
+}
+
+impl<T: Pod> std::ops::Deref for BufRef<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        let (p, n) = (self.entry.ptr.get(), self.entry.len.get());
+        if n == 0 {
+            return &[];
+        }
+        // SAFETY: `p` is the buffer's view for this batch, `n` elements of `T` (type checked);
+        // the shared borrow count keeps any mutable borrow out while this guard lives.
+        unsafe { std::slice::from_raw_parts(p as *const T, n) }
+    }
+}
+
+impl<T: Pod> std::ops::Deref for BufMut<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        let (p, n) = (self.entry.ptr.get(), self.entry.len.get());
+        if n == 0 {
+            return &[];
+        }
+        // SAFETY: as for `BufRef`; this guard is the only borrow of the buffer.
+        unsafe { std::slice::from_raw_parts(p as *const T, n) }
+    }
+}
+
+impl<T: Pod> std::ops::DerefMut for BufMut<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        let (p, n) = (self.entry.ptr.get(), self.entry.len.get());
+        if n == 0 {
+            return &mut [];
+        }
+        // SAFETY: this guard holds the buffer's only borrow (count -1) and `&mut self` makes
+        // the slice unique; the view was made by a device write, so the state says so.
+        unsafe { std::slice::from_raw_parts_mut(p as *mut T, n) }
+    }
+}
+
+impl<T> Drop for BufRef<'_, T> {
+    fn drop(&mut self) {
+        self.entry.borrows.set(self.entry.borrows.get() - 1);
+    }
+}
+
+impl<T> Drop for BufMut<'_, T> {
+    fn drop(&mut self) {
+        self.entry.borrows.set(0);
+    }
+}
+
+enum Key<'k> {
+    Name(&'k str),
+    Id(BufferId),
+}
+
+/// The bound buffers of the batch in hand, detached from the context so a handler can hold
+/// buffers and its state at once ([`Context::state_and_buffers`]).
+pub struct Bindings<'a> {
+    kernel: &'a str,
+    bound: &'a BatchBinding,
+}
+
+impl<'a> Bindings<'a> {
+    pub(crate) fn new(kernel: &'a str, bound: &'a BatchBinding) -> Self {
+        Bindings { kernel, bound }
+    }
+
+    fn entry(&self, key: Key<'_>) -> Result<&'a Entry, BindError> {
+        let kernel = self.kernel;
+        let Some(guard) = self.bound.guard.as_ref() else {
+            return Err(match (&self.bound.table, key) {
+                (None, _) => BindError::NoBindings {
+                    kernel: kernel.to_string(),
+                },
+                (Some(_), Key::Name(n)) => BindError::NotInBatch {
+                    kernel: kernel.to_string(),
+                    name: n.to_string(),
+                },
+                (Some(_), Key::Id(id)) => BindError::NotInBatch {
+                    kernel: kernel.to_string(),
+                    name: format!("#{}", id.0),
+                },
+            });
+        };
+        let table: &'a BoundTable = guard;
+        table
+            .entries
+            .iter()
+            .find(|e| match key {
+                Key::Name(n) => e.name == n,
+                Key::Id(id) => e.id == id,
+            })
+            .ok_or_else(|| match key {
+                Key::Name(n) => BindError::UnknownBuffer {
+                    kernel: kernel.to_string(),
+                    name: n.to_string(),
+                },
+                Key::Id(id) => BindError::UnknownBufferId {
+                    kernel: kernel.to_string(),
+                    id: id.0,
+                },
+            })
+    }
+
+    fn borrow_ref<T: Pod>(&self, key: Key<'_>) -> Result<BufRef<'a, T>, BindError> {
+        let e = self.entry(key)?;
+        elem_check::<T>(self.kernel, e)?;
+        if e.borrows.get() < 0 {
+            return Err(BindError::AlreadyBorrowed {
+                kernel: self.kernel.to_string(),
+                name: e.name.clone(),
+                how: "mutably",
+            });
+        }
+        prepare(self.kernel, e, Access::Read)?;
+        e.borrows.set(e.borrows.get() + 1);
+        Ok(BufRef {
+            entry: e,
+            _t: PhantomData,
+        })
+    }
+
+    fn borrow_mut<T: Pod>(&self, key: Key<'_>) -> Result<BufMut<'a, T>, BindError> {
+        let e = self.entry(key)?;
+        elem_check::<T>(self.kernel, e)?;
+        match e.borrows.get() {
+            0 => {}
+            n => {
+                return Err(BindError::AlreadyBorrowed {
+                    kernel: self.kernel.to_string(),
+                    name: e.name.clone(),
+                    how: if n < 0 { "mutably" } else { "shared" },
+                })
+            }
+        }
+        prepare(self.kernel, e, Access::Write)?;
+        e.borrows.set(-1);
+        Ok(BufMut {
+            entry: e,
+            _t: PhantomData,
+        })
+    }
+
+    /// The bound buffer `name` as `&[T]` (a device read). Several buffers, or several shared
+    /// borrows of one, may be held at once.
+    pub fn buffer<T: Pod>(&self, name: &str) -> Result<BufRef<'a, T>, BindError> {
+        self.borrow_ref(Key::Name(name))
+    }
+
+    /// The bound buffer `name` as `&mut [T]` (a device write: the buffer becomes
+    /// `DeviceDirty`). A second borrow of the same buffer is [`BindError::AlreadyBorrowed`].
+    pub fn buffer_mut<T: Pod>(&self, name: &str) -> Result<BufMut<'a, T>, BindError> {
+        self.borrow_mut(Key::Name(name))
+    }
+
+    /// [`Bindings::buffer`] by registry id (as carried in a message).
+    pub fn buffer_by_id<T: Pod>(&self, id: BufferId) -> Result<BufRef<'a, T>, BindError> {
+        self.borrow_ref(Key::Id(id))
+    }
+
+    /// [`Bindings::buffer_mut`] by registry id (as carried in a message).
+    pub fn buffer_mut_by_id<T: Pod>(&self, id: BufferId) -> Result<BufMut<'a, T>, BindError> {
+        self.borrow_mut(Key::Id(id))
+    }
+}
+
+impl<S> Context<S> {
+    /// The bound buffer `name` as `&[T]` (a device read). Several buffers, or several shared
+    /// borrows of one, may be held at once.
+    pub fn buffer<T: Pod>(&self, name: &str) -> Result<BufRef<'_, T>, BindError> {
+        self.buffers().buffer(name)
+    }
+
+    /// The bound buffer `name` as `&mut [T]` (a device write: the buffer becomes
+    /// `DeviceDirty`). Takes `&self` so a handler can hold several buffers at once; a second
+    /// borrow of the same buffer is [`BindError::AlreadyBorrowed`].
+    pub fn buffer_mut<T: Pod>(&self, name: &str) -> Result<BufMut<'_, T>, BindError> {
+        self.buffers().buffer_mut(name)
+    }
+
+    /// [`Context::buffer`] by registry id (as carried in a message).
+    pub fn buffer_by_id<T: Pod>(&self, id: BufferId) -> Result<BufRef<'_, T>, BindError> {
+        self.buffers().buffer_by_id(id)
+    }
+
+    /// [`Context::buffer_mut`] by registry id (as carried in a message).
+    pub fn buffer_mut_by_id<T: Pod>(&self, id: BufferId) -> Result<BufMut<'_, T>, BindError> {
+        self.buffers().buffer_mut_by_id(id)
+    }
+}
+
+/// The host's view of a bound buffer: the kernel cannot start a batch while it lives.
+pub struct BufferReadGuard<'a, T> {
+    _lock: parking_lot::MutexGuard<'a, BoundTable>,
+    ptr: *const T,
+    len: usize,
+}
+
+/// The host's writable view of a bound buffer (marks the host copy newer; the kernel's next
+/// access copies it over). The kernel cannot start a batch while it lives.
+pub struct BufferWriteGuard<'a, T> {
+    _lock: parking_lot::MutexGuard<'a, BoundTable>,
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T: Pod> std::ops::Deref for BufferReadGuard<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the host view of the buffer, `len` elements of `T` (type checked); the table
+        // lock held by this guard keeps the kernel (the only other user) out.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl<T: Pod> std::ops::Deref for BufferWriteGuard<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: as for `BufferReadGuard`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl<T: Pod> std::ops::DerefMut for BufferWriteGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as for `BufferReadGuard`, and `&mut self` makes the slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<In: Message, Out: Message> KernelHandle<In, Out> {
+    fn bound_table(&self) -> Result<&SharedTable, BindError> {
+        self.io.bound.get().ok_or_else(|| BindError::NoBindings {
+            kernel: self.id().to_string(),
+        })
+    }
+
+    /// The registry id of the bound buffer `name` (to put in messages).
+    pub fn buffer_id(&self, name: &str) -> Result<BufferId, BindError> {
+        let t = self.bound_table()?.lock();
+        t.entries
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| e.id)
+            .ok_or_else(|| BindError::UnknownBuffer {
+                kernel: self.id().to_string(),
+                name: name.to_string(),
+            })
+    }
+
+    fn host_view<T: Pod>(
+        &self,
+        name: &str,
+        timeout: Duration,
+        write: bool,
+    ) -> Result<(parking_lot::MutexGuard<'_, BoundTable>, *mut u8, usize), BindError> {
+        let kernel = self.id().to_string();
+        let mut t = self
+            .bound_table()?
+            .try_lock_for(timeout)
+            .ok_or_else(|| BindError::Busy {
+                kernel: kernel.clone(),
+                name: name.to_string(),
+                waited: timeout,
+            })?;
+        let e = t
+            .entries
+            .iter_mut()
+            .find(|e| e.name == name)
+            .ok_or_else(|| BindError::UnknownBuffer {
+                kernel: kernel.clone(),
+                name: name.to_string(),
+            })?;
+        elem_check::<T>(&kernel, e)?;
+        let (p, n) = e
+            .buf
+            .get_mut()
+            .host_view(write)
+            .map_err(|source| BindError::Memory {
+                kernel,
+                name: name.to_string(),
+                source: Box::new(source),
+            })?;
+        Ok((t, p, n))
+    }
+
+    /// Reads the bound buffer `name` on the host: waits up to `timeout` for the kernel's batch
+    /// in hand, then copies back if the device copy is newer. While the guard lives the kernel
+    /// does not start another batch.
+    pub fn read_buffer<T: Pod>(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<BufferReadGuard<'_, T>, BindError> {
+        let (lock, p, len) = self.host_view::<T>(name, timeout, false)?;
+        Ok(BufferReadGuard {
+            _lock: lock,
+            ptr: p as *const T,
+            len,
+        })
+    }
+
+    /// Writes the bound buffer `name` on the host (same waiting rules as
+    /// [`KernelHandle::read_buffer`]); the kernel sees the values from its next batch on.
+    pub fn write_buffer<T: Pod>(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<BufferWriteGuard<'_, T>, BindError> {
+        let (lock, p, len) = self.host_view::<T>(name, timeout, true)?;
+        Ok(BufferWriteGuard {
+            _lock: lock,
+            ptr: p as *mut T,
+            len,
+        })
+    }
+}
