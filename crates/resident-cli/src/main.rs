@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod gpu_bench;
 mod info;
+mod profile;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -62,6 +63,8 @@ enum Command {
         #[arg(long, default_value_t = 1_000_000)]
         messages: u32,
     },
+    /// Runs a workload under the profiler: where the time goes, the bottleneck, the remedy.
+    Profile(ProfileArgs),
     /// CPU-backend benchmarks against rtrb and crossbeam, measured in the same run.
     Bench {
         /// Shorter runs (a few seconds in all).
@@ -71,6 +74,27 @@ enum Command {
         #[arg(long, default_value = "bench/results/cpu-latest.json")]
         out: PathBuf,
     },
+}
+
+#[derive(clap::Args)]
+struct ProfileArgs {
+    /// launch-bound, transfer-bound, handler-bound, queue-bound, utilization-bound or pipeline.
+    demo: String,
+    /// Write a Chrome/Perfetto trace (JSON) here.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Measure the demo's kernel at several batch and queue sizes and recommend one.
+    #[arg(long)]
+    tune: bool,
+    /// Latency target for --tune (e.g. 200us, 1ms).
+    #[arg(long, default_value = "200us")]
+    p99_target: String,
+    /// Messages to send (default: per demo).
+    #[arg(long)]
+    messages: Option<usize>,
 }
 
 fn gpu_exit(r: Result<(), String>) -> ExitCode {
@@ -106,6 +130,16 @@ fn main() -> ExitCode {
             bench::run(&bench::Options { quick: true }, Some(&out)).map(|_| ())
         }),
         Command::Demo { messages } => demo::run(messages),
+        Command::Profile(a) => {
+            return gpu_exit(profile::run(&profile::Options {
+                demo: a.demo,
+                trace: a.trace,
+                json: a.json,
+                tune: a.tune,
+                p99_target: a.p99_target,
+                messages: a.messages,
+            }))
+        }
         Command::Bench { quick, out } => {
             bench::run(&bench::Options { quick }, Some(&out)).map(|_| ())
         }

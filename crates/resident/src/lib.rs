@@ -24,6 +24,7 @@
 
 pub mod backend;
 pub mod memory;
+pub mod profile;
 pub mod runtime;
 pub mod telemetry;
 
@@ -34,6 +35,7 @@ pub use runtime::state::{Error, KernelState, Result};
 /// Everything a user of ring kernels needs.
 pub mod prelude {
     pub use crate::backend::Backend;
+    pub use crate::profile::Profiler;
     pub use crate::runtime::context::{Context, LoopContext};
     pub use crate::runtime::device::CudaHandler;
     pub use crate::runtime::handle::{KernelHandle, TerminateReport};

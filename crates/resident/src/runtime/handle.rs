@@ -68,12 +68,17 @@ impl<In: Message> InputPort<In> {
 
     fn send_slot(&self, slot: Slot<In>, op: &'static str) -> Result<()> {
         match self.mailbox.send(slot) {
-            Ok(Sent::Queued | Sent::QueuedDroppedOldest(_) | Sent::DroppedNewest) => Ok(()),
+            Ok(Sent::Queued) => Ok(()),
+            Ok(Sent::QueuedDroppedOldest(_)) => {
+                Ok(crate::profile::dropped(&self.id, op, "DropOldest"))
+            }
+            Ok(Sent::DroppedNewest) => Ok(crate::profile::dropped(&self.id, op, "DropNewest")),
             Err(e) => Err(self.refused(e, op)),
         }
     }
 
     fn refused(&self, e: SendError<Slot<In>>, op: &'static str) -> Error {
+        crate::profile::refused(&self.id, op, &e);
         let id = self.id.to_string();
         match e {
             SendError::Full(s) => Error::QueueFull {
@@ -222,6 +227,8 @@ pub(crate) struct KernelShared<In, Out> {
     exit_signal: Signal,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: Mutex<Option<ThreadId>>,
+    /// Set at launch when the runtime profiles.
+    pub profile: std::sync::OnceLock<crate::profile::KernelProbe>,
 }
 
 impl<In: Message, Out: Message> KernelShared<In, Out> {
@@ -266,6 +273,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
             exit_signal: Signal::new(),
             thread: Mutex::new(None),
             thread_id: Mutex::new(None),
+            profile: std::sync::OnceLock::new(),
         }
     }
 
@@ -342,6 +350,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
     }
 
     fn set_failed(&self, reason: String) {
+        crate::profile::fault(&self.id, &reason);
         self.metrics.errors.fetch_add(1, Ordering::Relaxed);
         {
             let mut st = self.state.lock();
@@ -379,6 +388,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
         let mut batch: Vec<Slot<In>> = Vec::with_capacity(self.batch_size);
         let mut outputs: Vec<Slot<Out>> = Vec::with_capacity(self.batch_size);
         let c = self.control.clone();
+        let prof = self.profile.get();
         loop {
             if c.terminate.load(Ordering::Acquire) {
                 return;
@@ -402,6 +412,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                 continue;
             }
             outputs.clear();
+            let scope = crate::profile::batch_start(prof, &self.id, n);
             for (i, slot) in batch.iter().enumerate() {
                 ctx.current = slot.env;
                 let payload = slot.payload;
@@ -429,6 +440,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                 }
             }
             self.finish_batch(&batch, &mut outputs);
+            crate::profile::batch_end(prof, scope, &batch);
             self.metrics.batch_done(Instant::now());
             drop(gate);
         }
@@ -464,6 +476,7 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
         let mut device_active = false;
         let mut last_beat = Instant::now();
         let mut idle: u32 = 0;
+        let prof = self.profile.get();
         let failure = loop {
             if c.terminate.load(Ordering::Acquire) {
                 break None;
@@ -483,13 +496,17 @@ impl<In: Message, Out: Message> KernelShared<In, Out> {
                     if carry.is_empty() {
                         self.input.recv_batch(&mut carry, self.batch_size * 4);
                     }
+                    let t = crate::profile::now(prof);
                     let n = eng.push(&carry);
+                    crate::profile::device_push(prof, t, &carry[..n]);
                     carry.drain(..n);
                     moved += n;
                 }
             }
             outs.clear();
+            let t = crate::profile::now(prof);
             let n = eng.pull(&mut outs, 4096);
+            crate::profile::device_pull(prof, t, &outs);
             // Counters first: whoever sees an output also sees it counted.
             self.store_device_counters(&*eng);
             if n > 0 {
@@ -711,6 +728,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
                 *st = KernelState::Active;
                 self.shared.control.active.store(true, Ordering::Release);
                 drop(st);
+                crate::profile::lifecycle(&self.shared.id, "activate", &KernelState::Active);
                 self.shared.control.signal.notify();
                 Ok(())
             }
@@ -729,6 +747,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             }
             self.shared.control.active.store(false, Ordering::Release);
         }
+        crate::profile::lifecycle(&self.shared.id, "deactivate", &KernelState::Inactive);
         self.shared.input.notify_receivers();
         // Wait for the batch in hand, unless we are that kernel's own thread.
         if *self.shared.thread_id.lock() != Some(std::thread::current().id()) {
@@ -939,6 +958,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         });
         let failed_message = sh.failed_message.lock().take().map(|s| (s.env, s.payload));
         *sh.state.lock() = KernelState::Terminated;
+        crate::profile::lifecycle(&sh.id, "terminate", &KernelState::Terminated);
         let t = self.telemetry();
         Ok(TerminateReport {
             kernel_id: sh.id.to_string(),

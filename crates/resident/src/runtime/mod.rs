@@ -139,9 +139,23 @@ pub struct RuntimeBuilder {
     wait: WaitStrategy,
     shutdown_timeout: Duration,
     emulate_device: bool,
+    profiler: Option<crate::profile::Profiler>,
 }
 
 impl RuntimeBuilder {
+    /// Records every kernel of the runtime into `profiler` (see [`crate::profile`]).
+    pub fn profiler(mut self, profiler: crate::profile::Profiler) -> Self {
+        self.profiler = Some(profiler);
+        self
+    }
+
+    /// Profiling with a new [`Profiler`](crate::profile::Profiler) (`true`), or none (`false`,
+    /// the default). Read it back with [`Runtime::profiler`].
+    pub fn enable_profiling(mut self, on: bool) -> Self {
+        self.profiler = on.then(|| self.profiler.take().unwrap_or_default());
+        self
+    }
+
     /// Runs kernels that have a CUDA handler with an `emulate_with` twin on the emulated
     /// device (a CPU thread playing the GPU's part over the same queue memory and control
     /// block) when the runtime has no CUDA device. For testing the host side of the device
@@ -191,6 +205,7 @@ impl RuntimeBuilder {
             backend,
             shutdown_timeout: self.shutdown_timeout,
             emulate_device: self.emulate_device,
+            profiler: self.profiler,
         })
     }
 }
@@ -201,6 +216,7 @@ pub struct Runtime {
     backend: Backend,
     shutdown_timeout: Duration,
     emulate_device: bool,
+    profiler: Option<crate::profile::Profiler>,
 }
 
 impl Runtime {
@@ -212,7 +228,13 @@ impl Runtime {
             wait: WaitStrategy::default(),
             shutdown_timeout: Duration::from_secs(5),
             emulate_device: false,
+            profiler: None,
         }
+    }
+
+    /// The runtime's profiler, when profiling is on.
+    pub fn profiler(&self) -> Option<&crate::profile::Profiler> {
+        self.profiler.as_ref()
     }
 
     /// The backend this runtime resolved to (`Cpu` or `Cuda`, never `Auto`).
@@ -226,6 +248,7 @@ impl Runtime {
         &self,
         kernel: RingKernel<In, Out, S>,
     ) -> Result<KernelHandle<In, Out>> {
+        let t_launch = Instant::now();
         let id = kernel.id.clone();
         let invalid = |reason: &str| Error::InvalidConfig {
             id: id.clone(),
@@ -309,6 +332,13 @@ impl Runtime {
             id_arc,
             shared.control.clone(),
             Arc::downgrade(&self.core),
+        );
+        crate::profile::launched(
+            self.profiler.as_ref(),
+            &shared.profile,
+            &shared.id,
+            self.core.ids.epoch,
+            t_launch,
         );
         spawn_kernel(shared.clone(), ctx, body)?;
         let handle = KernelHandle {
