@@ -220,7 +220,7 @@ fn rtrb_throughput(total: usize) -> f64 {
     total as f64 / secs
 }
 
-fn machine() -> Value {
+pub fn machine() -> Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

@@ -95,6 +95,15 @@ struct ProfileArgs {
     /// Messages to send (default: per demo).
     #[arg(long)]
     messages: Option<usize>,
+    /// Measure the profiler's overhead (off / paused / on, interleaved) instead.
+    #[arg(long)]
+    overhead: bool,
+    /// Rounds of --overhead.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Where --overhead writes its JSON.
+    #[arg(long, default_value = "bench/results/profile-overhead.json")]
+    out: PathBuf,
 }
 
 fn gpu_exit(r: Result<(), String>) -> ExitCode {
@@ -138,6 +147,7 @@ fn main() -> ExitCode {
                 tune: a.tune,
                 p99_target: a.p99_target,
                 messages: a.messages,
+                overhead: a.overhead.then_some((a.rounds, a.out)),
             }))
         }
         Command::Bench { quick, out } => {

@@ -806,3 +806,30 @@ mod tests {
         assert!(p.is_enabled());
     }
 }
+
+/// Cost of the per-batch hooks, for the overhead benchmark: mean nanoseconds per batch of
+/// `batch_len` messages over `batches` batches, with no profiler (`None`), a paused one and a
+/// recording one, in that order. Runs on the calling thread.
+#[doc(hidden)]
+pub fn hook_cost_per_batch(batches: usize, batch_len: usize) -> [f64; 3] {
+    use resident_ring::Envelope;
+    let p = Profiler::with_capacity(1 << 12);
+    let probe = p.kernel_probe("hook-cost", p.inner.epoch);
+    let slots: Vec<Slot<u64>> = (0..batch_len as u64)
+        .map(|i| Slot::new(Envelope::new(i + 1, 128, p.now_ns()), i))
+        .collect();
+    let mut out = [0.0; 3];
+    for (i, mode) in [None, Some(false), Some(true)].into_iter().enumerate() {
+        if let Some(on) = mode {
+            p.set_enabled(on);
+        }
+        let probe = mode.map(|_| &probe);
+        let t = Instant::now();
+        for _ in 0..batches {
+            let scope = batch_start(std::hint::black_box(probe), "hook-cost", batch_len);
+            batch_end(probe, scope, std::hint::black_box(&slots[..]));
+        }
+        out[i] = t.elapsed().as_nanos() as f64 / batches as f64;
+    }
+    out
+}
