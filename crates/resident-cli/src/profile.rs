@@ -3,7 +3,7 @@
 //! several batch and queue sizes instead.
 //!
 //! The constructed demos are each built to be limited by one thing:
-//! * `launch-bound`: a kernel that relaunches four unfused one-shot kernels of 64 elements for
+//! * `launch-bound`: a kernel that relaunches sixteen unfused one-shot kernels of 64 elements for
 //!   every message (batches of one, tiny work per launch), three callers in closed loops;
 //! * `transfer-bound`: every message moves a 16 MiB payload to the device and back, three
 //!   callers;
@@ -94,7 +94,7 @@ pub fn run_demo(
 ) -> Result<(Report, Profiler), String> {
     let profiler = Profiler::new();
     match demo {
-        "launch-bound" => launch_bound(&profiler, messages.unwrap_or(2000))?,
+        "launch-bound" => launch_bound(&profiler, messages.unwrap_or(1000))?,
         "transfer-bound" => transfer_bound(&profiler, messages.unwrap_or(60))?,
         "handler-bound" => closed_loop(&profiler, demo, HANDLER_ITERS, messages.unwrap_or(60))?,
         "queue-bound" => queue_bound(&profiler, messages.unwrap_or(60_000))?,
@@ -168,8 +168,8 @@ fn launch_bound(p: &Profiler, messages: usize) -> Result<(), String> {
                 .state((dev, out))
                 .handler(move |ctx, a: f32| {
                     let (dev, out) = ctx.state_mut();
-                    // Four unfused stages, each its own launch over 64 elements.
-                    for stage in 0..4 {
+                    // Sixteen unfused stages, each its own launch over 64 elements.
+                    for stage in 0..16 {
                         let args = [
                             KernelArg::scalar(a + stage as f32),
                             KernelArg::buffer_mut(out),
@@ -324,7 +324,7 @@ fn tune_demo(o: &Options) -> Result<(), String> {
         .unwrap_or(if iters > 100_000 { 100 } else { 20_000 });
     let opts = TuneOptions {
         batch_sizes: vec![1, 16, 128, 1024],
-        queue_sizes: vec![64, 1024, 8192],
+        queue_sizes: vec![16, 128, 1024, 8192],
         messages,
         p99_target: target,
         timeout: Duration::from_secs(120),

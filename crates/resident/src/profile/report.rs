@@ -368,8 +368,8 @@ pub(crate) fn remedy(b: Bottleneck, f: &Figures, frac: &BTreeMap<String, f64>) -
             f.transfer_gb_per_s
         ),
         Bottleneck::Launch => format!(
-            "Launch-bound: {:.0}% of the time is launch overhead, {} one-shot launches at {} each for \
-             {} of work per message. Do more work per launch: raise the batch size so one launch covers \
+            "Launch-bound: {:.0}% of the time is launch overhead, {} one-shot launches at {} each, with \
+             {} of handler time per message besides. Do more work per launch: raise the batch size so one launch covers \
              many messages, fuse consecutive kernels, or stop relaunching: a resident ring kernel is \
              launched once and fed through its queue (its handler on the device with `.cuda(..)`), \
              and for this little work per launch the CPU backend's plain handler avoids launches altogether.",
