@@ -4,7 +4,7 @@ timeline: one row per named track, complete events as boxes coloured by category
 from send to handling, a microsecond axis. Needs Pillow (`pip install pillow`).
 
 usage: trace-png.py TRACE.json OUT.png [--start-us T] [--window-us W] [--width PX]
-Without --start-us the window starts 40% into the handler spans.
+Without --start-us it shows the window with the most events.
 """
 import argparse
 import json
@@ -50,7 +50,12 @@ def main():
     work = [e for e in spans if e.get("cat") == "handler"] or spans
     t_min = min(e["ts"] for e in work)
     t_max = max(e["ts"] + e["dur"] for e in work)
-    start = a.start_us if a.start_us is not None else t_min + 0.4 * (t_max - t_min)
+    if a.start_us is not None:
+        start = a.start_us
+    else:
+        # The window (of 50 candidates over the handler spans) holding the most events.
+        cands = [t_min + k * max(t_max - t_min - a.window_us, 0) / 49 for k in range(50)]
+        start = max(cands, key=lambda c: sum(1 for e in spans if c <= e["ts"] < c + a.window_us))
     end = start + a.window_us
     rows = sorted(threads, key=lambda k: (k[0], k[1]))
     rows = [r for r in rows if any((e["pid"], e["tid"]) == r for e in spans)]
