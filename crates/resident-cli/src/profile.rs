@@ -181,6 +181,8 @@ fn launch_bound(p: &Profiler, messages: usize) -> Result<(), String> {
         )
         .map_err(err)?;
     k.activate().map_err(err)?;
+    // Warm-up: the first launch starts the rayon pool.
+    k.call(0.0, Duration::from_secs(10)).map_err(err)?;
     call_from(&k, 3, messages, |i| i as f32, |_, _| Ok(()))?;
     k.terminate().map_err(err)?;
     Ok(())

@@ -92,7 +92,7 @@ fn tune_recommends_and_says_what_was_compared() {
     let points = v["points"].as_array().unwrap();
     assert_eq!(
         points.len(),
-        12 * v["backends_measured"].as_array().unwrap().len()
+        16 * v["backends_measured"].as_array().unwrap().len()
     );
     let rec = &v["recommended"];
     assert!(rec.is_object(), "a 1 s target is met by some setting");

@@ -27,9 +27,10 @@
 //!   last finished on the CPU; enqueue-to-completion on CUDA).
 //! * **queue**: for every message, send timestamp to the start of the batch that handles it
 //!   (for a device-hosted kernel: to the pump's push onto the device queue). The report's
-//!   `queue` part counts only the wait beyond [`QUEUE_ALLOWANCE_BATCHES`] times the length of
-//!   that batch: waiting behind the batch in hand and a short backlog is normal for a busy
-//!   kernel (whose limit is then its handler), a longer wait means producers outrun it.
+//!   `queue` part counts only the wait beyond [`QUEUE_ALLOWANCE_BATCHES`] batch lengths (the
+//!   longer of that batch and the kernel's mean batch): waiting behind the batch in hand and a
+//!   short backlog is normal for a busy kernel (whose limit is then its handler), a longer wait
+//!   means producers outrun it.
 //! * **transfer**: bytes and time each direction: device copies (which `UnifiedBuffer` uses)
 //!   and the pump's pushes and pulls of a device-hosted kernel.
 //! * **launch**: launch overhead of one-shot kernels (submit to first work, last work to return
@@ -62,10 +63,10 @@ pub use ring::{SpanKind, SpanRecord};
 
 use crate::runtime::state::KernelState;
 
-/// A message's queue wait up to this many lengths of the batch that handled it counts as
-/// normal (the batch in hand plus a short backlog); only the wait beyond it is the report's
-/// `queue` part.
-pub const QUEUE_ALLOWANCE_BATCHES: u64 = 4;
+/// A message's queue wait up to this many batch lengths (the longer of the batch that handled
+/// it and the kernel's mean batch so far) counts as normal (the batch in hand plus a short
+/// backlog); only the wait beyond it is the report's `queue` part.
+pub const QUEUE_ALLOWANCE_BATCHES: u64 = 8;
 
 /// Default number of spans the ring keeps.
 pub const DEFAULT_CAPACITY: usize = 1 << 16;
@@ -420,16 +421,20 @@ impl KernelProbe {
     /// Records the queue wait of `slots` handled from `start` in a batch of `dur`; returns the
     /// oldest send time.
     fn waits<T>(&self, slots: &[Slot<T>], start: u64, dur: u64) -> u64 {
+        let a = &self.track.agg;
+        // Relaxed reads of our own track's totals (this thread is their writer for batches).
+        let batches = a.batches.load(Ordering::Relaxed);
+        let mean = a.busy_ns.load(Ordering::Relaxed) / batches.max(1);
+        let allowance = QUEUE_ALLOWANCE_BATCHES * dur.max(mean);
         let (mut sum, mut excess, mut max, mut oldest) = (0u64, 0u64, 0u64, u64::MAX);
         for s in slots {
             let sent = self.sent_ns(s.env.timestamp_ns);
             let w = start.saturating_sub(sent);
             sum += w;
-            excess += w.saturating_sub(QUEUE_ALLOWANCE_BATCHES * dur);
+            excess += w.saturating_sub(allowance);
             max = max.max(w);
             oldest = oldest.min(sent);
         }
-        let a = &self.track.agg;
         a.add(&a.queue_wait_ns, sum);
         a.add(&a.queue_excess_ns, excess);
         a.queue_wait_max_ns.fetch_max(max, Ordering::Relaxed);

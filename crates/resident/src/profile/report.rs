@@ -4,7 +4,7 @@
 //! The accounted time is the sum over every track (kernel or device) of its window (first span
 //! to last), which splits into handler, transfer, launch and idle time, plus the time messages
 //! spent waiting in a queue beyond [`QUEUE_ALLOWANCE_BATCHES`](super::QUEUE_ALLOWANCE_BATCHES)
-//! lengths of the batch that handled them (waiting behind the batch in hand and a short
+//! batch lengths (the longer of the batch that handled them and the kernel's mean batch) (waiting behind the batch in hand and a short
 //! backlog is normal for a busy kernel; waiting longer means producers outrun it). Per message, that is the wall time of the executors behind it plus its own excess
 //! wait, so `fractions` say where a message's time and the capacity spent on it went; they sum
 //! to 1. The bottleneck is the largest part.
