@@ -3,7 +3,7 @@
 //! several batch and queue sizes instead.
 //!
 //! The constructed demos are each built to be limited by one thing:
-//! * `launch-bound`: a kernel that relaunches sixteen unfused one-shot kernels of 64 elements for
+//! * `launch-bound`: a kernel that relaunches sixteen unfused one-shot kernels of 4 elements for
 //!   every message (batches of one, tiny work per launch), three callers in closed loops;
 //! * `transfer-bound`: every message moves a 16 MiB payload to the device and back, three
 //!   callers;
@@ -154,7 +154,7 @@ fn runtime(p: &Profiler) -> Result<Runtime, String> {
 fn launch_bound(p: &Profiler, messages: usize) -> Result<(), String> {
     let rt = runtime(p)?;
     let dev: DeviceHandle = backend::open(Backend::Cpu).map_err(err)?;
-    let cfg = LaunchConfig::for_elements(64);
+    let cfg = LaunchConfig::for_elements(4);
     let out = dev.alloc(cfg.index_space() as usize * 4).map_err(err)?;
     let scale = Kernel::new("scale").cpu(|t| {
         let a = t.scalar::<f32>(0)?;
@@ -168,7 +168,7 @@ fn launch_bound(p: &Profiler, messages: usize) -> Result<(), String> {
                 .state((dev, out))
                 .handler(move |ctx, a: f32| {
                     let (dev, out) = ctx.state_mut();
-                    // Sixteen unfused stages, each its own launch over 64 elements.
+                    // Sixteen unfused stages, each its own launch over 4 elements.
                     for stage in 0..16 {
                         let args = [
                             KernelArg::scalar(a + stage as f32),

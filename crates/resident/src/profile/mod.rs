@@ -27,10 +27,11 @@
 //!   last finished on the CPU; enqueue-to-completion on CUDA).
 //! * **queue**: for every message, send timestamp to the start of the batch that handles it
 //!   (for a device-hosted kernel: to the pump's push onto the device queue). The report's
-//!   `queue` part counts only the wait beyond [`QUEUE_ALLOWANCE_BATCHES`] batch lengths (the
-//!   longer of that batch and the kernel's mean batch): waiting behind the batch in hand and a
-//!   short backlog is normal for a busy kernel (whose limit is then its handler), a longer wait
-//!   means producers outrun it.
+//!   `queue` part counts only the wait while the kernel was busy with earlier batches, beyond
+//!   [`QUEUE_ALLOWANCE_BATCHES`] batch lengths (the longer of that batch and the kernel's mean
+//!   batch): waiting behind the batch in hand and a short backlog is normal for a busy kernel
+//!   (whose limit is then its handler), a longer wait means producers outrun it; waiting for an
+//!   idle kernel to wake up is idle time.
 //! * **transfer**: bytes and time each direction: device copies (which `UnifiedBuffer` uses)
 //!   and the pump's pushes and pulls of a device-hosted kernel.
 //! * **launch**: launch overhead of one-shot kernels (submit to first work, last work to return
@@ -160,7 +161,7 @@ pub(crate) struct Aggregates {
     pub messages: AtomicU64,
     pub queue_wait_ns: AtomicU64,
     pub queue_wait_max_ns: AtomicU64,
-    /// Queue wait beyond `QUEUE_ALLOWANCE_BATCHES` lengths of the batch that handled it.
+    /// Queue wait while the kernel was busy, beyond `QUEUE_ALLOWANCE_BATCHES` batch lengths.
     pub queue_excess_ns: AtomicU64,
     pub busy_ns: AtomicU64,
     /// Start of the first span (`u64::MAX` before any).
@@ -426,12 +427,15 @@ impl KernelProbe {
         let batches = a.batches.load(Ordering::Relaxed);
         let mean = a.busy_ns.load(Ordering::Relaxed) / batches.max(1);
         let allowance = QUEUE_ALLOWANCE_BATCHES * dur.max(mean);
+        // End of the kernel's previous span: a wait after it is the kernel waking from idle
+        // (counted in its idle time), not a backlog.
+        let prev_end = a.last_ns.load(Ordering::Relaxed).min(start);
         let (mut sum, mut excess, mut max, mut oldest) = (0u64, 0u64, 0u64, u64::MAX);
         for s in slots {
             let sent = self.sent_ns(s.env.timestamp_ns);
             let w = start.saturating_sub(sent);
             sum += w;
-            excess += w.saturating_sub(allowance);
+            excess += prev_end.saturating_sub(sent).saturating_sub(allowance);
             max = max.max(w);
             oldest = oldest.min(sent);
         }

@@ -3,8 +3,9 @@
 //!
 //! The accounted time is the sum over every track (kernel or device) of its window (first span
 //! to last), which splits into handler, transfer, launch and idle time, plus the time messages
-//! spent waiting in a queue beyond [`QUEUE_ALLOWANCE_BATCHES`](super::QUEUE_ALLOWANCE_BATCHES)
-//! batch lengths (the longer of the batch that handled them and the kernel's mean batch) (waiting behind the batch in hand and a short
+//! spent waiting in a queue while the kernel was busy with earlier batches, beyond
+//! [`QUEUE_ALLOWANCE_BATCHES`](super::QUEUE_ALLOWANCE_BATCHES) batch lengths (the longer of the
+//! batch that handled them and the kernel's mean batch) (waiting behind the batch in hand and a short
 //! backlog is normal for a busy kernel; waiting longer means producers outrun it). Per message, that is the wall time of the executors behind it plus its own excess
 //! wait, so `fractions` say where a message's time and the capacity spent on it went; they sum
 //! to 1. The bottleneck is the largest part.
@@ -71,8 +72,8 @@ pub struct Figures {
     pub handler_ns: u64,
     /// Message time spent waiting in queues (send to start of handling), all of it.
     pub queue_wait_ns: u64,
-    /// The part of `queue_wait_ns` beyond `QUEUE_ALLOWANCE_BATCHES` lengths of the batch that
-    /// handled each message: the `queue` part of the fractions.
+    /// The part of `queue_wait_ns` spent while the kernel was busy with earlier batches, beyond
+    /// `QUEUE_ALLOWANCE_BATCHES` batch lengths: the `queue` part of the fractions.
     pub queue_excess_ns: u64,
     /// Copies both ways.
     pub transfer_ns: u64,
