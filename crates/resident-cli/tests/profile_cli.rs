@@ -62,7 +62,7 @@ fn pipeline_writes_a_trace_with_its_three_kernels() {
         "--trace",
         path.to_str().unwrap(),
     ]);
-    assert_eq!(v["figures"]["messages"].as_u64().unwrap() >= 20_000, true);
+    assert!(v["figures"]["messages"].as_u64().unwrap() >= 20_000);
     let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let _ = std::fs::remove_file(&path);
     let names: Vec<&str> = t["traceEvents"]

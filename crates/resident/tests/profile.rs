@@ -234,7 +234,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
 }
 
 #[test]
-fn tracing_subscribers_see_lifecycle_faults_refusals_and_batches() {
+fn tracing_subscribers_see_lifecycle_faults_refusals_drops_and_batches() {
     use tracing_subscriber::layer::SubscriberExt;
     let cap = Capture::default();
     let subscriber = tracing_subscriber::registry().with(cap.clone());
@@ -269,7 +269,24 @@ fn tracing_subscribers_see_lifecycle_faults_refusals_and_batches() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let _ = k.terminate();
+    // A drop policy: the third send is dropped (counted), and said so.
+    let d = rt
+        .launch(
+            RingKernel::<u32, u32>::new("dropping")
+                .queue_size(2)
+                .priority_lanes(1)
+                .backpressure(Backpressure::DropNewest)
+                .handler(|_, x: u32| Some(x)),
+        )
+        .unwrap();
+    for i in 0..3 {
+        d.send(i).unwrap();
+    }
+    assert_eq!(d.telemetry().messages_dropped, 1);
     let events = cap.events.lock().unwrap().clone();
+    assert!(events.iter().any(|(t, f)| t == "resident::dropped"
+        && f.contains("kernel=dropping")
+        && f.contains("policy=DropNewest")));
     let has = |target: &str, needle: &str| {
         events
             .iter()

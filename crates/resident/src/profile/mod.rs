@@ -795,27 +795,6 @@ pub(crate) fn dropped(kernel: &str, op: &'static str, policy: &'static str) {
     tracing::debug!(target: "resident::dropped", kernel, op, policy, "message dropped");
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paused_profiler_records_nothing_and_counts_enabled_sinks() {
-        let p = Profiler::new();
-        assert!(device_profiling());
-        p.set_enabled(false);
-        p.set_enabled(false);
-        let before = p.recorded_spans();
-        let probe = p.kernel_probe("k", p.inner.epoch);
-        let scope = batch_start(Some(&probe), "k", 0);
-        assert!(!scope.on);
-        batch_end::<u32>(Some(&probe), scope, &[]);
-        assert_eq!(p.recorded_spans(), before);
-        p.set_enabled(true);
-        assert!(p.is_enabled());
-    }
-}
-
 /// Cost of the per-batch hooks, for the overhead benchmark: mean nanoseconds per batch of
 /// `batch_len` messages over `batches` batches, with no profiler (`None`), a paused one and a
 /// recording one, in that order. Runs on the calling thread.
@@ -841,4 +820,25 @@ pub fn hook_cost_per_batch(batches: usize, batch_len: usize) -> [f64; 3] {
         out[i] = t.elapsed().as_nanos() as f64 / batches as f64;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paused_profiler_records_nothing_and_counts_enabled_sinks() {
+        let p = Profiler::new();
+        assert!(device_profiling());
+        p.set_enabled(false);
+        p.set_enabled(false);
+        let before = p.recorded_spans();
+        let probe = p.kernel_probe("k", p.inner.epoch);
+        let scope = batch_start(Some(&probe), "k", 0);
+        assert!(!scope.on);
+        batch_end::<u32>(Some(&probe), scope, &[]);
+        assert_eq!(p.recorded_spans(), before);
+        p.set_enabled(true);
+        assert!(p.is_enabled());
+    }
 }

@@ -271,7 +271,7 @@ impl Raw {
     fn figures(&self, idle: u64) -> Figures {
         let transfer = self.to_dev + self.to_host;
         let accounted = self.parts(idle).iter().map(|p| p.1).sum();
-        let div = |a: u64, b: u64| if b == 0 { 0 } else { a / b };
+        let div = |a: u64, b: u64| a.checked_div(b).unwrap_or(0);
         Figures {
             accounted_ns: accounted,
             window_ns: if self.first == u64::MAX {

@@ -70,9 +70,13 @@ impl<In: Message> InputPort<In> {
         match self.mailbox.send(slot) {
             Ok(Sent::Queued) => Ok(()),
             Ok(Sent::QueuedDroppedOldest(_)) => {
-                Ok(crate::profile::dropped(&self.id, op, "DropOldest"))
+                crate::profile::dropped(&self.id, op, "DropOldest");
+                Ok(())
             }
-            Ok(Sent::DroppedNewest) => Ok(crate::profile::dropped(&self.id, op, "DropNewest")),
+            Ok(Sent::DroppedNewest) => {
+                crate::profile::dropped(&self.id, op, "DropNewest");
+                Ok(())
+            }
             Err(e) => Err(self.refused(e, op)),
         }
     }
