@@ -306,3 +306,50 @@ fn tracing_subscribers_see_lifecycle_faults_refusals_drops_and_batches() {
         "{spans:?}"
     );
 }
+
+resident::ring::device_message! {
+    /// A device message for the pump test.
+    pub struct Num { pub v: u32, pub pad: u32 }
+}
+
+/// A device-hosted kernel (the emulated device plays the GPU over the same queue memory): the
+/// pump's pushes and pulls are recorded as transfers, each message's queue wait ends at its push.
+#[test]
+fn device_pump_pushes_and_pulls_are_recorded() {
+    let p = Profiler::new();
+    let rt = Runtime::builder()
+        .backend(Backend::Cpu)
+        .device_emulation(true)
+        .profiler(p.clone())
+        .build()
+        .unwrap();
+    let src = "__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, \
+               const Envelope* env) { out->v = in->v + 1; return true; }";
+    let k = rt
+        .launch(
+            RingKernel::<Num, Num>::new("pumped").cuda(CudaHandler::new(src).emulate_with(
+                |i: &Num, o: &mut Num, _: &Envelope| {
+                    o.v = i.v + 1;
+                    true
+                },
+            )),
+        )
+        .unwrap();
+    k.activate().unwrap();
+    for i in 0..200 {
+        let r = k
+            .call(Num { v: i, pad: 0 }, Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(r.v, i + 1);
+    }
+    k.terminate().unwrap();
+    let r = p.report();
+    let t = r.kernels.iter().find(|t| t.name == "pumped").unwrap();
+    assert_eq!(t.figures.messages, 200);
+    let slot = 32 + std::mem::size_of::<Num>() as u64; // envelope + payload
+    assert_eq!(t.figures.bytes_to_device, 200 * slot);
+    assert_eq!(t.figures.bytes_to_host, 200 * slot);
+    let kinds: HashSet<SpanKind> = p.spans().iter().map(|s| s.kind).collect();
+    assert!(kinds.contains(&SpanKind::DevicePush) && kinds.contains(&SpanKind::DevicePull));
+    assert!((r.fractions.values().sum::<f64>() - 1.0).abs() < 1e-9);
+}
