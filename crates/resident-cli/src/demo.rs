@@ -29,11 +29,27 @@ struct Stats {
 }
 
 pub fn run(messages: u32) -> Result<()> {
-    let rt = Runtime::builder()
+    run_with(messages, None, true)
+}
+
+/// Prints to stdout, or to stderr when stdout is reserved for JSON.
+macro_rules! say {
+    ($verbose:expr, $($t:tt)*) => {
+        if $verbose { println!($($t)*) } else { eprintln!($($t)*) }
+    };
+}
+
+/// The demo, recorded by `profiler` when given; `verbose = false` prints to stderr.
+pub fn run_with(messages: u32, profiler: Option<Profiler>, verbose: bool) -> Result<()> {
+    let mut builder = Runtime::builder()
         .backend(Backend::Auto)
-        .enable_telemetry(true)
-        .build()?;
-    println!(
+        .enable_telemetry(true);
+    if let Some(p) = profiler {
+        builder = builder.profiler(p);
+    }
+    let rt = builder.build()?;
+    say!(
+        verbose,
         "== demo: sensor anomaly pipeline, {messages} readings, backend {:?} ==",
         rt.backend()
     );
@@ -121,24 +137,42 @@ pub fn run(messages: u32) -> Result<()> {
     while let Some(a) = alert.try_receive()? {
         alerts.push(a);
     }
-    println!(
+    say!(verbose,
         "processed {messages} readings through 3 kernels in {:.1} ms ({:.2} M readings/s end to end)",
         elapsed.as_secs_f64() * 1e3,
         messages as f64 / elapsed.as_secs_f64() / 1e6
     );
-    println!("alerts: {} (injected spikes: {spikes})", alerts.len());
+    say!(
+        verbose,
+        "alerts: {} (injected spikes: {spikes})",
+        alerts.len()
+    );
     for a in alerts.iter().take(3) {
-        println!(
+        say!(
+            verbose,
             "  sensor {:2} seq {:6} value {:7.2} z {:6.1}",
-            a.sensor, a.seq, a.value, a.zscore
+            a.sensor,
+            a.seq,
+            a.value,
+            a.zscore
         );
     }
-    println!(
+    say!(
+        verbose,
         "\n{:<8} {:>9} {:>10} {:>8} {:>6} {:>12} {:>10} {:>10} {:>10}",
-        "kernel", "received", "processed", "dropped", "queue", "msgs/s", "p50", "p99", "max"
+        "kernel",
+        "received",
+        "processed",
+        "dropped",
+        "queue",
+        "msgs/s",
+        "p50",
+        "p99",
+        "max"
     );
     for t in rt.telemetry().kernels {
-        println!(
+        say!(
+            verbose,
             "{:<8} {:>9} {:>10} {:>8} {:>6} {:>12.0} {:>10} {:>10} {:>10}",
             t.kernel_id,
             t.messages_received,
@@ -151,18 +185,35 @@ pub fn run(messages: u32) -> Result<()> {
             fmt_ns(t.latency.max_ns)
         );
     }
-    fn report<I, O>(r: TerminateReport<I, O>) {
-        println!(
+    let report = |r: TerminateReport<Reading, Reading>| {
+        say!(
+            verbose,
             "terminate {}: processed {}, undelivered {}, unreceived {}",
             r.kernel_id,
             r.processed,
             r.undelivered.len(),
             r.unreceived.len()
         );
-    }
+    };
     report(ingest.terminate()?);
-    report(detect.terminate()?);
-    report(alert.terminate()?);
+    let d = detect.terminate()?;
+    say!(
+        verbose,
+        "terminate {}: processed {}, undelivered {}, unreceived {}",
+        d.kernel_id,
+        d.processed,
+        d.undelivered.len(),
+        d.unreceived.len()
+    );
+    let a = alert.terminate()?;
+    say!(
+        verbose,
+        "terminate {}: processed {}, undelivered {}, unreceived {}",
+        a.kernel_id,
+        a.processed,
+        a.undelivered.len(),
+        a.unreceived.len()
+    );
     if alerts.len() < spikes as usize {
         eprintln!("warning: fewer alerts than injected spikes");
     }

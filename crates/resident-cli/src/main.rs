@@ -8,6 +8,7 @@ mod serve;
 mod wgpu_bench;
 mod workloads;
 mod workloads_bench;
+mod profile;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -83,6 +84,8 @@ enum Command {
         #[arg(long, default_value_t = 1_000_000)]
         messages: u32,
     },
+    /// Runs a workload under the profiler: where the time goes, the bottleneck, the remedy.
+    Profile(ProfileArgs),
     /// CPU-backend benchmarks against rtrb and crossbeam, measured in the same run;
     /// `bench workloads` measures the reference workloads and draws pictures.
     #[command(args_conflicts_with_subcommands = true)]
@@ -105,6 +108,36 @@ enum BenchCommand {
     /// The workloads: anomaly actor vs stateless per micro-batch size, streaming PageRank
     /// incremental vs recompute, full PageRank; JSON and SVG/PNG pictures.
     Workloads(workloads_bench::Options),
+}
+
+#[derive(clap::Args)]
+struct ProfileArgs {
+    /// launch-bound, transfer-bound, handler-bound, queue-bound, utilization-bound or pipeline.
+    demo: String,
+    /// Write a Chrome/Perfetto trace (JSON) here.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Measure the demo's kernel at several batch and queue sizes and recommend one.
+    #[arg(long)]
+    tune: bool,
+    /// Latency target for --tune (e.g. 200us, 1ms).
+    #[arg(long, default_value = "200us")]
+    p99_target: String,
+    /// Messages to send (default: per demo).
+    #[arg(long)]
+    messages: Option<usize>,
+    /// Measure the profiler's overhead (off / paused / on, interleaved) instead.
+    #[arg(long)]
+    overhead: bool,
+    /// Rounds of --overhead.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Where --overhead writes its JSON.
+    #[arg(long, default_value = "bench/results/profile-overhead.json")]
+    out: PathBuf,
 }
 
 fn gpu_exit(r: Result<(), String>) -> ExitCode {
@@ -167,6 +200,17 @@ fn main() -> ExitCode {
             messages,
         } => demo::run(messages).map_err(bench::BenchError::from),
         Command::Demo { which: Some(w), .. } => return demo_exit(workloads::run(w)),
+        Command::Profile(a) => {
+            return gpu_exit(profile::run(&profile::Options {
+                demo: a.demo,
+                trace: a.trace,
+                json: a.json,
+                tune: a.tune,
+                p99_target: a.p99_target,
+                messages: a.messages,
+                overhead: a.overhead.then_some((a.rounds, a.out)),
+            }))
+        }
         Command::Bench {
             which: Some(BenchCommand::Workloads(o)),
             ..

@@ -24,6 +24,7 @@
 
 pub mod backend;
 pub mod memory;
+pub mod profile;
 pub mod runtime;
 pub mod telemetry;
 
@@ -36,6 +37,7 @@ pub mod prelude {
     pub use crate::backend::wgpu::ring::WgslHandler;
     pub use crate::backend::Backend;
     pub use crate::runtime::bind::{BindError, Bindings, BufMut, BufRef, BufferId, BufferReadGuard, BufferWriteGuard};
+    pub use crate::profile::Profiler;
     pub use crate::runtime::context::{Context, LoopContext};
     pub use crate::backend::cuda_ring::CudaHandler;
     pub use crate::runtime::handle::{KernelHandle, TerminateReport};

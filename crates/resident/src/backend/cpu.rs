@@ -4,6 +4,7 @@
 use super::kernel::{run_cpu, Kernel, KernelArg};
 use super::storage::{DeviceMemory, DeviceMemoryInner, HeapBytes, HostMemory};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use crate::profile::Direction::{ToDevice, ToHost};
 
 /// The host as a device.
 #[derive(Debug, Default)]
@@ -77,7 +78,11 @@ impl ComputeDevice for CpuDevice {
     fn copy_to_device(&self, dst: &mut DeviceMemory, src: &[u8]) -> Result<()> {
         same_len("copy_to_device", src.len(), dst.len())?;
         match &mut dst.inner {
-            DeviceMemoryInner::Host(h) => h.as_bytes_mut().copy_from_slice(src),
+            DeviceMemoryInner::Host(h) => {
+                crate::profile::transfer("cpu", ToDevice, src.len(), || {
+                    h.as_bytes_mut().copy_from_slice(src)
+                })
+            }
             other => {
                 return Err(BackendError::WrongBackend {
                     what: "copy_to_device",
@@ -95,7 +100,8 @@ impl ComputeDevice for CpuDevice {
 
     fn copy_to_host(&self, dst: &mut [u8], src: &DeviceMemory) -> Result<()> {
         same_len("copy_to_host", dst.len(), src.len())?;
-        dst.copy_from_slice(host_bytes(src, "copy_to_host")?.as_bytes());
+        let src = host_bytes(src, "copy_to_host")?.as_bytes();
+        crate::profile::transfer("cpu", ToHost, dst.len(), || dst.copy_from_slice(src));
         Ok(())
     }
 

@@ -46,6 +46,7 @@ fn run_handler<In: Message, Out: Message, S>(
 ) {
     let mut batch: Vec<Slot<In>> = Vec::with_capacity(io.batch_size);
     let c = io.control.clone();
+    let prof = io.profile.get();
     loop {
         if io.terminating() {
             return;
@@ -71,6 +72,7 @@ fn run_handler<In: Message, Out: Message, S>(
             });
             continue;
         }
+        let scope = crate::profile::batch_start(prof, &io.id, n);
         // Bound buffers are the batch's for its whole length (a host read waits for its end).
         ctx.bound.begin();
         // The result of the previous message, published once the next claim (or the end of
@@ -116,6 +118,7 @@ fn run_handler<In: Message, Out: Message, S>(
             io.metrics.messages_done(1);
             io.publish_one(env, out);
         }
+        crate::profile::batch_end(prof, scope, &batch[..n]);
         io.metrics.batch_done(Instant::now());
         drop(gate);
     }

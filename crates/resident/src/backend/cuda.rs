@@ -3,6 +3,7 @@
 use super::kernel::{Kernel, KernelArg};
 use super::storage::{DeviceMemory, DeviceMemoryInner, HostMemory, HostMemoryInner};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use crate::profile::Direction::{ToDevice, ToHost};
 use resident_cuda::{Device, DeviceBuffer, KernelParams, PinnedMemory};
 use std::sync::Arc;
 
@@ -130,11 +131,20 @@ impl ComputeDevice for CudaDevice {
     }
 
     fn copy_to_device(&self, dst: &mut DeviceMemory, src: &[u8]) -> Result<()> {
-        Ok(cuda_mem_mut(dst, "copy_to_device")?.copy_from_host(src)?)
+        let dst = cuda_mem_mut(dst, "copy_to_device")?;
+        Ok(crate::profile::transfer(
+            "cuda",
+            ToDevice,
+            src.len(),
+            || dst.copy_from_host(src),
+        )?)
     }
 
     fn copy_to_host(&self, dst: &mut [u8], src: &DeviceMemory) -> Result<()> {
-        Ok(cuda_mem(src, "copy_to_host")?.copy_to_host(dst)?)
+        let src = cuda_mem(src, "copy_to_host")?;
+        Ok(crate::profile::transfer("cuda", ToHost, dst.len(), || {
+            src.copy_to_host(dst)
+        })?)
     }
 
     unsafe fn copy_to_device_async(
@@ -144,7 +154,14 @@ impl ComputeDevice for CudaDevice {
         stream: &Stream,
     ) -> Result<()> {
         let s = self.stream(Some(stream));
-        Ok(cuda_mem_mut(dst, "copy_to_device_async")?.copy_from_host_async(src, s)?)
+        let dst = cuda_mem_mut(dst, "copy_to_device_async")?;
+        // Async: the span covers the enqueue only.
+        Ok(crate::profile::transfer(
+            "cuda",
+            ToDevice,
+            src.len(),
+            || dst.copy_from_host_async(src, s),
+        )?)
     }
 
     unsafe fn copy_to_host_async(
@@ -154,7 +171,11 @@ impl ComputeDevice for CudaDevice {
         stream: &Stream,
     ) -> Result<()> {
         let s = self.stream(Some(stream));
-        Ok(cuda_mem(src, "copy_to_host_async")?.copy_to_host_async(dst, s)?)
+        let src = cuda_mem(src, "copy_to_host_async")?;
+        // Async: the span covers the enqueue only.
+        Ok(crate::profile::transfer("cuda", ToHost, dst.len(), || {
+            src.copy_to_host_async(dst, s)
+        })?)
     }
 
     fn create_stream(&self) -> Result<Stream> {
@@ -194,10 +215,14 @@ impl ComputeDevice for CudaDevice {
             }
         }
         let s = self.stream(stream);
+        let t0 = std::time::Instant::now();
         // SAFETY: buffer arguments borrow their memory for the duration of `args`, and we wait
         // for the kernel before returning, so no borrow ends while it runs. The parameter list
         // matching the kernel's signature is the kernel author's contract (as in CUDA C).
         unsafe { f.launch(cfg, s, &mut params)? };
-        Ok(s.synchronize()?)
+        let t1 = std::time::Instant::now();
+        s.synchronize()?;
+        crate::profile::device_launch("cuda", cfg.index_space(), t0, t1, std::time::Instant::now());
+        Ok(())
     }
 }

@@ -137,6 +137,7 @@ fn pump<In: Message, Out: Message>(
     mut ring: Box<dyn DeviceRing<In, Out>>,
 ) {
     let c = io.control.clone();
+    let prof = io.profile.get();
     let mut carry: Vec<Slot<In>> = Vec::with_capacity(io.batch_size * 4);
     let mut outs: Vec<Slot<Out>> = Vec::with_capacity(4096);
     let mut device_active = false;
@@ -170,14 +171,18 @@ fn pump<In: Message, Out: Message>(
                 if carry.is_empty() {
                     io.input.recv_batch(&mut carry, io.batch_size * 4);
                 }
+                let t = crate::profile::now(prof);
                 let n = ring.push(&carry);
+                crate::profile::device_push(prof, t, &carry[..n]);
                 carry.drain(..n);
                 moved += n;
                 pushed += n as u64;
             }
         }
         outs.clear();
+        let t = crate::profile::now(prof);
         let n = ring.pull(&mut outs, 4096);
+        crate::profile::device_pull(prof, t, &outs);
         // Counters first: whoever sees an output also sees it counted.
         store_counters(io, &*ring);
         let in_device = pushed.saturating_sub(ring.counters().processed) + carry.len() as u64;

@@ -318,6 +318,15 @@ pub(crate) fn run_cpu(kernel: &Kernel, cfg: LaunchConfig, args: &[KernelArg<'_>]
             kernel: kernel.name().to_string(),
         })?;
     let shared = SharedArgs(args);
+    let each = |index| {
+        f(&CpuThread {
+            index,
+            args: shared.0,
+        })
+    };
+    if let Some(r) = crate::profile::cpu_launch(cfg.index_space(), each) {
+        return r;
+    }
     (0..cfg.index_space() as usize)
         .into_par_iter()
         .try_for_each(|index| {

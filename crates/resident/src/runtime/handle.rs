@@ -121,7 +121,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
                 *st = KernelState::Active;
                 self.io.control.active.store(true, Ordering::Release);
                 drop(st);
-                tracing::debug!(kernel = %self.io.id, "activated");
+                crate::profile::lifecycle(&self.io.id, "activate", &KernelState::Active);
                 self.io.control.signal.notify();
                 Ok(())
             }
@@ -142,6 +142,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             }
             self.io.control.active.store(false, Ordering::Release);
         }
+        crate::profile::lifecycle(&self.io.id, "deactivate", &KernelState::Inactive);
         self.io.input.notify_receivers();
         // Wait for the batch in hand, unless we are that kernel's own thread.
         if !self.on_own_thread() {
@@ -411,6 +412,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             Some(r) if gave_up || !failed_before => KernelState::Failed(r.clone()),
             _ => KernelState::Terminated,
         };
+        crate::profile::lifecycle(&io.id, "terminate", &io.state.lock().clone());
         *io.report.lock() = Some(report.clone());
         report
     }

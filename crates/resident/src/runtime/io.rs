@@ -77,10 +77,12 @@ impl<In: Message> InputPort<In> {
         match self.mailbox.send(slot) {
             Ok(Sent::Queued) => Ok(true),
             Ok(Sent::QueuedDroppedOldest(old)) => {
+                crate::profile::dropped(&self.id, op, "DropOldest");
                 self.dropped(&old.env);
                 Ok(true)
             }
             Ok(Sent::DroppedNewest) => {
+                crate::profile::dropped(&self.id, op, "DropNewest");
                 self.dropped(&slot.env);
                 Ok(false)
             }
@@ -98,6 +100,7 @@ impl<In: Message> InputPort<In> {
     }
 
     pub fn refused(&self, e: SendError<Slot<In>>, op: &'static str) -> Error {
+        crate::profile::refused(&self.id, op, &e);
         let id = self.id.to_string();
         match e {
             SendError::Full(s) => Error::QueueFull {
@@ -292,6 +295,8 @@ pub(crate) struct KernelIo<In, Out> {
     pub report: Mutex<Option<TerminateReport<In, Out>>>,
     /// Buffers bound at launch (`runtime::bind`), set once by `launch`.
     pub bound: std::sync::OnceLock<crate::runtime::bind::SharedTable>,
+    /// Set at launch when the runtime profiles.
+    pub profile: std::sync::OnceLock<crate::profile::KernelProbe>,
     /// A device kernel's state, readable on request (`KernelHandle::snapshot_state`).
     pub device_state: Mutex<Option<Arc<dyn crate::backend::device_host::StateSnapshot>>>,
 }
@@ -360,6 +365,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             report: Mutex::new(None),
             device_state: Mutex::new(None),
             bound: std::sync::OnceLock::new(),
+            profile: std::sync::OnceLock::new(),
         }
     })
 }
@@ -549,7 +555,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             }
             *st = KernelState::Failed(reason.clone());
         }
-        tracing::error!(kernel = %self.id, %reason, "kernel failed");
+        crate::profile::fault(&self.id, &reason);
         self.input.close();
         self.output.close();
         self.fail_pending(|id| Error::KernelFailed {

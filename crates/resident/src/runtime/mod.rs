@@ -165,6 +165,7 @@ impl RuntimeCore {
 /// Configures and builds a [`Runtime`].
 #[derive(Clone, Debug)]
 pub struct RuntimeBuilder {
+    profiler: Option<crate::profile::Profiler>,
     backend: Backend,
     telemetry: bool,
     wait: WaitStrategy,
@@ -173,6 +174,19 @@ pub struct RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
+    /// Records every kernel of the runtime into `profiler` (see [`crate::profile`]).
+    pub fn profiler(mut self, profiler: crate::profile::Profiler) -> Self {
+        self.profiler = Some(profiler);
+        self
+    }
+
+    /// Profiling with a new [`Profiler`](crate::profile::Profiler) (`true`), or none (`false`,
+    /// the default). Read it back with [`Runtime::profiler`].
+    pub fn enable_profiling(mut self, on: bool) -> Self {
+        self.profiler = on.then(|| self.profiler.take().unwrap_or_default());
+        self
+    }
+
     /// Which backend to run on (default `Backend::Auto`).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.backend = backend;
@@ -223,6 +237,7 @@ impl RuntimeBuilder {
             }),
             backend,
             shutdown_timeout: self.shutdown_timeout,
+            profiler: self.profiler,
         })
     }
 }
@@ -232,12 +247,14 @@ pub struct Runtime {
     core: Arc<RuntimeCore>,
     backend: Backend,
     shutdown_timeout: Duration,
+    profiler: Option<crate::profile::Profiler>,
 }
 
 impl Runtime {
     /// A builder with defaults: `Backend::Auto`, telemetry off, spin-then-park waiting.
     pub fn builder() -> RuntimeBuilder {
         RuntimeBuilder {
+            profiler: None,
             backend: Backend::Auto,
             telemetry: false,
             wait: WaitStrategy::default(),
@@ -251,6 +268,11 @@ impl Runtime {
         self.backend
     }
 
+    /// The runtime's profiler, when profiling is on.
+    pub fn profiler(&self) -> Option<&crate::profile::Profiler> {
+        self.profiler.as_ref()
+    }
+
     /// Phase 1 of the lifecycle: allocates the kernel's queues and state and starts its host
     /// thread (on a device backend: compiles and launches the device side), which handles
     /// nothing until [`KernelHandle::activate`]. Messages sent before then queue up.
@@ -262,6 +284,7 @@ impl Runtime {
         &self,
         mut kernel: RingKernel<In, Out, S>,
     ) -> Result<KernelHandle<In, Out>> {
+        let t_launch = Instant::now();
         let id = kernel.id.clone();
         let invalid = |reason: String| Error::InvalidConfig {
             id: id.clone(),
@@ -434,6 +457,13 @@ impl Runtime {
                 return Err(Error::DuplicateKernel { id, state });
             }
         }
+        crate::profile::launched(
+            self.profiler.as_ref(),
+            &io.profile,
+            &io.id,
+            self.core.ids.epoch,
+            t_launch,
+        );
         crate::backend::host::spawn(io.clone(), host)?;
         let handle = KernelHandle { io: io.clone() };
         kernels.insert(
