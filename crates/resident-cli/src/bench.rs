@@ -235,9 +235,15 @@ pub fn machine() -> Value {
 /// Errors of the benchmark command (runtime errors, or results that cannot be written).
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
 
-pub fn run(opts: &Options, out: Option<&std::path::Path>) -> std::result::Result<Value, BenchError> {
+pub fn run(
+    opts: &Options,
+    out: Option<&std::path::Path>,
+) -> std::result::Result<Value, BenchError> {
     // Fail before measuring when the results could not be saved.
-    if let Some(dir) = out.and_then(|p| p.parent()).filter(|d| !d.as_os_str().is_empty()) {
+    if let Some(dir) = out
+        .and_then(|p| p.parent())
+        .filter(|d| !d.as_os_str().is_empty())
+    {
         if !dir.is_dir() {
             return Err(format!(
                 "cannot write the results: folder {} does not exist (create it, or pass --out)",
@@ -320,9 +326,8 @@ pub fn run(opts: &Options, out: Option<&std::path::Path>) -> std::result::Result
         // No directory is created: a missing one is the user's to make (or a typo), and the
         // command fails (non-zero exit) rather than pretending the results were saved.
         let text = serde_json::to_string_pretty(&report).expect("json");
-        std::fs::write(path, text).map_err(|e| {
-            format!("cannot write the results to {}: {e}", path.display())
-        })?;
+        std::fs::write(path, text)
+            .map_err(|e| format!("cannot write the results to {}: {e}", path.display()))?;
         println!("wrote {}", path.display());
     }
     Ok(report)

@@ -86,7 +86,11 @@ fn print_text(
                     a.name,
                     a.api,
                     a.kind,
-                    if a.kind.is_hardware() { "" } else { ": runs on the CPU, never picked by Auto" }
+                    if a.kind.is_hardware() {
+                        ""
+                    } else {
+                        ": runs on the CPU, never picked by Auto"
+                    }
                 );
                 println!("      driver {}", a.driver);
                 println!(

@@ -4,11 +4,11 @@ mod bench;
 mod demo;
 mod gpu_bench;
 mod info;
+mod profile;
 mod serve;
 mod wgpu_bench;
 mod workloads;
 mod workloads_bench;
-mod profile;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -219,9 +219,7 @@ fn main() -> ExitCode {
             which: None,
             quick,
             out,
-        } => {
-            bench::run(&bench::Options { quick }, Some(&out)).map(|_| ())
-        }
+        } => bench::run(&bench::Options { quick }, Some(&out)).map(|_| ()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

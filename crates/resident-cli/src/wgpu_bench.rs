@@ -98,7 +98,9 @@ struct Point {
 fn receive_n(h: &KernelHandle<Msg64, Msg64>, n: usize, buf: &mut Vec<Msg64>) -> Result<(), String> {
     buf.clear();
     while buf.len() < n {
-        let got = h.receive_batch(buf, n - buf.len()).map_err(|e| e.to_string())?;
+        let got = h
+            .receive_batch(buf, n - buf.len())
+            .map_err(|e| e.to_string())?;
         if got == 0 {
             buf.push(h.receive(T).map_err(|e| e.to_string())?);
         }
@@ -114,7 +116,13 @@ fn send_all(h: &KernelHandle<Msg64, Msg64>, msgs: &[Msg64]) -> Result<(), String
     Ok(())
 }
 
-fn resident_point<S: HistState>(rt: &Runtime, batch: usize, iters: usize, total: usize, run: usize) -> Result<Point, String> {
+fn resident_point<S: HistState>(
+    rt: &Runtime,
+    batch: usize,
+    iters: usize,
+    total: usize,
+    run: usize,
+) -> Result<Point, String> {
     let id = format!("bench-{batch}-{run}");
     let h = rt
         .launch(
@@ -162,12 +170,16 @@ fn resident_point<S: HistState>(rt: &Runtime, batch: usize, iters: usize, total:
         got += want;
     }
     let secs = t0.elapsed().as_secs_f64();
-    producer.join().map_err(|_| "producer panicked".to_string())??;
+    producer
+        .join()
+        .map_err(|_| "producer panicked".to_string())??;
     let state = h.snapshot_state::<S>().map_err(|e| e.to_string())?;
     let counted = total_count(bytemuck::bytes_of(&state));
     let expected = (batch + iters * batch + total) as u64;
     if counted != expected {
-        return Err(format!("resident state counts {counted} messages, {expected} were sent"));
+        return Err(format!(
+            "resident state counts {counted} messages, {expected} were sent"
+        ));
     }
     let checksum = out.iter().map(|m| m.v[15] as u64).sum();
     h.terminate().map_err(|e| e.to_string())?;
@@ -198,7 +210,11 @@ fn backoff(idle: &mut u32) {
 }
 
 /// Pulls until `n` outputs arrived (bounded), backing off between polls.
-fn pull_n(k: &mut ResidentBatches<Msg64, Msg64>, n: usize, out: &mut Vec<Slot<Msg64>>) -> Result<(), String> {
+fn pull_n(
+    k: &mut ResidentBatches<Msg64, Msg64>,
+    n: usize,
+    out: &mut Vec<Slot<Msg64>>,
+) -> Result<(), String> {
     out.clear();
     let deadline = Instant::now() + T;
     let mut idle = 0;
@@ -220,13 +236,14 @@ fn engine_point<S: HistState>(batch: usize, iters: usize, total: usize) -> Resul
     let mut k = ResidentBatches::new(&handler::<S>(), batch).map_err(|e| e.to_string())?;
     let input = slots(batch);
     let mut out = Vec::with_capacity(batch);
-    let run_one = |k: &mut ResidentBatches<Msg64, Msg64>, out: &mut Vec<Slot<Msg64>>| -> Result<(), String> {
-        let mut taken = 0;
-        while taken < input.len() {
-            taken += k.push(&input[taken..]);
-        }
-        pull_n(k, input.len(), out)
-    };
+    let run_one =
+        |k: &mut ResidentBatches<Msg64, Msg64>, out: &mut Vec<Slot<Msg64>>| -> Result<(), String> {
+            let mut taken = 0;
+            while taken < input.len() {
+                taken += k.push(&input[taken..]);
+            }
+            pull_n(k, input.len(), out)
+        };
     run_one(&mut k, &mut out)?;
     let mut rts = Vec::with_capacity(iters);
     for _ in 0..iters {
@@ -268,7 +285,9 @@ fn engine_point<S: HistState>(batch: usize, iters: usize, total: usize) -> Resul
     let counted = total_count(&k.snapshot_state().map_err(|e| e.to_string())?);
     let expected = (batch + iters * batch + total) as u64;
     if counted != expected {
-        return Err(format!("engine state counts {counted} messages, {expected} were run"));
+        return Err(format!(
+            "engine state counts {counted} messages, {expected} were run"
+        ));
     }
     let checksum = out.iter().map(|s| s.payload.v[15] as u64).sum();
     rts.sort_by(|a, b| a.total_cmp(b));
@@ -280,7 +299,11 @@ fn engine_point<S: HistState>(batch: usize, iters: usize, total: usize) -> Resul
     })
 }
 
-fn stateless_point<S: HistState>(batch: usize, iters: usize, total: usize) -> Result<Point, String> {
+fn stateless_point<S: HistState>(
+    batch: usize,
+    iters: usize,
+    total: usize,
+) -> Result<Point, String> {
     let mut k = StatelessBatches::new(&handler::<S>(), batch).map_err(|e| e.to_string())?;
     let input = slots(batch);
     let mut out = Vec::with_capacity(batch);
@@ -304,7 +327,9 @@ fn stateless_point<S: HistState>(batch: usize, iters: usize, total: usize) -> Re
     let counted = total_count(k.state());
     let expected = (batch + iters * batch + total) as u64;
     if counted != expected {
-        return Err(format!("stateless state counts {counted} messages, {expected} were run"));
+        return Err(format!(
+            "stateless state counts {counted} messages, {expected} were run"
+        ));
     }
     let checksum = out.iter().map(|s| s.payload.v[15] as u64).sum();
     rts.sort_by(|a, b| a.total_cmp(b));
@@ -322,7 +347,12 @@ fn spread(v: &[f64]) -> Value {
     json!({"runs": v, "median": s[s.len() / 2], "min": s[0], "max": s[s.len() - 1]})
 }
 
-fn point<S: HistState>(rt: &Runtime, batch: usize, repeats: usize, quick: bool) -> Result<Value, String> {
+fn point<S: HistState>(
+    rt: &Runtime,
+    batch: usize,
+    repeats: usize,
+    quick: bool,
+) -> Result<Value, String> {
     let iters = match (batch, quick) {
         (64, false) => 200,
         (1024, false) => 60,
@@ -331,7 +361,11 @@ fn point<S: HistState>(rt: &Runtime, batch: usize, repeats: usize, quick: bool) 
         (1024, true) => 12,
         (_, true) => 4,
     };
-    let total = if quick { (batch * 8).max(8192) } else { (batch * 16).max(65536) };
+    let total = if quick {
+        (batch * 8).max(8192)
+    } else {
+        (batch * 16).max(65536)
+    };
     let (mut res, mut eng, mut base) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..repeats {
         // Rotate the order so drift on a shared machine does not favour one variant.
@@ -343,8 +377,15 @@ fn point<S: HistState>(rt: &Runtime, batch: usize, repeats: usize, quick: bool) 
             }
         }
     }
-    if res.iter().chain(&eng).chain(&base).any(|p| p.checksum != res[0].checksum) {
-        return Err(format!("batch {batch}: the variants computed different outputs"));
+    if res
+        .iter()
+        .chain(&eng)
+        .chain(&base)
+        .any(|p| p.checksum != res[0].checksum)
+    {
+        return Err(format!(
+            "batch {batch}: the variants computed different outputs"
+        ));
     }
     let f = |v: &[Point], g: fn(&Point) -> f64| v.iter().map(g).collect::<Vec<_>>();
     let variant = |v: &[Point]| {
@@ -355,7 +396,10 @@ fn point<S: HistState>(rt: &Runtime, batch: usize, repeats: usize, quick: bool) 
         })
     };
     let ratio = |a: &[Point], b: &[Point]| -> Vec<f64> {
-        a.iter().zip(b).map(|(x, y)| x.msgs_per_s / y.msgs_per_s).collect()
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| x.msgs_per_s / y.msgs_per_s)
+            .collect()
     };
     let p50 = |a: &[Point], b: &[Point]| -> Vec<f64> {
         a.iter().zip(b).map(|(x, y)| y.p50_us / x.p50_us).collect()
@@ -399,7 +443,11 @@ pub fn run(repeats: usize, quick: bool, out_dir: &std::path::Path) -> Result<(),
         a.name,
         a.api,
         a.kind,
-        if software { ": a software adapter, so these are CPU figures; the ratio is what carries over" } else { "" }
+        if software {
+            ": a software adapter, so these are CPU figures; the ratio is what carries over"
+        } else {
+            ""
+        }
     );
     let rt = Runtime::builder()
         .backend(Backend::Wgpu)
@@ -440,7 +488,13 @@ pub fn run(repeats: usize, quick: bool, out_dir: &std::path::Path) -> Result<(),
     let slug: String = a
         .name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect::<String>()
         .split('-')
         .filter(|s| !s.is_empty())
@@ -448,7 +502,8 @@ pub fn run(repeats: usize, quick: bool, out_dir: &std::path::Path) -> Result<(),
         .collect::<Vec<_>>()
         .join("-");
     let path = out_dir.join(format!("wgpu-{slug}-{date}.json"));
-    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json")).map_err(|e| e.to_string())?;
+    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json"))
+        .map_err(|e| e.to_string())?;
     println!("wrote {}", path.display());
     Ok(())
 }

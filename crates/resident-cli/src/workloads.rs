@@ -69,7 +69,10 @@ pub enum BackendChoice {
 impl BackendChoice {
     /// A runtime and a device for the choice, or a clear error.
     pub fn open(self) -> Result<(Runtime, DeviceHandle), DemoError> {
-        let name = self.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+        let name = self
+            .to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
         let b = match self {
             BackendChoice::Cpu => Backend::Cpu,
             BackendChoice::Cuda => Backend::Cuda,
@@ -81,8 +84,14 @@ impl BackendChoice {
                 })
             }
         };
-        let fail = |reason: String| DemoError::Backend { name: name.clone(), reason };
-        let rt = Runtime::builder().backend(b).build().map_err(|e| fail(e.to_string()))?;
+        let fail = |reason: String| DemoError::Backend {
+            name: name.clone(),
+            reason,
+        };
+        let rt = Runtime::builder()
+            .backend(b)
+            .build()
+            .map_err(|e| fail(e.to_string()))?;
         let d = backend::open(b).map_err(|e| fail(e.to_string()))?;
         Ok((rt, d))
     }
@@ -217,12 +226,21 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
 }
 
 /// Writes `lines` to `path` (never creates directories); any failure is an error.
-pub fn write_lines(path: &Path, mut f: impl FnMut(&mut dyn Write) -> std::io::Result<()>) -> Result<(), DemoError> {
-    let err = |source| DemoError::Write { path: path.to_path_buf(), source };
+pub fn write_lines(
+    path: &Path,
+    mut f: impl FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), DemoError> {
+    let err = |source| DemoError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
     let file = File::create(path).map_err(err)?;
     let mut w = BufWriter::new(file);
     f(&mut w).map_err(err)?;
-    w.into_inner().map_err(|e| err(e.into_error()))?.sync_all().map_err(err)?;
+    w.into_inner()
+        .map_err(|e| err(e.into_error()))?
+        .sync_all()
+        .map_err(err)?;
     Ok(())
 }
 
@@ -232,7 +250,10 @@ pub fn run(cmd: DemoCommand) -> Result<(), DemoError> {
         DemoCommand::Sensors { messages } => Ok(crate::demo::run(messages)?),
         DemoCommand::VectorAdd { backend, n, chunk } => {
             let (rt, d) = backend.backend.open()?;
-            println!("== demo vector-add: {n} elements, {chunk} per message, backend {:?} ==", rt.backend());
+            println!(
+                "== demo vector-add: {n} elements, {chunk} per message, backend {:?} ==",
+                rt.backend()
+            );
             let (a, b) = vector_add::inputs(n, 1);
             let r = vector_add::run(&rt, &d, &a, &b, chunk).map_err(DemoError::from)?;
             vector_add::check(&a, &b, &r.c)?;
@@ -245,7 +266,10 @@ pub fn run(cmd: DemoCommand) -> Result<(), DemoError> {
         }
         DemoCommand::Pipeline { backend, n } => {
             let (rt, _) = backend.backend.open()?;
-            println!("== demo pipeline: normalizer -> scorer, {n} readings, backend {:?} ==", rt.backend());
+            println!(
+                "== demo pipeline: normalizer -> scorer, {n} readings, backend {:?} ==",
+                rt.backend()
+            );
             let mut rng = resident_workloads::rng::SplitMix64::new(5);
             let values: Vec<f64> = (0..n).map(|_| rng.unit() * 140.0 - 20.0).collect();
             let pb = bar(n as u64, "readings");
@@ -275,13 +299,18 @@ fn load_graph(a: &PagerankArgs) -> Result<EdgeList, DemoError> {
     match (&a.graph, a.nodes) {
         (Some(p), _) => Ok(input::read_edge_list(p)?),
         (None, Some(n)) => Ok(input::generate_graph(n, a.edges_per_node, a.seed)?),
-        (None, None) => Err(DemoError::Usage("give --graph FILE or --nodes N (with --edges-per-node K --seed S)".into())),
+        (None, None) => Err(DemoError::Usage(
+            "give --graph FILE or --nodes N (with --edges-per-node K --seed S)".into(),
+        )),
     }
 }
 
 fn run_pagerank(a: PagerankArgs) -> Result<(), DemoError> {
     if !(a.tol > 0.0 && a.tol.is_finite()) {
-        return Err(DemoError::Usage(format!("--tol must be a positive number, got {}", a.tol)));
+        return Err(DemoError::Usage(format!(
+            "--tol must be a positive number, got {}",
+            a.tol
+        )));
     }
     let (rt, d) = a.backend.backend.open()?;
     let t = Instant::now();
@@ -294,7 +323,11 @@ fn run_pagerank(a: PagerankArgs) -> Result<(), DemoError> {
         t.elapsed().as_secs_f64(),
         rt.backend()
     );
-    let p = pagerank::Params { tol: a.tol, max_iter: a.max_iter, ..Default::default() };
+    let p = pagerank::Params {
+        tol: a.tol,
+        max_iter: a.max_iter,
+        ..Default::default()
+    };
     let ranks = if a.stream {
         let batches = pagerank::generate_updates(&g, a.batches, a.updates_per_batch, a.seed);
         let pb = bar(batches.len() as u64, "batches");
@@ -356,7 +389,11 @@ fn run_anomaly(a: AnomalyArgs) -> Result<(), DemoError> {
     let r = anomaly::slot(&readings);
     println!(
         "== demo anomaly{}: {} readings, {} sensors, micro-batch {}, backend {:?} ==",
-        if a.stateless { " (stateless baseline)" } else { "" },
+        if a.stateless {
+            " (stateless baseline)"
+        } else {
+            ""
+        },
         readings.len(),
         r.sensor_ids.len(),
         a.micro_batch,
@@ -366,13 +403,19 @@ fn run_anomaly(a: AnomalyArgs) -> Result<(), DemoError> {
     let report = if a.stateless {
         anomaly::run_stateless(&d, &r, a.micro_batch, |k| pb.inc(k as u64))?
     } else {
-        anomaly::run_actor(&rt, &d, &r, a.micro_batch, a.in_flight, |k| pb.inc(k as u64))?
+        anomaly::run_actor(&rt, &d, &r, a.micro_batch, a.in_flight, |k| {
+            pb.inc(k as u64)
+        })?
     };
     pb.finish_and_clear();
     anomaly::check(&report, &r)?;
     let mut lat: Vec<Duration> = report.batch_latency.clone();
     lat.sort_unstable();
-    let q = |f: f64| lat.get(((lat.len() as f64 - 1.0) * f) as usize).map(|d| d.as_secs_f64() * 1e6).unwrap_or(0.0);
+    let q = |f: f64| {
+        lat.get(((lat.len() as f64 - 1.0) * f) as usize)
+            .map(|d| d.as_secs_f64() * 1e6)
+            .unwrap_or(0.0)
+    };
     println!(
         "{} alerts; {:.3} s, {:.2} M readings/s; micro-batch latency p50 {:.1} us p99 {:.1} us; equal to the f64 reference",
         report.alerts.len(),
@@ -382,11 +425,18 @@ fn run_anomaly(a: AnomalyArgs) -> Result<(), DemoError> {
         q(0.99)
     );
     if let Some(spikes) = spikes {
-        let alerted: std::collections::HashSet<u64> = report.alerts.iter().map(|x| x.index).collect();
-        let caught = spikes.iter().filter(|&&i| alerted.contains(&(i as u64))).count();
+        let alerted: std::collections::HashSet<u64> =
+            report.alerts.iter().map(|x| x.index).collect();
+        let caught = spikes
+            .iter()
+            .filter(|&&i| alerted.contains(&(i as u64)))
+            .count();
         println!("injected spikes alerted: {caught} of {}", spikes.len());
         if caught != spikes.len() {
-            return Err(DemoError::Usage(format!("{} injected spikes were not alerted", spikes.len() - caught)));
+            return Err(DemoError::Usage(format!(
+                "{} injected spikes were not alerted",
+                spikes.len() - caught
+            )));
         }
     }
     if let Some(path) = &a.alerts_out {

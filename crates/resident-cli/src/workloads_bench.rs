@@ -58,7 +58,10 @@ fn stats(v: &[f64]) -> Value {
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
-    sorted.get(((sorted.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0)
+    sorted
+        .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -102,15 +105,27 @@ struct PrRun {
 
 pub fn run(o: &Options) -> Result<(), DemoError> {
     if !o.out_dir.is_dir() {
-        return Err(DemoError::Usage(format!("--out-dir {} is not an existing folder", o.out_dir.display())));
+        return Err(DemoError::Usage(format!(
+            "--out-dir {} is not an existing folder",
+            o.out_dir.display()
+        )));
     }
     let repeats = o.repeats.max(1);
-    let (nodes, readings, sensors) = if o.quick { (20_000, 20_000, 1000) } else { (o.nodes, o.readings, o.sensors) };
+    let (nodes, readings, sensors) = if o.quick {
+        (20_000, 20_000, 1000)
+    } else {
+        (o.nodes, o.readings, o.sensors)
+    };
     let (stream_batches, updates) = (5, 100);
     println!("== bench workloads: {} repeats; PageRank {nodes} nodes x 5 edges; anomaly {readings} readings over {sensors} sensors ==", repeats);
     let t = Instant::now();
     let graph = input::generate_graph(nodes, 5, 42)?;
-    println!("graph: {} nodes, {} edges ({:.1} s to generate)", graph.nodes(), graph.edges.len(), t.elapsed().as_secs_f64());
+    println!(
+        "graph: {} nodes, {} edges ({:.1} s to generate)",
+        graph.nodes(),
+        graph.edges.len(),
+        t.elapsed().as_secs_f64()
+    );
     let (rs, spikes) = input::generate_readings(readings, sensors, 997, 7)?;
     let slotted = anomaly::slot(&rs);
     let p = pagerank::Params::default();
@@ -119,10 +134,20 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
     let mut references = Vec::new();
     for tol in [pagerank::TOL, o.tight_tol] {
         let t = Instant::now();
-        let r = pagerank::reference(&graph, pagerank::Params { tol, ..Default::default() })?;
+        let r = pagerank::reference(
+            &graph,
+            pagerank::Params {
+                tol,
+                ..Default::default()
+            },
+        )?;
         references.push((tol, r, t.elapsed().as_secs_f64()));
     }
-    let sweep_sensors: Vec<usize> = if o.quick { vec![100, 10_000] } else { vec![1000, 100_000] };
+    let sweep_sensors: Vec<usize> = if o.quick {
+        vec![100, 10_000]
+    } else {
+        vec![1000, 100_000]
+    };
     let update_batches = pagerank::generate_updates(&graph, stream_batches, updates, 9);
 
     let mut runs: Vec<BackendRun> = Vec::new();
@@ -138,27 +163,47 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             }
         };
         println!("-- {name} --");
-        let mut run = BackendRun { name: name.clone(), sweep: vec![], anomaly: vec![], pr: vec![] };
+        let mut run = BackendRun {
+            name: name.clone(),
+            sweep: vec![],
+            anomaly: vec![],
+            pr: vec![],
+        };
         for batch in [100usize, 500, 1000] {
-            let mut row = AnomalyRow { batch, actor_rps: vec![], actor_sync_rps: vec![], stateless_rps: vec![], actor_lat: vec![], stateless_lat: vec![] };
+            let mut row = AnomalyRow {
+                batch,
+                actor_rps: vec![],
+                actor_sync_rps: vec![],
+                stateless_rps: vec![],
+                actor_lat: vec![],
+                stateless_lat: vec![],
+            };
             let pb = bar((3 * repeats * readings) as u64, &format!("anomaly/{batch}"));
             for _ in 0..repeats {
                 // Latency: one micro-batch in flight, like the stateless batch.
                 let one = anomaly::run_actor(&rt, &d, &slotted, batch, 1, |k| pb.inc(k as u64))?;
                 anomaly::check(&one, &slotted)?;
-                row.actor_sync_rps.push(readings as f64 / one.elapsed.as_secs_f64());
+                row.actor_sync_rps
+                    .push(readings as f64 / one.elapsed.as_secs_f64());
                 // Throughput: micro-batches pipelined (the statistics stay in the kernel, so
                 // micro-batch k+1 need not wait for k's results; a stateless batch must).
-                let a = anomaly::run_actor(&rt, &d, &slotted, batch, anomaly::IN_FLIGHT, |k| pb.inc(k as u64))?;
+                let a = anomaly::run_actor(&rt, &d, &slotted, batch, anomaly::IN_FLIGHT, |k| {
+                    pb.inc(k as u64)
+                })?;
                 anomaly::check(&a, &slotted)?;
-                let alerted: std::collections::HashSet<u64> = a.alerts.iter().map(|x| x.index).collect();
+                let alerted: std::collections::HashSet<u64> =
+                    a.alerts.iter().map(|x| x.index).collect();
                 if let Some(i) = spikes.iter().find(|&&i| !alerted.contains(&(i as u64))) {
-                    return Err(DemoError::Usage(format!("injected spike at {i} not alerted")));
+                    return Err(DemoError::Usage(format!(
+                        "injected spike at {i} not alerted"
+                    )));
                 }
                 let s = anomaly::run_stateless(&d, &slotted, batch, |k| pb.inc(k as u64))?;
                 anomaly::check(&s, &slotted)?;
-                row.actor_rps.push(readings as f64 / a.elapsed.as_secs_f64());
-                row.stateless_rps.push(readings as f64 / s.elapsed.as_secs_f64());
+                row.actor_rps
+                    .push(readings as f64 / a.elapsed.as_secs_f64());
+                row.stateless_rps
+                    .push(readings as f64 / s.elapsed.as_secs_f64());
                 let us = |v: &[Duration]| {
                     let mut x: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e6).collect();
                     x.sort_by(f64::total_cmp);
@@ -168,7 +213,12 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
                 row.stateless_lat = us(&s.batch_latency);
             }
             pb.finish_and_clear();
-            let ratios: Vec<f64> = row.actor_rps.iter().zip(&row.stateless_rps).map(|(a, s)| a / s).collect();
+            let ratios: Vec<f64> = row
+                .actor_rps
+                .iter()
+                .zip(&row.stateless_rps)
+                .map(|(a, s)| a / s)
+                .collect();
             println!(
                 "anomaly micro-batch {batch:>4}: actor {:.2} M/s ({} in flight; {:.2} M/s with 1), stateless {:.3} M/s, actor/stateless x{:.1} (runs {:?}); latency p50 actor {:.1} us, stateless {:.1} us",
                 median(&row.actor_rps) / 1e6,
@@ -188,7 +238,9 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             let (mut ar, mut sr) = (vec![], vec![]);
             let pb = bar((2 * repeats * readings) as u64, &format!("sensors/{ns}"));
             for _ in 0..repeats {
-                let a = anomaly::run_actor(&rt, &d, &sl, 100, anomaly::IN_FLIGHT, |k| pb.inc(k as u64))?;
+                let a = anomaly::run_actor(&rt, &d, &sl, 100, anomaly::IN_FLIGHT, |k| {
+                    pb.inc(k as u64)
+                })?;
                 anomaly::check(&a, &sl)?;
                 let s = anomaly::run_stateless(&d, &sl, 100, |k| pb.inc(k as u64))?;
                 anomaly::check(&s, &sl)?;
@@ -205,8 +257,19 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             run.sweep.push((ns, ar, sr));
         }
         for (tol, reference, reference_secs) in &references {
-            let p = pagerank::Params { tol: *tol, ..Default::default() };
-            let mut pr = PrRun { tol: *tol, full_secs: vec![], kernel_secs: vec![], iterations: 0, stream_ratio: vec![], stream: vec![], worst_l1: 0.0 };
+            let p = pagerank::Params {
+                tol: *tol,
+                ..Default::default()
+            };
+            let mut pr = PrRun {
+                tol: *tol,
+                full_secs: vec![],
+                kernel_secs: vec![],
+                iterations: 0,
+                stream_ratio: vec![],
+                stream: vec![],
+                worst_l1: 0.0,
+            };
             let pb = bar(repeats as u64, "pagerank");
             for _ in 0..repeats {
                 let t = Instant::now();
@@ -228,7 +291,8 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             );
             let pb = bar((repeats * stream_batches) as u64, "stream");
             for _ in 0..repeats {
-                let (steps, _) = pagerank::run_stream(&rt, &d, &graph, p, &update_batches, |_| pb.inc(1))?;
+                let (steps, _) =
+                    pagerank::run_stream(&rt, &d, &graph, p, &update_batches, |_| pb.inc(1))?;
                 let inc: f64 = steps.iter().map(|s| s.incremental.as_secs_f64()).sum();
                 let full: f64 = steps.iter().map(|s| s.recompute.as_secs_f64()).sum();
                 pr.stream_ratio.push(full / inc);
@@ -299,11 +363,25 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
-    let json_path = o.out_dir.join(if o.quick { "workloads-quick.json" } else { "workloads.json" });
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report).expect("json"))
-        .map_err(|source| DemoError::Write { path: json_path.clone(), source })?;
+    let json_path = o.out_dir.join(if o.quick {
+        "workloads-quick.json"
+    } else {
+        "workloads.json"
+    });
+    std::fs::write(
+        &json_path,
+        serde_json::to_string_pretty(&report).expect("json"),
+    )
+    .map_err(|source| DemoError::Write {
+        path: json_path.clone(),
+        source,
+    })?;
     println!("wrote {}", json_path.display());
-    let prefix = if o.quick { "workloads-quick" } else { "workloads" };
+    let prefix = if o.quick {
+        "workloads-quick"
+    } else {
+        "workloads"
+    };
     draw_all(&o.out_dir, prefix, &runs, sensors)?;
     Ok(())
 }
@@ -323,11 +401,20 @@ fn font_once() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // DejaVu Sans ships with the CLI so PNGs render the same offline on any machine.
-        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, include_bytes!("../assets/DejaVuSans.ttf"));
+        let _ = plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            include_bytes!("../assets/DejaVuSans.ttf"),
+        );
     });
 }
 
-fn draw_all(dir: &Path, prefix: &str, runs: &[BackendRun], sensors: usize) -> Result<(), DemoError> {
+fn draw_all(
+    dir: &Path,
+    prefix: &str,
+    runs: &[BackendRun],
+    sensors: usize,
+) -> Result<(), DemoError> {
     font_once();
     let fail = |path: &Path, e: Box<dyn std::error::Error>| DemoError::Write {
         path: path.to_path_buf(),
@@ -358,12 +445,23 @@ fn draw_all(dir: &Path, prefix: &str, runs: &[BackendRun], sensors: usize) -> Re
 
 /// Latency distribution (CDF) of anomaly micro-batches, actor and stateless, per backend and
 /// micro-batch size.
-fn draw_latency<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun], sensors: usize) -> DrawResult
+fn draw_latency<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    runs: &[BackendRun],
+    sensors: usize,
+) -> DrawResult
 where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE)?;
-    let all: Vec<f64> = runs.iter().flat_map(|r| r.anomaly.iter().flat_map(|a| a.actor_lat.iter().chain(&a.stateless_lat).copied())).collect();
+    let all: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| {
+            r.anomaly
+                .iter()
+                .flat_map(|a| a.actor_lat.iter().chain(&a.stateless_lat).copied())
+        })
+        .collect();
     let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(0.1);
     let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
     let mut chart = ChartBuilder::on(root)
@@ -383,15 +481,27 @@ where
     let mut c = 0;
     for r in runs {
         for a in &r.anomaly {
-            for (mode, lat, dashed) in [("actor", &a.actor_lat, false), ("stateless", &a.stateless_lat, true)] {
+            for (mode, lat, dashed) in [
+                ("actor", &a.actor_lat, false),
+                ("stateless", &a.stateless_lat, true),
+            ] {
                 let color = COLORS[c % COLORS.len()];
                 let n = lat.len().max(1) as f64;
-                let pts: Vec<(f64, f64)> = lat.iter().enumerate().map(|(i, &x)| (x, (i + 1) as f64 / n)).collect();
+                let pts: Vec<(f64, f64)> = lat
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| (x, (i + 1) as f64 / n))
+                    .collect();
                 let style = color.stroke_width(if dashed { 1 } else { 3 });
                 chart
                     .draw_series(LineSeries::new(pts, style))?
                     .label(format!("{} {mode}, batch {}", r.name, a.batch))
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(if dashed { 1 } else { 3 })));
+                    .legend(move |(x, y)| {
+                        PathElement::new(
+                            vec![(x, y), (x + 24, y)],
+                            color.stroke_width(if dashed { 1 } else { 3 }),
+                        )
+                    });
             }
             c += 1;
         }
@@ -407,19 +517,49 @@ where
 }
 
 /// Throughput against micro-batch size, actor and stateless, per backend.
-fn draw_throughput<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun], sensors: usize) -> DrawResult
+fn draw_throughput<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    runs: &[BackendRun],
+    sensors: usize,
+) -> DrawResult
 where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE)?;
-    let hi = runs.iter().flat_map(|r| r.anomaly.iter().flat_map(|a| a.actor_rps.iter().chain(&a.stateless_rps).copied())).fold(1.0, f64::max) / 1e6;
-    let lo = runs.iter().flat_map(|r| r.anomaly.iter().flat_map(|a| a.actor_rps.iter().chain(&a.stateless_rps).chain(&a.actor_sync_rps).copied())).fold(f64::INFINITY, f64::min) / 1e6;
+    let hi = runs
+        .iter()
+        .flat_map(|r| {
+            r.anomaly
+                .iter()
+                .flat_map(|a| a.actor_rps.iter().chain(&a.stateless_rps).copied())
+        })
+        .fold(1.0, f64::max)
+        / 1e6;
+    let lo = runs
+        .iter()
+        .flat_map(|r| {
+            r.anomaly.iter().flat_map(|a| {
+                a.actor_rps
+                    .iter()
+                    .chain(&a.stateless_rps)
+                    .chain(&a.actor_sync_rps)
+                    .copied()
+            })
+        })
+        .fold(f64::INFINITY, f64::min)
+        / 1e6;
     let mut chart = ChartBuilder::on(root)
-        .caption(format!("Anomaly detection, {sensors} sensors: throughput vs micro-batch size"), ("sans-serif", 24))
+        .caption(
+            format!("Anomaly detection, {sensors} sensors: throughput vs micro-batch size"),
+            ("sans-serif", 24),
+        )
         .margin(18)
         .x_label_area_size(48)
         .y_label_area_size(72)
-        .build_cartesian_2d((80f64..1250f64).log_scale(), (lo.max(1e-4) * 0.5..hi * 2.0).log_scale())?;
+        .build_cartesian_2d(
+            (80f64..1250f64).log_scale(),
+            (lo.max(1e-4) * 0.5..hi * 2.0).log_scale(),
+        )?;
     chart
         .configure_mesh()
         .x_labels(4)
@@ -431,21 +571,57 @@ where
         .axis_desc_style(("sans-serif", 17))
         .draw()?;
     for (i, r) in runs.iter().enumerate() {
-        for (j, mode) in ["actor, resident statistics", "stateless, upload/update/download", "actor, one micro-batch in flight"].iter().enumerate() {
+        for (j, mode) in [
+            "actor, resident statistics",
+            "stateless, upload/update/download",
+            "actor, one micro-batch in flight",
+        ]
+        .iter()
+        .enumerate()
+        {
             let color = COLORS[(3 * i + j) % COLORS.len()];
-            let pick = |a: &AnomalyRow| -> Vec<f64> { match j { 0 => a.actor_rps.clone(), 1 => a.stateless_rps.clone(), _ => a.actor_sync_rps.clone() } };
-            let pts: Vec<(f64, f64)> = r.anomaly.iter().map(|a| (a.batch as f64, median(&pick(a)) / 1e6)).collect();
+            let pick = |a: &AnomalyRow| -> Vec<f64> {
+                match j {
+                    0 => a.actor_rps.clone(),
+                    1 => a.stateless_rps.clone(),
+                    _ => a.actor_sync_rps.clone(),
+                }
+            };
+            let pts: Vec<(f64, f64)> = r
+                .anomaly
+                .iter()
+                .map(|a| (a.batch as f64, median(&pick(a)) / 1e6))
+                .collect();
             // Spread: min..max of the repetitions as a vertical bar.
             for a in &r.anomaly {
                 let v = &pick(a);
-                let (mn, mx) = (v.iter().copied().fold(f64::INFINITY, f64::min) / 1e6, v.iter().copied().fold(0.0, f64::max) / 1e6);
-                chart.draw_series(std::iter::once(PathElement::new(vec![(a.batch as f64, mn), (a.batch as f64, mx)], color.stroke_width(2))))?;
+                let (mn, mx) = (
+                    v.iter().copied().fold(f64::INFINITY, f64::min) / 1e6,
+                    v.iter().copied().fold(0.0, f64::max) / 1e6,
+                );
+                chart.draw_series(std::iter::once(PathElement::new(
+                    vec![(a.batch as f64, mn), (a.batch as f64, mx)],
+                    color.stroke_width(2),
+                )))?;
             }
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)).point_size(5))?
-                .label(if j == 0 { format!("{} {mode} ({} micro-batches in flight)", r.name, anomaly::IN_FLIGHT) } else { format!("{} {mode}", r.name) })
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
-            chart.draw_series(pts.iter().map(|&(x, y)| Circle::new((x, y), 5, color.filled())))?;
+                .label(if j == 0 {
+                    format!(
+                        "{} {mode} ({} micro-batches in flight)",
+                        r.name,
+                        anomaly::IN_FLIGHT
+                    )
+                } else {
+                    format!("{} {mode}", r.name)
+                })
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                });
+            chart.draw_series(
+                pts.iter()
+                    .map(|&(x, y)| Circle::new((x, y), 5, color.filled())),
+            )?;
         }
     }
     chart
@@ -459,7 +635,11 @@ where
 }
 
 /// Actor vs stateless batch: speed-up per workload and backend, with the targets.
-fn draw_ratios<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, runs: &[BackendRun], sensors: usize) -> DrawResult
+fn draw_ratios<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    runs: &[BackendRun],
+    sensors: usize,
+) -> DrawResult
 where
     DB::ErrorType: 'static,
 {
@@ -467,22 +647,53 @@ where
     let mut bars: Vec<(String, Vec<f64>, f64)> = Vec::new();
     for r in runs {
         for a in &r.anomaly {
-            let ratios: Vec<f64> = a.actor_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect();
-            bars.push((format!("{}: anomaly, batch {}, {} sensors", r.name, a.batch, sensors), ratios, if a.batch == 100 { 5.0 } else { 0.0 }));
+            let ratios: Vec<f64> = a
+                .actor_rps
+                .iter()
+                .zip(&a.stateless_rps)
+                .map(|(x, y)| x / y)
+                .collect();
+            bars.push((
+                format!(
+                    "{}: anomaly, batch {}, {} sensors",
+                    r.name, a.batch, sensors
+                ),
+                ratios,
+                if a.batch == 100 { 5.0 } else { 0.0 },
+            ));
         }
         for (ns, a, s) in &r.sweep {
             let ratios: Vec<f64> = a.iter().zip(s).map(|(x, y)| x / y).collect();
-            bars.push((format!("{}: anomaly, batch 100, {ns} sensors", r.name), ratios, 5.0));
+            bars.push((
+                format!("{}: anomaly, batch 100, {ns} sensors", r.name),
+                ratios,
+                5.0,
+            ));
         }
         for pr in &r.pr {
-            bars.push((format!("{}: streaming PageRank, tol {:e}", r.name, pr.tol), pr.stream_ratio.clone(), 10.0));
+            bars.push((
+                format!("{}: streaming PageRank, tol {:e}", r.name, pr.tol),
+                pr.stream_ratio.clone(),
+                10.0,
+            ));
         }
     }
-    let hi = bars.iter().flat_map(|b| b.1.iter().copied()).fold(10.0, f64::max) * 1.6;
-    let lo = bars.iter().flat_map(|b| b.1.iter().copied()).fold(0.5, f64::min) * 0.6;
+    let hi = bars
+        .iter()
+        .flat_map(|b| b.1.iter().copied())
+        .fold(10.0, f64::max)
+        * 1.6;
+    let lo = bars
+        .iter()
+        .flat_map(|b| b.1.iter().copied())
+        .fold(0.5, f64::min)
+        * 0.6;
     let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
     let mut chart = ChartBuilder::on(root)
-        .caption("Resident actor vs stateless batch: speed-up (same run, same backend)", ("sans-serif", 22))
+        .caption(
+            "Resident actor vs stateless batch: speed-up (same run, same backend)",
+            ("sans-serif", 22),
+        )
         .margin(18)
         .x_label_area_size(40)
         .y_label_area_size(330)
@@ -502,16 +713,48 @@ where
         .draw()?;
     for (i, (_, v, target)) in bars.iter().enumerate() {
         let y = i as f64;
-        let (m, mn, mx) = (median(v), v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max));
-        let color = if *target > 0.0 && m < *target { COLORS[1] } else { COLORS[0] };
-        chart.draw_series(std::iter::once(Rectangle::new([(lo, y - 0.3), (m.max(lo), y + 0.3)], color.mix(0.8).filled())))?;
-        chart.draw_series(std::iter::once(PathElement::new(vec![(mn.max(lo), y), (mx.max(lo), y)], BLACK.stroke_width(2))))?;
-        chart.draw_series(std::iter::once(Text::new(if m < 0.95 { format!("x{m:.2}") } else { format!("x{m:.1}") }, (m.max(lo) * 1.05, y - 0.1), ("sans-serif", 15))))?;
+        let (m, mn, mx) = (
+            median(v),
+            v.iter().copied().fold(f64::INFINITY, f64::min),
+            v.iter().copied().fold(0.0, f64::max),
+        );
+        let color = if *target > 0.0 && m < *target {
+            COLORS[1]
+        } else {
+            COLORS[0]
+        };
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(lo, y - 0.3), (m.max(lo), y + 0.3)],
+            color.mix(0.8).filled(),
+        )))?;
+        chart.draw_series(std::iter::once(PathElement::new(
+            vec![(mn.max(lo), y), (mx.max(lo), y)],
+            BLACK.stroke_width(2),
+        )))?;
+        chart.draw_series(std::iter::once(Text::new(
+            if m < 0.95 {
+                format!("x{m:.2}")
+            } else {
+                format!("x{m:.1}")
+            },
+            (m.max(lo) * 1.05, y - 0.1),
+            ("sans-serif", 15),
+        )))?;
         if *target > 0.0 {
-            chart.draw_series(std::iter::once(PathElement::new(vec![(*target, y - 0.42), (*target, y + 0.42)], COLORS[1].stroke_width(3))))?;
-            chart.draw_series(std::iter::once(Text::new(format!("target x{target}"), (*target * 1.03, y + 0.42), ("sans-serif", 13))))?;
+            chart.draw_series(std::iter::once(PathElement::new(
+                vec![(*target, y - 0.42), (*target, y + 0.42)],
+                COLORS[1].stroke_width(3),
+            )))?;
+            chart.draw_series(std::iter::once(Text::new(
+                format!("target x{target}"),
+                (*target * 1.03, y + 0.42),
+                ("sans-serif", 13),
+            )))?;
         }
     }
-    chart.draw_series(std::iter::once(PathElement::new(vec![(1.0, -0.5), (1.0, bars.len() as f64 - 0.5)], BLACK.stroke_width(1))))?;
+    chart.draw_series(std::iter::once(PathElement::new(
+        vec![(1.0, -0.5), (1.0, bars.len() as f64 - 0.5)],
+        BLACK.stroke_width(1),
+    )))?;
     Ok(())
 }

@@ -18,7 +18,11 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[test]
@@ -27,15 +31,31 @@ fn pagerank_writes_every_rank_with_original_ids_equal_to_networkx() {
     let g = d.join("g.txt");
     std::fs::write(&g, "# nx.DiGraph([(1,2),(2,3),(3,1),(3,4),(5,5),(1,2)])\n10 20\n20 30\n30 10\n30 40\n50 50\n10 20\n").unwrap();
     let out = d.join("ranks.txt");
-    let o = resident(&["demo", "pagerank", "--graph", g.to_str().unwrap(), "--ranks-out", out.to_str().unwrap()]);
+    let o = resident(&[
+        "demo",
+        "pagerank",
+        "--graph",
+        g.to_str().unwrap(),
+        "--ranks-out",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
-    let nx = [(10, 0.1376618146958882), (20, 0.17041553103813492), (30, 0.19825629079831525), (40, 0.1376618146958882), (50, 0.3560045487717735)];
+    let nx = [
+        (10, 0.1376618146958882),
+        (20, 0.17041553103813492),
+        (30, 0.19825629079831525),
+        (40, 0.1376618146958882),
+        (50, 0.3560045487717735),
+    ];
     let lines: Vec<(u64, f64)> = std::fs::read_to_string(&out)
         .unwrap()
         .lines()
         .map(|l| {
             let mut f = l.split(' ');
-            (f.next().unwrap().parse().unwrap(), f.next().unwrap().parse().unwrap())
+            (
+                f.next().unwrap().parse().unwrap(),
+                f.next().unwrap().parse().unwrap(),
+            )
         })
         .collect();
     assert_eq!(lines.len(), 5);
@@ -45,7 +65,23 @@ fn pagerank_writes_every_rank_with_original_ids_equal_to_networkx() {
     }
     // Streaming mode on a generated graph also writes ranks.
     let out2 = d.join("ranks2.txt");
-    let o = resident(&["demo", "pagerank", "--nodes", "500", "--edges-per-node", "3", "--seed", "4", "--stream", "--batches", "3", "--updates-per-batch", "20", "--ranks-out", out2.to_str().unwrap()]);
+    let o = resident(&[
+        "demo",
+        "pagerank",
+        "--nodes",
+        "500",
+        "--edges-per-node",
+        "3",
+        "--seed",
+        "4",
+        "--stream",
+        "--batches",
+        "3",
+        "--updates-per-batch",
+        "20",
+        "--ranks-out",
+        out2.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(std::fs::read_to_string(&out2).unwrap().lines().count(), 500);
 }
@@ -62,8 +98,19 @@ fn anomaly_writes_alerts_with_input_positions() {
     s.push_str("9,60\n"); // position 300: an anomaly of sensor 9
     std::fs::write(&csv, s).unwrap();
     let out = d.join("alerts.csv");
-    for extra in [&[][..], &["--stateless"][..], &["--in-flight", "1", "--micro-batch", "7"][..]] {
-        let mut args = vec!["demo", "anomaly", "--input", csv.to_str().unwrap(), "--alerts-out", out.to_str().unwrap()];
+    for extra in [
+        &[][..],
+        &["--stateless"][..],
+        &["--in-flight", "1", "--micro-batch", "7"][..],
+    ] {
+        let mut args = vec![
+            "demo",
+            "anomaly",
+            "--input",
+            csv.to_str().unwrap(),
+            "--alerts-out",
+            out.to_str().unwrap(),
+        ];
         args.extend_from_slice(extra);
         let o = resident(&args);
         assert!(o.status.success(), "{}", text(&o));
@@ -89,7 +136,12 @@ fn hostile_inputs_fail_with_the_line_number_and_a_non_zero_exit() {
     let o = resident(&["demo", "anomaly", "--input", csv.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(text(&o).contains("r.csv:2:"), "{}", text(&o));
-    let o = resident(&["demo", "anomaly", "--input", d.join("missing.csv").to_str().unwrap()]);
+    let o = resident(&[
+        "demo",
+        "anomaly",
+        "--input",
+        d.join("missing.csv").to_str().unwrap(),
+    ]);
     assert!(!o.status.success());
     assert!(text(&o).contains("cannot read"), "{}", text(&o));
 }
@@ -99,15 +151,37 @@ fn unwritable_outputs_fail_and_no_directory_is_created() {
     let d = tmp("nowrite");
     let missing = d.join("not-here");
     let out = missing.join("ranks.txt");
-    let o = resident(&["demo", "pagerank", "--nodes", "50", "--ranks-out", out.to_str().unwrap()]);
+    let o = resident(&[
+        "demo",
+        "pagerank",
+        "--nodes",
+        "50",
+        "--ranks-out",
+        out.to_str().unwrap(),
+    ]);
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("cannot write"), "{}", text(&o));
     assert!(!missing.exists());
     let out = missing.join("alerts.csv");
-    let o = resident(&["demo", "anomaly", "--readings", "2000", "--sensors", "5", "--alerts-out", out.to_str().unwrap()]);
+    let o = resident(&[
+        "demo",
+        "anomaly",
+        "--readings",
+        "2000",
+        "--sensors",
+        "5",
+        "--alerts-out",
+        out.to_str().unwrap(),
+    ]);
     assert!(!o.status.success());
     assert!(!missing.exists());
-    let o = resident(&["bench", "workloads", "--quick", "--out-dir", missing.to_str().unwrap()]);
+    let o = resident(&[
+        "bench",
+        "workloads",
+        "--quick",
+        "--out-dir",
+        missing.to_str().unwrap(),
+    ]);
     assert!(!o.status.success());
     assert!(!missing.exists());
 }
@@ -130,7 +204,14 @@ fn small_demos_run_and_check_themselves() {
         &["demo", "vector-add", "--n", "100000", "--chunk", "999"][..],
         &["demo", "pipeline", "--n", "20000"][..],
         &["demo", "anomaly", "--readings", "50000", "--sensors", "20"][..],
-        &["demo", "pagerank", "--nodes", "2000", "--edges-per-node", "4"][..],
+        &[
+            "demo",
+            "pagerank",
+            "--nodes",
+            "2000",
+            "--edges-per-node",
+            "4",
+        ][..],
         &["demo", "sensors", "--messages", "20000"][..],
         &["demo", "--messages", "20000"][..],
     ] {
@@ -142,16 +223,34 @@ fn small_demos_run_and_check_themselves() {
 #[test]
 fn bench_workloads_quick_writes_json_and_pictures() {
     let d = tmp("bench");
-    let o = resident(&["bench", "workloads", "--quick", "--repeats", "1", "--backends", "cpu,wgpu", "--out-dir", d.to_str().unwrap()]);
+    let o = resident(&[
+        "bench",
+        "workloads",
+        "--quick",
+        "--repeats",
+        "1",
+        "--backends",
+        "cpu,wgpu",
+        "--out-dir",
+        d.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
-    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("workloads-quick.json")).unwrap()).unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("workloads-quick.json")).unwrap())
+            .unwrap();
     assert_eq!(j["backends"][0]["backend"], "cpu");
     assert_eq!(j["absent_backends"][0]["backend"], "wgpu");
     assert_eq!(j["backends"][0]["anomaly"].as_array().unwrap().len(), 3);
     for name in ["latency", "throughput", "actor-vs-stateless"] {
         for ext in ["svg", "png"] {
             let p = d.join(format!("workloads-quick-{name}.{ext}"));
-            assert!(std::fs::metadata(&p).map(|m| m.len() > 1000).unwrap_or(false), "{}", p.display());
+            assert!(
+                std::fs::metadata(&p)
+                    .map(|m| m.len() > 1000)
+                    .unwrap_or(false),
+                "{}",
+                p.display()
+            );
         }
     }
 }

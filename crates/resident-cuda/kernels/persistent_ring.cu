@@ -19,21 +19,8 @@
 #define RESIDENT_CMD_IDLE 1u
 #define RESIDENT_CMD_EXIT 2u
 
-#define RESIDENT_RUN_LAUNCHED 0u
-#define RESIDENT_RUN_ACTIVE 1u
-#define RESIDENT_RUN_INACTIVE 2u
-#define RESIDENT_RUN_TERMINATE 3u
-#define RESIDENT_RUN_QUIESCE 4u
-
-#define RESIDENT_DEV_RUNNING 1u
-#define RESIDENT_DEV_IDLE 2u
-#define RESIDENT_DEV_TERMINATED 3u
-#define RESIDENT_DEV_HEARTBEAT_TIMEOUT 4u
-#define RESIDENT_DEV_ERROR 5u
-#define RESIDENT_DEV_QUIESCED 6u
-
-#define RESIDENT_ERR_BAD_BLOCK_SIZE 1u
-#define RESIDENT_ERR_BAD_PARAMS 2u
+// RESIDENT_RUN_*, RESIDENT_DEV_* and RESIDENT_ERR_* are generated from the Rust enums
+// (persistent::control::c_state_defines) and prepended when the template is rendered.
 
 #define RESIDENT_MIN_BACKOFF_NS 32u
 

@@ -350,7 +350,10 @@ mod tests {
         let atomic = Particle::wgsl_struct("ResidentState", true).unwrap();
         assert!(atomic.contains("struct ResidentState {"));
         assert!(atomic.contains("id: atomic<u32>,"));
-        assert!(atomic.contains("pos: Vec3,"), "nested structs stay plain: {atomic}");
+        assert!(
+            atomic.contains("pos: Vec3,"),
+            "nested structs stay plain: {atomic}"
+        );
         let e = Wide::wgsl_declarations().unwrap_err();
         assert_eq!(e.ty, "Wide.id: u64");
         assert!(e.reason.contains("64-bit"), "{e}");

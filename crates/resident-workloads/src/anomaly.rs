@@ -167,8 +167,17 @@ pub fn kernel(
             let (state, buffers) = ctx.state_and_buffers();
             if r.slot == FLUSH {
                 // The micro-batch is folded: answer with its alert and refusal counts.
-                let (alerts, refused) = (std::mem::take(&mut state.alerts), std::mem::take(&mut state.refused));
-                return Some(AlertMsg { index: r.index, value: refused as f64, z: alerts as f64, slot: FLUSH, _pad: 0 });
+                let (alerts, refused) = (
+                    std::mem::take(&mut state.alerts),
+                    std::mem::take(&mut state.refused),
+                );
+                return Some(AlertMsg {
+                    index: r.index,
+                    value: refused as f64,
+                    z: alerts as f64,
+                    slot: FLUSH,
+                    _pad: 0,
+                });
             }
             let mut stats = match buffers.buffer_mut::<SensorStats>("stats") {
                 Ok(s) => s,
@@ -183,7 +192,13 @@ pub fn kernel(
             };
             let z = observe(s, r.value)?; // scored before it is folded in
             state.alerts += 1;
-            Some(AlertMsg { index: r.index, value: r.value, z, slot: r.slot, _pad: 0 })
+            Some(AlertMsg {
+                index: r.index,
+                value: r.value,
+                z,
+                slot: r.slot,
+                _pad: 0,
+            })
         }))
 }
 
@@ -241,8 +256,18 @@ pub fn run_actor(
                 let lo = b * batch;
                 let hi = (lo + batch).min(r.slots.len());
                 msgs.clear();
-                msgs.extend((lo..hi).map(|i| ReadingMsg { index: i as u64, value: r.values[i], slot: r.slots[i], _pad: 0 }));
-                msgs.push(ReadingMsg { index: b as u64, value: 0.0, slot: FLUSH, _pad: 0 });
+                msgs.extend((lo..hi).map(|i| ReadingMsg {
+                    index: i as u64,
+                    value: r.values[i],
+                    slot: r.slots[i],
+                    _pad: 0,
+                }));
+                msgs.push(ReadingMsg {
+                    index: b as u64,
+                    value: 0.0,
+                    slot: FLUSH,
+                    _pad: 0,
+                });
                 sent_at.push(Instant::now());
                 let mut sent = 0;
                 while sent < msgs.len() {
@@ -252,7 +277,10 @@ pub fn run_actor(
             got.clear();
             if k.receive_batch(&mut got, 256)? == 0 {
                 let one = k.receive(WAIT).map_err(|e| match e {
-                    resident::Error::Timeout { .. } => WorkloadError::Timeout { workload: "anomaly", waited: WAIT },
+                    resident::Error::Timeout { .. } => WorkloadError::Timeout {
+                        workload: "anomaly",
+                        waited: WAIT,
+                    },
                     e => e.into(),
                 })?;
                 got.push(one);
@@ -265,13 +293,20 @@ pub fn run_actor(
                             detail: format!("the kernel refused {} readings of micro-batch {} (sensor slot past its statistics)", a.value, a.index),
                         });
                     }
-                    report.batch_latency.push(sent_at[a.index as usize].elapsed());
+                    report
+                        .batch_latency
+                        .push(sent_at[a.index as usize].elapsed());
                     let lo = a.index as usize * batch;
                     progress((lo + batch).min(r.slots.len()) - lo);
                     done += 1;
                     continue;
                 }
-                report.alerts.push(Alert { index: a.index, sensor: r.sensor_ids[a.slot as usize], value: a.value, z: a.z });
+                report.alerts.push(Alert {
+                    index: a.index,
+                    sensor: r.sensor_ids[a.slot as usize],
+                    value: a.value,
+                    z: a.z,
+                });
             }
         }
         report.elapsed = start.elapsed();
@@ -294,7 +329,8 @@ pub fn run_stateless(
     let batch = batch.max(1);
     let sensors = r.sensor_ids.len();
     let mut host_stats = vec![SensorStats::default(); sensors];
-    let mut stats_buf = UnifiedBuffer::<SensorStats>::new(device, sensors, BufferOptions::default())?;
+    let mut stats_buf =
+        UnifiedBuffer::<SensorStats>::new(device, sensors, BufferOptions::default())?;
     let mut slot_buf = UnifiedBuffer::<u32>::new(device, batch, BufferOptions::default())?;
     let mut value_buf = UnifiedBuffer::<f64>::new(device, batch, BufferOptions::default())?;
     let mut z_buf = UnifiedBuffer::<f64>::new(device, batch, BufferOptions::default())?;
@@ -329,7 +365,13 @@ pub fn run_stateless(
         {
             let (sv, vv) = (slot_buf.device()?, value_buf.device()?);
             let (mut stv, mut zv) = (stats_buf.device_mut()?, z_buf.device_mut()?);
-            let args = [KernelArg::scalar(n as u64), sv.arg(), vv.arg(), stv.arg(), zv.arg()];
+            let args = [
+                KernelArg::scalar(n as u64),
+                sv.arg(),
+                vv.arg(),
+                stv.arg(),
+                zv.arg(),
+            ];
             device.launch(&k, LaunchConfig::for_elements(1), &args, None)?;
         }
         host_stats.copy_from_slice(stats_buf.host()?); // download
@@ -356,9 +398,16 @@ pub fn run_stateless(
 /// Checks a run against the reference (see the module docs for the tolerance).
 pub fn check(report: &RunReport, r: &SlottedReadings) -> Result<(), WorkloadError> {
     let (alerts, stats) = reference(r);
-    let bad = |detail: String| WorkloadError::Mismatch { workload: "anomaly", detail };
+    let bad = |detail: String| WorkloadError::Mismatch {
+        workload: "anomaly",
+        detail,
+    };
     if report.alerts.len() != alerts.len() {
-        return Err(bad(format!("{} alerts, reference has {}", report.alerts.len(), alerts.len())));
+        return Err(bad(format!(
+            "{} alerts, reference has {}",
+            report.alerts.len(),
+            alerts.len()
+        )));
     }
     let close = |a: f64, b: f64| (a - b).abs() <= TOLERANCE * b.abs().max(1e-300);
     for (got, want) in report.alerts.iter().zip(&alerts) {
@@ -368,7 +417,10 @@ pub fn check(report: &RunReport, r: &SlottedReadings) -> Result<(), WorkloadErro
     }
     for (i, (g, w)) in report.stats.iter().zip(&stats).enumerate() {
         if g.n != w.n || !close(g.m, w.m) || !close(g.v, w.v) {
-            return Err(bad(format!("sensor {} statistics {g:?}, reference {w:?}", r.sensor_ids[i])));
+            return Err(bad(format!(
+                "sensor {} statistics {g:?}, reference {w:?}",
+                r.sensor_ids[i]
+            )));
         }
     }
     Ok(())

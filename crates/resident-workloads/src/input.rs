@@ -51,10 +51,12 @@ fn for_each_line(
     let mut line = 0usize;
     loop {
         buf.clear();
-        let n = r.read_until(b'\n', &mut buf).map_err(|source| InputError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let n = r
+            .read_until(b'\n', &mut buf)
+            .map_err(|source| InputError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
         if n == 0 {
             return Ok(());
         }
@@ -70,9 +72,9 @@ fn for_each_line(
 }
 
 fn parse_id(field: &str, what: &str) -> Result<u64, String> {
-    field.parse::<u64>().map_err(|_| {
-        format!("{what} '{field}' is not a non-negative integer below 2^64")
-    })
+    field
+        .parse::<u64>()
+        .map_err(|_| format!("{what} '{field}' is not a non-negative integer below 2^64"))
 }
 
 /// Parses an edge list from `r` (`path` names it in errors).
@@ -101,7 +103,11 @@ fn dense(raw: Vec<(u64, u64)>) -> EdgeList {
     let mut ids: Vec<u64> = raw.iter().flat_map(|&(a, b)| [a, b]).collect();
     ids.sort_unstable();
     ids.dedup();
-    let index: HashMap<u64, u32> = ids.iter().enumerate().map(|(i, &id)| (id, i as u32)).collect();
+    let index: HashMap<u64, u32> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| (id, i as u32))
+        .collect();
     let mut edges: Vec<(u32, u32)> = raw.iter().map(|(a, b)| (index[a], index[b])).collect();
     edges.sort_unstable();
     edges.dedup();
@@ -115,7 +121,11 @@ pub fn read_edge_list(path: &Path) -> Result<EdgeList, InputError> {
 
 /// A generated graph: each of `nodes` nodes draws `edges_per_node` targets uniformly (seeded,
 /// deterministic); duplicates count once, drawn self-loops are kept. Ids are `0..nodes`.
-pub fn generate_graph(nodes: usize, edges_per_node: usize, seed: u64) -> Result<EdgeList, InputError> {
+pub fn generate_graph(
+    nodes: usize,
+    edges_per_node: usize,
+    seed: u64,
+) -> Result<EdgeList, InputError> {
     if nodes == 0 || nodes > u32::MAX as usize {
         return Err(InputError::BadParameter {
             name: "--nodes",

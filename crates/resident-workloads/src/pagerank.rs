@@ -138,7 +138,10 @@ pub fn reference(g: &EdgeList, p: Params) -> Result<Ranks, WorkloadError> {
     for it in 1..=p.max_iter {
         let xlast = std::mem::replace(&mut x, vec![0.0; n]);
         let danglesum: f64 = p.damping
-            * (0..n).filter(|&u| out[u].is_empty()).map(|u| xlast[u]).sum::<f64>();
+            * (0..n)
+                .filter(|&u| out[u].is_empty())
+                .map(|u| xlast[u])
+                .sum::<f64>();
         for u in 0..n {
             let wt = 1.0 / out[u].len() as f64;
             for &v in &out[u] {
@@ -148,7 +151,12 @@ pub fn reference(g: &EdgeList, p: Params) -> Result<Ranks, WorkloadError> {
         }
         err = x.iter().zip(&xlast).map(|(a, b)| (a - b).abs()).sum();
         if err < nf * p.tol {
-            return Ok(Ranks { ranks: x, iterations: it, err, kernel_time: Duration::ZERO });
+            return Ok(Ranks {
+                ranks: x,
+                iterations: it,
+                err,
+                kernel_time: Duration::ZERO,
+            });
         }
     }
     Err(WorkloadError::NotConverged {
@@ -253,9 +261,18 @@ pub fn full_kernel(
         .queue_size(16)
         .batch_size(1)
         .state(Vec::<f64>::new())
-        .bind("in_offsets", UnifiedBuffer::from_slice(device, &csr.in_offsets, o)?)
-        .bind("in_sources", UnifiedBuffer::from_slice(device, &csr.in_sources, o)?)
-        .bind("out_degree", UnifiedBuffer::from_slice(device, &csr.out_degree, o)?)
+        .bind(
+            "in_offsets",
+            UnifiedBuffer::from_slice(device, &csr.in_offsets, o)?,
+        )
+        .bind(
+            "in_sources",
+            UnifiedBuffer::from_slice(device, &csr.in_sources, o)?,
+        )
+        .bind(
+            "out_degree",
+            UnifiedBuffer::from_slice(device, &csr.out_degree, o)?,
+        )
         .bind("ranks", UnifiedBuffer::<f64>::new(device, n, o)?)
         .bind("next", UnifiedBuffer::<f64>::new(device, n, o)?)
         .handler(|ctx: &mut Context<Vec<f64>>, m: RunPageRank| {
@@ -269,7 +286,14 @@ pub fn full_kernel(
             let (off, src, deg) = (&*off, &*src, &*deg);
             let n = deg.len();
             if n == 0 {
-                return Some(PageRankDone { err: 0.0, work: 0, applied: 0, rejected: 0, iterations: 0, converged: 1 });
+                return Some(PageRankDone {
+                    err: 0.0,
+                    work: 0,
+                    applied: 0,
+                    rejected: 0,
+                    iterations: 0,
+                    converged: 1,
+                });
             }
             let (it, err, ok, work) = power_iterate(
                 n,
@@ -280,7 +304,14 @@ pub fn full_kernel(
                 &mut next,
                 contrib,
             );
-            Some(PageRankDone { err, work, applied: 0, rejected: 0, iterations: it, converged: ok as u32 })
+            Some(PageRankDone {
+                err,
+                work,
+                applied: 0,
+                rejected: 0,
+                iterations: it,
+                converged: ok as u32,
+            })
         });
     Ok(k)
 }
@@ -296,11 +327,20 @@ pub fn run_full(
     p: Params,
 ) -> Result<Ranks, WorkloadError> {
     let csr = Csr::new(g);
-    let k = rt.launch(full_kernel(&format!("pagerank-{}", unique()), device, &csr)?)?;
+    let k = rt.launch(full_kernel(
+        &format!("pagerank-{}", unique()),
+        device,
+        &csr,
+    )?)?;
     k.activate()?;
     let t = std::time::Instant::now();
     let done = k.call(
-        RunPageRank { damping: p.damping, tol: p.tol, max_iter: p.max_iter, _pad: 0 },
+        RunPageRank {
+            damping: p.damping,
+            tol: p.tol,
+            max_iter: p.max_iter,
+            _pad: 0,
+        },
         LONG,
     );
     let kernel_time = t.elapsed();
@@ -317,7 +357,12 @@ pub fn run_full(
         } else {
             k.read_buffer::<f64>("ranks", LONG)?.to_vec()
         };
-        Ok(Ranks { ranks, iterations: d.iterations, err: d.err, kernel_time })
+        Ok(Ranks {
+            ranks,
+            iterations: d.iterations,
+            err: d.err,
+            kernel_time,
+        })
     });
     k.terminate()?;
     result
@@ -325,7 +370,10 @@ pub fn run_full(
 
 /// Checks full-mode ranks against the reference (same iterations, relative [`FULL_TOLERANCE`]).
 pub fn check_full(got: &Ranks, want: &Ranks) -> Result<(), WorkloadError> {
-    let bad = |detail: String| WorkloadError::Mismatch { workload: "pagerank", detail };
+    let bad = |detail: String| WorkloadError::Mismatch {
+        workload: "pagerank",
+        detail,
+    };
     if got.iterations != want.iterations || got.ranks.len() != want.ranks.len() {
         return Err(bad(format!(
             "{} iterations over {} nodes, reference {} over {}",
@@ -356,7 +404,10 @@ impl DynGraph {
     /// From an edge list.
     pub fn new(g: &EdgeList) -> Self {
         let n = g.nodes();
-        let mut d = DynGraph { out: vec![Vec::new(); n], inn: vec![Vec::new(); n] };
+        let mut d = DynGraph {
+            out: vec![Vec::new(); n],
+            inn: vec![Vec::new(); n],
+        };
         for &(u, v) in &g.edges {
             d.out[u as usize].push(v);
             d.inn[v as usize].push(u);
@@ -382,14 +433,31 @@ impl DynGraph {
             return false;
         };
         self.out[u as usize].swap_remove(i);
-        let j = self.inn[v as usize].iter().position(|&w| w == u).expect("in-list mirrors out-list");
+        let j = self.inn[v as usize]
+            .iter()
+            .position(|&w| w == u)
+            .expect("in-list mirrors out-list");
         self.inn[v as usize].swap_remove(j);
         true
     }
     /// Ranks from scratch (networkx's iteration from `1/N`) into `x`.
-    fn recompute(&self, p: Params, x: &mut [f64], next: &mut Vec<f64>, contrib: &mut Vec<f64>) -> (u32, f64, bool, u64) {
+    fn recompute(
+        &self,
+        p: Params,
+        x: &mut [f64],
+        next: &mut Vec<f64>,
+        contrib: &mut Vec<f64>,
+    ) -> (u32, f64, bool, u64) {
         next.resize(self.nodes(), 0.0);
-        power_iterate(self.nodes(), |v| &self.inn[v], |u| self.out[u].len(), p, x, next, contrib)
+        power_iterate(
+            self.nodes(),
+            |v| &self.inn[v],
+            |u| self.out[u].len(),
+            p,
+            x,
+            next,
+            contrib,
+        )
     }
 }
 
@@ -454,10 +522,19 @@ impl StreamState {
             return false;
         }
         let k2 = self.graph.out[u as usize].len() as f64;
-        let StreamState { graph, queue, queued, uniform, .. } = self;
+        let StreamState {
+            graph,
+            queue,
+            queued,
+            uniform,
+            ..
+        } = self;
         // Old column: mass/k to each old out-neighbour (or mass/N to all when dangling);
         // new column likewise with k2. The difference lands on the union of both lists.
-        let (old_share, new_share) = (if k > 0.0 { mass / k } else { 0.0 }, if k2 > 0.0 { mass / k2 } else { 0.0 });
+        let (old_share, new_share) = (
+            if k > 0.0 { mass / k } else { 0.0 },
+            if k2 > 0.0 { mass / k2 } else { 0.0 },
+        );
         if k == 0.0 {
             *uniform -= mass / nf;
         }
@@ -513,7 +590,10 @@ impl StreamState {
             let g = &self.graph;
             x.par_iter_mut().for_each(|e| *e += c);
             r.par_iter_mut().enumerate().for_each(|(v, rv)| {
-                let s: f64 = g.inn[v].iter().map(|&w| 1.0 / g.out[w as usize].len() as f64).sum();
+                let s: f64 = g.inn[v]
+                    .iter()
+                    .map(|&w| 1.0 / g.out[w as usize].len() as f64)
+                    .sum();
                 *rv += d * c * (s + dangling / nf);
             });
             work += (self.graph.inn.iter().map(|l| l.len()).sum::<usize>() + n) as u64;
@@ -530,7 +610,9 @@ impl StreamState {
 
     /// Recomputes from scratch, then sets the residual exactly.
     fn recompute(&mut self, x: &mut [f64], r: &mut [f64]) -> (u32, f64, bool, u64) {
-        let out = self.graph.recompute(self.params, x, &mut self.scratch, &mut self.contrib);
+        let out = self
+            .graph
+            .recompute(self.params, x, &mut self.scratch, &mut self.contrib);
         self.reset_residual(x, r);
         out
     }
@@ -544,7 +626,10 @@ impl StreamState {
         let dangling: f64 = (0..n).filter(|&u| g.out[u].is_empty()).map(|u| x[u]).sum();
         let base = (1.0 - d) / nf + d * dangling / nf;
         r.par_iter_mut().enumerate().for_each(|(v, rv)| {
-            let s: f64 = g.inn[v].iter().map(|&u| x[u as usize] / g.out[u as usize].len() as f64).sum();
+            let s: f64 = g.inn[v]
+                .iter()
+                .map(|&u| x[u as usize] / g.out[u as usize].len() as f64)
+                .sum();
             *rv = base + d * s - x[v];
         });
         self.uniform = 0.0;
@@ -594,7 +679,12 @@ pub fn stream_kernel(
             let mut x = b.buffer_mut::<f64>("ranks").ok()?;
             let mut r = b.buffer_mut::<f64>("residual").ok()?;
             let fresh = x.first().is_some_and(|v| v.is_nan());
-            let counts = |s: &mut StreamState| (std::mem::take(&mut s.applied), std::mem::take(&mut s.rejected));
+            let counts = |s: &mut StreamState| {
+                (
+                    std::mem::take(&mut s.applied),
+                    std::mem::take(&mut s.rejected),
+                )
+            };
             match m.op {
                 OP_ADD | OP_REMOVE => {
                     if s.apply(&x, &mut r, m.op, m.src, m.dst) {
@@ -607,12 +697,26 @@ pub fn stream_kernel(
                 OP_REFRESH if !fresh => {
                     let (pushes, work, l1) = s.refresh(&mut x, &mut r);
                     let (applied, rejected) = counts(s);
-                    Some(PageRankDone { err: l1, work, applied, rejected, iterations: pushes.min(u32::MAX as u64) as u32, converged: 1 })
+                    Some(PageRankDone {
+                        err: l1,
+                        work,
+                        applied,
+                        rejected,
+                        iterations: pushes.min(u32::MAX as u64) as u32,
+                        converged: 1,
+                    })
                 }
                 OP_REFRESH | OP_RECOMPUTE => {
                     let (it, err, ok, work) = s.recompute(&mut x, &mut r);
                     let (applied, rejected) = counts(s);
-                    Some(PageRankDone { err, work, applied, rejected, iterations: it, converged: ok as u32 })
+                    Some(PageRankDone {
+                        err,
+                        work,
+                        applied,
+                        rejected,
+                        iterations: it,
+                        converged: ok as u32,
+                    })
                 }
                 _ => {
                     s.rejected += 1;
@@ -623,7 +727,10 @@ pub fn stream_kernel(
 }
 
 /// Edge changes applied to both kernels.
-fn send_updates(k: &KernelHandle<EdgeUpdate, PageRankDone>, ups: &[EdgeUpdate]) -> Result<(), WorkloadError> {
+fn send_updates(
+    k: &KernelHandle<EdgeUpdate, PageRankDone>,
+    ups: &[EdgeUpdate],
+) -> Result<(), WorkloadError> {
     let mut sent = 0;
     while sent < ups.len() {
         sent += k.send_batch(&ups[sent..])?;
@@ -658,7 +765,12 @@ pub fn stream_tolerance(nodes: usize, p: Params) -> f64 {
 }
 
 /// Deterministic update batches: each half removes an existing edge, half adds a random one.
-pub fn generate_updates(g: &EdgeList, batches: usize, per_batch: usize, seed: u64) -> Vec<Vec<EdgeUpdate>> {
+pub fn generate_updates(
+    g: &EdgeList,
+    batches: usize,
+    per_batch: usize,
+    seed: u64,
+) -> Vec<Vec<EdgeUpdate>> {
     let mut rng = crate::rng::SplitMix64::new(seed ^ 0x5EED);
     let n = g.nodes() as u64;
     (0..batches)
@@ -667,9 +779,19 @@ pub fn generate_updates(g: &EdgeList, batches: usize, per_batch: usize, seed: u6
                 .map(|i| {
                     if i % 2 == 0 && !g.edges.is_empty() {
                         let (u, v) = g.edges[rng.below(g.edges.len() as u64) as usize];
-                        EdgeUpdate { src: u, dst: v, op: OP_REMOVE, _pad: 0 }
+                        EdgeUpdate {
+                            src: u,
+                            dst: v,
+                            op: OP_REMOVE,
+                            _pad: 0,
+                        }
                     } else {
-                        EdgeUpdate { src: rng.below(n) as u32, dst: rng.below(n) as u32, op: OP_ADD, _pad: 0 }
+                        EdgeUpdate {
+                            src: rng.below(n) as u32,
+                            dst: rng.below(n) as u32,
+                            op: OP_ADD,
+                            _pad: 0,
+                        }
                     }
                 })
                 .collect()
@@ -690,17 +812,36 @@ pub fn run_stream(
 ) -> Result<(Vec<StreamStep>, Vec<f64>), WorkloadError> {
     let tag = unique();
     let inc = rt.launch(stream_kernel(&format!("pagerank-inc-{tag}"), device, g, p)?)?;
-    let full = rt.launch(stream_kernel(&format!("pagerank-scratch-{tag}"), device, g, p)?)?;
+    let full = rt.launch(stream_kernel(
+        &format!("pagerank-scratch-{tag}"),
+        device,
+        g,
+        p,
+    )?)?;
     inc.activate()?;
     full.activate()?;
-    let refresh = EdgeUpdate { src: 0, dst: 0, op: OP_REFRESH, _pad: 0 };
-    let recompute = EdgeUpdate { src: 0, dst: 0, op: OP_RECOMPUTE, _pad: 0 };
+    let refresh = EdgeUpdate {
+        src: 0,
+        dst: 0,
+        op: OP_REFRESH,
+        _pad: 0,
+    };
+    let recompute = EdgeUpdate {
+        src: 0,
+        dst: 0,
+        op: OP_RECOMPUTE,
+        _pad: 0,
+    };
     let result = (|| {
         // Both start from the same from-scratch ranks.
         for k in [&inc, &full] {
             let d = k.call(recompute, LONG)?;
             if d.converged == 0 {
-                return Err(WorkloadError::NotConverged { iterations: d.iterations, err: d.err, threshold: g.nodes() as f64 * p.tol });
+                return Err(WorkloadError::NotConverged {
+                    iterations: d.iterations,
+                    err: d.err,
+                    threshold: g.nodes() as f64 * p.tol,
+                });
             }
         }
         let mut steps = Vec::with_capacity(batches.len());
@@ -714,7 +855,11 @@ pub fn run_stream(
             let b = full.call(recompute, LONG)?;
             let recompute_t = t.elapsed();
             if b.converged == 0 {
-                return Err(WorkloadError::NotConverged { iterations: b.iterations, err: b.err, threshold: g.nodes() as f64 * p.tol });
+                return Err(WorkloadError::NotConverged {
+                    iterations: b.iterations,
+                    err: b.err,
+                    threshold: g.nodes() as f64 * p.tol,
+                });
             }
             let xa = inc.read_buffer::<f64>("ranks", LONG)?;
             let xb = full.read_buffer::<f64>("ranks", LONG)?;
@@ -734,7 +879,10 @@ pub fn run_stream(
             if l1.is_nan() || l1 > stream_tolerance(g.nodes(), p) {
                 return Err(WorkloadError::Mismatch {
                     workload: "pagerank-stream",
-                    detail: format!("L1 distance to the recompute {l1:e} > {:e}", stream_tolerance(g.nodes(), p)),
+                    detail: format!(
+                        "L1 distance to the recompute {l1:e} > {:e}",
+                        stream_tolerance(g.nodes(), p)
+                    ),
                 });
             }
             steps.push(step);
@@ -757,9 +905,18 @@ pub fn recompute(g: &EdgeList, p: Params) -> Result<Ranks, WorkloadError> {
     }
     let (iterations, err, ok, _) = d.recompute(p, &mut x, &mut next, &mut contrib);
     if !ok {
-        return Err(WorkloadError::NotConverged { iterations, err, threshold: g.nodes() as f64 * p.tol });
+        return Err(WorkloadError::NotConverged {
+            iterations,
+            err,
+            threshold: g.nodes() as f64 * p.tol,
+        });
     }
-    Ok(Ranks { ranks: x, iterations, err, kernel_time: Duration::ZERO })
+    Ok(Ranks {
+        ranks: x,
+        iterations,
+        err,
+        kernel_time: Duration::ZERO,
+    })
 }
 
 fn unique() -> u64 {

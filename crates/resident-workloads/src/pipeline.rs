@@ -48,7 +48,16 @@ pub fn normalize(v: f64) -> f64 {
 /// The scorer's function: (score, level).
 pub fn score(x: f64) -> (f64, u32) {
     let s = x * x;
-    (s, if s < 0.3 { LOW } else if s < 0.7 { MEDIUM } else { HIGH })
+    (
+        s,
+        if s < 0.3 {
+            LOW
+        } else if s < 0.7 {
+            MEDIUM
+        } else {
+            HIGH
+        },
+    )
 }
 
 /// The sequential reference.
@@ -59,7 +68,13 @@ pub fn reference(values: &[f64]) -> Vec<Scored> {
         .map(|(i, &v)| {
             let x = normalize(v);
             let (score, level) = score(x);
-            Scored { seq: i as u64, x, score, level, _pad: 0 }
+            Scored {
+                seq: i as u64,
+                x,
+                score,
+                level,
+                _pad: 0,
+            }
         })
         .collect()
 }
@@ -73,7 +88,16 @@ pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized, u64>
         .state(0u64)
         .handler(move |ctx: &mut Context<u64>, r: Raw| {
             // Under the scorer's Block policy; a failure means it stopped: count it.
-            if ctx.send_to(&to, Normalized { seq: r.seq, x: normalize(r.value) }).is_err() {
+            if ctx
+                .send_to(
+                    &to,
+                    Normalized {
+                        seq: r.seq,
+                        x: normalize(r.value),
+                    },
+                )
+                .is_err()
+            {
                 *ctx.state_mut() += 1;
             }
             None
@@ -87,7 +111,13 @@ pub fn scorer(id: &str) -> RingKernel<Normalized, Scored> {
         .batch_size(256)
         .handler(|_: &mut Context<()>, n: Normalized| {
             let (score, level) = score(n.x);
-            Some(Scored { seq: n.seq, x: n.x, score, level, _pad: 0 })
+            Some(Scored {
+                seq: n.seq,
+                x: n.x,
+                score,
+                level,
+                _pad: 0,
+            })
         })
 }
 
@@ -101,7 +131,11 @@ pub struct Report {
 }
 
 /// Runs `values` through the two kernels launched on `rt`.
-pub fn run(rt: &Runtime, values: &[f64], mut progress: impl FnMut(usize)) -> Result<Report, WorkloadError> {
+pub fn run(
+    rt: &Runtime,
+    values: &[f64],
+    mut progress: impl FnMut(usize),
+) -> Result<Report, WorkloadError> {
     let tag = unique();
     let (nid, sid) = (format!("normalizer-{tag}"), format!("scorer-{tag}"));
     let s = rt.launch(scorer(&sid))?;
@@ -111,7 +145,14 @@ pub fn run(rt: &Runtime, values: &[f64], mut progress: impl FnMut(usize)) -> Res
     let t = Instant::now();
     let result = (|| {
         let mut scored = Vec::with_capacity(values.len());
-        let msgs: Vec<Raw> = values.iter().enumerate().map(|(i, &v)| Raw { seq: i as u64, value: v }).collect();
+        let msgs: Vec<Raw> = values
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| Raw {
+                seq: i as u64,
+                value: v,
+            })
+            .collect();
         let mut buf = Vec::with_capacity(1024);
         for chunk in msgs.chunks(1024) {
             let mut sent = 0;
@@ -126,11 +167,17 @@ pub fn run(rt: &Runtime, values: &[f64], mut progress: impl FnMut(usize)) -> Res
         }
         while scored.len() < values.len() {
             scored.push(s.receive(Duration::from_secs(30)).map_err(|e| match e {
-                resident::Error::Timeout { .. } => WorkloadError::Timeout { workload: "pipeline", waited: Duration::from_secs(30) },
+                resident::Error::Timeout { .. } => WorkloadError::Timeout {
+                    workload: "pipeline",
+                    waited: Duration::from_secs(30),
+                },
                 e => e.into(),
             })?);
         }
-        Ok(Report { scored, elapsed: t.elapsed() })
+        Ok(Report {
+            scored,
+            elapsed: t.elapsed(),
+        })
     })();
     n.terminate()?;
     s.terminate()?;
@@ -140,12 +187,23 @@ pub fn run(rt: &Runtime, values: &[f64], mut progress: impl FnMut(usize)) -> Res
 /// Checks results against the reference, in order.
 pub fn check(got: &[Scored], values: &[f64]) -> Result<(), WorkloadError> {
     let want = reference(values);
-    let bad = |detail: String| WorkloadError::Mismatch { workload: "pipeline", detail };
+    let bad = |detail: String| WorkloadError::Mismatch {
+        workload: "pipeline",
+        detail,
+    };
     if got.len() != want.len() {
-        return Err(bad(format!("{} results for {} inputs", got.len(), want.len())));
+        return Err(bad(format!(
+            "{} results for {} inputs",
+            got.len(),
+            want.len()
+        )));
     }
     for (g, w) in got.iter().zip(&want) {
-        if g.seq != w.seq || g.level != w.level || (g.x - w.x).abs() > TOLERANCE || (g.score - w.score).abs() > TOLERANCE {
+        if g.seq != w.seq
+            || g.level != w.level
+            || (g.x - w.x).abs() > TOLERANCE
+            || (g.score - w.score).abs() > TOLERANCE
+        {
             return Err(bad(format!("{g:?}, reference {w:?}")));
         }
     }

@@ -39,7 +39,12 @@ pub fn kernel(
         .bind("b", b)
         .bind("c", c)
         .handler(|ctx: &mut Context<()>, m: AddRange| {
-            let done = |ok: bool| RangeDone { offset: m.offset, len: m.len, ok: ok as u32, _pad: 0 };
+            let done = |ok: bool| RangeDone {
+                offset: m.offset,
+                len: m.len,
+                ok: ok as u32,
+                _pad: 0,
+            };
             let (Ok(a), Ok(b), Ok(mut c)) = (
                 ctx.buffer::<f32>("a"),
                 ctx.buffer::<f32>("b"),
@@ -48,10 +53,17 @@ pub fn kernel(
                 return Some(done(false));
             };
             let start = m.offset as usize;
-            let Some(end) = start.checked_add(m.len as usize).filter(|&e| e <= a.len().min(b.len()).min(c.len())) else {
+            let Some(end) = start
+                .checked_add(m.len as usize)
+                .filter(|&e| e <= a.len().min(b.len()).min(c.len()))
+            else {
                 return Some(done(false));
             };
-            for ((c, a), b) in c[start..end].iter_mut().zip(&a[start..end]).zip(&b[start..end]) {
+            for ((c, a), b) in c[start..end]
+                .iter_mut()
+                .zip(&a[start..end])
+                .zip(&b[start..end])
+            {
                 *c = a + b;
             }
             Some(done(true))
@@ -72,8 +84,12 @@ pub struct Report {
 /// The deterministic inputs for `n` elements.
 pub fn inputs(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let mut r = SplitMix64::new(seed);
-    let a = (0..n).map(|_| (r.unit() * 2000.0 - 1000.0) as f32).collect();
-    let b = (0..n).map(|_| (r.unit() * 2000.0 - 1000.0) as f32).collect();
+    let a = (0..n)
+        .map(|_| (r.unit() * 2000.0 - 1000.0) as f32)
+        .collect();
+    let b = (0..n)
+        .map(|_| (r.unit() * 2000.0 - 1000.0) as f32)
+        .collect();
     (a, b)
 }
 
@@ -98,7 +114,10 @@ pub fn run(
     let chunk = chunk.max(1);
     let ranges: Vec<AddRange> = (0..n)
         .step_by(chunk)
-        .map(|s| AddRange { offset: s as u64, len: chunk.min(n - s) as u64 })
+        .map(|s| AddRange {
+            offset: s as u64,
+            len: chunk.min(n - s) as u64,
+        })
         .collect();
     let result = (|| {
         let mut sent = 0;
@@ -115,7 +134,11 @@ pub fn run(
             }
         }
         let elapsed = t.elapsed();
-        let c = if n == 0 { Vec::new() } else { k.read_buffer::<f32>("c", Duration::from_secs(60))?.to_vec() };
+        let c = if n == 0 {
+            Vec::new()
+        } else {
+            k.read_buffer::<f32>("c", Duration::from_secs(60))?.to_vec()
+        };
         Ok(Report { n, elapsed, c })
     })();
     k.terminate()?;
@@ -125,12 +148,18 @@ pub fn run(
 /// Checks `c` against `a + b` computed in f64 (tolerance in the module docs).
 pub fn check(a: &[f32], b: &[f32], c: &[f32]) -> Result<(), WorkloadError> {
     if c.len() != a.len().min(b.len()) {
-        return Err(WorkloadError::Mismatch { workload: "vector-add", detail: format!("{} results for {} inputs", c.len(), a.len()) });
+        return Err(WorkloadError::Mismatch {
+            workload: "vector-add",
+            detail: format!("{} results for {} inputs", c.len(), a.len()),
+        });
     }
     for (i, ((&x, &y), &z)) in a.iter().zip(b).zip(c).enumerate() {
         let want = x as f64 + y as f64;
         if ((z as f64) - want).abs() > f32::EPSILON as f64 * want.abs() {
-            return Err(WorkloadError::Mismatch { workload: "vector-add", detail: format!("c[{i}] = {z}, reference {want}") });
+            return Err(WorkloadError::Mismatch {
+                workload: "vector-add",
+                detail: format!("c[{i}] = {z}, reference {want}"),
+            });
         }
     }
     Ok(())

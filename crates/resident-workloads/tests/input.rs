@@ -22,7 +22,10 @@ fn bad_line(r: Result<impl std::fmt::Debug, InputError>) -> (usize, String) {
 
 #[test]
 fn edge_lists_remap_sparse_ids_dedup_and_keep_self_loops() {
-    let g = edges(b"# header\n\n1000000000000 7\r\n7\t7\n7 1000000000000 # back\n1000000000000 7\n   \n").unwrap();
+    let g = edges(
+        b"# header\n\n1000000000000 7\r\n7\t7\n7 1000000000000 # back\n1000000000000 7\n   \n",
+    )
+    .unwrap();
     assert_eq!(g.ids, vec![7, 1_000_000_000_000]);
     assert_eq!(g.edges, vec![(0, 0), (0, 1), (1, 0)]);
     assert_eq!(edges(b"").unwrap().nodes(), 0);
@@ -49,12 +52,28 @@ fn edge_list_bad_lines_name_their_number() {
 #[test]
 fn readings_parse_with_optional_header_and_name_bad_lines() {
     let r = readings(b"sensor,value\n3,1.5\n\n# c\n 4 , -2e3 \n3,0\n").unwrap();
-    assert_eq!(r, vec![
-        SensorReading { sensor: 3, value: 1.5 },
-        SensorReading { sensor: 4, value: -2000.0 },
-        SensorReading { sensor: 3, value: 0.0 },
-    ]);
-    assert_eq!(bad_line(readings(b"1,2\nsensor,value\n")).0, 2, "a header only on line 1");
+    assert_eq!(
+        r,
+        vec![
+            SensorReading {
+                sensor: 3,
+                value: 1.5
+            },
+            SensorReading {
+                sensor: 4,
+                value: -2000.0
+            },
+            SensorReading {
+                sensor: 3,
+                value: 0.0
+            },
+        ]
+    );
+    assert_eq!(
+        bad_line(readings(b"1,2\nsensor,value\n")).0,
+        2,
+        "a header only on line 1"
+    );
     assert_eq!(bad_line(readings(b"1,2\n-1,2\n")).0, 2);
     assert_eq!(bad_line(readings(b"1,NaN\n")).0, 1);
     assert_eq!(bad_line(readings(b"1,inf\n")).0, 1);
@@ -68,15 +87,27 @@ fn readings_parse_with_optional_header_and_name_bad_lines() {
 
 #[test]
 fn missing_files_are_io_errors_and_generators_are_deterministic() {
-    assert!(matches!(read_edge_list(Path::new("/nonexistent/g.txt")), Err(InputError::Io { .. })));
-    assert!(matches!(read_readings(Path::new("/nonexistent/r.csv")), Err(InputError::Io { .. })));
+    assert!(matches!(
+        read_edge_list(Path::new("/nonexistent/g.txt")),
+        Err(InputError::Io { .. })
+    ));
+    assert!(matches!(
+        read_readings(Path::new("/nonexistent/r.csv")),
+        Err(InputError::Io { .. })
+    ));
     let a = generate_graph(1000, 5, 7).unwrap();
     assert_eq!(a, generate_graph(1000, 5, 7).unwrap());
     assert_ne!(a, generate_graph(1000, 5, 8).unwrap());
     assert!(a.edges.len() > 4900 && a.edges.len() <= 5000);
-    assert!(matches!(generate_graph(0, 5, 1), Err(InputError::BadParameter { .. })));
+    assert!(matches!(
+        generate_graph(0, 5, 1),
+        Err(InputError::BadParameter { .. })
+    ));
     let (r1, s1) = generate_readings(10_000, 20, 500, 3).unwrap();
     let (r2, s2) = generate_readings(10_000, 20, 500, 3).unwrap();
     assert_eq!((r1, s1), (r2, s2));
-    assert!(matches!(generate_readings(10, 0, 5, 1), Err(InputError::BadParameter { .. })));
+    assert!(matches!(
+        generate_readings(10, 0, 5, 1),
+        Err(InputError::BadParameter { .. })
+    ));
 }

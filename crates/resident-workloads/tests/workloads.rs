@@ -3,7 +3,9 @@
 
 use resident::backend::{self, DeviceHandle};
 use resident::prelude::*;
-use resident_workloads::input::{generate_graph, generate_readings, parse_edge_list, SensorReading};
+use resident_workloads::input::{
+    generate_graph, generate_readings, parse_edge_list, SensorReading,
+};
 use resident_workloads::{anomaly, pagerank, pipeline, vector_add, WorkloadError};
 
 fn cpu() -> (Runtime, DeviceHandle) {
@@ -22,7 +24,10 @@ fn vector_add_matches_the_reference_and_refuses_bad_ranges() {
     // The check can fail: one wrong element is caught.
     let mut c = r.c.clone();
     c[5000] += 1.0;
-    assert!(matches!(vector_add::check(&a, &b, &c), Err(WorkloadError::Mismatch { .. })));
+    assert!(matches!(
+        vector_add::check(&a, &b, &c),
+        Err(WorkloadError::Mismatch { .. })
+    ));
     // A range past the buffers is answered ok = 0, not a panic.
     let k = rt
         .launch(vector_add::kernel(
@@ -34,9 +39,30 @@ fn vector_add_matches_the_reference_and_refuses_bad_ranges() {
         .unwrap();
     k.activate().unwrap();
     let t = std::time::Duration::from_secs(5);
-    assert_eq!(k.call(vector_add::AddRange { offset: 5, len: 6 }, t).unwrap().ok, 0);
-    assert_eq!(k.call(vector_add::AddRange { offset: u64::MAX, len: 2 }, t).unwrap().ok, 0);
-    assert_eq!(k.call(vector_add::AddRange { offset: 5, len: 5 }, t).unwrap().ok, 1);
+    assert_eq!(
+        k.call(vector_add::AddRange { offset: 5, len: 6 }, t)
+            .unwrap()
+            .ok,
+        0
+    );
+    assert_eq!(
+        k.call(
+            vector_add::AddRange {
+                offset: u64::MAX,
+                len: 2
+            },
+            t
+        )
+        .unwrap()
+        .ok,
+        0
+    );
+    assert_eq!(
+        k.call(vector_add::AddRange { offset: 5, len: 5 }, t)
+            .unwrap()
+            .ok,
+        1
+    );
     k.terminate().unwrap();
 }
 
@@ -63,21 +89,39 @@ fn pagerank_equals_networkx_on_dangling_nodes_self_loops_and_duplicates() {
     let g = parse_edge_list(std::path::Path::new("t.txt"), text.as_bytes()).unwrap();
     assert_eq!(g.nodes(), 5);
     assert_eq!(g.edges.len(), 5, "duplicate counted once, self-loop kept");
-    let nx = [0.1376618146958882, 0.17041553103813492, 0.19825629079831525, 0.1376618146958882, 0.3560045487717735];
+    let nx = [
+        0.1376618146958882,
+        0.17041553103813492,
+        0.19825629079831525,
+        0.1376618146958882,
+        0.3560045487717735,
+    ];
     let (rt, d) = cpu();
     let p = pagerank::Params::default();
     let got = pagerank::run_full(&rt, &d, &g, p).unwrap();
     for (a, b) in got.ranks.iter().zip(nx) {
-        assert!((a - b).abs() <= pagerank::FULL_TOLERANCE * b, "{a} vs networkx {b}");
+        assert!(
+            (a - b).abs() <= pagerank::FULL_TOLERANCE * b,
+            "{a} vs networkx {b}"
+        );
     }
     pagerank::check_full(&got, &pagerank::reference(&g, p).unwrap()).unwrap();
     // A 41-node random graph from networkx (node 41 has no in-edges; ids 0..39 and 41).
-    let g = resident_workloads::input::read_edge_list(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nx41.txt")).unwrap();
-    let nx41 = include_str!("data/nx41.ranks").split_whitespace().map(|t| t.parse::<f64>().unwrap()).collect::<Vec<_>>();
+    let g = resident_workloads::input::read_edge_list(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nx41.txt"),
+    )
+    .unwrap();
+    let nx41 = include_str!("data/nx41.ranks")
+        .split_whitespace()
+        .map(|t| t.parse::<f64>().unwrap())
+        .collect::<Vec<_>>();
     let got = pagerank::run_full(&rt, &d, &g, p).unwrap();
     assert_eq!(got.ranks.len(), nx41.len());
     for (a, b) in got.ranks.iter().zip(&nx41) {
-        assert!((a - b).abs() <= pagerank::FULL_TOLERANCE * b, "{a} vs networkx {b}");
+        assert!(
+            (a - b).abs() <= pagerank::FULL_TOLERANCE * b,
+            "{a} vs networkx {b}"
+        );
     }
 }
 
@@ -85,9 +129,18 @@ fn pagerank_equals_networkx_on_dangling_nodes_self_loops_and_duplicates() {
 fn pagerank_reports_non_convergence_as_a_typed_error() {
     let (rt, d) = cpu();
     let g = generate_graph(500, 3, 1).unwrap();
-    let p = pagerank::Params { max_iter: 2, ..Default::default() };
-    assert!(matches!(pagerank::reference(&g, p), Err(WorkloadError::NotConverged { iterations: 2, .. })));
-    assert!(matches!(pagerank::run_full(&rt, &d, &g, p), Err(WorkloadError::NotConverged { iterations: 2, .. })));
+    let p = pagerank::Params {
+        max_iter: 2,
+        ..Default::default()
+    };
+    assert!(matches!(
+        pagerank::reference(&g, p),
+        Err(WorkloadError::NotConverged { iterations: 2, .. })
+    ));
+    assert!(matches!(
+        pagerank::run_full(&rt, &d, &g, p),
+        Err(WorkloadError::NotConverged { iterations: 2, .. })
+    ));
 }
 
 #[test]
@@ -95,19 +148,45 @@ fn streaming_pagerank_tracks_the_recompute_after_every_batch() {
     let (rt, d) = cpu();
     let g = generate_graph(3000, 4, 9).unwrap();
     // A tight tolerance so the comparison bound (2 d/(1-d) N tol = 3.4e-5) means something.
-    let p = pagerank::Params { tol: 1e-9, ..Default::default() };
+    let p = pagerank::Params {
+        tol: 1e-9,
+        ..Default::default()
+    };
     let mut ups = pagerank::generate_updates(&g, 6, 40, 5);
     // Make some nodes dangling and un-dangling (the uniform residual path), and add junk.
     let u = g.edges[0].0;
     let outs: Vec<_> = g.edges.iter().filter(|e| e.0 == u).cloned().collect();
-    ups[2].extend(outs.iter().map(|&(s, t)| pagerank::EdgeUpdate { src: s, dst: t, op: pagerank::OP_REMOVE, _pad: 0 }));
-    ups[3].push(pagerank::EdgeUpdate { src: u, dst: 7, op: pagerank::OP_ADD, _pad: 0 });
-    ups[4].push(pagerank::EdgeUpdate { src: 99_999, dst: 1, op: pagerank::OP_ADD, _pad: 0 });
-    ups[4].push(pagerank::EdgeUpdate { src: 1, dst: 2, op: 77, _pad: 0 });
+    ups[2].extend(outs.iter().map(|&(s, t)| pagerank::EdgeUpdate {
+        src: s,
+        dst: t,
+        op: pagerank::OP_REMOVE,
+        _pad: 0,
+    }));
+    ups[3].push(pagerank::EdgeUpdate {
+        src: u,
+        dst: 7,
+        op: pagerank::OP_ADD,
+        _pad: 0,
+    });
+    ups[4].push(pagerank::EdgeUpdate {
+        src: 99_999,
+        dst: 1,
+        op: pagerank::OP_ADD,
+        _pad: 0,
+    });
+    ups[4].push(pagerank::EdgeUpdate {
+        src: 1,
+        dst: 2,
+        op: 77,
+        _pad: 0,
+    });
     let (steps, ranks) = pagerank::run_stream(&rt, &d, &g, p, &ups, |_| {}).unwrap();
     assert_eq!(steps.len(), 6);
     for s in &steps {
-        assert!(s.l1_diff <= pagerank::stream_tolerance(g.nodes(), p), "{s:?}");
+        assert!(
+            s.l1_diff <= pagerank::stream_tolerance(g.nodes(), p),
+            "{s:?}"
+        );
         assert!(s.pushes > 0 && s.applied > 0, "{s:?}");
     }
     // The final ranks agree with an independent recompute on the final graph.
@@ -116,26 +195,52 @@ fn streaming_pagerank_tracks_the_recompute_after_every_batch() {
         for e in b {
             if (e.src as usize) < g.nodes() && (e.dst as usize) < g.nodes() {
                 match e.op {
-                    pagerank::OP_ADD => { final_g.add(e.src, e.dst); }
-                    pagerank::OP_REMOVE => { final_g.remove(e.src, e.dst); }
+                    pagerank::OP_ADD => {
+                        final_g.add(e.src, e.dst);
+                    }
+                    pagerank::OP_REMOVE => {
+                        final_g.remove(e.src, e.dst);
+                    }
                     _ => {}
                 }
             }
         }
     }
-    let mut edges: Vec<(u32, u32)> = final_g.out.iter().enumerate().flat_map(|(u, o)| o.iter().map(move |&v| (u as u32, v))).collect();
+    let mut edges: Vec<(u32, u32)> = final_g
+        .out
+        .iter()
+        .enumerate()
+        .flat_map(|(u, o)| o.iter().map(move |&v| (u as u32, v)))
+        .collect();
     edges.sort_unstable();
-    let fg = resident_workloads::input::EdgeList { ids: g.ids.clone(), edges };
+    let fg = resident_workloads::input::EdgeList {
+        ids: g.ids.clone(),
+        edges,
+    };
     let want = pagerank::reference(&fg, p).unwrap();
-    let l1: f64 = ranks.iter().zip(&want.ranks).map(|(a, b)| (a - b).abs()).sum();
+    let l1: f64 = ranks
+        .iter()
+        .zip(&want.ranks)
+        .map(|(a, b)| (a - b).abs())
+        .sum();
     assert!(l1 <= pagerank::stream_tolerance(g.nodes(), p), "l1 {l1:e}");
 }
 
 #[test]
 fn pipeline_matches_the_reference_in_order() {
     let (rt, _) = cpu();
-    let mut values: Vec<f64> = (0..20_000).map(|i| (i % 250) as f64 - 50.0 + 0.37).collect();
-    values.extend([f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, 100.0, 54.772, 83.67]);
+    let mut values: Vec<f64> = (0..20_000)
+        .map(|i| (i % 250) as f64 - 50.0 + 0.37)
+        .collect();
+    values.extend([
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        100.0,
+        54.772,
+        83.67,
+    ]);
     let r = pipeline::run(&rt, &values, |_| {}).unwrap();
     pipeline::check(&r.scored, &values).unwrap();
     assert_eq!(pipeline::score(0.5).1, pipeline::LOW);
@@ -155,12 +260,19 @@ fn anomaly_actor_and_stateless_match_the_reference_and_catch_every_injected_spik
     for batch in [100, 500, 1000] {
         let a = anomaly::run_actor(&rt, &d, &r, batch, anomaly::IN_FLIGHT, |_| {}).unwrap();
         anomaly::check(&a, &r).unwrap();
-        anomaly::check(&anomaly::run_actor(&rt, &d, &r, batch, 1, |_| {}).unwrap(), &r).unwrap();
+        anomaly::check(
+            &anomaly::run_actor(&rt, &d, &r, batch, 1, |_| {}).unwrap(),
+            &r,
+        )
+        .unwrap();
         let s = anomaly::run_stateless(&d, &r, batch, |_| {}).unwrap();
         anomaly::check(&s, &r).unwrap();
         let alerted: std::collections::HashSet<u64> = a.alerts.iter().map(|x| x.index).collect();
         for i in &spikes {
-            assert!(alerted.contains(&(*i as u64)), "spike at {i} not alerted (batch {batch})");
+            assert!(
+                alerted.contains(&(*i as u64)),
+                "spike at {i} not alerted (batch {batch})"
+            );
         }
     }
 }
@@ -170,22 +282,40 @@ fn anomaly_follows_the_definition_on_one_sensor_in_one_batch() {
     // 100 readings of one sensor alternate 10/12 (v > 0), then a spike: the spike is the
     // 101st reading (100 prior) and must alert; the same spike as the 100th reading must not.
     let (rt, d) = cpu();
-    let mut rs: Vec<SensorReading> = (0..100).map(|i| SensorReading { sensor: 7, value: if i % 2 == 0 { 10.0 } else { 12.0 } }).collect();
-    rs.push(SensorReading { sensor: 7, value: 40.0 });
+    let mut rs: Vec<SensorReading> = (0..100)
+        .map(|i| SensorReading {
+            sensor: 7,
+            value: if i % 2 == 0 { 10.0 } else { 12.0 },
+        })
+        .collect();
+    rs.push(SensorReading {
+        sensor: 7,
+        value: 40.0,
+    });
     let r = anomaly::slot(&rs);
     let a = anomaly::run_actor(&rt, &d, &r, 1000, 2, |_| {}).unwrap();
     anomaly::check(&a, &r).unwrap();
     assert_eq!(a.alerts.len(), 1);
     assert_eq!((a.alerts[0].index, a.alerts[0].sensor), (100, 7));
     let mut early: Vec<SensorReading> = rs[..99].to_vec();
-    early.push(SensorReading { sensor: 7, value: 40.0 });
+    early.push(SensorReading {
+        sensor: 7,
+        value: 40.0,
+    });
     let r = anomaly::slot(&early);
     let a = anomaly::run_actor(&rt, &d, &r, 1000, 2, |_| {}).unwrap();
     assert!(a.alerts.is_empty());
     // First reading: m = x, v = 0; a second equal reading has no score (v = 0).
     let mut s = anomaly::SensorStats::default();
     assert_eq!(anomaly::observe(&mut s, 5.0), None);
-    assert_eq!(s, anomaly::SensorStats { m: 5.0, v: 0.0, n: 1 });
+    assert_eq!(
+        s,
+        anomaly::SensorStats {
+            m: 5.0,
+            v: 0.0,
+            n: 1
+        }
+    );
     anomaly::observe(&mut s, 7.0);
     assert!((s.m - 5.02).abs() < 1e-12 && (s.v - 0.99 * 0.04).abs() < 1e-12);
 }
@@ -193,12 +323,36 @@ fn anomaly_follows_the_definition_on_one_sensor_in_one_batch() {
 #[test]
 fn anomaly_kernel_counts_and_reports_readings_it_cannot_place() {
     let (rt, d) = cpu();
-    let k = rt.launch(anomaly::kernel("an-small", &d, 2).unwrap()).unwrap();
+    let k = rt
+        .launch(anomaly::kernel("an-small", &d, 2).unwrap())
+        .unwrap();
     k.activate().unwrap();
     let t = std::time::Duration::from_secs(5);
-    k.send(anomaly::ReadingMsg { index: 0, value: 1.0, slot: 1, _pad: 0 }).unwrap();
-    k.send(anomaly::ReadingMsg { index: 1, value: 1.0, slot: 9, _pad: 0 }).unwrap();
-    let f = k.call(anomaly::ReadingMsg { index: 0, value: 0.0, slot: anomaly::FLUSH, _pad: 0 }, t).unwrap();
+    k.send(anomaly::ReadingMsg {
+        index: 0,
+        value: 1.0,
+        slot: 1,
+        _pad: 0,
+    })
+    .unwrap();
+    k.send(anomaly::ReadingMsg {
+        index: 1,
+        value: 1.0,
+        slot: 9,
+        _pad: 0,
+    })
+    .unwrap();
+    let f = k
+        .call(
+            anomaly::ReadingMsg {
+                index: 0,
+                value: 0.0,
+                slot: anomaly::FLUSH,
+                _pad: 0,
+            },
+            t,
+        )
+        .unwrap();
     assert_eq!((f.slot, f.value, f.z), (anomaly::FLUSH, 1.0, 0.0));
     let s = k.read_buffer::<anomaly::SensorStats>("stats", t).unwrap();
     assert_eq!(s[1].n, 1);

@@ -34,15 +34,17 @@ pub use runtime::state::{Error, KernelState, Result};
 
 /// Everything a user of ring kernels needs.
 pub mod prelude {
+    pub use crate::backend::cuda_ring::CudaHandler;
     pub use crate::backend::wgpu::ring::WgslHandler;
     pub use crate::backend::Backend;
-    pub use crate::runtime::bind::{BindError, Bindings, BufMut, BufRef, BufferId, BufferReadGuard, BufferWriteGuard};
     pub use crate::profile::Profiler;
+    pub use crate::runtime::bind::{
+        BindError, Bindings, BufMut, BufRef, BufferId, BufferReadGuard, BufferWriteGuard,
+    };
     pub use crate::runtime::context::{Context, LoopContext};
-    pub use crate::backend::cuda_ring::CudaHandler;
     pub use crate::runtime::handle::{KernelHandle, TerminateReport};
-    pub use crate::runtime::report::KernelReport;
     pub use crate::runtime::kernel::RingKernel;
+    pub use crate::runtime::report::KernelReport;
     pub use crate::runtime::state::{Error, KernelState, Result};
     pub use crate::runtime::{Runtime, RuntimeBuilder};
     pub use crate::telemetry::{LatencySummary, RuntimeTelemetry, Telemetry};
@@ -51,6 +53,6 @@ pub mod prelude {
     };
 }
 
-pub use backend::{BackendError, ComputeDevice, Kernel, KernelArg, LaunchConfig};
 pub use backend::wgpu::WgslError;
+pub use backend::{BackendError, ComputeDevice, Kernel, KernelArg, LaunchConfig};
 pub use memory::{BufferState, MemoryError, MemoryPool, PoolKind, UnifiedBuffer};

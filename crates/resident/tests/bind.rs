@@ -21,7 +21,8 @@ fn cpu() -> (Runtime, resident::backend::DeviceHandle) {
 #[test]
 fn handler_sees_bound_buffers_and_host_reads_them_through_the_state_machine() {
     let (rt, d) = cpu();
-    let a = UnifiedBuffer::from_slice(&d, &[1.0f32, 2.0, 3.0, 4.0], BufferOptions::default()).unwrap();
+    let a =
+        UnifiedBuffer::from_slice(&d, &[1.0f32, 2.0, 3.0, 4.0], BufferOptions::default()).unwrap();
     let c = UnifiedBuffer::<f32>::new(&d, 4, BufferOptions::default()).unwrap();
     let k = rt
         .launch(
@@ -70,16 +71,27 @@ fn messages_name_buffers_by_id_and_errors_are_typed() {
                     b[0] += m.value;
                     let code = {
                         // A second mutable borrow of the same buffer is refused, typed.
-                        let again = ctx.buffer::<u32>("x").err().or(ctx.buffer::<u32>("y").err());
+                        let again = ctx
+                            .buffer::<u32>("x")
+                            .err()
+                            .or(ctx.buffer::<u32>("y").err());
                         match again {
                             Some(BindError::AlreadyBorrowed { .. }) => 1,
                             _ => 0,
                         }
                     };
                     drop(b);
-                    let unknown = matches!(ctx.buffer::<u32>("nope"), Err(BindError::UnknownBuffer { .. }));
-                    let wrong = matches!(ctx.buffer::<f64>("x"), Err(BindError::TypeMismatch { .. }));
-                    let bad_id = matches!(ctx.buffer::<u32>("x").and(ctx.buffer_by_id::<u32>(BufferId(u64::MAX))), Err(BindError::UnknownBufferId { .. }));
+                    let unknown = matches!(
+                        ctx.buffer::<u32>("nope"),
+                        Err(BindError::UnknownBuffer { .. })
+                    );
+                    let wrong =
+                        matches!(ctx.buffer::<f64>("x"), Err(BindError::TypeMismatch { .. }));
+                    let bad_id = matches!(
+                        ctx.buffer::<u32>("x")
+                            .and(ctx.buffer_by_id::<u32>(BufferId(u64::MAX))),
+                        Err(BindError::UnknownBufferId { .. })
+                    );
                     Some(code | (unknown as u32) << 1 | (wrong as u32) << 2 | (bad_id as u32) << 3)
                 }),
         )
@@ -87,13 +99,44 @@ fn messages_name_buffers_by_id_and_errors_are_typed() {
     k.activate().unwrap();
     let (xid, yid) = (k.buffer_id("x").unwrap(), k.buffer_id("y").unwrap());
     assert_ne!(xid, yid);
-    assert_eq!(k.call(AddTo { buffer: yid.0, value: 5, _pad: 0 }, T).unwrap(), 0b1111);
-    assert_eq!(k.call(AddTo { buffer: xid.0, value: 2, _pad: 0 }, T).unwrap(), 0b1111);
+    assert_eq!(
+        k.call(
+            AddTo {
+                buffer: yid.0,
+                value: 5,
+                _pad: 0
+            },
+            T
+        )
+        .unwrap(),
+        0b1111
+    );
+    assert_eq!(
+        k.call(
+            AddTo {
+                buffer: xid.0,
+                value: 2,
+                _pad: 0
+            },
+            T
+        )
+        .unwrap(),
+        0b1111
+    );
     assert_eq!(k.read_buffer::<u32>("x", T).unwrap()[0], 2);
     assert_eq!(k.read_buffer::<u32>("y", T).unwrap()[0], 5);
-    assert!(matches!(k.read_buffer::<u32>("z", T), Err(BindError::UnknownBuffer { .. })));
-    assert!(matches!(k.read_buffer::<i64>("x", T), Err(BindError::TypeMismatch { .. })));
-    assert!(matches!(k.buffer_id("z"), Err(BindError::UnknownBuffer { .. })));
+    assert!(matches!(
+        k.read_buffer::<u32>("z", T),
+        Err(BindError::UnknownBuffer { .. })
+    ));
+    assert!(matches!(
+        k.read_buffer::<i64>("x", T),
+        Err(BindError::TypeMismatch { .. })
+    ));
+    assert!(matches!(
+        k.buffer_id("z"),
+        Err(BindError::UnknownBuffer { .. })
+    ));
     k.terminate().unwrap();
 }
 
@@ -115,7 +158,10 @@ fn launch_refuses_repeated_names_and_unbound_kernels_say_so() {
     let k = rt
         .launch(RingKernel::<u32, u32>::new("plain").handler(|_: &mut Context<()>, x: u32| Some(x)))
         .unwrap();
-    assert!(matches!(k.read_buffer::<u8>("b", T), Err(BindError::NoBindings { .. })));
+    assert!(matches!(
+        k.read_buffer::<u8>("b", T),
+        Err(BindError::NoBindings { .. })
+    ));
     k.terminate().unwrap();
 }
 
@@ -154,7 +200,11 @@ fn host_reads_race_a_writer_kernel_and_never_see_a_torn_batch() {
                 while !stop.load(Ordering::Acquire) {
                     let g = k.read_buffer::<u64>("v", T).unwrap();
                     let first = g[0];
-                    assert!(g.iter().all(|&e| e == first), "torn read: {first} and {:?}", g.iter().find(|&&e| e != first));
+                    assert!(
+                        g.iter().all(|&e| e == first),
+                        "torn read: {first} and {:?}",
+                        g.iter().find(|&&e| e != first)
+                    );
                     assert!(first >= last, "went back from {last} to {first}");
                     last = first;
                     reads += 1;
@@ -182,17 +232,15 @@ fn a_host_guard_holds_the_kernel_between_batches_and_busy_is_typed() {
     let buf = UnifiedBuffer::from_slice(&d, &[0u32; 1], BufferOptions::default()).unwrap();
     assert_eq!(buf.state(), BufferState::HostOnly);
     let k = rt
-        .launch(
-            RingKernel::<u32, u32>::new("slow")
-                .bind("v", buf)
-                .handler(|ctx: &mut Context<()>, x: u32| {
-                    ctx.buffer_mut::<u32>("v").ok()?[0] = x;
-                    if x == 1 {
-                        std::thread::sleep(Duration::from_millis(300));
-                    }
-                    Some(x)
-                }),
-        )
+        .launch(RingKernel::<u32, u32>::new("slow").bind("v", buf).handler(
+            |ctx: &mut Context<()>, x: u32| {
+                ctx.buffer_mut::<u32>("v").ok()?[0] = x;
+                if x == 1 {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                Some(x)
+            },
+        ))
         .unwrap();
     k.activate().unwrap();
     // While the kernel is inside a slow batch the host read waits; a short timeout is Busy.
@@ -208,7 +256,10 @@ fn a_host_guard_holds_the_kernel_between_batches_and_busy_is_typed() {
     // While the host holds a guard the kernel does not run.
     let g = k.read_buffer::<u32>("v", T).unwrap();
     k.send(2).unwrap();
-    assert!(k.receive(Duration::from_millis(100)).map(|x| x == 1).unwrap_or(true));
+    assert!(k
+        .receive(Duration::from_millis(100))
+        .map(|x| x == 1)
+        .unwrap_or(true));
     assert_eq!(g[0], 1);
     drop(g);
     let mut got = vec![];

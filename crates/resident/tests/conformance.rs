@@ -166,7 +166,11 @@ fn two_phase_start(t: &dyn Target) {
         h.send(msg(0, i, i)).unwrap();
     }
     thread::sleep(Duration::from_millis(50));
-    assert_eq!(h.try_receive().unwrap(), None, "nothing handled before activate");
+    assert_eq!(
+        h.try_receive().unwrap(),
+        None,
+        "nothing handled before activate"
+    );
     assert_eq!(h.telemetry().messages_processed, 0);
     h.activate().unwrap();
     for i in 0..10 {
@@ -175,7 +179,11 @@ fn two_phase_start(t: &dyn Target) {
     h.deactivate().unwrap();
     h.send(msg(0, 10, 10)).unwrap();
     thread::sleep(Duration::from_millis(30));
-    assert_eq!(h.try_receive().unwrap(), None, "nothing handled while inactive");
+    assert_eq!(
+        h.try_receive().unwrap(),
+        None,
+        "nothing handled while inactive"
+    );
     h.activate().unwrap();
     assert_eq!(h.receive(T).unwrap().seq, 10);
     assert!(matches!(h.activate(), Err(Error::InvalidState { .. })));
@@ -185,7 +193,16 @@ fn priorities_drain_highest_lane_first(t: &dyn Target) {
     let rt = rt(t);
     let h = rt.launch(standard("prio").batch_size(64)).unwrap();
     // Queued before activation, so the whole set is there when draining starts.
-    let sent = [(0u32, 10u8), (1, 200), (2, 130), (3, 255), (4, 70), (5, 12), (6, 201), (7, 131)];
+    let sent = [
+        (0u32, 10u8),
+        (1, 200),
+        (2, 130),
+        (3, 255),
+        (4, 70),
+        (5, 12),
+        (6, 201),
+        (7, 131),
+    ];
     for (seq, p) in sent {
         h.send_with_priority(msg(0, seq, seq), p).unwrap();
     }
@@ -199,7 +216,11 @@ fn backpressure_policies(t: &dyn Target) {
     let rt = rt(t);
     // Reject: the message comes back in the error.
     let h = rt
-        .launch(standard("reject").queue_size(4).backpressure(Backpressure::Reject))
+        .launch(
+            standard("reject")
+                .queue_size(4)
+                .backpressure(Backpressure::Reject),
+        )
         .unwrap();
     for i in 0..4 {
         h.send(msg(0, i, i)).unwrap();
@@ -230,7 +251,11 @@ fn backpressure_policies(t: &dyn Target) {
         (Backpressure::DropOldest, [2, 3, 4, 5]),
     ] {
         let h = rt
-            .launch(standard(&format!("{policy:?}")).queue_size(4).backpressure(policy))
+            .launch(
+                standard(&format!("{policy:?}"))
+                    .queue_size(4)
+                    .backpressure(policy),
+            )
             .unwrap();
         for i in 0..6 {
             h.send(msg(0, i, i)).unwrap();
@@ -244,7 +269,11 @@ fn backpressure_policies(t: &dyn Target) {
     }
     // A call dropped by the policy fails at once instead of waiting out its timeout.
     let h = rt
-        .launch(standard("drop-call").queue_size(2).backpressure(Backpressure::DropOldest))
+        .launch(
+            standard("drop-call")
+                .queue_size(2)
+                .backpressure(Backpressure::DropOldest),
+        )
         .unwrap();
     let h2 = h.clone();
     let caller = thread::spawn(move || h2.call(msg(0, 1, 1), Duration::from_secs(30)));
@@ -277,7 +306,11 @@ fn concurrent_calls(t: &dyn Target) {
         t.join().unwrap();
     }
     assert_eq!(h.telemetry().messages_processed, 1000);
-    assert_eq!(h.try_receive().unwrap(), None, "replies never land in the output queue");
+    assert_eq!(
+        h.try_receive().unwrap(),
+        None,
+        "replies never land in the output queue"
+    );
 }
 
 fn kernel_to_kernel(t: &dyn Target) {
@@ -286,12 +319,12 @@ fn kernel_to_kernel(t: &dyn Target) {
     target.activate().unwrap();
     // A CPU forwarder sends into the kernel under test with `ctx.send_to`.
     let fwd = rt
-        .launch(
-            RingKernel::<Msg, Msg>::new("k2k-forwarder").handler(|ctx: &mut Context<()>, m: Msg| {
+        .launch(RingKernel::<Msg, Msg>::new("k2k-forwarder").handler(
+            |ctx: &mut Context<()>, m: Msg| {
                 ctx.send_to("k2k-target", m).expect("route to the target");
                 None
-            }),
-        )
+            },
+        ))
         .unwrap();
     fwd.activate().unwrap();
     for i in 0..100 {
@@ -305,10 +338,12 @@ fn kernel_to_kernel(t: &dyn Target) {
 fn fault_isolation(t: &dyn Target) {
     let rt = rt(t);
     let bad = rt.launch(standard("faulty").batch_size(1)).unwrap();
-    let good = rt.launch(RingKernel::<Msg, Msg>::new("healthy").handler(
-        |_: &mut Context<()>, m: Msg| Some(expected(m)),
-    ))
-    .unwrap();
+    let good = rt
+        .launch(
+            RingKernel::<Msg, Msg>::new("healthy")
+                .handler(|_: &mut Context<()>, m: Msg| Some(expected(m))),
+        )
+        .unwrap();
     bad.activate().unwrap();
     good.activate().unwrap();
     assert_eq!(bad.call(msg(0, 0, 5), T).unwrap(), expected(msg(0, 0, 5)));
@@ -317,9 +352,15 @@ fn fault_isolation(t: &dyn Target) {
     let start = Instant::now();
     let r = waiting.join().unwrap();
     assert!(matches!(r, Err(Error::KernelFailed { .. })), "{r:?}");
-    assert!(start.elapsed() < Duration::from_secs(10), "callers learn promptly");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "callers learn promptly"
+    );
     assert!(matches!(bad.state(), KernelState::Failed(_)));
-    assert!(matches!(bad.send(msg(0, 2, 2)), Err(Error::NotAccepting { .. })));
+    assert!(matches!(
+        bad.send(msg(0, 2, 2)),
+        Err(Error::NotAccepting { .. })
+    ));
     // The other kernel is untouched.
     assert_eq!(good.call(msg(0, 3, 3), T).unwrap(), expected(msg(0, 3, 3)));
     let r = bad.terminate().unwrap();
@@ -408,7 +449,8 @@ fn race_once(t: &dyn Target, policy: Backpressure, ending: Ending, round: u32) {
         }
         Ending::DropRuntime => {
             drop(rt);
-            h.report().expect("a handle gets its report after the runtime is dropped")
+            h.report()
+                .expect("a handle gets its report after the runtime is dropped")
         }
     };
     stop.store(true, Ordering::Relaxed);
@@ -416,7 +458,10 @@ fn race_once(t: &dyn Target, policy: Backpressure, ending: Ending, round: u32) {
     let received = receiver.join().unwrap();
     let mut seen: HashSet<(u32, u32)> = HashSet::new();
     let mut dup = |p: u32, s: u32, what: &str| {
-        assert!(seen.insert((p, s)), "{what}: message ({p},{s}) accounted twice ({policy:?}, {ending:?})");
+        assert!(
+            seen.insert((p, s)),
+            "{what}: message ({p},{s}) accounted twice ({policy:?}, {ending:?})"
+        );
     };
     for m in &received {
         dup(m.producer, m.seq, "received");
@@ -445,7 +490,11 @@ fn race_once(t: &dyn Target, policy: Backpressure, ending: Ending, round: u32) {
          received, nor in the report, nor counted as dropped ({} dropped)",
         report.dropped
     );
-    assert_eq!(seen.len() as u64 + missing, total as u64, "only accepted messages appear");
+    assert_eq!(
+        seen.len() as u64 + missing,
+        total as u64,
+        "only accepted messages appear"
+    );
     assert!(report.failure.is_none(), "{:?}", report.failure);
 }
 
@@ -493,7 +542,10 @@ fn stuck_handler_bounded_waits(t: &dyn Target) {
     assert!(start.elapsed() < bound + slack, "drain is bounded");
     let start = Instant::now();
     let d = h.deactivate();
-    assert!(start.elapsed() < bound + slack, "deactivate is bounded: {d:?}");
+    assert!(
+        start.elapsed() < bound + slack,
+        "deactivate is bounded: {d:?}"
+    );
     let start = Instant::now();
     let r = h.terminate().unwrap();
     assert!(start.elapsed() < bound + slack, "terminate is bounded");
@@ -550,7 +602,10 @@ fn telemetry_counts(t: &dyn Target) {
     assert_eq!(tm.messages_processed, 150);
     assert_eq!(tm.queue_depth, 0);
     assert_eq!(tm.messages_dropped, 0);
-    assert_eq!(tm.latency.count, 150, "latency: every response, call or output");
+    assert_eq!(
+        tm.latency.count, 150,
+        "latency: every response, call or output"
+    );
     assert!(tm.batches >= 1);
     assert!(rt.prometheus().contains("telemetry"));
 }

@@ -41,7 +41,10 @@ fn a_queue_larger_than_memory_is_a_typed_error() {
 fn pool_and_buffer_allocations_larger_than_memory_are_typed_errors() {
     let d = backend::open(Backend::Cpu).unwrap();
     let pool = MemoryPool::new(&d, PoolKind::Device, None);
-    let e = pool.acquire(1 << 40).err().expect("1 TiB cannot be allocated here");
+    let e = pool
+        .acquire(1 << 40)
+        .err()
+        .expect("1 TiB cannot be allocated here");
     assert!(matches!(e, MemoryError::AllocFailed { .. }), "{e}");
     let mut b = UnifiedBuffer::<f32>::new(&d, 1 << 40, BufferOptions::default()).unwrap();
     let e = b.host_mut().err().expect("4 TiB cannot be allocated here");
@@ -79,7 +82,11 @@ fn a_duplicate_id_leaves_no_device_kernel_running() {
         let e = rt.launch(kernel("dup")).unwrap_err();
         assert!(matches!(e, Error::DuplicateKernel { .. }), "{e}");
     }
-    assert_eq!(threads(), before, "a refused duplicate starts no pump or device thread");
+    assert_eq!(
+        threads(),
+        before,
+        "a refused duplicate starts no pump or device thread"
+    );
     h.activate().unwrap();
     assert_eq!(h.call(N { v: 7 }, Duration::from_secs(10)).unwrap().v, 7);
 }
@@ -98,14 +105,12 @@ fn handler_before_state_is_kept_not_discarded() {
     assert_eq!(h.call(1, Duration::from_secs(10)).unwrap(), 2);
     // And the usual order, where the handler sees the state.
     let h = rt
-        .launch(
-            RingKernel::<u32, u64>::new("order2")
-                .state(40u64)
-                .handler(|ctx: &mut Context<u64>, m: u32| {
-                    *ctx.state_mut() += m as u64;
-                    Some(*ctx.state())
-                }),
-        )
+        .launch(RingKernel::<u32, u64>::new("order2").state(40u64).handler(
+            |ctx: &mut Context<u64>, m: u32| {
+                *ctx.state_mut() += m as u64;
+                Some(*ctx.state())
+            },
+        ))
         .unwrap();
     h.activate().unwrap();
     assert_eq!(h.call(2, Duration::from_secs(10)).unwrap(), 42);
@@ -132,6 +137,10 @@ fn outputs_are_visible_while_a_long_batch_is_still_running() {
     // Message 0's output is there long before message 1's handler (same batch) returns.
     let start = std::time::Instant::now();
     assert_eq!(h.receive(Duration::from_secs(10)).unwrap(), 0);
-    assert!(start.elapsed() < Duration::from_millis(300), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        start.elapsed()
+    );
     assert_eq!(h.receive(Duration::from_secs(10)).unwrap(), 1);
 }

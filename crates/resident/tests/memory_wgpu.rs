@@ -1,8 +1,12 @@
 //! Memory and one-shot WGSL kernels on the wgpu backend (lavapipe in CI). Without an adapter
 //! each test prints `SKIP:` and returns, unless `RESIDENT_REQUIRE_WGPU=1`, then it fails.
 
-use resident::backend::{self, Backend, BackendError, DeviceHandle, Kernel, KernelArg, LaunchConfig};
-use resident::memory::{BufferOptions, BufferState, MemoryError, MemoryPool, PoolKind, UnifiedBuffer};
+use resident::backend::{
+    self, Backend, BackendError, DeviceHandle, Kernel, KernelArg, LaunchConfig,
+};
+use resident::memory::{
+    BufferOptions, BufferState, MemoryError, MemoryPool, PoolKind, UnifiedBuffer,
+};
 
 fn wgpu_device(test: &str) -> Option<DeviceHandle> {
     match backend::open(Backend::Wgpu) {
@@ -116,7 +120,10 @@ fn state_machine_and_transfer_counts() {
     odd.device_mut().unwrap();
     assert_eq!(odd.host().unwrap(), b"hello");
     let mut u = UnifiedBuffer::<f32>::new(&d, 4, BufferOptions::default()).unwrap();
-    assert!(matches!(u.host(), Err(MemoryError::Uninitialized { len: 4 })));
+    assert!(matches!(
+        u.host(),
+        Err(MemoryError::Uninitialized { len: 4 })
+    ));
     u.device_mut().unwrap();
     assert_eq!(u.host().unwrap(), &[0.0; 4], "device memory starts zeroed");
 }
@@ -145,7 +152,12 @@ fn oversize_buffer_is_a_typed_error() {
     let mut b = UnifiedBuffer::<u8>::new(&d, 1usize << 40, BufferOptions::default()).unwrap();
     match b.device_mut() {
         Err(MemoryError::AllocFailed {
-            source: BackendError::WgpuLimit { limit, requested, max },
+            source:
+                BackendError::WgpuLimit {
+                    limit,
+                    requested,
+                    max,
+                },
             ..
         }) => {
             assert!(limit == "max_buffer_size" || limit == "max_storage_buffer_binding_size");
@@ -175,17 +187,26 @@ fn kernel_errors_are_typed() {
         other => panic!("expected WgslCompile, got {other:?}"),
     }
     // A workgroup past the adapter's limit.
-    let huge = Kernel::new("huge").wgsl("@compute @workgroup_size(1024, 1024) fn main() {}", "main");
+    let huge =
+        Kernel::new("huge").wgsl("@compute @workgroup_size(1024, 1024) fn main() {}", "main");
     assert!(matches!(
         d.launch(&huge, LaunchConfig::new(1, 1), &[], None),
-        Err(BackendError::WgpuLimit { limit: "max_compute_workgroup_size_y", .. })
-            | Err(BackendError::WgpuLimit { limit: "max_compute_invocations_per_workgroup", .. })
+        Err(BackendError::WgpuLimit {
+            limit: "max_compute_workgroup_size_y",
+            ..
+        }) | Err(BackendError::WgpuLimit {
+            limit: "max_compute_invocations_per_workgroup",
+            ..
+        })
     ));
     // Too many workgroups.
     let one = Kernel::new("one").wgsl("@compute @workgroup_size(1) fn main() {}", "main");
     assert!(matches!(
         d.launch(&one, LaunchConfig::new(u32::MAX, 1), &[], None),
-        Err(BackendError::WgpuLimit { limit: "max_compute_workgroups_per_dimension", .. })
+        Err(BackendError::WgpuLimit {
+            limit: "max_compute_workgroups_per_dimension",
+            ..
+        })
     ));
     // A missing entry point, a missing WGSL form, and argument mismatches.
     let wrong_entry = Kernel::new("e").wgsl("@compute @workgroup_size(1) fn main() {}", "other");
@@ -208,7 +229,12 @@ fn kernel_errors_are_typed() {
          @compute @workgroup_size(1) fn main() { _ = x[0]; }",
         "main",
     );
-    match d.launch(&ro, LaunchConfig::new(1, 1), &[KernelArg::scalar(1u32)], None) {
+    match d.launch(
+        &ro,
+        LaunchConfig::new(1, 1),
+        &[KernelArg::scalar(1u32)],
+        None,
+    ) {
         Err(BackendError::BadArgument { index: 0, reason }) => {
             assert!(reason.contains("var<storage, read>"), "{reason}")
         }

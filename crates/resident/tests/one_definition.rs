@@ -34,7 +34,10 @@ fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> 
 /// WGSL on `Backend::Wgpu`, the closure on the CPU.
 fn notional() -> RingKernel<Tick, Notional, Seen> {
     RingKernel::<Tick, Notional>::new("notional")
-        .state(Seen { ticks: 0, volume: 0 })
+        .state(Seen {
+            ticks: 0,
+            volume: 0,
+        })
         .handler(|ctx: &mut Context<Seen>, t: Tick| {
             if t.qty == 0 {
                 return None;
@@ -42,10 +45,19 @@ fn notional() -> RingKernel<Tick, Notional, Seen> {
             let s = ctx.state_mut();
             s.ticks += 1;
             s.volume += t.qty;
-            Some(Notional { value: t.price * t.qty as f32, qty: t.qty })
+            Some(Notional {
+                value: t.price * t.qty as f32,
+                qty: t.qty,
+            })
         })
-        .cuda(CudaHandler::new(CUDA).state(Seen { ticks: 0, volume: 0 }))
-        .wgsl(WgslHandler::new(WGSL).state(Seen { ticks: 0, volume: 0 }))
+        .cuda(CudaHandler::new(CUDA).state(Seen {
+            ticks: 0,
+            volume: 0,
+        }))
+        .wgsl(WgslHandler::new(WGSL).state(Seen {
+            ticks: 0,
+            volume: 0,
+        }))
 }
 // README:end
 
@@ -114,7 +126,10 @@ fn the_cuda_handler_compiles() {
         println!("SKIP: the_cuda_handler_compiles: NVRTC not found");
         return;
     }
-    let k = CudaHandler::<Tick, Notional>::new(CUDA).state(Seen { ticks: 0, volume: 0 });
+    let k = CudaHandler::<Tick, Notional>::new(CUDA).state(Seen {
+        ticks: 0,
+        volume: 0,
+    });
     k.compile_ptx("notional", 64, "compute_90")
         .expect("the README's CUDA handler compiles");
 }

@@ -331,9 +331,7 @@ fn device_pump_pushes_and_pulls_are_recorded() {
     let src = "__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, \
                const Envelope* env) { out->v = in->v + 1; return true; }";
     let k = rt
-        .launch(
-            RingKernel::<Num, Num>::new("pumped").cuda(CudaHandler::new(src)),
-        )
+        .launch(RingKernel::<Num, Num>::new("pumped").cuda(CudaHandler::new(src)))
         .unwrap();
     k.activate().unwrap();
     for i in 0..200 {

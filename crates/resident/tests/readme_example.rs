@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use resident::prelude::*;
 
-device_message! { pub struct Tick { pub price: f32, pub qty: u32 } }      // Rust + C layout, one definition
+device_message! { pub struct Tick { pub price: f32, pub qty: u32 } } // Rust + C layout, one definition
 device_message! { pub struct Notional { pub value: f32, pub seq: u32 } }
 
 const SRC: &str = r#"
@@ -16,8 +16,13 @@ const SRC: &str = r#"
 
 fn kernel() -> RingKernel<Tick, Notional> {
     RingKernel::<Tick, Notional>::new("notional")
-        .handler(|ctx: &mut Context<()>, t: Tick| Some(Notional {                             // CPU backend
-            value: t.price * t.qty as f32, seq: ctx.envelope().message_id as u32 }))
+        .handler(|ctx: &mut Context<()>, t: Tick| {
+            Some(Notional {
+                // CPU backend
+                value: t.price * t.qty as f32,
+                seq: ctx.envelope().message_id as u32,
+            })
+        })
         .cuda(CudaHandler::new(SRC))
 }
 
@@ -27,7 +32,12 @@ fn run(rt: Runtime) -> Vec<(f32, bool)> {
     k.activate().unwrap();
     (0..100u32)
         .map(|i| {
-            let id = k.send(Tick { price: 1.5 + i as f32, qty: i }).unwrap();
+            let id = k
+                .send(Tick {
+                    price: 1.5 + i as f32,
+                    qty: i,
+                })
+                .unwrap();
             let n = k.receive(Duration::from_secs(10)).unwrap();
             (n.value, n.seq == id as u32)
         })

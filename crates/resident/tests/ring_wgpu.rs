@@ -130,15 +130,24 @@ fn scenario(h: &KernelHandle<Order, Fill>, device: bool, state: impl Fn() -> Boo
     let mut priority_order = Vec::new();
     for _ in 0..prios.len() {
         let (env, f) = h.receive_envelope(T).unwrap();
-        assert_eq!(env.priority, prios[f.qty as usize - 1], "request priority kept");
+        assert_eq!(
+            env.priority,
+            prios[f.qty as usize - 1],
+            "request priority kept"
+        );
         if device {
-            assert_eq!(f.seq, env.correlation_id as u32, "the device saw the request's id");
+            assert_eq!(
+                f.seq, env.correlation_id as u32,
+                "the device saw the request's id"
+            );
         }
         priority_order.push(f.qty);
     }
     // 2. A large batch, in order; every 7th has qty 0 and yields no output.
     let n = 3000u32;
-    let msgs: Vec<Order> = (0..n).map(|i| order(if i % 7 == 3 { 0 } else { 100 + i })).collect();
+    let msgs: Vec<Order> = (0..n)
+        .map(|i| order(if i % 7 == 3 { 0 } else { 100 + i }))
+        .collect();
     let mut sent = 0;
     while sent < msgs.len() {
         sent += h.send_batch(&msgs[sent..]).unwrap();
@@ -209,14 +218,21 @@ fn wgsl_handler_with_device_state_matches_the_cpu_closure() {
 
     for (h, name) in [(&ch, "cpu"), (&wh, "wgpu")] {
         let r = h.terminate().unwrap();
-        assert!(r.undelivered.is_empty(), "{name}: {:?}", r.undelivered.len());
+        assert!(
+            r.undelivered.is_empty(),
+            "{name}: {:?}",
+            r.undelivered.len()
+        );
         assert!(r.unreceived.is_empty(), "{name}: {:?}", r.unreceived.len());
         assert!(r.failure.is_none(), "{name}: {:?}", r.failure);
         assert_eq!(r.processed, cpu.processed, "{name}");
     }
     // The final state is still readable after terminate, and says the same.
     let fin = wh.snapshot_state::<Book>().unwrap();
-    assert_eq!((fin.count, fin.total_qty, fin.max_qty, fin.rejected), cpu.state);
+    assert_eq!(
+        (fin.count, fin.total_qty, fin.max_qty, fin.rejected),
+        cpu.state
+    );
     let t = wh.telemetry();
     assert!(t.latency.count > 0, "device outputs record latency");
 }
@@ -229,8 +245,10 @@ fn state_stays_on_the_device_across_batches_and_kernels_are_independent() {
     let a = rt.launch(wgsl_kernel("a").batch_size(16)).unwrap();
     let b = rt
         .launch(
-            RingKernel::<Order, Fill>::new("b")
-                .wgsl(WgslHandler::new(HANDLER).state(Book { count: 1000, ..EMPTY })),
+            RingKernel::<Order, Fill>::new("b").wgsl(WgslHandler::new(HANDLER).state(Book {
+                count: 1000,
+                ..EMPTY
+            })),
         )
         .unwrap();
     a.activate().unwrap();
@@ -260,7 +278,8 @@ fn launch_errors_are_typed() {
         return;
     };
     // A compile error carries naga's message and the line in the handler's own source.
-    let bad = "fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {\n\
+    let bad =
+        "fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {\n\
                \x20   (*out).qty = input.nope;\n\
                \x20   return true;\n}\n";
     let e = rt
@@ -298,7 +317,10 @@ fn launch_errors_are_typed() {
             )))
         )
     };
-    let e = rt.launch(wgsl_kernel("huge").batch_size(1 << 26)).err().expect("a limit error");
+    let e = rt
+        .launch(wgsl_kernel("huge").batch_size(1 << 26))
+        .err()
+        .expect("a limit error");
     assert!(limit(e));
     let e = rt
         .launch(
@@ -328,12 +350,16 @@ fn wgsl_only_kernel_on_the_cpu_backend_is_refused() {
         .unwrap();
     h.activate().unwrap();
     assert_eq!(h.call(order(7), T).unwrap().qty, 7);
-    assert!(matches!(h.snapshot_state::<Book>(), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(
+        h.snapshot_state::<Book>(),
+        Err(Error::InvalidConfig { .. })
+    ));
 }
 
 #[test]
 fn terminate_with_batches_in_flight_accounts_for_every_message() {
-    let Some(rt) = wgpu_runtime("terminate_with_batches_in_flight_accounts_for_every_message") else {
+    let Some(rt) = wgpu_runtime("terminate_with_batches_in_flight_accounts_for_every_message")
+    else {
         return;
     };
     let h = rt.launch(wgsl_kernel("acct").batch_size(64)).unwrap();
@@ -361,5 +387,8 @@ fn terminate_with_batches_in_flight_accounts_for_every_message() {
     qty.dedup();
     assert_eq!(qty.len(), 3000 - 10, "no message reported twice");
     let s = h.snapshot_state::<Book>().unwrap();
-    assert_eq!(s.count as u64, r.processed, "device state agrees with the count");
+    assert_eq!(
+        s.count as u64, r.processed,
+        "device state agrees with the count"
+    );
 }

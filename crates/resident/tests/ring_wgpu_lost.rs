@@ -11,7 +11,8 @@ device_message! {
     pub struct Ping { pub v: u32 }
 }
 
-const ECHO: &str = "fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {\n\
+const ECHO: &str =
+    "fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {\n\
                     \x20   (*out).v = input.v + 1u;\n    return true;\n}\n";
 
 #[test]
@@ -36,10 +37,17 @@ fn lost_device_fails_the_kernel_and_its_callers() {
     let t0 = Instant::now();
     let r = h.call(Ping { v: 2 }, Duration::from_secs(20));
     assert!(
-        matches!(r, Err(Error::KernelFailed { .. }) | Err(Error::NotAccepting { .. })),
+        matches!(
+            r,
+            Err(Error::KernelFailed { .. }) | Err(Error::NotAccepting { .. })
+        ),
         "expected the failure, got {r:?}"
     );
-    assert!(t0.elapsed() < Duration::from_secs(10), "the caller waited {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "the caller waited {:?}",
+        t0.elapsed()
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while !matches!(h.state(), KernelState::Failed(_)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
@@ -55,5 +63,8 @@ fn lost_device_fails_the_kernel_and_its_callers() {
         .launch(RingKernel::<Ping, Ping>::new("echo2").wgsl(WgslHandler::new(ECHO)))
         .unwrap();
     h2.activate().unwrap();
-    assert_eq!(h2.call(Ping { v: 41 }, Duration::from_secs(30)).unwrap().v, 42);
+    assert_eq!(
+        h2.call(Ping { v: 41 }, Duration::from_secs(30)).unwrap().v,
+        42
+    );
 }

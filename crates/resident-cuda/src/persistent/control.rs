@@ -33,6 +33,27 @@ pub enum RunState {
 }
 
 impl RunState {
+    /// Every value, for generating the CUDA template's `#define`s.
+    pub const ALL: [RunState; 5] = [
+        RunState::Launched,
+        RunState::Active,
+        RunState::Inactive,
+        RunState::Terminate,
+        RunState::Quiesce,
+    ];
+
+    /// The suffix of its `RESIDENT_RUN_*` name in the CUDA template (an exhaustive match: a new
+    /// variant does not compile until it is named here, and the template gets it).
+    pub fn c_name(self) -> &'static str {
+        match self {
+            RunState::Launched => "LAUNCHED",
+            RunState::Active => "ACTIVE",
+            RunState::Inactive => "INACTIVE",
+            RunState::Terminate => "TERMINATE",
+            RunState::Quiesce => "QUIESCE",
+        }
+    }
+
     /// Decodes the raw value; unknown values read as `None`.
     pub fn from_raw(v: u32) -> Option<Self> {
         match v {
@@ -68,6 +89,31 @@ pub enum DeviceState {
 }
 
 impl DeviceState {
+    /// Every value, for generating the CUDA template's `#define`s.
+    pub const ALL: [DeviceState; 7] = [
+        DeviceState::NotStarted,
+        DeviceState::Running,
+        DeviceState::Idle,
+        DeviceState::Terminated,
+        DeviceState::HeartbeatTimeout,
+        DeviceState::Error,
+        DeviceState::Quiesced,
+    ];
+
+    /// The suffix of its `RESIDENT_DEV_*` name in the CUDA template (exhaustive, as
+    /// [`RunState::c_name`]).
+    pub fn c_name(self) -> &'static str {
+        match self {
+            DeviceState::NotStarted => "NOT_STARTED",
+            DeviceState::Running => "RUNNING",
+            DeviceState::Idle => "IDLE",
+            DeviceState::Terminated => "TERMINATED",
+            DeviceState::HeartbeatTimeout => "HEARTBEAT_TIMEOUT",
+            DeviceState::Error => "ERROR",
+            DeviceState::Quiesced => "QUIESCED",
+        }
+    }
+
     /// Decodes the raw value; unknown values read as `None`.
     pub fn from_raw(v: u32) -> Option<Self> {
         match v {
@@ -102,6 +148,28 @@ pub mod error_code {
     pub const BAD_BLOCK_SIZE: u32 = 1;
     /// Lane count or capacities in the launch parameters are invalid.
     pub const BAD_PARAMS: u32 = 2;
+}
+
+/// The `#define`s of the run states, device states and error codes that the CUDA template (and
+/// CudaSim, and the TSan driver) use, generated from [`RunState`], [`DeviceState`] and
+/// [`error_code`] so the two sides cannot drift apart.
+pub fn c_state_defines() -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    for r in RunState::ALL {
+        let _ = writeln!(s, "#define RESIDENT_RUN_{} {}u", r.c_name(), r as u32);
+    }
+    for d in DeviceState::ALL {
+        let _ = writeln!(s, "#define RESIDENT_DEV_{} {}u", d.c_name(), d as u32);
+    }
+    for (name, v) in [
+        ("NONE", error_code::NONE),
+        ("BAD_BLOCK_SIZE", error_code::BAD_BLOCK_SIZE),
+        ("BAD_PARAMS", error_code::BAD_PARAMS),
+    ] {
+        let _ = writeln!(s, "#define RESIDENT_ERR_{name} {v}u");
+    }
+    s
 }
 
 /// The shared control block. `#[repr(C)]`, 256 bytes, 128-byte aligned.
@@ -266,5 +334,34 @@ mod tests {
         }
         assert!(DeviceState::HeartbeatTimeout.has_exited());
         assert!(!DeviceState::Idle.has_exited());
+    }
+}
+
+#[cfg(test)]
+mod define_tests {
+    use super::*;
+
+    #[test]
+    fn template_defines_come_from_the_enums() {
+        for r in RunState::ALL {
+            assert_eq!(RunState::from_raw(r as u32), Some(r));
+        }
+        for d in DeviceState::ALL {
+            assert_eq!(DeviceState::from_raw(d as u32), Some(d));
+        }
+        let d = c_state_defines();
+        assert!(d.contains("#define RESIDENT_RUN_QUIESCE 4u"), "{d}");
+        assert!(d.contains("#define RESIDENT_DEV_TERMINATED 3u"), "{d}");
+        assert!(d.contains("#define RESIDENT_ERR_BAD_PARAMS 2u"), "{d}");
+        // The template itself no longer spells these out.
+        for line in super::super::template::TEMPLATE_BODY.lines() {
+            let l = line.trim_start();
+            assert!(
+                !(l.starts_with("#define RESIDENT_RUN_")
+                    || l.starts_with("#define RESIDENT_DEV_")
+                    || l.starts_with("#define RESIDENT_ERR_")),
+                "copied in the template: {line}"
+            );
+        }
     }
 }

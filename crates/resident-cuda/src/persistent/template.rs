@@ -193,6 +193,7 @@ impl KernelSource {
         );
         let _ = writeln!(s, "#define RESIDENT_BATCH {}", self.batch_size);
         let _ = writeln!(s, "#define RESIDENT_HANDLER {}", self.handler_fn);
+        s.push_str(&super::control::c_state_defines());
         s.push_str(ENVELOPE_C_DECL);
         s.push_str(RING_HEADER_C_DECL);
         s.push_str(CONTROL_BLOCK_C_DECL);

@@ -160,8 +160,7 @@ impl<In: Message, Out: Message> GpuEngine<In, Out> {
             queues: g.queues(),
             ..LaunchOptions::default()
         };
-        let kernel =
-            PersistentKernel::launch(&source, &handler.state, &opts)?;
+        let kernel = PersistentKernel::launch(&source, &handler.state, &opts)?;
         Ok(GpuEngine { kernel })
     }
 }

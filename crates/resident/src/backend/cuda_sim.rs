@@ -17,11 +17,11 @@ use resident_cuda::sim::{SimInstance, SimModule, SimOptions};
 use resident_ring::{Message, Slot};
 
 use super::cpu::CpuDevice;
+use super::cuda_ring::{CudaHandler, DeviceGeometry};
+use super::device_host::{DeviceError, DeviceRing, RingCounters};
 use super::kernel::{Kernel, KernelArg};
 use super::storage::{DeviceMemory, HostMemory};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
-use super::cuda_ring::{CudaHandler, DeviceGeometry};
-use super::device_host::{DeviceError, DeviceRing, RingCounters};
 
 /// How long the kernel outlives a silent host (the pump beats every 50 ms).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,9 +57,8 @@ impl<In: Message, Out: Message> SimEngine<In, Out> {
         };
         // Compiling touches no device: outside the quiesce, so resident kernels keep running.
         let module = resident_cuda::persistent::compile_sim(&source)?;
-        let kernel = quiesced(|| {
-            SimKernel::launch_compiled(&module, &source, &handler.state, &opts)
-        })??;
+        let kernel =
+            quiesced(|| SimKernel::launch_compiled(&module, &source, &handler.state, &opts))??;
         Ok(SimEngine { kernel })
     }
 }

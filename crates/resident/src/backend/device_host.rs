@@ -116,7 +116,9 @@ fn store_counters<In: Message, Out: Message>(
     let c = ring.counters();
     io.metrics.processed.store(c.processed, Ordering::Relaxed);
     io.metrics.batches.store(c.batches, Ordering::Relaxed);
-    io.metrics.device_undelivered.store(c.lost, Ordering::Relaxed);
+    io.metrics
+        .device_undelivered
+        .store(c.lost, Ordering::Relaxed);
 }
 
 /// Device outputs carry the request's id as `correlation_id`: turn them back into

@@ -16,12 +16,12 @@ pub mod cpu;
 pub(crate) mod cpu_host;
 pub mod cuda;
 pub mod cuda_ring;
+pub mod cuda_sim;
 pub mod device_host;
 pub(crate) mod host;
-pub mod cuda_sim;
 mod kernel;
-pub mod wgpu;
 mod storage;
+pub mod wgpu;
 
 pub use device_host::DeviceError;
 
@@ -427,8 +427,8 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
             return Ok(None);
         };
         let ctx = wgpu::WgpuContext::shared(false).map_err(|e| fail(e.into()))?;
-        let (engine, state) = wgpu::ring::WgpuEngine::launch(ctx, id, &w, batch_size)
-            .map_err(|e| fail(e.into()))?;
+        let (engine, state) =
+            wgpu::ring::WgpuEngine::launch(ctx, id, &w, batch_size).map_err(|e| fail(e.into()))?;
         let state: std::sync::Arc<dyn device_host::StateSnapshot> = state;
         return Ok(Some((
             Box::new(device_host::DeviceHost::new(Box::new(engine))),

@@ -90,7 +90,9 @@ pub enum BindError {
         actual: &'static str,
     },
     /// The handler already holds a conflicting borrow of the buffer in this batch.
-    #[error("bound buffer '{name}' of kernel '{kernel}' is already borrowed {how} in this handler")]
+    #[error(
+        "bound buffer '{name}' of kernel '{kernel}' is already borrowed {how} in this handler"
+    )]
     AlreadyBorrowed {
         /// Kernel id.
         kernel: String,
@@ -228,9 +230,7 @@ pub(crate) type SharedTable = Arc<Mutex<BoundTable>>;
 
 /// Builds a kernel's table at launch; `None` when nothing is bound. A repeated name is an error
 /// (the text names it).
-pub(crate) fn table(
-    pending: Vec<PendingBinding>,
-) -> Result<Option<SharedTable>, String> {
+pub(crate) fn table(pending: Vec<PendingBinding>) -> Result<Option<SharedTable>, String> {
     if pending.is_empty() {
         return Ok(None);
     }

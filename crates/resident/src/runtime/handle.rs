@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use resident_ring::mailbox::RecvError;
 use resident_ring::wait::deadline_after;
-use resident_ring::{Envelope, Message, MessageId, Slot, WaitStrategy, DEFAULT_PRIORITY, FLAG_CALL};
+use resident_ring::{
+    Envelope, Message, MessageId, Slot, WaitStrategy, DEFAULT_PRIORITY, FLAG_CALL,
+};
 
 use crate::runtime::io::KernelIo;
 use crate::runtime::state::{Error, KernelState, Result};
@@ -286,9 +288,8 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
                 KernelState::Active => {}
                 state => return Err(self.invalid("drain", state)),
             }
-            let idle = || {
-                self.io.input.is_empty() && self.io.in_flight.load(Ordering::Acquire) == 0
-            };
+            let idle =
+                || self.io.input.is_empty() && self.io.in_flight.load(Ordering::Acquire) == 0;
             if idle() {
                 let gate = match deadline {
                     Some(d) => self.io.batch_gate.try_lock_until(d),

@@ -638,7 +638,11 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             op: "call",
             state: KernelState::Terminated,
         });
-        let failed_message = self.failed_message.lock().take().map(|s| (s.env, s.payload));
+        let failed_message = self
+            .failed_message
+            .lock()
+            .take()
+            .map(|s| (s.env, s.payload));
         let failure = failure.map(|r| (r, failed_message));
         TerminateReport {
             kernel_id: self.id.to_string(),

@@ -7,10 +7,9 @@ use std::time::Duration;
 use resident_ring::{Backpressure, Message, WaitStrategy};
 
 use crate::backend::cuda_ring::CudaHandler;
+use crate::backend::wgpu::ring::WgslHandler;
 use crate::runtime::bind::PendingBinding;
 use crate::runtime::context::{Context, LoopContext};
-use crate::backend::wgpu::ring::WgslHandler;
-
 
 pub(crate) type HandlerFn<In, Out, S> = Box<dyn FnMut(&mut Context<S>, In) -> Option<Out> + Send>;
 pub(crate) type LoopFn<In, Out, S> = Box<dyn FnOnce(&mut LoopContext<In, Out, S>) + Send>;

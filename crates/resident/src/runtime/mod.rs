@@ -19,7 +19,6 @@ use crossbeam_utils::CachePadded;
 use parking_lot::RwLock;
 use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy};
 
-
 use crate::backend::host::RingHost;
 use crate::backend::Backend;
 use crate::telemetry::{RuntimeTelemetry, Telemetry};
@@ -372,7 +371,9 @@ impl Runtime {
             wait,
             kernel.batch_size,
             self.core.telemetry,
-            kernel.terminate_timeout.unwrap_or(self.core.terminate_timeout),
+            kernel
+                .terminate_timeout
+                .unwrap_or(self.core.terminate_timeout),
         );
         let has_cuda = kernel.cuda.is_some();
         let has_wgsl = kernel.wgsl.is_some();

@@ -57,14 +57,9 @@ impl KernelReport {
     }
 
     /// The typed report, or `self` back if the types are not `In` and `Out`.
-    pub fn into_typed<In: Message, Out: Message>(
-        self,
-    ) -> Result<TerminateReport<In, Out>, Self> {
+    pub fn into_typed<In: Message, Out: Message>(self) -> Result<TerminateReport<In, Out>, Self> {
         if self.report.is::<TerminateReport<In, Out>>() {
-            Ok(*self
-                .report
-                .downcast()
-                .expect("type checked just above"))
+            Ok(*self.report.downcast().expect("type checked just above"))
         } else {
             Err(self)
         }

@@ -353,8 +353,12 @@ impl WgpuContext {
     /// Runs `f` inside validation and out-of-memory error scopes and turns what they caught
     /// into a typed error.
     pub(crate) fn scoped<T>(&self, operation: &'static str, f: impl FnOnce() -> T) -> Result<T> {
-        let oom = self.device.push_error_scope(::wgpu::ErrorFilter::OutOfMemory);
-        let val = self.device.push_error_scope(::wgpu::ErrorFilter::Validation);
+        let oom = self
+            .device
+            .push_error_scope(::wgpu::ErrorFilter::OutOfMemory);
+        let val = self
+            .device
+            .push_error_scope(::wgpu::ErrorFilter::Validation);
         let out = f();
         let v = pollster::block_on(val.pop());
         let o = pollster::block_on(oom.pop());
@@ -603,9 +607,11 @@ impl ComputeDevice for WgpuDevice {
     }
 
     fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
-        let buffer = self
-            .ctx
-            .storage_buffer("resident memory", bytes as u64, ::wgpu::BufferUsages::empty())?;
+        let buffer = self.ctx.storage_buffer(
+            "resident memory",
+            bytes as u64,
+            ::wgpu::BufferUsages::empty(),
+        )?;
         let address = self.ctx.register(buffer.clone());
         Ok(DeviceMemory {
             inner: DeviceMemoryInner::Wgpu(WgpuMemory {

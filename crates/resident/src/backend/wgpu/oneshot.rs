@@ -35,9 +35,21 @@ fn compile_error(kernel: &str, source: WgslError) -> BackendError {
 pub(crate) fn check_workgroup(ctx: &WgpuContext, wg: [u32; 3]) -> Result<()> {
     let l = &ctx.limits;
     for (v, max, limit) in [
-        (wg[0], l.max_compute_workgroup_size_x, "max_compute_workgroup_size_x"),
-        (wg[1], l.max_compute_workgroup_size_y, "max_compute_workgroup_size_y"),
-        (wg[2], l.max_compute_workgroup_size_z, "max_compute_workgroup_size_z"),
+        (
+            wg[0],
+            l.max_compute_workgroup_size_x,
+            "max_compute_workgroup_size_x",
+        ),
+        (
+            wg[1],
+            l.max_compute_workgroup_size_y,
+            "max_compute_workgroup_size_y",
+        ),
+        (
+            wg[2],
+            l.max_compute_workgroup_size_z,
+            "max_compute_workgroup_size_z",
+        ),
     ] {
         if v > max {
             return Err(BackendError::WgpuLimit {
@@ -74,7 +86,12 @@ pub(crate) fn check_grid(ctx: &WgpuContext, grid: (u32, u32, u32)) -> Result<()>
 }
 
 /// Builds a compute pipeline for `entry` of `source` with an explicit layout of group 0.
-pub(crate) fn build(ctx: &WgpuContext, kernel: &str, source: &str, entry: &str) -> Result<Pipeline> {
+pub(crate) fn build(
+    ctx: &WgpuContext,
+    kernel: &str,
+    source: &str,
+    entry: &str,
+) -> Result<Pipeline> {
     let compiled = compile(source).map_err(|e| compile_error(kernel, e))?;
     let (_, workgroup) = compiled.entry(entry).ok_or_else(|| {
         compile_error(
@@ -253,14 +270,18 @@ pub(crate) fn launch(
             ));
         }
         match a {
-            KernelArg::Buffer { address, bytes, .. } | KernelArg::BufferMut { address, bytes, .. } => {
+            KernelArg::Buffer { address, bytes, .. }
+            | KernelArg::BufferMut { address, bytes, .. } => {
                 let buf = ctx
                     .buffer_at(*address)
                     .ok_or_else(|| bad(i, "is not memory of this wgpu device"))?;
                 if (*bytes as u64) < b.size as u64 {
                     return Err(bad(
                         i,
-                        format!("buffer of {bytes} bytes is smaller than `{}` ({} bytes)", b.name, b.size),
+                        format!(
+                            "buffer of {bytes} bytes is smaller than `{}` ({} bytes)",
+                            b.name, b.size
+                        ),
                     ));
                 }
                 ctx.check_buffer_size(buf.size(), true)?;
@@ -292,7 +313,11 @@ pub(crate) fn launch(
     let grid = match cfg.elements {
         Some(n) => {
             let per = p.workgroup[0] as u64 * p.workgroup[1] as u64 * p.workgroup[2] as u64;
-            (n.div_ceil(per.max(1)).max(1).min(u32::MAX as u64) as u32, 1, 1)
+            (
+                n.div_ceil(per.max(1)).max(1).min(u32::MAX as u64) as u32,
+                1,
+                1,
+            )
         }
         None => cfg.grid,
     };

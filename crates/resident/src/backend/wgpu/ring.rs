@@ -45,8 +45,8 @@
 use super::oneshot::{check_grid, check_workgroup};
 use super::wgsl::{compile, WgslError};
 use super::{padded, WgpuContext, WAIT_TIMEOUT};
-use crate::backend::BackendError;
 use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
+use crate::backend::BackendError;
 use parking_lot::Mutex;
 use resident_ring::message::WgslLayoutError;
 use resident_ring::{DeviceMessage, Envelope, Message, Slot};
@@ -114,7 +114,6 @@ impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
         })();
         self
     }
-
 }
 
 impl<In, Out> WgslHandler<In, Out> {
@@ -393,7 +392,8 @@ impl RingPipeline {
         let env = ctx.storage_buffer("resident batch env", b * 32, none)?;
         let out = ctx.storage_buffer("resident batch out", b * geometry.out_size, none)?;
         let keep = ctx.storage_buffer("resident batch keep", b * 4, none)?;
-        let staging = ctx.readback_buffer("resident batch staging", geometry.keep_offset + b * 4)?;
+        let staging =
+            ctx.readback_buffer("resident batch staging", geometry.keep_offset + b * 4)?;
         let count = ctx.scoped("create uniform", || {
             ctx.device.create_buffer(&::wgpu::BufferDescriptor {
                 label: Some("resident batch count"),
@@ -462,7 +462,13 @@ impl RingPipeline {
         if out_bytes > 0 {
             enc.copy_buffer_to_buffer(&bufs.out, 0, &bufs.staging, 0, padded(out_bytes));
         }
-        enc.copy_buffer_to_buffer(&bufs.keep, 0, &bufs.staging, geometry.keep_offset, n as u64 * 4);
+        enc.copy_buffer_to_buffer(
+            &bufs.keep,
+            0,
+            &bufs.staging,
+            geometry.keep_offset,
+            n as u64 * 4,
+        );
     }
 }
 
@@ -525,9 +531,21 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
         handler: &WgslHandler<In, Out>,
         batch: usize,
     ) -> Result<(Self, Arc<DeviceState>), WgslLaunchError> {
-        let geometry = BatchGeometry::new(batch, std::mem::size_of::<In>(), std::mem::size_of::<Out>());
-        let p = RingPipeline::build(&ctx, id, handler, geometry.batch, std::mem::size_of::<In>(), std::mem::size_of::<Out>())?;
-        let state_buf = ctx.storage_buffer("resident state", p.state_len as u64, ::wgpu::BufferUsages::empty())?;
+        let geometry =
+            BatchGeometry::new(batch, std::mem::size_of::<In>(), std::mem::size_of::<Out>());
+        let p = RingPipeline::build(
+            &ctx,
+            id,
+            handler,
+            geometry.batch,
+            std::mem::size_of::<In>(),
+            std::mem::size_of::<Out>(),
+        )?;
+        let state_buf = ctx.storage_buffer(
+            "resident state",
+            p.state_len as u64,
+            ::wgpu::BufferUsages::empty(),
+        )?;
         ctx.write(&state_buf, &handler.state);
         let mut sets = Vec::with_capacity(handler.in_flight);
         for _ in 0..handler.in_flight {
@@ -568,12 +586,15 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
         chunk: Vec<Slot<In>>,
     ) -> Result<(), (BackendError, Vec<Slot<In>>)> {
         let bufs = &self.sets[set];
-        let mut enc = self
-            .ctx
-            .device
-            .create_command_encoder(&Default::default());
-        self.pipeline
-            .record(&self.ctx, &mut enc, bufs, &self.geometry, &chunk, &mut self.scratch);
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        self.pipeline.record(
+            &self.ctx,
+            &mut enc,
+            bufs,
+            &self.geometry,
+            &chunk,
+            &mut self.scratch,
+        );
         self.ctx.queue.submit([enc.finish()]);
         let mapped: MapResult = Arc::new(Mutex::new(None));
         let m = mapped.clone();
@@ -599,9 +620,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
             match r {
                 None => {
                     if front.submitted.elapsed() > WAIT_TIMEOUT {
-                        return Err(format!(
-                            "a batch did not complete within {WAIT_TIMEOUT:?}"
-                        ));
+                        return Err(format!("a batch did not complete within {WAIT_TIMEOUT:?}"));
                     }
                     return Ok(());
                 }
@@ -744,7 +763,9 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         while (!self.in_flight.is_empty() || !self.pending.is_empty()) && self.failure.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                self.fail(format!("batches in flight did not complete within {timeout:?}"));
+                self.fail(format!(
+                    "batches in flight did not complete within {timeout:?}"
+                ));
                 break;
             }
             let r = self.ctx.device.poll(::wgpu::PollType::Wait {
@@ -811,7 +832,8 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
             pipeline.state_len as u64,
             ::wgpu::BufferUsages::empty(),
         )?;
-        let state_staging = ctx.readback_buffer("stateless state staging", pipeline.state_len as u64)?;
+        let state_staging =
+            ctx.readback_buffer("stateless state staging", pipeline.state_len as u64)?;
         let bufs = pipeline.batch_buffers(&ctx, "stateless", &state_buf, &geometry)?;
         Ok(StatelessBatches {
             ctx,
@@ -828,11 +850,19 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
 
     /// Uploads the state and `inputs`, runs the handler, downloads the outputs (appended to
     /// `out` in input order) and the state, and waits (bounded).
-    pub fn run(&mut self, inputs: &[Slot<In>], out: &mut Vec<Slot<Out>>) -> Result<(), BackendError> {
+    pub fn run(
+        &mut self,
+        inputs: &[Slot<In>],
+        out: &mut Vec<Slot<Out>>,
+    ) -> Result<(), BackendError> {
         if inputs.len() > self.geometry.batch {
             return Err(BackendError::BadArgument {
                 index: 0,
-                reason: format!("{} inputs, batch size is {}", inputs.len(), self.geometry.batch),
+                reason: format!(
+                    "{} inputs, batch size is {}",
+                    inputs.len(),
+                    self.geometry.batch
+                ),
             });
         }
         if inputs.is_empty() {
@@ -841,12 +871,27 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
         let ctx = &self.ctx;
         ctx.write(&self.state_buf, &self.host_state);
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        self.pipeline
-            .record(ctx, &mut enc, &self.bufs, &self.geometry, inputs, &mut self.scratch);
-        enc.copy_buffer_to_buffer(&self.state_buf, 0, &self.state_staging, 0, padded(self.host_state.len() as u64));
+        self.pipeline.record(
+            ctx,
+            &mut enc,
+            &self.bufs,
+            &self.geometry,
+            inputs,
+            &mut self.scratch,
+        );
+        enc.copy_buffer_to_buffer(
+            &self.state_buf,
+            0,
+            &self.state_staging,
+            0,
+            padded(self.host_state.len() as u64),
+        );
         let index = ctx.queue.submit([enc.finish()]);
         let done: [MapResult; 2] = [Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None))];
-        for (buf, d) in [&self.bufs.staging, &self.state_staging].into_iter().zip(&done) {
+        for (buf, d) in [&self.bufs.staging, &self.state_staging]
+            .into_iter()
+            .zip(&done)
+        {
             let d = d.clone();
             buf.map_async(::wgpu::MapMode::Read, .., move |r| *d.lock() = Some(r));
         }
