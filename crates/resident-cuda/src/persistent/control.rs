@@ -172,36 +172,38 @@ pub fn c_state_defines() -> String {
     s
 }
 
-/// The shared control block. `#[repr(C)]`, 256 bytes, 128-byte aligned.
+/// The shared control block. `#[repr(C)]`, 256 bytes, 128-byte aligned. Its fields are private:
+/// the host reaches them only through the host-side methods below (one writer per field; the
+/// device writes its own line from the kernel).
 #[repr(C, align(128))]
 pub struct ControlBlock {
     // ---- line 0: host-written ----
     /// A [`RunState`] value. Host: release store. Device: acquire load.
-    pub run_state: AtomicU32,
+    run_state: AtomicU32,
     _host_pad0: u32,
     /// Incremented by the host while it is alive (store of its own previous value + 1; the host
     /// is the only writer). The device exits when it sees no change for `heartbeat_timeout_ns`.
-    pub heartbeat: AtomicU64,
+    heartbeat: AtomicU64,
     /// Heartbeat timeout in nanoseconds of device time; 0 disables the timeout.
-    pub heartbeat_timeout_ns: AtomicU64,
+    heartbeat_timeout_ns: AtomicU64,
     _host_pad1: [u8; 104],
     // ---- line 1: device-written ----
     /// A [`DeviceState`] value. Device: release store *after* the counters, so an acquire load
     /// of it here sees counters at least as new as the state.
-    pub device_state: AtomicU32,
+    device_state: AtomicU32,
     /// An [`error_code`] value, meaningful with [`DeviceState::Error`].
-    pub error_code: AtomicU32,
+    error_code: AtomicU32,
     /// Messages handed to the handler so far.
-    pub processed: AtomicU64,
+    processed: AtomicU64,
     /// Batches drained so far.
-    pub batches: AtomicU64,
+    batches: AtomicU64,
     /// Device clock cycles spent on batches (`clock64`; on CudaSim, nanoseconds).
-    pub busy_cycles: AtomicU64,
+    busy_cycles: AtomicU64,
     /// The last `heartbeat` value the device saw.
-    pub last_heartbeat_seen: AtomicU64,
+    last_heartbeat_seen: AtomicU64,
     /// Outputs produced but never published because the kernel was told to exit (terminate or
     /// heartbeat timeout) while the output ring stayed full. Counted, never silent.
-    pub undelivered: AtomicU64,
+    undelivered: AtomicU64,
     _dev_pad: [u8; 80],
 }
 

@@ -183,7 +183,8 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
     }
 
     /// The memory regions, for the device side.
-    pub fn device_view(&self) -> DeviceView<In, Out> {
+    /// Crate-internal: one device side per queue set (the kernel launchers in this crate).
+    pub(crate) fn device_view(&self) -> DeviceView<In, Out> {
         self.view.clone()
     }
 
