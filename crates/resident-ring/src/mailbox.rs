@@ -159,11 +159,24 @@ struct Shared<T> {
     not_full: Signal,
     closed: AtomicBool,
     /// Written by senders.
-    accepted: Padded<AtomicU64>,
+    /// Per lane, written only under that lane's producer lock (one writer at a time, so a
+    /// plain load and store, no locked instruction), summed by `counters`.
+    accepted: Box<[Padded<AtomicU64>]>,
     dropped: AtomicU64,
     refused: AtomicU64,
     /// Written by receivers; on its own line so senders and receivers never share one.
     delivered: Padded<AtomicU64>,
+}
+
+impl<T> Shared<T> {
+    /// Counts `n` accepted messages of `lane`. Call only under that lane's producer lock: the
+    /// lock makes this the counter's only writer, and `close` (which takes every lane lock)
+    /// orders it before any report built after the close.
+    #[inline]
+    fn count_accepted(&self, lane: usize, n: u64) {
+        let a = &self.accepted[lane];
+        a.store(a.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
 }
 
 /// Keeps a hot counter alone on a 128-byte line (two 64-byte lines, for adjacent prefetch).
@@ -228,7 +241,9 @@ impl<T: Copy + Send> Mailbox<T> {
                 not_empty: Signal::new(),
                 not_full: Signal::new(),
                 closed: AtomicBool::new(false),
-                accepted: Padded(AtomicU64::new(0)),
+                accepted: (0..config.lanes)
+                    .map(|_| Padded(AtomicU64::new(0)))
+                    .collect(),
                 dropped: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
                 delivered: Padded(AtomicU64::new(0)),
@@ -268,7 +283,7 @@ impl<T: Copy + Send> Mailbox<T> {
             if producer.push(slot).is_ok() {
                 // Counted under the lane lock, so `close` (which waits for the lock) sees the
                 // count of every message it lets through.
-                s.accepted.fetch_add(1, Ordering::Relaxed);
+                s.count_accepted(lane, 1);
                 drop(producer);
                 s.not_empty.notify();
                 return Ok(Sent::Queued);
@@ -292,7 +307,7 @@ impl<T: Copy + Send> Mailbox<T> {
                     }
                     // Counted under the lane lock: once `close` has passed this lock, a
                     // report built from the counters sees this drop.
-                    s.accepted.fetch_add(1, Ordering::Relaxed);
+                    s.count_accepted(lane, 1);
                     if old.is_some() {
                         s.dropped.fetch_add(1, Ordering::Relaxed);
                     }
@@ -328,6 +343,23 @@ impl<T: Copy + Send> Mailbox<T> {
     /// Stops at the first message that the policy refuses; returns how many were taken
     /// (queued or dropped by policy) and the error for the first one refused.
     pub fn send_batch(&self, slots: &[Slot<T>]) -> (usize, Option<SendError<Slot<T>>>) {
+        self.send_batch_with(slots, true)
+    }
+
+    /// [`Mailbox::send_batch`] whose wake-up of parked receivers is unfenced: cheaper per
+    /// call (no fence), but a receiver that is just going to sleep may miss it. The caller
+    /// must call [`Mailbox::notify_receivers`] (fenced) soon after, e.g. at the end of a batch
+    /// of such sends: a receiver that missed a wake-up is woken then. Spinning receivers and
+    /// `try_recv` see the messages at once either way.
+    pub fn send_batch_quiet(&self, slots: &[Slot<T>]) -> (usize, Option<SendError<Slot<T>>>) {
+        self.send_batch_with(slots, false)
+    }
+
+    fn send_batch_with(
+        &self,
+        slots: &[Slot<T>],
+        fenced: bool,
+    ) -> (usize, Option<SendError<Slot<T>>>) {
         let s = &*self.shared;
         let mut done = 0;
         while done < slots.len() {
@@ -346,11 +378,15 @@ impl<T: Copy + Send> Mailbox<T> {
                     return (done, Some(SendError::Closed(slots[done])));
                 }
                 let pushed = producer.push_slice(&slots[done..done + run]);
-                s.accepted.fetch_add(pushed as u64, Ordering::Relaxed);
+                s.count_accepted(lane, pushed as u64);
                 pushed
             };
             if pushed > 0 {
-                s.not_empty.notify();
+                if fenced {
+                    s.not_empty.notify();
+                } else {
+                    s.not_empty.notify_unfenced();
+                }
                 done += pushed;
             }
             if pushed < run {
@@ -497,7 +533,7 @@ impl<T: Copy + Send> Mailbox<T> {
     pub fn counters(&self) -> MailboxCounters {
         let s = &*self.shared;
         MailboxCounters {
-            accepted: s.accepted.load(Ordering::Relaxed),
+            accepted: s.accepted.iter().map(|a| a.load(Ordering::Relaxed)).sum(),
             dropped: s.dropped.load(Ordering::Relaxed),
             delivered: s.delivered.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),

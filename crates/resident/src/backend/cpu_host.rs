@@ -73,6 +73,7 @@ fn run_handler<In: Message, Out: Message, S>(
             continue;
         }
         let scope = crate::profile::batch_start(prof, &io.id, n);
+        let batch_now = io.ids.now_ns();
         // Bound buffers are the batch's for its whole length (a host read waits for its end).
         ctx.bound.begin();
         // The result of the previous message, published once the next claim (or the end of
@@ -84,13 +85,14 @@ fn run_handler<In: Message, Out: Message, S>(
             }
             if let Some((env, out)) = done.take() {
                 io.metrics.messages_done(1);
-                io.publish_one(env, out);
+                io.publish_one(env, out, batch_now);
             }
             let slot = batch[i];
             ctx.current = slot.env;
             match catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, slot.payload))) {
                 Ok(out) => done = Some((slot.env, out)),
                 Err(panic) => {
+                    io.flush_wakeups();
                     ctx.bound.end();
                     // Claim the rest of the batch back from the handoff (fails only if
                     // terminate abandoned us meanwhile and took it).
@@ -116,8 +118,9 @@ fn run_handler<In: Message, Out: Message, S>(
         }
         if let Some((env, out)) = done.take() {
             io.metrics.messages_done(1);
-            io.publish_one(env, out);
+            io.publish_one(env, out, batch_now);
         }
+        io.flush_wakeups();
         crate::profile::batch_end(prof, scope, &batch[..n]);
         io.metrics.batch_done(Instant::now());
         drop(gate);

@@ -234,12 +234,16 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
 
     /// Sends `out` on the output queue as the response to the last message received.
     pub fn send(&mut self, out: Out) {
-        self.io.publish_one(self.ctx.current, Some(out));
+        let now = self.io.ids.now_ns();
+        self.io.publish_one(self.ctx.current, Some(out), now);
+        self.io.flush_wakeups();
     }
 
     /// Sends `out` as the response to the message with envelope `request`.
     pub fn send_reply(&mut self, request: &Envelope, out: Out) {
-        self.io.publish_one(*request, Some(out));
+        let now = self.io.ids.now_ns();
+        self.io.publish_one(*request, Some(out), now);
+        self.io.flush_wakeups();
     }
 
     /// The kernel's state as the runtime sees it.

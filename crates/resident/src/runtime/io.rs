@@ -459,18 +459,25 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     /// Publishes the result of one handled request as soon as its handler returned (the
     /// CPU host's path: an output is visible to `receive` at once, not when the batch ends).
     /// `out = None` answers a `call` with `NoReply` and publishes nothing otherwise.
+    ///
+    /// `batch_now` is the clock read when the batch started: it stamps the output, so that
+    /// without telemetry no clock is read per message; with telemetry the clock is read here
+    /// for an exact latency.
     #[inline]
-    pub fn publish_one(&self, request: Envelope, out: Option<Out>) {
+    pub fn publish_one(&self, request: Envelope, out: Option<Out>, batch_now: u64) {
         let Some(out) = out else {
             self.no_reply(request);
             return;
         };
-        let now = self.ids.now_ns();
-        if self.metrics.enabled {
+        let now = if self.metrics.enabled {
+            let now = self.ids.now_ns();
             self.metrics
                 .latency
                 .record(now.saturating_sub(request.timestamp_ns));
-        }
+            now
+        } else {
+            batch_now
+        };
         if request.is_call() {
             self.reply(request, Some(out));
             return;
@@ -483,7 +490,16 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             flags: request.flags,
             ..Default::default()
         };
-        self.push_outputs(&[Slot::new(env, out)]);
+        // The output is in the queue now (spinning receivers and `try_receive` see it); the
+        // fenced wake-up for a receiver that was just parking comes with `flush_wakeups` at
+        // the end of the batch (or of this handler, for the loop form).
+        self.push_outputs_with(&[Slot::new(env, out)], false);
+    }
+
+    /// The fenced wake-up owed after [`KernelIo::publish_one`]s.
+    #[inline]
+    pub fn flush_wakeups(&self) {
+        self.output.notify_receivers();
     }
 
     /// A handled `call` that produced no output: its caller gets `NoReply`.
@@ -517,9 +533,17 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     /// under a drop policy); outputs that cannot be queued because the kernel is terminating
     /// go to the terminate report.
     fn push_outputs(&self, outputs: &[Slot<Out>]) {
+        self.push_outputs_with(outputs, true)
+    }
+
+    fn push_outputs_with(&self, outputs: &[Slot<Out>], fenced: bool) {
         let mut done = 0;
         while done < outputs.len() {
-            let (n, err) = self.output.send_batch(&outputs[done..]);
+            let (n, err) = if fenced {
+                self.output.send_batch(&outputs[done..])
+            } else {
+                self.output.send_batch_quiet(&outputs[done..])
+            };
             done += n;
             if err.is_some()
                 && (self.control.terminate.load(Ordering::Acquire) || self.output.is_closed())
