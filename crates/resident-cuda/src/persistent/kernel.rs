@@ -91,6 +91,31 @@ fn open_device(ordinal: usize) -> Result<Arc<Device>, PersistentError> {
     Ok(device)
 }
 
+/// Everything a launch checks before touching a device, on a GPU and on CudaSim alike: message
+/// sizes and alignment against the source, the initial state's size, and the queue geometry.
+pub(crate) fn check_launch<In, Out>(
+    source: &KernelSource,
+    initial_state: &[u8],
+    queues: &super::QueueConfig,
+) -> Result<(), PersistentError> {
+    check_sizes::<In, Out>(source)?;
+    if initial_state.len() != source.state.size {
+        return Err(PersistentError::Config(format!(
+            "kernel `{}`: initial state is {} bytes, the state type {}",
+            source.name,
+            initial_state.len(),
+            source.state.size
+        )));
+    }
+    if (source.batch_size as usize) > queues.out_capacity {
+        return Err(PersistentError::Config(format!(
+            "kernel `{}`: out_capacity {} is below the batch size {}",
+            source.name, queues.out_capacity, source.batch_size
+        )));
+    }
+    queues.validate()
+}
+
 fn check_sizes<In, Out>(source: &KernelSource) -> Result<(), PersistentError> {
     let (i, o) = (core::mem::size_of::<In>(), core::mem::size_of::<Out>());
     if source.input.size != i || source.output.size != o {
@@ -239,22 +264,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         initial_state: &[u8],
         opts: &LaunchOptions,
     ) -> Result<Self, PersistentError> {
-        check_sizes::<In, Out>(source)?;
-        if initial_state.len() != source.state.size {
-            return Err(PersistentError::Config(format!(
-                "kernel `{}`: initial state is {} bytes, the state type {}",
-                source.name,
-                initial_state.len(),
-                source.state.size
-            )));
-        }
-        if (source.batch_size as usize) > opts.queues.out_capacity {
-            return Err(PersistentError::Config(format!(
-                "kernel `{}`: out_capacity {} is below the batch size {}",
-                source.name, opts.queues.out_capacity, source.batch_size
-            )));
-        }
-        opts.queues.validate()?;
+        check_launch::<In, Out>(source, initial_state, &opts.queues)?;
         let device = open_device(opts.device)?;
         // Compile before the quiesce (NVRTC needs no device): the machine code for the
         // device's architecture goes into the disk cache under the key `load` looks up, so the

@@ -19,6 +19,7 @@ use resident_ring::{Envelope, Slot};
 
 use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
+use super::kernel::check_launch;
 use super::template::{compile_sim, KernelSource, PersistentParams, PERSISTENT_KERNEL_NAME};
 use super::{PersistentError, SharedMemory};
 use crate::sim::{SimError, SimInstance};
@@ -221,17 +222,6 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
     quiesce: Arc<QuiesceShared>,
 }
 
-fn check_sizes<In, Out>(source: &KernelSource) -> Result<(), PersistentError> {
-    let (i, o) = (core::mem::size_of::<In>(), core::mem::size_of::<Out>());
-    if source.input.size != i || source.output.size != o {
-        return Err(PersistentError::Config(format!(
-            "kernel `{}`: source declares {}/{} byte messages, the Rust types are {i}/{o} bytes",
-            source.name, source.input.size, source.output.size
-        )));
-    }
-    Ok(())
-}
-
 impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     /// Compiles `source` (or takes it from the disk cache), allocates the queues and the state
     /// (initialized from `initial_state`, `source.state.size` bytes), starts the block and
@@ -242,22 +232,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         initial_state: &[u8],
         opts: &SimLaunchOptions,
     ) -> Result<Self, PersistentError> {
-        check_sizes::<In, Out>(source)?;
-        if initial_state.len() != source.state.size {
-            return Err(PersistentError::Config(format!(
-                "kernel `{}`: initial state is {} bytes, the state type {}",
-                source.name,
-                initial_state.len(),
-                source.state.size
-            )));
-        }
-        if (source.batch_size as usize) > opts.queues.out_capacity {
-            return Err(PersistentError::Config(format!(
-                "kernel `{}`: out_capacity {} is below the batch size {}",
-                source.name, opts.queues.out_capacity, source.batch_size
-            )));
-        }
-        opts.queues.validate()?;
+        check_launch::<In, Out>(source, initial_state, &opts.queues)?;
         let module = compile_sim(source)?;
         Self::launch_compiled(&module, source, initial_state, opts)
     }
@@ -271,22 +246,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         initial_state: &[u8],
         opts: &SimLaunchOptions,
     ) -> Result<Self, PersistentError> {
-        check_sizes::<In, Out>(source)?;
-        if initial_state.len() != source.state.size {
-            return Err(PersistentError::Config(format!(
-                "kernel `{}`: initial state is {} bytes, the state type {}",
-                source.name,
-                initial_state.len(),
-                source.state.size
-            )));
-        }
-        if (source.batch_size as usize) > opts.queues.out_capacity {
-            return Err(PersistentError::Config(format!(
-                "kernel `{}`: out_capacity {} is below the batch size {}",
-                source.name, opts.queues.out_capacity, source.batch_size
-            )));
-        }
-        opts.queues.validate()?;
+        check_launch::<In, Out>(source, initial_state, &opts.queues)?;
         let instance = Arc::new(module.instantiate()?);
         let queues = PersistentQueues::<In, Out>::on_heap(opts.queues)?;
         let state = SharedMemory(Arc::new(HeapMemory::new(initial_state.len().max(8))?));
