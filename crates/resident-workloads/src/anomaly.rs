@@ -35,16 +35,11 @@ pub const WARMUP: u64 = 100;
 /// Relative tolerance of the reference check.
 pub const TOLERANCE: f64 = 1e-9;
 
-/// Per-sensor statistics (the bound buffer `stats`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct SensorStats {
-    /// Weighted mean.
-    pub m: f64,
-    /// Weighted variance.
-    pub v: f64,
-    /// Readings folded so far.
-    pub n: u64,
+resident::ring::device_message! {
+    /// Per-sensor statistics (the bound buffer `stats`): weighted mean `m`, weighted variance
+    /// `v`, readings folded so far `n`.
+    #[derive(Default, PartialEq)]
+    pub struct SensorStats { pub m: f64, pub v: f64, pub n: u64 }
 }
 
 /// Scores `x` against `s`, folds it in, and returns `Some(z)` when it is an anomaly.

@@ -43,6 +43,15 @@ pub enum DeviceError {
     /// The backend's device layer failed (wgpu validation, memory, device lost).
     #[error(transparent)]
     Backend(#[from] crate::backend::BackendError),
+    /// A bound buffer cannot be used by this device handler (no device type for its element,
+    /// a name that is not an identifier, a host write of the wrong size, a kernel that ended).
+    #[error("bound buffer '{name}': {reason}")]
+    Binding {
+        /// The buffer's name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl DeviceError {

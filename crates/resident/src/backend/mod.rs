@@ -403,6 +403,7 @@ pub(crate) struct HostChoice(pub DeviceError);
 pub(crate) type DeviceHosted<In, Out> = (
     Box<dyn host::RingHost<In, Out>>,
     Option<std::sync::Arc<dyn device_host::StateSnapshot>>,
+    Option<std::sync::Arc<dyn crate::runtime::bind::DeviceBuffers>>,
 );
 
 /// The device handlers a kernel definition carries.
@@ -420,8 +421,16 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
     lanes: usize,
     queue_size: usize,
     batch_size: usize,
+    bindings: &[crate::runtime::bind::DeviceBinding],
 ) -> std::result::Result<Option<DeviceHosted<In, Out>>, HostChoice> {
     let fail = |e: DeviceError| HostChoice(e);
+    if !bindings.is_empty() {
+        // Engines take their bindings from here on; until an engine does, it refuses them.
+        return Err(fail(DeviceError::Binding {
+            name: bindings[0].name.clone(),
+            reason: "bound buffers are not available to this backend's device handlers yet".into(),
+        }));
+    }
     if backend == Backend::Wgpu {
         let Some(w) = handlers.wgsl else {
             return Ok(None);
@@ -433,6 +442,7 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
         return Ok(Some((
             Box::new(device_host::DeviceHost::new(Box::new(engine))),
             Some(state),
+            None,
         )));
     }
     let Some(handler) = handlers.cuda else {
@@ -448,7 +458,7 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
         }
         _ => return Ok(None),
     };
-    Ok(Some((Box::new(device_host::DeviceHost::new(ring)), None)))
+    Ok(Some((Box::new(device_host::DeviceHost::new(ring)), None, None)))
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 use parking_lot::{Mutex, RawMutex};
+use resident_ring::message::{CField, WgslLayoutError};
 use resident_ring::Message;
 
 use crate::memory::{MemoryError, UnifiedBuffer};
@@ -125,6 +126,17 @@ pub enum BindError {
         /// Kernel id.
         kernel: String,
     },
+    /// The device holding the buffer refused the read or the write.
+    #[error("bound buffer '{name}' of kernel '{kernel}': {source}")]
+    Device {
+        /// Kernel id.
+        kernel: String,
+        /// Buffer name.
+        name: String,
+        /// The device error.
+        #[source]
+        source: Box<crate::backend::DeviceError>,
+    },
     /// The buffer's state machine failed (a copy or an allocation).
     #[error("bound buffer '{name}' of kernel '{kernel}': {source}")]
     Memory {
@@ -186,6 +198,7 @@ struct Entry {
     id: BufferId,
     elem: TypeId,
     elem_name: &'static str,
+    decl: fn() -> ElemDecl,
     buf: std::cell::UnsafeCell<Box<dyn Bindable>>,
     /// This batch's view (valid while `access != Untouched`).
     ptr: Cell<*mut u8>,
@@ -204,6 +217,9 @@ unsafe impl Send for Entry {}
 /// The buffers of one kernel.
 pub(crate) struct BoundTable {
     entries: Vec<Entry>,
+    /// Set when a device engine holds the buffers (the handler runs on a device): host reads
+    /// and writes go through it, and the `UnifiedBuffer`s are the host mirrors.
+    device: Option<Arc<dyn DeviceBuffers>>,
 }
 
 /// A binding waiting for launch (element type erased).
@@ -211,18 +227,77 @@ pub(crate) struct PendingBinding {
     name: String,
     elem: TypeId,
     elem_name: &'static str,
+    decl: fn() -> ElemDecl,
     buf: Box<dyn Bindable>,
 }
 
 impl PendingBinding {
-    pub(crate) fn new<T: Pod + Send>(name: String, buf: UnifiedBuffer<T>) -> Self {
+    pub(crate) fn new<T: Pod + Send + CField>(name: String, buf: UnifiedBuffer<T>) -> Self {
         PendingBinding {
             name,
             elem: TypeId::of::<T>(),
             elem_name: std::any::type_name::<T>(),
+            decl: ElemDecl::of::<T>,
             buf: Box::new(buf),
         }
     }
+}
+
+/// How a bound buffer's element type is declared on a device (from its [`CField`] impl).
+#[derive(Clone, Debug)]
+pub(crate) struct ElemDecl {
+    /// Element size in bytes.
+    pub size: usize,
+    /// The C type name (`double`, `SensorStats`).
+    pub c_type: String,
+    /// C declarations the type needs first (nested structs, itself included), in order.
+    pub c_deps: Vec<String>,
+    /// The WGSL type name, or why it has none.
+    pub wgsl_type: Result<String, WgslLayoutError>,
+    /// WGSL declarations the type needs first.
+    pub wgsl_deps: Result<Vec<String>, WgslLayoutError>,
+}
+
+impl ElemDecl {
+    fn of<T: Pod + CField>() -> Self {
+        let mut c_deps = Vec::new();
+        T::c_dependencies(&mut c_deps);
+        let mut w = Vec::new();
+        let wgsl_deps = T::wgsl_dependencies(&mut w).map(|()| w);
+        ElemDecl {
+            size: std::mem::size_of::<T>(),
+            c_type: T::c_field("").trim().to_string(),
+            c_deps,
+            wgsl_type: T::wgsl_type(false),
+            wgsl_deps,
+        }
+    }
+}
+
+/// What a device backend needs of one bound buffer at launch.
+#[derive(Clone, Debug)]
+pub(crate) struct DeviceBinding {
+    /// The name the handler uses.
+    pub name: String,
+    /// Registry id (what a message carries to name it).
+    pub id: BufferId,
+    /// Elements.
+    pub len: usize,
+    /// Element type.
+    pub elem: ElemDecl,
+    /// The host values at launch (`len * elem.size` bytes): the device copy starts as these.
+    pub initial: Vec<u8>,
+}
+
+/// The device side of a kernel's bound buffers, given by the engine that holds their device
+/// copies. Both calls are **synchronized** with the kernel: what `read` returns is the buffer
+/// between two batches (every batch started before the call has finished writing it, none
+/// started after has begun), and what `write` stores is seen whole by the next batch.
+pub(crate) trait DeviceBuffers: Send + Sync {
+    /// Copies binding `index`'s device values into `out` (exactly its byte length).
+    fn read(&self, index: usize, out: &mut [u8]) -> Result<(), crate::backend::DeviceError>;
+    /// Replaces binding `index`'s device values with `data` (exactly its byte length).
+    fn write(&self, index: usize, data: &[u8]) -> Result<(), crate::backend::DeviceError>;
 }
 
 /// The table shared by the kernel thread and its handles.
@@ -247,6 +322,7 @@ pub(crate) fn table(pending: Vec<PendingBinding>) -> Result<Option<SharedTable>,
             id: BufferId(NEXT_BUFFER_ID.fetch_add(1, Ordering::Relaxed)),
             elem: p.elem,
             elem_name: p.elem_name,
+            decl: p.decl,
             buf: std::cell::UnsafeCell::new(p.buf),
             ptr: Cell::new(std::ptr::null_mut()),
             len: Cell::new(0),
@@ -255,7 +331,49 @@ pub(crate) fn table(pending: Vec<PendingBinding>) -> Result<Option<SharedTable>,
             busy: Cell::new(false),
         });
     }
-    Ok(Some(Arc::new(Mutex::new(BoundTable { entries }))))
+    Ok(Some(Arc::new(Mutex::new(BoundTable {
+        entries,
+        device: None,
+    }))))
+}
+
+/// The bindings of `table` as a device engine needs them (declarations and initial values, in
+/// `bind` order); `Err` names a buffer whose host values could not be read.
+pub(crate) fn device_bindings(
+    kernel: &str,
+    table: &SharedTable,
+) -> Result<Vec<DeviceBinding>, BindError> {
+    let mut t = table.lock();
+    let mut out = Vec::with_capacity(t.entries.len());
+    for e in t.entries.iter_mut() {
+        let (p, n) = e
+            .buf
+            .get_mut()
+            .host_view(false)
+            .map_err(|source| BindError::Memory {
+                kernel: kernel.to_string(),
+                name: e.name.clone(),
+                source: Box::new(source),
+            })?;
+        let elem = (e.decl)();
+        // SAFETY: `host_view` returned the host copy, `n` elements of `elem.size` bytes, and
+        // the table lock keeps every other user out while it is copied.
+        let initial = unsafe { std::slice::from_raw_parts(p as *const u8, n * elem.size) }.to_vec();
+        out.push(DeviceBinding {
+            name: e.name.clone(),
+            id: e.id,
+            len: n,
+            elem,
+            initial,
+        });
+    }
+    Ok(out)
+}
+
+/// Hands `table`'s buffers to a device engine: from now on host reads and writes go through
+/// `device`.
+pub(crate) fn attach_device(table: &SharedTable, device: Arc<dyn DeviceBuffers>) {
+    table.lock().device = Some(device);
 }
 
 /// A kernel context's hold on its table: the table, and the lock for the batch in hand.
@@ -548,9 +666,45 @@ pub struct BufferReadGuard<'a, T> {
 /// The host's writable view of a bound buffer (marks the host copy newer; the kernel's next
 /// access copies it over). The kernel cannot start a batch while it lives.
 pub struct BufferWriteGuard<'a, T> {
-    _lock: parking_lot::MutexGuard<'a, BoundTable>,
     ptr: *mut T,
     len: usize,
+    /// The engine holding the device copy and the binding's index (device kernels only).
+    device: Option<(Arc<dyn DeviceBuffers>, usize)>,
+    kernel: String,
+    name: String,
+    _lock: parking_lot::MutexGuard<'a, BoundTable>,
+}
+
+impl<T> BufferWriteGuard<'_, T> {
+    /// Stores the values to the kernel now and reports whether the device took them (on the
+    /// CPU backend there is nothing to store: the kernel uses this memory).
+    pub fn commit(mut self) -> Result<(), BindError> {
+        self.store()
+    }
+
+    fn store(&mut self) -> Result<(), BindError> {
+        let Some((d, index)) = self.device.take() else {
+            return Ok(());
+        };
+        // SAFETY: the host mirror, `len` elements of `T`, under the table lock this guard holds.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(self.ptr as *const u8, self.len * std::mem::size_of::<T>())
+        };
+        d.write(index, bytes).map_err(|source| BindError::Device {
+            kernel: self.kernel.clone(),
+            name: self.name.clone(),
+            source: Box::new(source),
+        })
+    }
+}
+
+impl<T> Drop for BufferWriteGuard<'_, T> {
+    fn drop(&mut self) {
+        if let Err(e) = self.store() {
+            tracing::error!(error = %e,
+                "a bound buffer written on the host could not be stored to the device (commit() returns this error)");
+        }
+    }
 }
 
 impl<T: Pod> std::ops::Deref for BufferReadGuard<'_, T> {
@@ -611,7 +765,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         name: &str,
         timeout: Duration,
         write: bool,
-    ) -> Result<(parking_lot::MutexGuard<'_, BoundTable>, *mut u8, usize), BindError> {
+    ) -> Result<HostView<'_>, BindError> {
         let kernel = self.id().to_string();
         let mut t = self
             .bound_table()?
@@ -621,55 +775,92 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
                 name: name.to_string(),
                 waited: timeout,
             })?;
-        let e = t
+        let device = t.device.clone();
+        let (index, e) = t
             .entries
             .iter_mut()
-            .find(|e| e.name == name)
+            .enumerate()
+            .find(|(_, e)| e.name == name)
             .ok_or_else(|| BindError::UnknownBuffer {
                 kernel: kernel.clone(),
                 name: name.to_string(),
             })?;
         elem_check::<T>(&kernel, e)?;
+        // On a device kernel the `UnifiedBuffer` is the host mirror: it is refreshed from the
+        // device copy (synchronized with the kernel by the engine) on every host access.
         let (p, n) = e
             .buf
             .get_mut()
-            .host_view(write)
+            .host_view(write || device.is_some())
             .map_err(|source| BindError::Memory {
-                kernel,
+                kernel: kernel.clone(),
                 name: name.to_string(),
                 source: Box::new(source),
             })?;
-        Ok((t, p, n))
+        if let Some(d) = &device {
+            // SAFETY: the host mirror, `n` elements of `T` (type checked), reached only under
+            // the table lock held here.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(p, n * std::mem::size_of::<T>()) };
+            d.read(index, bytes).map_err(|source| BindError::Device {
+                kernel: kernel.clone(),
+                name: name.to_string(),
+                source: Box::new(source),
+            })?;
+        }
+        Ok(HostView {
+            lock: t,
+            ptr: p,
+            len: n,
+            device: device.map(|d| (d, index)),
+            kernel,
+            name: name.to_string(),
+        })
     }
 
-    /// Reads the bound buffer `name` on the host: waits up to `timeout` for the kernel's batch
-    /// in hand, then copies back if the device copy is newer. While the guard lives the kernel
-    /// does not start another batch.
+    /// Reads the bound buffer `name` on the host. **Synchronized, not refused:** on the CPU
+    /// backend it waits up to `timeout` for the kernel's batch in hand, then copies back if the
+    /// device copy is newer, and while the guard lives the kernel does not start another batch.
+    /// On a device backend the device copy is fetched as it stands between two batches (the
+    /// engine synchronizes with the kernel, see `runtime::bind`) and the guard holds that copy.
     pub fn read_buffer<T: Pod>(
         &self,
         name: &str,
         timeout: Duration,
     ) -> Result<BufferReadGuard<'_, T>, BindError> {
-        let (lock, p, len) = self.host_view::<T>(name, timeout, false)?;
+        let v = self.host_view::<T>(name, timeout, false)?;
         Ok(BufferReadGuard {
-            _lock: lock,
-            ptr: p as *const T,
-            len,
+            _lock: v.lock,
+            ptr: v.ptr as *const T,
+            len: v.len,
         })
     }
 
     /// Writes the bound buffer `name` on the host (same waiting rules as
-    /// [`KernelHandle::read_buffer`]); the kernel sees the values from its next batch on.
+    /// [`KernelHandle::read_buffer`]); the kernel sees the values from its next batch on. On a
+    /// device backend the guard starts as the device's values and is stored back to the device
+    /// by [`BufferWriteGuard::commit`] (or, with errors only traced, when it is dropped).
     pub fn write_buffer<T: Pod>(
         &self,
         name: &str,
         timeout: Duration,
     ) -> Result<BufferWriteGuard<'_, T>, BindError> {
-        let (lock, p, len) = self.host_view::<T>(name, timeout, true)?;
+        let v = self.host_view::<T>(name, timeout, true)?;
         Ok(BufferWriteGuard {
-            _lock: lock,
-            ptr: p as *mut T,
-            len,
+            ptr: v.ptr as *mut T,
+            len: v.len,
+            device: v.device,
+            kernel: v.kernel,
+            name: v.name,
+            _lock: v.lock,
         })
     }
+}
+
+struct HostView<'a> {
+    lock: parking_lot::MutexGuard<'a, BoundTable>,
+    ptr: *mut u8,
+    len: usize,
+    device: Option<(Arc<dyn DeviceBuffers>, usize)>,
+    kernel: String,
+    name: String,
 }

@@ -196,7 +196,7 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// Binds `buffer` to the kernel under `name` for the kernel's whole life: the handler
     /// borrows it with `ctx.buffer::<T>(name)` / `ctx.buffer_mut::<T>(name)`, the host reads it
     /// with `KernelHandle::read_buffer` (see `runtime::bind`). A repeated name fails `launch`.
-    pub fn bind<T: bytemuck::Pod + Send>(
+    pub fn bind<T: bytemuck::Pod + Send + resident_ring::message::CField>(
         mut self,
         name: impl Into<String>,
         buffer: crate::memory::UnifiedBuffer<T>,

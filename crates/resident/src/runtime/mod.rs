@@ -309,11 +309,7 @@ impl Runtime {
         };
         let bound = match bind::table(std::mem::take(&mut kernel.bindings)).map_err(&invalid)? {
             None => None,
-            Some(_) if runs_on_device => {
-                return Err(invalid(
-                    "bound buffers are not available to device-hosted handlers yet".into(),
-                ))
-            }
+            Some(t) if runs_on_device => Some(t),
             Some(_) if matches!(kernel.body, Some(kernel::Body::Loop(_))) => {
                 return Err(invalid(
                     "bound buffers need the handler form (.handler), not .run".into(),
@@ -377,6 +373,17 @@ impl Runtime {
         );
         let has_cuda = kernel.cuda.is_some();
         let has_wgsl = kernel.wgsl.is_some();
+        // A device handler gets the bound buffers' declarations and initial values; the engine
+        // keeps their device copies and serves the host's reads and writes.
+        let device_bindings = match &bound {
+            Some(t) if runs_on_device => bind::device_bindings(&id, t).map_err(|e| {
+                Error::InvalidConfig {
+                    id: id.clone(),
+                    reason: e.to_string(),
+                }
+            })?,
+            _ => Vec::new(),
+        };
         let device = crate::backend::device_host::<In, Out>(
             self.backend,
             &id,
@@ -387,6 +394,7 @@ impl Runtime {
             kernel.lanes,
             kernel.queue_size,
             kernel.batch_size,
+            &device_bindings,
         )
         .map_err(|crate::backend::HostChoice(source)| Error::Device {
             id: id.clone(),
@@ -394,8 +402,12 @@ impl Runtime {
             source: Box::new(source),
         })?;
         let host: Box<dyn RingHost<In, Out>> = match (device, kernel.body, kernel.unit_body) {
-            (Some((device, state)), _, _) => {
+            (Some((device, state, buffers)), _, _) => {
                 *io.device_state.lock() = state;
+                if let (Some(t), Some(b)) = (bound, buffers) {
+                    bind::attach_device(&t, b);
+                    let _ = io.bound.set(t);
+                }
                 device
             }
             (None, Some(body), _) => {
