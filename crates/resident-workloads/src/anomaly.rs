@@ -81,6 +81,8 @@ pub struct SlottedReadings {
     pub values: Vec<f64>,
     /// Original sensor id of each slot.
     pub sensor_ids: Vec<u64>,
+    /// Each reading's ticket: how many readings of its slot come before it (mod 2^32).
+    pub tickets: Vec<u32>,
 }
 
 /// Maps sensors to slots.
@@ -96,10 +98,21 @@ pub fn slot(readings: &[SensorReading]) -> SlottedReadings {
             })
         })
         .collect();
+    let slots: Vec<u32> = slots;
+    let mut seen = vec![0u32; sensor_ids.len()];
+    let tickets = slots
+        .iter()
+        .map(|&s| {
+            let t = seen[s as usize];
+            seen[s as usize] = t.wrapping_add(1);
+            t
+        })
+        .collect();
     SlottedReadings {
         slots,
         values: readings.iter().map(|r| r.value).collect(),
         sensor_ids,
+        tickets,
     }
 }
 
@@ -121,14 +134,25 @@ pub fn reference(r: &SlottedReadings) -> (Vec<Alert>, Vec<SensorStats>) {
 }
 
 resident::ring::device_message! {
-    /// A reading for the kernel (`slot == FLUSH` marks the end of a micro-batch).
-    pub struct ReadingMsg { pub index: u64, pub value: f64, pub slot: u32, pub _pad: u32 }
+    /// A reading for the kernel. `ticket` is the number of earlier readings of the same slot
+    /// in the stream (mod 2^32): a device kernel that folds a batch's readings in parallel
+    /// folds this one once the slot's count `n` reaches it, so the readings of one sensor are
+    /// applied in order. `slot == FLUSH` marks the end of a micro-batch; its `index` is the
+    /// micro-batch number and its `ticket` the count of all readings sent before it
+    /// (mod 2^32): it is answered once that many readings have been handled.
+    pub struct ReadingMsg { pub index: u64, pub value: f64, pub slot: u32, pub ticket: u32 }
 }
 
 resident::ring::device_message! {
-    /// An anomaly (`slot == FLUSH`: micro-batch `index` is folded; `z` holds its alert count and
-    /// `value` the readings the kernel refused).
+    /// An anomaly. `slot == FLUSH` answers a flush: micro-batch `index` is handled; `z` holds
+    /// the kernel's total alert count so far and `value` its total refused readings (slot past
+    /// the statistics, or a ticket that never came due).
     pub struct AlertMsg { pub index: u64, pub value: f64, pub z: f64, pub slot: u32, pub _pad: u32 }
+}
+
+resident::ring::device_message! {
+    /// The detector's counters on a device (mod 2^32): readings handled, alerts, refused.
+    pub struct DetectorCounters { pub processed: u32, pub alerts: u32, pub refused: u32, pub _pad: u32 }
 }
 
 /// The flush marker's slot.
@@ -255,13 +279,13 @@ pub fn run_actor(
                     index: i as u64,
                     value: r.values[i],
                     slot: r.slots[i],
-                    _pad: 0,
+                    ticket: r.tickets[i],
                 }));
                 msgs.push(ReadingMsg {
                     index: b as u64,
                     value: 0.0,
                     slot: FLUSH,
-                    _pad: 0,
+                    ticket: hi as u32,
                 });
                 sent_at.push(Instant::now());
                 let mut sent = 0;

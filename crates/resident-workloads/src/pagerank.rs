@@ -220,6 +220,20 @@ fn power_iterate<'g>(
 }
 
 resident::ring::device_message! {
+    /// One power-iteration step over nodes `lo..hi` (full mode, every backend): with
+    /// `old = ranks[(iter & 1) * N ..]` and `new = ranks[((iter + 1) & 1) * N ..]`, for each `v`
+    /// in `lo..hi`: `new[v] = base + damping * sum(old[u] / out_degree[u])` over the sources `u`
+    /// of `v`'s in-edges (`in_sources[in_offsets[v] .. in_offsets[v + 1]]`).
+    pub struct PageRankStep { pub base: f64, pub damping: f64, pub iter: u32, pub lo: u32, pub hi: u32, pub _pad: u32 }
+}
+
+resident::ring::device_message! {
+    /// A step's answer: `l1 = sum |new[v] - old[v]|` and `dangling = sum new[v]` over the
+    /// nodes of `lo..hi` without out-edges; `ok == 0` when the range or the buffers are invalid.
+    pub struct StepDone { pub l1: f64, pub dangling: f64, pub iter: u32, pub lo: u32, pub hi: u32, pub ok: u32 }
+}
+
+resident::ring::device_message! {
     /// Run PageRank (full mode) with these parameters.
     pub struct RunPageRank { pub damping: f64, pub tol: f64, pub max_iter: u32, pub _pad: u32 }
 }

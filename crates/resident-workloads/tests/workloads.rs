@@ -332,14 +332,14 @@ fn anomaly_kernel_counts_and_reports_readings_it_cannot_place() {
         index: 0,
         value: 1.0,
         slot: 1,
-        _pad: 0,
+        ticket: 0,
     })
     .unwrap();
     k.send(anomaly::ReadingMsg {
         index: 1,
         value: 1.0,
         slot: 9,
-        _pad: 0,
+        ticket: 0,
     })
     .unwrap();
     let f = k
@@ -348,7 +348,7 @@ fn anomaly_kernel_counts_and_reports_readings_it_cannot_place() {
                 index: 0,
                 value: 0.0,
                 slot: anomaly::FLUSH,
-                _pad: 0,
+                ticket: 2,
             },
             t,
         )
