@@ -1,6 +1,6 @@
 //! A two-stage streaming pipeline, kernel to kernel: `normalizer` clamps a raw value to
-//! `0..=100` and scales it to `[0, 1]` (NaN counts as 0), then sends it on with
-//! `ctx.send_to("<scorer>")`; `scorer` computes `score = x^2` and a level: low below 0.3,
+//! `0..=100` and scales it to `[0, 1]` (NaN counts as 0); the runtime forwards its outputs to
+//! the scorer (`RingKernel::forward_to`); `scorer` computes `score = x^2` and a level: low below 0.3,
 //! medium below 0.7, else high. The host sends to the normalizer and receives from the scorer.
 //!
 //! Tolerance: the kernels do the same f64 operations as [`reference`]; checked with `1e-12`.
@@ -79,28 +79,18 @@ pub fn reference(values: &[f64]) -> Vec<Scored> {
         .collect()
 }
 
-/// The normalizer kernel, forwarding to `scorer_id`.
-pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized, u64> {
-    let to = scorer_id.to_string();
+/// The normalizer kernel: its outputs are forwarded to `scorer_id` by the runtime
+/// (`RingKernel::forward_to`), so the same handler works on every backend.
+pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized> {
     RingKernel::<Raw, Normalized>::new(id)
         .queue_size(4096)
         .batch_size(256)
-        .state(0u64)
-        .handler(move |ctx: &mut Context<u64>, r: Raw| {
-            // Under the scorer's Block policy; a failure means it stopped: count it.
-            if ctx
-                .send_to(
-                    &to,
-                    Normalized {
-                        seq: r.seq,
-                        x: normalize(r.value),
-                    },
-                )
-                .is_err()
-            {
-                *ctx.state_mut() += 1;
-            }
-            None
+        .forward_to(scorer_id)
+        .handler(|_: &mut Context<()>, r: Raw| {
+            Some(Normalized {
+                seq: r.seq,
+                x: normalize(r.value),
+            })
         })
 }
 

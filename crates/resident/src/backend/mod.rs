@@ -458,7 +458,11 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
         }
         _ => return Ok(None),
     };
-    Ok(Some((Box::new(device_host::DeviceHost::new(ring)), None, None)))
+    Ok(Some((
+        Box::new(device_host::DeviceHost::new(ring)),
+        None,
+        None,
+    )))
 }
 
 #[cfg(test)]
