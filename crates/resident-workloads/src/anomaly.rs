@@ -158,12 +158,12 @@ resident::ring::device_message! {
 /// The flush marker's slot.
 pub const FLUSH: u32 = u32::MAX;
 
-/// The kernel's own counters (its state).
+/// The kernel's own counters (its state on the CPU; [`DetectorCounters`] on a device).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DetectorState {
-    /// Alerts since the last flush.
+    /// Alerts so far.
     pub alerts: u64,
-    /// Readings refused since the last flush (a slot past the buffer).
+    /// Readings refused so far (a slot past the buffer).
     pub refused: u64,
 }
 
@@ -185,11 +185,9 @@ pub fn kernel(
         .handler(|ctx: &mut Context<DetectorState>, r: ReadingMsg| {
             let (state, buffers) = ctx.state_and_buffers();
             if r.slot == FLUSH {
-                // The micro-batch is folded: answer with its alert and refusal counts.
-                let (alerts, refused) = (
-                    std::mem::take(&mut state.alerts),
-                    std::mem::take(&mut state.refused),
-                );
+                // Every reading before the flush is handled (this handler runs in order):
+                // answer with the totals so far.
+                let (alerts, refused) = (state.alerts, state.refused);
                 return Some(AlertMsg {
                     index: r.index,
                     value: refused as f64,

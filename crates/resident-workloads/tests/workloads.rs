@@ -76,6 +76,9 @@ fn pagerank_full_matches_the_networkx_style_reference() {
         let got = pagerank::run_full(&rt, &d, &g, p).unwrap();
         pagerank::check_full(&got, &want).unwrap();
         assert!((got.ranks.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        // The device protocol (many small step messages per iteration) on the CPU handler.
+        let got = pagerank::run_full_chunked(&rt, &d, &g, p, 7).unwrap();
+        pagerank::check_full(&got, &want).unwrap();
     }
 }
 
