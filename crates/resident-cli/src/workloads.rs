@@ -58,9 +58,9 @@ pub enum BackendChoice {
     Cpu,
     /// An NVIDIA GPU through the CUDA driver.
     Cuda,
-    /// The CUDA kernel source on host threads (not in this build yet).
+    /// The CUDA kernel source on host threads (needs a host C++ compiler).
     CudaSim,
-    /// Vulkan/Metal/DX12 through wgpu (not in this build yet).
+    /// Vulkan/Metal/DX12 through wgpu (lavapipe on a machine without a GPU).
     Wgpu,
     /// CUDA when a device works, else the CPU.
     Auto,
@@ -77,12 +77,8 @@ impl BackendChoice {
             BackendChoice::Cpu => Backend::Cpu,
             BackendChoice::Cuda => Backend::Cuda,
             BackendChoice::Auto => Backend::Auto,
-            BackendChoice::CudaSim | BackendChoice::Wgpu => {
-                return Err(DemoError::Backend {
-                    name,
-                    reason: "this build has no such backend yet (see `resident info`)".into(),
-                })
-            }
+            BackendChoice::CudaSim => Backend::CudaSim,
+            BackendChoice::Wgpu => Backend::Wgpu,
         };
         let fail = |reason: String| DemoError::Backend {
             name: name.clone(),
