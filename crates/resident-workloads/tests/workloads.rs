@@ -386,7 +386,10 @@ fn precision_aware_checks_accept_rounding_and_refuse_real_differences() {
     anomaly::check_with(&nudged, &r, Precision::F32).unwrap();
     assert!(anomaly::check_with(&nudged, &r, Precision::F64).is_err());
     // A missing clear alert, an extra alert, a wrong count: refused at both precisions.
-    let clear = alerts.iter().position(|a| a.z > 4.5).expect("a clear spike");
+    let clear = alerts
+        .iter()
+        .position(|a| a.z > 4.5)
+        .expect("a clear spike");
     let mut missing = exact.clone();
     missing.alerts.remove(clear);
     assert!(anomaly::check_with(&missing, &r, Precision::F32).is_err());
