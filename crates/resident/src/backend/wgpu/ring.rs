@@ -177,6 +177,7 @@ fn resident_main(@builtin(global_invocation_id) gid: vec3<u32>) {{
             wg = self.workgroup,
             f = self.function,
         ));
+        s.push_str(super::wgsl::HELPERS_64);
         Ok(s)
     }
 }
