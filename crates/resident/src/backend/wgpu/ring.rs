@@ -54,8 +54,10 @@
 //! [`WgslLaunchError::BoundBuffer`] with the limit named. Elements are plain (not atomic): the
 //! invocations of a parallel batch must write distinct elements, or use
 //! [`WgslHandler::in_order`]. Host reads and writes (`KernelHandle::read_buffer` /
-//! `write_buffer`) are synchronized with the batches through the device queue, see
-//! [`BoundBuffers`].
+//! `write_buffer`) are synchronized with the batches through the device's one queue, which
+//! runs submissions in order: a read is a copy submitted behind every batch already submitted
+//! (so it sees the buffer between two batches, never torn), mapped with a bounded wait; a write
+//! is a queue write ordered before every later batch (the next batch sees all of it).
 //!
 //! # Messages in order
 //!
