@@ -138,6 +138,27 @@ impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
         self
     }
 
+    /// Also declares `T`'s WGSL struct (and the structs it nests), for a source that names
+    /// message types besides the kernel's own input and output: for example one file holding
+    /// the handlers of two kernels, each compiled with the other's types declared. A type
+    /// already declared is not declared twice.
+    pub fn declare<T: DeviceMessage>(mut self) -> Self {
+        let mut more = Vec::new();
+        let r = T::wgsl_dependencies(&mut more);
+        self.decls = match (self.decls, r) {
+            (Ok(mut d), Ok(())) => {
+                for m in more {
+                    if !d.contains(&m) {
+                        d.push_str(&m);
+                    }
+                }
+                Ok(d)
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+        self
+    }
+
     /// Device state, initialized to `init`, kept in a storage buffer for the kernel's life;
     /// the handler sees it as `state: ResidentState` (integer fields atomic).
     pub fn state<D: DeviceMessage>(mut self, init: D) -> Self {
