@@ -446,8 +446,7 @@ fn bindings_wgsl_cannot_hold_are_typed_errors() {
     };
     // An element type with no WGSL form.
     let e = launch_with(&rt, "shorts", UnifiedBuffer::from_slice(&d, &[1u16, 2], o).unwrap())
-        .err()
-        .expect("u16 elements are refused");
+        .expect_err("u16 elements are refused");
     let (name, reason) = binding(e);
     assert_eq!(name, "shorts");
     assert!(reason.contains("16-bit"), "{reason}");
@@ -464,7 +463,7 @@ fn bindings_wgsl_cannot_hold_are_typed_errors() {
         let n = (max / 4 + 1) as usize;
         let mut big = UnifiedBuffer::<u32>::new(&d, n, o).unwrap();
         big.host_mut().unwrap();
-        let e = launch_with(&rt, "big", big).err().expect("too large");
+        let e = launch_with(&rt, "big", big).expect_err("too large");
         match e.device_error() {
             Some(DeviceError::Wgsl(WgslLaunchError::BoundBuffer { name, source })) => {
                 assert_eq!(name, "big");

@@ -447,6 +447,13 @@ struct InFlight<In> {
     submitted: Instant,
 }
 
+/// A launched engine, its state, and its bound buffers' device copies (when any).
+pub(crate) type Launched<In, Out> = (
+    WgpuEngine<In, Out>,
+    Arc<DeviceState>,
+    Option<Arc<BoundBuffers>>,
+);
+
 /// The device side of a WGSL ring kernel (see the module docs).
 pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     ctx: Arc<WgpuContext>,
@@ -761,7 +768,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
         handler: &WgslHandler<In, Out>,
         batch: usize,
         bindings: &[DeviceBinding],
-    ) -> Result<(Self, Arc<DeviceState>, Option<Arc<BoundBuffers>>), WgslLaunchError> {
+    ) -> Result<Launched<In, Out>, WgslLaunchError> {
         let geometry =
             BatchGeometry::new(batch, std::mem::size_of::<In>(), std::mem::size_of::<Out>());
         let mut p = RingPipeline::build(
