@@ -68,7 +68,10 @@ fn vector_add_wgsl_matches_the_reference() {
                 .queue_size(1024)
                 .bind("a", UnifiedBuffer::from_slice(&d, &a, o).unwrap())
                 .bind("b", UnifiedBuffer::from_slice(&d, &b, o).unwrap())
-                .bind("c", UnifiedBuffer::<f32>::from_slice(&d, &vec![0.0; n], o).unwrap())
+                .bind(
+                    "c",
+                    UnifiedBuffer::<f32>::from_slice(&d, &vec![0.0; n], o).unwrap(),
+                )
                 .wgsl(WgslHandler::new(VECTOR_ADD_WGSL).function("vector_add")),
         )
         .unwrap();
@@ -126,7 +129,17 @@ fn pipeline_wgsl_matches_the_reference() {
     let mut values: Vec<f64> = (0..3000)
         .map(|i| ((i * 7919) % 12_000) as f64 / 100.0 - 10.0)
         .collect();
-    values.extend([f64::NAN, -1.0, 0.0, 100.0, 100.5, 1e300, -1e300, 54.772, 83.666]);
+    values.extend([
+        f64::NAN,
+        -1.0,
+        0.0,
+        100.0,
+        100.5,
+        1e300,
+        -1e300,
+        54.772,
+        83.666,
+    ]);
     let normalizer = rt
         .launch(
             RingKernel::<Raw, Normalized>::new("normalize-wgsl").wgsl(
@@ -162,8 +175,9 @@ fn pipeline_wgsl_matches_the_reference() {
         while sent < chunk.len() {
             sent += normalizer.send_batch(&chunk[sent..]).unwrap();
         }
-        let normalized: Vec<Normalized> =
-            (0..chunk.len()).map(|_| normalizer.receive(T).unwrap()).collect();
+        let normalized: Vec<Normalized> = (0..chunk.len())
+            .map(|_| normalizer.receive(T).unwrap())
+            .collect();
         let mut sent = 0;
         while sent < normalized.len() {
             sent += scorer.send_batch(&normalized[sent..]).unwrap();
@@ -191,10 +205,18 @@ fn pipeline_wgsl_matches_the_reference() {
         }
     }
     // NaN -> 0, clamped at both ends.
-    let at = |v: f64| scored[values.iter().position(|x| x.to_bits() == v.to_bits()).unwrap()];
+    let at = |v: f64| {
+        scored[values
+            .iter()
+            .position(|x| x.to_bits() == v.to_bits())
+            .unwrap()]
+    };
     assert_eq!((at(f64::NAN).x, at(f64::NAN).level), (0.0, 0));
     assert_eq!(at(-1e300).x, 0.0);
-    assert_eq!((at(1e300).x, at(1e300).score, at(1e300).level), (1.0, 1.0, 2));
+    assert_eq!(
+        (at(1e300).x, at(1e300).score, at(1e300).level),
+        (1.0, 1.0, 2)
+    );
     println!(
         "pipeline: max relative error x {max_x:e}, score {max_s:e}; {levels_near_threshold} levels differ at a threshold"
     );
@@ -261,8 +283,8 @@ fn anomaly_actor_wgsl_matches_the_reference() {
     };
     let r = readings();
     let sensors = r.sensor_ids.len();
-    let mut stats = UnifiedBuffer::<SensorStats>::new(&d, sensors, BufferOptions::default())
-        .unwrap();
+    let mut stats =
+        UnifiedBuffer::<SensorStats>::new(&d, sensors, BufferOptions::default()).unwrap();
     stats.host_mut().unwrap();
     let k = rt
         .launch(
@@ -344,7 +366,11 @@ fn anomaly_actor_wgsl_matches_the_reference() {
     report.stats = k.read_buffer::<SensorStats>("stats", T).unwrap().to_vec();
     let (z, m, v) = check_anomaly(&report, &r, ANOMALY_TOL);
     let last = last.expect("the last flush answer");
-    assert_eq!(last.z, report.alerts.len() as f64, "the flush reports the alert total");
+    assert_eq!(
+        last.z,
+        report.alerts.len() as f64,
+        "the flush reports the alert total"
+    );
     println!(
         "anomaly actor: {} alerts, max relative error z {z:e}, m {m:e}, v {v:e}",
         report.alerts.len()
@@ -383,7 +409,10 @@ fn anomaly_actor_wgsl_matches_the_reference() {
     }
     let a = k.receive(T).unwrap();
     assert_eq!((a.slot, a.index, a.value), (anomaly::FLUSH, 99, 2.0));
-    assert_eq!(k.read_buffer::<SensorStats>("stats", T).unwrap().to_vec(), before);
+    assert_eq!(
+        k.read_buffer::<SensorStats>("stats", T).unwrap().to_vec(),
+        before
+    );
     k.terminate().unwrap();
 }
 

@@ -77,12 +77,7 @@ fn handle(job: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bo
 "#;
 
 /// One definition: a CPU closure and the same logic in WGSL.
-fn job_kernel(
-    id: &str,
-    d: &DeviceHandle,
-    a: &[f32],
-    slots: usize,
-) -> RingKernel<Job, Done, ()> {
+fn job_kernel(id: &str, d: &DeviceHandle, a: &[f32], slots: usize) -> RingKernel<Job, Done, ()> {
     let o = BufferOptions::default();
     let n = a.len();
     let mut tally = UnifiedBuffer::<Tally>::new(d, slots, o).unwrap();
@@ -91,7 +86,10 @@ fn job_kernel(
     wide.host_mut().unwrap().fill(-1.0);
     RingKernel::<Job, Done>::new(id)
         .bind("a", UnifiedBuffer::from_slice(d, a, o).unwrap())
-        .bind("c", UnifiedBuffer::from_slice(d, &vec![0.0f32; n], o).unwrap())
+        .bind(
+            "c",
+            UnifiedBuffer::from_slice(d, &vec![0.0f32; n], o).unwrap(),
+        )
         .bind("wide", wide)
         .bind("tally", tally)
         .handler(|ctx: &mut Context<()>, job: Job| {
@@ -232,7 +230,10 @@ fn host_writes_are_seen_by_later_messages() {
         .all(|&x| x == 2.0));
     {
         let mut w = k.write_buffer::<f32>("a", T).unwrap();
-        assert!(w.iter().all(|&x| x == 1.0), "the guard starts as the device's values");
+        assert!(
+            w.iter().all(|&x| x == 1.0),
+            "the guard starts as the device's values"
+        );
         for (i, x) in w.iter_mut().enumerate() {
             *x = i as f32;
         }
@@ -445,13 +446,24 @@ fn bindings_wgsl_cannot_hold_are_typed_errors() {
         other => panic!("expected a binding error, got {other:?}"),
     };
     // An element type with no WGSL form.
-    let e = launch_with(&rt, "shorts", UnifiedBuffer::from_slice(&d, &[1u16, 2], o).unwrap())
-        .expect_err("u16 elements are refused");
+    let e = launch_with(
+        &rt,
+        "shorts",
+        UnifiedBuffer::from_slice(&d, &[1u16, 2], o).unwrap(),
+    )
+    .expect_err("u16 elements are refused");
     let (name, reason) = binding(e);
     assert_eq!(name, "shorts");
     assert!(reason.contains("16-bit"), "{reason}");
     // Names that are not WGSL identifiers, keywords, or names the generated code uses.
-    for bad in ["not-an-ident", "9lives", "state", "resident_x", "loop", "__x"] {
+    for bad in [
+        "not-an-ident",
+        "9lives",
+        "state",
+        "resident_x",
+        "loop",
+        "__x",
+    ] {
         let e = launch_with(&rt, bad, UnifiedBuffer::from_slice(&d, &[1u32], o).unwrap())
             .err()
             .unwrap_or_else(|| panic!("`{bad}` is refused"));
@@ -481,8 +493,12 @@ fn bindings_wgsl_cannot_hold_are_typed_errors() {
         println!("storage-binding limit {max} bytes: the oversize case is not exercised here");
     }
     // The runtime still works after the refusals, and an empty buffer binds.
-    let k = launch_with(&rt, "empty", UnifiedBuffer::from_slice(&d, &[0u32; 0], o).unwrap())
-        .unwrap();
+    let k = launch_with(
+        &rt,
+        "empty",
+        UnifiedBuffer::from_slice(&d, &[0u32; 0], o).unwrap(),
+    )
+    .unwrap();
     k.activate().unwrap();
     assert_eq!(k.call(Val { v: 41 }, T).unwrap().v, 41);
     assert!(k.read_buffer::<u32>("empty", T).unwrap().is_empty());

@@ -86,7 +86,11 @@ pub fn run_stateless_wgpu(
         z_buf.host_mut()?;
         status_buf.host_mut()?;
         {
-            let (sv, vv, tv) = (slot_buf.device()?, value_buf.device()?, ticket_buf.device()?);
+            let (sv, vv, tv) = (
+                slot_buf.device()?,
+                value_buf.device()?,
+                ticket_buf.device()?,
+            );
             let (mut stv, mut zv, mut usv) = (
                 stats_buf.device_mut()?,
                 z_buf.device_mut()?,

@@ -342,6 +342,7 @@ pub enum WgslLaunchError {
 }
 
 /// WGSL words a bound buffer may not be named (keywords, and names the generated code uses).
+#[rustfmt::skip]
 const RESERVED: &[&str] = &[
     "alias", "break", "case", "const", "const_assert", "continue", "continuing", "default",
     "diagnostic", "discard", "else", "enable", "false", "fn", "for", "if", "let", "loop",
@@ -1299,8 +1300,7 @@ impl<In: Message, Out: Message> ResidentBatches<In, Out> {
     /// Compiles `handler` for batches of up to `batch` messages on the shared wgpu device.
     pub fn new(handler: &WgslHandler<In, Out>, batch: usize) -> Result<Self, WgslLaunchError> {
         let ctx = WgpuContext::shared(false)?;
-        let (engine, state, _) =
-            WgpuEngine::launch(ctx, "resident-batches", handler, batch, &[])?;
+        let (engine, state, _) = WgpuEngine::launch(ctx, "resident-batches", handler, batch, &[])?;
         Ok(ResidentBatches { engine, state })
     }
 
