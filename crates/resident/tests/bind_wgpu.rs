@@ -492,6 +492,36 @@ fn bindings_wgsl_cannot_hold_are_typed_errors() {
     } else {
         println!("storage-binding limit {max} bytes: the oversize case is not exercised here");
     }
+    // More bound buffers than the adapter binds per shader stage (the ring itself uses 5).
+    let per_stage = resident::backend::wgpu::adapters()[0].max_storage_buffers_per_shader_stage;
+    if per_stage <= 64 {
+        let many = |count: u32| {
+            let mut k = RingKernel::<Val, Val>::new(format!("many-{count}"));
+            for i in 0..count {
+                k = k.bind(
+                    format!("b{i}"),
+                    UnifiedBuffer::from_slice(&d, &[i], o).unwrap(),
+                );
+            }
+            // The last binding is the one read: all of group 1 is really bound.
+            let src = format!(
+                "fn handle(m: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {{\n\
+                 \x20   (*out).v = m.v + b{}[0];\n    return true;\n}}\n",
+                count - 1
+            );
+            rt.launch(k.wgsl(WgslHandler::new(src)))
+        };
+        let e = many(per_stage - 4).expect_err("too many storage buffers");
+        let (_, reason) = binding(e);
+        assert!(
+            reason.contains("max_storage_buffers_per_shader_stage"),
+            "{reason}"
+        );
+        let k = many(per_stage - 5).expect("as many as the adapter binds");
+        k.activate().unwrap();
+        assert_eq!(k.call(Val { v: 1000 }, T).unwrap().v, 1000 + per_stage - 6);
+        k.terminate().unwrap();
+    }
     // The runtime still works after the refusals, and an empty buffer binds.
     let k = launch_with(
         &rt,
