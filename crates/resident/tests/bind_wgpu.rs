@@ -534,3 +534,62 @@ fn bindings_wgsl_cannot_hold_are_typed_errors() {
     assert!(k.read_buffer::<u32>("empty", T).unwrap().is_empty());
     k.terminate().unwrap();
 }
+
+/// On lavapipe an invocation's loops end after 65535 iterations in all: an in-order batch that
+/// needs more (64 messages x 2048 elements) must fail the kernel loudly, never publish wrong or
+/// stale outputs. A device without that cap runs it to the end, and the values are right.
+#[test]
+fn an_in_order_batch_the_device_cuts_short_fails_the_kernel() {
+    let Some((rt, d)) = wgpu("an_in_order_batch_the_device_cuts_short_fails_the_kernel") else {
+        return;
+    };
+    const N: usize = 2048;
+    let counts = UnifiedBuffer::from_slice(&d, &vec![0u32; N], BufferOptions::default()).unwrap();
+    let k = rt
+        .launch(
+            RingKernel::<Inc, Inc>::new("cut")
+                .batch_size(64)
+                .bind("counts", counts)
+                .wgsl(
+                    WgslHandler::new(INC_WGSL)
+                        .state(Counter { count: 0 })
+                        .in_order(),
+                ),
+        )
+        .unwrap();
+    k.activate().unwrap();
+    let msgs: Vec<Inc> = (0..64).map(|seq| Inc { by: 1, seq }).collect();
+    // One batch of 64: sent whole while the kernel is inactive, then let go.
+    k.deactivate().unwrap();
+    let mut sent = 0;
+    while sent < msgs.len() {
+        sent += k.send_batch(&msgs[sent..]).unwrap();
+    }
+    k.activate().unwrap();
+    let mut outputs = Vec::new();
+    let deadline = std::time::Instant::now() + T;
+    while outputs.len() < msgs.len() && std::time::Instant::now() < deadline {
+        match k.receive(Duration::from_millis(100)) {
+            Ok(o) => outputs.push(o),
+            Err(_) if matches!(k.state(), KernelState::Failed(_)) => break,
+            Err(_) => {}
+        }
+    }
+    match k.state() {
+        KernelState::Failed(reason) => {
+            println!("cut short, as on llvmpipe: {reason}");
+            assert!(reason.contains("65535"), "{reason}");
+            assert!(
+                outputs.is_empty(),
+                "no output of the cut batch is published"
+            );
+        }
+        s => {
+            println!("the device ran the whole batch ({s})");
+            assert_eq!(outputs.len(), msgs.len());
+            let c = k.read_buffer::<u32>("counts", T).unwrap();
+            assert!(c.iter().all(|&x| x == 64));
+        }
+    }
+    let _ = k.terminate();
+}

@@ -256,15 +256,20 @@ impl<In, Out> WgslHandler<In, Out> {
                 r#"@compute @workgroup_size(1)
 fn resident_main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     if (gid.x != 0u) {{ return; }}
-    for (var i = 0u; i < resident_count.x; i += 1u) {{
+    var i = 0u;
+    for (; i < resident_count.x; i += 1u) {{
         var out: ResidentOut;
         let keep = {f}(resident_in[i], &out, resident_env[i]);
         resident_out[i] = out;
         resident_keep[i] = select(0u, 1u, keep);
     }}
+    // A device that cut this loop short (llvmpipe ends an invocation's loops after 65535
+    // iterations in all) leaves a mark in the last keep flag: the host fails the kernel.
+    if (i < resident_count.x) {{ resident_keep[resident_count.x - 1u] = {cut}u; }}
 }}
 "#,
-                f = self.function
+                f = self.function,
+                cut = CUT_SHORT,
             )
         } else {
             format!(
@@ -679,6 +684,10 @@ impl RingPipeline {
         }
         ctx.write(&bufs.env, scratch);
         ctx.write(&bufs.count, bytemuck::bytes_of(&[n as u32, 0, 0, 0]));
+        if self.in_order {
+            // Messages an in-order loop never reached must not show last batch's flags.
+            enc.clear_buffer(&bufs.keep, 0, Some(n as u64 * 4));
+        }
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             pass.set_pipeline(&self.pipeline);
@@ -705,6 +714,22 @@ impl RingPipeline {
             n as u64 * 4,
         );
     }
+}
+
+/// The keep flag an in-order entry point leaves on its batch's last message when the device
+/// cut its loop short.
+const CUT_SHORT: u32 = 0xffff_ffff;
+
+/// Whether the in-order batch of `n` messages whose staging buffer is `view` was cut short.
+fn cut_short(view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
+    let at = geometry.keep_offset as usize + 4 * n.saturating_sub(1);
+    n > 0 && view[at..at + 4] == CUT_SHORT.to_le_bytes()
+}
+
+fn cut_message(n: usize) -> String {
+    format!(
+        "the device stopped an in-order batch of {n} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message"
+    )
 }
 
 /// Sizes of one batch set.
@@ -980,6 +1005,16 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
             let f = self.in_flight.pop_front().expect("front exists");
             let bufs = &self.sets[f.set];
             match bufs.staging.get_mapped_range(..) {
+                Ok(view)
+                    if self.pipeline.in_order
+                        && cut_short(&view, &self.geometry, f.inputs.len()) =>
+                {
+                    let n = f.inputs.len();
+                    drop(view);
+                    // The batch goes back whole through `reclaim` (its first messages did run).
+                    self.in_flight.push_front(f);
+                    return Err(cut_message(n));
+                }
                 Ok(view) => {
                     // Counted before the outputs become visible (the pump stores counters
                     // first).
@@ -1271,6 +1306,15 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
         };
         {
             let view = self.bufs.staging.get_mapped_range(..).map_err(map_err)?;
+            if self.pipeline.in_order && cut_short(&view, &self.geometry, inputs.len()) {
+                drop(view);
+                self.bufs.staging.unmap();
+                self.state_staging.unmap();
+                return Err(BackendError::WgpuDevice {
+                    operation: "stateless batch",
+                    reason: cut_message(inputs.len()),
+                });
+            }
             decode(&view, &self.geometry, inputs, out, &mut Vec::new());
             let sv = self.state_staging.get_mapped_range(..).map_err(map_err)?;
             let n = self.host_state.len();
