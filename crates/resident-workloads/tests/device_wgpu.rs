@@ -604,3 +604,122 @@ fn f32_errors_at_larger_sizes() {
     );
     k.terminate().unwrap();
 }
+
+/// The detector actor on wgpu driven like `anomaly::run_actor`: micro-batches of `batch`
+/// readings plus a flush, at most `in_flight` micro-batches outstanding.
+fn actor_run(
+    rt: &Runtime,
+    d: &DeviceHandle,
+    r: &anomaly::SlottedReadings,
+    batch: usize,
+    in_flight: usize,
+) -> anomaly::RunReport {
+    let sensors = r.sensor_ids.len();
+    let mut stats =
+        UnifiedBuffer::<SensorStats>::new(d, sensors, BufferOptions::default()).unwrap();
+    stats.host_mut().unwrap();
+    let k = rt
+        .launch(
+            RingKernel::<ReadingMsg, AlertMsg>::new(format!("anomaly-timing-{batch}"))
+                .queue_size(4096)
+                .batch_size(1024)
+                .backpressure(Backpressure::Block(T))
+                .bind("stats", stats)
+                .wgsl(
+                    WgslHandler::new(ANOMALY_WGSL)
+                        .function("anomaly")
+                        .state(DetectorCounters {
+                            processed: 0,
+                            alerts: 0,
+                            refused: 0,
+                            _pad: 0,
+                        })
+                        .in_order(),
+                ),
+        )
+        .unwrap();
+    k.activate().unwrap();
+    let total = r.slots.len().div_ceil(batch);
+    let mut report = anomaly::RunReport::default();
+    let start = std::time::Instant::now();
+    let (mut sent_batches, mut done) = (0, 0);
+    let mut got = Vec::new();
+    while done < total {
+        while sent_batches < total && sent_batches - done < in_flight {
+            let lo = sent_batches * batch;
+            let hi = (lo + batch).min(r.slots.len());
+            let mut msgs: Vec<ReadingMsg> = (lo..hi)
+                .map(|i| ReadingMsg {
+                    index: i as u64,
+                    value: r.values[i],
+                    slot: r.slots[i],
+                    ticket: r.tickets[i],
+                })
+                .collect();
+            msgs.push(ReadingMsg {
+                index: sent_batches as u64,
+                value: 0.0,
+                slot: anomaly::FLUSH,
+                ticket: hi as u32,
+            });
+            let mut sent = 0;
+            while sent < msgs.len() {
+                sent += k.send_batch(&msgs[sent..]).unwrap();
+            }
+            sent_batches += 1;
+        }
+        got.clear();
+        if k.receive_batch(&mut got, 256).unwrap() == 0 {
+            got.push(k.receive(T).unwrap());
+        }
+        for a in &got {
+            if a.slot == anomaly::FLUSH {
+                done += 1;
+            } else {
+                report.alerts.push(anomaly::Alert {
+                    index: a.index,
+                    sensor: r.sensor_ids[a.slot as usize],
+                    value: a.value,
+                    z: a.z,
+                });
+            }
+        }
+    }
+    report.elapsed = start.elapsed();
+    report.stats = k.read_buffer::<SensorStats>("stats", T).unwrap().to_vec();
+    k.terminate().unwrap();
+    report
+}
+
+/// A rough timing of the actor against the stateless baseline on this adapter (not the
+/// benchmark: `resident bench workloads` is). Run with `-- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing, not a check"]
+fn anomaly_actor_vs_stateless_timing() {
+    let Some((rt, d)) = wgpu("anomaly_actor_vs_stateless_timing") else {
+        return;
+    };
+    let (readings, _) = generate_readings(100_000, 1_000, 997, 3).unwrap();
+    let r = anomaly::slot(&readings);
+    for batch in [100, 500, 1000] {
+        let mut ratios = Vec::new();
+        for _ in 0..3 {
+            let a = actor_run(&rt, &d, &r, batch, 16);
+            check_anomaly(&a, &r, ANOMALY_TOL);
+            let s = run_stateless_wgpu(&d, &r, batch, |_| {}).unwrap();
+            check_anomaly(&s, &r, ANOMALY_TOL);
+            let (ta, ts) = (a.elapsed.as_secs_f64(), s.elapsed.as_secs_f64());
+            println!(
+                "micro-batch {batch}: actor {:.0} readings/s, stateless {:.0} readings/s",
+                r.slots.len() as f64 / ta,
+                r.slots.len() as f64 / ts
+            );
+            ratios.push(ts / ta);
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "micro-batch {batch}: actor / stateless x{:.2} (min {:.2}, max {:.2})",
+            ratios[1], ratios[0], ratios[2]
+        );
+    }
+}
