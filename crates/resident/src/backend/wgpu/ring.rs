@@ -209,7 +209,9 @@ impl<In, Out> WgslHandler<In, Out> {
     }
 
     /// The complete WGSL module the runtime compiles: the handler source first (so compiler
-    /// line numbers are the source's own), then the generated declarations and entry point.
+    /// line numbers are the source's own), then the generated declarations and entry point
+    /// and the 64-bit helpers. The declarations of bound buffers are added at launch, where
+    /// the bindings are known.
     pub fn module_source(&self) -> Result<String, WgslLayoutError> {
         self.module_source_with(&[])
     }
