@@ -34,7 +34,8 @@ pub trait CField {
     fn c_dependencies(_out: &mut Vec<String>) {}
     /// The WGSL type of a field of this type, or why it has none that matches the Rust layout
     /// byte for byte. `atomic` asks for `atomic<u32>`/`atomic<i32>` in place of `u32`/`i32`
-    /// (same size and alignment), for state that the invocations of a batch share.
+    /// (same size and alignment), for state that the invocations of a batch share; 64-bit
+    /// fields stay `vec2<u32>` (WGSL has no 64-bit atomics).
     fn wgsl_type(_atomic: bool) -> Result<String, WgslLayoutError> {
         Err(WgslLayoutError::new(
             std::any::type_name::<Self>(),
@@ -52,9 +53,14 @@ pub trait CField {
 ///
 /// WGSL (storage address space) has 4-byte scalars only (`u32`, `i32`, `f32`; `f16` needs an
 /// extension), aligns a struct to its largest member and an array element to its own
-/// alignment, and has no 8-, 16- or 64-bit integers. A message made of 4-byte scalars, arrays
-/// of them and structs of them has exactly its C layout in WGSL; everything else is refused
-/// here (the runtime reports it when a WGSL kernel is launched), never silently re-laid out.
+/// alignment, and has no 8-, 16- or 64-bit types. A 64-bit field (`u64`, `i64`, `f64`) is
+/// declared `vec2<u32>`, low word in `.x`, high word in `.y` (little-endian, as the bytes lie):
+/// size 8 and alignment 8, exactly the C layout. The WGSL code the runtime generates around a
+/// handler provides the conversions (`resident_f64_to_f32`, `resident_f32_to_f64`,
+/// `resident_u64`, ...; see the wgpu backend). A message made of these scalars, arrays of
+/// them and structs of them has exactly its C layout in WGSL; 8- and 16-bit integers are
+/// refused here (the runtime reports it when a WGSL kernel is launched), never silently
+/// re-laid out.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("type `{ty}` cannot be shared with WGSL: {reason}")]
 pub struct WgslLayoutError {
@@ -125,15 +131,17 @@ trait WgslScalar {
     fn wgsl(atomic: bool) -> Result<String, WgslLayoutError>;
 }
 
-wgsl_prim! { u32 => "u32", true; i32 => "i32", true; f32 => "f32", false; }
+// 64-bit scalars are two 32-bit words, low word first: `vec2<u32>` has size 8 and alignment 8
+// in WGSL, as `u64`/`i64`/`f64` have in C (and in Rust on every target we build for).
+wgsl_prim! {
+    u32 => "u32", true; i32 => "i32", true; f32 => "f32", false;
+    u64 => "vec2<u32>", false; i64 => "vec2<u32>", false; f64 => "vec2<u32>", false;
+}
 wgsl_refused! {
     u8 => "WGSL has no 8-bit integers (pack four into a u32)";
     i8 => "WGSL has no 8-bit integers (pack four into a u32)";
     u16 => "WGSL has no 16-bit integers (pack two into a u32)";
     i16 => "WGSL has no 16-bit integers (pack two into a u32)";
-    u64 => "WGSL has no 64-bit integers (use [u32; 2], low word first)";
-    i64 => "WGSL has no 64-bit integers (use [u32; 2], low word first)";
-    f64 => "WGSL has no f64 (use f32)";
 }
 
 impl<T: CField, const N: usize> CField for [T; N] {
@@ -334,6 +342,9 @@ mod tests {
     crate::device_message! {
         pub struct Wide { pub id: u64, pub x: f32, pub pad: u32 }
     }
+    crate::device_message! {
+        pub struct Narrow { pub tag: u16, pub pad: u16, pub x: f32 }
+    }
 
     #[test]
     fn wgsl_declarations_match_the_c_layout_or_are_refused() {
@@ -354,10 +365,20 @@ mod tests {
             atomic.contains("pos: Vec3,"),
             "nested structs stay plain: {atomic}"
         );
-        let e = Wide::wgsl_declarations().unwrap_err();
-        assert_eq!(e.ty, "Wide.id: u64");
-        assert!(e.reason.contains("64-bit"), "{e}");
+        // 64-bit fields are two words, low first; never atomic.
+        let wide = Wide::wgsl_declarations().unwrap();
+        assert!(wide.contains("id: vec2<u32>,"), "{wide}");
+        assert!(wide.contains("// 16 bytes"), "{wide}");
+        let atomic = Wide::wgsl_struct("ResidentState", true).unwrap();
+        assert!(atomic.contains("id: vec2<u32>,"), "{atomic}");
+        assert!(atomic.contains("pad: atomic<u32>,"), "{atomic}");
+        assert_eq!(<[f64; 3]>::wgsl_type(false).unwrap(), "array<vec2<u32>, 3>");
+        assert_eq!(i64::wgsl_type(true).unwrap(), "vec2<u32>");
         assert!(Wide::c_declarations().contains("unsigned long long id;"));
+        // 8- and 16-bit integers are still refused, naming the field.
+        let e = Narrow::wgsl_declarations().unwrap_err();
+        assert_eq!(e.ty, "Narrow.tag: u16");
+        assert!(e.reason.contains("16-bit"), "{e}");
     }
 
     #[test]

@@ -296,15 +296,15 @@ fn launch_errors_are_typed() {
     }
     // A message WGSL cannot hold byte for byte is refused.
     device_message! {
-        pub struct Wide { pub id: u64, pub x: f32, pub y: u32 }
+        pub struct Narrow { pub id: u16, pub tag: u16, pub x: f32, pub y: u32 }
     }
     let e = rt
-        .launch(RingKernel::<Wide, Fill>::new("wide").wgsl(WgslHandler::new(HANDLER)))
+        .launch(RingKernel::<Narrow, Fill>::new("narrow").wgsl(WgslHandler::new(HANDLER)))
         .err()
         .expect("a layout error");
     match e.device_error() {
         Some(DeviceError::Wgsl(WgslLaunchError::Layout(e))) => {
-            assert!(e.to_string().contains("64-bit"), "{e}")
+            assert!(e.to_string().contains("16-bit"), "{e}")
         }
         other => panic!("expected a layout error, got {other:?}"),
     }

@@ -424,26 +424,29 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
     bindings: &[crate::runtime::bind::DeviceBinding],
 ) -> std::result::Result<Option<DeviceHosted<In, Out>>, HostChoice> {
     let fail = |e: DeviceError| HostChoice(e);
+    if backend == Backend::Wgpu {
+        let Some(w) = handlers.wgsl else {
+            return Ok(None);
+        };
+        let ctx = wgpu::WgpuContext::shared(false).map_err(|e| fail(e.into()))?;
+        wgpu::ring::check_bindings(&ctx, bindings).map_err(fail)?;
+        let (engine, state, bound) =
+            wgpu::ring::WgpuEngine::launch(ctx, id, &w, batch_size, bindings)
+                .map_err(|e| fail(e.into()))?;
+        let state: std::sync::Arc<dyn device_host::StateSnapshot> = state;
+        let bound = bound.map(|b| b as std::sync::Arc<dyn crate::runtime::bind::DeviceBuffers>);
+        return Ok(Some((
+            Box::new(device_host::DeviceHost::new(Box::new(engine))),
+            Some(state),
+            bound,
+        )));
+    }
     if !bindings.is_empty() {
         // Engines take their bindings from here on; until an engine does, it refuses them.
         return Err(fail(DeviceError::Binding {
             name: bindings[0].name.clone(),
             reason: "bound buffers are not available to this backend's device handlers yet".into(),
         }));
-    }
-    if backend == Backend::Wgpu {
-        let Some(w) = handlers.wgsl else {
-            return Ok(None);
-        };
-        let ctx = wgpu::WgpuContext::shared(false).map_err(|e| fail(e.into()))?;
-        let (engine, state) =
-            wgpu::ring::WgpuEngine::launch(ctx, id, &w, batch_size).map_err(|e| fail(e.into()))?;
-        let state: std::sync::Arc<dyn device_host::StateSnapshot> = state;
-        return Ok(Some((
-            Box::new(device_host::DeviceHost::new(Box::new(engine))),
-            Some(state),
-            None,
-        )));
     }
     let Some(handler) = handlers.cuda else {
         return Ok(None);

@@ -8,6 +8,7 @@
 //! `LaunchConfig::for_elements(n)` is re-gridded to cover `n` with the source's workgroup
 //! size (as CUDA may re-pick its block size). What the adapter cannot do (workgroup too large,
 //! too many workgroups, a buffer past the binding limit) is a typed error before dispatch.
+//! The 64-bit helpers ([`super::wgsl::HELPERS_64`]) are appended to the source.
 
 use super::wgsl::{compile, BindingKind, WgslError};
 use super::WgpuContext;
@@ -208,7 +209,12 @@ fn cached(ctx: &WgpuContext, kernel: &str, source: &str, entry: &str) -> Result<
     if let Some(p) = ctx.pipelines.lock().get(&key) {
         return Ok(p.clone());
     }
-    let p = Arc::new(build(ctx, kernel, source, entry)?);
+    let p = Arc::new(build(
+        ctx,
+        kernel,
+        &super::wgsl::with_helpers(source),
+        entry,
+    )?);
     ctx.pipelines.lock().insert(key, p.clone());
     Ok(p)
 }

@@ -32,6 +32,45 @@
 //!
 //! [`KernelHandle::snapshot_state`]: crate::runtime::handle::KernelHandle::snapshot_state
 //!
+//! # Bound buffers
+//!
+//! Each buffer bound with `RingKernel::bind(name, buffer)` (binding `i` in `bind` order)
+//! becomes a device storage buffer for the kernel's life, initialized from the buffer's host
+//! values at launch, and is declared for the handler as
+//!
+//! ```wgsl
+//! @group(1) @binding(i) var<storage, read_write> <name>: array<T>;
+//! const <name>_len: u32 = ...;          // elements (use it rather than arrayLength: an
+//!                                       // empty buffer is padded to one element)
+//! const <name>_id: vec2<u32> = ...;     // its BufferId (low word first), so a message
+//!                                       // can name the buffer: all(m.buffer == <name>_id)
+//! ```
+//!
+//! `T` is the element type's WGSL type (`f32`, `u32`, `i32`, `vec2<u32>` for `u64`/`i64`/`f64`,
+//! a `device_message!` struct, arrays of these). A name that is not a WGSL identifier (or is a
+//! keyword or a generated name), an element type with no byte-identical WGSL form (8- and 16-bit
+//! integers) and more storage buffers than the adapter binds per stage are
+//! [`DeviceError::Binding`]; a buffer past `max_storage_buffer_binding_size` is
+//! [`WgslLaunchError::BoundBuffer`] with the limit named. Elements are plain (not atomic): the
+//! invocations of a parallel batch must write distinct elements, or use
+//! [`WgslHandler::in_order`]. Host reads and writes (`KernelHandle::read_buffer` /
+//! `write_buffer`) are synchronized with the batches through the device's one queue, which
+//! runs submissions in order: a read is a copy submitted behind every batch already submitted
+//! (so it sees the buffer between two batches, never torn), mapped with a bounded wait; a write
+//! is a queue write ordered before every later batch (the next batch sees all of it).
+//!
+//! # Messages in order
+//!
+//! [`WgslHandler::in_order`] runs a batch's messages one after another in one invocation, for
+//! handlers whose messages depend on each other. On Mesa's llvmpipe/lavapipe an invocation runs
+//! at most 65535 loop iterations **in total, over all its loops** (checked here: further loops
+//! then run one iteration), so on lavapipe keep `batch size x loop iterations per message`
+//! well under that; real GPUs have no such cap (a watchdog bounds a dispatch's time instead).
+//! The generated loop notices when it was cut short and the kernel fails with a
+//! [`DeviceError::Fault`] saying so (the batch's keep flags are cleared before each dispatch, so
+//! no stale output is published); a loop inside the handler that is cut short is the handler's
+//! to notice (compare the loop variable with its end after the loop, as the workloads do).
+//!
 //! # Pipelining
 //!
 //! The engine owns `depth` sets of batch buffers (input, envelopes, output, keep flags, a
@@ -47,6 +86,7 @@ use super::wgsl::{compile, WgslError};
 use super::{padded, WgpuContext, WAIT_TIMEOUT};
 use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
 use crate::backend::BackendError;
+use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
 use parking_lot::Mutex;
 use resident_ring::message::WgslLayoutError;
 use resident_ring::{DeviceMessage, Envelope, Message, Slot};
@@ -64,6 +104,8 @@ pub struct WgslHandler<In, Out> {
     state_decl: Result<(String, String, usize), WgslLayoutError>,
     workgroup: u32,
     in_flight: usize,
+    /// One invocation runs the batch's messages in order (see [`WgslHandler::in_order`]).
+    in_order: bool,
     /// The message types' WGSL declarations (nested structs first), or why there are none.
     decls: Result<String, WgslLayoutError>,
     names: (&'static str, &'static str),
@@ -82,6 +124,7 @@ impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
             state_decl: Ok((String::new(), NO_STATE.to_string(), 4)),
             workgroup: 64,
             in_flight: 3,
+            in_order: false,
             decls: (|| {
                 let mut decls = Vec::new();
                 In::wgsl_dependencies(&mut decls)?;
@@ -96,6 +139,27 @@ impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
     /// The name of the handler function in the source (default `handle`).
     pub fn function(mut self, name: impl Into<String>) -> Self {
         self.function = name.into();
+        self
+    }
+
+    /// Also declares `T`'s WGSL struct (and the structs it nests), for a source that names
+    /// message types besides the kernel's own input and output: for example one file holding
+    /// the handlers of two kernels, each compiled with the other's types declared. A type
+    /// already declared is not declared twice.
+    pub fn declare<T: DeviceMessage>(mut self) -> Self {
+        let mut more = Vec::new();
+        let r = T::wgsl_dependencies(&mut more);
+        self.decls = match (self.decls, r) {
+            (Ok(mut d), Ok(())) => {
+                for m in more {
+                    if !d.contains(&m) {
+                        d.push_str(&m);
+                    }
+                }
+                Ok(d)
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
         self
     }
 
@@ -130,9 +194,34 @@ impl<In, Out> WgslHandler<In, Out> {
         self
     }
 
+    /// Runs each batch's messages **one after another, in message order, in a single
+    /// invocation** (the generated entry point loops over the batch) instead of one invocation
+    /// per message. For handlers whose messages depend on each other (a message reads what an
+    /// earlier one of the same batch wrote to the state or to a bound buffer, as the anomaly
+    /// detector's readings of one sensor do): a parallel handler would have to spin-wait for
+    /// its turn, and WGSL guarantees no forward progress to an invocation that waits on
+    /// another. The state's integer fields stay `atomic<..>` (use `atomicLoad`/`atomicStore`
+    /// or `atomicAdd`); the batch then runs on one GPU thread, so keep batches short where a
+    /// watchdog bounds a dispatch. The workgroup size is ignored.
+    pub fn in_order(mut self) -> Self {
+        self.in_order = true;
+        self
+    }
+
     /// The complete WGSL module the runtime compiles: the handler source first (so compiler
-    /// line numbers are the source's own), then the generated declarations and entry point.
+    /// line numbers are the source's own), then the generated declarations and entry point
+    /// and the 64-bit helpers. The declarations of bound buffers are added at launch, where
+    /// the bindings are known.
     pub fn module_source(&self) -> Result<String, WgslLayoutError> {
+        self.module_source_with(&[])
+    }
+
+    /// [`WgslHandler::module_source`] with the declarations of `bindings` (checked first with
+    /// [`check_bindings`]).
+    pub(crate) fn module_source_with(
+        &self,
+        bindings: &[DeviceBinding],
+    ) -> Result<String, WgslLayoutError> {
         let decls = self.decls.clone()?;
         let (state_deps, state_decl, _) = self.state_decl.clone()?;
         let mut s = String::with_capacity(self.source.len() + 2048);
@@ -147,24 +236,50 @@ impl<In, Out> WgslHandler<In, Out> {
             "alias ResidentIn = {};\nalias ResidentOut = {};\n",
             self.names.0, self.names.1
         ));
-        s.push_str(&format!(
-            r#"// The 32-byte wire header, byte for byte (resident_ring::Envelope).
-struct Envelope {{
-    message_id: vec2<u32>,
-    correlation_id: vec2<u32>,
-    timestamp_ns: vec2<u32>,
-    priority_flags: u32,
-    reserved1: u32,
+        for b in bindings {
+            for dep in b.elem.wgsl_deps.clone()? {
+                if !s.contains(&dep) {
+                    s.push_str(&dep);
+                }
+            }
+        }
+        for (i, b) in bindings.iter().enumerate() {
+            let ty = b.elem.wgsl_type.clone()?;
+            s.push_str(&format!(
+                "// Bound buffer {i}: {len} elements of {size} bytes.\n\
+                 @group(1) @binding({i}) var<storage, read_write> {name}: array<{ty}>;\n\
+                 const {name}_len: u32 = {len}u;\n\
+                 const {name}_id: vec2<u32> = vec2<u32>({lo}u, {hi}u);\n",
+                name = b.name,
+                len = b.len,
+                size = b.elem.size,
+                lo = b.id.0 as u32,
+                hi = (b.id.0 >> 32) as u32,
+            ));
+        }
+        let main = if self.in_order {
+            format!(
+                r#"@compute @workgroup_size(1)
+fn resident_main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    if (gid.x != 0u) {{ return; }}
+    var i = 0u;
+    for (; i < resident_count.x; i += 1u) {{
+        var out: ResidentOut;
+        let keep = {f}(resident_in[i], &out, resident_env[i]);
+        resident_out[i] = out;
+        resident_keep[i] = select(0u, 1u, keep);
+    }}
+    // A device that cut this loop short (llvmpipe ends an invocation's loops after 65535
+    // iterations in all) leaves a mark in the last keep flag: the host fails the kernel.
+    if (i < resident_count.x) {{ resident_keep[resident_count.x - 1u] = {cut}u; }}
 }}
-fn resident_priority(env: Envelope) -> u32 {{ return env.priority_flags & 0xffu; }}
-fn resident_flags(env: Envelope) -> u32 {{ return (env.priority_flags >> 8u) & 0xffu; }}
-@group(0) @binding(0) var<storage, read> resident_in: array<ResidentIn>;
-@group(0) @binding(1) var<storage, read> resident_env: array<Envelope>;
-@group(0) @binding(2) var<storage, read_write> resident_out: array<ResidentOut>;
-@group(0) @binding(3) var<storage, read_write> resident_keep: array<u32>;
-@group(0) @binding(4) var<storage, read_write> state: ResidentState;
-@group(0) @binding(5) var<uniform> resident_count: vec4<u32>;
-@compute @workgroup_size({wg})
+"#,
+                f = self.function,
+                cut = CUT_SHORT,
+            )
+        } else {
+            format!(
+                r#"@compute @workgroup_size({wg})
 fn resident_main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let i = gid.x;
     if (i >= resident_count.x) {{ return; }}
@@ -174,9 +289,31 @@ fn resident_main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     resident_keep[i] = select(0u, 1u, keep);
 }}
 "#,
-            wg = self.workgroup,
-            f = self.function,
-        ));
+                wg = self.workgroup,
+                f = self.function,
+            )
+        };
+        s.push_str(
+            r#"// The 32-byte wire header, byte for byte (resident_ring::Envelope).
+struct Envelope {
+    message_id: vec2<u32>,
+    correlation_id: vec2<u32>,
+    timestamp_ns: vec2<u32>,
+    priority_flags: u32,
+    reserved1: u32,
+}
+fn resident_priority(env: Envelope) -> u32 { return env.priority_flags & 0xffu; }
+fn resident_flags(env: Envelope) -> u32 { return (env.priority_flags >> 8u) & 0xffu; }
+@group(0) @binding(0) var<storage, read> resident_in: array<ResidentIn>;
+@group(0) @binding(1) var<storage, read> resident_env: array<Envelope>;
+@group(0) @binding(2) var<storage, read_write> resident_out: array<ResidentOut>;
+@group(0) @binding(3) var<storage, read_write> resident_keep: array<u32>;
+@group(0) @binding(4) var<storage, read_write> state: ResidentState;
+@group(0) @binding(5) var<uniform> resident_count: vec4<u32>;
+"#,
+        );
+        s.push_str(&main);
+        s.push_str(super::wgsl::HELPERS_64);
         Ok(s)
     }
 }
@@ -203,6 +340,81 @@ pub enum WgslLaunchError {
     /// The device refused (limits, memory, loss).
     #[error(transparent)]
     Device(#[from] BackendError),
+    /// The device refused a bound buffer (for example past `max_storage_buffer_binding_size`,
+    /// named in the [`BackendError::WgpuLimit`] underneath).
+    #[error("bound buffer '{name}': {source}")]
+    BoundBuffer {
+        /// The buffer's name.
+        name: String,
+        /// What the device said.
+        #[source]
+        source: BackendError,
+    },
+}
+
+/// WGSL words a bound buffer may not be named (keywords, and names the generated code uses).
+#[rustfmt::skip]
+const RESERVED: &[&str] = &[
+    "alias", "break", "case", "const", "const_assert", "continue", "continuing", "default",
+    "diagnostic", "discard", "else", "enable", "false", "fn", "for", "if", "let", "loop",
+    "override", "requires", "return", "struct", "switch", "true", "var", "while", "state",
+    "array", "atomic", "bool", "f16", "f32", "i32", "u32", "vec2", "vec3", "vec4", "ptr",
+    "Envelope", "ResidentIn", "ResidentOut", "ResidentState",
+];
+
+/// Refuses bindings a WGSL handler cannot see: a name that is not a WGSL identifier (or is a
+/// keyword, or starts with the reserved `resident_`/`__`), an element type with no
+/// byte-identical WGSL type (8- and 16-bit integers), or more storage buffers than the adapter
+/// binds per shader stage.
+pub(crate) fn check_bindings(
+    ctx: &WgpuContext,
+    bindings: &[DeviceBinding],
+) -> Result<(), DeviceError> {
+    for b in bindings {
+        let refuse = |reason: String| DeviceError::Binding {
+            name: b.name.clone(),
+            reason,
+        };
+        let mut chars = b.name.chars();
+        let ident = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && b.name != "_";
+        if !ident || b.name.starts_with("__") {
+            return Err(refuse(
+                "a WGSL handler names it as a variable: use an identifier ([A-Za-z_][A-Za-z0-9_]*)"
+                    .into(),
+            ));
+        }
+        if b.name.starts_with("resident_") || RESERVED.contains(&b.name.as_str()) {
+            return Err(refuse(format!(
+                "`{}` is a WGSL keyword or a name the generated code uses",
+                b.name
+            )));
+        }
+        if let Err(e) = &b.elem.wgsl_type {
+            return Err(refuse(format!(
+                "its elements have no WGSL type with the same layout: {e}"
+            )));
+        }
+        if let Err(e) = &b.elem.wgsl_deps {
+            return Err(refuse(format!(
+                "its elements have no WGSL type with the same layout: {e}"
+            )));
+        }
+    }
+    // Five storage buffers of group 0 (input, envelopes, output, keep flags, state).
+    let storage = 5 + bindings.len() as u64;
+    let max = ctx.limits.max_storage_buffers_per_shader_stage as u64;
+    if storage > max {
+        return Err(DeviceError::Binding {
+            name: bindings.last().map(|b| b.name.clone()).unwrap_or_default(),
+            reason: format!(
+                "{} bound buffers and the ring's 5 need {storage} storage buffers, the adapter binds at most {max} per shader stage (max_storage_buffers_per_shader_stage)",
+                bindings.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Read access to a kernel's device state, shared by the engine and the kernel's handles.
@@ -247,6 +459,13 @@ struct InFlight<In> {
     submitted: Instant,
 }
 
+/// A launched engine, its state, and its bound buffers' device copies (when any).
+pub(crate) type Launched<In, Out> = (
+    WgpuEngine<In, Out>,
+    Arc<DeviceState>,
+    Option<Arc<BoundBuffers>>,
+);
+
 /// The device side of a WGSL ring kernel (see the module docs).
 pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     ctx: Arc<WgpuContext>,
@@ -289,12 +508,17 @@ fn layout_check(
     }
 }
 
-/// A compiled WGSL ring-kernel module: its pipeline, bind-group layout and state size.
+/// A compiled WGSL ring-kernel module: its pipeline, bind-group layouts and state size.
 struct RingPipeline {
     pipeline: ::wgpu::ComputePipeline,
     layout: ::wgpu::BindGroupLayout,
+    /// Group 1 (the bound buffers), when there are any.
+    bound_layout: Option<::wgpu::BindGroupLayout>,
+    /// Group 1's bind group (set once the buffers exist).
+    bound: Option<::wgpu::BindGroup>,
     state_len: usize,
     workgroup: u32,
+    in_order: bool,
 }
 
 impl RingPipeline {
@@ -305,9 +529,10 @@ impl RingPipeline {
         batch: usize,
         in_size: usize,
         out_size: usize,
+        bindings: &[DeviceBinding],
     ) -> Result<Self, WgslLaunchError> {
         ctx.check()?;
-        let source = handler.module_source()?;
+        let source = handler.module_source_with(bindings)?;
         let compiled = compile(&source)?;
         layout_check(&compiled, handler.names.0, in_size)?;
         layout_check(&compiled, handler.names.1, out_size)?;
@@ -338,7 +563,10 @@ impl RingPipeline {
             buffer(4, write),
             buffer(5, ::wgpu::BufferBindingType::Uniform),
         ];
-        let (pipeline, layout) = ctx.scoped("create ring-kernel pipeline", || {
+        let bound_entries: Vec<_> = (0..bindings.len())
+            .map(|i| buffer(i as u32, write))
+            .collect();
+        let (pipeline, layout, bound_layout) = ctx.scoped("create ring-kernel pipeline", || {
             let module = ctx
                 .device
                 .create_shader_module(::wgpu::ShaderModuleDescriptor {
@@ -351,11 +579,18 @@ impl RingPipeline {
                     label: Some(id),
                     entries: &entries,
                 });
+            let bound_layout = (!bound_entries.is_empty()).then(|| {
+                ctx.device
+                    .create_bind_group_layout(&::wgpu::BindGroupLayoutDescriptor {
+                        label: Some(id),
+                        entries: &bound_entries,
+                    })
+            });
             let pl = ctx
                 .device
                 .create_pipeline_layout(&::wgpu::PipelineLayoutDescriptor {
                     label: Some(id),
-                    bind_group_layouts: &[Some(&layout)],
+                    bind_group_layouts: &[Some(&layout), bound_layout.as_ref()],
                     immediate_size: 0,
                 });
             let pipeline = ctx
@@ -368,13 +603,16 @@ impl RingPipeline {
                     compilation_options: Default::default(),
                     cache: None,
                 });
-            (pipeline, layout)
+            (pipeline, layout, bound_layout)
         })?;
         Ok(RingPipeline {
             pipeline,
             layout,
+            bound_layout,
+            bound: None,
             state_len,
             workgroup: handler.workgroup,
+            in_order: handler.in_order,
         })
     }
 
@@ -452,11 +690,23 @@ impl RingPipeline {
         }
         ctx.write(&bufs.env, scratch);
         ctx.write(&bufs.count, bytemuck::bytes_of(&[n as u32, 0, 0, 0]));
+        if self.in_order {
+            // Messages an in-order loop never reached must not show last batch's flags.
+            enc.clear_buffer(&bufs.keep, 0, Some(n as u64 * 4));
+        }
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             pass.set_pipeline(&self.pipeline);
             pass.set_bind_group(0, &bufs.group, &[]);
-            pass.dispatch_workgroups((n as u32).div_ceil(self.workgroup), 1, 1);
+            if let Some(g) = &self.bound {
+                pass.set_bind_group(1, g, &[]);
+            }
+            let groups = if self.in_order {
+                1
+            } else {
+                (n as u32).div_ceil(self.workgroup)
+            };
+            pass.dispatch_workgroups(groups, 1, 1);
         }
         let out_bytes = n as u64 * geometry.out_size;
         if out_bytes > 0 {
@@ -470,6 +720,22 @@ impl RingPipeline {
             n as u64 * 4,
         );
     }
+}
+
+/// The keep flag an in-order entry point leaves on its batch's last message when the device
+/// cut its loop short.
+const CUT_SHORT: u32 = 0xffff_ffff;
+
+/// Whether the in-order batch of `n` messages whose staging buffer is `view` was cut short.
+fn cut_short(view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
+    let at = geometry.keep_offset as usize + 4 * n.saturating_sub(1);
+    n > 0 && view[at..at + 4] == CUT_SHORT.to_le_bytes()
+}
+
+fn cut_message(n: usize) -> String {
+    format!(
+        "the device stopped an in-order batch of {n} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message"
+    )
 }
 
 /// Sizes of one batch set.
@@ -525,22 +791,35 @@ fn decode<In, Out: Message>(
 impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     /// Compiles `handler`, allocates the state and the handler's in-flight batch sets of
     /// `batch` messages.
+    /// `bindings` must have passed [`check_bindings`]; their device copies are created here,
+    /// initialized from `DeviceBinding::initial`, and served to the host by the returned
+    /// [`BoundBuffers`] (`None` without bindings).
     pub fn launch(
         ctx: Arc<WgpuContext>,
         id: &str,
         handler: &WgslHandler<In, Out>,
         batch: usize,
-    ) -> Result<(Self, Arc<DeviceState>), WgslLaunchError> {
+        bindings: &[DeviceBinding],
+    ) -> Result<Launched<In, Out>, WgslLaunchError> {
         let geometry =
             BatchGeometry::new(batch, std::mem::size_of::<In>(), std::mem::size_of::<Out>());
-        let p = RingPipeline::build(
+        let mut p = RingPipeline::build(
             &ctx,
             id,
             handler,
             geometry.batch,
             std::mem::size_of::<In>(),
             std::mem::size_of::<Out>(),
+            bindings,
         )?;
+        let bound = match &p.bound_layout {
+            Some(layout) => {
+                let b = BoundBuffers::create(&ctx, id, layout, bindings)?;
+                p.bound = Some(b.group.clone());
+                Some(Arc::new(b))
+            }
+            None => None,
+        };
         let state_buf = ctx.storage_buffer(
             "resident state",
             p.state_len as u64,
@@ -575,7 +854,109 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 _t: PhantomData,
             },
             state,
+            bound,
         ))
+    }
+}
+
+/// The device copies of a ring kernel's bound buffers: one storage buffer each, alive as long
+/// as the kernel (and as long as a handle reading them), bound as group 1.
+///
+/// # How host access is synchronized with the kernel
+/// Every batch of the kernel is one submission on the device's single queue, and the queue
+/// runs submissions in order. A host [`read`](DeviceBuffers::read) submits a copy of the
+/// buffer into a staging buffer on that queue: it runs after every batch submitted before it
+/// and before every batch submitted after it, so the copy is the buffer **between two
+/// batches** (never torn by one in flight), then maps it with a bounded wait. A host
+/// [`write`](DeviceBuffers::write) is a `queue.write_buffer`, which wgpu orders before every
+/// later submission: the next batch sees the whole write, the batches already submitted do
+/// not see any of it.
+pub(crate) struct BoundBuffers {
+    ctx: Arc<WgpuContext>,
+    /// Name, device buffer and byte length (the buffer may be padded past it).
+    buffers: Vec<(String, ::wgpu::Buffer, usize)>,
+    group: ::wgpu::BindGroup,
+}
+
+impl BoundBuffers {
+    fn create(
+        ctx: &Arc<WgpuContext>,
+        id: &str,
+        layout: &::wgpu::BindGroupLayout,
+        bindings: &[DeviceBinding],
+    ) -> Result<Self, WgslLaunchError> {
+        let mut buffers = Vec::with_capacity(bindings.len());
+        for b in bindings {
+            let err = |source| WgslLaunchError::BoundBuffer {
+                name: b.name.clone(),
+                source,
+            };
+            let bytes = b.len as u64 * b.elem.size as u64;
+            // A runtime-sized array binds at least one element: an empty buffer is padded
+            // (the handler uses `<name>_len`, which stays 0).
+            let buf = ctx
+                .storage_buffer(
+                    &b.name,
+                    bytes.max(b.elem.size as u64),
+                    ::wgpu::BufferUsages::empty(),
+                )
+                .map_err(err)?;
+            ctx.write(&buf, &b.initial);
+            buffers.push((b.name.clone(), buf, bytes as usize));
+        }
+        let group = ctx.scoped("create bound-buffer bind group", || {
+            let entries: Vec<_> = buffers
+                .iter()
+                .enumerate()
+                .map(|(i, (_, b, _))| ::wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: b.as_entire_binding(),
+                })
+                .collect();
+            ctx.device.create_bind_group(&::wgpu::BindGroupDescriptor {
+                label: Some(id),
+                layout,
+                entries: &entries,
+            })
+        })?;
+        Ok(BoundBuffers {
+            ctx: ctx.clone(),
+            buffers,
+            group,
+        })
+    }
+
+    fn get(&self, index: usize, len: usize) -> Result<&::wgpu::Buffer, DeviceError> {
+        let Some((name, buf, bytes)) = self.buffers.get(index) else {
+            return Err(DeviceError::Binding {
+                name: format!("#{index}"),
+                reason: format!("the kernel has {} bound buffers", self.buffers.len()),
+            });
+        };
+        if len != *bytes {
+            return Err(DeviceError::Binding {
+                name: name.clone(),
+                reason: format!("{len} bytes given, the buffer holds {bytes}"),
+            });
+        }
+        Ok(buf)
+    }
+}
+
+impl DeviceBuffers for BoundBuffers {
+    fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError> {
+        let buf = self.get(index, out.len())?;
+        // Submitted behind every batch already submitted (see the type's docs); bounded wait.
+        self.ctx.read(out, buf).map_err(DeviceError::from)
+    }
+
+    fn write(&self, index: usize, data: &[u8]) -> Result<(), DeviceError> {
+        let buf = self.get(index, data.len())?;
+        // Ordered before every later submission, so before the kernel's next batch; the empty
+        // submission sends it now rather than with that batch.
+        self.ctx.write(buf, data);
+        self.ctx.queue.submit([]);
+        self.ctx.check().map_err(DeviceError::from)
     }
 }
 
@@ -630,6 +1011,16 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
             let f = self.in_flight.pop_front().expect("front exists");
             let bufs = &self.sets[f.set];
             match bufs.staging.get_mapped_range(..) {
+                Ok(view)
+                    if self.pipeline.in_order
+                        && cut_short(&view, &self.geometry, f.inputs.len()) =>
+                {
+                    let n = f.inputs.len();
+                    drop(view);
+                    // The batch goes back whole through `reclaim` (its first messages did run).
+                    self.in_flight.push_front(f);
+                    return Err(cut_message(n));
+                }
                 Ok(view) => {
                     // Counted before the outputs become visible (the pump stores counters
                     // first).
@@ -826,7 +1217,8 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
         let ctx = WgpuContext::shared(false)?;
         let (is, os) = (std::mem::size_of::<In>(), std::mem::size_of::<Out>());
         let geometry = BatchGeometry::new(batch, is, os);
-        let pipeline = RingPipeline::build(&ctx, "stateless", handler, geometry.batch, is, os)?;
+        let pipeline =
+            RingPipeline::build(&ctx, "stateless", handler, geometry.batch, is, os, &[])?;
         let state_buf = ctx.storage_buffer(
             "stateless state",
             pipeline.state_len as u64,
@@ -920,6 +1312,15 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
         };
         {
             let view = self.bufs.staging.get_mapped_range(..).map_err(map_err)?;
+            if self.pipeline.in_order && cut_short(&view, &self.geometry, inputs.len()) {
+                drop(view);
+                self.bufs.staging.unmap();
+                self.state_staging.unmap();
+                return Err(BackendError::WgpuDevice {
+                    operation: "stateless batch",
+                    reason: cut_message(inputs.len()),
+                });
+            }
             decode(&view, &self.geometry, inputs, out, &mut Vec::new());
             let sv = self.state_staging.get_mapped_range(..).map_err(map_err)?;
             let n = self.host_state.len();
@@ -949,7 +1350,7 @@ impl<In: Message, Out: Message> ResidentBatches<In, Out> {
     /// Compiles `handler` for batches of up to `batch` messages on the shared wgpu device.
     pub fn new(handler: &WgslHandler<In, Out>, batch: usize) -> Result<Self, WgslLaunchError> {
         let ctx = WgpuContext::shared(false)?;
-        let (engine, state) = WgpuEngine::launch(ctx, "resident-batches", handler, batch)?;
+        let (engine, state, _) = WgpuEngine::launch(ctx, "resident-batches", handler, batch, &[])?;
         Ok(ResidentBatches { engine, state })
     }
 

@@ -4,6 +4,34 @@
 
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
+/// WGSL helpers for 64-bit values, appended to every WGSL module the runtime compiles (ring
+/// kernels and one-shot kernels alike, after the user's source so line numbers stay the
+/// source's own). A `u64`, `i64` or `f64` field or buffer element is a `vec2<u32>` in WGSL, low
+/// word in `.x`; these convert and combine them:
+///
+/// - `resident_f64_to_f32(b: vec2<u32>) -> f32`: round to nearest, ties to even (as Rust's
+///   `x as f32`); overflow gives an infinity, results below the normal f32 range are f32
+///   subnormals (bit-exact) or signed zero, f64 subnormals give zero (which is what rounding
+///   gives), infinities stay, a NaN gives a quiet NaN.
+/// - `resident_f32_to_f64(x: f32) -> vec2<u32>`: exact (zero, subnormal, infinity and NaN
+///   included).
+/// - `resident_u32_to_f64(x: u32) -> vec2<u32>`: exact.
+/// - `resident_u64(lo: u32) -> vec2<u32>`, `resident_i64(x: i32) -> vec2<u32>` (sign-extended),
+///   `resident_u64_add`, `resident_u64_sub` (wrapping), `resident_u64_lt` (unsigned `<`).
+///
+/// Names starting with `resident_` are reserved. A device may flush f32 subnormals in later
+/// arithmetic; the conversions themselves work on bits and never do.
+pub const HELPERS_64: &str = include_str!("helpers.wgsl");
+
+/// `source` with [`HELPERS_64`] appended.
+pub(crate) fn with_helpers(source: &str) -> String {
+    let mut s = String::with_capacity(source.len() + HELPERS_64.len() + 1);
+    s.push_str(source);
+    s.push('\n');
+    s.push_str(HELPERS_64);
+    s
+}
+
 /// A WGSL source that naga refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("WGSL {stage} error{}: {message}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]

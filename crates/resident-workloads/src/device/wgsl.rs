@@ -1,0 +1,138 @@
+//! The workloads' WGSL handlers for the wgpu backend, and the anomaly detector's stateless
+//! baseline on wgpu ([`run_stateless_wgpu`]).
+//!
+//! Each source is a WGSL file beside this one, compiled by the runtime together with the
+//! generated declarations of the kernel's message types, state and bound buffers (see
+//! `resident::backend::wgpu::ring`). Arithmetic is f32 (WGSL has no f64): f64 fields and
+//! buffer elements are `vec2<u32>` converted with the runtime's `resident_f64_to_f32` /
+//! `resident_f32_to_f64` helpers, so results agree with the f64 references to f32 precision,
+//! not to the CPU kernels' `1e-9`.
+//!
+//! | source | function | kernel | build with |
+//! |---|---|---|---|
+//! | [`VECTOR_ADD_WGSL`] | `vector_add` | `AddRange -> RangeDone`, bound `a`, `b`, `c` (f32) | `WgslHandler::new(VECTOR_ADD_WGSL).function("vector_add")` |
+//! | [`PIPELINE_WGSL`] | `normalize` | `Raw -> Normalized` | `.function("normalize").declare::<Scored>()` |
+//! | [`PIPELINE_WGSL`] | `score` | `Normalized -> Scored` | `.function("score").declare::<Raw>()` |
+//! | [`ANOMALY_WGSL`] | `anomaly` | `ReadingMsg -> AlertMsg`, bound `stats`, state `DetectorCounters` | `.function("anomaly").state(DetectorCounters::default()).in_order()` |
+//! | [`PAGERANK_WGSL`] | `pagerank_step` | `PageRankStep -> StepDone`, bound `in_offsets`, `in_sources`, `out_degree`, `ranks` (f64[2N]) | `.function("pagerank_step")` |
+//! | [`ANOMALY_STATELESS_WGSL`] | `anomaly_stateless` (entry point) | one-shot kernel | `Kernel::new(..).wgsl(ANOMALY_STATELESS_WGSL, "anomaly_stateless")` |
+//!
+//! On Mesa's llvmpipe/lavapipe one invocation runs at most 65535 loop iterations in total, so
+//! on lavapipe keep a vector-add range and a PageRank step's nodes plus in-edges well under
+//! that (the handlers answer `ok = 0` when a loop was cut short); real GPUs have no such cap.
+
+use std::time::Instant;
+
+use resident::backend::DeviceHandle;
+use resident::memory::BufferOptions;
+use resident::{Kernel, KernelArg, LaunchConfig, UnifiedBuffer};
+
+use crate::anomaly::{Alert, RunReport, SensorStats, SlottedReadings};
+use crate::error::WorkloadError;
+
+/// Vector add: function `vector_add` (one message per invocation).
+pub const VECTOR_ADD_WGSL: &str = include_str!("vector_add.wgsl");
+/// The pipeline's normalizer (function `normalize`) and scorer (function `score`).
+pub const PIPELINE_WGSL: &str = include_str!("pipeline.wgsl");
+/// The anomaly detector actor: function `anomaly`, used with `WgslHandler::in_order`.
+pub const ANOMALY_WGSL: &str = include_str!("anomaly.wgsl");
+/// The anomaly detector's stateless baseline: a one-shot kernel, entry `anomaly_stateless`.
+pub const ANOMALY_STATELESS_WGSL: &str = include_str!("anomaly_stateless.wgsl");
+/// One PageRank power-iteration step over a node range: function `pagerank_step`.
+pub const PAGERANK_WGSL: &str = include_str!("pagerank.wgsl");
+
+/// [`crate::anomaly::run_stateless`] on a wgpu device: per micro-batch of `batch` readings the
+/// statistics and the readings are uploaded into `UnifiedBuffer`s, one one-shot WGSL kernel
+/// ([`ANOMALY_STATELESS_WGSL`]) folds them in order, and the statistics and scores are
+/// downloaded again. `progress(n)` after each micro-batch of `n` readings.
+pub fn run_stateless_wgpu(
+    device: &DeviceHandle,
+    r: &SlottedReadings,
+    batch: usize,
+    mut progress: impl FnMut(usize),
+) -> Result<RunReport, WorkloadError> {
+    let batch = batch.max(1);
+    let sensors = r.sensor_ids.len();
+    if let Some((i, &s)) = r
+        .slots
+        .iter()
+        .enumerate()
+        .find(|(_, &s)| s as usize >= sensors)
+    {
+        return Err(WorkloadError::OutOfRange {
+            workload: "anomaly",
+            detail: format!("reading {i} has slot {s}, there are {sensors} sensors"),
+        });
+    }
+    let o = BufferOptions::default();
+    let mut host_stats = vec![SensorStats::default(); sensors];
+    let mut stats_buf = UnifiedBuffer::<SensorStats>::new(device, sensors.max(1), o)?;
+    let mut slot_buf = UnifiedBuffer::<u32>::new(device, batch, o)?;
+    let mut value_buf = UnifiedBuffer::<f64>::new(device, batch, o)?;
+    let mut ticket_buf = UnifiedBuffer::<u32>::new(device, batch, o)?;
+    let mut z_buf = UnifiedBuffer::<f64>::new(device, batch, o)?;
+    let mut status_buf = UnifiedBuffer::<u32>::new(device, 1, o)?;
+    let k = Kernel::new("anomaly_stateless").wgsl(ANOMALY_STATELESS_WGSL, "anomaly_stateless");
+    let mut report = RunReport::default();
+    let start = Instant::now();
+    for lo in (0..r.slots.len()).step_by(batch) {
+        let t0 = Instant::now();
+        let hi = (lo + batch).min(r.slots.len());
+        let n = hi - lo;
+        stats_buf.host_mut()?[..sensors].copy_from_slice(&host_stats); // upload
+        slot_buf.host_mut()?[..n].copy_from_slice(&r.slots[lo..hi]);
+        value_buf.host_mut()?[..n].copy_from_slice(&r.values[lo..hi]);
+        ticket_buf.host_mut()?[..n].copy_from_slice(&r.tickets[lo..hi]);
+        z_buf.host_mut()?;
+        status_buf.host_mut()?;
+        {
+            let (sv, vv, tv) = (
+                slot_buf.device()?,
+                value_buf.device()?,
+                ticket_buf.device()?,
+            );
+            let (mut stv, mut zv, mut usv) = (
+                stats_buf.device_mut()?,
+                z_buf.device_mut()?,
+                status_buf.device_mut()?,
+            );
+            let args = [
+                KernelArg::scalar(n as u64),
+                sv.arg(),
+                vv.arg(),
+                tv.arg(),
+                stv.arg(),
+                zv.arg(),
+                usv.arg(),
+            ];
+            device.launch(&k, LaunchConfig::for_elements(1), &args, None)?;
+        }
+        let handled = status_buf.host()?[0] as usize;
+        if handled != n {
+            return Err(WorkloadError::OutOfRange {
+                workload: "anomaly",
+                detail: format!(
+                    "the device handled {handled} of the {n} readings of a micro-batch (llvmpipe caps an invocation's loops at 65535 iterations: use smaller micro-batches)"
+                ),
+            });
+        }
+        host_stats.copy_from_slice(&stats_buf.host()?[..sensors]); // download
+        let z = z_buf.host()?;
+        for (j, &zj) in z[..n].iter().enumerate() {
+            if !zj.is_nan() {
+                let i = lo + j;
+                report.alerts.push(Alert {
+                    index: i as u64,
+                    sensor: r.sensor_ids[r.slots[i] as usize],
+                    value: r.values[i],
+                    z: zj,
+                });
+            }
+        }
+        report.batch_latency.push(t0.elapsed());
+        progress(n);
+    }
+    report.elapsed = start.elapsed();
+    report.stats = host_stats;
+    Ok(report)
+}
