@@ -338,7 +338,9 @@ pub(crate) fn table(pending: Vec<PendingBinding>) -> Result<Option<SharedTable>,
 }
 
 /// The bindings of `table` as a device engine needs them (declarations and initial values, in
-/// `bind` order); `Err` names a buffer whose host values could not be read.
+/// `bind` order); `Err` names a buffer whose host values could not be read. A buffer never
+/// written starts as zeros on the device (as `UnifiedBuffer::host_mut` starts it); from here on
+/// the `UnifiedBuffer` is the host mirror of the engine's device copy.
 pub(crate) fn device_bindings(
     kernel: &str,
     table: &SharedTable,
@@ -349,7 +351,7 @@ pub(crate) fn device_bindings(
         let (p, n) = e
             .buf
             .get_mut()
-            .host_view(false)
+            .host_view(true)
             .map_err(|source| BindError::Memory {
                 kernel: kernel.to_string(),
                 name: e.name.clone(),
