@@ -117,8 +117,9 @@ pub enum DemoCommand {
         /// Elements.
         #[arg(long, default_value_t = 10_000_000)]
         n: usize,
-        /// Elements per message.
-        #[arg(long, default_value_t = 65_536)]
+        /// Elements per message (one device thread loops over a message's range; lavapipe cuts
+        /// a WGSL invocation off after 65 535 loop iterations).
+        #[arg(long, default_value_t = 16_384)]
         chunk: usize,
     },
     /// PageRank (networkx's definition) over an edge-list file or a generated graph.

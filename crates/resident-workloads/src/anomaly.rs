@@ -18,11 +18,12 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use resident::backend::DeviceHandle;
+use resident::backend::{BackendKind, DeviceHandle};
 use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::{Kernel, KernelArg, LaunchConfig, UnifiedBuffer};
 
+use crate::device::wgsl;
 use crate::error::WorkloadError;
 use crate::input::SensorReading;
 
@@ -152,6 +153,7 @@ resident::ring::device_message! {
 
 resident::ring::device_message! {
     /// The detector's counters on a device (mod 2^32): readings handled, alerts, refused.
+    #[derive(Default)]
     pub struct DetectorCounters { pub processed: u32, pub alerts: u32, pub refused: u32, pub _pad: u32 }
 }
 
@@ -182,6 +184,12 @@ pub fn kernel(
         .backpressure(Backpressure::Block(Duration::from_secs(10)))
         .state(DetectorState::default())
         .bind("stats", stats)
+        .wgsl(
+            WgslHandler::new(wgsl::ANOMALY_WGSL)
+                .function("anomaly")
+                .state(DetectorCounters::default())
+                .in_order(),
+        )
         .handler(|ctx: &mut Context<DetectorState>, r: ReadingMsg| {
             let (state, buffers) = ctx.state_and_buffers();
             if r.slot == FLUSH {
@@ -334,10 +342,28 @@ pub fn run_actor(
     result
 }
 
-/// The stateless baseline: the statistics live on the host between micro-batches; every
-/// micro-batch uploads them and its readings into `UnifiedBuffer`s, runs one one-shot kernel
-/// (the same `observe` per reading, in order) and downloads the statistics and scores again.
+/// The stateless baseline on `device`'s backend: the statistics live on the host between
+/// micro-batches; every micro-batch uploads them and its readings into `UnifiedBuffer`s, runs
+/// one one-shot kernel and downloads the statistics and scores again. On the CPU that kernel
+/// is [`run_stateless_cpu`]'s closure; on CUDA and CudaSim the CUDA C kernel of
+/// [`crate::device::cuda`]; on wgpu the WGSL kernel of [`crate::device::wgsl`].
 pub fn run_stateless(
+    device: &DeviceHandle,
+    r: &SlottedReadings,
+    batch: usize,
+    progress: impl FnMut(usize),
+) -> Result<RunReport, WorkloadError> {
+    match device.kind() {
+        BackendKind::Wgpu => crate::device::wgsl::run_stateless_wgpu(device, r, batch, progress),
+        BackendKind::Cuda | BackendKind::CudaSim => {
+            crate::device::cuda::run_stateless_cuda(device, r, batch, progress)
+        }
+        BackendKind::Cpu => run_stateless_cpu(device, r, batch, progress),
+    }
+}
+
+/// The stateless baseline with a CPU closure (the same `observe` per reading, in order).
+pub fn run_stateless_cpu(
     device: &DeviceHandle,
     r: &SlottedReadings,
     batch: usize,

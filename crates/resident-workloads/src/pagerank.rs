@@ -42,6 +42,7 @@ use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
 
+use crate::device::wgsl;
 use crate::error::WorkloadError;
 use crate::input::EdgeList;
 
@@ -337,6 +338,7 @@ pub fn full_kernel(
             UnifiedBuffer::from_slice(device, &csr.out_degree, o)?,
         )
         .bind("ranks", UnifiedBuffer::from_slice(device, &init, o)?)
+        .wgsl(WgslHandler::new(wgsl::PAGERANK_WGSL).function("pagerank_step"))
         .handler(|ctx: &mut Context<()>, m: PageRankStep| {
             let bad = StepDone {
                 l1: 0.0,
@@ -366,6 +368,8 @@ const LONG: Duration = Duration::from_secs(3600);
 pub fn default_chunk(backend: BackendKind, nodes: usize) -> usize {
     match backend {
         BackendKind::Cpu => nodes.max(1),
+        // lavapipe cuts a WGSL invocation off after 65 535 loop iterations: keep ranges small.
+        BackendKind::Wgpu => 256,
         _ => 512,
     }
 }

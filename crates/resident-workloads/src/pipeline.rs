@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use resident::prelude::*;
 
+use crate::device::wgsl;
 use crate::error::WorkloadError;
 
 resident::ring::device_message! {
@@ -86,6 +87,11 @@ pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized> {
         .queue_size(4096)
         .batch_size(256)
         .forward_to(scorer_id)
+        .wgsl(
+            WgslHandler::new(wgsl::PIPELINE_WGSL)
+                .function("normalize")
+                .declare::<Scored>(),
+        )
         .handler(|_: &mut Context<()>, r: Raw| {
             Some(Normalized {
                 seq: r.seq,
@@ -99,6 +105,11 @@ pub fn scorer(id: &str) -> RingKernel<Normalized, Scored> {
     RingKernel::<Normalized, Scored>::new(id)
         .queue_size(4096)
         .batch_size(256)
+        .wgsl(
+            WgslHandler::new(wgsl::PIPELINE_WGSL)
+                .function("score")
+                .declare::<Raw>(),
+        )
         .handler(|_: &mut Context<()>, n: Normalized| {
             let (score, level) = score(n.x);
             Some(Scored {

@@ -13,6 +13,7 @@ use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
 
+use crate::device::wgsl;
 use crate::error::WorkloadError;
 use crate::rng::SplitMix64;
 
@@ -38,6 +39,7 @@ pub fn kernel(
         .bind("a", a)
         .bind("b", b)
         .bind("c", c)
+        .wgsl(WgslHandler::new(wgsl::VECTOR_ADD_WGSL).function("vector_add"))
         .handler(|ctx: &mut Context<()>, m: AddRange| {
             let done = |ok: bool| RangeDone {
                 offset: m.offset,
