@@ -114,6 +114,7 @@ impl QuiesceShared {
             q.quiescing = false;
             q.want = None;
             q.resume += 1;
+            q.parked = false;
         }
         self.control().set_run_state(rs);
         self.cv.notify_all();
@@ -155,6 +156,10 @@ impl QuiesceShared {
         let want = q.want.take().unwrap_or(RunState::Inactive);
         self.control().set_run_state(want);
         q.resume += 1;
+        // No longer parked from here on, although the launcher thread may not have woken to
+        // relaunch yet: a quiesce that follows at once must wait for the relaunched block to
+        // park again, not take the stale flag for a parked block.
+        q.parked = false;
         self.cv.notify_all();
     }
 }
