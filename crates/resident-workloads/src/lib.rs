@@ -15,6 +15,7 @@
 //! [`pagerank::recompute`]).
 
 pub mod anomaly;
+pub mod device;
 pub mod error;
 pub mod input;
 pub mod pagerank;

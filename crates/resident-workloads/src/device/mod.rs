@@ -1,0 +1,3 @@
+//! Device handlers of the workloads, per backend (sources and the stateless baselines' runners).
+
+pub mod cuda;
