@@ -118,7 +118,10 @@ __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out,
 fn cudasim(test: &str) -> Option<(Runtime, backend::DeviceHandle)> {
     match backend::open(Backend::CudaSim) {
         Ok(d) => Some((
-            Runtime::builder().backend(Backend::CudaSim).build().unwrap(),
+            Runtime::builder()
+                .backend(Backend::CudaSim)
+                .build()
+                .unwrap(),
             d,
         )),
         Err(e) => {
@@ -194,7 +197,11 @@ fn host_writes_are_seen_by_the_next_messages() {
     assert_eq!(k.call(Idx { index: 3 }, T).unwrap().value, 3.0);
     {
         let mut g = k.write_buffer::<f32>("a", T).unwrap();
-        assert_eq!(&g[..], &[1.0; 16], "the guard starts as the device's values");
+        assert_eq!(
+            &g[..],
+            &[1.0; 16],
+            "the guard starts as the device's values"
+        );
         for (i, x) in g.iter_mut().enumerate() {
             *x = i as f32 * 10.0;
         }
@@ -222,8 +229,7 @@ fn host_writes_are_seen_by_the_next_messages() {
 
 #[test]
 fn host_reads_race_a_stream_of_increments_and_are_never_torn() {
-    let Some((rt, d)) = cudasim("host_reads_race_a_stream_of_increments_and_are_never_torn")
-    else {
+    let Some((rt, d)) = cudasim("host_reads_race_a_stream_of_increments_and_are_never_torn") else {
         return;
     };
     const N: u32 = 5000;
@@ -251,7 +257,10 @@ fn host_reads_race_a_stream_of_increments_and_are_never_torn() {
                 assert!(
                     v.iter().all(|&x| x == first),
                     "a torn snapshot: element 0 is {first}, others differ: {:?}",
-                    v.iter().filter(|&&x| x != first).take(4).collect::<Vec<_>>()
+                    v.iter()
+                        .filter(|&&x| x != first)
+                        .take(4)
+                        .collect::<Vec<_>>()
                 );
                 assert!(first >= last && first <= N, "{last} then {first}");
                 if first != last {
@@ -297,7 +306,10 @@ fn host_reads_race_a_stream_of_increments_and_are_never_torn() {
         "{reads} reads but only {relaunches} relaunches"
     );
     let v = k.read_buffer::<u32>("v", T).unwrap().to_vec();
-    assert!(v.iter().all(|&x| x == N), "every message added one everywhere");
+    assert!(
+        v.iter().all(|&x| x == N),
+        "every message added one everywhere"
+    );
     println!("{reads} host reads raced {N} messages, {distinct} distinct values seen");
     assert!(reads > 0);
     k.terminate().unwrap();
@@ -462,7 +474,9 @@ fn handlers_with_bindings_compile_for_sm_90_with_nvrtc() {
             Err(e @ DeviceError::Cuda(PersistentError::NvrtcUnavailable(_)))
                 if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
             {
-                println!("SKIP: bind_cudasim::handlers_with_bindings_compile_for_sm_90_with_nvrtc: {e}");
+                println!(
+                    "SKIP: bind_cudasim::handlers_with_bindings_compile_for_sm_90_with_nvrtc: {e}"
+                );
                 return;
             }
             Err(e) => panic!("{name}: compile failed: {e}"),

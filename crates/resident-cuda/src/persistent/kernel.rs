@@ -356,8 +356,8 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 let mut dev_bufs = Vec::with_capacity(opts.buffers.len());
                 let mut entries = Vec::with_capacity(opts.buffers.len());
                 for b in &opts.buffers {
-                    let mut d = DeviceBuffer::alloc(&device, b.initial.len().max(1))
-                        .map_err(cuda_error)?;
+                    let mut d =
+                        DeviceBuffer::alloc(&device, b.initial.len().max(1)).map_err(cuda_error)?;
                     if !b.initial.is_empty() {
                         d.copy_from_host(&b.initial).map_err(cuda_error)?;
                     }
@@ -368,7 +368,8 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     None
                 } else {
                     let bytes = super::template::buffer_table_bytes(&entries);
-                    let mut table = DeviceBuffer::alloc(&device, bytes.len()).map_err(cuda_error)?;
+                    let mut table =
+                        DeviceBuffer::alloc(&device, bytes.len()).map_err(cuda_error)?;
                     table.copy_from_host(&bytes).map_err(cuda_error)?;
                     Some(Arc::new(GpuBuffers {
                         name: source.name.clone(),
@@ -383,9 +384,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 let stream = Stream::new(&device).map_err(cuda_error)?;
 
                 let mut params = PersistentParams {
-                    buffers: buffers
-                        .as_ref()
-                        .map_or(0, |b| b.table_ptr()),
+                    buffers: buffers.as_ref().map_or(0, |b| b.table_ptr()),
                     out: device_ptrs[lanes + 1],
                     control: device_ptrs[0],
                     state: state.device_ptr(),
@@ -813,7 +812,12 @@ impl GpuBuffers {
 
     /// Copies buffer `index` (exactly its byte length) into `out`, between two batches of
     /// every resident kernel; waits up to `timeout` for them to park.
-    pub fn read(&self, index: usize, out: &mut [u8], timeout: Duration) -> Result<(), PersistentError> {
+    pub fn read(
+        &self,
+        index: usize,
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), PersistentError> {
         self.check(index, out.len())?;
         if out.is_empty() {
             return Ok(());
@@ -834,7 +838,12 @@ impl GpuBuffers {
 
     /// Replaces buffer `index` (exactly its byte length) with `data`, between two batches: the
     /// next batch sees all of it.
-    pub fn write(&self, index: usize, data: &[u8], timeout: Duration) -> Result<(), PersistentError> {
+    pub fn write(
+        &self,
+        index: usize,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(), PersistentError> {
         self.check(index, data.len())?;
         if data.is_empty() {
             return Ok(());
@@ -848,7 +857,9 @@ impl Drop for GpuBuffers {
         // cuMemFree may wait for the device: under the residency rule (if the others do not
         // park in time the closure is dropped unrun and the memory is freed right there).
         let parts = self.memory.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let _ = self.device.with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
+        let _ = self
+            .device
+            .with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
     }
 }
 

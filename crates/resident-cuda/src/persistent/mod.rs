@@ -34,8 +34,8 @@ pub mod template;
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use host::{Full, PersistentQueues, QueueConfig};
 pub use kernel::{
-    batch_scan_bytes, bench_ring, BenchRow, GpuBuffers, LaunchOptions, PersistentKernel, MEASURES_BATCH,
-    MEASURES_MESSAGE, MEASURES_STREAMING,
+    batch_scan_bytes, bench_ring, BenchRow, GpuBuffers, LaunchOptions, PersistentKernel,
+    MEASURES_BATCH, MEASURES_MESSAGE, MEASURES_STREAMING,
 };
 pub use sim::{SimBuffers, SimKernel, SimLaunchOptions};
 pub use template::{

@@ -282,7 +282,11 @@ impl SimBuffers {
     }
 
     /// Runs `op` while this kernel's block is parked between two batches (or gone).
-    fn with_parked<R>(&self, timeout: Duration, op: impl FnOnce() -> R) -> Result<R, PersistentError> {
+    fn with_parked<R>(
+        &self,
+        timeout: Duration,
+        op: impl FnOnce() -> R,
+    ) -> Result<R, PersistentError> {
         let _serial = QUIESCE_SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let parked = self.quiesce.quiesce(timeout);
         let abandoned = {
@@ -311,7 +315,12 @@ impl SimBuffers {
 
     /// Copies buffer `index` (exactly its byte length) into `out`, between two batches; waits
     /// up to `timeout` for the batch in hand.
-    pub fn read(&self, index: usize, out: &mut [u8], timeout: Duration) -> Result<(), PersistentError> {
+    pub fn read(
+        &self,
+        index: usize,
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), PersistentError> {
         let m = self.check(index, out.len())?;
         self.with_parked(timeout, || {
             // SAFETY: the block is parked or gone (see the type's docs), so nothing writes the
@@ -322,7 +331,12 @@ impl SimBuffers {
 
     /// Replaces buffer `index` (exactly its byte length) with `data`, between two batches: the
     /// next batch sees all of it.
-    pub fn write(&self, index: usize, data: &[u8], timeout: Duration) -> Result<(), PersistentError> {
+    pub fn write(
+        &self,
+        index: usize,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(), PersistentError> {
         let m = self.check(index, data.len())?;
         self.with_parked(timeout, || {
             // SAFETY: as in `read`: no block runs, the buffer holds `data.len()` bytes.

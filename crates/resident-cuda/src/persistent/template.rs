@@ -241,8 +241,7 @@ impl KernelSource {
                 return bad(format!("bound buffer `{}` is declared twice", b.name));
             }
             let type_ok = !b.c_type.is_empty()
-                && b
-                    .c_type
+                && b.c_type
                     .split(' ')
                     .all(|w| !w.is_empty() && is_c_identifier(w));
             if !type_ok {

@@ -8,16 +8,43 @@
 // order: a reading's `ticket` is the number of readings of its slot before it, and it waits
 // until the slot's count `n` (low 32 bits) equals its ticket. The folder publishes `n` last
 // (fence, then an atomic store) after `m` and `v`, so the next ticket holder, which reads `n`
-// atomically and fences before reading `m` and `v`, sees them. A ticket that does not come due
-// within ANOMALY_WAIT_NS is given up (refused). A FLUSH (slot 0xFFFFFFFF) waits, bounded the
-// same way, until `processed` has reached its ticket (the readings sent before it) and answers
-// the totals: value = refused, z = alerts.
+// atomically and fences before reading `m` and `v`, sees them. A reading whose slot's count
+// stops moving for ANOMALY_WAIT_NS (~1 s; 10 s on CudaSim) before its ticket comes due is given up (refused):
+// the bound is on a stall, not on the whole wait, because a batch may hold a long chain of one
+// sensor's readings (each handoff is quick on a GPU, but on CudaSim's host threads a chain of
+// 1000 can take longer than a second). A FLUSH (slot 0xFFFFFFFF) waits, bounded the same way,
+// until `processed` has reached its ticket (the readings sent before it) and answers the
+// totals: value = refused, z = alerts.
 
 #define ANOMALY_FLUSH 0xFFFFFFFFu
 #define ANOMALY_ALPHA 0.01
 #define ANOMALY_Z 4.0
 #define ANOMALY_WARMUP 100ull
+// The stall bound: ~1 s on a GPU. On CudaSim a batch's 1024 threads are OS threads sharing a
+// few cores with everything else on the machine, so a slot's predecessor may not be scheduled
+// for longer than that; the bound there is 10 s (still a bound).
+#ifdef RESIDENT_SIM
+#define ANOMALY_WAIT_NS 10000000000ull
+#else
 #define ANOMALY_WAIT_NS 1000000000ull
+#endif
+
+// How long a waiting reading sleeps between polls: proportional to how many tickets are still
+// ahead of it, so the next in line polls often and the far end of a long chain rarely. On
+// CudaSim every thread is an OS thread (a batch of 1024 on a few cores): there the steps are
+// coarser, or the far end's wake-ups would starve the thread whose turn it is.
+#ifdef RESIDENT_SIM
+#define ANOMALY_SLEEP_PER_TICKET_NS 20000ull
+#define ANOMALY_MAX_SLEEP_NS 20000000ull
+#else
+#define ANOMALY_SLEEP_PER_TICKET_NS 128ull
+#define ANOMALY_MAX_SLEEP_NS 1000000ull
+#endif
+
+__device__ __forceinline__ unsigned int anomaly_sleep_ns(unsigned int ahead) {
+    unsigned long long ns = (unsigned long long)ahead * ANOMALY_SLEEP_PER_TICKET_NS;
+    return (unsigned int)(ns < ANOMALY_MAX_SLEEP_NS ? ns : ANOMALY_MAX_SLEEP_NS);
+}
 
 #ifdef RESIDENT_SIM
 __device__ __forceinline__ unsigned long long anomaly_now_ns() { return resident_sim::now_ns(); }
@@ -44,12 +71,14 @@ __device__ bool anomaly_detect(ResidentState* state, const ResidentIn* in, Resid
                                ResidentBuffers* buffers) {
     DetectorCounters* c = state;
     if (in->slot == ANOMALY_FLUSH) {
-        const unsigned long long t0 = anomaly_now_ns();
-        unsigned int sleep = 64;
-        while ((int)(anomaly_load_u32(&c->processed) - in->ticket) < 0) {
-            if (anomaly_now_ns() - t0 > ANOMALY_WAIT_NS) break;  // answer anyway
-            __nanosleep(sleep);
-            if (sleep < 4096) sleep *= 2;
+        unsigned long long t0 = anomaly_now_ns();
+        unsigned int seen = anomaly_load_u32(&c->processed);
+        while ((int)(seen - in->ticket) < 0) {
+            if (anomaly_now_ns() - t0 > ANOMALY_WAIT_NS) break;  // stalled: answer anyway
+            __nanosleep(anomaly_sleep_ns(in->ticket - seen));
+            const unsigned int now = anomaly_load_u32(&c->processed);
+            if (now != seen) t0 = anomaly_now_ns();  // progress: the wait is for a stall
+            seen = now;
         }
         __threadfence();  // acquire: the counts of the readings seen processed
         out->index = in->index;
@@ -64,17 +93,17 @@ __device__ bool anomaly_detect(ResidentState* state, const ResidentIn* in, Resid
         return false;
     }
     SensorStats* s = &buffers->stats[in->slot];
-    const unsigned long long t0 = anomaly_now_ns();
-    unsigned int sleep = 32;
+    unsigned long long t0 = anomaly_now_ns();
     unsigned long long n = anomaly_load_u64(&s->n);
     while ((unsigned int)n != in->ticket) {
         if (anomaly_now_ns() - t0 > ANOMALY_WAIT_NS) {
-            anomaly_count(c, true);  // its turn never came
+            anomaly_count(c, true);  // the slot stalled: its turn never came
             return false;
         }
-        __nanosleep(sleep);
-        if (sleep < 2048) sleep *= 2;
-        n = anomaly_load_u64(&s->n);
+        __nanosleep(anomaly_sleep_ns(in->ticket - (unsigned int)n));
+        const unsigned long long now = anomaly_load_u64(&s->n);
+        if (now != n) t0 = anomaly_now_ns();  // an earlier ticket folded: not stalled
+        n = now;
     }
     __threadfence();  // acquire: pairs with the previous folder's fence before publishing n
     volatile double* vm = &s->m;

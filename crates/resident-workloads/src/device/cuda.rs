@@ -25,7 +25,7 @@ use resident::ring::DeviceMessage;
 use resident::UnifiedBuffer;
 
 use crate::anomaly::{
-    AlertMsg, Alert, DetectorCounters, ReadingMsg, RunReport, SensorStats, SlottedReadings,
+    Alert, AlertMsg, DetectorCounters, ReadingMsg, RunReport, SensorStats, SlottedReadings,
 };
 use crate::error::WorkloadError;
 use crate::pagerank::{PageRankStep, StepDone};
@@ -103,7 +103,11 @@ pub fn pagerank_handler() -> CudaHandler<PageRankStep, StepDone> {
 /// The stateless baseline's full source: `SensorStats`' C declaration (from the Rust type)
 /// followed by [`ANOMALY_STATELESS_CU`].
 pub fn anomaly_stateless_source() -> String {
-    format!("{}\n{}", SensorStats::c_declarations(), ANOMALY_STATELESS_CU)
+    format!(
+        "{}\n{}",
+        SensorStats::c_declarations(),
+        ANOMALY_STATELESS_CU
+    )
 }
 
 /// The stateless baseline's one-shot kernel (CUDA C; runs on CUDA and CudaSim).
@@ -149,7 +153,11 @@ pub fn run_stateless_cuda(
         order_buf.host_mut()?[0] = 0;
         z_buf.host_mut()?;
         {
-            let (sv, vv, tv) = (slot_buf.device()?, value_buf.device()?, ticket_buf.device()?);
+            let (sv, vv, tv) = (
+                slot_buf.device()?,
+                value_buf.device()?,
+                ticket_buf.device()?,
+            );
             let (mut stv, mut zv, mut ov) = (
                 stats_buf.device_mut()?,
                 z_buf.device_mut()?,

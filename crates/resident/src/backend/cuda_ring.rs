@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use resident_cuda::persistent::{
-    BufferDecl, BufferInit, GpuBuffers, KernelSource, LaunchOptions, MessageDecl,
-    PersistentKernel, QueueConfig,
+    BufferDecl, BufferInit, GpuBuffers, KernelSource, LaunchOptions, MessageDecl, PersistentKernel,
+    QueueConfig,
 };
 use resident_ring::message::CField;
 use resident_ring::{DeviceMessage, Message, Slot};
@@ -359,9 +359,9 @@ impl<In: Message, Out: Message> GpuEngine<In, Out> {
             ..LaunchOptions::default()
         };
         let kernel = PersistentKernel::launch(&source, &handler.state, &opts)?;
-        let buffers = kernel.buffers().map(|b| {
-            Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>
-        });
+        let buffers = kernel
+            .buffers()
+            .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
         Ok((GpuEngine { kernel }, buffers))
     }
 }

@@ -20,11 +20,11 @@ use super::cpu::CpuDevice;
 use super::cuda_ring::{
     BoundBuffers, CudaHandler, DeviceGeometry, EngineBuffers, BUFFER_SYNC_TIMEOUT,
 };
-use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
 use super::device_host::{DeviceError, DeviceRing, RingCounters};
 use super::kernel::{Kernel, KernelArg};
 use super::storage::{DeviceMemory, HostMemory};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
 
 /// How long the kernel outlives a silent host (the pump beats every 50 ms).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,9 +67,9 @@ impl<In: Message, Out: Message> SimEngine<In, Out> {
         let module = resident_cuda::persistent::compile_sim(&source)?;
         let kernel =
             quiesced(|| SimKernel::launch_compiled(&module, &source, &handler.state, &opts))??;
-        let buffers = kernel.buffers().map(|b| {
-            Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>
-        });
+        let buffers = kernel
+            .buffers()
+            .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
         Ok((SimEngine { kernel }, buffers))
     }
 }
