@@ -73,6 +73,19 @@ fn scale_cpu(ctx: &mut Context<()>, m: Idx) -> Option<Done> {
     })
 }
 
+/// Writes `index` into v[0]; index 999999 traps (a device fault).
+const TRAP_SRC: &str = r#"
+__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* env,
+                       ResidentBuffers* b) {
+    if (in->index == 999999u) __trap();
+    b->v[0] = in->index;
+    out->index = in->index;
+    out->ok = 1u;
+    out->value = 0.0f;
+    return true;
+}
+"#;
+
 /// Every message adds one to every element of `v` (threads of a batch share it: atomics).
 const BUMP_SRC: &str = r#"
 __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* env,
@@ -313,6 +326,39 @@ fn host_reads_race_a_stream_of_increments_and_are_never_torn() {
     println!("{reads} host reads raced {N} messages, {distinct} distinct values seen");
     assert!(reads > 0);
     k.terminate().unwrap();
+}
+
+#[test]
+fn reads_after_a_device_fault_return_the_last_values_without_hanging() {
+    let Some((rt, d)) =
+        cudasim("reads_after_a_device_fault_return_the_last_values_without_hanging")
+    else {
+        return;
+    };
+    let k = rt
+        .launch(
+            RingKernel::<Idx, Done>::new("trap-bound")
+                .queue_size(64)
+                .bind("v", buf(&d, &[0u32; 4]))
+                .cuda(CudaHandler::new(TRAP_SRC)),
+        )
+        .unwrap();
+    k.activate().unwrap();
+    assert_eq!(k.call(Idx { index: 17 }, T).unwrap().ok, 1);
+    k.send(Idx { index: 999_999 }).unwrap();
+    let deadline = Instant::now() + T;
+    while !matches!(k.state(), KernelState::Failed { .. }) {
+        assert!(Instant::now() < deadline, "the fault is reported");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let t0 = Instant::now();
+    match k.read_buffer::<u32>("v", T) {
+        Ok(v) => assert_eq!(v[0], 17, "the last values before the faulting batch"),
+        Err(BindError::Device { .. }) => {}
+        Err(e) => panic!("expected the last values or a device error, got {e}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "no hang");
+    let _ = k.terminate();
 }
 
 #[test]

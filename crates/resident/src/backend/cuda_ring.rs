@@ -402,3 +402,82 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
         self.kernel.reclaim_input().unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::bind::BufferId;
+
+    resident_ring::device_message! {
+        /// A test message.
+        pub struct M { pub x: u32 }
+    }
+
+    /// Records what reached the engine.
+    #[derive(Default)]
+    struct Recorder(parking_lot::Mutex<Vec<(usize, usize)>>);
+
+    impl EngineBuffers for Recorder {
+        fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError> {
+            self.0.lock().push((index, out.len()));
+            Ok(())
+        }
+        fn write(&self, index: usize, data: &[u8]) -> Result<(), DeviceError> {
+            self.0.lock().push((index, data.len()));
+            Ok(())
+        }
+    }
+
+    fn binding(name: &str, len: usize) -> DeviceBinding {
+        DeviceBinding {
+            name: name.into(),
+            id: BufferId(1),
+            len,
+            elem: ElemDecl::of::<f32>(),
+            initial: vec![0; len * 4],
+        }
+    }
+
+    #[test]
+    fn wrong_sizes_and_indices_are_typed_binding_errors_that_never_reach_the_engine() {
+        let rec = Arc::new(Recorder::default());
+        let b = BoundBuffers::new(rec.clone(), &[binding("a", 4), binding("b", 2)]);
+        let d: &dyn DeviceBuffers = &b;
+        d.read(0, &mut [0; 16]).unwrap();
+        d.write(1, &[0; 8]).unwrap();
+        match d.write(0, &[0; 12]) {
+            Err(DeviceError::Binding { name, reason }) => {
+                assert_eq!(name, "a");
+                assert!(reason.contains("12") && reason.contains("16"), "{reason}");
+            }
+            other => panic!("expected a Binding error, got {other:?}"),
+        }
+        assert!(matches!(
+            d.read(2, &mut [0; 4]),
+            Err(DeviceError::Binding { .. })
+        ));
+        assert_eq!(*rec.0.lock(), vec![(0, 16), (1, 8)]);
+    }
+
+    #[test]
+    fn declared_buffers_must_match_the_bound_ones() {
+        let h = CudaHandler::<M, M>::new("").buffer::<f32>("a");
+        assert!(h.bound_decls(&[binding("a", 1)]).is_ok());
+        assert!(matches!(
+            h.bound_decls(&[binding("b", 1)]),
+            Err(DeviceError::Binding { .. })
+        ));
+        assert!(matches!(
+            h.bound_decls(&[binding("a", 1), binding("c", 1)]),
+            Err(DeviceError::Binding { .. })
+        ));
+        let undeclared = CudaHandler::<M, M>::new("");
+        let decls = undeclared.bound_decls(&[binding("x", 3)]).unwrap();
+        assert_eq!(decls[0].c_type, "float");
+        assert_eq!(decls[0].elem_size, 4);
+        assert!(matches!(
+            undeclared.bound_decls(&[binding("1x", 3)]),
+            Err(DeviceError::Binding { .. })
+        ));
+    }
+}
