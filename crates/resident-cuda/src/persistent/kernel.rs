@@ -379,6 +379,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                             dev_bufs.into_iter().map(|b| b.0).collect(),
                             table,
                         ))),
+                        free_quiesced: AtomicBool::new(false),
                     }))
                 };
                 let stream = Stream::new(&device).map_err(cuda_error)?;
@@ -439,6 +440,9 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 Ok(k)
             })
             .map_err(cuda_error)??;
+        if let Some(b) = &k.buffers {
+            b.free_quiesced.store(true, Ordering::Release);
+        }
         if let Some(r) = &k.resident {
             let weak: std::sync::Weak<dyn crate::device::Quiesce> =
                 Arc::downgrade(&(r.clone() as Arc<dyn crate::device::Quiesce>));
@@ -760,6 +764,10 @@ pub struct GpuBuffers {
     lens: Vec<usize>,
     /// The buffers and the table; `None` only while dropping.
     memory: std::sync::Mutex<Option<(Vec<DeviceBuffer>, DeviceBuffer)>>,
+    /// Set once the launch (which runs under the residency rule itself) has returned: from
+    /// then on the memory is freed under the residency rule. A launch that fails drops it
+    /// inside its own quiesce, where a nested one would deadlock.
+    free_quiesced: AtomicBool,
 }
 
 impl GpuBuffers {
@@ -857,9 +865,11 @@ impl Drop for GpuBuffers {
         // cuMemFree may wait for the device: under the residency rule (if the others do not
         // park in time the closure is dropped unrun and the memory is freed right there).
         let parts = self.memory.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let _ = self
-            .device
-            .with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
+        if self.free_quiesced.load(Ordering::Acquire) {
+            let _ = self
+                .device
+                .with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
+        }
     }
 }
 
