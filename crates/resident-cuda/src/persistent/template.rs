@@ -580,3 +580,81 @@ ptxas info    : Used 40 registers, used 1 barriers, 496 bytes cmem[0]\n";
         );
     }
 }
+
+#[cfg(test)]
+mod buffer_tests {
+    use super::*;
+
+    const STATS: &str = "typedef struct { double m; } Stats;";
+
+    fn source(buffers: Vec<BufferDecl>) -> KernelSource {
+        KernelSource::new(
+            "k",
+            MessageDecl::new("Stats", STATS, 8),
+            MessageDecl::new("Out", "typedef struct { unsigned int x; } Out;", 4),
+            MessageDecl::new("St", "typedef struct { unsigned int n; } St;", 4),
+            "",
+            64,
+        )
+        .with_buffers(buffers)
+    }
+
+    fn decl(name: &str, c_type: &str, deps: &[&str], size: usize) -> BufferDecl {
+        BufferDecl {
+            name: name.into(),
+            c_type: c_type.into(),
+            c_deps: deps.iter().map(|d| d.to_string()).collect(),
+            elem_size: size,
+        }
+    }
+
+    #[test]
+    fn buffers_make_the_table_and_the_five_argument_call() {
+        let text = source(vec![
+            decl("stats", "Stats", &[STATS], 8),
+            decl("w", "float", &[], 4),
+        ])
+        .render()
+        .unwrap();
+        // The element's declaration equals the input's: emitted once.
+        assert_eq!(text.matches(STATS).count(), 1);
+        assert!(text.contains("    Stats* stats;\n    unsigned long long stats_len;\n    unsigned long long stats_id;"));
+        assert!(text.contains("    float* w;"));
+        assert!(text.contains("static_assert(sizeof(ResidentBuffers) == 48"));
+        assert!(text.contains("static_assert(sizeof(float) == 4"));
+        assert!(text.contains("RESIDENT_HANDLER(st, in, out, env, bufs)"));
+        let plain = source(vec![]).render().unwrap();
+        assert!(plain.contains("RESIDENT_HANDLER(st, in, out, env)\n"));
+        assert!(!plain.contains("RESIDENT_HAS_BUFFERS"));
+    }
+
+    #[test]
+    fn bad_buffer_declarations_are_config_errors() {
+        for bad in [
+            vec![decl("not-an-identifier", "float", &[], 4)],
+            vec![decl("a", "float", &[], 4), decl("a", "float", &[], 4)],
+            vec![decl("a", "float [4]", &[], 16)],
+            vec![decl("a", "", &[], 4)],
+            vec![decl("a", "float", &[], 0)],
+        ] {
+            assert!(
+                matches!(
+                    source(bad.clone()).render(),
+                    Err(PersistentError::Config(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_table_is_pointer_length_id_per_buffer() {
+        let b = buffer_table_bytes(&[(0x1000, 3, 7), (0x2000, 0, 9)]);
+        assert_eq!(b.len(), 2 * BUFFER_ENTRY_BYTES);
+        let word = |i: usize| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        assert_eq!(
+            (0..6).map(word).collect::<Vec<_>>(),
+            vec![0x1000, 3, 7, 0x2000, 0, 9]
+        );
+    }
+}
