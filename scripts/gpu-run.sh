@@ -44,4 +44,10 @@ done
 grep -h '^PROBE ' "$OUT/residency-probe.log" 2>/dev/null | sed 's/^PROBE //' >"$OUT/residency-probe.jsonl" || true
 run "$T_BENCH" "$OUT/transfer.log" .gpu/resident bench-transfer --out-dir "$OUT"
 run "$T_BENCH" "$OUT/ring.log" .gpu/resident bench-ring --out-dir "$OUT"
+# The four workloads on the GPU, each checked against its f64 reference, then measured
+# (1M-node PageRank, anomaly actor vs stateless batch); the CPU in the same run as the baseline.
+for w in vector-add pipeline pagerank anomaly; do
+  run "$T_TEST" "$OUT/workloads-demo.log" .gpu/resident demo "$w" --backend cuda
+done
+run "$T_BENCH" "$OUT/workloads.log" .gpu/resident bench workloads --backends cuda,cpu --out-dir "$OUT"
 echo "everything is in $OUT (status.txt: one line per step)"

@@ -158,12 +158,12 @@ resident::ring::device_message! {
 /// The flush marker's slot.
 pub const FLUSH: u32 = u32::MAX;
 
-/// The kernel's own counters (its state).
+/// The kernel's own counters (its state on the CPU; [`DetectorCounters`] on a device).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DetectorState {
-    /// Alerts since the last flush.
+    /// Alerts so far.
     pub alerts: u64,
-    /// Readings refused since the last flush (a slot past the buffer).
+    /// Readings refused so far (a slot past the buffer).
     pub refused: u64,
 }
 
@@ -185,11 +185,9 @@ pub fn kernel(
         .handler(|ctx: &mut Context<DetectorState>, r: ReadingMsg| {
             let (state, buffers) = ctx.state_and_buffers();
             if r.slot == FLUSH {
-                // The micro-batch is folded: answer with its alert and refusal counts.
-                let (alerts, refused) = (
-                    std::mem::take(&mut state.alerts),
-                    std::mem::take(&mut state.refused),
-                );
+                // Every reading before the flush is handled (this handler runs in order):
+                // answer with the totals so far.
+                let (alerts, refused) = (state.alerts, state.refused);
                 return Some(AlertMsg {
                     index: r.index,
                     value: refused as f64,
@@ -414,28 +412,118 @@ pub fn run_stateless(
     Ok(report)
 }
 
-/// Checks a run against the reference (see the module docs for the tolerance).
+/// Checks a run against the reference at f64 precision (see the module docs).
 pub fn check(report: &RunReport, r: &SlottedReadings) -> Result<(), WorkloadError> {
+    check_with(report, r, crate::Precision::F64)
+}
+
+/// Relative tolerance of `z` for handlers that compute in f32: a reading whose reference `z`
+/// lies within it of [`Z_THRESHOLD`] may be an alert or not.
+pub const Z_TOLERANCE_F32: f64 = 1e-3;
+/// Relative tolerance of the final `m` and `v` for handlers that compute in f32 (`m` relative
+/// to `max(|m|, sqrt(v))`).
+pub const STATS_TOLERANCE_F32: f64 = 1e-3;
+
+/// Every reading's reference score before it was folded (`None` while `v = 0`) and whether
+/// its sensor had seen at least [`WARMUP`] readings.
+fn reference_scores(r: &SlottedReadings) -> Vec<(Option<f64>, bool)> {
+    let mut stats = vec![SensorStats::default(); r.sensor_ids.len()];
+    r.slots
+        .iter()
+        .zip(&r.values)
+        .map(|(&s, &x)| {
+            let st = &mut stats[s as usize];
+            let z = (st.n > 0 && st.v > 0.0).then(|| (x - st.m).abs() / st.v.sqrt());
+            let warm = st.n >= WARMUP;
+            observe(st, x);
+            (z, warm)
+        })
+        .collect()
+}
+
+/// Checks a run against the reference: at [`crate::Precision::F64`] the same alerts (index and
+/// sensor) and `z` and final statistics within relative [`TOLERANCE`]; at `F32` the same
+/// alerts except readings whose reference `z` is within [`Z_TOLERANCE_F32`] of the threshold,
+/// `z` within that, the counts `n` exact and `m`, `v` within [`STATS_TOLERANCE_F32`].
+pub fn check_with(
+    report: &RunReport,
+    r: &SlottedReadings,
+    precision: crate::Precision,
+) -> Result<(), WorkloadError> {
     let (alerts, stats) = reference(r);
     let bad = |detail: String| WorkloadError::Mismatch {
         workload: "anomaly",
         detail,
     };
-    if report.alerts.len() != alerts.len() {
-        return Err(bad(format!(
-            "{} alerts, reference has {}",
-            report.alerts.len(),
-            alerts.len()
-        )));
-    }
-    let close = |a: f64, b: f64| (a - b).abs() <= TOLERANCE * b.abs().max(1e-300);
-    for (got, want) in report.alerts.iter().zip(&alerts) {
-        if got.index != want.index || got.sensor != want.sensor || !close(got.z, want.z) {
-            return Err(bad(format!("alert {got:?}, reference {want:?}")));
+    let (ztol, stol) = match precision {
+        crate::Precision::F64 => (TOLERANCE, TOLERANCE),
+        crate::Precision::F32 => (Z_TOLERANCE_F32, STATS_TOLERANCE_F32),
+    };
+    let close = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol * b.abs().max(1e-300);
+    if precision == crate::Precision::F64 {
+        if report.alerts.len() != alerts.len() {
+            return Err(bad(format!(
+                "{} alerts, reference has {}",
+                report.alerts.len(),
+                alerts.len()
+            )));
+        }
+        for (got, want) in report.alerts.iter().zip(&alerts) {
+            if got.index != want.index || got.sensor != want.sensor || !close(got.z, want.z, ztol) {
+                return Err(bad(format!("alert {got:?}, reference {want:?}")));
+            }
+        }
+    } else {
+        let scores = reference_scores(r);
+        let mut got: Vec<&Alert> = report.alerts.iter().collect();
+        got.sort_by_key(|a| a.index);
+        let mut g = got.iter().peekable();
+        for (i, &(z, warm)) in scores.iter().enumerate() {
+            let want = warm && z.is_some_and(|z| z > Z_THRESHOLD);
+            let borderline = z.is_some_and(|z| close(z, Z_THRESHOLD, ztol));
+            let have = g.peek().filter(|a| a.index == i as u64).map(|a| **a);
+            if have.is_some() {
+                g.next();
+            }
+            match (want, have) {
+                (true, Some(a)) => {
+                    let zr = z.unwrap_or(f64::NAN);
+                    if a.sensor != r.sensor_ids[r.slots[i] as usize] || !close(a.z, zr, ztol) {
+                        return Err(bad(format!("alert {a:?}, reference z {zr}")));
+                    }
+                }
+                (false, None) => {}
+                _ if borderline => {}
+                (true, None) => {
+                    return Err(bad(format!(
+                        "reading {i} (z {z:?}) is an anomaly, not alerted"
+                    )))
+                }
+                (false, Some(a)) => {
+                    return Err(bad(format!("alert {a:?}, reference z {z:?} is no anomaly")))
+                }
+            }
+        }
+        if let Some(a) = g.next() {
+            return Err(bad(format!(
+                "alert {a:?} for no reading (duplicate or past the input)"
+            )));
         }
     }
+    if report.stats.len() != stats.len() {
+        return Err(bad(format!(
+            "statistics of {} sensors, reference has {}",
+            report.stats.len(),
+            stats.len()
+        )));
+    }
     for (i, (g, w)) in report.stats.iter().zip(&stats).enumerate() {
-        if g.n != w.n || !close(g.m, w.m) || !close(g.v, w.v) {
+        let scale = w.m.abs().max(w.v.sqrt());
+        let m_ok = match precision {
+            crate::Precision::F64 => close(g.m, w.m, stol),
+            crate::Precision::F32 => (g.m - w.m).abs() <= stol * scale.max(1e-300),
+        };
+        if g.n != w.n || !m_ok || !close(g.v, w.v, stol) {
             return Err(bad(format!(
                 "sensor {} statistics {g:?}, reference {w:?}",
                 r.sensor_ids[i]

@@ -24,3 +24,26 @@ pub mod rng;
 pub mod vector_add;
 
 pub use error::{InputError, WorkloadError};
+
+use resident::backend::BackendKind;
+
+/// The arithmetic a backend's handlers do, which sets the tolerance of the reference checks:
+/// f64 on the CPU and in CUDA C (CudaSim, CUDA), f32 in WGSL (it has no f64: 64-bit fields
+/// travel as `vec2<u32>` and are converted; see each workload's `check_with`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// Same f64 operations as the reference (tolerances of a summation order).
+    F64,
+    /// f32 arithmetic on f64 data.
+    F32,
+}
+
+impl Precision {
+    /// What the handlers on `kind` compute in.
+    pub fn of(kind: BackendKind) -> Self {
+        match kind {
+            BackendKind::Wgpu => Precision::F32,
+            _ => Precision::F64,
+        }
+    }
+}

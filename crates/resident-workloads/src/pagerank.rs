@@ -6,10 +6,14 @@
 //! `PowerIterationFailedConvergence`).
 //!
 //! **Full mode** ([`full_kernel`]): the graph in CSR (in-edges `in_offsets`/`in_sources`,
-//! `out_degree`) and the `ranks`/`next` vectors are buffers bound to the kernel; a message runs
-//! the whole power iteration (pull form, rayon over nodes) and answers with the iteration count.
-//! Checked against [`reference`] (a sequential push over the edge list, as networkx's Python
-//! loop): same iteration count, every rank within relative [`FULL_TOLERANCE`].
+//! `out_degree`) and the ranks (two vectors, by iteration parity) are buffers bound to the
+//! kernel; a message is one power-iteration step (pull form) over a node range
+//! ([`PageRankStep`]), answered with the range's L1 change and dangling mass ([`StepDone`]).
+//! The host sends an iteration's ranges, sums the answers and starts the next iteration, so
+//! nothing but those scalars crosses between host and device. Checked against [`reference`]
+//! (a sequential push over the edge list, as networkx's Python loop): same iteration count,
+//! every rank within relative [`FULL_TOLERANCE`] (f64 handlers), or L1 distance
+//! [`FULL_TOLERANCE_F32`] for f32 handlers ([`check_full_with`]).
 //!
 //! **Streaming mode** ([`stream_kernel`]): messages add or remove edges; the ranks stay resident
 //! in a bound buffer and are refreshed incrementally. The kernel keeps, besides the ranks `x`,
@@ -33,7 +37,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use rayon::prelude::*;
-use resident::backend::DeviceHandle;
+use resident::backend::{BackendKind, DeviceHandle};
 use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
@@ -234,11 +238,6 @@ resident::ring::device_message! {
 }
 
 resident::ring::device_message! {
-    /// Run PageRank (full mode) with these parameters.
-    pub struct RunPageRank { pub damping: f64, pub tol: f64, pub max_iter: u32, pub _pad: u32 }
-}
-
-resident::ring::device_message! {
     /// The answer to a run, a refresh or a recompute.
     pub struct PageRankDone {
         /// Last L1 change (power iteration) or residual L1 (push).
@@ -255,26 +254,76 @@ resident::ring::device_message! {
     }
 }
 
-fn params_of(m: &RunPageRank) -> Params {
-    Params {
-        damping: m.damping,
-        tol: m.tol,
-        max_iter: m.max_iter,
+/// One step on the host (the CPU handler): see [`PageRankStep`]. Parallel over the range's
+/// nodes (rayon); `ok == 0` and nothing written when the range or the buffers are invalid.
+pub fn step(
+    off: &[u64],
+    src: &[u32],
+    deg: &[u32],
+    ranks: &mut [f64],
+    m: &PageRankStep,
+) -> StepDone {
+    let n = deg.len();
+    let mut done = StepDone {
+        l1: 0.0,
+        dangling: 0.0,
+        iter: m.iter,
+        lo: m.lo,
+        hi: m.hi,
+        ok: 0,
+    };
+    let (lo, hi) = (m.lo as usize, m.hi as usize);
+    if lo > hi || hi > n || ranks.len() != 2 * n || off.len() != n + 1 {
+        return done;
     }
+    if off.iter().any(|&o| o as usize > src.len()) {
+        return done;
+    }
+    let (first, second) = ranks.split_at_mut(n);
+    let (old, new): (&[f64], &mut [f64]) = if m.iter & 1 == 0 {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    let (l1, dangling) = new[lo..hi]
+        .par_iter_mut()
+        .enumerate()
+        .map(|(i, nv)| {
+            let v = lo + i;
+            let s: f64 = src[off[v] as usize..off[v + 1] as usize]
+                .iter()
+                .map(|&u| old[u as usize] / deg[u as usize] as f64)
+                .sum();
+            *nv = m.base + m.damping * s;
+            let d = if deg[v] == 0 { *nv } else { 0.0 };
+            ((*nv - old[v]).abs(), d)
+        })
+        .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+    done.l1 = l1;
+    done.dangling = dangling;
+    done.ok = 1;
+    done
 }
 
-/// Full mode: one ring kernel with the CSR of the graph and the rank vectors bound to it.
+/// Full mode: one ring kernel with the CSR of the graph (`in_offsets`, `in_sources`,
+/// `out_degree`) and the ranks (`ranks`, `2 N`: this iteration's and the next one's, by
+/// parity; starts at `1/N`) bound to it. A message is one [`PageRankStep`] over a node range;
+/// the host sends all ranges of an iteration, sums the answers, and sends the next iteration
+/// ([`run_full`]). The same definition runs on every backend: the CPU handler uses rayon
+/// over one range per iteration, a device gets many small ranges that its threads take in
+/// parallel.
 pub fn full_kernel(
     id: &str,
     device: &DeviceHandle,
     csr: &Csr,
-) -> Result<RingKernel<RunPageRank, PageRankDone, Vec<f64>>, WorkloadError> {
+) -> Result<RingKernel<PageRankStep, StepDone>, WorkloadError> {
     let n = csr.out_degree.len();
     let o = BufferOptions::default();
-    let k = RingKernel::<RunPageRank, PageRankDone>::new(id)
-        .queue_size(16)
-        .batch_size(1)
-        .state(Vec::<f64>::new())
+    let mut init = vec![0.0f64; 2 * n];
+    init[..n].fill(1.0 / n.max(1) as f64);
+    let k = RingKernel::<PageRankStep, StepDone>::new(id)
+        .queue_size(4096)
+        .batch_size(256)
         .bind(
             "in_offsets",
             UnifiedBuffer::from_slice(device, &csr.in_offsets, o)?,
@@ -287,99 +336,173 @@ pub fn full_kernel(
             "out_degree",
             UnifiedBuffer::from_slice(device, &csr.out_degree, o)?,
         )
-        .bind("ranks", UnifiedBuffer::<f64>::new(device, n, o)?)
-        .bind("next", UnifiedBuffer::<f64>::new(device, n, o)?)
-        .handler(|ctx: &mut Context<Vec<f64>>, m: RunPageRank| {
-            let (contrib, b) = ctx.state_and_buffers();
-            let off = b.buffer::<u64>("in_offsets").ok()?;
-            let src = b.buffer::<u32>("in_sources").ok()?;
-            let deg = b.buffer::<u32>("out_degree").ok()?;
-            let mut x = b.buffer_mut::<f64>("ranks").ok()?;
-            let mut next = b.buffer_mut::<f64>("next").ok()?;
-            // Plain slices: the guards stay on this thread, the slices go to rayon.
-            let (off, src, deg) = (&*off, &*src, &*deg);
-            let n = deg.len();
-            if n == 0 {
-                return Some(PageRankDone {
-                    err: 0.0,
-                    work: 0,
-                    applied: 0,
-                    rejected: 0,
-                    iterations: 0,
-                    converged: 1,
-                });
-            }
-            let (it, err, ok, work) = power_iterate(
-                n,
-                |v| &src[off[v] as usize..off[v + 1] as usize],
-                |u| deg[u] as usize,
-                params_of(&m),
-                &mut x,
-                &mut next,
-                contrib,
-            );
-            Some(PageRankDone {
-                err,
-                work,
-                applied: 0,
-                rejected: 0,
-                iterations: it,
-                converged: ok as u32,
-            })
+        .bind("ranks", UnifiedBuffer::from_slice(device, &init, o)?)
+        .handler(|ctx: &mut Context<()>, m: PageRankStep| {
+            let bad = StepDone {
+                l1: 0.0,
+                dangling: 0.0,
+                iter: m.iter,
+                lo: m.lo,
+                hi: m.hi,
+                ok: 0,
+            };
+            let (Ok(off), Ok(src), Ok(deg), Ok(mut x)) = (
+                ctx.buffer::<u64>("in_offsets"),
+                ctx.buffer::<u32>("in_sources"),
+                ctx.buffer::<u32>("out_degree"),
+                ctx.buffer_mut::<f64>("ranks"),
+            ) else {
+                return Some(bad);
+            };
+            Some(step(&off, &src, &deg, &mut x, &m))
         });
     Ok(k)
 }
 
 const LONG: Duration = Duration::from_secs(3600);
 
-/// Runs full-mode PageRank on `g` with a kernel launched on `rt`; the ranks come back through
-/// the bound buffer's host read.
+/// Nodes per step message: the whole graph on the CPU (its handler is parallel inside), small
+/// ranges on a device (a batch's messages run on parallel threads).
+pub fn default_chunk(backend: BackendKind, nodes: usize) -> usize {
+    match backend {
+        BackendKind::Cpu => nodes.max(1),
+        _ => 512,
+    }
+}
+
+/// Runs full-mode PageRank on `g` with a kernel launched on `rt` (the device of `device`),
+/// `chunk` nodes per step message; the ranks come back through the bound buffer's host read.
 pub fn run_full(
     rt: &Runtime,
     device: &DeviceHandle,
     g: &EdgeList,
     p: Params,
 ) -> Result<Ranks, WorkloadError> {
+    run_full_chunked(rt, device, g, p, default_chunk(device.kind(), g.nodes()))
+}
+
+/// [`run_full`] with an explicit range size.
+pub fn run_full_chunked(
+    rt: &Runtime,
+    device: &DeviceHandle,
+    g: &EdgeList,
+    p: Params,
+    chunk: usize,
+) -> Result<Ranks, WorkloadError> {
+    let n = g.nodes();
+    if n == 0 {
+        return Ok(Ranks::default());
+    }
     let csr = Csr::new(g);
+    let nf = n as f64;
+    let dangling0 = csr.out_degree.iter().filter(|&&d| d == 0).count() as f64 / nf;
     let k = rt.launch(full_kernel(
         &format!("pagerank-{}", unique()),
         device,
         &csr,
     )?)?;
     k.activate()?;
+    let chunk = chunk.max(1);
     let t = std::time::Instant::now();
-    let done = k.call(
-        RunPageRank {
-            damping: p.damping,
-            tol: p.tol,
-            max_iter: p.max_iter,
-            _pad: 0,
-        },
-        LONG,
-    );
-    let kernel_time = t.elapsed();
-    let result = done.map_err(WorkloadError::from).and_then(|d| {
-        if d.converged == 0 {
-            return Err(WorkloadError::NotConverged {
-                iterations: d.iterations,
-                err: d.err,
-                threshold: g.nodes() as f64 * p.tol,
-            });
+    let result = (|| {
+        let mut dangling = dangling0;
+        let mut steps = Vec::with_capacity(n.div_ceil(chunk));
+        let mut answers = Vec::with_capacity(steps.capacity());
+        let mut err = f64::INFINITY;
+        for iter in 0..p.max_iter {
+            let base = p.damping * dangling / nf + (1.0 - p.damping) / nf;
+            steps.clear();
+            steps.extend((0..n).step_by(chunk).map(|lo| PageRankStep {
+                base,
+                damping: p.damping,
+                iter,
+                lo: lo as u32,
+                hi: (lo + chunk).min(n) as u32,
+                _pad: 0,
+            }));
+            answers.clear();
+            let mut sent = 0;
+            while answers.len() < steps.len() {
+                if sent < steps.len() {
+                    sent += k.send_batch(&steps[sent..])?;
+                }
+                let before = answers.len();
+                k.receive_batch(&mut answers, steps.len())?;
+                if answers.len() == before && sent == steps.len() {
+                    answers.push(k.receive(LONG)?);
+                }
+            }
+            // Sum in range order, so a run is deterministic however the device ordered them.
+            answers.sort_by_key(|a| a.lo);
+            if let Some(a) = answers.iter().find(|a| a.ok == 0 || a.iter != iter) {
+                return Err(WorkloadError::Mismatch {
+                    workload: "pagerank",
+                    detail: format!("the kernel refused step {a:?}"),
+                });
+            }
+            err = answers.iter().map(|a| a.l1).sum();
+            dangling = answers.iter().map(|a| a.dangling).sum();
+            if err < nf * p.tol {
+                let kernel_time = t.elapsed();
+                let x = k.read_buffer::<f64>("ranks", LONG)?;
+                let half = ((iter + 1) & 1) as usize * n;
+                return Ok(Ranks {
+                    ranks: x[half..half + n].to_vec(),
+                    iterations: iter + 1,
+                    err,
+                    kernel_time,
+                });
+            }
         }
-        let ranks = if g.nodes() == 0 {
-            Vec::new()
-        } else {
-            k.read_buffer::<f64>("ranks", LONG)?.to_vec()
-        };
-        Ok(Ranks {
-            ranks,
-            iterations: d.iterations,
-            err: d.err,
-            kernel_time,
+        Err(WorkloadError::NotConverged {
+            iterations: p.max_iter,
+            err,
+            threshold: nf * p.tol,
         })
-    });
+    })();
     k.terminate()?;
     result
+}
+
+/// Full mode in f32 arithmetic (WGSL): L1 distance to the reference ranks (which sum to 1).
+pub const FULL_TOLERANCE_F32: f64 = 1e-4;
+
+/// Checks full-mode ranks against the reference: at f64, [`check_full`]; at f32 the L1
+/// distance must be at most [`FULL_TOLERANCE_F32`] and the iteration count within 2 (f32
+/// rounding moves the L1 change that decides when to stop).
+pub fn check_full_with(
+    got: &Ranks,
+    want: &Ranks,
+    precision: crate::Precision,
+) -> Result<(), WorkloadError> {
+    if precision == crate::Precision::F64 {
+        return check_full(got, want);
+    }
+    let bad = |detail: String| WorkloadError::Mismatch {
+        workload: "pagerank",
+        detail,
+    };
+    if got.ranks.len() != want.ranks.len() || got.iterations.abs_diff(want.iterations) > 2 {
+        return Err(bad(format!(
+            "{} iterations over {} nodes, reference {} over {}",
+            got.iterations,
+            got.ranks.len(),
+            want.iterations,
+            want.ranks.len()
+        )));
+    }
+    let l1: f64 = got
+        .ranks
+        .iter()
+        .zip(&want.ranks)
+        .map(|(a, b)| (a - b).abs())
+        .sum();
+    if !(l1 <= FULL_TOLERANCE_F32) {
+        return Err(bad(format!(
+            "L1 distance {l1:e} to the reference, more than {FULL_TOLERANCE_F32:e}"
+        )));
+    }
+    Ok(())
 }
 
 /// Checks full-mode ranks against the reference (same iterations, relative [`FULL_TOLERANCE`]).

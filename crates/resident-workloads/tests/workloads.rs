@@ -76,6 +76,9 @@ fn pagerank_full_matches_the_networkx_style_reference() {
         let got = pagerank::run_full(&rt, &d, &g, p).unwrap();
         pagerank::check_full(&got, &want).unwrap();
         assert!((got.ranks.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        // The device protocol (many small step messages per iteration) on the CPU handler.
+        let got = pagerank::run_full_chunked(&rt, &d, &g, p, 7).unwrap();
+        pagerank::check_full(&got, &want).unwrap();
     }
 }
 
@@ -359,4 +362,68 @@ fn anomaly_kernel_counts_and_reports_readings_it_cannot_place() {
     assert_eq!(s[0].n, 0);
     drop(s);
     k.terminate().unwrap();
+}
+
+/// The f32 checks accept what f32 arithmetic can change and nothing more.
+#[test]
+fn precision_aware_checks_accept_rounding_and_refuse_real_differences() {
+    use resident_workloads::Precision;
+    let (rs, _) = resident_workloads::input::generate_readings(5_000, 20, 97, 3).unwrap();
+    let r = anomaly::slot(&rs);
+    let (alerts, stats) = anomaly::reference(&r);
+    assert!(alerts.len() > 3);
+    let exact = anomaly::RunReport {
+        alerts: alerts.clone(),
+        stats: stats.clone(),
+        ..Default::default()
+    };
+    anomaly::check_with(&exact, &r, Precision::F64).unwrap();
+    anomaly::check_with(&exact, &r, Precision::F32).unwrap();
+    // z off by 1e-4 relative: fine for f32 handlers, not for f64 ones.
+    let mut nudged = exact.clone();
+    nudged.alerts.iter_mut().for_each(|a| a.z *= 1.0 + 1e-4);
+    nudged.stats.iter_mut().for_each(|s| s.v *= 1.0 + 1e-5);
+    anomaly::check_with(&nudged, &r, Precision::F32).unwrap();
+    assert!(anomaly::check_with(&nudged, &r, Precision::F64).is_err());
+    // A missing clear alert, an extra alert, a wrong count: refused at both precisions.
+    let clear = alerts
+        .iter()
+        .position(|a| a.z > 4.5)
+        .expect("a clear spike");
+    let mut missing = exact.clone();
+    missing.alerts.remove(clear);
+    assert!(anomaly::check_with(&missing, &r, Precision::F32).is_err());
+    let mut extra = exact.clone();
+    let quiet = (0..r.slots.len() as u64)
+        .find(|i| !alerts.iter().any(|a| a.index == *i))
+        .unwrap();
+    extra.alerts.push(anomaly::Alert {
+        index: quiet,
+        sensor: r.sensor_ids[r.slots[quiet as usize] as usize],
+        value: 0.0,
+        z: 5.0,
+    });
+    assert!(anomaly::check_with(&extra, &r, Precision::F32).is_err());
+    let mut count = exact.clone();
+    count.stats[0].n += 1;
+    assert!(anomaly::check_with(&count, &r, Precision::F32).is_err());
+
+    // Pipeline: a level flip is accepted only at a boundary.
+    let values = [54.772_25, 10.0, 90.0]; // 0.5477225^2 = 0.3 (within f32 rounding)
+    let mut got = pipeline::reference(&values);
+    got[0].level = 1 - got[0].level.min(1);
+    pipeline::check_with(&got, &values, Precision::F32).unwrap();
+    got[2].level = 0;
+    assert!(pipeline::check_with(&got, &values, Precision::F32).is_err());
+
+    // PageRank: f32 L1 tolerance, iteration count within 2.
+    let g = generate_graph(300, 4, 5).unwrap();
+    let want = pagerank::reference(&g, pagerank::Params::default()).unwrap();
+    let mut near = want.clone();
+    near.ranks[0] += 1e-5;
+    near.iterations += 1;
+    pagerank::check_full_with(&near, &want, Precision::F32).unwrap();
+    assert!(pagerank::check_full_with(&near, &want, Precision::F64).is_err());
+    near.ranks[1] += 1e-3;
+    assert!(pagerank::check_full_with(&near, &want, Precision::F32).is_err());
 }

@@ -64,6 +64,46 @@ impl<In> Clone for InputPort<In> {
     }
 }
 
+/// How long forwarded outputs wait for a target kernel that is missing or not accepting
+/// before they go to the terminate report.
+pub(crate) const FORWARD_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The kernel a kernel's outputs are forwarded to (`RingKernel::forward_to`): looked up by id
+/// when first needed (so it may be launched after this kernel) and again after it went away.
+pub(crate) struct Forward<T> {
+    target: String,
+    core: Weak<crate::runtime::RuntimeCore>,
+    port: Mutex<Option<InputPort<T>>>,
+}
+
+impl<T: Message> Forward<T> {
+    pub fn new(target: String, core: Weak<crate::runtime::RuntimeCore>) -> Self {
+        Forward {
+            target,
+            core,
+            port: Mutex::new(None),
+        }
+    }
+
+    /// The target's input port (cached).
+    fn port(&self) -> Result<InputPort<T>> {
+        let mut p = self.port.lock();
+        if let Some(p) = p.as_ref() {
+            return Ok(p.clone());
+        }
+        let core = self.core.upgrade().ok_or_else(|| Error::UnknownKernel {
+            id: self.target.clone(),
+        })?;
+        let port = core.input_port::<T>(&self.target)?;
+        *p = Some(port.clone());
+        Ok(port)
+    }
+
+    fn forget(&self) {
+        *self.port.lock() = None;
+    }
+}
+
 impl<In: Message> InputPort<In> {
     pub fn send(&self, msg: In, priority: u8, flags: u8, op: &'static str) -> Result<MessageId> {
         let id = self.ids.next();
@@ -287,6 +327,9 @@ pub(crate) struct KernelIo<In, Out> {
     /// Outputs produced that no receiver can take any more (terminate came while the output
     /// queue was full); they go to the terminate report.
     unsent: Mutex<Vec<Slot<Out>>>,
+    /// Where outputs go instead of the output queue (`RingKernel::forward_to`), set once at
+    /// launch.
+    pub forward: std::sync::OnceLock<Forward<Out>>,
     exited: AtomicBool,
     exit_signal: Signal,
     pub thread: Mutex<Option<JoinHandle<()>>>,
@@ -358,6 +401,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             stranded: Mutex::new(Vec::new()),
             failed_message: Mutex::new(None),
             unsent: Mutex::new(Vec::new()),
+            forward: std::sync::OnceLock::new(),
             exited: AtomicBool::new(false),
             exit_signal: Signal::new(),
             thread: Mutex::new(None),
@@ -537,6 +581,10 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     }
 
     fn push_outputs_with(&self, outputs: &[Slot<Out>], fenced: bool) {
+        if let Some(f) = self.forward.get() {
+            self.forward_outputs(f, outputs);
+            return;
+        }
         let mut done = 0;
         while done < outputs.len() {
             let (n, err) = if fenced {
@@ -557,6 +605,65 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
                     self.unsent.lock().extend_from_slice(&outputs[done..]);
                 }
                 return;
+            }
+        }
+    }
+
+    /// Sends outputs, in order, into the input queue of the kernel they are forwarded to, under
+    /// that kernel's backpressure. A full target makes this kernel wait (the chain slows down
+    /// to its slowest kernel) until it terminates; a target that is not there or no longer
+    /// accepts (terminated, failed) for [`FORWARD_PATIENCE`] gets nothing: the outputs go to
+    /// this kernel's terminate report as unreceived, never lost silently.
+    fn forward_outputs(&self, f: &Forward<Out>, outputs: &[Slot<Out>]) {
+        let mut missing_since: Option<std::time::Instant> = None;
+        let mut done = 0;
+        while done < outputs.len() {
+            let terminating =
+                || self.control.terminate.load(Ordering::Acquire) || self.in_hand.is_abandoned();
+            let gone = match f.port() {
+                Ok(port) => match port.mailbox.send(outputs[done]) {
+                    Ok(Sent::Queued) => {
+                        done += 1;
+                        missing_since = None;
+                        continue;
+                    }
+                    Ok(Sent::QueuedDroppedOldest(old)) => {
+                        crate::profile::dropped(&port.id, "forward", "DropOldest");
+                        port.dropped(&old.env);
+                        done += 1;
+                        continue;
+                    }
+                    Ok(Sent::DroppedNewest) => {
+                        crate::profile::dropped(&port.id, "forward", "DropNewest");
+                        done += 1;
+                        continue;
+                    }
+                    Err(SendError::Full(_)) | Err(SendError::Timeout(_)) => false,
+                    Err(SendError::Closed(_)) => {
+                        f.forget();
+                        true
+                    }
+                },
+                Err(_) => true,
+            };
+            if terminating() {
+                break;
+            }
+            if gone {
+                let since = *missing_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= FORWARD_PATIENCE {
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if done < outputs.len() {
+            if self.in_hand.is_abandoned() {
+                self.metrics
+                    .late_outputs
+                    .fetch_add((outputs.len() - done) as u64, Ordering::Relaxed);
+            } else {
+                self.unsent.lock().extend_from_slice(&outputs[done..]);
             }
         }
     }

@@ -54,6 +54,7 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) cuda: Option<CudaHandler<In, Out>>,
     pub(crate) wgsl: Option<WgslHandler<In, Out>>,
     pub(crate) bindings: Vec<PendingBinding>,
+    pub(crate) forward: Option<String>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -76,6 +77,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             cuda: None,
             wgsl: None,
             bindings: Vec::new(),
+            forward: None,
             _types: PhantomData,
         }
     }
@@ -99,6 +101,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             cuda: self.cuda,
             wgsl: self.wgsl,
             bindings: self.bindings,
+            forward: self.forward,
             _types: PhantomData,
         }
     }
@@ -190,6 +193,18 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// CPU `handler`/`run` (or its CUDA handler on CUDA).
     pub fn wgsl(mut self, handler: WgslHandler<In, Out>) -> Self {
         self.wgsl = Some(handler);
+        self
+    }
+
+    /// Forwards every output (except `call` replies, which go to their callers) into the
+    /// input queue of the kernel `id` instead of this kernel's output queue: kernel to kernel,
+    /// on every backend, with the same handler code (a device handler just returns its
+    /// output). The target's backpressure applies (a full target makes this kernel wait); the
+    /// target is looked up by id when the first output is ready, so it may be launched after
+    /// this kernel, and its input type must be `Out`. Outputs that cannot be delivered because
+    /// the target is gone end in this kernel's terminate report.
+    pub fn forward_to(mut self, id: impl Into<String>) -> Self {
+        self.forward = Some(id.into());
         self
     }
 

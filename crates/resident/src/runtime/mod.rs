@@ -371,17 +371,27 @@ impl Runtime {
                 .terminate_timeout
                 .unwrap_or(self.core.terminate_timeout),
         );
+        if let Some(target) = kernel.forward.take() {
+            // A target already running must take `Out`; one launched later is checked by type
+            // when the first output is forwarded.
+            if let Err(e @ Error::TypeMismatch { .. }) = self.core.input_port::<Out>(&target) {
+                return Err(invalid(format!("forward_to('{target}'): {e}")));
+            }
+            let _ = io
+                .forward
+                .set(io::Forward::new(target, Arc::downgrade(&self.core)));
+        }
         let has_cuda = kernel.cuda.is_some();
         let has_wgsl = kernel.wgsl.is_some();
         // A device handler gets the bound buffers' declarations and initial values; the engine
         // keeps their device copies and serves the host's reads and writes.
         let device_bindings = match &bound {
-            Some(t) if runs_on_device => bind::device_bindings(&id, t).map_err(|e| {
-                Error::InvalidConfig {
+            Some(t) if runs_on_device => {
+                bind::device_bindings(&id, t).map_err(|e| Error::InvalidConfig {
                     id: id.clone(),
                     reason: e.to_string(),
-                }
-            })?,
+                })?
+            }
             _ => Vec::new(),
         };
         let device = crate::backend::device_host::<In, Out>(
