@@ -494,3 +494,106 @@ fn workload_handlers_compile_for_sm_90_with_nvrtc() {
     .unwrap();
     assert!(ptx.contains(".entry anomaly_stateless"));
 }
+
+/// The workloads' own definitions (their CPU closures and buffers) with the CUDA handlers
+/// attached, as the wiring will do: the pipeline forwards kernel to kernel through the runtime
+/// (`forward_to`), and every result passes the workload's reference check.
+#[test]
+fn the_workload_definitions_with_cuda_handlers_attached() {
+    let Some((rt, d)) = cudasim("the_workload_definitions_with_cuda_handlers_attached") else {
+        return;
+    };
+    let _one_at_a_time = heavy();
+    // Vector add.
+    let (a, b) = vector_add::inputs(3001, 2);
+    let k = rt
+        .launch(
+            vector_add::kernel(
+                "va-def",
+                buf(&d, &a),
+                buf(&d, &b),
+                // A device binding starts as the host values, so `c` must be initialized
+                // (`vector_add::run` binds `UnifiedBuffer::new`, which a device launch refuses).
+                buf(&d, &vec![0.0f32; a.len()]),
+            )
+            .cuda(cuda::vector_add_handler()),
+        )
+        .unwrap();
+    k.activate().unwrap();
+    for s in (0..a.len()).step_by(256) {
+        let len = 256.min(a.len() - s) as u64;
+        k.send(AddRange {
+            offset: s as u64,
+            len,
+        })
+        .unwrap();
+    }
+    for _ in (0..a.len()).step_by(256) {
+        assert_eq!(k.receive(T).unwrap().ok, 1);
+    }
+    vector_add::check(&a, &b, &k.read_buffer::<f32>("c", T).unwrap()).unwrap();
+    k.terminate().unwrap();
+
+    // Pipeline: normalizer -> scorer on the device, forwarded by the runtime.
+    let s = rt
+        .launch(pipeline::scorer("scorer-def").cuda(cuda::scorer_handler()))
+        .unwrap();
+    let n = rt
+        .launch(
+            pipeline::normalizer("normalizer-def", "scorer-def").cuda(cuda::normalizer_handler()),
+        )
+        .unwrap();
+    s.activate().unwrap();
+    n.activate().unwrap();
+    let values: Vec<f64> = (0..3000).map(|i| ((i * 37) % 140) as f64 - 20.0).collect();
+    let raws: Vec<Raw> = values
+        .iter()
+        .enumerate()
+        .map(|(i, &value)| Raw {
+            seq: i as u64,
+            value,
+        })
+        .collect();
+    let mut sent = 0;
+    while sent < raws.len() {
+        sent += n.send_batch(&raws[sent..]).unwrap();
+    }
+    let mut scored = Vec::new();
+    while scored.len() < values.len() {
+        scored.push(s.receive(T).unwrap());
+    }
+    pipeline::check(&scored, &values).unwrap();
+    n.terminate().unwrap();
+    s.terminate().unwrap();
+
+    // Anomaly detector.
+    let (readings, _) = generate_readings(3000, 20, 61, 8).unwrap();
+    let r = anomaly::slot(&readings);
+    let k = rt
+        .launch(
+            anomaly::kernel("anomaly-def", &d, r.sensor_ids.len())
+                .unwrap()
+                .cuda(cuda::anomaly_handler()),
+        )
+        .unwrap();
+    k.activate().unwrap();
+    let (report, refused) = run_anomaly(&k, &r, 500);
+    assert_eq!(refused, 0.0);
+    anomaly::check(&report, &r).unwrap();
+    k.terminate().unwrap();
+
+    // PageRank, full mode, step by step.
+    let g = generate_graph(300, 3, 4).unwrap();
+    let csr = Csr::new(&g);
+    let k = rt
+        .launch(
+            pagerank::full_kernel("pagerank-def", &d, &csr)
+                .unwrap()
+                .cuda(cuda::pagerank_handler()),
+        )
+        .unwrap();
+    k.activate().unwrap();
+    let got = pagerank_steps(&k, &csr, Params::default(), 32).unwrap();
+    pagerank::check_full(&got, &pagerank::reference(&g, Params::default()).unwrap()).unwrap();
+    k.terminate().unwrap();
+}
