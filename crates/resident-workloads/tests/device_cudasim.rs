@@ -220,6 +220,31 @@ fn run_anomaly(
     (report, refused)
 }
 
+/// Largest relative differences of a run to the reference (z of matching alerts; m and v).
+fn max_rel(report: &RunReport, r: &SlottedReadings) -> (f64, f64) {
+    let (alerts, stats) = anomaly::reference(r);
+    let rel = |a: f64, b: f64| {
+        if b == 0.0 {
+            (a - b).abs()
+        } else {
+            ((a - b) / b).abs()
+        }
+    };
+    let z = report
+        .alerts
+        .iter()
+        .zip(&alerts)
+        .map(|(g, w)| rel(g.z, w.z))
+        .fold(0.0, f64::max);
+    let s = report
+        .stats
+        .iter()
+        .zip(&stats)
+        .map(|(g, w)| rel(g.m, w.m).max(rel(g.v, w.v)))
+        .fold(0.0, f64::max);
+    (z, s)
+}
+
 #[test]
 fn anomaly_actor_on_cudasim_matches_the_reference() {
     let _one_at_a_time = heavy();
@@ -246,6 +271,11 @@ fn anomaly_actor_on_cudasim_matches_the_reference() {
         assert_eq!(refused, 0.0);
         anomaly::check(&report, &r).unwrap();
         assert_eq!(report.alerts.len(), want.len());
+        let (z, st) = max_rel(&report, &r);
+        println!(
+            "anomaly actor on CudaSim, micro-batch {batch}: {} alerts, max relative error z {z:e}, m/v {st:e}",
+            report.alerts.len()
+        );
         k.terminate().unwrap();
     }
 }
@@ -317,6 +347,8 @@ fn anomaly_stateless_baseline_on_cudasim_matches_the_reference() {
         assert_eq!(done, r.slots.len());
         assert_eq!(report.batch_latency.len(), r.slots.len().div_ceil(batch));
         anomaly::check(&report, &r).unwrap();
+        let (z, st) = max_rel(&report, &r);
+        println!("anomaly stateless on CudaSim, micro-batch {batch}: max relative error z {z:e}, m/v {st:e}");
     }
     // One sensor only: a micro-batch is one chain of tickets across the grid's threads.
     let one: Vec<SensorReading> = (0..1200)
