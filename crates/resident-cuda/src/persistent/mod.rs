@@ -37,7 +37,7 @@ pub use kernel::{
     batch_scan_bytes, bench_ring, BenchRow, GpuBuffers, LaunchOptions, PersistentKernel,
     MEASURES_BATCH, MEASURES_MESSAGE, MEASURES_STREAMING,
 };
-pub use sim::{SimBuffers, SimKernel, SimLaunchOptions};
+pub use sim::{SimBuffers, SimKernel, SimLaunchOptions, MIN_RUN_BETWEEN_ACCESSES};
 pub use template::{
     buffer_table_bytes, compile_ptx, compile_sass_report, compile_sim, compile_sim_with,
     is_c_identifier, parse_ptxas_report, BufferDecl, BufferInit, CompiledKernel, KernelSource,

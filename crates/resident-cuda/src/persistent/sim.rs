@@ -248,13 +248,24 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
 /// and the quiesce mutex, so every write a batch made happens before the host's copy, and the
 /// copy happens before the relaunch (the next batch). Parks are serialized with
 /// [`with_all_quiesced`]. Once the kernel has ended the copy runs at once (no block left).
+/// Between two accesses the relaunched kernel runs a batch, or at least
+/// [`MIN_RUN_BETWEEN_ACCESSES`], so back-to-back reads do not starve it.
 pub struct SimBuffers {
     name: String,
     /// Each buffer's memory and byte length.
     mems: Vec<(SharedMemory, usize)>,
     _table: SharedMemory,
     quiesce: Arc<QuiesceShared>,
+    /// When the last access relaunched the kernel, and its batch count then.
+    last_resume: Mutex<Option<(Instant, u64)>>,
 }
+
+/// The least time a kernel runs between two buffer accesses (unless it finishes a batch
+/// sooner): back-to-back host reads must not starve it.
+pub const MIN_RUN_BETWEEN_ACCESSES: Duration = Duration::from_millis(1);
+
+/// How long an access waits for the previous access's relaunch to start running.
+const RELAUNCH_WAIT: Duration = Duration::from_millis(100);
 
 impl SimBuffers {
     /// Number of buffers.
@@ -281,12 +292,45 @@ impl SimBuffers {
         }
     }
 
+    /// Waits (at most [`MIN_RUN_BETWEEN_ACCESSES`]) until the kernel relaunched by the last
+    /// access has run a batch or had that long to run.
+    fn let_it_run(&self) {
+        let last = *self.last_resume.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((at, batches)) = last else {
+            return;
+        };
+        // The relaunch itself (the launcher wakes, the block's threads start) comes first: the
+        // block shows a running state on its first control check. Bounded, in case it never
+        // does (a terminate, a fault).
+        let start_by = at + RELAUNCH_WAIT;
+        let mut running_since = None;
+        loop {
+            let now = Instant::now();
+            let c = self.quiesce.control().device_counters();
+            if c.batches != batches || now >= start_by {
+                return;
+            }
+            match c.state {
+                Some(DeviceState::Quiesced) => {}
+                Some(s) if s.has_exited() => return,
+                _ => {
+                    let since = *running_since.get_or_insert(now);
+                    if now >= since + MIN_RUN_BETWEEN_ACCESSES {
+                        return;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
     /// Runs `op` while this kernel's block is parked between two batches (or gone).
     fn with_parked<R>(
         &self,
         timeout: Duration,
         op: impl FnOnce() -> R,
     ) -> Result<R, PersistentError> {
+        self.let_it_run();
         let _serial = QUIESCE_SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let parked = self.quiesce.quiesce(timeout);
         let abandoned = {
@@ -309,7 +353,10 @@ impl SimBuffers {
             });
         }
         let r = op();
+        let batches = self.quiesce.control().device_counters().batches;
         self.quiesce.resume();
+        *self.last_resume.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), batches));
         Ok(r)
     }
 
@@ -493,6 +540,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 mems: buffer_mems,
                 _table: table,
                 quiesce: quiesce.clone(),
+                last_resume: Mutex::new(None),
             })
         });
         let mut k = SimKernel {

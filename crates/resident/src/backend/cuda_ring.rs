@@ -50,8 +50,10 @@ pub const BUFFER_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// it, so a read never sees a batch half done and a write is seen whole by the next batch
 /// (bounded by [`BUFFER_SYNC_TIMEOUT`]). After the kernel ended, a read returns its last values.
 /// Each access costs a park and a relaunch (on a GPU of every resident kernel of the device,
-/// the residency rule): it is for occasional reads and writes, not a data path; a host that
-/// reads back to back leaves the kernel little time to run.
+/// the residency rule): it is for occasional reads and writes, not a data path. Between two
+/// accesses the kernel runs a batch or at least 1 ms
+/// (`resident_cuda::persistent::MIN_RUN_BETWEEN_ACCESSES`; on a GPU the 1 ms only), so a host
+/// reading back to back slows the kernel down but does not starve it.
 ///
 /// Declaring the buffers on the handler too ([`CudaHandler::buffer`]) lets
 /// [`compile_ptx`](CudaHandler::compile_ptx) / [`sass_report`](CudaHandler::sass_report) see
