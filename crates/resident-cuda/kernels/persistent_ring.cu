@@ -4,7 +4,9 @@
 // generated prelude that defines RESIDENT_BATCH (the block size), the wire structs (Envelope,
 // RingHeader, ControlBlock, PersistentParams), the user's message types aliased as ResidentIn /
 // ResidentOut / ResidentState, InSlot / OutSlot, static_asserts on every size, and the user's
-// handler, called as RESIDENT_HANDLER(state, in, out, env) -> bool (false = no output).
+// handler, called as RESIDENT_CALL(state, in, out, env, buffers) -> bool (false = no output):
+// RESIDENT_HANDLER(state, in, out, env) for a kernel without bound buffers, with the
+// ResidentBuffers* as a fifth argument for one with them (the prelude defines which).
 //
 // Memory rules (see DESIGN.md, "CUDA persistent ring kernel"):
 // * Queue memory is pinned, device-mapped host memory. Foreign indices are read with
@@ -267,6 +269,10 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     const unsigned int tid = threadIdx.x;
     ControlBlock* ctl = (ControlBlock*)p.control;
     ResidentState* state = (ResidentState*)p.state;
+    // The bound buffers' table (device memory, written once before the launch); unused by a
+    // kernel without bound buffers.
+    ResidentBuffers* buffers = (ResidentBuffers*)p.buffers;
+    (void)buffers;
     ResidentOwner o;
     unsigned int exit_state = 0;
     unsigned long long batch_start = 0;
@@ -433,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
         if (tid < n) {
             out.payload = ResidentOut{};
             out.env = resident_reply_env(&in.env);
-            produced = RESIDENT_HANDLER(state, &in.payload, &out.payload, &in.env);
+            produced = RESIDENT_CALL(state, &in.payload, &out.payload, &in.env, buffers);
         }
 
         // ---- compaction: rank = outputs before this thread in gathered order ----
@@ -551,7 +557,8 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     }
 }
 
-// Launch-per-batch baseline: the same handler over `n` slots in device memory, on a grid that
+// Launch-per-batch baseline (handlers without bound buffers only: it passes no table, and the
+// runner refuses a source with buffers): the same handler over `n` slots in device memory, on a grid that
 // covers the batch (ceil(n / RESIDENT_BATCH) blocks, one message per thread); outputs compacted
 // in input order across the whole grid; `*out_count` = outputs.
 //
@@ -579,7 +586,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH)
         InSlot s = in[i];
         o.payload = ResidentOut{};
         o.env = resident_reply_env(&s.env);
-        produced = RESIDENT_HANDLER(state, &s.payload, &o.payload, &s.env);
+        produced = RESIDENT_CALL(state, &s.payload, &o.payload, &s.env, (ResidentBuffers*)0);
     }
     const unsigned int mask = __ballot_sync(0xffffffffu, produced);
     if (lane == 0) s_warp_base[warp] = __popc(mask);

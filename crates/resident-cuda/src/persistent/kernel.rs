@@ -47,6 +47,10 @@ pub struct LaunchOptions {
     pub control_poll: Duration,
     /// How long `launch` waits for the kernel to report that it is resident.
     pub start_timeout: Duration,
+    /// The bound buffers' initial values, one per [`KernelSource::buffers`] entry, in order:
+    /// allocated in device memory with the queues (under the residency rule) and reachable
+    /// through [`PersistentKernel::buffers`].
+    pub buffers: Vec<super::BufferInit>,
 }
 
 impl Default for LaunchOptions {
@@ -63,6 +67,7 @@ impl Default for LaunchOptions {
             max_backoff_ns: 256,
             control_poll: Duration::from_micros(50),
             start_timeout: Duration::from_secs(10),
+            buffers: Vec::new(),
         }
     }
 }
@@ -97,8 +102,29 @@ pub(crate) fn check_launch<In, Out>(
     source: &KernelSource,
     initial_state: &[u8],
     queues: &super::QueueConfig,
+    buffers: &[super::BufferInit],
 ) -> Result<(), PersistentError> {
     check_sizes::<In, Out>(source)?;
+    if buffers.len() != source.buffers.len() {
+        return Err(PersistentError::Config(format!(
+            "kernel `{}`: the source declares {} bound buffers, the launch gives {}",
+            source.name,
+            source.buffers.len(),
+            buffers.len()
+        )));
+    }
+    for (d, b) in source.buffers.iter().zip(buffers) {
+        if b.len.checked_mul(d.elem_size) != Some(b.initial.len()) {
+            return Err(PersistentError::Config(format!(
+                "kernel `{}`: bound buffer `{}` has {} elements of {} bytes but {} initial bytes",
+                source.name,
+                d.name,
+                b.len,
+                d.elem_size,
+                b.initial.len()
+            )));
+        }
+    }
     if initial_state.len() != source.state.size {
         return Err(PersistentError::Config(format!(
             "kernel `{}`: initial state is {} bytes, the state type {}",
@@ -242,6 +268,8 @@ pub struct PersistentKernel<In: Pod + Send, Out: Pod + Send> {
     // a running kernel still uses would be worse than a leak).
     queues: Option<PersistentQueues<In, Out>>,
     state: Option<DeviceBuffer>,
+    /// Bound buffers (shared with whoever reads them through [`PersistentKernel::buffers`]).
+    buffers: Option<Arc<GpuBuffers>>,
     stream: Option<Arc<Stream>>,
     function: Option<Function>,
     residency: Option<ResidentSlot>,
@@ -264,7 +292,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         initial_state: &[u8],
         opts: &LaunchOptions,
     ) -> Result<Self, PersistentError> {
-        check_launch::<In, Out>(source, initial_state, &opts.queues)?;
+        check_launch::<In, Out>(source, initial_state, &opts.queues, &opts.buffers)?;
         let device = open_device(opts.device)?;
         // Compile before the quiesce (NVRTC needs no device): the machine code for the
         // device's architecture goes into the disk cache under the key `load` looks up, so the
@@ -322,9 +350,43 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     bytes.resize(state.len(), 0);
                     state.copy_from_host(&bytes).map_err(cuda_error)?;
                 }
+                // Bound buffers: device memory each, initialized from the launch's values, and
+                // the `ResidentBuffers` table (device memory too) pointing at them; allocated
+                // here, under the residency rule, like the state.
+                let mut dev_bufs = Vec::with_capacity(opts.buffers.len());
+                let mut entries = Vec::with_capacity(opts.buffers.len());
+                for b in &opts.buffers {
+                    let mut d =
+                        DeviceBuffer::alloc(&device, b.initial.len().max(1)).map_err(cuda_error)?;
+                    if !b.initial.is_empty() {
+                        d.copy_from_host(&b.initial).map_err(cuda_error)?;
+                    }
+                    entries.push((d.device_ptr(), b.len as u64, b.id));
+                    dev_bufs.push((d, b.initial.len()));
+                }
+                let buffers = if entries.is_empty() {
+                    None
+                } else {
+                    let bytes = super::template::buffer_table_bytes(&entries);
+                    let mut table =
+                        DeviceBuffer::alloc(&device, bytes.len()).map_err(cuda_error)?;
+                    table.copy_from_host(&bytes).map_err(cuda_error)?;
+                    Some(Arc::new(GpuBuffers {
+                        name: source.name.clone(),
+                        device: device.clone(),
+                        lens: dev_bufs.iter().map(|b| b.1).collect(),
+                        memory: std::sync::Mutex::new(Some((
+                            dev_bufs.into_iter().map(|b| b.0).collect(),
+                            table,
+                        ))),
+                        free_quiesced: AtomicBool::new(false),
+                        last_access: std::sync::Mutex::new(None),
+                    }))
+                };
                 let stream = Stream::new(&device).map_err(cuda_error)?;
 
                 let mut params = PersistentParams {
+                    buffers: buffers.as_ref().map_or(0, |b| b.table_ptr()),
                     out: device_ptrs[lanes + 1],
                     control: device_ptrs[0],
                     state: state.device_ptr(),
@@ -354,6 +416,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     name: source.name.clone(),
                     queues: Some(queues),
                     state: Some(state),
+                    buffers,
                     stream: None,
                     function: Some(function.clone()),
                     residency: Some(residency),
@@ -378,6 +441,9 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 Ok(k)
             })
             .map_err(cuda_error)??;
+        if let Some(b) = &k.buffers {
+            b.free_quiesced.store(true, Ordering::Release);
+        }
         if let Some(r) = &k.resident {
             let weak: std::sync::Weak<dyn crate::device::Quiesce> =
                 Arc::downgrade(&(r.clone() as Arc<dyn crate::device::Quiesce>));
@@ -428,6 +494,11 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     /// The device it runs on.
     pub fn device(&self) -> &Arc<Device> {
         &self.device
+    }
+
+    /// The kernel's bound buffers (`None` when it has none).
+    pub fn buffers(&self) -> Option<Arc<GpuBuffers>> {
+        self.buffers.clone()
     }
 
     /// Polls the kernel's stream: `Err(DeviceFault)` after a trap / illegal address (in this
@@ -648,6 +719,8 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
             // keep its place in the residency budget (it still occupies the device).
             std::mem::forget(self.queues.take());
             std::mem::forget(self.state.take());
+            // One strong count that never drops: the buffers outlive every other holder.
+            std::mem::forget(self.buffers.take());
             std::mem::forget(self.stream.take());
             std::mem::forget(self.function.take());
             std::mem::forget(self.residency.take());
@@ -666,6 +739,148 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
             self.residency.take(),
         );
         if parts.0.is_some() {
+            let _ = self
+                .device
+                .with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
+        }
+    }
+}
+
+/// A GPU kernel's bound buffers: device memory the kernel reads and writes through its
+/// `ResidentBuffers` table.
+///
+/// # Synchronization
+/// The host copies only under the residency rule ([`Device::with_quiesced`]): every resident
+/// kernel of the device, this one included, finishes the batch in hand and exits (its stream
+/// drains), the synchronous copy runs, and the kernels are relaunched where they left off. The
+/// kernel's writes are complete when its stream has drained (kernel completion orders them
+/// before the copy), and the copy completes before the relaunch. Once the kernel has ended the
+/// copy still runs (nothing resident to park) and sees its last values; after a device fault
+/// the driver's error comes back. Freed (under the residency rule) when the kernel and every
+/// other holder have dropped it.
+pub struct GpuBuffers {
+    name: String,
+    device: Arc<Device>,
+    /// Byte length of each buffer.
+    lens: Vec<usize>,
+    /// The buffers and the table; `None` only while dropping.
+    memory: std::sync::Mutex<Option<(Vec<DeviceBuffer>, DeviceBuffer)>>,
+    /// Set once the launch (which runs under the residency rule itself) has returned: from
+    /// then on the memory is freed under the residency rule. A launch that fails drops it
+    /// inside its own quiesce, where a nested one would deadlock.
+    free_quiesced: AtomicBool,
+    /// When the last access relaunched the kernels: the next one lets them run
+    /// [`super::sim::MIN_RUN_BETWEEN_ACCESSES`] first, so back-to-back reads do not starve them.
+    last_access: std::sync::Mutex<Option<Instant>>,
+}
+
+impl GpuBuffers {
+    fn table_ptr(&self) -> u64 {
+        let m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        m.as_ref().map_or(0, |(_, t)| t.device_ptr())
+    }
+
+    /// Number of buffers.
+    pub fn count(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Byte length of buffer `index`.
+    pub fn byte_len(&self, index: usize) -> Option<usize> {
+        self.lens.get(index).copied()
+    }
+
+    fn check(&self, index: usize, bytes: usize) -> Result<(), PersistentError> {
+        match self.lens.get(index) {
+            Some(n) if *n == bytes => Ok(()),
+            Some(n) => Err(PersistentError::Config(format!(
+                "kernel `{}`: bound buffer {index} holds {n} bytes, the host side {bytes}",
+                self.name
+            ))),
+            None => Err(PersistentError::Config(format!(
+                "kernel `{}`: no bound buffer {index}",
+                self.name
+            ))),
+        }
+    }
+
+    fn with_buffer<R>(
+        &self,
+        index: usize,
+        timeout: Duration,
+        op: impl FnOnce(&mut DeviceBuffer) -> Result<R, CudaError>,
+    ) -> Result<R, PersistentError> {
+        let last = *self.last_access.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = last {
+            let until = at + super::sim::MIN_RUN_BETWEEN_ACCESSES;
+            let now = Instant::now();
+            if now < until {
+                std::thread::sleep(until - now);
+            }
+        }
+        let r = self
+            .device
+            .with_quiesced(timeout, || {
+                let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+                match m.as_mut() {
+                    Some((bufs, _)) => op(&mut bufs[index]),
+                    None => Err(CudaError::invalid("bound buffer", "freed".to_string())),
+                }
+            })
+            .map_err(cuda_error)?
+            .map_err(cuda_error);
+        *self.last_access.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        r
+    }
+
+    /// Copies buffer `index` (exactly its byte length) into `out`, between two batches of
+    /// every resident kernel; waits up to `timeout` for them to park.
+    pub fn read(
+        &self,
+        index: usize,
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), PersistentError> {
+        self.check(index, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.with_buffer(index, timeout, |b| {
+            let n = out.len();
+            let mut tmp;
+            // The allocation may be larger (a length-0 buffer holds 1 byte).
+            let dst: &mut [u8] = if b.len() == n {
+                out
+            } else {
+                tmp = vec![0u8; b.len()];
+                &mut tmp
+            };
+            b.copy_to_host(dst)
+        })
+    }
+
+    /// Replaces buffer `index` (exactly its byte length) with `data`, between two batches: the
+    /// next batch sees all of it.
+    pub fn write(
+        &self,
+        index: usize,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(), PersistentError> {
+        self.check(index, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.with_buffer(index, timeout, |b| b.copy_from_host(data))
+    }
+}
+
+impl Drop for GpuBuffers {
+    fn drop(&mut self) {
+        // cuMemFree may wait for the device: under the residency rule (if the others do not
+        // park in time the closure is dropped unrun and the memory is freed right there).
+        let parts = self.memory.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if self.free_quiesced.load(Ordering::Acquire) {
             let _ = self
                 .device
                 .with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
@@ -831,6 +1046,12 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
         max_n: usize,
     ) -> Result<Self, PersistentError> {
         check_sizes::<In, Out>(source)?;
+        if !source.buffers.is_empty() {
+            return Err(PersistentError::Config(format!(
+                "kernel `{}`: the launch-per-batch baseline does not bind buffers",
+                source.name
+            )));
+        }
         let f = load(device, source, None, BATCH_KERNEL_NAME)?;
         let in_bytes = max_n * core::mem::size_of::<Slot<In>>();
         let out_bytes = max_n * core::mem::size_of::<Slot<Out>>();

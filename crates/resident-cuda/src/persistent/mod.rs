@@ -34,13 +34,14 @@ pub mod template;
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use host::{Full, PersistentQueues, QueueConfig};
 pub use kernel::{
-    batch_scan_bytes, bench_ring, BenchRow, LaunchOptions, PersistentKernel, MEASURES_BATCH,
-    MEASURES_MESSAGE, MEASURES_STREAMING,
+    batch_scan_bytes, bench_ring, BenchRow, GpuBuffers, LaunchOptions, PersistentKernel,
+    MEASURES_BATCH, MEASURES_MESSAGE, MEASURES_STREAMING,
 };
-pub use sim::{SimKernel, SimLaunchOptions};
+pub use sim::{SimBuffers, SimKernel, SimLaunchOptions, MIN_RUN_BETWEEN_ACCESSES};
 pub use template::{
-    compile_ptx, compile_sass_report, compile_sim, compile_sim_with, parse_ptxas_report,
-    CompiledKernel, KernelSource, MessageDecl, SassReport, SIM_ARCH,
+    buffer_table_bytes, compile_ptx, compile_sass_report, compile_sim, compile_sim_with,
+    is_c_identifier, parse_ptxas_report, BufferDecl, BufferInit, CompiledKernel, KernelSource,
+    MessageDecl, SassReport, BUFFER_ENTRY_BYTES, SIM_ARCH,
 };
 
 /// Most priority lanes a kernel can have.

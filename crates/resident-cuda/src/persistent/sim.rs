@@ -39,6 +39,10 @@ pub struct SimLaunchOptions {
     pub control_poll: Duration,
     /// How long `launch` waits for the kernel to report it is resident.
     pub start_timeout: Duration,
+    /// The bound buffers' initial values, one per [`KernelSource::buffers`] entry, in order:
+    /// copied into host memory the block's threads use, reachable through
+    /// [`SimKernel::buffers`].
+    pub buffers: Vec<super::BufferInit>,
 }
 
 impl Default for SimLaunchOptions {
@@ -53,6 +57,7 @@ impl Default for SimLaunchOptions {
             max_backoff_ns: 50_000,
             control_poll: Duration::from_micros(200),
             start_timeout: Duration::from_secs(30),
+            buffers: Vec::new(),
         }
     }
 }
@@ -109,6 +114,7 @@ impl QuiesceShared {
             q.quiescing = false;
             q.want = None;
             q.resume += 1;
+            q.parked = false;
         }
         self.control().set_run_state(rs);
         self.cv.notify_all();
@@ -150,6 +156,10 @@ impl QuiesceShared {
         let want = q.want.take().unwrap_or(RunState::Inactive);
         self.control().set_run_state(want);
         q.resume += 1;
+        // No longer parked from here on, although the launcher thread may not have woken to
+        // relaunch yet: a quiesce that follows at once must wait for the relaunched block to
+        // park again, not take the stale flag for a parked block.
+        q.parked = false;
         self.cv.notify_all();
     }
 }
@@ -166,6 +176,10 @@ pub fn relaunch_count() -> u64 {
     RELAUNCHES.load(Ordering::Relaxed)
 }
 
+/// Serializes quiesces: [`with_all_quiesced`] and the per-kernel parks of bound-buffer
+/// accesses ([`SimBuffers`]) never overlap, so one never resumes a kernel the other parked.
+static QUIESCE_SERIAL: Mutex<()> = Mutex::new(());
+
 /// The residency rule on CudaSim: every resident CudaSim ring kernel of the process parks and
 /// exits (finishing the batch in hand, outputs included; queues, indices, counters and state
 /// stay), `op` runs, and every kernel is relaunched where it left off, with the run state the
@@ -176,8 +190,7 @@ pub fn with_all_quiesced<R>(
     timeout: Duration,
     op: impl FnOnce() -> R,
 ) -> Result<R, PersistentError> {
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = QUIESCE_SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let live: Vec<Arc<QuiesceShared>> = {
         let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
         r.retain(|w| w.strong_count() > 0);
@@ -220,6 +233,163 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
     exit: Option<Result<(), String>>,
     _instance: Option<Arc<SimInstance>>,
     quiesce: Arc<QuiesceShared>,
+    buffers: Option<Arc<SimBuffers>>,
+}
+
+/// A CudaSim kernel's bound buffers: host memory its block's threads read and write through
+/// the `ResidentBuffers` table, kept alive by the kernel's launcher thread and by this value
+/// (so a read after the kernel ended returns its last values).
+///
+/// # Synchronization
+/// The host touches the bytes only while the block is parked: [`read`](Self::read) and
+/// [`write`](Self::write) quiesce this kernel (it finishes the batch in hand, outputs included,
+/// and its block exits; queues, indices and state stay), copy, and relaunch it where it left
+/// off. The block's exit is observed through the launcher thread's join of the block's threads
+/// and the quiesce mutex, so every write a batch made happens before the host's copy, and the
+/// copy happens before the relaunch (the next batch). Parks are serialized with
+/// [`with_all_quiesced`]. Once the kernel has ended the copy runs at once (no block left).
+/// Between two accesses the relaunched kernel runs a batch, or at least
+/// [`MIN_RUN_BETWEEN_ACCESSES`], so back-to-back reads do not starve it.
+pub struct SimBuffers {
+    name: String,
+    /// Each buffer's memory and byte length.
+    mems: Vec<(SharedMemory, usize)>,
+    _table: SharedMemory,
+    quiesce: Arc<QuiesceShared>,
+    /// When the last access relaunched the kernel, and its batch count then.
+    last_resume: Mutex<Option<(Instant, u64)>>,
+}
+
+/// The least time a kernel runs between two buffer accesses (unless it finishes a batch
+/// sooner): back-to-back host reads must not starve it.
+pub const MIN_RUN_BETWEEN_ACCESSES: Duration = Duration::from_millis(1);
+
+/// How long an access waits for the previous access's relaunch to start running.
+const RELAUNCH_WAIT: Duration = Duration::from_millis(100);
+
+impl SimBuffers {
+    /// Number of buffers.
+    pub fn count(&self) -> usize {
+        self.mems.len()
+    }
+
+    /// Byte length of buffer `index`.
+    pub fn byte_len(&self, index: usize) -> Option<usize> {
+        self.mems.get(index).map(|m| m.1)
+    }
+
+    fn check(&self, index: usize, bytes: usize) -> Result<&SharedMemory, PersistentError> {
+        match self.mems.get(index) {
+            Some((m, n)) if *n == bytes => Ok(m),
+            Some((_, n)) => Err(PersistentError::Config(format!(
+                "kernel `{}`: bound buffer {index} holds {n} bytes, the host side {bytes}",
+                self.name
+            ))),
+            None => Err(PersistentError::Config(format!(
+                "kernel `{}`: no bound buffer {index}",
+                self.name
+            ))),
+        }
+    }
+
+    /// Waits (at most [`MIN_RUN_BETWEEN_ACCESSES`]) until the kernel relaunched by the last
+    /// access has run a batch or had that long to run.
+    fn let_it_run(&self) {
+        let last = *self.last_resume.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((at, batches)) = last else {
+            return;
+        };
+        // The relaunch itself (the launcher wakes, the block's threads start) comes first: the
+        // block shows a running state on its first control check. Bounded, in case it never
+        // does (a terminate, a fault).
+        let start_by = at + RELAUNCH_WAIT;
+        let mut running_since = None;
+        loop {
+            let now = Instant::now();
+            let c = self.quiesce.control().device_counters();
+            if c.batches != batches || now >= start_by {
+                return;
+            }
+            match c.state {
+                Some(DeviceState::Quiesced) => {}
+                Some(s) if s.has_exited() => return,
+                _ => {
+                    let since = *running_since.get_or_insert(now);
+                    if now >= since + MIN_RUN_BETWEEN_ACCESSES {
+                        return;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Runs `op` while this kernel's block is parked between two batches (or gone).
+    fn with_parked<R>(
+        &self,
+        timeout: Duration,
+        op: impl FnOnce() -> R,
+    ) -> Result<R, PersistentError> {
+        self.let_it_run();
+        let _serial = QUIESCE_SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let parked = self.quiesce.quiesce(timeout);
+        let abandoned = {
+            let q = self.quiesce.lock();
+            q.abandoned && !q.finished
+        };
+        if !parked || abandoned {
+            self.quiesce.resume();
+            return Err(if abandoned {
+                PersistentError::InvalidState {
+                    name: self.name.clone(),
+                    op: "access its bound buffers",
+                    state: "still running after it was dropped",
+                }
+            } else {
+                PersistentError::Timeout {
+                    name: self.name.clone(),
+                    what: "the kernel to park for a bound-buffer access",
+                }
+            });
+        }
+        let r = op();
+        let batches = self.quiesce.control().device_counters().batches;
+        self.quiesce.resume();
+        *self.last_resume.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), batches));
+        Ok(r)
+    }
+
+    /// Copies buffer `index` (exactly its byte length) into `out`, between two batches; waits
+    /// up to `timeout` for the batch in hand.
+    pub fn read(
+        &self,
+        index: usize,
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), PersistentError> {
+        let m = self.check(index, out.len())?;
+        self.with_parked(timeout, || {
+            // SAFETY: the block is parked or gone (see the type's docs), so nothing writes the
+            // buffer; it holds `out.len()` bytes (checked).
+            unsafe { core::ptr::copy_nonoverlapping(m.as_mut_ptr(), out.as_mut_ptr(), out.len()) }
+        })
+    }
+
+    /// Replaces buffer `index` (exactly its byte length) with `data`, between two batches: the
+    /// next batch sees all of it.
+    pub fn write(
+        &self,
+        index: usize,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<(), PersistentError> {
+        let m = self.check(index, data.len())?;
+        self.with_parked(timeout, || {
+            // SAFETY: as in `read`: no block runs, the buffer holds `data.len()` bytes.
+            unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), m.as_mut_ptr(), data.len()) }
+        })
+    }
 }
 
 impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
@@ -232,7 +402,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         initial_state: &[u8],
         opts: &SimLaunchOptions,
     ) -> Result<Self, PersistentError> {
-        check_launch::<In, Out>(source, initial_state, &opts.queues)?;
+        check_launch::<In, Out>(source, initial_state, &opts.queues, &opts.buffers)?;
         let module = compile_sim(source)?;
         Self::launch_compiled(&module, source, initial_state, opts)
     }
@@ -246,7 +416,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         initial_state: &[u8],
         opts: &SimLaunchOptions,
     ) -> Result<Self, PersistentError> {
-        check_launch::<In, Out>(source, initial_state, &opts.queues)?;
+        check_launch::<In, Out>(source, initial_state, &opts.queues, &opts.buffers)?;
         let instance = Arc::new(module.instantiate()?);
         let queues = PersistentQueues::<In, Out>::on_heap(opts.queues)?;
         let state = SharedMemory(Arc::new(HeapMemory::new(initial_state.len().max(8))?));
@@ -256,6 +426,30 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 initial_state.as_ptr(),
                 state.as_mut_ptr(),
                 initial_state.len(),
+            )
+        };
+        // Bound buffers: one host allocation each (128-aligned, at least 8 bytes so a buffer of
+        // length 0 still has a real address), initialized from the launch's values, and the
+        // `ResidentBuffers` table pointing at them.
+        let mut buffer_mems: Vec<(SharedMemory, usize)> = Vec::with_capacity(opts.buffers.len());
+        let mut entries = Vec::with_capacity(opts.buffers.len());
+        for b in &opts.buffers {
+            let m = SharedMemory(Arc::new(HeapMemory::new(b.initial.len().max(8))?));
+            // SAFETY: fresh memory of at least `b.initial.len()` bytes, not shared yet.
+            unsafe {
+                core::ptr::copy_nonoverlapping(b.initial.as_ptr(), m.as_mut_ptr(), b.initial.len())
+            };
+            entries.push((m.as_mut_ptr() as u64, b.len as u64, b.id));
+            buffer_mems.push((m, b.initial.len()));
+        }
+        let table_bytes = super::template::buffer_table_bytes(&entries);
+        let table = SharedMemory(Arc::new(HeapMemory::new(table_bytes.len().max(8))?));
+        // SAFETY: fresh memory of at least `table_bytes.len()` bytes, not shared yet.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                table_bytes.as_ptr(),
+                table.as_mut_ptr(),
+                table_bytes.len(),
             )
         };
         queues.set_heartbeat_timeout(opts.heartbeat_timeout);
@@ -270,6 +464,11 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             out_capacity: opts.queues.out_capacity as u32,
             max_backoff_ns: opts.max_backoff_ns.max(32),
             control_poll_ns: opts.control_poll.as_nanos().min(u64::MAX as u128) as u64,
+            buffers: if entries.is_empty() {
+                0
+            } else {
+                table.as_mut_ptr() as u64
+            },
             ..Default::default()
         };
         for (l, m) in view.lanes.iter().enumerate() {
@@ -278,6 +477,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         let (tx, done) = mpsc::channel();
         let inst = instance.clone();
         let keep_state = state.clone();
+        let keep_buffers = (buffer_mems.clone(), table.clone());
         let block = source.batch_size;
         let quiesce = Arc::new(QuiesceShared {
             control: view.control.clone(),
@@ -289,7 +489,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             .name(format!("resident-sim-{}", source.name))
             .spawn(move || {
                 // The memory the kernel addresses lives as long as this thread.
-                let _keep = (view, keep_state);
+                let _keep = (view, keep_state, keep_buffers);
                 let mut p = params;
                 let arg = &mut p as *mut PersistentParams as *mut core::ffi::c_void;
                 let r = loop {
@@ -334,7 +534,17 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(Arc::downgrade(&quiesce));
+        let buffers = (!opts.buffers.is_empty()).then(|| {
+            Arc::new(SimBuffers {
+                name: source.name.clone(),
+                mems: buffer_mems,
+                _table: table,
+                quiesce: quiesce.clone(),
+                last_resume: Mutex::new(None),
+            })
+        });
         let mut k = SimKernel {
+            buffers,
             name: source.name.clone(),
             queues,
             state,
@@ -483,6 +693,11 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     /// The device-written counters.
     pub fn device_counters(&self) -> DeviceCounters {
         self.queues.device_counters()
+    }
+
+    /// The kernel's bound buffers (`None` when it has none).
+    pub fn buffers(&self) -> Option<Arc<SimBuffers>> {
+        self.buffers.clone()
     }
 
     /// The host side of the queues.

@@ -46,9 +46,12 @@ pub struct PersistentParams {
     pub max_backoff_ns: u32,
     /// Longest time between control-block checks while busy, in nanoseconds of `%globaltimer`.
     pub control_poll_ns: u64,
+    /// Device address of the kernel's `ResidentBuffers` table (see [`BufferDecl`]); 0 when the
+    /// kernel has no bound buffers.
+    pub buffers: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<PersistentParams>() == 112);
+const _: () = assert!(core::mem::size_of::<PersistentParams>() == 120);
 
 /// The C declaration of [`PersistentParams`].
 pub const PERSISTENT_PARAMS_C_DECL: &str = "typedef struct {
@@ -61,6 +64,7 @@ pub const PERSISTENT_PARAMS_C_DECL: &str = "typedef struct {
     unsigned int out_capacity;
     unsigned int max_backoff_ns;
     unsigned long long control_poll_ns;
+    unsigned long long buffers;
 } PersistentParams;
 ";
 
@@ -97,6 +101,52 @@ impl MessageDecl {
     }
 }
 
+/// A buffer bound to a ring kernel, as its handler sees it: a member `T* <name>` of the
+/// `ResidentBuffers` struct, with `<name>_len` (elements) and `<name>_id` (the buffer's
+/// registry id, what a message carries to name it) next to it.
+///
+/// The table the kernel reads is [`BUFFER_ENTRY_BYTES`] per buffer, in declaration order:
+/// the element pointer (a device address), the length in elements, the id, each a `u64`
+/// ([`buffer_table_bytes`] writes it).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BufferDecl {
+    /// The member name (a C identifier).
+    pub name: String,
+    /// The element's C type name (`float`, `unsigned int`, `SensorStats`).
+    pub c_type: String,
+    /// C declarations the element type needs first, in order (emitted once per kernel, after
+    /// the message and state declarations, skipping any already emitted).
+    pub c_deps: Vec<String>,
+    /// `size_of` the Rust element type; the kernel `static_assert`s it.
+    pub elem_size: usize,
+}
+
+/// A bound buffer's values at launch and the numbers its table entry carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BufferInit {
+    /// The buffer's registry id (`<name>_id` in the handler).
+    pub id: u64,
+    /// Elements (`<name>_len`).
+    pub len: usize,
+    /// The device copy starts as these bytes: exactly `len * elem_size`.
+    pub initial: Vec<u8>,
+}
+
+/// Bytes per buffer in the `ResidentBuffers` table: pointer, length, id.
+pub const BUFFER_ENTRY_BYTES: usize = 24;
+
+/// The `ResidentBuffers` table for buffers at device addresses `ptrs`, with lengths `lens`
+/// (elements) and ids `ids` (same order as the source's [`KernelSource::buffers`]).
+pub fn buffer_table_bytes(entries: &[(u64, u64, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.len().max(1) * BUFFER_ENTRY_BYTES);
+    for (ptr, len, id) in entries {
+        out.extend_from_slice(&ptr.to_ne_bytes());
+        out.extend_from_slice(&len.to_ne_bytes());
+        out.extend_from_slice(&id.to_ne_bytes());
+    }
+    out
+}
+
 /// Everything that defines one ring kernel's source.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct KernelSource {
@@ -109,15 +159,22 @@ pub struct KernelSource {
     /// Handler state type (lives in device memory; all threads of a batch share it, so a
     /// handler that mutates it must use atomics).
     pub state: MessageDecl,
-    /// CUDA C defining `__device__ bool <handler_fn>(State*, const In*, Out*, const Envelope*)`.
+    /// CUDA C defining `__device__ bool <handler_fn>(State*, const In*, Out*, const Envelope*)`,
+    /// or with a fifth parameter `ResidentBuffers*` when [`buffers`](Self::buffers) is not
+    /// empty.
     pub handler: String,
     /// Name of the handler function.
     pub handler_fn: String,
     /// Block size = most messages per batch: a multiple of 32 in `32 ..= 1024`.
     pub batch_size: u32,
+    /// Buffers bound to the kernel. When there are any, the handler takes a fifth argument,
+    /// `ResidentBuffers* buffers` (see [`BufferDecl`]); with none it keeps the four-argument
+    /// form.
+    pub buffers: Vec<BufferDecl>,
 }
 
-fn is_c_identifier(s: &str) -> bool {
+/// Whether `s` is a C identifier (letters, digits, `_`; not starting with a digit).
+pub fn is_c_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -141,7 +198,14 @@ impl KernelSource {
             handler: handler.into(),
             handler_fn: "handle".into(),
             batch_size,
+            buffers: Vec::new(),
         }
+    }
+
+    /// The same source with `buffers` bound (the handler takes `ResidentBuffers*`).
+    pub fn with_buffers(mut self, buffers: Vec<BufferDecl>) -> Self {
+        self.buffers = buffers;
+        self
     }
 
     /// Checks the inputs the generated code relies on.
@@ -168,6 +232,30 @@ impl KernelSource {
         }
         if !is_c_identifier(&self.handler_fn) {
             return bad(format!("`{}` is not a C identifier", self.handler_fn));
+        }
+        for (i, b) in self.buffers.iter().enumerate() {
+            if !is_c_identifier(&b.name) {
+                return bad(format!("bound buffer `{}`: not a C identifier", b.name));
+            }
+            if self.buffers[..i].iter().any(|o| o.name == b.name) {
+                return bad(format!("bound buffer `{}` is declared twice", b.name));
+            }
+            let type_ok = !b.c_type.is_empty()
+                && b.c_type
+                    .split(' ')
+                    .all(|w| !w.is_empty() && is_c_identifier(w));
+            if !type_ok {
+                return bad(format!(
+                    "bound buffer `{}`: element type `{}` is not a C type name (arrays must be wrapped in a struct)",
+                    b.name, b.c_type
+                ));
+            }
+            if b.elem_size == 0 {
+                return bad(format!("bound buffer `{}`: element size 0", b.name));
+            }
+            if b.c_deps.iter().any(|d| d.contains('\0')) {
+                return bad("source text contains a NUL byte".into());
+            }
         }
         let texts = [
             &self.name,
@@ -202,7 +290,7 @@ impl KernelSource {
         s.push_str("static_assert(sizeof(RingHeader) == 256, \"RingHeader layout\");\n");
         s.push_str("static_assert(sizeof(ControlBlock) == 256, \"ControlBlock layout\");\n");
         s.push_str(
-            "static_assert(sizeof(PersistentParams) == 112, \"PersistentParams layout\");\n",
+            "static_assert(sizeof(PersistentParams) == 120, \"PersistentParams layout\");\n",
         );
         let mut declared: Vec<&str> = Vec::new();
         for d in [&self.input, &self.output, &self.state] {
@@ -217,6 +305,45 @@ impl KernelSource {
                 n = d.name,
                 z = d.size
             );
+        }
+        for b in &self.buffers {
+            for d in &b.c_deps {
+                // The element's declarations once, after the message and state types (which
+                // may already declare the same struct with the same text).
+                if !s.contains(d.as_str()) {
+                    s.push_str(d);
+                    s.push('\n');
+                }
+            }
+            let _ = writeln!(
+                s,
+                "static_assert(sizeof({t}) == {z}, \"element type `{t}` of bound buffer `{n}` is not the {z} bytes of its Rust type\");",
+                t = b.c_type,
+                z = b.elem_size,
+                n = b.name
+            );
+        }
+        if self.buffers.is_empty() {
+            s.push_str("typedef struct { unsigned long long unused; } ResidentBuffers;\n");
+            s.push_str("#define RESIDENT_CALL(st, in, out, env, bufs) RESIDENT_HANDLER(st, in, out, env)\n");
+        } else {
+            s.push_str("typedef struct {\n");
+            for b in &self.buffers {
+                let _ = writeln!(
+                    s,
+                    "    {t}* {n};\n    unsigned long long {n}_len;\n    unsigned long long {n}_id;",
+                    t = b.c_type,
+                    n = b.name
+                );
+            }
+            s.push_str("} ResidentBuffers;\n");
+            let _ = writeln!(
+                s,
+                "static_assert(sizeof(ResidentBuffers) == {}, \"ResidentBuffers layout\");",
+                self.buffers.len() * BUFFER_ENTRY_BYTES
+            );
+            s.push_str("#define RESIDENT_HAS_BUFFERS 1\n");
+            s.push_str("#define RESIDENT_CALL(st, in, out, env, bufs) RESIDENT_HANDLER(st, in, out, env, bufs)\n");
         }
         let _ = writeln!(s, "typedef {} ResidentIn;", self.input.name);
         let _ = writeln!(s, "typedef {} ResidentOut;", self.output.name);
@@ -450,6 +577,84 @@ ptxas info    : Used 40 registers, used 1 barriers, 496 bytes cmem[0]\n";
                 r[1].spill_load_bytes
             ),
             (40, 144, 8, 12)
+        );
+    }
+}
+
+#[cfg(test)]
+mod buffer_tests {
+    use super::*;
+
+    const STATS: &str = "typedef struct { double m; } Stats;";
+
+    fn source(buffers: Vec<BufferDecl>) -> KernelSource {
+        KernelSource::new(
+            "k",
+            MessageDecl::new("Stats", STATS, 8),
+            MessageDecl::new("Out", "typedef struct { unsigned int x; } Out;", 4),
+            MessageDecl::new("St", "typedef struct { unsigned int n; } St;", 4),
+            "",
+            64,
+        )
+        .with_buffers(buffers)
+    }
+
+    fn decl(name: &str, c_type: &str, deps: &[&str], size: usize) -> BufferDecl {
+        BufferDecl {
+            name: name.into(),
+            c_type: c_type.into(),
+            c_deps: deps.iter().map(|d| d.to_string()).collect(),
+            elem_size: size,
+        }
+    }
+
+    #[test]
+    fn buffers_make_the_table_and_the_five_argument_call() {
+        let text = source(vec![
+            decl("stats", "Stats", &[STATS], 8),
+            decl("w", "float", &[], 4),
+        ])
+        .render()
+        .unwrap();
+        // The element's declaration equals the input's: emitted once.
+        assert_eq!(text.matches(STATS).count(), 1);
+        assert!(text.contains("    Stats* stats;\n    unsigned long long stats_len;\n    unsigned long long stats_id;"));
+        assert!(text.contains("    float* w;"));
+        assert!(text.contains("static_assert(sizeof(ResidentBuffers) == 48"));
+        assert!(text.contains("static_assert(sizeof(float) == 4"));
+        assert!(text.contains("RESIDENT_HANDLER(st, in, out, env, bufs)"));
+        let plain = source(vec![]).render().unwrap();
+        assert!(plain.contains("RESIDENT_HANDLER(st, in, out, env)\n"));
+        assert!(!plain.contains("RESIDENT_HAS_BUFFERS"));
+    }
+
+    #[test]
+    fn bad_buffer_declarations_are_config_errors() {
+        for bad in [
+            vec![decl("not-an-identifier", "float", &[], 4)],
+            vec![decl("a", "float", &[], 4), decl("a", "float", &[], 4)],
+            vec![decl("a", "float [4]", &[], 16)],
+            vec![decl("a", "", &[], 4)],
+            vec![decl("a", "float", &[], 0)],
+        ] {
+            assert!(
+                matches!(
+                    source(bad.clone()).render(),
+                    Err(PersistentError::Config(_))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_table_is_pointer_length_id_per_buffer() {
+        let b = buffer_table_bytes(&[(0x1000, 3, 7), (0x2000, 0, 9)]);
+        assert_eq!(b.len(), 2 * BUFFER_ENTRY_BYTES);
+        let word = |i: usize| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        assert_eq!(
+            (0..6).map(word).collect::<Vec<_>>(),
+            vec![0x1000, 3, 7, 0x2000, 0, 9]
         );
     }
 }

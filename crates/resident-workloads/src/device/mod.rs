@@ -1,4 +1,5 @@
-//! Device handlers of the workloads (the sources and their runners), one module per device
-//! language.
+//! Device handlers of the workloads, one module per device language: the sources, their
+//! handler builders and the stateless baselines' runners.
 
+pub mod cuda;
 pub mod wgsl;

@@ -3,26 +3,71 @@
 //! [`cuda_sim`](super::cuda_sim). The pump that drives them is
 //! [`device_host`](super::device_host).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use resident_cuda::persistent::{
-    KernelSource, LaunchOptions, MessageDecl, PersistentKernel, QueueConfig,
+    BufferDecl, BufferInit, GpuBuffers, KernelSource, LaunchOptions, MessageDecl, PersistentKernel,
+    QueueConfig,
 };
+use resident_ring::message::CField;
 use resident_ring::{DeviceMessage, Message, Slot};
 
 use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
+use crate::runtime::bind::{DeviceBinding, DeviceBuffers, ElemDecl};
+
+/// How long a host read or write of a bound buffer waits for the kernel to park between two
+/// batches.
+pub const BUFFER_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A ring kernel's handler in CUDA C: `__device__ bool handle(ResidentState* state,
 /// const ResidentIn* in, ResidentOut* out, const Envelope* env)`, returning `false` for "no
 /// output". `ResidentIn` / `ResidentOut` are typedefs of the message types' C declarations
 /// (generated from the Rust types by `device_message!`), and the runtime adds `static_assert`s
 /// on their sizes. All threads of a batch share `state`: mutate it with atomics.
+///
+/// # Bound buffers
+/// A kernel with buffers bound (`RingKernel::bind(name, UnifiedBuffer<T>)`) calls the handler
+/// with a fifth argument:
+///
+/// ```c
+/// __device__ bool handle(ResidentState* state, const ResidentIn* in, ResidentOut* out,
+///                        const Envelope* env, ResidentBuffers* buffers);
+/// ```
+///
+/// `ResidentBuffers` is generated from the bindings, in `bind` order: for each buffer `name`
+/// holding `T`, the members `T* name` (its device copy), `unsigned long long name_len`
+/// (elements) and `unsigned long long name_id` (its `BufferId`, what a message carries to name
+/// it: compare it with `buffers->name_id`). `T` is the C declaration of the element type
+/// (from its `CField` impl: `float`, `double`, a `device_message!` struct), declared once and
+/// `static_assert`ed to the Rust size; buffer names must be C identifiers. The buffers stay in
+/// device memory for the kernel's life (on CudaSim, host memory the block's threads use), start
+/// as the host values at launch, and every thread of a batch sees the same memory: threads that
+/// write the same elements must use atomics or an order of their own. The table itself lives in
+/// device memory, written once before the launch, and reaches the kernel as a pointer in its
+/// launch parameters. The host's `read_buffer` / `write_buffer` are synchronized with the
+/// kernel: they park it between two batches (the residency rule's quiesce), copy, and relaunch
+/// it, so a read never sees a batch half done and a write is seen whole by the next batch
+/// (bounded by [`BUFFER_SYNC_TIMEOUT`]). After the kernel ended, a read returns its last values.
+/// Each access costs a park and a relaunch (on a GPU of every resident kernel of the device,
+/// the residency rule): it is for occasional reads and writes, not a data path. Between two
+/// accesses the kernel runs a batch or at least 1 ms
+/// (`resident_cuda::persistent::MIN_RUN_BETWEEN_ACCESSES`; on a GPU the 1 ms only), so a host
+/// reading back to back slows the kernel down but does not starve it.
+///
+/// Declaring the buffers on the handler too ([`CudaHandler::buffer`]) lets
+/// [`compile_ptx`](CudaHandler::compile_ptx) / [`sass_report`](CudaHandler::sass_report) see
+/// the exact source the launch compiles; a launch whose bindings differ from the declared ones
+/// is refused ([`DeviceError::Binding`]). Without declarations the launch takes the bindings as
+/// they are.
 pub struct CudaHandler<In, Out> {
     pub(crate) source: String,
     pub(crate) function: String,
     pub(crate) state: Vec<u8>,
     pub(crate) state_decl: MessageDecl,
     pub(crate) decls: (MessageDecl, MessageDecl),
+    /// Buffers declared for compile checks (name, element declaration), in `bind` order.
+    pub(crate) buffers: Vec<(String, ElemDecl)>,
     _types: std::marker::PhantomData<fn(In) -> Out>,
 }
 
@@ -36,6 +81,7 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
             function: "handle".into(),
             state: vec![0; 4],
             state_decl: MessageDecl::new("ResidentNoState", NO_STATE_DECL, 4),
+            buffers: Vec::new(),
             _types: std::marker::PhantomData,
             decls: (
                 MessageDecl::new(In::C_NAME, In::c_declarations(), std::mem::size_of::<In>()),
@@ -62,10 +108,88 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
             MessageDecl::new(D::C_NAME, D::c_declarations(), std::mem::size_of::<D>());
         self
     }
+
+    /// Declares the bound buffer `name` holding `T` (the next one in `bind` order), so compile
+    /// checks see `ResidentBuffers` exactly as the launch will; the kernel must then bind the
+    /// same names and element types, in the same order.
+    pub fn buffer<T: bytemuck::Pod + CField>(mut self, name: impl Into<String>) -> Self {
+        self.buffers.push((name.into(), ElemDecl::of::<T>()));
+        self
+    }
+}
+
+/// The device declaration of one bound buffer, or why it has none.
+fn buffer_decl(name: &str, elem: &ElemDecl) -> Result<BufferDecl, DeviceError> {
+    let refuse = |reason: String| DeviceError::Binding {
+        name: name.to_string(),
+        reason,
+    };
+    if !resident_cuda::persistent::is_c_identifier(name) {
+        return Err(refuse(
+            "a CUDA handler names it `buffers-><name>`, so the name must be a C identifier (letters, digits, `_`)".into(),
+        ));
+    }
+    if elem.c_type.contains('[') {
+        return Err(refuse(format!(
+            "its element type `{}` is an array, which has no CUDA pointer type; wrap it in a device_message! struct",
+            elem.c_type
+        )));
+    }
+    Ok(BufferDecl {
+        name: name.to_string(),
+        c_type: elem.c_type.clone(),
+        c_deps: elem.c_deps.clone(),
+        elem_size: elem.size,
+    })
 }
 
 impl<In, Out> CudaHandler<In, Out> {
-    pub(crate) fn kernel_source(&self, id: &str, batch_size: u32) -> KernelSource {
+    /// The declarations of the buffers bound at launch, checked against the handler's own.
+    fn bound_decls(&self, bindings: &[DeviceBinding]) -> Result<Vec<BufferDecl>, DeviceError> {
+        if !self.buffers.is_empty() {
+            let declared: Vec<(&str, &str)> = self
+                .buffers
+                .iter()
+                .map(|(n, e)| (n.as_str(), e.c_type.as_str()))
+                .collect();
+            let bound: Vec<(&str, &str)> = bindings
+                .iter()
+                .map(|b| (b.name.as_str(), b.elem.c_type.as_str()))
+                .collect();
+            if declared != bound {
+                let name = bindings
+                    .iter()
+                    .map(|b| b.name.clone())
+                    .chain(self.buffers.iter().map(|b| b.0.clone()))
+                    .next()
+                    .unwrap_or_default();
+                return Err(DeviceError::Binding {
+                    name,
+                    reason: format!(
+                        "the CUDA handler declares the buffers {declared:?} (name, C type) but the kernel binds {bound:?}"
+                    ),
+                });
+            }
+        }
+        bindings
+            .iter()
+            .map(|b| buffer_decl(&b.name, &b.elem))
+            .collect()
+    }
+
+    fn declared_decls(&self) -> Result<Vec<BufferDecl>, DeviceError> {
+        self.buffers
+            .iter()
+            .map(|(n, e)| buffer_decl(n, e))
+            .collect()
+    }
+
+    pub(crate) fn kernel_source(
+        &self,
+        id: &str,
+        batch_size: u32,
+        buffers: Vec<BufferDecl>,
+    ) -> KernelSource {
         let mut source = KernelSource::new(
             id.replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
             self.decls.0.clone(),
@@ -75,7 +199,26 @@ impl<In, Out> CudaHandler<In, Out> {
             batch_size,
         );
         source.handler_fn = self.function.clone();
-        source
+        source.with_buffers(buffers)
+    }
+
+    /// The source and the buffers' initial values for a launch with `bindings`.
+    pub(crate) fn launch_source(
+        &self,
+        id: &str,
+        batch_size: u32,
+        bindings: &[DeviceBinding],
+    ) -> Result<(KernelSource, Vec<BufferInit>), DeviceError> {
+        let decls = self.bound_decls(bindings)?;
+        let inits = bindings
+            .iter()
+            .map(|b| BufferInit {
+                id: b.id.0,
+                len: b.len,
+                initial: b.initial.clone(),
+            })
+            .collect();
+        Ok((self.kernel_source(id, batch_size, decls), inits))
     }
 
     /// Compiles the handler inside the persistent-kernel template to PTX for `arch` (e.g.
@@ -88,7 +231,8 @@ impl<In, Out> CudaHandler<In, Out> {
         arch: &str,
     ) -> Result<String, DeviceError> {
         let g = DeviceGeometry::new(1, 2, batch_size);
-        resident_cuda::persistent::compile_ptx(&self.kernel_source(kernel_id, g.batch_size), arch)
+        let source = self.kernel_source(kernel_id, g.batch_size, self.declared_decls()?);
+        resident_cuda::persistent::compile_ptx(&source, arch)
             .map(|k| k.ptx)
             .map_err(DeviceError::from)
     }
@@ -106,11 +250,8 @@ impl<In, Out> CudaHandler<In, Out> {
         sm: &str,
     ) -> Result<Vec<resident_cuda::persistent::SassReport>, DeviceError> {
         let g = DeviceGeometry::new(1, 2, batch_size);
-        resident_cuda::persistent::compile_sass_report(
-            &self.kernel_source(kernel_id, g.batch_size),
-            sm,
-        )
-        .map_err(DeviceError::from)
+        let source = self.kernel_source(kernel_id, g.batch_size, self.declared_decls()?);
+        resident_cuda::persistent::compile_sass_report(&source, sm).map_err(DeviceError::from)
     }
 }
 
@@ -149,19 +290,84 @@ pub(crate) struct GpuEngine<In: Message, Out: Message> {
     kernel: PersistentKernel<In, Out>,
 }
 
+/// The engines' bound buffers as the runtime's [`DeviceBuffers`]: sizes checked per binding,
+/// then the engine's synchronized copy.
+pub(crate) struct BoundBuffers<B> {
+    pub(crate) inner: Arc<B>,
+    /// Name and byte length of each binding.
+    pub(crate) shape: Vec<(String, usize)>,
+}
+
+/// The engine side of [`BoundBuffers`].
+pub(crate) trait EngineBuffers: Send + Sync {
+    fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError>;
+    fn write(&self, index: usize, data: &[u8]) -> Result<(), DeviceError>;
+}
+
+impl EngineBuffers for GpuBuffers {
+    fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError> {
+        Ok(GpuBuffers::read(self, index, out, BUFFER_SYNC_TIMEOUT)?)
+    }
+    fn write(&self, index: usize, data: &[u8]) -> Result<(), DeviceError> {
+        Ok(GpuBuffers::write(self, index, data, BUFFER_SYNC_TIMEOUT)?)
+    }
+}
+
+impl<B> BoundBuffers<B> {
+    pub(crate) fn new(inner: Arc<B>, bindings: &[DeviceBinding]) -> Self {
+        BoundBuffers {
+            inner,
+            shape: bindings
+                .iter()
+                .map(|b| (b.name.clone(), b.initial.len()))
+                .collect(),
+        }
+    }
+
+    fn check(&self, index: usize, bytes: usize) -> Result<(), DeviceError> {
+        match self.shape.get(index) {
+            Some((_, n)) if *n == bytes => Ok(()),
+            Some((name, n)) => Err(DeviceError::Binding {
+                name: name.clone(),
+                reason: format!("the host side has {bytes} bytes, the device copy {n}"),
+            }),
+            None => Err(DeviceError::Binding {
+                name: format!("#{index}"),
+                reason: format!("the kernel has {} bound buffers", self.shape.len()),
+            }),
+        }
+    }
+}
+
+impl<B: EngineBuffers + 'static> DeviceBuffers for BoundBuffers<B> {
+    fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError> {
+        self.check(index, out.len())?;
+        self.inner.read(index, out)
+    }
+    fn write(&self, index: usize, data: &[u8]) -> Result<(), DeviceError> {
+        self.check(index, data.len())?;
+        self.inner.write(index, data)
+    }
+}
+
 impl<In: Message, Out: Message> GpuEngine<In, Out> {
     pub fn launch(
         id: &str,
         handler: &CudaHandler<In, Out>,
         g: &DeviceGeometry,
-    ) -> Result<Self, DeviceError> {
-        let source = handler.kernel_source(id, g.batch_size);
+        bindings: &[DeviceBinding],
+    ) -> Result<(Self, Option<Arc<dyn DeviceBuffers>>), DeviceError> {
+        let (source, buffers) = handler.launch_source(id, g.batch_size, bindings)?;
         let opts = LaunchOptions {
             queues: g.queues(),
+            buffers,
             ..LaunchOptions::default()
         };
         let kernel = PersistentKernel::launch(&source, &handler.state, &opts)?;
-        Ok(GpuEngine { kernel })
+        let buffers = kernel
+            .buffers()
+            .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
+        Ok((GpuEngine { kernel }, buffers))
     }
 }
 
@@ -199,5 +405,84 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
     }
     fn reclaim(&mut self) -> Vec<Slot<In>> {
         self.kernel.reclaim_input().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::bind::BufferId;
+
+    resident_ring::device_message! {
+        /// A test message.
+        pub struct M { pub x: u32 }
+    }
+
+    /// Records what reached the engine.
+    #[derive(Default)]
+    struct Recorder(parking_lot::Mutex<Vec<(usize, usize)>>);
+
+    impl EngineBuffers for Recorder {
+        fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError> {
+            self.0.lock().push((index, out.len()));
+            Ok(())
+        }
+        fn write(&self, index: usize, data: &[u8]) -> Result<(), DeviceError> {
+            self.0.lock().push((index, data.len()));
+            Ok(())
+        }
+    }
+
+    fn binding(name: &str, len: usize) -> DeviceBinding {
+        DeviceBinding {
+            name: name.into(),
+            id: BufferId(1),
+            len,
+            elem: ElemDecl::of::<f32>(),
+            initial: vec![0; len * 4],
+        }
+    }
+
+    #[test]
+    fn wrong_sizes_and_indices_are_typed_binding_errors_that_never_reach_the_engine() {
+        let rec = Arc::new(Recorder::default());
+        let b = BoundBuffers::new(rec.clone(), &[binding("a", 4), binding("b", 2)]);
+        let d: &dyn DeviceBuffers = &b;
+        d.read(0, &mut [0; 16]).unwrap();
+        d.write(1, &[0; 8]).unwrap();
+        match d.write(0, &[0; 12]) {
+            Err(DeviceError::Binding { name, reason }) => {
+                assert_eq!(name, "a");
+                assert!(reason.contains("12") && reason.contains("16"), "{reason}");
+            }
+            other => panic!("expected a Binding error, got {other:?}"),
+        }
+        assert!(matches!(
+            d.read(2, &mut [0; 4]),
+            Err(DeviceError::Binding { .. })
+        ));
+        assert_eq!(*rec.0.lock(), vec![(0, 16), (1, 8)]);
+    }
+
+    #[test]
+    fn declared_buffers_must_match_the_bound_ones() {
+        let h = CudaHandler::<M, M>::new("").buffer::<f32>("a");
+        assert!(h.bound_decls(&[binding("a", 1)]).is_ok());
+        assert!(matches!(
+            h.bound_decls(&[binding("b", 1)]),
+            Err(DeviceError::Binding { .. })
+        ));
+        assert!(matches!(
+            h.bound_decls(&[binding("a", 1), binding("c", 1)]),
+            Err(DeviceError::Binding { .. })
+        ));
+        let undeclared = CudaHandler::<M, M>::new("");
+        let decls = undeclared.bound_decls(&[binding("x", 3)]).unwrap();
+        assert_eq!(decls[0].c_type, "float");
+        assert_eq!(decls[0].elem_size, 4);
+        assert!(matches!(
+            undeclared.bound_decls(&[binding("1x", 3)]),
+            Err(DeviceError::Binding { .. })
+        ));
     }
 }

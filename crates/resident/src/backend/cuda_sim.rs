@@ -12,16 +12,19 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use resident_cuda::persistent::sim::with_all_quiesced;
-use resident_cuda::persistent::{SimKernel, SimLaunchOptions};
+use resident_cuda::persistent::{SimBuffers, SimKernel, SimLaunchOptions};
 use resident_cuda::sim::{SimInstance, SimModule, SimOptions};
 use resident_ring::{Message, Slot};
 
 use super::cpu::CpuDevice;
-use super::cuda_ring::{CudaHandler, DeviceGeometry};
+use super::cuda_ring::{
+    BoundBuffers, CudaHandler, DeviceGeometry, EngineBuffers, BUFFER_SYNC_TIMEOUT,
+};
 use super::device_host::{DeviceError, DeviceRing, RingCounters};
 use super::kernel::{Kernel, KernelArg};
 use super::storage::{DeviceMemory, HostMemory};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
 
 /// How long the kernel outlives a silent host (the pump beats every 50 ms).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,22 +47,39 @@ impl<In: Message, Out: Message> SimEngine<In, Out> {
     /// Compiles (or finds cached) and starts the kernel; returns once it reports resident.
     /// Follows the residency rule: the kernels already resident are quiesced for the launch
     /// (module load, allocations, the launch) and relaunched after it.
+    /// Bound buffers (`bindings`) get host memory the block's threads use, initialized from
+    /// their values at launch; the returned [`DeviceBuffers`] reads and writes them with this
+    /// kernel parked between two batches (see [`SimBuffers`]).
     pub fn launch(
         id: &str,
         handler: &CudaHandler<In, Out>,
         g: &DeviceGeometry,
-    ) -> std::result::Result<Self, DeviceError> {
-        let source = handler.kernel_source(id, g.batch_size);
+        bindings: &[DeviceBinding],
+    ) -> std::result::Result<(Self, Option<Arc<dyn DeviceBuffers>>), DeviceError> {
+        let (source, buffers) = handler.launch_source(id, g.batch_size, bindings)?;
         let opts = SimLaunchOptions {
             queues: g.queues(),
             heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
+            buffers,
             ..SimLaunchOptions::default()
         };
         // Compiling touches no device: outside the quiesce, so resident kernels keep running.
         let module = resident_cuda::persistent::compile_sim(&source)?;
         let kernel =
             quiesced(|| SimKernel::launch_compiled(&module, &source, &handler.state, &opts))??;
-        Ok(SimEngine { kernel })
+        let buffers = kernel
+            .buffers()
+            .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
+        Ok((SimEngine { kernel }, buffers))
+    }
+}
+
+impl EngineBuffers for SimBuffers {
+    fn read(&self, index: usize, out: &mut [u8]) -> std::result::Result<(), DeviceError> {
+        Ok(SimBuffers::read(self, index, out, BUFFER_SYNC_TIMEOUT)?)
+    }
+    fn write(&self, index: usize, data: &[u8]) -> std::result::Result<(), DeviceError> {
+        Ok(SimBuffers::write(self, index, data, BUFFER_SYNC_TIMEOUT)?)
     }
 }
 

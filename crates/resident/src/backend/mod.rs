@@ -441,30 +441,29 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
             bound,
         )));
     }
-    if !bindings.is_empty() {
-        // Engines take their bindings from here on; until an engine does, it refuses them.
-        return Err(fail(DeviceError::Binding {
-            name: bindings[0].name.clone(),
-            reason: "bound buffers are not available to this backend's device handlers yet".into(),
-        }));
-    }
     let Some(handler) = handlers.cuda else {
         return Ok(None);
     };
     let geometry = cuda_ring::DeviceGeometry::new(lanes, queue_size, batch_size);
-    let ring: Box<dyn device_host::DeviceRing<In, Out>> = match backend {
+    // CUDA and CudaSim take the bound buffers: device copies for the kernel's life, and the
+    // synchronized host access the runtime routes `read_buffer` / `write_buffer` through.
+    let (ring, buffers): (Box<dyn device_host::DeviceRing<In, Out>>, _) = match backend {
         Backend::Cuda => {
-            Box::new(cuda_ring::GpuEngine::launch(id, &handler, &geometry).map_err(fail)?)
+            let (e, b) =
+                cuda_ring::GpuEngine::launch(id, &handler, &geometry, bindings).map_err(fail)?;
+            (Box::new(e), b)
         }
         Backend::CudaSim => {
-            Box::new(cuda_sim::SimEngine::launch(id, &handler, &geometry).map_err(fail)?)
+            let (e, b) =
+                cuda_sim::SimEngine::launch(id, &handler, &geometry, bindings).map_err(fail)?;
+            (Box::new(e), b)
         }
         _ => return Ok(None),
     };
     Ok(Some((
         Box::new(device_host::DeviceHost::new(ring)),
         None,
-        None,
+        buffers,
     )))
 }
 

@@ -259,7 +259,7 @@ pub(crate) struct ElemDecl {
 }
 
 impl ElemDecl {
-    fn of<T: Pod + CField>() -> Self {
+    pub(crate) fn of<T: Pod + CField>() -> Self {
         let mut c_deps = Vec::new();
         T::c_dependencies(&mut c_deps);
         let mut w = Vec::new();

@@ -1,0 +1,199 @@
+//! CUDA C handlers of the four workloads (run on a GPU through NVRTC and on CudaSim through the
+//! host C++ compiler; the same sources), and the stateless anomaly baseline on a CUDA-C device.
+//!
+//! Each ring-kernel handler takes the bound buffers (`ResidentBuffers*`, see
+//! [`CudaHandler`](resident::prelude::CudaHandler)); the `*_handler()` functions declare them,
+//! so a kernel using one must bind the same names, element types and order:
+//!
+//! | handler | messages | state | bound buffers (in order) |
+//! |---|---|---|---|
+//! | [`vector_add_handler`] (`vector_add`) | `AddRange -> RangeDone` | none | `a`, `b`, `c`: f32 |
+//! | [`normalizer_handler`] (`pipeline_normalize`) | `Raw -> Normalized` | none | none |
+//! | [`scorer_handler`] (`pipeline_score`) | `Normalized -> Scored` | none | none |
+//! | [`anomaly_handler`] (`anomaly_detect`) | `ReadingMsg -> AlertMsg` | `DetectorCounters` | `stats`: SensorStats |
+//! | [`pagerank_handler`] (`pagerank_step`) | `PageRankStep -> StepDone` | none | `in_offsets`: u64, `in_sources`: u32, `out_degree`: u32, `ranks`: f64 |
+//!
+//! The anomaly handler's flush answer carries the kernel's totals since launch (mod 2^32):
+//! `value` = readings refused, `z` = alerts.
+
+use std::time::Instant;
+
+use resident::backend::{DeviceHandle, Kernel, KernelArg, LaunchConfig};
+use resident::memory::BufferOptions;
+use resident::prelude::*;
+use resident::ring::DeviceMessage;
+use resident::UnifiedBuffer;
+
+use crate::anomaly::{
+    Alert, AlertMsg, DetectorCounters, ReadingMsg, RunReport, SensorStats, SlottedReadings,
+};
+use crate::error::WorkloadError;
+use crate::pagerank::{PageRankStep, StepDone};
+use crate::pipeline::{Normalized, Raw, Scored};
+use crate::vector_add::{AddRange, RangeDone};
+
+/// Vector add (`vector_add`).
+pub const VECTOR_ADD_CU: &str = include_str!("vector_add.cu");
+/// Its handler function.
+pub const VECTOR_ADD_FN: &str = "vector_add";
+/// The pipeline's two stages (`pipeline_normalize`, `pipeline_score`; templates, so each
+/// kernel instantiates only its own).
+pub const PIPELINE_CU: &str = include_str!("pipeline.cu");
+/// The normalizer's handler function.
+pub const NORMALIZE_FN: &str = "pipeline_normalize";
+/// The scorer's handler function.
+pub const SCORE_FN: &str = "pipeline_score";
+/// The anomaly detector (`anomaly_detect`).
+pub const ANOMALY_CU: &str = include_str!("anomaly.cu");
+/// Its handler function.
+pub const ANOMALY_FN: &str = "anomaly_detect";
+/// The stateless anomaly baseline's one-shot kernel (needs `SensorStats` declared first: see
+/// [`anomaly_stateless_source`]).
+pub const ANOMALY_STATELESS_CU: &str = include_str!("anomaly_stateless.cu");
+/// Its `extern "C"` entry.
+pub const ANOMALY_STATELESS_ENTRY: &str = "anomaly_stateless";
+/// Full PageRank, one step over a node range per message (`pagerank_step`).
+pub const PAGERANK_CU: &str = include_str!("pagerank.cu");
+/// Its handler function.
+pub const PAGERANK_FN: &str = "pagerank_step";
+
+/// The vector-add handler, buffers `a`, `b`, `c` (f32) declared.
+pub fn vector_add_handler() -> CudaHandler<AddRange, RangeDone> {
+    CudaHandler::new(VECTOR_ADD_CU)
+        .function(VECTOR_ADD_FN)
+        .buffer::<f32>("a")
+        .buffer::<f32>("b")
+        .buffer::<f32>("c")
+}
+
+/// The pipeline's normalizer.
+pub fn normalizer_handler() -> CudaHandler<Raw, Normalized> {
+    CudaHandler::new(PIPELINE_CU).function(NORMALIZE_FN)
+}
+
+/// The pipeline's scorer.
+pub fn scorer_handler() -> CudaHandler<Normalized, Scored> {
+    CudaHandler::new(PIPELINE_CU).function(SCORE_FN)
+}
+
+/// The anomaly detector: counters as device state (all zero), buffer `stats` declared.
+pub fn anomaly_handler() -> CudaHandler<ReadingMsg, AlertMsg> {
+    CudaHandler::new(ANOMALY_CU)
+        .function(ANOMALY_FN)
+        .state(DetectorCounters {
+            processed: 0,
+            alerts: 0,
+            refused: 0,
+            _pad: 0,
+        })
+        .buffer::<SensorStats>("stats")
+}
+
+/// The PageRank step handler, buffers `in_offsets` (u64), `in_sources` (u32), `out_degree`
+/// (u32), `ranks` (f64, 2N) declared.
+pub fn pagerank_handler() -> CudaHandler<PageRankStep, StepDone> {
+    CudaHandler::new(PAGERANK_CU)
+        .function(PAGERANK_FN)
+        .buffer::<u64>("in_offsets")
+        .buffer::<u32>("in_sources")
+        .buffer::<u32>("out_degree")
+        .buffer::<f64>("ranks")
+}
+
+/// The stateless baseline's full source: `SensorStats`' C declaration (from the Rust type)
+/// followed by [`ANOMALY_STATELESS_CU`].
+pub fn anomaly_stateless_source() -> String {
+    format!(
+        "{}\n{}",
+        SensorStats::c_declarations(),
+        ANOMALY_STATELESS_CU
+    )
+}
+
+/// The stateless baseline's one-shot kernel (CUDA C; runs on CUDA and CudaSim).
+pub fn anomaly_stateless_kernel() -> Kernel {
+    Kernel::new("anomaly_stateless").cuda(anomaly_stateless_source(), ANOMALY_STATELESS_ENTRY)
+}
+
+/// Threads per block of the stateless kernel.
+const STATELESS_BLOCK: u32 = 256;
+
+/// The stateless baseline on a CUDA-C device (CUDA or CudaSim), shaped like
+/// [`anomaly::run_stateless`](crate::anomaly::run_stateless): every micro-batch uploads the
+/// statistics and its readings (slots, values, tickets) into `UnifiedBuffer`s, runs
+/// [`anomaly_stateless_kernel`] (readings folded in parallel, in order per sensor), and
+/// downloads the statistics and the scores.
+pub fn run_stateless_cuda(
+    device: &DeviceHandle,
+    r: &SlottedReadings,
+    batch: usize,
+    mut progress: impl FnMut(usize),
+) -> Result<RunReport, WorkloadError> {
+    let batch = batch.max(1);
+    let sensors = r.sensor_ids.len();
+    let o = BufferOptions::default();
+    let mut host_stats = vec![SensorStats::default(); sensors];
+    let mut stats_buf = UnifiedBuffer::<SensorStats>::new(device, sensors.max(1), o)?;
+    let mut slot_buf = UnifiedBuffer::<u32>::new(device, batch, o)?;
+    let mut value_buf = UnifiedBuffer::<f64>::new(device, batch, o)?;
+    let mut ticket_buf = UnifiedBuffer::<u32>::new(device, batch, o)?;
+    let mut z_buf = UnifiedBuffer::<f64>::new(device, batch, o)?;
+    let mut order_buf = UnifiedBuffer::<u32>::new(device, 1, o)?;
+    let k = anomaly_stateless_kernel();
+    let mut report = RunReport::default();
+    let start = Instant::now();
+    for chunk_start in (0..r.slots.len()).step_by(batch) {
+        let t0 = Instant::now();
+        let end = (chunk_start + batch).min(r.slots.len());
+        let n = end - chunk_start;
+        stats_buf.host_mut()?[..sensors].copy_from_slice(&host_stats); // upload
+        slot_buf.host_mut()?[..n].copy_from_slice(&r.slots[chunk_start..end]);
+        value_buf.host_mut()?[..n].copy_from_slice(&r.values[chunk_start..end]);
+        ticket_buf.host_mut()?[..n].copy_from_slice(&r.tickets[chunk_start..end]);
+        order_buf.host_mut()?[0] = 0;
+        z_buf.host_mut()?;
+        {
+            let (sv, vv, tv) = (
+                slot_buf.device()?,
+                value_buf.device()?,
+                ticket_buf.device()?,
+            );
+            let (mut stv, mut zv, mut ov) = (
+                stats_buf.device_mut()?,
+                z_buf.device_mut()?,
+                order_buf.device_mut()?,
+            );
+            let args = [
+                KernelArg::scalar(n as u64),
+                sv.arg(),
+                vv.arg(),
+                tv.arg(),
+                stv.arg(),
+                KernelArg::scalar(sensors as u64),
+                zv.arg(),
+                ov.arg(),
+            ];
+            let blocks = (n as u32).div_ceil(STATELESS_BLOCK).max(1);
+            let cfg = LaunchConfig::new(blocks, STATELESS_BLOCK.min(n.max(1) as u32));
+            device.launch(&k, cfg, &args, None)?;
+        }
+        host_stats.copy_from_slice(&stats_buf.host()?[..sensors]); // download
+        let z = z_buf.host()?;
+        for (j, &zj) in z[..n].iter().enumerate() {
+            if !zj.is_nan() {
+                let i = chunk_start + j;
+                report.alerts.push(Alert {
+                    index: i as u64,
+                    sensor: r.sensor_ids[r.slots[i] as usize],
+                    value: r.values[i],
+                    z: zj,
+                });
+            }
+        }
+        report.batch_latency.push(t0.elapsed());
+        progress(n);
+    }
+    report.elapsed = start.elapsed();
+    report.stats = host_stats;
+    Ok(report)
+}
