@@ -23,7 +23,7 @@ use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::{Kernel, KernelArg, LaunchConfig, UnifiedBuffer};
 
-use crate::device::wgsl;
+use crate::device::{cuda, wgsl};
 use crate::error::WorkloadError;
 use crate::input::SensorReading;
 
@@ -184,6 +184,7 @@ pub fn kernel(
         .backpressure(Backpressure::Block(Duration::from_secs(10)))
         .state(DetectorState::default())
         .bind("stats", stats)
+        .cuda(cuda::anomaly_handler())
         .wgsl(
             WgslHandler::new(wgsl::ANOMALY_WGSL)
                 .function("anomaly")

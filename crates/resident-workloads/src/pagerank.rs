@@ -42,7 +42,7 @@ use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
 
-use crate::device::wgsl;
+use crate::device::{cuda, wgsl};
 use crate::error::WorkloadError;
 use crate::input::EdgeList;
 
@@ -338,6 +338,7 @@ pub fn full_kernel(
             UnifiedBuffer::from_slice(device, &csr.out_degree, o)?,
         )
         .bind("ranks", UnifiedBuffer::from_slice(device, &init, o)?)
+        .cuda(cuda::pagerank_handler())
         .wgsl(WgslHandler::new(wgsl::PAGERANK_WGSL).function("pagerank_step"))
         .handler(|ctx: &mut Context<()>, m: PageRankStep| {
             let bad = StepDone {

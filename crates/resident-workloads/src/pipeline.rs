@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use resident::prelude::*;
 
-use crate::device::wgsl;
+use crate::device::{cuda, wgsl};
 use crate::error::WorkloadError;
 
 resident::ring::device_message! {
@@ -87,6 +87,7 @@ pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized> {
         .queue_size(4096)
         .batch_size(256)
         .forward_to(scorer_id)
+        .cuda(cuda::normalizer_handler())
         .wgsl(
             WgslHandler::new(wgsl::PIPELINE_WGSL)
                 .function("normalize")
@@ -105,6 +106,7 @@ pub fn scorer(id: &str) -> RingKernel<Normalized, Scored> {
     RingKernel::<Normalized, Scored>::new(id)
         .queue_size(4096)
         .batch_size(256)
+        .cuda(cuda::scorer_handler())
         .wgsl(
             WgslHandler::new(wgsl::PIPELINE_WGSL)
                 .function("score")

@@ -13,7 +13,7 @@ use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
 
-use crate::device::wgsl;
+use crate::device::{cuda, wgsl};
 use crate::error::WorkloadError;
 use crate::rng::SplitMix64;
 
@@ -39,6 +39,7 @@ pub fn kernel(
         .bind("a", a)
         .bind("b", b)
         .bind("c", c)
+        .cuda(cuda::vector_add_handler())
         .wgsl(WgslHandler::new(wgsl::VECTOR_ADD_WGSL).function("vector_add"))
         .handler(|ctx: &mut Context<()>, m: AddRange| {
             let done = |ok: bool| RangeDone {

@@ -42,7 +42,7 @@ pub mod prelude {
         BindError, Bindings, BufMut, BufRef, BufferId, BufferReadGuard, BufferWriteGuard,
     };
     pub use crate::runtime::context::{Context, LoopContext};
-    pub use crate::runtime::handle::{KernelHandle, TerminateReport};
+    pub use crate::runtime::handle::{KernelHandle, Placement, TerminateReport};
     pub use crate::runtime::kernel::RingKernel;
     pub use crate::runtime::report::KernelReport;
     pub use crate::runtime::state::{Error, KernelState, Result};

@@ -40,7 +40,10 @@ fn a_read_while_the_handler_is_stuck_is_a_bounded_typed_error() {
             return;
         }
     };
-    let rt = Runtime::builder().backend(Backend::CudaSim).build().unwrap();
+    let rt = Runtime::builder()
+        .backend(Backend::CudaSim)
+        .build()
+        .unwrap();
     let bound = Duration::from_millis(500);
     let k = rt
         .launch(
@@ -80,5 +83,8 @@ fn a_read_while_the_handler_is_stuck_is_a_bounded_typed_error() {
     let t0 = Instant::now();
     let r = k.terminate().unwrap();
     assert!(r.failure.is_some(), "a stuck handler is a failure");
-    assert!(t0.elapsed() < bound + Duration::from_secs(5), "terminate is bounded");
+    assert!(
+        t0.elapsed() < bound + Duration::from_secs(5),
+        "terminate is bounded"
+    );
 }

@@ -62,7 +62,10 @@ fn bound_buffers_on_the_gpu_by_id_with_synchronized_reads() {
             RingKernel::<Bump, Bumped>::new("bind-gpu")
                 .queue_size(1024)
                 .batch_size(64)
-                .bind("x", UnifiedBuffer::from_slice(&d, &[0u32; 1000], o).unwrap())
+                .bind(
+                    "x",
+                    UnifiedBuffer::from_slice(&d, &[0u32; 1000], o).unwrap(),
+                )
                 .bind("y", UnifiedBuffer::from_slice(&d, &[5u32; 3], o).unwrap())
                 .cuda(CudaHandler::new(SRC)),
         )
@@ -89,7 +92,11 @@ fn bound_buffers_on_the_gpu_by_id_with_synchronized_reads() {
         assert!(v[0] >= last);
         last = v[0];
     }
-    assert!(k.read_buffer::<u32>("x", T).unwrap().iter().all(|&e| e == n));
+    assert!(k
+        .read_buffer::<u32>("x", T)
+        .unwrap()
+        .iter()
+        .all(|&e| e == n));
     assert_eq!(
         k.call(
             Bump {

@@ -28,6 +28,15 @@ use crate::runtime::io::KernelIo;
 use crate::runtime::state::{Error, KernelState, Result};
 use crate::telemetry::Telemetry;
 
+/// Where a kernel's handler runs ([`KernelHandle::placement`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// A host thread runs the CPU closure.
+    Host,
+    /// The device of this backend runs the device handler.
+    Device(crate::backend::BackendKind),
+}
+
 /// What `terminate` found: counts, and every message that was not delivered, so nothing is
 /// lost silently.
 #[derive(Debug, Clone)]
@@ -454,6 +463,13 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// drop), if it was.
     pub fn report(&self) -> Option<TerminateReport<In, Out>> {
         self.io.report.lock().clone()
+    }
+
+    /// Where this kernel's handler runs: on the runtime's device (its CUDA or WGSL handler) or
+    /// on a host thread (its CPU closure: the CPU backend, or a device runtime for a kernel
+    /// that has no handler for that device).
+    pub fn placement(&self) -> Placement {
+        self.io.placement.get().copied().unwrap_or(Placement::Host)
     }
 
     /// A snapshot of the kernel's telemetry. `latency` is send to response available (output

@@ -330,6 +330,8 @@ pub(crate) struct KernelIo<In, Out> {
     /// Where outputs go instead of the output queue (`RingKernel::forward_to`), set once at
     /// launch.
     pub forward: std::sync::OnceLock<Forward<Out>>,
+    /// Where the handler runs, set once at launch.
+    pub placement: std::sync::OnceLock<crate::runtime::handle::Placement>,
     exited: AtomicBool,
     exit_signal: Signal,
     pub thread: Mutex<Option<JoinHandle<()>>>,
@@ -402,6 +404,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             failed_message: Mutex::new(None),
             unsent: Mutex::new(Vec::new()),
             forward: std::sync::OnceLock::new(),
+            placement: std::sync::OnceLock::new(),
             exited: AtomicBool::new(false),
             exit_signal: Signal::new(),
             thread: Mutex::new(None),

@@ -413,6 +413,12 @@ impl Runtime {
         })?;
         let host: Box<dyn RingHost<In, Out>> = match (device, kernel.body, kernel.unit_body) {
             (Some((device, state, buffers)), _, _) => {
+                let kind = match self.backend {
+                    Backend::Wgpu => crate::backend::BackendKind::Wgpu,
+                    Backend::CudaSim => crate::backend::BackendKind::CudaSim,
+                    _ => crate::backend::BackendKind::Cuda,
+                };
+                let _ = io.placement.set(handle::Placement::Device(kind));
                 *io.device_state.lock() = state;
                 if let (Some(t), Some(b)) = (bound, buffers) {
                     bind::attach_device(&t, b);

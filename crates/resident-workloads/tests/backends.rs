@@ -1,0 +1,139 @@
+//! Every workload, as defined once in `resident-workloads` (CPU closure + CUDA handler + WGSL
+//! handler), run through its public runner on every backend present here, checked against
+//! its sequential f64 reference at that backend's precision (`Precision::of`), with a check
+//! that the kernels really ran on the device (`KernelHandle::placement`), not on a host thread.
+//!
+//! CPU always; CudaSim when a host C++ compiler works (`RESIDENT_REQUIRE_CUDASIM=1` makes its
+//! absence a failure); wgpu when an adapter exists (lavapipe in CI; `RESIDENT_REQUIRE_WGPU=1`);
+//! CUDA when a GPU is present (`RESIDENT_REQUIRE_GPU=1`). An absent backend prints `SKIP:`.
+
+use resident::backend::{self, BackendKind, DeviceHandle};
+use resident::memory::BufferOptions;
+use resident::prelude::*;
+use resident::UnifiedBuffer;
+use resident_workloads::input::{generate_graph, generate_readings};
+use resident_workloads::{anomaly, pagerank, pipeline, vector_add, Precision};
+
+fn open(b: Backend, require: &str) -> Option<(Runtime, DeviceHandle)> {
+    let r = Runtime::builder()
+        .backend(b)
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| Ok((rt, backend::open(b).map_err(|e| e.to_string())?)));
+    match r {
+        Ok(x) => Some(x),
+        Err(e) => {
+            if std::env::var(require).as_deref() == Ok("1") {
+                panic!("{require}=1 but {b:?} is unavailable: {e}");
+            }
+            println!("SKIP: backends: {b:?} unavailable: {e}");
+            None
+        }
+    }
+}
+
+fn placement_of(d: &DeviceHandle) -> Placement {
+    match d.kind() {
+        BackendKind::Cpu => Placement::Host,
+        k => Placement::Device(k),
+    }
+}
+
+/// The definitions land on the device of `rt` (checked by launching each once).
+fn definitions_run_on_the_device(rt: &Runtime, d: &DeviceHandle) {
+    let want = placement_of(d);
+    let o = BufferOptions::default();
+    let f = |n| UnifiedBuffer::<f32>::from_slice(d, &vec![1.0f32; n], o).unwrap();
+    let k = rt
+        .launch(vector_add::kernel("p-va", f(8), f(8), f(8)))
+        .unwrap();
+    assert_eq!(k.placement(), want, "vector add");
+    k.terminate().unwrap();
+    let s = rt.launch(pipeline::scorer("p-sc")).unwrap();
+    let n = rt.launch(pipeline::normalizer("p-no", "p-sc")).unwrap();
+    assert_eq!((n.placement(), s.placement()), (want, want), "pipeline");
+    n.terminate().unwrap();
+    s.terminate().unwrap();
+    let k = rt.launch(anomaly::kernel("p-an", d, 4).unwrap()).unwrap();
+    assert_eq!(k.placement(), want, "anomaly");
+    k.terminate().unwrap();
+    let g = generate_graph(10, 2, 1).unwrap();
+    let k = rt
+        .launch(pagerank::full_kernel("p-pr", d, &pagerank::Csr::new(&g)).unwrap())
+        .unwrap();
+    assert_eq!(k.placement(), want, "pagerank");
+    k.terminate().unwrap();
+}
+
+fn all_workloads(rt: &Runtime, d: &DeviceHandle) {
+    definitions_run_on_the_device(rt, d);
+    let prec = Precision::of(d.kind());
+    let name = d.kind();
+
+    let (a, b) = vector_add::inputs(20_000, 3);
+    let r = vector_add::run(rt, d, &a, &b, 1000).unwrap();
+    vector_add::check(&a, &b, &r.c).unwrap_or_else(|e| panic!("{name}: {e}"));
+
+    let mut values: Vec<f64> = (0..3000)
+        .map(|i| (i as f64 * 0.37) % 140.0 - 20.0)
+        .collect();
+    values.extend([f64::NAN, f64::INFINITY, -1e300, 54.772_255_750_516_61]);
+    let r = pipeline::run(rt, &values, |_| {}).unwrap();
+    pipeline::check_with(&r.scored, &values, prec).unwrap_or_else(|e| panic!("{name}: {e}"));
+
+    let p = pagerank::Params::default();
+    for (nodes, k, seed) in [(1, 1, 1), (300, 3, 7)] {
+        let g = generate_graph(nodes, k, seed).unwrap();
+        let want = pagerank::reference(&g, p).unwrap();
+        let got = pagerank::run_full(rt, d, &g, p).unwrap();
+        pagerank::check_full_with(&got, &want, prec).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+
+    // 12 sensors x 1000 readings: past the warm-up, with a spike every 97 readings.
+    let (rs, spikes) = generate_readings(12_000, 12, 97, 11).unwrap();
+    let s = anomaly::slot(&rs);
+    for batch in [100, 1000] {
+        let a = anomaly::run_actor(rt, d, &s, batch, anomaly::IN_FLIGHT, |_| {}).unwrap();
+        anomaly::check_with(&a, &s, prec).unwrap_or_else(|e| panic!("{name} actor/{batch}: {e}"));
+        let alerted: std::collections::HashSet<u64> = a.alerts.iter().map(|x| x.index).collect();
+        let caught = spikes
+            .iter()
+            .filter(|&&i| alerted.contains(&(i as u64)))
+            .count();
+        assert!(
+            caught * 10 >= spikes.len() * 9,
+            "{name}: only {caught} of {} injected spikes alerted",
+            spikes.len()
+        );
+        let st = anomaly::run_stateless(d, &s, batch, |_| {}).unwrap();
+        anomaly::check_with(&st, &s, prec)
+            .unwrap_or_else(|e| panic!("{name} stateless/{batch}: {e}"));
+    }
+}
+
+#[test]
+fn workloads_on_the_cpu() {
+    let (rt, d) = open(Backend::Cpu, "-").unwrap();
+    all_workloads(&rt, &d);
+}
+
+#[test]
+fn workloads_on_cudasim() {
+    if let Some((rt, d)) = open(Backend::CudaSim, "RESIDENT_REQUIRE_CUDASIM") {
+        all_workloads(&rt, &d);
+    }
+}
+
+#[test]
+fn workloads_on_wgpu() {
+    if let Some((rt, d)) = open(Backend::Wgpu, "RESIDENT_REQUIRE_WGPU") {
+        all_workloads(&rt, &d);
+    }
+}
+
+#[test]
+fn workloads_on_a_gpu() {
+    if let Some((rt, d)) = open(Backend::Cuda, "RESIDENT_REQUIRE_GPU") {
+        all_workloads(&rt, &d);
+    }
+}
