@@ -180,7 +180,7 @@ pub fn kernel(
     stats.host_mut()?; // zeroed: n = 0 means "not seen yet"
     Ok(RingKernel::<ReadingMsg, AlertMsg>::new(id)
         .queue_size(4096)
-        .batch_size(1024)
+        .batch_size(crate::device::batch_size(device.kind(), 1024))
         .backpressure(Backpressure::Block(Duration::from_secs(10)))
         .state(DetectorState::default())
         .bind("stats", stats)
@@ -447,23 +447,34 @@ pub fn check(report: &RunReport, r: &SlottedReadings) -> Result<(), WorkloadErro
 /// Relative tolerance of `z` for handlers that compute in f32: a reading whose reference `z`
 /// lies within it of [`Z_THRESHOLD`] may be an alert or not.
 pub const Z_TOLERANCE_F32: f64 = 1e-3;
-/// Relative tolerance of the final `m` and `v` for handlers that compute in f32 (`m` relative
-/// to `max(|m|, sqrt(v))`).
+/// Relative tolerance of the final `m` and `sqrt(v)` for handlers that compute in f32 (`m`
+/// relative to `max(|m|, sqrt(v))`).
 pub const STATS_TOLERANCE_F32: f64 = 1e-3;
+/// What f32 cannot resolve: a deviation `x - m` below about `F32_RESOLUTION * |m|` (a few f32
+/// ulps of the mean) is rounding, so `sqrt(v)` is compared with that much absolute slack and a
+/// score's tolerance grows by `F32_RESOLUTION * |m| / sqrt(v)` (a sensor whose readings barely
+/// move has a standard deviation f32 cannot pin down).
+pub const F32_RESOLUTION: f64 = 1e-6;
 
-/// Every reading's reference score before it was folded (`None` while `v = 0`) and whether
-/// its sensor had seen at least [`WARMUP`] readings.
-fn reference_scores(r: &SlottedReadings) -> Vec<(Option<f64>, bool)> {
+/// Every reading's reference score before it was folded (`None` while `v = 0`), whether its
+/// sensor had seen at least [`WARMUP`] readings, and the f32 tolerance of that score.
+fn reference_scores(r: &SlottedReadings, ztol: f64) -> Vec<(Option<f64>, bool, f64)> {
     let mut stats = vec![SensorStats::default(); r.sensor_ids.len()];
     r.slots
         .iter()
         .zip(&r.values)
         .map(|(&s, &x)| {
             let st = &mut stats[s as usize];
-            let z = (st.n > 0 && st.v > 0.0).then(|| (x - st.m).abs() / st.v.sqrt());
+            let scored = st.n > 0 && st.v > 0.0;
+            let z = scored.then(|| (x - st.m).abs() / st.v.sqrt());
+            let tol = if scored {
+                ztol + F32_RESOLUTION * st.m.abs() / st.v.sqrt()
+            } else {
+                ztol
+            };
             let warm = st.n >= WARMUP;
             observe(st, x);
-            (z, warm)
+            (z, warm, tol)
         })
         .collect()
 }
@@ -501,11 +512,11 @@ pub fn check_with(
             }
         }
     } else {
-        let scores = reference_scores(r);
+        let scores = reference_scores(r, ztol);
         let mut got: Vec<&Alert> = report.alerts.iter().collect();
         got.sort_by_key(|a| a.index);
         let mut g = got.iter().peekable();
-        for (i, &(z, warm)) in scores.iter().enumerate() {
+        for (i, &(z, warm, ztol)) in scores.iter().enumerate() {
             let want = warm && z.is_some_and(|z| z > Z_THRESHOLD);
             let borderline = z.is_some_and(|z| close(z, Z_THRESHOLD, ztol));
             let have = g.peek().filter(|a| a.index == i as u64).map(|a| **a);
@@ -546,11 +557,15 @@ pub fn check_with(
     }
     for (i, (g, w)) in report.stats.iter().zip(&stats).enumerate() {
         let scale = w.m.abs().max(w.v.sqrt());
-        let m_ok = match precision {
-            crate::Precision::F64 => close(g.m, w.m, stol),
-            crate::Precision::F32 => (g.m - w.m).abs() <= stol * scale.max(1e-300),
+        let (m_ok, v_ok) = match precision {
+            crate::Precision::F64 => (close(g.m, w.m, stol), close(g.v, w.v, stol)),
+            crate::Precision::F32 => (
+                (g.m - w.m).abs() <= stol * scale.max(1e-300),
+                (g.v.max(0.0).sqrt() - w.v.sqrt()).abs()
+                    <= stol * w.v.sqrt() + F32_RESOLUTION * w.m.abs(),
+            ),
         };
-        if g.n != w.n || !m_ok || !close(g.v, w.v, stol) {
+        if g.n != w.n || !m_ok || !v_ok {
             return Err(bad(format!(
                 "sensor {} statistics {g:?}, reference {w:?}",
                 r.sensor_ids[i]

@@ -324,7 +324,7 @@ pub fn full_kernel(
     init[..n].fill(1.0 / n.max(1) as f64);
     let k = RingKernel::<PageRankStep, StepDone>::new(id)
         .queue_size(4096)
-        .batch_size(256)
+        .batch_size(crate::device::batch_size(device.kind(), 256))
         .bind(
             "in_offsets",
             UnifiedBuffer::from_slice(device, &csr.in_offsets, o)?,

@@ -141,8 +141,9 @@ pub fn run(
 ) -> Result<Report, WorkloadError> {
     let tag = unique();
     let (nid, sid) = (format!("normalizer-{tag}"), format!("scorer-{tag}"));
-    let s = rt.launch(scorer(&sid))?;
-    let n = rt.launch(normalizer(&nid, &sid))?;
+    let batch = crate::device::batch_size(crate::device::kind_of(rt.backend()), 256);
+    let s = rt.launch(scorer(&sid).batch_size(batch))?;
+    let n = rt.launch(normalizer(&nid, &sid).batch_size(batch))?;
     s.activate()?;
     n.activate()?;
     let t = Instant::now();

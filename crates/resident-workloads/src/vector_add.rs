@@ -106,12 +106,15 @@ pub fn run(
 ) -> Result<Report, WorkloadError> {
     let n = a.len().min(b.len());
     let o = BufferOptions::default();
-    let k = rt.launch(kernel(
-        &format!("vector-add-{}", unique()),
-        UnifiedBuffer::from_slice(device, &a[..n], o)?,
-        UnifiedBuffer::from_slice(device, &b[..n], o)?,
-        UnifiedBuffer::new(device, n, o)?,
-    ))?;
+    let k = rt.launch(
+        kernel(
+            &format!("vector-add-{}", unique()),
+            UnifiedBuffer::from_slice(device, &a[..n], o)?,
+            UnifiedBuffer::from_slice(device, &b[..n], o)?,
+            UnifiedBuffer::new(device, n, o)?,
+        )
+        .batch_size(crate::device::batch_size(device.kind(), 256)),
+    )?;
     k.activate()?;
     let t = Instant::now();
     let chunk = chunk.max(1);

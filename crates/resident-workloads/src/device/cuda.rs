@@ -173,8 +173,10 @@ pub fn run_stateless_cuda(
                 zv.arg(),
                 ov.arg(),
             ];
-            let blocks = (n as u32).div_ceil(STATELESS_BLOCK).max(1);
-            let cfg = LaunchConfig::new(blocks, STATELESS_BLOCK.min(n.max(1) as u32));
+            // The actor's batch on this device: one thread per reading, the same count.
+            let block = super::batch_size(device.kind(), STATELESS_BLOCK as usize) as u32;
+            let blocks = (n as u32).div_ceil(block).max(1);
+            let cfg = LaunchConfig::new(blocks, block.min(n.max(1) as u32));
             device.launch(&k, cfg, &args, None)?;
         }
         host_stats.copy_from_slice(&stats_buf.host()?[..sensors]); // download
