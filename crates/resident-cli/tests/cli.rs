@@ -191,10 +191,19 @@ fn unknown_or_absent_backends_are_clear_errors() {
     let o = resident(&["demo", "vector-add", "--n", "100", "--backend", "bogus"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("possible values"), "{}", text(&o));
-    for b in ["wgpu", "cuda-sim"] {
+    // A backend runs the demo (checked against the reference) or says it is not available;
+    // CI requires CudaSim and wgpu to be there.
+    for (b, require) in [
+        ("wgpu", "RESIDENT_REQUIRE_WGPU"),
+        ("cuda-sim", "RESIDENT_REQUIRE_CUDASIM"),
+        ("cuda", "RESIDENT_REQUIRE_GPU"),
+    ] {
         let o = resident(&["demo", "pipeline", "--n", "100", "--backend", b]);
-        assert!(!o.status.success());
-        assert!(text(&o).contains("not available"), "{}", text(&o));
+        if std::env::var(require).as_deref() == Ok("1") {
+            assert!(o.status.success(), "{b}: {}", text(&o));
+        } else if !o.status.success() {
+            assert!(text(&o).contains("not available"), "{}", text(&o));
+        }
     }
 }
 
@@ -239,8 +248,15 @@ fn bench_workloads_quick_writes_json_and_pictures() {
         serde_json::from_str(&std::fs::read_to_string(d.join("workloads-quick.json")).unwrap())
             .unwrap();
     assert_eq!(j["backends"][0]["backend"], "cpu");
-    assert_eq!(j["absent_backends"][0]["backend"], "wgpu");
     assert_eq!(j["backends"][0]["anomaly"].as_array().unwrap().len(), 3);
+    // wgpu (lavapipe in CI) is measured when present, listed as absent otherwise.
+    if j["backends"].as_array().unwrap().len() == 2 {
+        assert_eq!(j["backends"][1]["backend"], "wgpu");
+        assert_eq!(j["backends"][1]["anomaly"].as_array().unwrap().len(), 3);
+    } else {
+        assert!(std::env::var("RESIDENT_REQUIRE_WGPU").as_deref() != Ok("1"));
+        assert_eq!(j["absent_backends"][0]["backend"], "wgpu");
+    }
     for name in ["latency", "throughput", "actor-vs-stateless"] {
         for ext in ["svg", "png"] {
             let p = d.join(format!("workloads-quick-{name}.{ext}"));

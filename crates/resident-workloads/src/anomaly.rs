@@ -196,21 +196,17 @@ pub fn kernel(
             if r.slot == FLUSH {
                 // Every reading before the flush is handled (this handler runs in order):
                 // answer with the totals so far.
-                let (alerts, refused) = (state.alerts, state.refused);
                 return Some(AlertMsg {
                     index: r.index,
-                    value: refused as f64,
-                    z: alerts as f64,
+                    value: state.refused as f64,
+                    z: state.alerts as f64,
                     slot: FLUSH,
                     _pad: 0,
                 });
             }
-            let mut stats = match buffers.buffer_mut::<SensorStats>("stats") {
-                Ok(s) => s,
-                Err(_) => {
-                    state.refused += 1;
-                    return None;
-                }
+            let Ok(mut stats) = buffers.buffer_mut::<SensorStats>("stats") else {
+                state.refused += 1;
+                return None;
             };
             let Some(s) = stats.get_mut(r.slot as usize) else {
                 state.refused += 1; // a slot past the buffer: counted, reported at the flush
