@@ -96,7 +96,7 @@ impl<T> CallSlot<T> {
                 }
                 std::hint::spin_loop();
                 i = i.wrapping_add(1);
-                if i % 64 == 0 {
+                if i.is_multiple_of(64) {
                     if Instant::now() >= until {
                         break;
                     }

@@ -502,7 +502,7 @@ pub fn check_full_with(
         .zip(&want.ranks)
         .map(|(a, b)| (a - b).abs())
         .sum();
-    if !(l1 <= FULL_TOLERANCE_F32) {
+    if l1.is_nan() || l1 > FULL_TOLERANCE_F32 {
         return Err(bad(format!(
             "L1 distance {l1:e} to the reference, more than {FULL_TOLERANCE_F32:e}"
         )));
