@@ -359,21 +359,89 @@ pub fn run_stateless(
     }
 }
 
+/// One micro-batch's buffers for a stateless kernel, filled by [`drive_stateless`]: `stats`
+/// (every sensor's statistics, uploaded), the readings' `slots`, `values` and `tickets`
+/// (the first `n` elements), and `z` for the kernel to write (NaN = no alert).
+pub struct StatelessBuffers {
+    /// Statistics of every sensor (at least one element).
+    pub stats: UnifiedBuffer<SensorStats>,
+    /// Slot per reading.
+    pub slots: UnifiedBuffer<u32>,
+    /// Value per reading.
+    pub values: UnifiedBuffer<f64>,
+    /// Ticket per reading (uploaded only when the kernel asks for them).
+    pub tickets: UnifiedBuffer<u32>,
+    /// Score per reading, written by the kernel.
+    pub z: UnifiedBuffer<f64>,
+}
+
+/// The stateless baseline's loop, shared by every backend: per micro-batch of `batch`
+/// readings, upload the statistics and the readings (and their tickets when `tickets`), run
+/// `launch(buffers, n)` (one one-shot kernel over the `n` readings), download the statistics
+/// and the scores, and collect the alerts. `progress(n)` after each micro-batch.
+pub fn drive_stateless(
+    device: &DeviceHandle,
+    r: &SlottedReadings,
+    batch: usize,
+    tickets: bool,
+    mut progress: impl FnMut(usize),
+    mut launch: impl FnMut(&mut StatelessBuffers, usize) -> Result<(), WorkloadError>,
+) -> Result<RunReport, WorkloadError> {
+    let batch = batch.max(1);
+    let sensors = r.sensor_ids.len();
+    let o = BufferOptions::default();
+    let mut host_stats = vec![SensorStats::default(); sensors];
+    let mut b = StatelessBuffers {
+        stats: UnifiedBuffer::new(device, sensors.max(1), o)?,
+        slots: UnifiedBuffer::new(device, batch, o)?,
+        values: UnifiedBuffer::new(device, batch, o)?,
+        tickets: UnifiedBuffer::new(device, if tickets { batch } else { 1 }, o)?,
+        z: UnifiedBuffer::new(device, batch, o)?,
+    };
+    let mut report = RunReport::default();
+    let start = Instant::now();
+    for lo in (0..r.slots.len()).step_by(batch) {
+        let t0 = Instant::now();
+        let hi = (lo + batch).min(r.slots.len());
+        let n = hi - lo;
+        b.stats.host_mut()?[..sensors].copy_from_slice(&host_stats); // upload
+        b.slots.host_mut()?[..n].copy_from_slice(&r.slots[lo..hi]);
+        b.values.host_mut()?[..n].copy_from_slice(&r.values[lo..hi]);
+        if tickets {
+            b.tickets.host_mut()?[..n].copy_from_slice(&r.tickets[lo..hi]);
+        } else {
+            b.tickets.host_mut()?;
+        }
+        b.z.host_mut()?;
+        launch(&mut b, n)?;
+        host_stats.copy_from_slice(&b.stats.host()?[..sensors]); // download
+        let z = b.z.host()?;
+        for (j, &zj) in z[..n].iter().enumerate() {
+            if !zj.is_nan() {
+                let i = lo + j;
+                report.alerts.push(Alert {
+                    index: i as u64,
+                    sensor: r.sensor_ids[r.slots[i] as usize],
+                    value: r.values[i],
+                    z: zj,
+                });
+            }
+        }
+        report.batch_latency.push(t0.elapsed());
+        progress(n);
+    }
+    report.elapsed = start.elapsed();
+    report.stats = host_stats;
+    Ok(report)
+}
+
 /// The stateless baseline with a CPU closure (the same `observe` per reading, in order).
 pub fn run_stateless_cpu(
     device: &DeviceHandle,
     r: &SlottedReadings,
     batch: usize,
-    mut progress: impl FnMut(usize),
+    progress: impl FnMut(usize),
 ) -> Result<RunReport, WorkloadError> {
-    let batch = batch.max(1);
-    let sensors = r.sensor_ids.len();
-    let mut host_stats = vec![SensorStats::default(); sensors];
-    let mut stats_buf =
-        UnifiedBuffer::<SensorStats>::new(device, sensors, BufferOptions::default())?;
-    let mut slot_buf = UnifiedBuffer::<u32>::new(device, batch, BufferOptions::default())?;
-    let mut value_buf = UnifiedBuffer::<f64>::new(device, batch, BufferOptions::default())?;
-    let mut z_buf = UnifiedBuffer::<f64>::new(device, batch, BufferOptions::default())?;
     // One index walks the micro-batch in order (readings of one sensor must fold in order);
     // scores are written per reading, NaN for "no alert".
     let k = Kernel::new("anomaly_stateless").cpu(|t| {
@@ -392,47 +460,19 @@ pub fn run_stateless_cpu(
         }
         Ok(())
     });
-    let mut report = RunReport::default();
-    let start = Instant::now();
-    for chunk_start in (0..r.slots.len()).step_by(batch) {
-        let t0 = Instant::now();
-        let end = (chunk_start + batch).min(r.slots.len());
-        let n = end - chunk_start;
-        stats_buf.host_mut()?.copy_from_slice(&host_stats); // upload
-        slot_buf.host_mut()?[..n].copy_from_slice(&r.slots[chunk_start..end]);
-        value_buf.host_mut()?[..n].copy_from_slice(&r.values[chunk_start..end]);
-        z_buf.host_mut()?;
-        {
-            let (sv, vv) = (slot_buf.device()?, value_buf.device()?);
-            let (mut stv, mut zv) = (stats_buf.device_mut()?, z_buf.device_mut()?);
-            let args = [
-                KernelArg::scalar(n as u64),
-                sv.arg(),
-                vv.arg(),
-                stv.arg(),
-                zv.arg(),
-            ];
-            device.launch(&k, LaunchConfig::for_elements(1), &args, None)?;
-        }
-        host_stats.copy_from_slice(stats_buf.host()?); // download
-        let z = z_buf.host()?;
-        for (j, &zj) in z[..n].iter().enumerate() {
-            if !zj.is_nan() {
-                let i = chunk_start + j;
-                report.alerts.push(Alert {
-                    index: i as u64,
-                    sensor: r.sensor_ids[r.slots[i] as usize],
-                    value: r.values[i],
-                    z: zj,
-                });
-            }
-        }
-        report.batch_latency.push(t0.elapsed());
-        progress(n);
-    }
-    report.elapsed = start.elapsed();
-    report.stats = host_stats;
-    Ok(report)
+    drive_stateless(device, r, batch, false, progress, |b, n| {
+        let (sv, vv) = (b.slots.device()?, b.values.device()?);
+        let (mut stv, mut zv) = (b.stats.device_mut()?, b.z.device_mut()?);
+        let args = [
+            KernelArg::scalar(n as u64),
+            sv.arg(),
+            vv.arg(),
+            stv.arg(),
+            zv.arg(),
+        ];
+        device.launch(&k, LaunchConfig::for_elements(1), &args, None)?;
+        Ok(())
+    })
 }
 
 /// Checks a run against the reference at f64 precision (see the module docs).

@@ -16,8 +16,6 @@
 //! The anomaly handler's flush answer carries the kernel's totals since launch (mod 2^32):
 //! `value` = readings refused, `z` = alerts.
 
-use std::time::Instant;
-
 use resident::backend::{DeviceHandle, Kernel, KernelArg, LaunchConfig};
 use resident::memory::BufferOptions;
 use resident::prelude::*;
@@ -25,7 +23,8 @@ use resident::ring::DeviceMessage;
 use resident::UnifiedBuffer;
 
 use crate::anomaly::{
-    Alert, AlertMsg, DetectorCounters, ReadingMsg, RunReport, SensorStats, SlottedReadings,
+    drive_stateless, AlertMsg, DetectorCounters, ReadingMsg, RunReport, SensorStats,
+    SlottedReadings,
 };
 use crate::error::WorkloadError;
 use crate::pagerank::{PageRankStep, StepDone};
@@ -127,75 +126,34 @@ pub fn run_stateless_cuda(
     device: &DeviceHandle,
     r: &SlottedReadings,
     batch: usize,
-    mut progress: impl FnMut(usize),
+    progress: impl FnMut(usize),
 ) -> Result<RunReport, WorkloadError> {
-    let batch = batch.max(1);
     let sensors = r.sensor_ids.len();
-    let o = BufferOptions::default();
-    let mut host_stats = vec![SensorStats::default(); sensors];
-    let mut stats_buf = UnifiedBuffer::<SensorStats>::new(device, sensors.max(1), o)?;
-    let mut slot_buf = UnifiedBuffer::<u32>::new(device, batch, o)?;
-    let mut value_buf = UnifiedBuffer::<f64>::new(device, batch, o)?;
-    let mut ticket_buf = UnifiedBuffer::<u32>::new(device, batch, o)?;
-    let mut z_buf = UnifiedBuffer::<f64>::new(device, batch, o)?;
-    let mut order_buf = UnifiedBuffer::<u32>::new(device, 1, o)?;
+    let mut order_buf = UnifiedBuffer::<u32>::new(device, 1, BufferOptions::default())?;
     let k = anomaly_stateless_kernel();
-    let mut report = RunReport::default();
-    let start = Instant::now();
-    for chunk_start in (0..r.slots.len()).step_by(batch) {
-        let t0 = Instant::now();
-        let end = (chunk_start + batch).min(r.slots.len());
-        let n = end - chunk_start;
-        stats_buf.host_mut()?[..sensors].copy_from_slice(&host_stats); // upload
-        slot_buf.host_mut()?[..n].copy_from_slice(&r.slots[chunk_start..end]);
-        value_buf.host_mut()?[..n].copy_from_slice(&r.values[chunk_start..end]);
-        ticket_buf.host_mut()?[..n].copy_from_slice(&r.tickets[chunk_start..end]);
+    // The actor's batch on this device: one thread per reading, the same count.
+    let block = super::batch_size(device.kind(), STATELESS_BLOCK as usize) as u32;
+    drive_stateless(device, r, batch, true, progress, |b, n| {
         order_buf.host_mut()?[0] = 0;
-        z_buf.host_mut()?;
-        {
-            let (sv, vv, tv) = (
-                slot_buf.device()?,
-                value_buf.device()?,
-                ticket_buf.device()?,
-            );
-            let (mut stv, mut zv, mut ov) = (
-                stats_buf.device_mut()?,
-                z_buf.device_mut()?,
-                order_buf.device_mut()?,
-            );
-            let args = [
-                KernelArg::scalar(n as u64),
-                sv.arg(),
-                vv.arg(),
-                tv.arg(),
-                stv.arg(),
-                KernelArg::scalar(sensors as u64),
-                zv.arg(),
-                ov.arg(),
-            ];
-            // The actor's batch on this device: one thread per reading, the same count.
-            let block = super::batch_size(device.kind(), STATELESS_BLOCK as usize) as u32;
-            let blocks = (n as u32).div_ceil(block).max(1);
-            let cfg = LaunchConfig::new(blocks, block.min(n.max(1) as u32));
-            device.launch(&k, cfg, &args, None)?;
-        }
-        host_stats.copy_from_slice(&stats_buf.host()?[..sensors]); // download
-        let z = z_buf.host()?;
-        for (j, &zj) in z[..n].iter().enumerate() {
-            if !zj.is_nan() {
-                let i = chunk_start + j;
-                report.alerts.push(Alert {
-                    index: i as u64,
-                    sensor: r.sensor_ids[r.slots[i] as usize],
-                    value: r.values[i],
-                    z: zj,
-                });
-            }
-        }
-        report.batch_latency.push(t0.elapsed());
-        progress(n);
-    }
-    report.elapsed = start.elapsed();
-    report.stats = host_stats;
-    Ok(report)
+        let (sv, vv, tv) = (b.slots.device()?, b.values.device()?, b.tickets.device()?);
+        let (mut stv, mut zv, mut ov) = (
+            b.stats.device_mut()?,
+            b.z.device_mut()?,
+            order_buf.device_mut()?,
+        );
+        let args = [
+            KernelArg::scalar(n as u64),
+            sv.arg(),
+            vv.arg(),
+            tv.arg(),
+            stv.arg(),
+            KernelArg::scalar(sensors as u64),
+            zv.arg(),
+            ov.arg(),
+        ];
+        let blocks = (n as u32).div_ceil(block).max(1);
+        let cfg = LaunchConfig::new(blocks, block.min(n.max(1) as u32));
+        device.launch(&k, cfg, &args, None)?;
+        Ok(())
+    })
 }

@@ -21,13 +21,11 @@
 //! on lavapipe keep a vector-add range and a PageRank step's nodes plus in-edges well under
 //! that (the handlers answer `ok = 0` when a loop was cut short); real GPUs have no such cap.
 
-use std::time::Instant;
-
 use resident::backend::DeviceHandle;
 use resident::memory::BufferOptions;
 use resident::{Kernel, KernelArg, LaunchConfig, UnifiedBuffer};
 
-use crate::anomaly::{Alert, RunReport, SensorStats, SlottedReadings};
+use crate::anomaly::{drive_stateless, RunReport, SlottedReadings};
 use crate::error::WorkloadError;
 
 /// Vector add: function `vector_add` (one message per invocation).
@@ -49,7 +47,7 @@ pub fn run_stateless_wgpu(
     device: &DeviceHandle,
     r: &SlottedReadings,
     batch: usize,
-    mut progress: impl FnMut(usize),
+    progress: impl FnMut(usize),
 ) -> Result<RunReport, WorkloadError> {
     let batch = batch.max(1);
     let sensors = r.sensor_ids.len();
@@ -64,36 +62,15 @@ pub fn run_stateless_wgpu(
             detail: format!("reading {i} has slot {s}, there are {sensors} sensors"),
         });
     }
-    let o = BufferOptions::default();
-    let mut host_stats = vec![SensorStats::default(); sensors];
-    let mut stats_buf = UnifiedBuffer::<SensorStats>::new(device, sensors.max(1), o)?;
-    let mut slot_buf = UnifiedBuffer::<u32>::new(device, batch, o)?;
-    let mut value_buf = UnifiedBuffer::<f64>::new(device, batch, o)?;
-    let mut ticket_buf = UnifiedBuffer::<u32>::new(device, batch, o)?;
-    let mut z_buf = UnifiedBuffer::<f64>::new(device, batch, o)?;
-    let mut status_buf = UnifiedBuffer::<u32>::new(device, 1, o)?;
+    let mut status_buf = UnifiedBuffer::<u32>::new(device, 1, BufferOptions::default())?;
     let k = Kernel::new("anomaly_stateless").wgsl(ANOMALY_STATELESS_WGSL, "anomaly_stateless");
-    let mut report = RunReport::default();
-    let start = Instant::now();
-    for lo in (0..r.slots.len()).step_by(batch) {
-        let t0 = Instant::now();
-        let hi = (lo + batch).min(r.slots.len());
-        let n = hi - lo;
-        stats_buf.host_mut()?[..sensors].copy_from_slice(&host_stats); // upload
-        slot_buf.host_mut()?[..n].copy_from_slice(&r.slots[lo..hi]);
-        value_buf.host_mut()?[..n].copy_from_slice(&r.values[lo..hi]);
-        ticket_buf.host_mut()?[..n].copy_from_slice(&r.tickets[lo..hi]);
-        z_buf.host_mut()?;
+    drive_stateless(device, r, batch, true, progress, |b, n| {
         status_buf.host_mut()?;
         {
-            let (sv, vv, tv) = (
-                slot_buf.device()?,
-                value_buf.device()?,
-                ticket_buf.device()?,
-            );
+            let (sv, vv, tv) = (b.slots.device()?, b.values.device()?, b.tickets.device()?);
             let (mut stv, mut zv, mut usv) = (
-                stats_buf.device_mut()?,
-                z_buf.device_mut()?,
+                b.stats.device_mut()?,
+                b.z.device_mut()?,
                 status_buf.device_mut()?,
             );
             let args = [
@@ -116,23 +93,6 @@ pub fn run_stateless_wgpu(
                 ),
             });
         }
-        host_stats.copy_from_slice(&stats_buf.host()?[..sensors]); // download
-        let z = z_buf.host()?;
-        for (j, &zj) in z[..n].iter().enumerate() {
-            if !zj.is_nan() {
-                let i = lo + j;
-                report.alerts.push(Alert {
-                    index: i as u64,
-                    sensor: r.sensor_ids[r.slots[i] as usize],
-                    value: r.values[i],
-                    z: zj,
-                });
-            }
-        }
-        report.batch_latency.push(t0.elapsed());
-        progress(n);
-    }
-    report.elapsed = start.elapsed();
-    report.stats = host_stats;
-    Ok(report)
+        Ok(())
+    })
 }
