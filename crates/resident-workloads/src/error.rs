@@ -82,6 +82,17 @@ pub enum WorkloadError {
         /// What.
         detail: String,
     },
+    /// A kernel refused work it had accepted and said so (never silently): `count` items,
+    /// and why.
+    #[error("{workload}: the kernel refused {count} {reason}")]
+    Refused {
+        /// Which workload.
+        workload: &'static str,
+        /// How many.
+        count: u64,
+        /// What and why.
+        reason: String,
+    },
     /// A kernel did not answer in time.
     #[error("{workload}: no answer from the kernel within {waited:?}")]
     Timeout {

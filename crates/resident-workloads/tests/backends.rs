@@ -63,6 +63,14 @@ fn definitions_run_on_the_device(rt: &Runtime, d: &DeviceHandle) {
         .unwrap();
     assert_eq!(k.placement(), want, "pagerank");
     k.terminate().unwrap();
+    if d.kind() != BackendKind::Wgpu {
+        let p = pagerank::Params::default();
+        let k = rt
+            .launch(pagerank::stream_kernel("p-ps", d, &g, p).unwrap())
+            .unwrap();
+        assert_eq!(k.placement(), want, "streaming pagerank");
+        k.terminate().unwrap();
+    }
 }
 
 fn all_workloads(rt: &Runtime, d: &DeviceHandle) {
@@ -89,6 +97,12 @@ fn all_workloads(rt: &Runtime, d: &DeviceHandle) {
         pagerank::check_full_with(&got, &want, prec).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 
+    if d.kind() == BackendKind::Wgpu {
+        println!("SKIP: backends: streaming PageRank has no WGSL handler");
+    } else {
+        streaming_pagerank(rt, d);
+    }
+
     // 12 sensors x 1000 readings: past the warm-up, with a spike every 97 readings.
     let (rs, spikes) = generate_readings(12_000, 12, 97, 11).unwrap();
     let s = anomaly::slot(&rs);
@@ -109,6 +123,69 @@ fn all_workloads(rt: &Runtime, d: &DeviceHandle) {
         anomaly::check_with(&st, &s, prec)
             .unwrap_or_else(|e| panic!("{name} stateless/{batch}: {e}"));
     }
+}
+
+/// Streaming PageRank: batches of changes (random ones, a node made dangling and live again,
+/// one source's add/remove/add chains of the same edges inside one batch, junk), refreshed
+/// incrementally and recomputed from scratch after every batch, the two compared, and the
+/// final ranks checked against the sequential reference on the final graph.
+fn streaming_pagerank(rt: &Runtime, d: &DeviceHandle) {
+    let name = d.kind();
+    let g = generate_graph(1500, 4, 9).unwrap();
+    let p = pagerank::Params {
+        tol: 1e-9,
+        ..Default::default()
+    };
+    let e = |src, dst, op| pagerank::EdgeUpdate {
+        src,
+        dst,
+        op,
+        _pad: 0,
+    };
+    let mut ups = pagerank::generate_updates(&g, 5, 40, 5);
+    let u = g.edges[0].0;
+    ups[1].extend(
+        g.edges
+            .iter()
+            .filter(|x| x.0 == u)
+            .map(|&(s, t)| e(s, t, pagerank::OP_REMOVE)),
+    );
+    ups[2].push(e(u, 7, pagerank::OP_ADD));
+    // Order matters: the edge 3 -> w ends present for w odd, absent for w even.
+    for w in 20..40u32 {
+        ups[3].push(e(3, w, pagerank::OP_ADD));
+        ups[3].push(e(3, w, pagerank::OP_REMOVE));
+        if w % 2 == 1 {
+            ups[3].push(e(3, w, pagerank::OP_ADD));
+        }
+    }
+    ups[4].extend([e(99_999, 1, pagerank::OP_ADD), e(1, 99_999, 0), e(1, 2, 77)]);
+    let t = std::time::Instant::now();
+    let (steps, ranks) =
+        pagerank::run_stream(rt, d, &g, p, &ups, |_| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
+    println!(
+        "{name}: streaming PageRank, {} batches in {:?}: {:?}",
+        steps.len(),
+        t.elapsed(),
+        steps
+            .iter()
+            .map(|s| (s.pushes, s.rounds, s.l1_diff))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(steps.len(), ups.len());
+    for s in &steps {
+        assert!(s.applied > 0, "{name}: {s:?}");
+    }
+    let want = pagerank::reference(&pagerank::apply_updates(&g, &ups), p).unwrap();
+    let l1: f64 = ranks
+        .iter()
+        .zip(&want.ranks)
+        .map(|(a, b)| (a - b).abs())
+        .sum();
+    assert!(
+        l1 <= pagerank::stream_tolerance(g.nodes(), p),
+        "{name}: final ranks {l1:e} from the reference"
+    );
 }
 
 #[test]

@@ -513,6 +513,10 @@ fn workload_handlers_compile_for_sm_90_with_nvrtc() {
     report("scorer", cuda::scorer_handler());
     report("anomaly", cuda::anomaly_handler());
     report("pagerank", cuda::pagerank_handler());
+    report(
+        "pagerank_stream",
+        cuda::pagerank_stream_handler(resident_workloads::pagerank::StreamCounters::default()),
+    );
     // The stateless one-shot kernel, through NVRTC to PTX.
     let opts = resident::cuda::CompileOptions {
         arch: "compute_90".into(),

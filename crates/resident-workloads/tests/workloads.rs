@@ -193,33 +193,7 @@ fn streaming_pagerank_tracks_the_recompute_after_every_batch() {
         assert!(s.pushes > 0 && s.applied > 0, "{s:?}");
     }
     // The final ranks agree with an independent recompute on the final graph.
-    let mut final_g = pagerank::DynGraph::new(&g);
-    for b in &ups {
-        for e in b {
-            if (e.src as usize) < g.nodes() && (e.dst as usize) < g.nodes() {
-                match e.op {
-                    pagerank::OP_ADD => {
-                        final_g.add(e.src, e.dst);
-                    }
-                    pagerank::OP_REMOVE => {
-                        final_g.remove(e.src, e.dst);
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-    let mut edges: Vec<(u32, u32)> = final_g
-        .out
-        .iter()
-        .enumerate()
-        .flat_map(|(u, o)| o.iter().map(move |&v| (u as u32, v)))
-        .collect();
-    edges.sort_unstable();
-    let fg = resident_workloads::input::EdgeList {
-        ids: g.ids.clone(),
-        edges,
-    };
+    let fg = pagerank::apply_updates(&g, &ups);
     let want = pagerank::reference(&fg, p).unwrap();
     let l1: f64 = ranks
         .iter()

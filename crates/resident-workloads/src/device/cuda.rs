@@ -12,6 +12,7 @@
 //! | [`scorer_handler`] (`pipeline_score`) | `Normalized -> Scored` | none | none |
 //! | [`anomaly_handler`] (`anomaly_detect`) | `ReadingMsg -> AlertMsg` | `DetectorCounters` | `stats`: SensorStats |
 //! | [`pagerank_handler`] (`pagerank_step`) | `PageRankStep -> StepDone` | none | `in_offsets`: u64, `in_sources`: u32, `out_degree`: u32, `ranks`: f64 |
+//! | [`pagerank_stream_handler`] (`pagerank_stream`) | `StreamMsg -> StreamAnswer` | `StreamCounters` | `ranks`, `residual`, `acc`: f64; `out_off`, `out_len`, `out_cap`, `pool`, `flags`, `frontier`, `src_seq`: u32 |
 //!
 //! The anomaly handler's flush answer carries the kernel's totals since launch (mod 2^32):
 //! `value` = readings refused, `z` = alerts.
@@ -27,7 +28,7 @@ use crate::anomaly::{
     SlottedReadings,
 };
 use crate::error::WorkloadError;
-use crate::pagerank::{PageRankStep, StepDone};
+use crate::pagerank::{PageRankStep, StepDone, StreamAnswer, StreamCounters, StreamMsg};
 use crate::pipeline::{Normalized, Raw, Scored};
 use crate::vector_add::{AddRange, RangeDone};
 
@@ -86,6 +87,29 @@ pub fn anomaly_handler() -> CudaHandler<ReadingMsg, AlertMsg> {
             _pad: 0,
         })
         .buffer::<SensorStats>("stats")
+}
+
+/// Streaming PageRank (`pagerank_stream`).
+pub const PAGERANK_STREAM_CU: &str = include_str!("pagerank_stream.cu");
+/// Its handler function.
+pub const PAGERANK_STREAM_FN: &str = "pagerank_stream";
+
+/// The streaming PageRank handler with its state `init`, buffers `ranks`, `residual`, `acc`
+/// (f64), `out_off`, `out_len`, `out_cap`, `pool`, `flags`, `frontier`, `src_seq` (u32)
+/// declared (see [`pagerank::stream_kernel`](crate::pagerank::stream_kernel)).
+pub fn pagerank_stream_handler(init: StreamCounters) -> CudaHandler<StreamMsg, StreamAnswer> {
+    let mut h = CudaHandler::new(PAGERANK_STREAM_CU)
+        .function(PAGERANK_STREAM_FN)
+        .state(init);
+    for name in ["ranks", "residual", "acc"] {
+        h = h.buffer::<f64>(name);
+    }
+    for name in [
+        "out_off", "out_len", "out_cap", "pool", "flags", "frontier", "src_seq",
+    ] {
+        h = h.buffer::<u32>(name);
+    }
+    h
 }
 
 /// The PageRank step handler, buffers `in_offsets` (u64), `in_sources` (u32), `out_degree`

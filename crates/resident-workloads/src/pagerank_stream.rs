@@ -1,0 +1,1021 @@
+//! Streaming PageRank on every backend: one kernel definition ([`stream_kernel`]) whose ranks,
+//! residual and (on a device) graph stay in bound buffers for the kernel's life, driven by
+//! [`StreamPageRank`] on the host.
+//!
+//! # The protocol
+//!
+//! The kernel's messages ([`StreamMsg`], operations in [`op`]) are small and the work they ask
+//! for is proportional to what changed, so the same definition runs on a CPU thread and on a
+//! device whose parallelism is one thread per message of a batch:
+//!
+//! | op | what the kernel does | answer |
+//! |---|---|---|
+//! | `ADD` / `REMOVE` | changes the edge `a -> b` and the residual (`d (M' - M) x`), queues nodes whose residual passes `eps` | none |
+//! | `SYNC` | waits until every change sent before it is applied | pending queue length, totals applied / refused |
+//! | `PUSH` | pushes the queued nodes `a..b` of round `round` (Gauss-Southwell push: `x[u] += r[u]`, `d r[u] / out(u)` to each out-neighbour), queueing for round `round + 1` | pushes, edges, nodes queued |
+//! | `TAKE` | takes the uniform part of the residual (mass of dangling nodes) when it is over `eps` | the value, taken or not |
+//! | `UNIFORM` | pushes that value from every node of `a..b` | nodes queued |
+//! | `RESET`, `FILL`, `SCATTER`, `GATHER`, `RESIDUAL` | recompute from scratch: networkx's power iteration in two phases per iteration over node ranges, then the exact residual | L1 change, dangling mass |
+//!
+//! The host ([`StreamPageRank`]) sends a phase's messages, waits for all their answers, and
+//! only then sends the next phase: messages of one phase may run in parallel (a device's
+//! threads), messages of different phases never overlap. Edge changes of one source carry a
+//! `ticket` (how many changes of that source were sent before) and a device applies them in
+//! ticket order even when one batch holds several; changes of different sources apply in
+//! parallel and meet only in atomics (the residual, the queue, the uniform part).
+//!
+//! # Each backend
+//!
+//! - **CPU**: the graph is the handler's state ([`StreamState`]: out- and in-lists); `PUSH`
+//!   drains the whole queue in one message (sequential Gauss-Southwell with a FIFO queue and
+//!   the uniform part pushed through the in-lists), so a refresh is one message; the recompute
+//!   phases run over one range with rayon.
+//! - **CUDA and CudaSim** ([`cuda::pagerank_stream_handler`](crate::device::cuda::pagerank_stream_handler)):
+//!   the graph is bound as per-node out-lists in a pool with room to grow (`out_off`,
+//!   `out_len`, `out_cap`, `pool`); an add to a full list moves the list to twice the room at
+//!   the pool's end. Rounds run their ranges on parallel threads with atomic adds (`f64`
+//!   `atomicAdd`, sm_60 and later).
+//! - **wgpu**: not built (WGSL has no 64-bit or floating-point atomics; see the crate docs).
+//!
+//! Adds that find the pool full are refused, counted, and reported by the next sync as
+//! [`WorkloadError::Refused`]: nothing accepted is dropped silently. The pool starts with
+//! room for every node's list to grow by half (at least 4) plus as many entries again.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use rayon::prelude::*;
+use resident::backend::{BackendKind, DeviceHandle};
+use resident::memory::BufferOptions;
+use resident::prelude::*;
+use resident::UnifiedBuffer;
+
+use super::{unique, DynGraph, Params, LONG};
+use crate::device::cuda;
+use crate::error::{InputError, WorkloadError};
+use crate::input::EdgeList;
+
+resident::ring::device_message! {
+    /// An edge change of a stream of updates: `op` is [`OP_ADD`] or [`OP_REMOVE`].
+    pub struct EdgeUpdate { pub src: u32, pub dst: u32, pub op: u32, pub _pad: u32 }
+}
+
+/// Add the edge `src -> dst`.
+pub const OP_ADD: u32 = op::ADD;
+/// Remove the edge `src -> dst`.
+pub const OP_REMOVE: u32 = op::REMOVE;
+
+/// The streaming kernel's operations ([`StreamMsg::op`]); see the module docs.
+pub mod op {
+    /// Add the edge `a -> b`.
+    pub const ADD: u32 = 0;
+    /// Remove the edge `a -> b`.
+    pub const REMOVE: u32 = 1;
+    /// Wait for the changes sent before (`ticket` = how many), answer the pending count.
+    pub const SYNC: u32 = 2;
+    /// Push the queued nodes `a..b` of round `round`.
+    pub const PUSH: u32 = 3;
+    /// Take the uniform residual when it is over `eps`.
+    pub const TAKE: u32 = 4;
+    /// Push `value` from every node of `a..b`.
+    pub const UNIFORM: u32 = 5;
+    /// Empty the queues and the uniform residual.
+    pub const RESET: u32 = 6;
+    /// `x[v] = value` for `v` in `a..b`.
+    pub const FILL: u32 = 7;
+    /// `acc[w] += x[u] / out(u)` along the out-edges of `u` in `a..b`.
+    pub const SCATTER: u32 = 8;
+    /// `x[v] = value + d acc[v]`, `acc[v] = 0` for `v` in `a..b`.
+    pub const GATHER: u32 = 9;
+    /// `r[v] = value + d acc[v] - x[v]`, `acc[v] = 0`, queued for round `round` when over `eps`.
+    pub const RESIDUAL: u32 = 10;
+    /// This and every op above it: an edge change the kernel refuses (counted as rejected,
+    /// never answered), so a bad op in a stream of changes loses nothing and blocks nothing.
+    pub const UNKNOWN: u32 = 11;
+}
+
+resident::ring::device_message! {
+    /// A message of the streaming kernel: `op` (see [`op`]) on `a..b` (an edge `a -> b` for a
+    /// change), with `value`, for queue round `round`; `ticket` orders changes of one source
+    /// and tells `SYNC` how many changes to wait for.
+    pub struct StreamMsg { pub value: f64, pub a: u32, pub b: u32, pub op: u32, pub round: u32, pub ticket: u32, pub _pad: u32 }
+}
+
+resident::ring::device_message! {
+    /// The answer to every operation but `ADD` and `REMOVE`: `sum` (L1 change of a gather,
+    /// residual L1 of a `RESIDUAL` range or of a CPU refresh, the uniform residual for `TAKE`
+    /// and `SYNC`), `dangling` (rank of the range's dangling nodes), `work` (edges and nodes
+    /// visited), `count` (nodes queued; for `SYNC` the pending queue; for `TAKE` 1 when
+    /// taken), `pushes`, the totals since launch (mod 2^32) of changes `applied`, `rejected`
+    /// (duplicates, absent edges, and the next two), `full` (adds refused for lack of pool
+    /// room) and `stalled` (changes whose earlier change of the same source never came), and
+    /// `ok` (0: the range or the buffers were invalid, or a sync gave up waiting).
+    pub struct StreamAnswer {
+        pub sum: f64,
+        pub dangling: f64,
+        pub work: u64,
+        pub count: u64,
+        pub pushes: u64,
+        pub applied: u32,
+        pub rejected: u32,
+        pub full: u32,
+        pub op: u32,
+        pub ok: u32,
+        pub stalled: u32,
+    }
+}
+
+resident::ring::device_message! {
+    /// A device's state (CUDA, CudaSim): the parameters, the uniform residual, the pool's top,
+    /// the change counters (mod 2^32) and the three queue counters (round `k`'s is `len[k % 3]`).
+    #[derive(Default)]
+    pub struct StreamCounters {
+        pub damping: f64,
+        pub eps: f64,
+        pub uniform: f64,
+        pub pool_top: u32,
+        pub updates: u32,
+        pub applied: u32,
+        pub rejected: u32,
+        pub full: u32,
+        pub stalled: u32,
+        pub len: [u32; 3],
+        pub _pad: u32,
+    }
+}
+
+impl StreamMsg {
+    fn new(op: u32, a: u32, b: u32, value: f64, round: u32, ticket: u32) -> Self {
+        StreamMsg {
+            value,
+            a,
+            b,
+            op,
+            round,
+            ticket,
+            _pad: 0,
+        }
+    }
+}
+
+/// The CPU handler's state: its graph, the uniform part of the residual, the push queue.
+pub struct StreamState {
+    /// The graph.
+    pub graph: DynGraph,
+    params: Params,
+    uniform: f64,
+    queue: VecDeque<u32>,
+    queued: Vec<bool>,
+    applied: u32,
+    rejected: u32,
+}
+
+/// `r[w] += delta` and queue `w` when it is over `eps`; true when it queued `w`.
+#[inline]
+fn bump(
+    r: &mut [f64],
+    q: &mut VecDeque<u32>,
+    queued: &mut [bool],
+    w: u32,
+    delta: f64,
+    eps: f64,
+) -> bool {
+    let rw = &mut r[w as usize];
+    *rw += delta;
+    if rw.abs() > eps && !queued[w as usize] {
+        queued[w as usize] = true;
+        q.push_back(w);
+        return true;
+    }
+    false
+}
+
+impl StreamState {
+    fn eps(&self) -> f64 {
+        self.params.damping * self.params.tol
+    }
+
+    /// Applies an edge change to the graph and the residual (`d (M' - M) x`).
+    fn apply(&mut self, x: &[f64], r: &mut [f64], op: u32, u: u32, v: u32) -> bool {
+        let n = self.graph.nodes();
+        if u as usize >= n || v as usize >= n || (op != OP_ADD && op != OP_REMOVE) {
+            return false;
+        }
+        let (d, eps, nf) = (self.params.damping, self.eps(), n as f64);
+        let k = self.graph.out[u as usize].len() as f64;
+        let mass = d * x[u as usize];
+        let changed = match op {
+            OP_ADD => self.graph.add(u, v),
+            _ => self.graph.remove(u, v),
+        };
+        if !changed {
+            return false;
+        }
+        let k2 = self.graph.out[u as usize].len() as f64;
+        let StreamState {
+            graph,
+            queue,
+            queued,
+            uniform,
+            ..
+        } = self;
+        // Old column: mass/k to each old out-neighbour (or mass/N to all when dangling);
+        // new column likewise with k2. The difference lands on the union of both lists.
+        let (old_share, new_share) = (
+            if k > 0.0 { mass / k } else { 0.0 },
+            if k2 > 0.0 { mass / k2 } else { 0.0 },
+        );
+        if k == 0.0 {
+            *uniform -= mass / nf;
+        }
+        if k2 == 0.0 {
+            *uniform += mass / nf;
+        }
+        for &w in &graph.out[u as usize] {
+            // Nodes in the new list: were in the old list too, except `v` on an add.
+            let was = op != OP_ADD || w != v;
+            let delta = new_share - if was { old_share } else { 0.0 };
+            bump(r, queue, queued, w, delta, eps);
+        }
+        if op == OP_REMOVE {
+            bump(r, queue, queued, v, -old_share, eps);
+        }
+        true
+    }
+
+    /// Pushes residual until every node's is at most `eps` (and the uniform part too).
+    /// Returns (pushes, work, residual L1).
+    fn refresh(&mut self, x: &mut [f64], r: &mut [f64]) -> (u64, u64, f64) {
+        let (d, eps) = (self.params.damping, self.eps());
+        let n = self.graph.nodes();
+        let nf = n as f64;
+        let (mut pushes, mut work) = (0u64, 0u64);
+        loop {
+            while let Some(u) = self.queue.pop_front() {
+                self.queued[u as usize] = false;
+                let delta = r[u as usize];
+                if delta.abs() <= eps {
+                    continue;
+                }
+                x[u as usize] += delta;
+                r[u as usize] = 0.0;
+                pushes += 1;
+                let outs = &self.graph.out[u as usize];
+                if outs.is_empty() {
+                    self.uniform += d * delta / nf;
+                } else {
+                    let share = d * delta / outs.len() as f64;
+                    work += outs.len() as u64;
+                    for &w in outs {
+                        bump(r, &mut self.queue, &mut self.queued, w, share, eps);
+                    }
+                }
+            }
+            if self.uniform.abs() <= eps {
+                break;
+            }
+            // Push the uniform part to every node at once: x += c, r += d M (c 1).
+            let c = std::mem::take(&mut self.uniform);
+            let dangling = self.graph.out.iter().filter(|o| o.is_empty()).count() as f64;
+            let g = &self.graph;
+            x.par_iter_mut().for_each(|e| *e += c);
+            r.par_iter_mut().enumerate().for_each(|(v, rv)| {
+                let s: f64 = g.inn[v]
+                    .iter()
+                    .map(|&w| 1.0 / g.out[w as usize].len() as f64)
+                    .sum();
+                *rv += d * c * (s + dangling / nf);
+            });
+            work += (self.graph.inn.iter().map(|l| l.len()).sum::<usize>() + n) as u64;
+            for (v, rv) in r.iter().enumerate() {
+                if rv.abs() > eps && !self.queued[v] {
+                    self.queued[v] = true;
+                    self.queue.push_back(v as u32);
+                }
+            }
+        }
+        let l1 = r.iter().map(|e| e.abs()).sum::<f64>() + nf * self.uniform.abs();
+        (pushes, work, l1)
+    }
+
+    /// One operation on the CPU (see the module docs); `None` for edge changes.
+    fn handle(
+        &mut self,
+        x: &mut [f64],
+        r: &mut [f64],
+        acc: &mut [f64],
+        m: &StreamMsg,
+    ) -> Option<StreamAnswer> {
+        let n = self.graph.nodes();
+        let (d, eps) = (self.params.damping, self.eps());
+        let mut a = StreamAnswer {
+            sum: 0.0,
+            dangling: 0.0,
+            work: 0,
+            count: 0,
+            pushes: 0,
+            applied: 0,
+            rejected: 0,
+            full: 0,
+            op: m.op,
+            ok: 1,
+            stalled: 0,
+        };
+        let (lo, hi) = (m.a as usize, m.b as usize);
+        let range_ok = lo <= hi && hi <= n;
+        let g = &self.graph;
+        match m.op {
+            // An unknown op is a change that is refused: counted, never answered.
+            op::ADD | op::REMOVE | op::UNKNOWN.. => {
+                if self.apply(x, r, m.op, m.a, m.b) {
+                    self.applied = self.applied.wrapping_add(1);
+                } else {
+                    self.rejected = self.rejected.wrapping_add(1);
+                }
+                return None;
+            }
+            op::SYNC => {
+                // Changes apply as they come on the CPU: everything sent before is applied.
+                a.count = self.queue.len() as u64;
+                a.sum = self.uniform;
+                a.applied = self.applied;
+                a.rejected = self.rejected;
+            }
+            op::PUSH => {
+                // The whole queue at once (and the uniform part): nothing left for a next round.
+                let (pushes, work, l1) = self.refresh(x, r);
+                a.pushes = pushes;
+                a.work = work;
+                a.sum = l1;
+            }
+            op::TAKE => {
+                a.sum = self.uniform;
+                if self.uniform.abs() > eps {
+                    self.uniform = 0.0;
+                    a.count = 1;
+                }
+            }
+            op::RESET => {
+                self.uniform = 0.0;
+                self.queue.clear();
+                self.queued.iter_mut().for_each(|q| *q = false);
+            }
+            _ if !range_ok => a.ok = 0,
+            op::UNIFORM => {
+                let c = m.value;
+                let nf = n as f64;
+                for (xu, outs) in x[lo..hi].iter_mut().zip(&self.graph.out[lo..hi]) {
+                    *xu += c;
+                    if outs.is_empty() {
+                        self.uniform += d * c / nf;
+                        continue;
+                    }
+                    let share = d * c / outs.len() as f64;
+                    a.work += outs.len() as u64;
+                    for &w in outs {
+                        a.count += bump(r, &mut self.queue, &mut self.queued, w, share, eps) as u64;
+                    }
+                }
+            }
+            op::FILL => {
+                x[lo..hi].par_iter_mut().for_each(|e| *e = m.value);
+                a.count = (lo..hi).filter(|&v| g.out[v].is_empty()).count() as u64;
+                a.dangling = a.count as f64 * m.value;
+            }
+            op::SCATTER if lo == 0 && hi == n => {
+                // The whole graph: pull along the in-lists (parallel, no atomics needed).
+                acc.par_iter_mut().enumerate().for_each(|(v, av)| {
+                    *av += g.inn[v]
+                        .iter()
+                        .map(|&u| x[u as usize] / g.out[u as usize].len() as f64)
+                        .sum::<f64>();
+                });
+                a.work = g.inn.iter().map(|l| l.len() as u64).sum();
+            }
+            op::SCATTER => {
+                for (xu, outs) in x[lo..hi].iter().zip(&g.out[lo..hi]) {
+                    for &w in outs {
+                        acc[w as usize] += xu / outs.len() as f64;
+                    }
+                    a.work += outs.len() as u64;
+                }
+            }
+            op::GATHER => {
+                let (l1, dangling) = x[lo..hi]
+                    .par_iter_mut()
+                    .zip(&mut acc[lo..hi])
+                    .enumerate()
+                    .map(|(i, (xv, av))| {
+                        let new = m.value + d * *av;
+                        *av = 0.0;
+                        let change = (new - *xv).abs();
+                        *xv = new;
+                        (change, if g.out[lo + i].is_empty() { new } else { 0.0 })
+                    })
+                    .reduce(|| (0.0, 0.0), |p, q| (p.0 + q.0, p.1 + q.1));
+                a.sum = l1;
+                a.dangling = dangling;
+                a.work = (hi - lo) as u64;
+            }
+            op::RESIDUAL => {
+                a.sum = r[lo..hi]
+                    .par_iter_mut()
+                    .zip(&mut acc[lo..hi])
+                    .zip(&x[lo..hi])
+                    .map(|((rv, av), xv)| {
+                        *rv = m.value + d * *av - xv;
+                        *av = 0.0;
+                        rv.abs()
+                    })
+                    .sum();
+                for (v, (rv, q)) in r[lo..hi].iter().zip(&mut self.queued[lo..hi]).enumerate() {
+                    if rv.abs() > eps && !*q {
+                        *q = true;
+                        self.queue.push_back((lo + v) as u32);
+                        a.count += 1;
+                    }
+                }
+                a.work = (hi - lo) as u64;
+            }
+        }
+        Some(a)
+    }
+}
+
+/// Pool room per node's out-list at launch: half again its degree, at least 4.
+fn room(deg: usize) -> usize {
+    (deg + deg / 2).max(4)
+}
+
+/// The device layout of a graph: out-lists in a pool with room to grow.
+struct DeviceGraph {
+    out_off: Vec<u32>,
+    out_len: Vec<u32>,
+    out_cap: Vec<u32>,
+    pool: Vec<u32>,
+    top: u32,
+}
+
+impl DeviceGraph {
+    fn new(g: &DynGraph) -> Result<Self, WorkloadError> {
+        let n = g.nodes();
+        let used: usize = g.out.iter().map(|l| room(l.len())).sum();
+        // As much again for lists that outgrow their room (each move doubles it).
+        let total = used.saturating_mul(2).max(1024);
+        if total > u32::MAX as usize {
+            return Err(InputError::BadParameter {
+                name: "edges",
+                value: total.to_string(),
+                reason: "a device's edge pool holds at most 2^32 entries",
+            }
+            .into());
+        }
+        let mut d = DeviceGraph {
+            out_off: Vec::with_capacity(n),
+            out_len: Vec::with_capacity(n),
+            out_cap: Vec::with_capacity(n),
+            pool: vec![0; total],
+            top: 0,
+        };
+        let mut at = 0usize;
+        for l in &g.out {
+            d.out_off.push(at as u32);
+            d.out_len.push(l.len() as u32);
+            d.out_cap.push(room(l.len()) as u32);
+            d.pool[at..at + l.len()].copy_from_slice(l);
+            at += room(l.len());
+        }
+        d.top = at as u32;
+        Ok(d)
+    }
+}
+
+/// Streaming mode: one ring kernel whose ranks (`ranks`), residual (`residual`) and
+/// accumulator (`acc`) are bound buffers, and whose graph is its state on the CPU and bound
+/// buffers on a device (see the module docs). Drive it with [`StreamPageRank`].
+pub fn stream_kernel(
+    id: &str,
+    device: &DeviceHandle,
+    g: &EdgeList,
+    p: Params,
+) -> Result<RingKernel<StreamMsg, StreamAnswer, StreamState>, WorkloadError> {
+    let n = g.nodes();
+    if n > u32::MAX as usize / 2 {
+        return Err(InputError::BadParameter {
+            name: "nodes",
+            value: n.to_string(),
+            reason: "streaming PageRank indexes nodes with 32 bits",
+        }
+        .into());
+    }
+    let o = BufferOptions::default();
+    let graph = DynGraph::new(g);
+    let on_device = device.kind() != BackendKind::Cpu;
+    let zeros = |len: usize| UnifiedBuffer::<f64>::new(device, len, o);
+    let mut k = RingKernel::<StreamMsg, StreamAnswer>::new(id)
+        .queue_size(4096)
+        .batch_size(crate::device::batch_size(device.kind(), 1024))
+        .backpressure(Backpressure::Block(Duration::from_secs(60)))
+        .bind("ranks", zeros(n)?)
+        .bind("residual", zeros(n)?)
+        .bind("acc", zeros(n)?);
+    if on_device {
+        let dg = DeviceGraph::new(&graph)?;
+        let u32s = |v: &[u32]| UnifiedBuffer::from_slice(device, v, o);
+        let zeros32 = |len: usize| UnifiedBuffer::<u32>::new(device, len, o);
+        k = k
+            .bind("out_off", u32s(&dg.out_off)?)
+            .bind("out_len", u32s(&dg.out_len)?)
+            .bind("out_cap", u32s(&dg.out_cap)?)
+            .bind("pool", u32s(&dg.pool)?)
+            .bind("flags", zeros32(n)?)
+            .bind("frontier", zeros32(2 * n)?)
+            .bind("src_seq", zeros32(n)?)
+            .cuda(cuda::pagerank_stream_handler(StreamCounters {
+                damping: p.damping,
+                eps: p.damping * p.tol,
+                uniform: 0.0,
+                pool_top: dg.top,
+                updates: 0,
+                applied: 0,
+                rejected: 0,
+                full: 0,
+                stalled: 0,
+                len: [0; 3],
+                _pad: 0,
+            }));
+    }
+    let state = StreamState {
+        graph,
+        params: p,
+        uniform: 0.0,
+        queue: VecDeque::new(),
+        queued: vec![false; n],
+        applied: 0,
+        rejected: 0,
+    };
+    Ok(k.state(state)
+        .handler(|ctx: &mut Context<StreamState>, m: StreamMsg| {
+            let (s, b) = ctx.state_and_buffers();
+            let bufs = (
+                b.buffer_mut::<f64>("ranks"),
+                b.buffer_mut::<f64>("residual"),
+                b.buffer_mut::<f64>("acc"),
+            );
+            let (Ok(mut x), Ok(mut r), Ok(mut acc)) = bufs else {
+                s.rejected = s.rejected.wrapping_add(1);
+                return None;
+            };
+            s.handle(&mut x, &mut r, &mut acc, &m)
+        }))
+}
+
+/// What a refresh did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Refresh {
+    /// Nodes pushed.
+    pub pushes: u64,
+    /// Edges and nodes visited.
+    pub work: u64,
+    /// Push rounds (1 on the CPU, whose one message drains the queue).
+    pub rounds: u32,
+    /// Times the uniform residual was pushed to every node.
+    pub uniform_pushes: u32,
+    /// Edge changes applied / refused (duplicates, absent edges) since the last sync.
+    pub applied: u64,
+    /// See `applied`.
+    pub rejected: u64,
+}
+
+/// What a recompute did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Recompute {
+    /// Power iterations.
+    pub iterations: u32,
+    /// Last L1 change.
+    pub err: f64,
+    /// Edges and nodes visited.
+    pub work: u64,
+    /// Edge changes applied / refused since the last sync.
+    pub applied: u64,
+    /// See `applied`.
+    pub rejected: u64,
+}
+
+/// The host side of a streaming kernel: sends edge changes with their tickets, and runs
+/// refreshes and recomputes as phases of range messages (see the module docs).
+pub struct StreamPageRank {
+    k: KernelHandle<StreamMsg, StreamAnswer>,
+    n: usize,
+    p: Params,
+    chunk: usize,
+    round: u32,
+    sent: u32,
+    seq: Vec<u32>,
+    totals: (u32, u32, u32, u32),
+    computed: bool,
+}
+
+/// Sends `msgs` and waits for an answer to each (every operation but a change answers once).
+fn exchange(
+    k: &KernelHandle<StreamMsg, StreamAnswer>,
+    msgs: &[StreamMsg],
+) -> Result<Vec<StreamAnswer>, WorkloadError> {
+    let mut answers = Vec::with_capacity(msgs.len());
+    let mut sent = 0;
+    while answers.len() < msgs.len() {
+        if sent < msgs.len() {
+            sent += k.send_batch(&msgs[sent..])?;
+        }
+        let before = answers.len();
+        let want = msgs.len() - answers.len();
+        k.receive_batch(&mut answers, want)?;
+        if answers.len() == before && sent == msgs.len() {
+            answers.push(k.receive(LONG)?);
+        }
+    }
+    if let Some(a) = answers.iter().find(|a| a.ok == 0) {
+        return Err(WorkloadError::OutOfRange {
+            workload: "pagerank-stream",
+            detail: format!("the kernel refused an operation: {a:?}"),
+        });
+    }
+    Ok(answers)
+}
+
+impl StreamPageRank {
+    /// Launches [`stream_kernel`] for `g` on `rt` (the device of `device`) and activates it.
+    /// Ranks are computed by the first [`refresh`](Self::refresh) or
+    /// [`recompute`](Self::recompute).
+    pub fn launch(
+        rt: &Runtime,
+        device: &DeviceHandle,
+        g: &EdgeList,
+        p: Params,
+        id: &str,
+    ) -> Result<Self, WorkloadError> {
+        let n = g.nodes();
+        let k = rt.launch(stream_kernel(id, device, g, p)?)?;
+        k.activate()?;
+        Ok(StreamPageRank {
+            k,
+            n,
+            p,
+            chunk: super::default_chunk(device.kind(), n),
+            round: 0,
+            sent: 0,
+            seq: vec![0; n],
+            totals: (0, 0, 0, 0),
+            computed: false,
+        })
+    }
+
+    /// The kernel.
+    pub fn handle(&self) -> &KernelHandle<StreamMsg, StreamAnswer> {
+        &self.k
+    }
+
+    fn ranges(&self, len: usize, op: u32, value: f64) -> Vec<StreamMsg> {
+        (0..len)
+            .step_by(self.chunk.max(1))
+            .map(|lo| {
+                let hi = (lo + self.chunk).min(len);
+                StreamMsg::new(op, lo as u32, hi as u32, value, self.round, 0)
+            })
+            .collect()
+    }
+
+    /// Sends edge changes (blocking while the kernel's queue is full); they apply in order
+    /// per source.
+    pub fn update(&mut self, ups: &[EdgeUpdate]) -> Result<(), WorkloadError> {
+        let msgs: Vec<StreamMsg> = ups
+            .iter()
+            .map(|u| {
+                let ticket = match self.seq.get_mut(u.src as usize) {
+                    Some(s) => std::mem::replace(s, s.wrapping_add(1)),
+                    None => 0, // refused by the kernel (out of range), counted there
+                };
+                self.sent = self.sent.wrapping_add(1);
+                StreamMsg::new(u.op, u.src, u.dst, 0.0, self.round, ticket)
+            })
+            .collect();
+        let mut sent = 0;
+        while sent < msgs.len() {
+            sent += self.k.send_batch(&msgs[sent..])?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every change sent is applied; returns the pending queue length and the
+    /// changes applied / refused since the last sync. Adds refused for lack of pool room, or
+    /// changes given up after a stall, are an error.
+    fn sync(&mut self) -> Result<(u64, u64, u64), WorkloadError> {
+        let a = self.k.call(
+            StreamMsg::new(op::SYNC, 0, 0, 0.0, self.round, self.sent),
+            LONG,
+        )?;
+        if a.ok == 0 {
+            return Err(WorkloadError::Timeout {
+                workload: "pagerank-stream",
+                waited: Duration::from_secs(1),
+            });
+        }
+        let (applied, rejected, full, stalled) = self.totals;
+        self.totals = (a.applied, a.rejected, a.full, a.stalled);
+        let full = a.full.wrapping_sub(full) as u64;
+        if full > 0 {
+            return Err(WorkloadError::Refused {
+                workload: "pagerank-stream",
+                count: full,
+                reason: "edge additions: the device's edge pool is full (relaunch the kernel \
+                         with the current graph to compact it)"
+                    .into(),
+            });
+        }
+        let stalled = a.stalled.wrapping_sub(stalled) as u64;
+        if stalled > 0 {
+            return Err(WorkloadError::Refused {
+                workload: "pagerank-stream",
+                count: stalled,
+                reason: "edge changes: an earlier change of the same source never arrived".into(),
+            });
+        }
+        Ok((
+            a.count,
+            a.applied.wrapping_sub(applied) as u64,
+            a.rejected.wrapping_sub(rejected) as u64,
+        ))
+    }
+
+    /// Refreshes the ranks incrementally after the changes sent so far (a recompute when
+    /// there are no ranks yet).
+    pub fn refresh(&mut self) -> Result<Refresh, WorkloadError> {
+        if !self.computed {
+            let c = self.recompute()?;
+            return Ok(Refresh {
+                work: c.work,
+                applied: c.applied,
+                rejected: c.rejected,
+                ..Refresh::default()
+            });
+        }
+        let (mut pending, applied, rejected) = self.sync()?;
+        let mut out = Refresh {
+            applied,
+            rejected,
+            ..Refresh::default()
+        };
+        loop {
+            while pending > 0 {
+                let msgs = self.ranges(pending as usize, op::PUSH, 0.0);
+                let answers = exchange(&self.k, &msgs)?;
+                pending = answers.iter().map(|a| a.count).sum();
+                out.pushes += answers.iter().map(|a| a.pushes).sum::<u64>();
+                out.work += answers.iter().map(|a| a.work).sum::<u64>();
+                out.rounds += 1;
+                self.round = self.round.wrapping_add(1);
+            }
+            let t = self
+                .k
+                .call(StreamMsg::new(op::TAKE, 0, 0, 0.0, 0, 0), LONG)?;
+            if t.count == 0 {
+                break;
+            }
+            out.uniform_pushes += 1;
+            let answers = exchange(&self.k, &self.ranges(self.n, op::UNIFORM, t.sum))?;
+            pending = answers.iter().map(|a| a.count).sum();
+            out.work += answers.iter().map(|a| a.work).sum::<u64>() + self.n as u64;
+        }
+        Ok(out)
+    }
+
+    /// Recomputes the ranks from scratch (networkx's power iteration from `1/N`) after the
+    /// changes sent so far, then sets the residual exactly: the baseline a refresh is
+    /// measured against, and how the ranks are first computed.
+    pub fn recompute(&mut self) -> Result<Recompute, WorkloadError> {
+        let (_, applied, rejected) = self.sync()?;
+        let (n, p) = (self.n, self.p);
+        let mut out = Recompute {
+            applied,
+            rejected,
+            ..Recompute::default()
+        };
+        if n == 0 {
+            self.computed = true;
+            return Ok(out);
+        }
+        let nf = n as f64;
+        self.k
+            .call(StreamMsg::new(op::RESET, 0, 0, 0.0, 0, 0), LONG)?;
+        self.round = 0;
+        let sum = |a: &[StreamAnswer], f: fn(&StreamAnswer) -> f64| a.iter().map(f).sum::<f64>();
+        let work = |a: &[StreamAnswer]| a.iter().map(|a| a.work).sum::<u64>();
+        let fill = exchange(&self.k, &self.ranges(n, op::FILL, 1.0 / nf))?;
+        let mut dangling = sum(&fill, |a| a.dangling);
+        let mut converged = false;
+        for it in 1..=p.max_iter {
+            let s = exchange(&self.k, &self.ranges(n, op::SCATTER, 0.0))?;
+            let base = p.damping * dangling / nf + (1.0 - p.damping) / nf;
+            let g = exchange(&self.k, &self.ranges(n, op::GATHER, base))?;
+            out.work += work(&s) + work(&g);
+            out.err = sum(&g, |a| a.sum);
+            dangling = sum(&g, |a| a.dangling);
+            out.iterations = it;
+            if out.err < nf * p.tol {
+                converged = true;
+                break;
+            }
+        }
+        if !converged {
+            return Err(WorkloadError::NotConverged {
+                iterations: out.iterations,
+                err: out.err,
+                threshold: nf * p.tol,
+            });
+        }
+        // The exact residual r = b + d M x - x of the ranks reached, and its queue.
+        let s = exchange(&self.k, &self.ranges(n, op::SCATTER, 0.0))?;
+        let base = p.damping * dangling / nf + (1.0 - p.damping) / nf;
+        let r = exchange(&self.k, &self.ranges(n, op::RESIDUAL, base))?;
+        out.work += work(&s) + work(&r);
+        self.computed = true;
+        Ok(out)
+    }
+
+    /// The ranks (a synchronized read of the bound buffer).
+    pub fn ranks(&self) -> Result<Vec<f64>, WorkloadError> {
+        Ok(self.k.read_buffer::<f64>("ranks", LONG)?.to_vec())
+    }
+
+    /// Terminates the kernel.
+    pub fn terminate(self) -> Result<(), WorkloadError> {
+        self.k.terminate()?;
+        Ok(())
+    }
+}
+
+/// One update batch of a streaming run.
+#[derive(Clone, Debug)]
+pub struct StreamStep {
+    /// Incremental refresh: wall time.
+    pub incremental: Duration,
+    /// Pushes of the refresh.
+    pub pushes: u64,
+    /// Edges and nodes visited by the refresh.
+    pub incremental_work: u64,
+    /// Push rounds of the refresh (round trips to the kernel; 1 on the CPU).
+    pub rounds: u32,
+    /// Recompute from scratch: wall time.
+    pub recompute: Duration,
+    /// Iterations of the recompute.
+    pub recompute_iterations: u32,
+    /// Edges and nodes visited by the recompute.
+    pub recompute_work: u64,
+    /// L1 distance between the two rank vectors.
+    pub l1_diff: f64,
+    /// Updates applied (refused ones: duplicates, absent edges).
+    pub applied: u64,
+}
+
+/// The L1 distance allowed between incremental and recomputed ranks: `2 d/(1-d) N tol`.
+pub fn stream_tolerance(nodes: usize, p: Params) -> f64 {
+    2.0 * p.damping / (1.0 - p.damping) * nodes as f64 * p.tol
+}
+
+/// Deterministic update batches: each half removes an existing edge, half adds a random one.
+pub fn generate_updates(
+    g: &EdgeList,
+    batches: usize,
+    per_batch: usize,
+    seed: u64,
+) -> Vec<Vec<EdgeUpdate>> {
+    let mut rng = crate::rng::SplitMix64::new(seed ^ 0x5EED);
+    let n = g.nodes() as u64;
+    (0..batches)
+        .map(|_| {
+            (0..per_batch)
+                .map(|i| {
+                    if i % 2 == 0 && !g.edges.is_empty() {
+                        let (u, v) = g.edges[rng.below(g.edges.len() as u64) as usize];
+                        EdgeUpdate {
+                            src: u,
+                            dst: v,
+                            op: OP_REMOVE,
+                            _pad: 0,
+                        }
+                    } else {
+                        EdgeUpdate {
+                            src: rng.below(n) as u32,
+                            dst: rng.below(n) as u32,
+                            op: OP_ADD,
+                            _pad: 0,
+                        }
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Streaming PageRank: an incremental kernel and a recompute-from-scratch kernel get the same
+/// update batches; after each batch both answer and their ranks are compared
+/// ([`stream_tolerance`]). `on_step` sees every step.
+pub fn run_stream(
+    rt: &Runtime,
+    device: &DeviceHandle,
+    g: &EdgeList,
+    p: Params,
+    batches: &[Vec<EdgeUpdate>],
+    mut on_step: impl FnMut(&StreamStep),
+) -> Result<(Vec<StreamStep>, Vec<f64>), WorkloadError> {
+    let tag = unique();
+    let mut inc = StreamPageRank::launch(rt, device, g, p, &format!("pagerank-inc-{tag}"))?;
+    let mut full =
+        match StreamPageRank::launch(rt, device, g, p, &format!("pagerank-scratch-{tag}")) {
+            Ok(f) => f,
+            Err(e) => {
+                inc.terminate()?;
+                return Err(e);
+            }
+        };
+    let result = (|| {
+        // Both start from the same from-scratch ranks.
+        inc.recompute()?;
+        full.recompute()?;
+        let mut steps = Vec::with_capacity(batches.len());
+        for ups in batches {
+            inc.update(ups)?;
+            let t = std::time::Instant::now();
+            let a = inc.refresh()?;
+            let incremental = t.elapsed();
+            full.update(ups)?;
+            let t = std::time::Instant::now();
+            let b = full.recompute()?;
+            let recompute_t = t.elapsed();
+            let xa = inc.ranks()?;
+            let xb = full.ranks()?;
+            let l1: f64 = xa.iter().zip(xb.iter()).map(|(a, b)| (a - b).abs()).sum();
+            let step = StreamStep {
+                incremental,
+                pushes: a.pushes,
+                incremental_work: a.work,
+                rounds: a.rounds,
+                recompute: recompute_t,
+                recompute_iterations: b.iterations,
+                recompute_work: b.work,
+                l1_diff: l1,
+                applied: a.applied,
+            };
+            on_step(&step);
+            if l1.is_nan() || l1 > stream_tolerance(g.nodes(), p) {
+                return Err(WorkloadError::Mismatch {
+                    workload: "pagerank-stream",
+                    detail: format!(
+                        "L1 distance to the recompute {l1:e} > {:e}",
+                        stream_tolerance(g.nodes(), p)
+                    ),
+                });
+            }
+            steps.push(step);
+        }
+        Ok((steps, inc.ranks()?))
+    })();
+    let a = inc.terminate();
+    let b = full.terminate();
+    let out = result?;
+    a?;
+    b?;
+    Ok(out)
+}
+
+/// The graph after `batches` of changes, applied as the kernel applies them (changes naming a
+/// node past the graph, duplicate adds, removals of absent edges and unknown ops change
+/// nothing): the input of an independent check of a streaming run's final ranks.
+pub fn apply_updates(g: &EdgeList, batches: &[Vec<EdgeUpdate>]) -> EdgeList {
+    let mut d = DynGraph::new(g);
+    let n = g.nodes();
+    for e in batches.iter().flatten() {
+        if (e.src as usize) < n && (e.dst as usize) < n {
+            match e.op {
+                OP_ADD => {
+                    d.add(e.src, e.dst);
+                }
+                OP_REMOVE => {
+                    d.remove(e.src, e.dst);
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut edges: Vec<(u32, u32)> = d
+        .out
+        .iter()
+        .enumerate()
+        .flat_map(|(u, o)| o.iter().map(move |&v| (u as u32, v)))
+        .collect();
+    edges.sort_unstable();
+    EdgeList {
+        ids: g.ids.clone(),
+        edges,
+    }
+}
