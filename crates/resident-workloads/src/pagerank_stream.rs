@@ -616,6 +616,9 @@ pub struct StreamPageRank {
     computed: bool,
 }
 
+/// Messages [`exchange`] leaves unanswered at most (a quarter of the kernel's queue).
+const WINDOW: usize = 1024;
+
 /// Sends `msgs` and waits for an answer to each (every operation but a change answers once).
 fn exchange(
     k: &KernelHandle<StreamMsg, StreamAnswer>,
@@ -624,13 +627,16 @@ fn exchange(
     let mut answers = Vec::with_capacity(msgs.len());
     let mut sent = 0;
     while answers.len() < msgs.len() {
-        if sent < msgs.len() {
-            sent += k.send_batch(&msgs[sent..])?;
+        // At most WINDOW unanswered: the kernel always has room for its answers, so a send
+        // never waits on a kernel that waits on us to take answers.
+        let end = msgs.len().min(answers.len() + WINDOW);
+        if sent < end {
+            sent += k.send_batch(&msgs[sent..end])?;
         }
         let before = answers.len();
         let want = msgs.len() - answers.len();
         k.receive_batch(&mut answers, want)?;
-        if answers.len() == before && sent == msgs.len() {
+        if answers.len() == before && sent == end {
             answers.push(k.receive(LONG)?);
         }
     }

@@ -593,3 +593,78 @@ fn an_in_order_batch_the_device_cuts_short_fails_the_kernel() {
     }
     let _ = k.terminate();
 }
+
+const ATOMIC_WGSL: &str = r#"
+fn handle(m: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {
+    atomicAdd(&hist[m.v % hist_len], 1u);
+    // A float kept as its bits: add 0.5 with a compare-exchange loop.
+    var old = atomicLoad(&sum_bits[0]);
+    loop {
+        let r = atomicCompareExchangeWeak(&sum_bits[0], old, bitcast<u32>(bitcast<f32>(old) + 0.5));
+        if (r.exchanged) { break; }
+        old = r.old_value;
+    }
+    (*out).v = m.v;
+    return true;
+}
+"#;
+
+/// `WgslHandler::atomic`: parallel invocations of every batch update the same elements of
+/// bound buffers declared atomic, and no update is lost (a histogram and a float sum kept as
+/// bits, both exact); naming a buffer that is not bound, or one of floats, is a typed error.
+#[test]
+fn atomic_bound_buffers_lose_no_parallel_update() {
+    let Some((rt, d)) = wgpu("atomic_bound_buffers_lose_no_parallel_update") else {
+        return;
+    };
+    let o = BufferOptions::default();
+    let kernel = |id: &str, h: WgslHandler<Val, Val>| {
+        RingKernel::<Val, Val>::new(id)
+            .batch_size(256)
+            .bind("hist", UnifiedBuffer::from_slice(&d, &[0u32; 16], o).unwrap())
+            .bind("sum_bits", UnifiedBuffer::from_slice(&d, &[0u32], o).unwrap())
+            .bind("plain", UnifiedBuffer::from_slice(&d, &[0f32], o).unwrap())
+            .wgsl(h)
+    };
+    let h = || {
+        WgslHandler::new(ATOMIC_WGSL)
+            .atomic("hist")
+            .atomic("sum_bits")
+    };
+    let k = rt.launch(kernel("atomics", h())).unwrap();
+    k.activate().unwrap();
+    let n = 32_000u32;
+    let msgs: Vec<Val> = (0..n).map(|v| Val { v }).collect();
+    let mut sent = 0;
+    let mut got = Vec::new();
+    while got.len() < msgs.len() {
+        // At most 512 unanswered, so the kernel always has room for its answers.
+        let end = msgs.len().min(got.len() + 512);
+        if sent < end {
+            sent += k.send_batch(&msgs[sent..end]).unwrap();
+        }
+        let before = got.len();
+        k.receive_batch(&mut got, msgs.len()).unwrap();
+        if got.len() == before && sent == end {
+            got.push(k.receive(T).unwrap());
+        }
+    }
+    let hist = k.read_buffer::<u32>("hist", T).unwrap();
+    assert_eq!(&*hist, &[n / 16; 16]);
+    drop(hist);
+    let bits = k.read_buffer::<u32>("sum_bits", T).unwrap();
+    assert_eq!(f32::from_bits(bits[0]), n as f32 * 0.5);
+    k.terminate().unwrap();
+    for (bad, why) in [("nope", "no buffer of that name"), ("plain", "`f32`")] {
+        let e = rt
+            .launch(kernel(&format!("atomic-{bad}"), h().atomic(bad)))
+            .expect_err("refused");
+        match e.device_error() {
+            Some(DeviceError::Wgsl(WgslLaunchError::Atomic { name, reason })) => {
+                assert_eq!(name, bad);
+                assert!(reason.contains(why), "{reason}");
+            }
+            other => panic!("expected an atomic-binding error, got {other:?}"),
+        }
+    }
+}

@@ -51,9 +51,10 @@
 //! keyword or a generated name), an element type with no byte-identical WGSL form (8- and 16-bit
 //! integers) and more storage buffers than the adapter binds per stage are
 //! [`DeviceError::Binding`]; a buffer past `max_storage_buffer_binding_size` is
-//! [`WgslLaunchError::BoundBuffer`] with the limit named. Elements are plain (not atomic): the
-//! invocations of a parallel batch must write distinct elements, or use
-//! [`WgslHandler::in_order`]. Host reads and writes (`KernelHandle::read_buffer` /
+//! [`WgslLaunchError::BoundBuffer`] with the limit named. Elements are plain unless the handler
+//! declares the buffer with [`WgslHandler::atomic`] (`u32`/`i32` elements become
+//! `atomic<u32>`/`atomic<i32>`): the invocations of a parallel batch must write distinct
+//! plain elements, update shared ones atomically, or use [`WgslHandler::in_order`]. Host reads and writes (`KernelHandle::read_buffer` /
 //! `write_buffer`) are synchronized with the batches through the device's one queue, which
 //! runs submissions in order: a read is a copy submitted behind every batch already submitted
 //! (so it sees the buffer between two batches, never torn), mapped with a bounded wait; a write
@@ -106,6 +107,8 @@ pub struct WgslHandler<In, Out> {
     in_flight: usize,
     /// One invocation runs the batch's messages in order (see [`WgslHandler::in_order`]).
     in_order: bool,
+    /// Bound buffers declared with atomic elements (see [`WgslHandler::atomic`]).
+    atomics: Vec<String>,
     /// The message types' WGSL declarations (nested structs first), or why there are none.
     decls: Result<String, WgslLayoutError>,
     names: (&'static str, &'static str),
@@ -125,6 +128,7 @@ impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
             workgroup: 64,
             in_flight: 3,
             in_order: false,
+            atomics: Vec::new(),
             decls: (|| {
                 let mut decls = Vec::new();
                 In::wgsl_dependencies(&mut decls)?;
@@ -208,6 +212,40 @@ impl<In, Out> WgslHandler<In, Out> {
         self
     }
 
+    /// Declares the bound buffer `name` with atomic elements, `array<atomic<u32>>` (or
+    /// `atomic<i32>`), for handlers whose parallel invocations update the same elements
+    /// (counters, flags, histograms, or floats kept as their bits and updated with an
+    /// `atomicCompareExchangeWeak` loop). The bytes are the same as the plain declaration's,
+    /// so host reads and writes see the values as usual. A name that is not bound, or whose
+    /// elements are not `u32`/`i32`, fails the launch with [`WgslLaunchError::Atomic`].
+    pub fn atomic(mut self, name: impl Into<String>) -> Self {
+        self.atomics.push(name.into());
+        self
+    }
+
+    /// Refuses atomic declarations of buffers that are not bound or not 32-bit integers.
+    fn check_atomics(&self, bindings: &[DeviceBinding]) -> Result<(), WgslLaunchError> {
+        for name in &self.atomics {
+            let refuse = |reason: String| WgslLaunchError::Atomic {
+                name: name.clone(),
+                reason,
+            };
+            let Some(b) = bindings.iter().find(|b| &b.name == name) else {
+                return Err(refuse("no buffer of that name is bound".into()));
+            };
+            match b.elem.wgsl_type.as_deref() {
+                Ok("u32") | Ok("i32") => {}
+                Ok(other) => {
+                    return Err(refuse(format!(
+                        "its elements are `{other}`; WGSL has atomics of u32 and i32 only"
+                    )))
+                }
+                Err(e) => return Err(refuse(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
     /// The complete WGSL module the runtime compiles: the handler source first (so compiler
     /// line numbers are the source's own), then the generated declarations and entry point
     /// and the 64-bit helpers. The declarations of bound buffers are added at launch, where
@@ -244,7 +282,10 @@ impl<In, Out> WgslHandler<In, Out> {
             }
         }
         for (i, b) in bindings.iter().enumerate() {
-            let ty = b.elem.wgsl_type.clone()?;
+            let mut ty = b.elem.wgsl_type.clone()?;
+            if self.atomics.contains(&b.name) {
+                ty = format!("atomic<{ty}>");
+            }
             s.push_str(&format!(
                 "// Bound buffer {i}: {len} elements of {size} bytes.\n\
                  @group(1) @binding({i}) var<storage, read_write> {name}: array<{ty}>;\n\
@@ -340,6 +381,15 @@ pub enum WgslLaunchError {
     /// The device refused (limits, memory, loss).
     #[error(transparent)]
     Device(#[from] BackendError),
+    /// [`WgslHandler::atomic`] named a buffer that is not bound, or whose elements are not
+    /// `u32`/`i32`.
+    #[error("atomic bound buffer '{name}': {reason}")]
+    Atomic {
+        /// The name given to `atomic`.
+        name: String,
+        /// Why it cannot be atomic.
+        reason: String,
+    },
     /// The device refused a bound buffer (for example past `max_storage_buffer_binding_size`,
     /// named in the [`BackendError::WgpuLimit`] underneath).
     #[error("bound buffer '{name}': {source}")]
@@ -532,6 +582,7 @@ impl RingPipeline {
         bindings: &[DeviceBinding],
     ) -> Result<Self, WgslLaunchError> {
         ctx.check()?;
+        handler.check_atomics(bindings)?;
         let source = handler.module_source_with(bindings)?;
         let compiled = compile(&source)?;
         layout_check(&compiled, handler.names.0, in_size)?;
