@@ -35,7 +35,13 @@
 //!   `out_len`, `out_cap`, `pool`); an add to a full list moves the list to twice the room at
 //!   the pool's end. Rounds run their ranges on parallel threads with atomic adds (`f64`
 //!   `atomicAdd`, sm_60 and later).
-//! - **wgpu**: not built (WGSL has no 64-bit or floating-point atomics; see the crate docs).
+//! - **wgpu** ([`wgsl::PAGERANK_STREAM_WGSL`](crate::device::wgsl::PAGERANK_STREAM_WGSL)):
+//!   the same layout and rounds in f32. WGSL has no floating-point atomics and no fence
+//!   between invocations, so `residual` and `acc` are f32 bits in atomic `u32` buffers
+//!   ([`WgslHandler::atomic`]) updated by compare-exchange loops, and a node's "queued" flag is
+//!   the lowest bit of its residual (one location, so no ordering between two is needed).
+//!   WGSL cannot make an invocation wait for another, so there are no tickets: the host sends
+//!   the changes in waves in which no source repeats, with a sync between waves.
 //!
 //! Adds that find the pool full are refused, counted, and reported by the next sync as
 //! [`WorkloadError::Refused`]: nothing accepted is dropped silently. The pool starts with
@@ -51,7 +57,7 @@ use resident::prelude::*;
 use resident::UnifiedBuffer;
 
 use super::{unique, DynGraph, Params, LONG};
-use crate::device::cuda;
+use crate::device::{cuda, wgsl};
 use crate::error::{InputError, WorkloadError};
 use crate::input::EdgeList;
 
@@ -141,6 +147,24 @@ resident::ring::device_message! {
         pub stalled: u32,
         pub len: [u32; 3],
         pub _pad: u32,
+    }
+}
+
+resident::ring::device_message! {
+    /// The wgpu handler's state: the parameters in f32, the uniform residual as f32 bits, and
+    /// the counters of [`StreamCounters`] (every `u32` atomic in WGSL).
+    #[derive(Default)]
+    pub struct WgslStreamCounters {
+        pub damping: f32,
+        pub eps: f32,
+        pub uniform_bits: u32,
+        pub pool_top: u32,
+        pub updates: u32,
+        pub applied: u32,
+        pub rejected: u32,
+        pub full: u32,
+        pub stalled: u32,
+        pub len: [u32; 3],
     }
 }
 
@@ -510,41 +534,61 @@ pub fn stream_kernel(
     }
     let o = BufferOptions::default();
     let graph = DynGraph::new(g);
-    let on_device = device.kind() != BackendKind::Cpu;
-    let zeros = |len: usize| UnifiedBuffer::<f64>::new(device, len, o);
-    let mut k = RingKernel::<StreamMsg, StreamAnswer>::new(id)
+    let k = RingKernel::<StreamMsg, StreamAnswer>::new(id)
         .queue_size(4096)
         .batch_size(crate::device::batch_size(device.kind(), 1024))
-        .backpressure(Backpressure::Block(Duration::from_secs(60)))
-        .bind("ranks", zeros(n)?)
-        .bind("residual", zeros(n)?)
-        .bind("acc", zeros(n)?);
-    if on_device {
-        let dg = DeviceGraph::new(&graph)?;
-        let u32s = |v: &[u32]| UnifiedBuffer::from_slice(device, v, o);
-        let zeros32 = |len: usize| UnifiedBuffer::<u32>::new(device, len, o);
-        k = k
-            .bind("out_off", u32s(&dg.out_off)?)
-            .bind("out_len", u32s(&dg.out_len)?)
-            .bind("out_cap", u32s(&dg.out_cap)?)
-            .bind("pool", u32s(&dg.pool)?)
-            .bind("flags", zeros32(n)?)
-            .bind("frontier", zeros32(2 * n)?)
-            .bind("src_seq", zeros32(n)?)
-            .cuda(cuda::pagerank_stream_handler(StreamCounters {
-                damping: p.damping,
-                eps: p.damping * p.tol,
-                uniform: 0.0,
-                pool_top: dg.top,
-                updates: 0,
-                applied: 0,
-                rejected: 0,
-                full: 0,
-                stalled: 0,
-                len: [0; 3],
-                _pad: 0,
-            }));
-    }
+        .backpressure(Backpressure::Block(Duration::from_secs(60)));
+    let f64s = |len: usize| UnifiedBuffer::<f64>::new(device, len, o);
+    let u32s = |v: &[u32]| UnifiedBuffer::from_slice(device, v, o);
+    let zeros32 = |len: usize| UnifiedBuffer::<u32>::new(device, len, o);
+    let k = match device.kind() {
+        BackendKind::Cpu => k
+            .bind("ranks", f64s(n)?)
+            .bind("residual", f64s(n)?)
+            .bind("acc", f64s(n)?),
+        BackendKind::Wgpu => {
+            let dg = DeviceGraph::new(&graph)?;
+            k.bind("ranks", UnifiedBuffer::<f32>::new(device, n, o)?)
+                .bind("residual", zeros32(n)?)
+                .bind("acc", zeros32(n)?)
+                .bind("out_off", u32s(&dg.out_off)?)
+                .bind("out_len", u32s(&dg.out_len)?)
+                .bind("out_cap", u32s(&dg.out_cap)?)
+                .bind("pool", u32s(&dg.pool)?)
+                .bind("frontier", zeros32(2 * n)?)
+                .wgsl(
+                    WgslHandler::new(wgsl::PAGERANK_STREAM_WGSL)
+                        .function("pagerank_stream")
+                        .atomic("residual")
+                        .atomic("acc")
+                        .state(WgslStreamCounters {
+                            damping: p.damping as f32,
+                            eps: (p.damping * p.tol) as f32,
+                            pool_top: dg.top,
+                            ..WgslStreamCounters::default()
+                        }),
+                )
+        }
+        _ => {
+            let dg = DeviceGraph::new(&graph)?;
+            k.bind("ranks", f64s(n)?)
+                .bind("residual", f64s(n)?)
+                .bind("acc", f64s(n)?)
+                .bind("out_off", u32s(&dg.out_off)?)
+                .bind("out_len", u32s(&dg.out_len)?)
+                .bind("out_cap", u32s(&dg.out_cap)?)
+                .bind("pool", u32s(&dg.pool)?)
+                .bind("flags", zeros32(n)?)
+                .bind("frontier", zeros32(2 * n)?)
+                .bind("src_seq", zeros32(n)?)
+                .cuda(cuda::pagerank_stream_handler(StreamCounters {
+                    damping: p.damping,
+                    eps: p.damping * p.tol,
+                    pool_top: dg.top,
+                    ..StreamCounters::default()
+                }))
+        }
+    };
     let state = StreamState {
         graph,
         params: p,
@@ -614,6 +658,7 @@ pub struct StreamPageRank {
     seq: Vec<u32>,
     totals: (u32, u32, u32, u32),
     computed: bool,
+    kind: BackendKind,
 }
 
 /// Messages [`exchange`] leaves unanswered at most (a quarter of the kernel's queue).
@@ -673,6 +718,7 @@ impl StreamPageRank {
             seq: vec![0; n],
             totals: (0, 0, 0, 0),
             computed: false,
+            kind: device.kind(),
         })
     }
 
@@ -692,19 +738,30 @@ impl StreamPageRank {
     }
 
     /// Sends edge changes (blocking while the kernel's queue is full); they apply in order
-    /// per source.
+    /// per source. On wgpu a source's changes go in separate waves (see the module docs).
     pub fn update(&mut self, ups: &[EdgeUpdate]) -> Result<(), WorkloadError> {
-        let msgs: Vec<StreamMsg> = ups
-            .iter()
-            .map(|u| {
-                let ticket = match self.seq.get_mut(u.src as usize) {
-                    Some(s) => std::mem::replace(s, s.wrapping_add(1)),
-                    None => 0, // refused by the kernel (out of range), counted there
-                };
-                self.sent = self.sent.wrapping_add(1);
-                StreamMsg::new(u.op, u.src, u.dst, 0.0, self.round, ticket)
-            })
-            .collect();
+        let mut wave: Vec<StreamMsg> = Vec::with_capacity(ups.len());
+        let mut in_wave = std::collections::HashSet::new();
+        for u in ups {
+            if self.kind == BackendKind::Wgpu && !in_wave.insert(u.src) {
+                self.send_wave(&wave)?;
+                wave.clear();
+                in_wave.clear();
+                in_wave.insert(u.src);
+                // The wave is applied once a sync sent after it is answered.
+                self.sync_call()?;
+            }
+            let ticket = match self.seq.get_mut(u.src as usize) {
+                Some(s) => std::mem::replace(s, s.wrapping_add(1)),
+                None => 0, // refused by the kernel (out of range), counted there
+            };
+            self.sent = self.sent.wrapping_add(1);
+            wave.push(StreamMsg::new(u.op, u.src, u.dst, 0.0, self.round, ticket));
+        }
+        self.send_wave(&wave)
+    }
+
+    fn send_wave(&self, msgs: &[StreamMsg]) -> Result<(), WorkloadError> {
         let mut sent = 0;
         while sent < msgs.len() {
             sent += self.k.send_batch(&msgs[sent..])?;
@@ -712,14 +769,23 @@ impl StreamPageRank {
         Ok(())
     }
 
+    fn sync_call(&self) -> Result<StreamAnswer, WorkloadError> {
+        Ok(self.k.call(
+            StreamMsg::new(op::SYNC, 0, 0, 0.0, self.round, self.sent),
+            LONG,
+        )?)
+    }
+
     /// Waits until every change sent is applied; returns the pending queue length and the
     /// changes applied / refused since the last sync. Adds refused for lack of pool room, or
     /// changes given up after a stall, are an error.
     fn sync(&mut self) -> Result<(u64, u64, u64), WorkloadError> {
-        let a = self.k.call(
-            StreamMsg::new(op::SYNC, 0, 0, 0.0, self.round, self.sent),
-            LONG,
-        )?;
+        let mut a = self.sync_call()?;
+        if self.kind == BackendKind::Wgpu {
+            // WGSL's sync does not wait: the first may share a batch with the last changes;
+            // the second runs in a later batch, after all of them.
+            a = self.sync_call()?;
+        }
         if a.ok == 0 {
             return Err(WorkloadError::Timeout {
                 workload: "pagerank-stream",
@@ -848,8 +914,12 @@ impl StreamPageRank {
         Ok(out)
     }
 
-    /// The ranks (a synchronized read of the bound buffer).
+    /// The ranks (a synchronized read of the bound buffer; f32 on wgpu, widened).
     pub fn ranks(&self) -> Result<Vec<f64>, WorkloadError> {
+        if self.kind == BackendKind::Wgpu {
+            let x = self.k.read_buffer::<f32>("ranks", LONG)?;
+            return Ok(x.iter().map(|&v| v as f64).collect());
+        }
         Ok(self.k.read_buffer::<f64>("ranks", LONG)?.to_vec())
     }
 
@@ -886,6 +956,15 @@ pub struct StreamStep {
 /// The L1 distance allowed between incremental and recomputed ranks: `2 d/(1-d) N tol`.
 pub fn stream_tolerance(nodes: usize, p: Params) -> f64 {
     2.0 * p.damping / (1.0 - p.damping) * nodes as f64 * p.tol
+}
+
+/// [`stream_tolerance`] for handlers computing at `precision`: at f32 plus
+/// [`FULL_TOLERANCE_F32`](super::FULL_TOLERANCE_F32) (f32 rounding of ranks that sum to 1).
+pub fn stream_tolerance_with(nodes: usize, p: Params, precision: crate::Precision) -> f64 {
+    match precision {
+        crate::Precision::F64 => stream_tolerance(nodes, p),
+        crate::Precision::F32 => stream_tolerance(nodes, p) + super::FULL_TOLERANCE_F32,
+    }
 }
 
 /// Deterministic update batches: each half removes an existing edge, half adds a random one.
@@ -925,7 +1004,7 @@ pub fn generate_updates(
 
 /// Streaming PageRank: an incremental kernel and a recompute-from-scratch kernel get the same
 /// update batches; after each batch both answer and their ranks are compared
-/// ([`stream_tolerance`]). `on_step` sees every step.
+/// ([`stream_tolerance_with`] at the device's precision). `on_step` sees every step.
 pub fn run_stream(
     rt: &Runtime,
     device: &DeviceHandle,
@@ -973,13 +1052,11 @@ pub fn run_stream(
                 applied: a.applied,
             };
             on_step(&step);
-            if l1.is_nan() || l1 > stream_tolerance(g.nodes(), p) {
+            let tol = stream_tolerance_with(g.nodes(), p, crate::Precision::of(device.kind()));
+            if l1.is_nan() || l1 > tol {
                 return Err(WorkloadError::Mismatch {
                     workload: "pagerank-stream",
-                    detail: format!(
-                        "L1 distance to the recompute {l1:e} > {:e}",
-                        stream_tolerance(g.nodes(), p)
-                    ),
+                    detail: format!("L1 distance to the recompute {l1:e} > {tol:e}"),
                 });
             }
             steps.push(step);

@@ -621,8 +621,14 @@ fn atomic_bound_buffers_lose_no_parallel_update() {
     let kernel = |id: &str, h: WgslHandler<Val, Val>| {
         RingKernel::<Val, Val>::new(id)
             .batch_size(256)
-            .bind("hist", UnifiedBuffer::from_slice(&d, &[0u32; 16], o).unwrap())
-            .bind("sum_bits", UnifiedBuffer::from_slice(&d, &[0u32], o).unwrap())
+            .bind(
+                "hist",
+                UnifiedBuffer::from_slice(&d, &[0u32; 16], o).unwrap(),
+            )
+            .bind(
+                "sum_bits",
+                UnifiedBuffer::from_slice(&d, &[0u32], o).unwrap(),
+            )
             .bind("plain", UnifiedBuffer::from_slice(&d, &[0f32], o).unwrap())
             .wgsl(h)
     };

@@ -15,6 +15,7 @@
 //! | [`PIPELINE_WGSL`] | `score` | `Normalized -> Scored` | `.function("score").declare::<Raw>()` |
 //! | [`ANOMALY_WGSL`] | `anomaly` | `ReadingMsg -> AlertMsg`, bound `stats`, state `DetectorCounters` | `.function("anomaly").state(DetectorCounters::default()).in_order()` |
 //! | [`PAGERANK_WGSL`] | `pagerank_step` | `PageRankStep -> StepDone`, bound `in_offsets`, `in_sources`, `out_degree`, `ranks` (f64[2N]) | `.function("pagerank_step")` |
+//! | [`PAGERANK_STREAM_WGSL`] | `pagerank_stream` | `StreamMsg -> StreamAnswer`, bound `ranks` (f32), `residual`, `acc` (atomic u32: f32 bits), `out_off`, `out_len`, `out_cap`, `pool`, `frontier` (u32), state `WgslStreamCounters` | see `pagerank::stream_kernel` |
 //! | [`ANOMALY_STATELESS_WGSL`] | `anomaly_stateless` (entry point) | one-shot kernel | `Kernel::new(..).wgsl(ANOMALY_STATELESS_WGSL, "anomaly_stateless")` |
 //!
 //! On Mesa's llvmpipe/lavapipe one invocation runs at most 65535 loop iterations in total, so
@@ -38,6 +39,9 @@ pub const ANOMALY_WGSL: &str = include_str!("anomaly.wgsl");
 pub const ANOMALY_STATELESS_WGSL: &str = include_str!("anomaly_stateless.wgsl");
 /// One PageRank power-iteration step over a node range: function `pagerank_step`.
 pub const PAGERANK_WGSL: &str = include_str!("pagerank.wgsl");
+/// Streaming PageRank: function `pagerank_stream` (state `WgslStreamCounters`, `residual`
+/// and `acc` declared atomic).
+pub const PAGERANK_STREAM_WGSL: &str = include_str!("pagerank_stream.wgsl");
 
 /// [`crate::anomaly::run_stateless`] on a wgpu device: per micro-batch of `batch` readings the
 /// statistics and the readings are uploaded into `UnifiedBuffer`s, one one-shot WGSL kernel
