@@ -45,7 +45,8 @@
 //!
 //! Adds that find the pool full are refused, counted, and reported by the next sync as
 //! [`WorkloadError::Refused`]: nothing accepted is dropped silently. The pool starts with
-//! room for every node's list to grow by half (at least 4) plus as many entries again.
+//! room for every node's list to grow by half (at least 4) plus as many entries again, or the
+//! spare given to [`StreamPageRank::launch_with_spare`].
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -481,11 +482,11 @@ struct DeviceGraph {
 }
 
 impl DeviceGraph {
-    fn new(g: &DynGraph) -> Result<Self, WorkloadError> {
+    fn new(g: &DynGraph, spare: Option<usize>) -> Result<Self, WorkloadError> {
         let n = g.nodes();
         let used: usize = g.out.iter().map(|l| room(l.len())).sum();
         // As much again for lists that outgrow their room (each move doubles it).
-        let total = used.saturating_mul(2).max(1024);
+        let total = used.saturating_add(spare.unwrap_or(used)).max(1024);
         if total > u32::MAX as usize {
             return Err(InputError::BadParameter {
                 name: "edges",
@@ -523,6 +524,20 @@ pub fn stream_kernel(
     g: &EdgeList,
     p: Params,
 ) -> Result<RingKernel<StreamMsg, StreamAnswer, StreamState>, WorkloadError> {
+    stream_kernel_with_spare(id, device, g, p, None)
+}
+
+/// [`stream_kernel`] with `spare` pool entries (beyond each node's starting room) for lists
+/// that outgrow their room on a device; `None`: as many as the starting room. An add that
+/// finds the pool full is refused and reported ([`WorkloadError::Refused`]); size the spare
+/// for the additions you expect (each move of a list to more room takes twice its room).
+pub fn stream_kernel_with_spare(
+    id: &str,
+    device: &DeviceHandle,
+    g: &EdgeList,
+    p: Params,
+    spare: Option<usize>,
+) -> Result<RingKernel<StreamMsg, StreamAnswer, StreamState>, WorkloadError> {
     let n = g.nodes();
     if n > u32::MAX as usize / 2 {
         return Err(InputError::BadParameter {
@@ -547,7 +562,7 @@ pub fn stream_kernel(
             .bind("residual", f64s(n)?)
             .bind("acc", f64s(n)?),
         BackendKind::Wgpu => {
-            let dg = DeviceGraph::new(&graph)?;
+            let dg = DeviceGraph::new(&graph, spare)?;
             k.bind("ranks", UnifiedBuffer::<f32>::new(device, n, o)?)
                 .bind("residual", zeros32(n)?)
                 .bind("acc", zeros32(n)?)
@@ -570,7 +585,7 @@ pub fn stream_kernel(
                 )
         }
         _ => {
-            let dg = DeviceGraph::new(&graph)?;
+            let dg = DeviceGraph::new(&graph, spare)?;
             k.bind("ranks", f64s(n)?)
                 .bind("residual", f64s(n)?)
                 .bind("acc", f64s(n)?)
@@ -705,8 +720,21 @@ impl StreamPageRank {
         p: Params,
         id: &str,
     ) -> Result<Self, WorkloadError> {
+        Self::launch_with_spare(rt, device, g, p, id, None)
+    }
+
+    /// [`launch`](Self::launch) with `spare` pool entries on a device (see
+    /// [`stream_kernel_with_spare`]).
+    pub fn launch_with_spare(
+        rt: &Runtime,
+        device: &DeviceHandle,
+        g: &EdgeList,
+        p: Params,
+        id: &str,
+        spare: Option<usize>,
+    ) -> Result<Self, WorkloadError> {
         let n = g.nodes();
-        let k = rt.launch(stream_kernel(id, device, g, p)?)?;
+        let k = rt.launch(stream_kernel_with_spare(id, device, g, p, spare)?)?;
         k.activate()?;
         Ok(StreamPageRank {
             k,
@@ -740,25 +768,41 @@ impl StreamPageRank {
     /// Sends edge changes (blocking while the kernel's queue is full); they apply in order
     /// per source. On wgpu a source's changes go in separate waves (see the module docs).
     pub fn update(&mut self, ups: &[EdgeUpdate]) -> Result<(), WorkloadError> {
-        let mut wave: Vec<StreamMsg> = Vec::with_capacity(ups.len());
-        let mut in_wave = std::collections::HashSet::new();
-        for u in ups {
-            if self.kind == BackendKind::Wgpu && !in_wave.insert(u.src) {
-                self.send_wave(&wave)?;
-                wave.clear();
-                in_wave.clear();
-                in_wave.insert(u.src);
-                // The wave is applied once a sync sent after it is answered.
+        let msgs: Vec<StreamMsg> = ups
+            .iter()
+            .map(|u| {
+                let ticket = match self.seq.get_mut(u.src as usize) {
+                    Some(s) => std::mem::replace(s, s.wrapping_add(1)),
+                    None => 0, // refused by the kernel (out of range), counted there
+                };
+                self.sent = self.sent.wrapping_add(1);
+                StreamMsg::new(u.op, u.src, u.dst, 0.0, self.round, ticket)
+            })
+            .collect();
+        if self.kind != BackendKind::Wgpu {
+            return self.send_wave(&msgs);
+        }
+        // Waves: a change goes in the wave after its source's previous change, so a source's
+        // changes keep their order and changes of different sources (which commute: they
+        // touch different lists and only add to the residual) share waves.
+        let mut last = std::collections::HashMap::<u32, usize>::new();
+        let mut waves: Vec<Vec<StreamMsg>> = Vec::new();
+        for m in msgs {
+            let w = last.get(&m.a).map_or(0, |&w| w + 1);
+            last.insert(m.a, w);
+            if waves.len() <= w {
+                waves.push(Vec::new());
+            }
+            waves[w].push(m);
+        }
+        for (i, wave) in waves.iter().enumerate() {
+            if i > 0 {
+                // The previous wave is applied once a sync sent after it is answered.
                 self.sync_call()?;
             }
-            let ticket = match self.seq.get_mut(u.src as usize) {
-                Some(s) => std::mem::replace(s, s.wrapping_add(1)),
-                None => 0, // refused by the kernel (out of range), counted there
-            };
-            self.sent = self.sent.wrapping_add(1);
-            wave.push(StreamMsg::new(u.op, u.src, u.dst, 0.0, self.round, ticket));
+            self.send_wave(wave)?;
         }
-        self.send_wave(&wave)
+        Ok(())
     }
 
     fn send_wave(&self, msgs: &[StreamMsg]) -> Result<(), WorkloadError> {
@@ -799,8 +843,8 @@ impl StreamPageRank {
             return Err(WorkloadError::Refused {
                 workload: "pagerank-stream",
                 count: full,
-                reason: "edge additions: the device's edge pool is full (relaunch the kernel \
-                         with the current graph to compact it)"
+                reason: "edge additions: the device's edge pool is full (launch with more \
+                         spare room: StreamPageRank::launch_with_spare)"
                     .into(),
             });
         }
