@@ -49,5 +49,9 @@ run "$T_BENCH" "$OUT/ring.log" .gpu/resident bench-ring --out-dir "$OUT"
 for w in vector-add pipeline pagerank anomaly; do
   run "$T_TEST" "$OUT/workloads-demo.log" .gpu/resident demo "$w" --backend cuda
 done
+# Streaming PageRank on the GPU (edge changes in ticket order, parallel push rounds with f64
+# atomics), checked against the recompute after every batch and the reference at the end.
+run "$T_TEST" "$OUT/workloads-demo.log" .gpu/resident demo pagerank --stream --backend cuda \
+  --nodes 1000000 --edges-per-node 5 --tol 1e-9 --batches 5
 run "$T_BENCH" "$OUT/workloads.log" .gpu/resident bench workloads --backends cuda,cpu --out-dir "$OUT"
 echo "everything is in $OUT (status.txt: one line per step)"
