@@ -450,3 +450,100 @@ mod tests {
         assert!(matches!(e, SimError::BadLaunch { .. }), "{e}");
     }
 }
+
+/// What a ThreadSanitizer run of a CudaSim translation unit gave ([`run_under_tsan`]).
+#[derive(Clone, Debug)]
+pub struct TsanRun {
+    /// The program exited 0 (TSan exits 66 on its first report).
+    pub success: bool,
+    /// Its standard output.
+    pub stdout: String,
+    /// Its standard error (TSan's reports).
+    pub stderr: String,
+}
+
+impl TsanRun {
+    /// Exited 0 with no TSan report.
+    pub fn clean(&self) -> bool {
+        self.success && !self.stderr.contains("ThreadSanitizer")
+    }
+}
+
+/// Why [`run_under_tsan`] gave no run.
+#[derive(Debug, thiserror::Error)]
+pub enum TsanError {
+    /// No host C++ compiler, or no ThreadSanitizer runtime (Debian: `libtsan2`): a test may
+    /// skip on this.
+    #[error("ThreadSanitizer is unavailable here: {0}")]
+    Unavailable(String),
+    /// The translation unit did not compile.
+    #[error("the ThreadSanitizer build failed:\n{0}")]
+    Build(String),
+    /// The program ran past the time limit and was killed.
+    #[error("the ThreadSanitizer run did not end within {0:?} (killed)")]
+    Timeout(std::time::Duration),
+    /// The files or the process could not be made.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Compiles `tu` (a complete C++ program: typically [`translation_unit`] followed by a driver
+/// with `main`, which plays the host) with the host compiler, `-std=c++20 -O1 -g
+/// -fsanitize=thread -pthread`, into `dir/tag`, and runs it with `TSAN_OPTIONS=halt_on_error=1
+/// exitcode=66`, killed after `timeout`: CUDA C handlers checked for data races on host threads.
+pub fn run_under_tsan(
+    dir: &Path,
+    tag: &str,
+    tu: &str,
+    timeout: std::time::Duration,
+) -> Result<TsanRun, TsanError> {
+    let (cxx, _) = compiler().map_err(|e| TsanError::Unavailable(e.to_string()))?;
+    let src = dir.join(format!("{tag}.cpp"));
+    let exe = dir.join(tag);
+    std::fs::write(&src, tu)?;
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-g",
+            "-fsanitize=thread",
+            "-pthread",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&src)
+        .output()?;
+    if !out.status.success() {
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        if log.contains("libtsan") || log.contains("-ltsan") {
+            return Err(TsanError::Unavailable(format!("libtsan is missing: {log}")));
+        }
+        return Err(TsanError::Build(log));
+    }
+    let mut child = Command::new(&exe)
+        .env(
+            "TSAN_OPTIONS",
+            "halt_on_error=1 exitcode=66 second_deadlock_stack=1",
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let deadline = std::time::Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(TsanError::Timeout(timeout));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let output = child.wait_with_output()?;
+    Ok(TsanRun {
+        success: status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    })
+}

@@ -7,10 +7,10 @@
 //! Needs g++ and libtsan (Debian: `libtsan2`, installed by `.ci/run`). Without them the test
 //! prints `SKIP:` unless `RESIDENT_REQUIRE_TSAN=1`.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use resident_cuda::persistent::{KernelSource, MessageDecl};
+use resident_cuda::sim::TsanError;
 
 const DRIVER: &str = include_str!("sim/tsan_driver.cpp");
 
@@ -58,64 +58,17 @@ fn build_and_run(
     tag: &str,
     rendered: &str,
 ) -> Option<(bool, String, String)> {
-    let Ok((cxx, _)) = resident_cuda::sim::compiler() else {
-        skip_or_fail("no host C++ compiler");
-        return None;
-    };
     let tu = resident_cuda::sim::translation_unit(tag, rendered, &[])
         + "\n#line 1 \"tsan_driver.cpp\"\n"
         + DRIVER;
-    let src = dir.join(format!("{tag}.cpp"));
-    let exe = dir.join(tag);
-    std::fs::write(&src, tu).unwrap();
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++20",
-            "-O1",
-            "-g",
-            "-fsanitize=thread",
-            "-pthread",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        let log = String::from_utf8_lossy(&out.stderr);
-        if log.contains("libtsan") || log.contains("-ltsan") {
-            skip_or_fail(&format!("libtsan is missing: {log}"));
-            return None;
+    match resident_cuda::sim::run_under_tsan(dir, tag, &tu, Duration::from_secs(600)) {
+        Ok(r) => Some((r.success, r.stdout, r.stderr)),
+        Err(TsanError::Unavailable(why)) => {
+            skip_or_fail(&why);
+            None
         }
-        panic!("{tag}: the TSan build failed:\n{log}");
+        Err(e) => panic!("{tag}: {e}"),
     }
-    let mut child = Command::new(&exe)
-        .env(
-            "TSAN_OPTIONS",
-            "halt_on_error=1 exitcode=66 second_deadlock_stack=1",
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{tag}: the TSan run timed out (a hang in the protocol?)");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let output = child.wait_with_output().unwrap();
-    Some((
-        status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    ))
 }
 
 fn work_dir(tag: &str) -> std::path::PathBuf {

@@ -7,30 +7,14 @@
 //! absence a failure); wgpu when an adapter exists (lavapipe in CI; `RESIDENT_REQUIRE_WGPU=1`);
 //! CUDA when a GPU is present (`RESIDENT_REQUIRE_GPU=1`). An absent backend prints `SKIP:`.
 
-use resident::backend::{self, BackendKind, DeviceHandle};
+mod common;
+
+use resident::backend::{BackendKind, DeviceHandle};
 use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
 use resident_workloads::input::{generate_graph, generate_readings};
 use resident_workloads::{anomaly, pagerank, pipeline, vector_add, Precision};
-
-fn open(b: Backend, require: &str) -> Option<(Runtime, DeviceHandle)> {
-    let r = Runtime::builder()
-        .backend(b)
-        .build()
-        .map_err(|e| e.to_string())
-        .and_then(|rt| Ok((rt, backend::open(b).map_err(|e| e.to_string())?)));
-    match r {
-        Ok(x) => Some(x),
-        Err(e) => {
-            if std::env::var(require).as_deref() == Ok("1") {
-                panic!("{require}=1 but {b:?} is unavailable: {e}");
-            }
-            println!("SKIP: backends: {b:?} unavailable: {e}");
-            None
-        }
-    }
-}
 
 fn placement_of(d: &DeviceHandle) -> Placement {
     match d.kind() {
@@ -186,27 +170,27 @@ fn streaming_pagerank(rt: &Runtime, d: &DeviceHandle) {
 
 #[test]
 fn workloads_on_the_cpu() {
-    let (rt, d) = open(Backend::Cpu, "-").unwrap();
+    let (rt, d) = common::open(Backend::Cpu, "-", "backends").unwrap();
     all_workloads(&rt, &d);
 }
 
 #[test]
 fn workloads_on_cudasim() {
-    if let Some((rt, d)) = open(Backend::CudaSim, "RESIDENT_REQUIRE_CUDASIM") {
+    if let Some((rt, d)) = common::open(Backend::CudaSim, "RESIDENT_REQUIRE_CUDASIM", "backends") {
         all_workloads(&rt, &d);
     }
 }
 
 #[test]
 fn workloads_on_wgpu() {
-    if let Some((rt, d)) = open(Backend::Wgpu, "RESIDENT_REQUIRE_WGPU") {
+    if let Some((rt, d)) = common::open(Backend::Wgpu, "RESIDENT_REQUIRE_WGPU", "backends") {
         all_workloads(&rt, &d);
     }
 }
 
 #[test]
 fn workloads_on_a_gpu() {
-    if let Some((rt, d)) = open(Backend::Cuda, "RESIDENT_REQUIRE_GPU") {
+    if let Some((rt, d)) = common::open(Backend::Cuda, "RESIDENT_REQUIRE_GPU", "backends") {
         all_workloads(&rt, &d);
     }
 }

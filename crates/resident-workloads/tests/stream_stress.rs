@@ -15,29 +15,13 @@
 //! CudaSim and wgpu (lavapipe in CI); an absent backend prints `SKIP:` (a failure with
 //! `RESIDENT_REQUIRE_CUDASIM=1` / `RESIDENT_REQUIRE_WGPU=1`). Nothing here ran on a GPU.
 
-use resident::backend::{self, DeviceHandle};
+mod common;
+
+use resident::backend::DeviceHandle;
 use resident::prelude::*;
 use resident_workloads::input::{generate_graph, EdgeList};
 use resident_workloads::pagerank::{self, EdgeUpdate, Params, StreamPageRank, OP_ADD, OP_REMOVE};
 use resident_workloads::{Precision, WorkloadError};
-
-fn open(b: Backend, require: &str, test: &str) -> Option<(Runtime, DeviceHandle)> {
-    let r = Runtime::builder()
-        .backend(b)
-        .build()
-        .map_err(|e| e.to_string())
-        .and_then(|rt| Ok((rt, backend::open(b).map_err(|e| e.to_string())?)));
-    match r {
-        Ok(x) => Some(x),
-        Err(e) => {
-            if std::env::var(require).as_deref() == Ok("1") {
-                panic!("{require}=1 but {b:?} is unavailable: {e}");
-            }
-            println!("SKIP: stream_stress::{test}: {b:?} unavailable: {e}");
-            None
-        }
-    }
-}
 
 fn devices(test: &str) -> Vec<(Runtime, DeviceHandle)> {
     [
@@ -45,7 +29,7 @@ fn devices(test: &str) -> Vec<(Runtime, DeviceHandle)> {
         (Backend::Wgpu, "RESIDENT_REQUIRE_WGPU"),
     ]
     .into_iter()
-    .filter_map(|(b, req)| open(b, req, test))
+    .filter_map(|(b, req)| common::open(b, req, &format!("stream_stress::{test}")))
     .collect()
 }
 

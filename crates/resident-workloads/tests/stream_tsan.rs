@@ -9,9 +9,9 @@
 //! Needs g++ and libtsan (installed by `.ci/run`); without them the test prints `SKIP:` unless
 //! `RESIDENT_REQUIRE_TSAN=1`. `RESIDENT_TSAN_KEEP=1` keeps the generated source and binary.
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use resident::cuda::sim::{run_under_tsan, TsanError};
 use resident::ring::DeviceMessage;
 use resident_workloads::device::cuda::PAGERANK_STREAM_CU;
 use resident_workloads::pagerank::{StreamAnswer, StreamCounters, StreamMsg};
@@ -60,10 +60,6 @@ fn prelude() -> String {
 
 #[test]
 fn streaming_handler_is_clean_under_thread_sanitizer_and_matches_a_replay() {
-    let Ok((cxx, _)) = resident::cuda::sim::compiler() else {
-        skip_or_fail("no host C++ compiler");
-        return;
-    };
     let dir = std::env::temp_dir().join(format!("resident-stream-tsan-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tu = resident::cuda::sim::translation_unit(
@@ -75,57 +71,19 @@ fn streaming_handler_is_clean_under_thread_sanitizer_and_matches_a_replay() {
         &[],
     ) + "\n#line 1 \"stream_tsan_driver.cpp\"\n"
         + DRIVER;
-    let (src, exe) = (dir.join("stream_tsan.cpp"), dir.join("stream_tsan"));
-    std::fs::write(&src, tu).unwrap();
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++20",
-            "-O1",
-            "-g",
-            "-fsanitize=thread",
-            "-pthread",
-            "-o",
-        ])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        let log = String::from_utf8_lossy(&out.stderr);
-        if log.contains("libtsan") || log.contains("-ltsan") {
-            skip_or_fail(&format!("libtsan is missing: {log}"));
-            return;
-        }
-        panic!("the TSan build failed:\n{log}");
-    }
-    let mut child = Command::new(&exe)
-        .env("TSAN_OPTIONS", "halt_on_error=1 exitcode=66")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the TSan run timed out (a ticket or a round that never ends?)");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let run = match run_under_tsan(&dir, "stream_tsan", &tu, Duration::from_secs(600)) {
+        Ok(r) => r,
+        Err(TsanError::Unavailable(why)) => return skip_or_fail(&why),
+        Err(e) => panic!("{e}"),
     };
-    let output = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-    );
-    println!("{stdout}");
+    println!("{}", run.stdout);
     assert!(
-        status.success() && !stderr.contains("ThreadSanitizer"),
-        "status {status:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        run.clean(),
+        "stdout:\n{}\nstderr:\n{}",
+        run.stdout,
+        run.stderr
     );
-    assert!(stdout.contains("0 failed checks"), "{stdout}");
+    assert!(run.stdout.contains("0 failed checks"), "{}", run.stdout);
     if std::env::var("RESIDENT_TSAN_KEEP").as_deref() == Ok("1") {
         println!("kept {}", dir.display());
     } else {

@@ -401,3 +401,37 @@ fn precision_aware_checks_accept_rounding_and_refuse_real_differences() {
     near.ranks[1] += 1e-3;
     assert!(pagerank::check_full_with(&near, &want, Precision::F32).is_err());
 }
+
+/// The streaming kernel's operation codes are written three times (Rust, CUDA C, WGSL): they
+/// must agree.
+#[test]
+fn streaming_op_codes_agree_in_rust_cuda_and_wgsl() {
+    use resident_workloads::device::{cuda, wgsl};
+    use resident_workloads::pagerank::op;
+    let ops = [
+        ("ADD", op::ADD),
+        ("REMOVE", op::REMOVE),
+        ("SYNC", op::SYNC),
+        ("PUSH", op::PUSH),
+        ("TAKE", op::TAKE),
+        ("UNIFORM", op::UNIFORM),
+        ("RESET", op::RESET),
+        ("FILL", op::FILL),
+        ("SCATTER", op::SCATTER),
+        ("GATHER", op::GATHER),
+        ("RESIDUAL", op::RESIDUAL),
+        ("UNKNOWN", op::UNKNOWN),
+    ];
+    for (name, code) in ops {
+        let c = format!("#define PRS_{name} {code}u");
+        let w = format!("const PRS_{name}: u32 = {code}u;");
+        assert!(
+            cuda::PAGERANK_STREAM_CU.lines().any(|l| l.starts_with(&c)),
+            "{c} missing in pagerank_stream.cu"
+        );
+        assert!(
+            wgsl::PAGERANK_STREAM_WGSL.lines().any(|l| l == w),
+            "{w} missing in pagerank_stream.wgsl"
+        );
+    }
+}
