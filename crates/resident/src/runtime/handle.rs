@@ -185,6 +185,11 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// than `msgs.len()`, `msgs[n..]` were not sent (full under `Reject`, `Block` timed out)
     /// and are still the caller's. Fails only when nothing was taken, with the first message
     /// handed back in the error.
+    ///
+    /// A thread that both sends and receives should keep at most the output queue's size of
+    /// messages unanswered: otherwise, with both queues full, the kernel waits for room for
+    /// its answers while the send waits for room for its messages, until the send's `Block`
+    /// timeout gives up (each such turn costs the whole timeout).
     pub fn send_batch(&self, msgs: &[In]) -> Result<usize> {
         let p = &self.io.port;
         let first = p.ids.next_n(msgs.len() as u64);
