@@ -676,6 +676,10 @@ pub struct StreamPageRank {
     kind: BackendKind,
 }
 
+/// Round numbers wrap here, a multiple of 6, so a round's queue half (`k & 1`) and counter
+/// (`k % 3`) never jump at the wrap, and `k + 2` (the counter a round clears) never overflows.
+const ROUND_WRAP: u32 = u32::MAX / 6 * 6;
+
 /// Messages [`exchange`] leaves unanswered at most (a quarter of the kernel's queue).
 const WINDOW: usize = 1024;
 
@@ -889,7 +893,7 @@ impl StreamPageRank {
                 out.pushes += answers.iter().map(|a| a.pushes).sum::<u64>();
                 out.work += answers.iter().map(|a| a.work).sum::<u64>();
                 out.rounds += 1;
-                self.round = self.round.wrapping_add(1);
+                self.round = (self.round + 1) % ROUND_WRAP;
             }
             let t = self
                 .k
@@ -1144,5 +1148,52 @@ pub fn apply_updates(g: &EdgeList, batches: &[Vec<EdgeUpdate>]) -> EdgeList {
     EdgeList {
         ids: g.ids.clone(),
         edges,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Refreshes that run through the round-number wrap keep every queue half and counter
+    /// consistent (the ranks still match the reference).
+    #[test]
+    fn refresh_rounds_run_through_the_wrap() {
+        let g = crate::input::generate_graph(800, 3, 4).unwrap();
+        let p = Params {
+            tol: 1e-9,
+            ..Default::default()
+        };
+        let ups = generate_updates(&g, 3, 60, 8);
+        for b in [Backend::CudaSim, Backend::Wgpu] {
+            let (Ok(rt), Ok(d)) = (
+                Runtime::builder().backend(b).build(),
+                resident::backend::open(b),
+            ) else {
+                println!("SKIP: refresh_rounds_run_through_the_wrap: {b:?} unavailable");
+                continue;
+            };
+            let mut s = StreamPageRank::launch(&rt, &d, &g, p, "wrap").unwrap();
+            s.recompute().unwrap();
+            // The residual's queue is round 0's; round ROUND_WRAP - 6 uses the same half
+            // and counter, and the refreshes below take more than 6 rounds each.
+            s.round = ROUND_WRAP - 6;
+            for batch in &ups {
+                s.update(batch).unwrap();
+                let r = s.refresh().unwrap();
+                assert!(r.rounds > 6, "{b:?}: {r:?}");
+            }
+            assert!(
+                s.round < 1000,
+                "{b:?}: the round number wrapped to {}",
+                s.round
+            );
+            let want = super::super::reference(&apply_updates(&g, &ups), p).unwrap();
+            let x = s.ranks().unwrap();
+            let l1: f64 = x.iter().zip(&want.ranks).map(|(a, b)| (a - b).abs()).sum();
+            let tol = stream_tolerance_with(g.nodes(), p, crate::Precision::of(d.kind()));
+            assert!(l1 <= tol, "{b:?}: {l1:e} > {tol:e}");
+            s.terminate().unwrap();
+        }
     }
 }
