@@ -453,23 +453,30 @@ fn draw_all(
         source: std::io::Error::other(e.to_string()),
     };
     macro_rules! picture {
-        ($name:expr, $draw:ident) => {{
+        ($name:expr, $draw:ident) => {
+            picture!($name, $draw, (960, 560))
+        };
+        ($name:expr, $draw:ident, $size:expr) => {{
             let svg_path = dir.join(format!("{prefix}-{}.svg", $name));
             let png_path = dir.join(format!("{prefix}-{}.png", $name));
             {
-                let root = SVGBackend::new(&svg_path, (960, 560)).into_drawing_area();
+                let root = SVGBackend::new(&svg_path, $size).into_drawing_area();
                 $draw(&root, runs, sensors).map_err(|e| fail(&svg_path, e))?;
                 root.present().map_err(|e| fail(&svg_path, e.into()))?;
             }
             {
-                let root = BitMapBackend::new(&png_path, (960, 560)).into_drawing_area();
+                let root = BitMapBackend::new(&png_path, $size).into_drawing_area();
                 $draw(&root, runs, sensors).map_err(|e| fail(&png_path, e))?;
                 root.present().map_err(|e| fail(&png_path, e.into()))?;
             }
             println!("wrote {} and .png", svg_path.display());
         }};
     }
-    picture!("latency", draw_latency);
+    picture!(
+        "latency",
+        draw_latency,
+        (960, 60 + 260 * runs.len().max(1) as u32)
+    );
     picture!("throughput", draw_throughput);
     picture!("actor-vs-stateless", draw_ratios);
     Ok(())
@@ -486,65 +493,78 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE)?;
-    let all: Vec<f64> = runs
-        .iter()
-        .flat_map(|r| {
-            r.anomaly
-                .iter()
-                .flat_map(|a| a.actor_lat.iter().chain(&a.stateless_lat).copied())
-        })
-        .collect();
-    let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(0.1);
-    let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
-    let mut chart = ChartBuilder::on(root)
-        .caption(format!("Anomaly detection, {sensors} sensors: latency per micro-batch (CDF, one in flight)"), ("sans-serif", 22))
-        .margin(18)
-        .x_label_area_size(48)
-        .y_label_area_size(64)
-        .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0f64..1f64)?;
-    chart
-        .configure_mesh()
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .x_desc("micro-batch latency, microseconds (log scale)")
-        .y_desc("fraction of micro-batches")
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 17))
-        .draw()?;
-    let mut c = 0;
-    for r in runs {
-        for a in &r.anomaly {
+    let root = root.titled(
+        &format!(
+            "Anomaly detection, {sensors} sensors: latency per micro-batch (CDF, one in flight)"
+        ),
+        ("sans-serif", 22),
+    )?;
+    // One panel per backend (their latencies are decades apart), one color per micro-batch
+    // size, the actor solid and the stateless batch dashed.
+    let panels = root.split_evenly((runs.len().max(1), 1));
+    for (r, panel) in runs.iter().zip(&panels) {
+        let all: Vec<f64> = r
+            .anomaly
+            .iter()
+            .flat_map(|a| a.actor_lat.iter().chain(&a.stateless_lat).copied())
+            .collect();
+        let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(0.1);
+        let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
+        let mut chart = ChartBuilder::on(panel)
+            .caption(&r.name, ("sans-serif", 17))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(56)
+            .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0f64..1f64)?;
+        chart
+            .configure_mesh()
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .x_desc("micro-batch latency, microseconds (log scale)")
+            .y_desc("fraction")
+            .label_style(("sans-serif", 13))
+            .axis_desc_style(("sans-serif", 14))
+            .draw()?;
+        for (k, a) in r.anomaly.iter().enumerate() {
+            let color = COLORS[k % COLORS.len()];
             for (mode, lat, dashed) in [
                 ("actor", &a.actor_lat, false),
                 ("stateless", &a.stateless_lat, true),
             ] {
-                let color = COLORS[c % COLORS.len()];
                 let n = lat.len().max(1) as f64;
                 let pts: Vec<(f64, f64)> = lat
                     .iter()
                     .enumerate()
                     .map(|(i, &x)| (x, (i + 1) as f64 / n))
                     .collect();
-                let style = color.stroke_width(if dashed { 1 } else { 3 });
-                chart
-                    .draw_series(LineSeries::new(pts, style))?
-                    .label(format!("{} {mode}, batch {}", r.name, a.batch))
+                let series = if dashed {
+                    chart.draw_series(DashedLineSeries::new(pts, 8, 5, color.stroke_width(2)))?
+                } else {
+                    chart.draw_series(LineSeries::new(pts, color.stroke_width(3)))?
+                };
+                let (gap, width) = if dashed { (6, 2) } else { (0, 3) };
+                series
+                    .label(format!("{mode}, batch {}", a.batch))
                     .legend(move |(x, y)| {
-                        PathElement::new(
-                            vec![(x, y), (x + 24, y)],
-                            color.stroke_width(if dashed { 1 } else { 3 }),
-                        )
+                        EmptyElement::at((x, y))
+                            + PathElement::new(
+                                vec![(0, 0), (12 - gap / 2, 0)],
+                                color.stroke_width(width),
+                            )
+                            + PathElement::new(
+                                vec![(12 + gap / 2, 0), (24, 0)],
+                                color.stroke_width(width),
+                            )
                     });
             }
-            c += 1;
         }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 12))
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
     Ok(())
 }
 
@@ -590,7 +610,8 @@ where
         .y_label_area_size(72)
         .build_cartesian_2d(
             (80f64..1250f64).log_scale(),
-            (lo.max(1e-4) * 0.5..hi * 2.0).log_scale(),
+            // Headroom above the data for the legend.
+            (lo.max(1e-4) * 0.5..hi * 800.0).log_scale(),
         )?;
     chart
         .configure_mesh()
@@ -611,7 +632,9 @@ where
         .iter()
         .enumerate()
         {
-            let color = COLORS[(3 * i + j) % COLORS.len()];
+            // One color per backend; the line says which mode: solid (actor), dashed
+            // (stateless), thin with hollow points (actor, one micro-batch in flight).
+            let color = COLORS[i % COLORS.len()];
             let pick = |a: &AnomalyRow| -> Vec<f64> {
                 match j {
                     0 => a.actor_rps.clone(),
@@ -636,24 +659,44 @@ where
                     color.stroke_width(2),
                 )))?;
             }
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)).point_size(5))?
-                .label(if j == 0 {
-                    format!(
-                        "{} {mode} ({} micro-batches in flight)",
-                        r.name,
-                        anomaly::IN_FLIGHT
-                    )
+            let label = if j == 0 {
+                format!(
+                    "{} {mode} ({} micro-batches in flight)",
+                    r.name,
+                    anomaly::IN_FLIGHT
+                )
+            } else {
+                format!("{} {mode}", r.name)
+            };
+            let series = match j {
+                0 => chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))?,
+                1 => chart.draw_series(DashedLineSeries::new(
+                    pts.clone(),
+                    10,
+                    6,
+                    color.stroke_width(2),
+                ))?,
+                _ => chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(1)))?,
+            };
+            // Two strokes each: a gap between them makes the stateless mode's dash.
+            let (gap, width) = match j {
+                0 => (0, 3),
+                1 => (6, 2),
+                _ => (0, 1),
+            };
+            series.label(label).legend(move |(x, y)| {
+                EmptyElement::at((x, y))
+                    + PathElement::new(vec![(0, 0), (12 - gap / 2, 0)], color.stroke_width(width))
+                    + PathElement::new(vec![(12 + gap / 2, 0), (24, 0)], color.stroke_width(width))
+            });
+            chart.draw_series(pts.iter().map(|&(x, y)| {
+                let style = if j == 2 {
+                    color.stroke_width(2)
                 } else {
-                    format!("{} {mode}", r.name)
-                })
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
-                });
-            chart.draw_series(
-                pts.iter()
-                    .map(|&(x, y)| Circle::new((x, y), 5, color.filled())),
-            )?;
+                    color.filled()
+                };
+                Circle::new((x, y), 5, style)
+            }))?;
         }
     }
     chart
