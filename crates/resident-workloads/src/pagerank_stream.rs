@@ -13,8 +13,8 @@
 //! | `ADD` / `REMOVE` | changes the edge `a -> b` and the residual (`d (M' - M) x`), queues nodes whose residual passes `eps` | none |
 //! | `SYNC` | waits until every change sent before it is applied | pending queue length, totals applied / refused |
 //! | `PUSH` | pushes the queued nodes `a..b` of round `round` (Gauss-Southwell push: `x[u] += r[u]`, `d r[u] / out(u)` to each out-neighbour), queueing for round `round + 1` | pushes, edges, nodes queued |
-//! | `TAKE` | takes the uniform part of the residual (mass of dangling nodes) when it is over `eps` | the value, taken or not |
-//! | `UNIFORM` | pushes that value from every node of `a..b` | nodes queued |
+//! | `TAKE` | takes the uniform part of the residual (mass of dangling nodes) when it is over `eps` | the value, taken or not, and the number of dangling nodes |
+//! | `UNIFORM` | pushes a value from every node of `a..b`, the dangling nodes' share absorbed (the host passes `c / (1 - d D / N)`: every later round of uniform pushes at once) | nodes queued |
 //! | `RESET`, `FILL`, `SCATTER`, `GATHER`, `RESIDUAL` | recompute from scratch: networkx's power iteration in two phases per iteration over node ranges, then the exact residual | L1 change, dangling mass |
 //!
 //! The host ([`StreamPageRank`]) sends a phase's messages, waits for all their answers, and
@@ -84,7 +84,8 @@ pub mod op {
     pub const PUSH: u32 = 3;
     /// Take the uniform residual when it is over `eps`.
     pub const TAKE: u32 = 4;
-    /// Push `value` from every node of `a..b`.
+    /// Push `value` from every node of `a..b`; what dangling nodes would send back to the
+    /// uniform residual is absorbed (the host scales `value` for it).
     pub const UNIFORM: u32 = 5;
     /// Empty the queues and the uniform residual.
     pub const RESET: u32 = 6;
@@ -111,7 +112,8 @@ resident::ring::device_message! {
 resident::ring::device_message! {
     /// The answer to every operation but `ADD` and `REMOVE`: `sum` (L1 change of a gather,
     /// residual L1 of a `RESIDUAL` range or of a CPU refresh, the uniform residual for `TAKE`
-    /// and `SYNC`), `dangling` (rank of the range's dangling nodes), `work` (edges and nodes
+    /// and `SYNC`), `dangling` (rank of the range's dangling nodes; for `TAKE` how many
+    /// dangling nodes the graph has), `work` (edges and nodes
     /// visited), `count` (nodes queued; for `SYNC` the pending queue; for `TAKE` 1 when
     /// taken), `pushes`, the totals since launch (mod 2^32) of changes `applied`, `rejected`
     /// (duplicates, absent edges, and the next two), `full` (adds refused for lack of pool
@@ -147,7 +149,8 @@ resident::ring::device_message! {
         pub full: u32,
         pub stalled: u32,
         pub len: [u32; 3],
-        pub _pad: u32,
+        /// Nodes without out-edges (set by `FILL`, kept by edge changes).
+        pub dangling: u32,
     }
 }
 
@@ -166,6 +169,7 @@ resident::ring::device_message! {
         pub full: u32,
         pub stalled: u32,
         pub len: [u32; 3],
+        pub dangling: u32,
     }
 }
 
@@ -299,9 +303,11 @@ impl StreamState {
             if self.uniform.abs() <= eps {
                 break;
             }
-            // Push the uniform part to every node at once: x += c, r += d M (c 1).
-            let c = std::mem::take(&mut self.uniform);
+            // Push the uniform part to every node at once, with every later uniform push it
+            // would cause (dangling nodes send d c D / N back): x += c', r += d M' (c' 1)
+            // along the edges, c' = c / (1 - d D / N).
             let dangling = self.graph.out.iter().filter(|o| o.is_empty()).count() as f64;
+            let c = std::mem::take(&mut self.uniform) / (1.0 - d * dangling / nf);
             let g = &self.graph;
             x.par_iter_mut().for_each(|e| *e += c);
             r.par_iter_mut().enumerate().for_each(|(v, rv)| {
@@ -309,7 +315,7 @@ impl StreamState {
                     .iter()
                     .map(|&w| 1.0 / g.out[w as usize].len() as f64)
                     .sum();
-                *rv += d * c * (s + dangling / nf);
+                *rv += d * c * s;
             });
             work += (self.graph.inn.iter().map(|l| l.len()).sum::<usize>() + n) as u64;
             for (v, rv) in r.iter().enumerate() {
@@ -375,6 +381,7 @@ impl StreamState {
             }
             op::TAKE => {
                 a.sum = self.uniform;
+                a.dangling = g.out.iter().filter(|o| o.is_empty()).count() as f64;
                 if self.uniform.abs() > eps {
                     self.uniform = 0.0;
                     a.count = 1;
@@ -388,12 +395,10 @@ impl StreamState {
             _ if !range_ok => a.ok = 0,
             op::UNIFORM => {
                 let c = m.value;
-                let nf = n as f64;
                 for (xu, outs) in x[lo..hi].iter_mut().zip(&self.graph.out[lo..hi]) {
                     *xu += c;
                     if outs.is_empty() {
-                        self.uniform += d * c / nf;
-                        continue;
+                        continue; // absorbed: the host scaled c for it
                     }
                     let share = d * c / outs.len() as f64;
                     a.work += outs.len() as u64;
@@ -902,7 +907,9 @@ impl StreamPageRank {
                 break;
             }
             out.uniform_pushes += 1;
-            let answers = exchange(&self.k, &self.ranges(self.n, op::UNIFORM, t.sum))?;
+            // Every later uniform push at once: dangling nodes send back d D / N of each.
+            let c = t.sum / (1.0 - self.p.damping * t.dangling / self.n as f64);
+            let answers = exchange(&self.k, &self.ranges(self.n, op::UNIFORM, c))?;
             pending = answers.iter().map(|a| a.count).sum();
             out.work += answers.iter().map(|a| a.work).sum::<u64>() + self.n as u64;
         }

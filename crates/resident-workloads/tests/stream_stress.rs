@@ -183,3 +183,60 @@ fn a_full_edge_pool_is_a_typed_error_and_the_kernel_goes_on() {
         s.terminate().unwrap();
     }
 }
+
+/// A graph with a third of its nodes dangling, and changes that make nodes dangling and live
+/// again: the uniform residual (the dangling mass) is pushed in closed form (`c / (1 - d D /
+/// N)`, the dangling nodes' own feedback absorbed), and the ranks still match the reference.
+#[test]
+fn dangling_heavy_graphs_match_the_reference() {
+    let mut all = devices("dangling_heavy_graphs_match_the_reference");
+    all.extend(common::open(Backend::Cpu, "-", "stream_stress"));
+    for (rt, d) in all {
+        let name = d.kind();
+        let mut g = generate_graph(1500, 3, 5).unwrap();
+        g.edges.retain(|&(u, _)| u % 3 != 0);
+        let p = Params {
+            tol: 1e-9,
+            ..Default::default()
+        };
+        let mut ups: Vec<Vec<EdgeUpdate>> = Vec::new();
+        for b in 0..4u32 {
+            let mut batch = Vec::new();
+            // Make 10 live nodes dangling, and give 10 dangling nodes an edge.
+            for (u, v) in g.edges.iter().filter(|e| e.0 % 50 == 1 + b).take(30) {
+                batch.push(EdgeUpdate {
+                    src: *u,
+                    dst: *v,
+                    op: OP_REMOVE,
+                    _pad: 0,
+                });
+            }
+            for i in 0..10u32 {
+                batch.push(EdgeUpdate {
+                    src: 3 * (b * 10 + i),
+                    dst: 7 * i + 1,
+                    op: OP_ADD,
+                    _pad: 0,
+                });
+            }
+            ups.push(batch);
+        }
+        let mut s = StreamPageRank::launch(&rt, &d, &g, p, &format!("dangling-{name}")).unwrap();
+        s.recompute().unwrap();
+        for batch in &ups {
+            s.update(batch).unwrap();
+            let r = s.refresh().unwrap_or_else(|e| panic!("{name}: {e}"));
+            println!("{name}: {r:?}");
+        }
+        let x = s.ranks().unwrap();
+        s.terminate().unwrap();
+        check_final(
+            &format!("{name}, dangling"),
+            &g,
+            &ups,
+            &x,
+            p,
+            Precision::of(d.kind()),
+        );
+    }
+}

@@ -137,6 +137,8 @@ __device__ unsigned int prs_apply(StreamCounters* s, ResidentBuffers* b, unsigne
     const double new_share = k2 > 0u ? mass / (double)k2 : 0.0;
     if (k == 0u) atomicAdd(&s->uniform, -mass / nf);
     if (k2 == 0u) atomicAdd(&s->uniform, mass / nf);
+    if (k == 0u && k2 > 0u) atomicSub(&s->dangling, 1u);
+    if (k > 0u && k2 == 0u) atomicAdd(&s->dangling, 1u);
     for (unsigned int i = 0; i < k2; ++i) {
         const unsigned int w = list[i];
         const bool was = op != PRS_ADD || w != v;  // in the old list too
@@ -238,6 +240,7 @@ __device__ bool pagerank_stream(ResidentState* state, const ResidentIn* in, Resi
     if (op == PRS_TAKE) {
         const double c = prs_load(&s->uniform);
         out->sum = c;
+        out->dangling = (double)prs_load_u32(&s->dangling);
         if (fabs(c) > eps) {
             out->sum = prs_take(&s->uniform);
             out->count = 1ull;
@@ -246,6 +249,7 @@ __device__ bool pagerank_stream(ResidentState* state, const ResidentIn* in, Resi
     }
     if (op == PRS_RESET) {
         for (unsigned int i = 0; i < 3u; ++i) atomicExch(&s->len[i], 0u);
+        atomicExch(&s->dangling, 0u);
         prs_take(&s->uniform);
         return true;
     }
@@ -283,23 +287,19 @@ __device__ bool pagerank_stream(ResidentState* state, const ResidentIn* in, Resi
         }
         if (to_uniform != 0.0) atomicAdd(&s->uniform, to_uniform);
     } else if (op == PRS_UNIFORM) {
-        // Push c from every node of the range: x += c, its out-neighbours' residual += d c / k
-        // (the uniform share for a dangling node).
+        // Push c from every node of the range: x += c, its out-neighbours' residual += d c / k.
+        // A dangling node's share (d c / N to every node) is absorbed: the host passed
+        // c = c0 / (1 - d D / N), every later uniform push at once.
         const double c = in->value;
-        double to_uniform = 0.0;
         for (unsigned int u = in->a; u < in->b; ++u) {
             b->ranks[u] += c;
             const unsigned int k = b->out_len[u];
-            if (k == 0u) {
-                to_uniform += d * c / nf;
-                continue;
-            }
+            if (k == 0u) continue;
             const unsigned int* list = b->pool + b->out_off[u];
             const double share = d * c / (double)k;
             for (unsigned int j = 0; j < k; ++j) count += prs_bump(s, b, list[j], share, in->round);
             work += k;
         }
-        if (to_uniform != 0.0) atomicAdd(&s->uniform, to_uniform);
     } else if (op == PRS_FILL) {
         for (unsigned int v = in->a; v < in->b; ++v) {
             b->ranks[v] = in->value;
@@ -308,6 +308,7 @@ __device__ bool pagerank_stream(ResidentState* state, const ResidentIn* in, Resi
                 ++count;
             }
         }
+        atomicAdd(&s->dangling, (unsigned int)count);
     } else if (op == PRS_SCATTER) {
         for (unsigned int u = in->a; u < in->b; ++u) {
             const unsigned int k = b->out_len[u];

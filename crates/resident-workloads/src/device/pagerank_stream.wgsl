@@ -157,6 +157,8 @@ fn prs_apply(op: u32, u: u32, v: u32, round: u32) -> u32 {
     let new_share = select(0.0, mass / f32(k2), k2 > 0u);
     if (k == 0u) { prs_add_uniform(-mass / nf); }
     if (k2 == 0u) { prs_add_uniform(mass / nf); }
+    if (k == 0u && k2 > 0u) { atomicSub(&state.dangling, 1u); }
+    if (k > 0u && k2 == 0u) { atomicAdd(&state.dangling, 1u); }
     var j = 0u;
     for (; j < k2; j += 1u) {
         let w = pool[off + j];
@@ -222,6 +224,7 @@ fn pagerank_stream(m: StreamMsg, out: ptr<function, StreamAnswer>, env: Envelope
     if (op == PRS_TAKE) {
         let c = bitcast<f32>(atomicLoad(&state.uniform_bits));
         (*out).sum = resident_f32_to_f64(c);
+        (*out).dangling = resident_u32_to_f64(atomicLoad(&state.dangling));
         if (abs(c) > eps) {
             (*out).sum = resident_f32_to_f64(bitcast<f32>(atomicExchange(&state.uniform_bits, 0u)));
             (*out).count = resident_u64(1u);
@@ -233,6 +236,7 @@ fn pagerank_stream(m: StreamMsg, out: ptr<function, StreamAnswer>, env: Envelope
         atomicStore(&state.len[1], 0u);
         atomicStore(&state.len[2], 0u);
         atomicStore(&state.uniform_bits, 0u);
+        atomicStore(&state.dangling, 0u);
         return true;
     }
     if (m.a > m.b || m.b > n) {
@@ -271,14 +275,11 @@ fn pagerank_stream(m: StreamMsg, out: ptr<function, StreamAnswer>, env: Envelope
         }
         if (to_uniform != 0.0) { prs_add_uniform(to_uniform); }
     } else if (op == PRS_UNIFORM) {
-        var to_uniform = 0.0;
+        // A dangling node's share is absorbed: the host scaled the value for it.
         for (; i < m.b; i += 1u) {
             ranks[i] += value;
             let k = out_len[i];
-            if (k == 0u) {
-                to_uniform += d * value / nf;
-                continue;
-            }
+            if (k == 0u) { continue; }
             let off = out_off[i];
             let share = d * value / f32(k);
             var j = 0u;
@@ -286,7 +287,6 @@ fn pagerank_stream(m: StreamMsg, out: ptr<function, StreamAnswer>, env: Envelope
             if (j != k) { prs_complete = false; }
             work += k;
         }
-        if (to_uniform != 0.0) { prs_add_uniform(to_uniform); }
     } else if (op == PRS_FILL) {
         for (; i < m.b; i += 1u) {
             ranks[i] = value;
@@ -295,6 +295,7 @@ fn pagerank_stream(m: StreamMsg, out: ptr<function, StreamAnswer>, env: Envelope
                 count += 1u;
             }
         }
+        atomicAdd(&state.dangling, count);
     } else if (op == PRS_SCATTER) {
         for (; i < m.b; i += 1u) {
             let k = out_len[i];

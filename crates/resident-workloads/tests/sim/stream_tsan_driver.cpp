@@ -176,7 +176,8 @@ void refresh() {
         }
         StreamAnswer t = one(PRS_TAKE);
         if (t.count == 0) break;
-        pending = count_of(phase(ranges(N, PRS_UNIFORM, t.sum)));
+        const double c = t.sum / (1.0 - DAMPING * t.dangling / N);  // every later uniform push
+        pending = count_of(phase(ranges(N, PRS_UNIFORM, c)));
     }
 }
 
