@@ -363,6 +363,33 @@ pub fn full_kernel(
 
 const LONG: Duration = Duration::from_secs(3600);
 
+/// Messages [`round_trip`] leaves unanswered at most (a quarter of the kernels' queues).
+const WINDOW: usize = 1024;
+
+/// Sends `msgs` to a kernel that answers each once and appends the answers to `answers`,
+/// keeping at most [`WINDOW`] unanswered: the kernel always has room for its answers, so a
+/// send never waits on a kernel that waits on us to take answers.
+fn round_trip<In: resident::ring::Message, Out: resident::ring::Message>(
+    k: &KernelHandle<In, Out>,
+    msgs: &[In],
+    answers: &mut Vec<Out>,
+) -> Result<(), WorkloadError> {
+    let (start, mut sent) = (answers.len(), 0);
+    while answers.len() - start < msgs.len() {
+        let end = msgs.len().min(answers.len() - start + WINDOW);
+        if sent < end {
+            sent += k.send_batch(&msgs[sent..end])?;
+        }
+        let before = answers.len();
+        let want = msgs.len() - (answers.len() - start);
+        k.receive_batch(answers, want)?;
+        if answers.len() == before && sent == end {
+            answers.push(k.receive(LONG)?);
+        }
+    }
+    Ok(())
+}
+
 /// Nodes per step message: the whole graph on the CPU (its handler is parallel inside), small
 /// ranges on a device (a batch's messages run on parallel threads).
 pub fn default_chunk(backend: BackendKind, nodes: usize) -> usize {
@@ -425,17 +452,7 @@ pub fn run_full_chunked(
                 _pad: 0,
             }));
             answers.clear();
-            let mut sent = 0;
-            while answers.len() < steps.len() {
-                if sent < steps.len() {
-                    sent += k.send_batch(&steps[sent..])?;
-                }
-                let before = answers.len();
-                k.receive_batch(&mut answers, steps.len())?;
-                if answers.len() == before && sent == steps.len() {
-                    answers.push(k.receive(LONG)?);
-                }
-            }
+            round_trip(&k, &steps, &mut answers)?;
             // Sum in range order, so a run is deterministic however the device ordered them.
             answers.sort_by_key(|a| a.lo);
             if let Some(a) = answers.iter().find(|a| a.ok == 0 || a.iter != iter) {

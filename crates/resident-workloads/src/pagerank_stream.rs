@@ -381,8 +381,9 @@ impl StreamState {
             }
             op::TAKE => {
                 a.sum = self.uniform;
-                a.dangling = g.out.iter().filter(|o| o.is_empty()).count() as f64;
                 if self.uniform.abs() > eps {
+                    // Counted only when taken (the host needs it to scale the push).
+                    a.dangling = g.out.iter().filter(|o| o.is_empty()).count() as f64;
                     self.uniform = 0.0;
                     a.count = 1;
                 }
@@ -685,30 +686,13 @@ pub struct StreamPageRank {
 /// (`k % 3`) never jump at the wrap, and `k + 2` (the counter a round clears) never overflows.
 const ROUND_WRAP: u32 = u32::MAX / 6 * 6;
 
-/// Messages [`exchange`] leaves unanswered at most (a quarter of the kernel's queue).
-const WINDOW: usize = 1024;
-
 /// Sends `msgs` and waits for an answer to each (every operation but a change answers once).
 fn exchange(
     k: &KernelHandle<StreamMsg, StreamAnswer>,
     msgs: &[StreamMsg],
 ) -> Result<Vec<StreamAnswer>, WorkloadError> {
     let mut answers = Vec::with_capacity(msgs.len());
-    let mut sent = 0;
-    while answers.len() < msgs.len() {
-        // At most WINDOW unanswered: the kernel always has room for its answers, so a send
-        // never waits on a kernel that waits on us to take answers.
-        let end = msgs.len().min(answers.len() + WINDOW);
-        if sent < end {
-            sent += k.send_batch(&msgs[sent..end])?;
-        }
-        let before = answers.len();
-        let want = msgs.len() - answers.len();
-        k.receive_batch(&mut answers, want)?;
-        if answers.len() == before && sent == end {
-            answers.push(k.receive(LONG)?);
-        }
-    }
+    super::round_trip(k, msgs, &mut answers)?;
     if let Some(a) = answers.iter().find(|a| a.ok == 0) {
         return Err(WorkloadError::OutOfRange {
             workload: "pagerank-stream",
