@@ -42,7 +42,9 @@ pub mod prelude {
         BindError, Bindings, BufMut, BufRef, BufferId, BufferReadGuard, BufferWriteGuard,
     };
     pub use crate::runtime::context::{Context, LoopContext};
-    pub use crate::runtime::handle::{KernelHandle, Placement, TerminateReport};
+    pub use crate::runtime::handle::{
+        KernelHandle, PendingCall, Placement, SendOutcome, TerminateReport,
+    };
     pub use crate::runtime::kernel::RingKernel;
     pub use crate::runtime::report::KernelReport;
     pub use crate::runtime::state::{Error, KernelState, Result};

@@ -71,6 +71,60 @@ impl<In, Out> TerminateReport<In, Out> {
     }
 }
 
+/// A `call` whose reply has not been taken yet ([`KernelHandle::call_start`]).
+pub struct PendingCall<In: Message, Out: Message> {
+    io: Arc<KernelIo<In, Out>>,
+    id: u64,
+    slot: Arc<resident_ring::call::CallSlot<Result<Out>>>,
+    done: bool,
+}
+
+impl<In: Message, Out: Message> PendingCall<In, Out> {
+    /// The request's message id (the reply's correlation id).
+    pub fn message_id(&self) -> u64 {
+        self.id
+    }
+
+    /// The reply (or the kernel's error: failed, dropped by policy, no reply) if it comes
+    /// within `timeout`, else `None` and the call stays pending. `Duration::ZERO` only looks.
+    /// A wait that may park must run on the thread that called `call_start` (the one the
+    /// reply wakes); a zero-timeout look works from any thread. After the reply was taken,
+    /// returns `None` at once.
+    pub fn wait(&mut self, timeout: Duration) -> Option<Result<Out>> {
+        if self.done {
+            return None;
+        }
+        let strategy = if timeout.is_zero() {
+            WaitStrategy::Spin
+        } else {
+            self.io.wait
+        };
+        let r = self.slot.wait(deadline_after(timeout), strategy);
+        self.done = r.is_some();
+        r
+    }
+}
+
+impl<In: Message, Out: Message> Drop for PendingCall<In, Out> {
+    fn drop(&mut self) {
+        if !self.done && !self.io.unregister_call(self.id) {
+            // The reply took the entry: it is stored (or about to be); it was never taken.
+            self.io.metrics.late_replies.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What [`KernelHandle::send_tracked`]'s backpressure policy did with the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOutcome<In> {
+    /// Queued.
+    Queued,
+    /// Queued; the oldest message of its lane (envelope, payload) was discarded for room.
+    DroppedOldest(Envelope, In),
+    /// The lane was full and the message itself was discarded.
+    DroppedNewest,
+}
+
 /// The first half of a terminate.
 pub(crate) enum Begin<In, Out> {
     /// Already terminated: the kept report.
@@ -180,6 +234,25 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         self.io.port.send(msg, priority, 0, "send")
     }
 
+    /// Sends `msg` at `priority` and says what the backpressure policy did with it:
+    /// [`SendOutcome::Queued`], [`SendOutcome::DroppedOldest`] with the message it discarded to
+    /// make room (counted as dropped), or [`SendOutcome::DroppedNewest`] (`msg` itself was
+    /// discarded, counted). For callers that own a resource per queued message (a language
+    /// binding queuing handles) and must release what a drop policy discarded.
+    pub fn send_tracked(&self, msg: In, priority: u8) -> Result<(MessageId, SendOutcome<In>)> {
+        let p = &self.io.port;
+        let id = p.ids.next();
+        let env = Envelope::new(id, priority, p.ids.now_ns());
+        let outcome = match p.send_slot_outcome(Slot::new(env, msg), "send")? {
+            resident_ring::mailbox::Sent::Queued => SendOutcome::Queued,
+            resident_ring::mailbox::Sent::QueuedDroppedOldest(old) => {
+                SendOutcome::DroppedOldest(old.env, old.payload)
+            }
+            resident_ring::mailbox::Sent::DroppedNewest => SendOutcome::DroppedNewest,
+        };
+        Ok((id, outcome))
+    }
+
     /// Sends many messages at the default priority with one queue operation per lane run.
     /// Returns how many were taken (queued, or dropped by a drop policy); when that is fewer
     /// than `msgs.len()`, `msgs[n..]` were not sent (full under `Reject`, `Block` timed out)
@@ -236,6 +309,28 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
                 })
             }
         }
+    }
+
+    /// Sends `msg` at `priority` as a `call` and returns at once: the reply is waited for with
+    /// [`PendingCall::wait`], in as many bounded slices as the caller likes (a language
+    /// binding that must go back to an event loop or check for interrupts between slices).
+    /// Dropping the [`PendingCall`] gives up: a reply that comes later is counted as dropped.
+    pub fn call_start(&self, msg: In, priority: u8) -> Result<PendingCall<In, Out>> {
+        let io = &self.io;
+        let id = io.ids.next();
+        let slot = io.register_call(id);
+        let mut env = Envelope::new(id, priority, io.ids.now_ns());
+        env.flags = FLAG_CALL;
+        if let Err(e) = io.port.send_slot(Slot::new(env, msg), "call") {
+            io.unregister_call(id);
+            return Err(e);
+        }
+        Ok(PendingCall {
+            io: io.clone(),
+            id,
+            slot,
+            done: false,
+        })
     }
 
     /// The next output, waiting up to `timeout`.

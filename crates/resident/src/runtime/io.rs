@@ -114,17 +114,24 @@ impl<In: Message> InputPort<In> {
 
     /// Enqueues one message; `Ok(false)` when the `DropNewest` policy dropped it (counted).
     pub fn send_slot(&self, slot: Slot<In>, op: &'static str) -> Result<bool> {
+        self.send_slot_outcome(slot, op)
+            .map(|o| !matches!(o, Sent::DroppedNewest))
+    }
+
+    /// Enqueues one message and says what the drop policy did, handing back the slot a
+    /// `DropOldest` send discarded (counted).
+    pub fn send_slot_outcome(&self, slot: Slot<In>, op: &'static str) -> Result<Sent<Slot<In>>> {
         match self.mailbox.send(slot) {
-            Ok(Sent::Queued) => Ok(true),
+            Ok(Sent::Queued) => Ok(Sent::Queued),
             Ok(Sent::QueuedDroppedOldest(old)) => {
                 crate::profile::dropped(&self.id, op, "DropOldest");
                 self.dropped(&old.env);
-                Ok(true)
+                Ok(Sent::QueuedDroppedOldest(old))
             }
             Ok(Sent::DroppedNewest) => {
                 crate::profile::dropped(&self.id, op, "DropNewest");
                 self.dropped(&slot.env);
-                Ok(false)
+                Ok(Sent::DroppedNewest)
             }
             Err(e) => Err(self.refused(e, op)),
         }

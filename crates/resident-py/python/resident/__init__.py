@@ -1,0 +1,49 @@
+"""resident: persistent actors ("ring kernels") for Python over the resident Rust engine.
+
+>>> import asyncio
+>>> from resident import RingKernelRuntime, message, ring_kernel
+>>> @message
+... class Ping:
+...     value: int = 0
+>>> @ring_kernel(kernel_id="doc_echo", queue_size=1024)
+... async def doc_echo(ctx):
+...     while not ctx.should_terminate:
+...         if not ctx.is_active:
+...             await ctx.wait_active()
+...             continue
+...         try:
+...             msg = await ctx.receive(timeout=0.1)
+...         except asyncio.TimeoutError:
+...             continue
+...         await ctx.send(msg.reply(value=msg.value + 1))
+>>> async def main():
+...     async with RingKernelRuntime(backend="cpu") as rt:
+...         await rt.launch("doc_echo")
+...         await rt.activate("doc_echo")
+...         return (await rt.call("doc_echo", Ping(value=41), timeout=5)).value
+>>> asyncio.run(main())
+42
+"""
+
+from . import _resident
+from .errors import *  # noqa: F401,F403
+from .errors import __all__ as _errors_all
+from .kernel import KernelContext, KernelSpec, get_kernel, ring_kernel
+from .message import Message, message
+from .runtime import KernelReport, RingKernelRuntime, Runtime, Telemetry
+
+__version__ = _resident.__version__
+
+__all__ = [
+    "RingKernelRuntime",
+    "Runtime",
+    "ring_kernel",
+    "message",
+    "Message",
+    "KernelContext",
+    "KernelSpec",
+    "KernelReport",
+    "Telemetry",
+    "get_kernel",
+    *_errors_all,
+]

@@ -1,0 +1,144 @@
+"""Exceptions of ``resident``, one class per typed error of the Rust engine.
+
+Every exception carries ``kernel_id`` (or None) and, where the engine has one, ``detail`` (the
+kernel's state, the failure reason, the timed-out operation). A send the engine refused hands
+its message back in ``message``: nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+__all__ = [
+    "ResidentError",
+    "KernelNotFoundError",
+    "KernelStateError",
+    "DuplicateKernelError",
+    "KernelNotAcceptingError",
+    "KernelFailedError",
+    "QueueFullError",
+    "KernelTimeoutError",
+    "SendTimeoutError",
+    "ReceiveTimeoutError",
+    "CallTimeoutError",
+    "MessageDroppedError",
+    "NoReplyError",
+    "BackendNotAvailableError",
+    "CompilationError",
+    "DeviceError",
+    "InvalidConfigError",
+]
+
+_NO_MESSAGE: Any = object()
+
+
+class ResidentError(Exception):
+    """Base class of every error the engine reports."""
+
+    def __init__(
+        self,
+        text: str,
+        kernel_id: Optional[str] = None,
+        detail: Optional[str] = None,
+        message: Any = _NO_MESSAGE,
+    ) -> None:
+        super().__init__(text)
+        self.kernel_id = kernel_id
+        self.detail = detail
+        self._message = message
+
+    @property
+    def has_message(self) -> bool:
+        """Whether the error hands a refused message back."""
+        return self._message is not _NO_MESSAGE
+
+    @property
+    def message(self) -> Any:
+        """The refused message (the very object that was sent), if any; else None."""
+        return None if self._message is _NO_MESSAGE else self._message
+
+
+class KernelNotFoundError(ResidentError, KeyError):
+    """No kernel has this id (never launched, or unknown to the registry)."""
+
+    def __str__(self) -> str:  # KeyError would quote the text
+        return str(self.args[0]) if self.args else ""
+
+
+class KernelStateError(ResidentError):
+    """The operation is not valid in the kernel's state (``detail`` is the state)."""
+
+    @property
+    def state(self) -> Optional[str]:
+        return self.detail
+
+
+class DuplicateKernelError(KernelStateError):
+    """A live kernel already has this id."""
+
+
+class KernelNotAcceptingError(KernelStateError):
+    """The kernel is terminating, terminated or failed: the send was refused and its
+    message is in ``message``."""
+
+
+class KernelFailedError(ResidentError):
+    """The kernel's handler raised (or its loop ended early); ``reason`` says how."""
+
+    @property
+    def reason(self) -> Optional[str]:
+        return self.detail
+
+
+class QueueFullError(ResidentError):
+    """The input lane was full under ``backpressure="reject"``; ``message`` is the refused
+    message."""
+
+
+if asyncio.TimeoutError is TimeoutError:  # Python >= 3.11
+    _TIMEOUT_BASES: tuple = (TimeoutError,)
+else:  # pragma: no cover - Python 3.9/3.10
+    _TIMEOUT_BASES = (TimeoutError, asyncio.TimeoutError)
+
+
+class KernelTimeoutError(ResidentError, *_TIMEOUT_BASES):  # type: ignore[misc]
+    """Nothing happened within the timeout. Also a ``TimeoutError`` and an
+    ``asyncio.TimeoutError``."""
+
+
+class SendTimeoutError(KernelTimeoutError):
+    """A send under ``backpressure="block"`` found no room within the block timeout;
+    ``message`` is the refused message."""
+
+
+class ReceiveTimeoutError(KernelTimeoutError):
+    """No output arrived within the timeout."""
+
+
+class CallTimeoutError(KernelTimeoutError):
+    """No reply arrived within the timeout (a later reply is counted as dropped)."""
+
+
+class MessageDroppedError(ResidentError):
+    """A ``call``'s request was discarded by the kernel's drop policy."""
+
+
+class NoReplyError(ResidentError):
+    """The handler produced no reply to a ``call``."""
+
+
+class BackendNotAvailableError(ResidentError):
+    """The requested backend cannot be used on this machine."""
+
+
+class CompilationError(ResidentError):
+    """A device handler did not compile; the text holds the compiler's log."""
+
+
+class DeviceError(ResidentError):
+    """The kernel's device refused an operation."""
+
+
+class InvalidConfigError(ResidentError, ValueError):
+    """The kernel definition is not usable."""

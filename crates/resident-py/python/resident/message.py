@@ -1,0 +1,80 @@
+"""``@message``: a dataclass with ``message_id``, ``priority`` and ``correlation_id``."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any, Optional, Type, TypeVar, overload
+
+__all__ = ["message", "Message"]
+
+T = TypeVar("T")
+
+
+class Message:
+    """Fields every message has. ``priority`` is 0-255, higher drains first (FIFO within a
+    lane); ``message_id`` is unique; a reply sets ``correlation_id`` to its request's
+    ``message_id`` (``request.reply(...)`` does)."""
+
+    message_id: Any
+    priority: int
+    correlation_id: Optional[Any]
+
+    def reply(self, response_class: Optional[type] = None, **fields: Any) -> Any:
+        cls = response_class or type(self)
+        return cls(correlation_id=self.message_id, **fields)
+
+
+def _check(self: Any) -> None:
+    p = self.priority
+    if not isinstance(p, int) or not 0 <= p <= 255:
+        raise ValueError(f"priority must be an int in 0-255, got {p!r}")
+
+
+@overload
+def message(cls: Type[T]) -> Type[T]: ...
+@overload
+def message(cls: None = None, **dataclass_kwargs: Any) -> Any: ...
+
+
+def message(cls: Optional[type] = None, **dataclass_kwargs: Any) -> Any:
+    """Turns a class into a dataclass message with ``message_id`` (a fresh ``uuid4``),
+    ``priority`` (default 128) and ``correlation_id`` (default None), keyword-settable.
+
+    >>> @message
+    ... class Request:
+    ...     value: float
+    >>> Request(value=1.0, priority=255).priority
+    255
+    """
+
+    def wrap(c: type) -> type:
+        # The three fields go last, with defaults, so the class's own fields (with or without
+        # defaults) keep their positions.
+        ann = dict(c.__dict__.get("__annotations__", {}))
+        ann.setdefault("message_id", "Any")
+        ann.setdefault("priority", "int")
+        ann.setdefault("correlation_id", "Optional[Any]")
+        c.__annotations__ = ann
+        if "message_id" not in c.__dict__:
+            c.message_id = dataclasses.field(default_factory=uuid.uuid4)  # type: ignore[attr-defined]
+        if "priority" not in c.__dict__:
+            c.priority = 128  # type: ignore[attr-defined]
+        if "correlation_id" not in c.__dict__:
+            c.correlation_id = None  # type: ignore[attr-defined]
+        user_post = c.__dict__.get("__post_init__")
+
+        def __post_init__(self: Any, *a: Any) -> None:
+            _check(self)
+            if user_post is not None:
+                user_post(self, *a)
+
+        c.__post_init__ = __post_init__  # type: ignore[attr-defined]
+        if not hasattr(c, "reply"):
+            c.reply = Message.reply  # type: ignore[attr-defined]
+        return dataclasses.dataclass(c, **dataclass_kwargs)
+
+    if cls is not None:
+        return wrap(cls)
+    return wrap
+

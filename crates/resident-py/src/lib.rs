@@ -1,0 +1,846 @@
+//! `resident._resident`: the compiled half of the `resident` Python package.
+//!
+//! A Python-handled kernel is a `RingKernel<u64, u64>` of the Rust engine in its loop form: the
+//! engine's mailbox queues *handles* (keys into a per-kernel [`Store`] of Python objects), so
+//! lanes, priorities, backpressure, `call` matching, accounting and telemetry are the engine's.
+//! The kernel's own thread runs the user's `async def f(ctx)` on a private event loop; every
+//! wait in Rust releases the GIL, and waits made for a Python caller run in bounded slices with
+//! a signal check between them, so Ctrl-C interrupts them.
+//!
+//! A handle lives in the store from the moment its object is sent until it is taken out again:
+//! received by the handler (input) or by the caller (output), handed back by a refused send,
+//! discarded by a drop policy (`send_tracked` says which one), or returned in a terminate
+//! report. What the engine discards without telling (an output dropped by the output queue's
+//! drop policy, a reply that came after its caller gave up) is released when the kernel
+//! terminates.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use resident::prelude::*;
+
+/// How long one uninterrupted wait for a Python caller lasts before signals are checked.
+const SLICE: Duration = Duration::from_millis(20);
+
+// ---- the object store ------------------------------------------------------------------
+
+/// Python objects queued in a kernel, by handle.
+#[derive(Default)]
+struct Store {
+    next: AtomicU64,
+    objects: Mutex<HashMap<u64, Py<PyAny>>>,
+}
+
+impl Store {
+    fn put(&self, obj: Py<PyAny>) -> u64 {
+        let key = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        self.objects.lock().insert(key, obj);
+        key
+    }
+
+    fn take(&self, key: u64) -> Option<Py<PyAny>> {
+        self.objects.lock().remove(&key)
+    }
+
+    fn len(&self) -> usize {
+        self.objects.lock().len()
+    }
+
+    /// Releases every object left (the kernel is terminated: nothing can reach them).
+    fn clear(&self) -> usize {
+        let all: Vec<_> = self.objects.lock().drain().collect();
+        all.len()
+    }
+}
+
+// ---- errors ------------------------------------------------------------------------------
+
+/// An engine error as Python sees it: the `resident.errors` class, text, kernel id, detail.
+struct Described {
+    class: &'static str,
+    text: String,
+    id: Option<String>,
+    detail: Option<String>,
+}
+
+fn describe(e: &Error, has_message: bool) -> Described {
+    let text = e.to_string();
+    let id = e.kernel_id().map(str::to_string);
+    let (class, detail) = match e {
+        Error::UnknownKernel { .. } => ("KernelNotFoundError", None),
+        Error::InvalidState { state, .. } => ("KernelStateError", Some(state.to_string())),
+        Error::DuplicateKernel { state, .. } => ("DuplicateKernelError", Some(state.to_string())),
+        Error::NotAccepting { state, .. } => ("KernelNotAcceptingError", Some(state.to_string())),
+        Error::QueueFull { .. } => ("QueueFullError", None),
+        Error::Timeout { op, .. } => (
+            match *op {
+                "send" | "call" | "send_batch" if has_message => "SendTimeoutError",
+                "call" => "CallTimeoutError",
+                "receive" => "ReceiveTimeoutError",
+                _ => "KernelTimeoutError",
+            },
+            Some(op.to_string()),
+        ),
+        Error::KernelFailed { reason, .. } => ("KernelFailedError", Some(reason.clone())),
+        Error::Dropped { .. } => ("MessageDroppedError", None),
+        Error::NoReply { .. } => ("NoReplyError", None),
+        Error::BackendUnavailable(_) => ("BackendNotAvailableError", None),
+        Error::Device { .. } => (
+            if text.contains("compile") {
+                "CompilationError"
+            } else {
+                "DeviceError"
+            },
+            None,
+        ),
+        Error::InvalidConfig { reason, .. } => ("InvalidConfigError", Some(reason.clone())),
+        _ => ("ResidentError", None),
+    };
+    Described {
+        class,
+        text,
+        id,
+        detail,
+    }
+}
+
+/// Builds the Python exception: `class(text, kernel_id, detail, message)`.
+fn build(py: Python<'_>, d: Described, returned: Option<Py<PyAny>>) -> PyErr {
+    let cls = match py
+        .import("resident.errors")
+        .and_then(|m| m.getattr(d.class))
+    {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let r = match returned {
+        Some(o) => cls.call1((d.text, d.id, d.detail, o)),
+        None => cls.call1((d.text, d.id, d.detail)),
+    };
+    match r {
+        Ok(e) => PyErr::from_value(e),
+        Err(e) => e,
+    }
+}
+
+/// The Python exception for an engine error that carries no Python object.
+fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
+    build(py, describe(e, false), None)
+}
+
+/// The Python exception for a refused send: the object it carried is taken back out of the
+/// store and handed back in the exception's `message`.
+fn refused(py: Python<'_>, store: &Store, e: Error) -> PyErr {
+    let has = matches!(
+        e,
+        Error::QueueFull { .. }
+            | Error::NotAccepting { .. }
+            | Error::Timeout {
+                message: Some(_),
+                ..
+            }
+    );
+    let d = describe(&e, has);
+    let obj = e.into_message::<u64>().and_then(|k| store.take(k));
+    build(py, d, obj)
+}
+
+// ---- the kernel context (the handler's `ctx`) --------------------------------------------
+
+type Lctx = LoopContext<u64, u64, ()>;
+
+/// The engine's loop context, reachable from Python only on the kernel's own thread and only
+/// while the loop body runs.
+struct CtxPtr(*mut Lctx);
+// SAFETY: the pointer is dereferenced only on the thread that owns the `LoopContext` (checked
+// against `thread` in `with`), and only while that thread is inside the loop body (the pointer
+// is cleared before the body returns).
+unsafe impl Send for CtxPtr {}
+unsafe impl Sync for CtxPtr {}
+
+/// The `ctx` a Python kernel's coroutine receives (wrapped by `resident.KernelContext`).
+#[pyclass(frozen, module = "resident._resident")]
+struct KernelCtx {
+    ptr: Mutex<CtxPtr>,
+    thread: ThreadId,
+    store: Arc<Store>,
+    kernel_id: String,
+}
+
+impl KernelCtx {
+    fn with<R>(&self, f: impl FnOnce(&mut Lctx) -> R) -> PyResult<R> {
+        if std::thread::current().id() != self.thread {
+            return Err(PyRuntimeError::new_err(format!(
+                "kernel '{}': its ctx may only be used by the kernel's own coroutine",
+                self.kernel_id
+            )));
+        }
+        let p = self.ptr.lock().0;
+        if p.is_null() {
+            return Err(PyRuntimeError::new_err(format!(
+                "kernel '{}': ctx used after the kernel's coroutine ended",
+                self.kernel_id
+            )));
+        }
+        // SAFETY: see `CtxPtr`: same thread, body still running.
+        Ok(f(unsafe { &mut *p }))
+    }
+}
+
+/// An envelope as Python sees it: (message_id, priority, flags, timestamp_ns).
+type EnvTuple = (u64, u8, u8, u64);
+
+fn env_tuple(e: &Envelope) -> EnvTuple {
+    (e.message_id, e.priority, e.flags, e.timestamp_ns)
+}
+
+fn env_from(t: EnvTuple) -> Envelope {
+    let mut e = Envelope::new(t.0, t.1, t.3);
+    e.flags = t.2;
+    e
+}
+
+struct SendPtr(*mut Lctx);
+// SAFETY: moved into `py.detach` on the same thread (detach runs the closure on the calling
+// thread); only the GIL is released.
+unsafe impl Send for SendPtr {}
+
+#[pymethods]
+impl KernelCtx {
+    #[getter]
+    fn kernel_id(&self) -> &str {
+        &self.kernel_id
+    }
+
+    #[getter]
+    fn should_terminate(&self) -> PyResult<bool> {
+        self.with(|c| c.should_terminate())
+    }
+
+    #[getter]
+    fn is_active(&self) -> PyResult<bool> {
+        self.with(|c| c.is_active())
+    }
+
+    /// Next message within `timeout` seconds (GIL released while waiting): `(obj, envelope)`,
+    /// or `None` on timeout, while inactive, or once terminating.
+    fn receive(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<(Py<PyAny>, EnvTuple)>> {
+        let t = secs(timeout)?;
+        let got = self.with(|c| {
+            if t.is_zero() {
+                return c.receive_envelope(Duration::ZERO);
+            }
+            let p = SendPtr(c as *mut Lctx);
+            py.detach(move || {
+                let p = p;
+                // SAFETY: same thread, body running (see `CtxPtr`).
+                unsafe { &mut *p.0 }.receive_envelope(t)
+            })
+        })?;
+        Ok(got.and_then(|(env, key)| self.store.take(key).map(|obj| (obj, env_tuple(&env)))))
+    }
+
+    /// Sends `obj` as the reply to `request` (an envelope from `receive`), or to the last
+    /// message received when `request` is None. May wait for room on a full output queue
+    /// (GIL released).
+    #[pyo3(signature = (obj, request=None))]
+    fn send(&self, py: Python<'_>, obj: Py<PyAny>, request: Option<EnvTuple>) -> PyResult<()> {
+        let key = self.store.put(obj);
+        self.with(|c| {
+            let p = SendPtr(c as *mut Lctx);
+            py.detach(move || {
+                let p = p;
+                // SAFETY: same thread, body running (see `CtxPtr`).
+                let c = unsafe { &mut *p.0 };
+                match request {
+                    Some(env) => c.send_reply(&env_from(env), key),
+                    None => c.send(key),
+                }
+            })
+        })
+    }
+
+    /// Waits (GIL released) up to `timeout` seconds until the kernel is active or
+    /// terminating; returns `is_active`.
+    fn wait_active(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let t = secs(timeout)?;
+        self.with(|c| {
+            let p = SendPtr(c as *mut Lctx);
+            py.detach(move || {
+                let p = p;
+                // SAFETY: same thread, body running (see `CtxPtr`).
+                let c = unsafe { &mut *p.0 };
+                let deadline = Instant::now() + t;
+                while !c.is_active() && !c.should_terminate() {
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                c.is_active()
+            })
+        })
+    }
+}
+
+fn secs(s: f64) -> PyResult<Duration> {
+    if !s.is_finite() || s < 0.0 {
+        return Err(PyValueError::new_err(format!(
+            "timeout must be a finite number of seconds >= 0, got {s}"
+        )));
+    }
+    Ok(Duration::from_secs_f64(s.min(1e9)))
+}
+
+// ---- the runtime ---------------------------------------------------------------------------
+
+struct Kern {
+    handle: KernelHandle<u64, u64>,
+    store: Arc<Store>,
+    /// Sends under `Block` may wait (GIL released); the other policies never wait.
+    blocks: bool,
+}
+
+/// The engine's runtime and the Python kernels launched on it.
+#[pyclass(frozen, name = "Runtime", module = "resident._resident")]
+struct PyRuntime {
+    rt: Mutex<Option<resident::runtime::Runtime>>,
+    kernels: Mutex<HashMap<String, Arc<Kern>>>,
+    backend: String,
+}
+
+fn parse_backend(s: &str) -> PyResult<Backend> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "auto" => Backend::Auto,
+        "cpu" => Backend::Cpu,
+        "cuda" => Backend::Cuda,
+        "wgpu" => Backend::Wgpu,
+        "cudasim" | "cuda-sim" | "cuda_sim" => Backend::CudaSim,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown backend '{other}': expected auto, cpu, cuda, wgpu or cudasim"
+            )))
+        }
+    })
+}
+
+fn parse_policy(s: &str, block_timeout: f64) -> PyResult<Backpressure> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "block" => Backpressure::Block(secs(block_timeout)?),
+        "reject" => Backpressure::Reject,
+        "drop_oldest" => Backpressure::DropOldest,
+        "drop_newest" => Backpressure::DropNewest,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown backpressure '{other}': expected block, reject, drop_oldest or \
+                 drop_newest"
+            )))
+        }
+    })
+}
+
+impl PyRuntime {
+    fn kern(&self, py: Python<'_>, id: &str) -> PyResult<Arc<Kern>> {
+        self.kernels
+            .lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| engine_error(py, &Error::UnknownKernel { id: id.to_string() }))
+    }
+
+    /// Runs a blocking engine wait in slices with the GIL released, checking for signals
+    /// between slices; `f(slice)` returns `None` to go on waiting.
+    fn sliced<R: Send>(
+        py: Python<'_>,
+        timeout: Duration,
+        mut f: impl FnMut(Duration) -> Option<R> + Send,
+    ) -> PyResult<Option<R>> {
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let left = deadline.map_or(SLICE, |d| d.saturating_duration_since(Instant::now()));
+            let slice = left.min(SLICE);
+            if let Some(r) = py.detach(|| f(slice)) {
+                return Ok(Some(r));
+            }
+            py.check_signals()?;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// A report as a dict: counts, failure, and the Python objects handed back.
+fn report_dict<'py>(
+    py: Python<'py>,
+    r: TerminateReport<u64, u64>,
+    store: &Store,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("kernel_id", &r.kernel_id)?;
+    d.set_item("processed", r.processed)?;
+    d.set_item("dropped", r.dropped)?;
+    let undelivered = PyList::empty(py);
+    let mut lost = 0usize;
+    for (env, key) in &r.undelivered {
+        match store.take(*key) {
+            Some(o) => undelivered.append((o, env_tuple(env)))?,
+            None => lost += 1,
+        }
+    }
+    let unreceived = PyList::empty(py);
+    for (env, key) in &r.unreceived {
+        match store.take(*key) {
+            Some(o) => unreceived.append((o, env_tuple(env)))?,
+            None => lost += 1,
+        }
+    }
+    d.set_item("undelivered", undelivered)?;
+    d.set_item("unreceived", unreceived)?;
+    match &r.failure {
+        Some((reason, msg)) => {
+            d.set_item("failure", reason)?;
+            let m = msg
+                .as_ref()
+                .and_then(|(env, k)| store.take(*k).map(|o| (o, env_tuple(env))));
+            d.set_item("failed_message", m)?;
+        }
+        None => {
+            d.set_item("failure", py.None())?;
+            d.set_item("failed_message", py.None())?;
+        }
+    }
+    // Objects the engine discarded without telling (outputs dropped by policy, late replies).
+    d.set_item("released", store.clear())?;
+    d.set_item("missing", lost)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl PyRuntime {
+    #[new]
+    #[pyo3(signature = (backend="auto", enable_telemetry=true, shutdown_timeout=5.0, terminate_timeout=10.0))]
+    fn new(
+        py: Python<'_>,
+        backend: &str,
+        enable_telemetry: bool,
+        shutdown_timeout: f64,
+        terminate_timeout: f64,
+    ) -> PyResult<Self> {
+        let b = parse_backend(backend)?;
+        let (st, tt) = (secs(shutdown_timeout)?, secs(terminate_timeout)?);
+        let rt = py
+            .detach(|| {
+                resident::runtime::Runtime::builder()
+                    .backend(b)
+                    .enable_telemetry(enable_telemetry)
+                    .shutdown_timeout(st)
+                    .terminate_timeout(tt)
+                    .build()
+            })
+            .map_err(|e| engine_error(py, &e))?;
+        let backend = match rt.backend() {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+            Backend::Wgpu => "wgpu",
+            Backend::CudaSim => "cudasim",
+            Backend::Auto => "auto",
+        }
+        .to_string();
+        Ok(PyRuntime {
+            rt: Mutex::new(Some(rt)),
+            kernels: Mutex::new(HashMap::new()),
+            backend,
+        })
+    }
+
+    /// The backend the runtime resolved to (`auto` becomes what was found).
+    #[getter]
+    fn backend(&self) -> &str {
+        &self.backend
+    }
+
+    /// Launches a Python kernel: `runner(func, ctx)` runs on the kernel's own thread.
+    #[pyo3(signature = (kernel_id, runner, func, queue_size, backpressure, block_timeout, priority_lanes, output_queue_size=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        kernel_id: String,
+        runner: Py<PyAny>,
+        func: Py<PyAny>,
+        queue_size: usize,
+        backpressure: &str,
+        block_timeout: f64,
+        priority_lanes: usize,
+        output_queue_size: Option<usize>,
+    ) -> PyResult<()> {
+        let policy = parse_policy(backpressure, block_timeout)?;
+        let blocks = matches!(policy, Backpressure::Block(_));
+        if queue_size == 0 {
+            return Err(PyValueError::new_err("queue_size must be at least 1"));
+        }
+        let store = Arc::new(Store::default());
+        let body_store = store.clone();
+        let id = kernel_id.clone();
+        let mut k = RingKernel::<u64, u64>::new(kernel_id.clone())
+            .queue_size(queue_size)
+            .priority_lanes(priority_lanes)
+            .backpressure(policy);
+        if let Some(n) = output_queue_size {
+            k = k.output_queue_size(n);
+        }
+        let k = k.run(move |lctx: &mut Lctx| {
+            let outcome: Result<(), String> = Python::attach(|py| {
+                let ctx = KernelCtx {
+                    ptr: Mutex::new(CtxPtr(lctx as *mut Lctx)),
+                    thread: std::thread::current().id(),
+                    store: body_store,
+                    kernel_id: id.clone(),
+                };
+                let ctx = Py::new(py, ctx).map_err(|e| e.to_string())?;
+                let r = runner.call1(py, (func.clone_ref(py), ctx.clone_ref(py)));
+                ctx.get().ptr.lock().0 = std::ptr::null_mut();
+                r.map(|_| ()).map_err(|e| {
+                    let tb = e
+                        .traceback(py)
+                        .and_then(|t| t.format().ok())
+                        .unwrap_or_default();
+                    format!("{e}\n{tb}").trim_end().to_string()
+                })
+            });
+            if let Err(reason) = outcome {
+                // The engine turns a panic of the loop body into `Failed(reason)` and tells
+                // waiting callers at once.
+                std::panic::resume_unwind(Box::new(format!("Python handler raised: {reason}")));
+            }
+        });
+        let rt = self.rt.lock();
+        let rt = rt
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("the runtime was shut down"))?;
+        let handle = py
+            .detach(|| rt.launch(k))
+            .map_err(|e| engine_error(py, &e))?;
+        self.kernels.lock().insert(
+            kernel_id,
+            Arc::new(Kern {
+                handle,
+                store,
+                blocks,
+            }),
+        );
+        Ok(())
+    }
+
+    fn activate(&self, py: Python<'_>, kernel_id: &str) -> PyResult<()> {
+        let k = self.kern(py, kernel_id)?;
+        k.handle.activate().map_err(|e| engine_error(py, &e))
+    }
+
+    fn deactivate(&self, py: Python<'_>, kernel_id: &str) -> PyResult<()> {
+        let k = self.kern(py, kernel_id)?;
+        py.detach(|| k.handle.deactivate())
+            .map_err(|e| engine_error(py, &e))
+    }
+
+    fn state(&self, py: Python<'_>, kernel_id: &str) -> PyResult<String> {
+        let k = self.kern(py, kernel_id)?;
+        Ok(match k.handle.state() {
+            KernelState::Failed(_) => "failed".to_string(),
+            s => s.to_string(),
+        })
+    }
+
+    fn failure(&self, py: Python<'_>, kernel_id: &str) -> PyResult<Option<String>> {
+        let k = self.kern(py, kernel_id)?;
+        Ok(match k.handle.state() {
+            KernelState::Failed(r) => Some(r),
+            _ => None,
+        })
+    }
+
+    fn kernel_ids(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.kernels.lock().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Sends `obj` at `priority`; returns the engine's message id. A send dropped by
+    /// `drop_newest` returns normally (counted in `messages_dropped`), as in the engine.
+    fn send(&self, py: Python<'_>, kernel_id: &str, obj: Py<PyAny>, priority: u8) -> PyResult<u64> {
+        let k = self.kern(py, kernel_id)?;
+        let key = k.store.put(obj);
+        let r = if k.blocks {
+            py.detach(|| k.handle.send_tracked(key, priority))
+        } else {
+            k.handle.send_tracked(key, priority)
+        };
+        match r {
+            Ok((id, SendOutcome::Queued)) => Ok(id),
+            Ok((id, SendOutcome::DroppedOldest(_, old))) => {
+                k.store.take(old);
+                Ok(id)
+            }
+            Ok((id, SendOutcome::DroppedNewest)) => {
+                k.store.take(key);
+                Ok(id)
+            }
+            Err(e) => Err(refused(py, &k.store, e)),
+        }
+    }
+
+    /// Starts a `call`: the request is queued, the reply waited for with `PendingCall`.
+    fn call_start(
+        &self,
+        py: Python<'_>,
+        kernel_id: &str,
+        obj: Py<PyAny>,
+        priority: u8,
+    ) -> PyResult<PendingCallPy> {
+        let k = self.kern(py, kernel_id)?;
+        let key = k.store.put(obj);
+        let r = if k.blocks {
+            py.detach(|| k.handle.call_start(key, priority))
+        } else {
+            k.handle.call_start(key, priority)
+        };
+        match r {
+            Ok(pc) => Ok(PendingCallPy {
+                pc: Mutex::new(Some(pc)),
+                kern: k.clone(),
+                request: key,
+            }),
+            Err(e) => Err(refused(py, &k.store, e)),
+        }
+    }
+
+    /// The next output if one is ready, or comes within `wait` seconds (one short wait, GIL
+    /// released, meant for well under a millisecond): `(obj, (message_id, correlation_id))`,
+    /// or None.
+    fn try_receive(
+        &self,
+        py: Python<'_>,
+        kernel_id: &str,
+        wait: f64,
+    ) -> PyResult<Option<(Py<PyAny>, (u64, u64))>> {
+        let k = self.kern(py, kernel_id)?;
+        let w = secs(wait)?.min(SLICE);
+        let r = if w.is_zero() {
+            k.handle.receive_envelope(Duration::ZERO)
+        } else {
+            py.detach(|| k.handle.receive_envelope(w))
+        };
+        match r {
+            Ok((env, key)) => Ok(k
+                .store
+                .take(key)
+                .map(|o| (o, (env.message_id, env.correlation_id)))),
+            Err(Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(engine_error(py, &e)),
+        }
+    }
+
+    /// The next output, waiting up to `timeout` seconds (None: without limit) in slices
+    /// with the GIL released and Ctrl-C honoured.
+    #[pyo3(signature = (kernel_id, timeout=None))]
+    fn receive(
+        &self,
+        py: Python<'_>,
+        kernel_id: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<(Py<PyAny>, (u64, u64))> {
+        let k = self.kern(py, kernel_id)?;
+        let t = timeout.map(secs).transpose()?.unwrap_or(Duration::MAX);
+        let h = k.handle.clone();
+        let got = Self::sliced(py, t, |slice| match h.receive_envelope(slice) {
+            Err(Error::Timeout { .. }) => None,
+            other => Some(other),
+        })?;
+        match got {
+            Some(Ok((env, key))) => match k.store.take(key) {
+                Some(o) => Ok((o, (env.message_id, env.correlation_id))),
+                None => Err(PyRuntimeError::new_err("output handle without an object")),
+            },
+            Some(Err(e)) => Err(engine_error(py, &e)),
+            None => Err(engine_error(
+                py,
+                &Error::Timeout {
+                    id: kernel_id.to_string(),
+                    op: "receive",
+                    timeout: t,
+                    message: None,
+                },
+            )),
+        }
+    }
+
+    /// Telemetry as a dict (all figures from the engine).
+    fn telemetry<'py>(&self, py: Python<'py>, kernel_id: &str) -> PyResult<Bound<'py, PyDict>> {
+        let k = self.kern(py, kernel_id)?;
+        let t = k.handle.telemetry();
+        let d = PyDict::new(py);
+        d.set_item("kernel_id", &t.kernel_id)?;
+        d.set_item(
+            "state",
+            match &t.state {
+                KernelState::Failed(_) => "failed".to_string(),
+                s => s.to_string(),
+            },
+        )?;
+        d.set_item("messages_received", t.messages_received)?;
+        d.set_item("messages_processed", t.messages_processed)?;
+        d.set_item("messages_dropped", t.messages_dropped)?;
+        d.set_item("messages_refused", t.messages_refused)?;
+        d.set_item("errors", t.errors)?;
+        d.set_item("queue_depth", t.queue_depth)?;
+        d.set_item("output_depth", t.output_depth)?;
+        d.set_item("batches", t.batches)?;
+        d.set_item("throughput", t.throughput)?;
+        d.set_item("latency_count", t.latency.count)?;
+        d.set_item("latency_mean_ns", t.latency.mean_ns)?;
+        d.set_item("latency_p50_ns", t.latency.p50_ns)?;
+        d.set_item("latency_p95_ns", t.latency.p95_ns)?;
+        d.set_item("latency_p99_ns", t.latency.p99_ns)?;
+        d.set_item("latency_p999_ns", t.latency.p999_ns)?;
+        d.set_item("latency_max_ns", t.latency.max_ns)?;
+        d.set_item("uptime_seconds", t.uptime.as_secs_f64())?;
+        d.set_item("objects_held", k.store.len())?;
+        Ok(d)
+    }
+
+    /// Terminates one kernel; returns its report (objects handed back).
+    #[pyo3(signature = (kernel_id, timeout=None))]
+    fn terminate<'py>(
+        &self,
+        py: Python<'py>,
+        kernel_id: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let k = self.kern(py, kernel_id)?;
+        let t = timeout.map(secs).transpose()?;
+        let r = py
+            .detach(|| match t {
+                Some(t) => k.handle.terminate_within(t),
+                None => k.handle.terminate(),
+            })
+            .map_err(|e| engine_error(py, &e))?;
+        report_dict(py, r, &k.store)
+    }
+
+    /// Lets active kernels drain (up to the shutdown timeout), terminates every kernel and
+    /// returns one report per kernel. Later calls return an empty list.
+    fn shutdown<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let rt = self.rt.lock().take();
+        let out = PyList::empty(py);
+        let Some(rt) = rt else { return Ok(out) };
+        let reports = py.detach(move || rt.shutdown());
+        let kernels: HashMap<String, Arc<Kern>> = std::mem::take(&mut *self.kernels.lock());
+        for rep in reports {
+            let id = rep.kernel_id.clone();
+            match (rep.into_typed::<u64, u64>(), kernels.get(&id)) {
+                (Ok(r), Some(k)) => out.append(report_dict(py, r, &k.store)?)?,
+                (Ok(_), None) | (Err(_), _) => {}
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A `call` in flight; `wait` takes the reply.
+#[pyclass(frozen, module = "resident._resident")]
+struct PendingCallPy {
+    pc: Mutex<Option<PendingCall<u64, u64>>>,
+    kern: Arc<Kern>,
+    request: u64,
+}
+
+impl PendingCallPy {
+    fn finish(&self, py: Python<'_>, r: Result<u64, Error>) -> PyResult<Py<PyAny>> {
+        *self.pc.lock() = None;
+        match r {
+            Ok(key) => self
+                .kern
+                .store
+                .take(key)
+                .ok_or_else(|| PyRuntimeError::new_err("reply handle without an object")),
+            Err(e) => {
+                // A request dropped by a drop policy: its object will never be taken.
+                if matches!(e, Error::Dropped { .. }) {
+                    self.kern.store.take(self.request);
+                }
+                Err(engine_error(py, &e))
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PendingCallPy {
+    /// Looks for the reply without waiting: the reply object, or `None` if not there yet.
+    fn poll(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let r = {
+            let mut g = self.pc.lock();
+            let Some(pc) = g.as_mut() else {
+                return Err(PyRuntimeError::new_err(
+                    "this call's reply was already taken",
+                ));
+            };
+            pc.wait(Duration::ZERO)
+        };
+        match r {
+            None => Ok(None),
+            Some(r) => self.finish(py, r).map(Some),
+        }
+    }
+
+    /// Waits up to `timeout` seconds for the reply, GIL released, Ctrl-C honoured; `None`
+    /// when it did not come (the call stays pending). Must run on the thread that started
+    /// the call unless `timeout` is 0.
+    fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Py<PyAny>>> {
+        let t = secs(timeout)?;
+        let r = Self::sliced_wait(py, &self.pc, t)?;
+        match r {
+            None => Ok(None),
+            Some(r) => self.finish(py, r).map(Some),
+        }
+    }
+
+    /// Gives up on the reply (a later reply is counted as dropped by the engine).
+    fn cancel(&self) {
+        *self.pc.lock() = None;
+    }
+}
+
+impl PendingCallPy {
+    fn sliced_wait(
+        py: Python<'_>,
+        pc: &Mutex<Option<PendingCall<u64, u64>>>,
+        t: Duration,
+    ) -> PyResult<Option<Result<u64, Error>>> {
+        PyRuntime::sliced(py, t, |slice| {
+            let mut g = pc.lock();
+            match g.as_mut() {
+                None => Some(None),
+                Some(pc) => pc.wait(slice).map(Some),
+            }
+        })
+        .map(Option::flatten)
+    }
+}
+
+#[pymodule]
+fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyRuntime>()?;
+    m.add_class::<KernelCtx>()?;
+    m.add_class::<PendingCallPy>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
