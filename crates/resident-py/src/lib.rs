@@ -137,7 +137,10 @@ fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
 
 /// The Python exception for a refused send: the object it carried is taken back out of the
 /// store and handed back in the exception's `message`.
-fn refused(py: Python<'_>, store: &Store, e: Error) -> PyErr {
+///
+/// `sent` is the caller's own reference to the object: a terminate that raced with this send
+/// may already have released the store's.
+fn refused(py: Python<'_>, store: &Store, e: Error, sent: Py<PyAny>) -> PyErr {
     let has = matches!(
         e,
         Error::QueueFull { .. }
@@ -148,7 +151,10 @@ fn refused(py: Python<'_>, store: &Store, e: Error) -> PyErr {
             }
     );
     let d = describe(&e, has);
-    let obj = e.into_message::<u64>().and_then(|k| store.take(k));
+    let obj = e.into_message::<u64>().map(|k| {
+        store.take(k);
+        sent
+    });
     build(py, d, obj)
 }
 
@@ -577,6 +583,7 @@ impl PyRuntime {
     /// `drop_newest` returns normally (counted in `messages_dropped`), as in the engine.
     fn send(&self, py: Python<'_>, kernel_id: &str, obj: Py<PyAny>, priority: u8) -> PyResult<u64> {
         let k = self.kern(py, kernel_id)?;
+        let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
         let r = if k.blocks {
             py.detach(|| k.handle.send_tracked(key, priority))
@@ -593,7 +600,7 @@ impl PyRuntime {
                 k.store.take(key);
                 Ok(id)
             }
-            Err(e) => Err(refused(py, &k.store, e)),
+            Err(e) => Err(refused(py, &k.store, e, sent)),
         }
     }
 
@@ -606,6 +613,7 @@ impl PyRuntime {
         priority: u8,
     ) -> PyResult<PendingCallPy> {
         let k = self.kern(py, kernel_id)?;
+        let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
         let r = if k.blocks {
             py.detach(|| k.handle.call_start(key, priority))
@@ -618,7 +626,7 @@ impl PyRuntime {
                 kern: k.clone(),
                 request: key,
             }),
-            Err(e) => Err(refused(py, &k.store, e)),
+            Err(e) => Err(refused(py, &k.store, e, sent)),
         }
     }
 
