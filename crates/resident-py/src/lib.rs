@@ -26,6 +26,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use resident::prelude::*;
 
+mod buffer;
+
 /// How long one uninterrupted wait for a Python caller lasts before signals are checked.
 const SLICE: Duration = Duration::from_millis(20);
 
@@ -63,11 +65,11 @@ impl Store {
 // ---- errors ------------------------------------------------------------------------------
 
 /// An engine error as Python sees it: the `resident.errors` class, text, kernel id, detail.
-struct Described {
-    class: &'static str,
-    text: String,
-    id: Option<String>,
-    detail: Option<String>,
+pub(crate) struct Described {
+    pub class: &'static str,
+    pub text: String,
+    pub id: Option<String>,
+    pub detail: Option<String>,
 }
 
 fn describe(e: &Error, has_message: bool) -> Described {
@@ -112,7 +114,7 @@ fn describe(e: &Error, has_message: bool) -> Described {
 }
 
 /// Builds the Python exception: `class(text, kernel_id, detail, message)`.
-fn build(py: Python<'_>, d: Described, returned: Option<Py<PyAny>>) -> PyErr {
+pub(crate) fn build(py: Python<'_>, d: Described, returned: Option<Py<PyAny>>) -> PyErr {
     let cls = match py
         .import("resident.errors")
         .and_then(|m| m.getattr(d.class))
@@ -296,6 +298,9 @@ impl KernelCtx {
     }
 }
 
+/// An output as Python gets it: the object and (message_id, correlation_id).
+type Output = (Py<PyAny>, (u64, u64));
+
 fn secs(s: f64) -> PyResult<Duration> {
     if !s.is_finite() || s < 0.0 {
         return Err(PyValueError::new_err(format!(
@@ -322,7 +327,7 @@ struct PyRuntime {
     backend: String,
 }
 
-fn parse_backend(s: &str) -> PyResult<Backend> {
+pub(crate) fn parse_backend(s: &str) -> PyResult<Backend> {
     Ok(match s.to_ascii_lowercase().as_str() {
         "auto" => Backend::Auto,
         "cpu" => Backend::Cpu,
@@ -638,7 +643,7 @@ impl PyRuntime {
         py: Python<'_>,
         kernel_id: &str,
         wait: f64,
-    ) -> PyResult<Option<(Py<PyAny>, (u64, u64))>> {
+    ) -> PyResult<Option<Output>> {
         let k = self.kern(py, kernel_id)?;
         let w = secs(wait)?.min(SLICE);
         let r = if w.is_zero() {
@@ -664,7 +669,7 @@ impl PyRuntime {
         py: Python<'_>,
         kernel_id: &str,
         timeout: Option<f64>,
-    ) -> PyResult<(Py<PyAny>, (u64, u64))> {
+    ) -> PyResult<Output> {
         let k = self.kern(py, kernel_id)?;
         let t = timeout.map(secs).transpose()?.unwrap_or(Duration::MAX);
         let h = k.handle.clone();
@@ -849,6 +854,7 @@ fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRuntime>()?;
     m.add_class::<KernelCtx>()?;
     m.add_class::<PendingCallPy>()?;
+    buffer::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -29,6 +29,7 @@ from . import _resident
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .kernel import KernelContext, KernelSpec, get_kernel, ring_kernel
+from .memory import BufferState, DevicePointer, MemoryPool, PoolStatistics, UnifiedBuffer, get_memory_pool
 from .message import Message, message
 from .runtime import KernelReport, RingKernelRuntime, Runtime, Telemetry
 
@@ -45,5 +46,11 @@ __all__ = [
     "KernelReport",
     "Telemetry",
     "get_kernel",
+    "UnifiedBuffer",
+    "BufferState",
+    "DevicePointer",
+    "MemoryPool",
+    "PoolStatistics",
+    "get_memory_pool",
     *_errors_all,
 ]

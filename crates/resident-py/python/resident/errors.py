@@ -28,6 +28,8 @@ __all__ = [
     "CompilationError",
     "DeviceError",
     "InvalidConfigError",
+    "BufferStateError",
+    "OutOfMemoryError",
 ]
 
 _NO_MESSAGE: Any = object()
@@ -142,3 +144,11 @@ class DeviceError(ResidentError):
 
 class InvalidConfigError(ResidentError, ValueError):
     """The kernel definition is not usable."""
+
+
+class BufferStateError(ResidentError):
+    """A buffer operation is not valid in its state (e.g. syncing a buffer never written)."""
+
+
+class OutOfMemoryError(ResidentError, MemoryError):
+    """An allocation failed or its size overflows."""

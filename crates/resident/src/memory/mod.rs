@@ -5,7 +5,7 @@
 mod pool;
 mod unified;
 
-pub use pool::{MemoryPool, PoolKind, PoolStats, PooledBuffer};
+pub use pool::{size_class, MemoryPool, PoolKind, PoolStats, PooledBuffer, MIN_CLASS};
 pub use unified::{
     BufferOptions, BufferState, DeviceView, DeviceViewMut, TransferStats, UnifiedBuffer,
 };
