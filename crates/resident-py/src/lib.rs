@@ -262,6 +262,13 @@ impl KernelCtx {
     fn send(&self, py: Python<'_>, obj: Py<PyAny>, request: Option<EnvTuple>) -> PyResult<()> {
         let key = self.store.put(obj);
         self.with(|c| {
+            if c.output_has_room() {
+                // The kernel is its output's only producer: this send does not wait.
+                return match request {
+                    Some(env) => c.send_reply(&env_from(env), key),
+                    None => c.send(key),
+                };
+            }
             let p = SendPtr(c as *mut Lctx);
             py.detach(move || {
                 let p = p;
@@ -590,7 +597,9 @@ impl PyRuntime {
         let k = self.kern(py, kernel_id)?;
         let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
-        let r = if k.blocks {
+        // Under `Block` a send to a full lane waits, so the GIL is released then; with room
+        // it cannot wait (only GIL holders send to a Python kernel, the kernel only takes).
+        let r = if k.blocks && !k.handle.input_has_room() {
             py.detach(|| k.handle.send_tracked(key, priority))
         } else {
             k.handle.send_tracked(key, priority)
@@ -620,7 +629,9 @@ impl PyRuntime {
         let k = self.kern(py, kernel_id)?;
         let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
-        let r = if k.blocks {
+        // Under `Block` a send to a full lane waits, so the GIL is released then; with room
+        // it cannot wait (only GIL holders send to a Python kernel, the kernel only takes).
+        let r = if k.blocks && !k.handle.input_has_room() {
             py.detach(|| k.handle.call_start(key, priority))
         } else {
             k.handle.call_start(key, priority)
@@ -638,19 +649,13 @@ impl PyRuntime {
     /// The next output if one is ready, or comes within `wait` seconds (one short wait, GIL
     /// released, meant for well under a millisecond): `(obj, (message_id, correlation_id))`,
     /// or None.
-    fn try_receive(
-        &self,
-        py: Python<'_>,
-        kernel_id: &str,
-        wait: f64,
-    ) -> PyResult<Option<Output>> {
+    fn try_receive(&self, py: Python<'_>, kernel_id: &str, wait: f64) -> PyResult<Option<Output>> {
         let k = self.kern(py, kernel_id)?;
         let w = secs(wait)?.min(SLICE);
-        let r = if w.is_zero() {
-            k.handle.receive_envelope(Duration::ZERO)
-        } else {
-            py.detach(|| k.handle.receive_envelope(w))
-        };
+        let mut r = k.handle.receive_envelope(Duration::ZERO);
+        if !w.is_zero() && matches!(r, Err(Error::Timeout { .. })) {
+            r = py.detach(|| k.handle.receive_envelope(w));
+        }
         match r {
             Ok((env, key)) => Ok(k
                 .store
@@ -664,12 +669,7 @@ impl PyRuntime {
     /// The next output, waiting up to `timeout` seconds (None: without limit) in slices
     /// with the GIL released and Ctrl-C honoured.
     #[pyo3(signature = (kernel_id, timeout=None))]
-    fn receive(
-        &self,
-        py: Python<'_>,
-        kernel_id: &str,
-        timeout: Option<f64>,
-    ) -> PyResult<Output> {
+    fn receive(&self, py: Python<'_>, kernel_id: &str, timeout: Option<f64>) -> PyResult<Output> {
         let k = self.kern(py, kernel_id)?;
         let t = timeout.map(secs).transpose()?.unwrap_or(Duration::MAX);
         let h = k.handle.clone();

@@ -2,6 +2,7 @@
 
 import pathlib
 import re
+import runpy
 
 import pytest
 
@@ -26,5 +27,7 @@ def test_there_are_examples():
 
 
 @pytest.mark.parametrize("code", BLOCKS)
-def test_example_runs(code):
-    exec(compile(code, "<example>", "exec"), {"__name__": "__example__"})
+def test_example_runs(code, tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    runpy.run_path(str(script), run_name="__main__")

@@ -52,9 +52,9 @@ def message(cls: Optional[type] = None, **dataclass_kwargs: Any) -> Any:
         # The three fields go last, with defaults, so the class's own fields (with or without
         # defaults) keep their positions.
         ann = dict(c.__dict__.get("__annotations__", {}))
-        ann.setdefault("message_id", "Any")
-        ann.setdefault("priority", "int")
-        ann.setdefault("correlation_id", "Optional[Any]")
+        ann.setdefault("message_id", Any)
+        ann.setdefault("priority", int)
+        ann.setdefault("correlation_id", Optional[Any])
         c.__annotations__ = ann
         if "message_id" not in c.__dict__:
             c.message_id = dataclasses.field(default_factory=uuid.uuid4)  # type: ignore[attr-defined]

@@ -232,6 +232,12 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
         }
     }
 
+    /// Whether the output queue has room for one more output now, so that the next `send`
+    /// does not wait (this kernel is the queue's only producer).
+    pub fn output_has_room(&self) -> bool {
+        self.io.output.len() < self.io.output.config().capacity
+    }
+
     /// Sends `out` on the output queue as the response to the last message received.
     pub fn send(&mut self, out: Out) {
         let now = self.io.ids.now_ns();

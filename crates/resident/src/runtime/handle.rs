@@ -234,6 +234,14 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         self.io.port.send(msg, priority, 0, "send")
     }
 
+    /// Whether every input lane has room for one more message now (fewer messages queued in
+    /// all lanes together than one lane holds). A hint for a sender that must not wait while
+    /// holding something the consumer needs (a binding holding an interpreter lock): when
+    /// only such senders send, a `true` here means the next send does not wait.
+    pub fn input_has_room(&self) -> bool {
+        self.io.input.len() < self.io.input.config().capacity
+    }
+
     /// Sends `msg` at `priority` and says what the backpressure policy did with it:
     /// [`SendOutcome::Queued`], [`SendOutcome::DroppedOldest`] with the message it discarded to
     /// make room (counted as dropped), or [`SendOutcome::DroppedNewest`] (`msg` itself was
