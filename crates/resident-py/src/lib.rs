@@ -20,12 +20,14 @@ use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use numpy::{PyArray1, PyReadonlyArray1};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use resident::prelude::*;
 
+mod batch;
 mod buffer;
 
 /// How long one uninterrupted wait for a Python caller lasts before signals are checked.
@@ -319,6 +321,40 @@ fn secs(s: f64) -> PyResult<Duration> {
 
 // ---- the runtime ---------------------------------------------------------------------------
 
+/// The lifecycle operations every kernel kind shares.
+pub(crate) trait KernelOps: Send + Sync {
+    fn activate(&self) -> resident::Result<()>;
+    fn deactivate(&self) -> resident::Result<()>;
+    fn state(&self) -> KernelState;
+    fn telemetry(&self) -> Telemetry;
+}
+
+impl<In: resident::ring::Message, Out: resident::ring::Message> KernelOps
+    for KernelHandle<In, Out>
+{
+    fn activate(&self) -> resident::Result<()> {
+        KernelHandle::activate(self)
+    }
+    fn deactivate(&self) -> resident::Result<()> {
+        KernelHandle::deactivate(self)
+    }
+    fn state(&self) -> KernelState {
+        KernelHandle::state(self)
+    }
+    fn telemetry(&self) -> Telemetry {
+        KernelHandle::telemetry(self)
+    }
+}
+
+/// A Python exception raised by a handler, as a failure reason (with its traceback).
+pub(crate) fn py_failure(py: Python<'_>, e: PyErr) -> String {
+    let tb = e
+        .traceback(py)
+        .and_then(|t| t.format().ok())
+        .unwrap_or_default();
+    format!("{e}\n{tb}").trim_end().to_string()
+}
+
 struct Kern {
     handle: KernelHandle<u64, u64>,
     store: Arc<Store>,
@@ -331,6 +367,7 @@ struct Kern {
 struct PyRuntime {
     rt: Mutex<Option<resident::runtime::Runtime>>,
     kernels: Mutex<HashMap<String, Arc<Kern>>>,
+    batch: Mutex<HashMap<String, Arc<dyn batch::BatchKernel>>>,
     backend: String,
 }
 
@@ -367,6 +404,28 @@ fn parse_policy(s: &str, block_timeout: f64) -> PyResult<Backpressure> {
 impl PyRuntime {
     fn kern(&self, py: Python<'_>, id: &str) -> PyResult<Arc<Kern>> {
         self.kernels
+            .lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| engine_error(py, &Error::UnknownKernel { id: id.to_string() }))
+    }
+
+    /// Any kernel's lifecycle operations.
+    fn ops(&self, py: Python<'_>, id: &str) -> PyResult<Arc<dyn KernelOps>> {
+        if let Some(k) = self.kernels.lock().get(id) {
+            return Ok(Arc::new(k.handle.clone()));
+        }
+        if let Some(b) = self.batch.lock().get(id) {
+            return Ok(Arc::new(BatchOps(b.clone())));
+        }
+        Err(engine_error(
+            py,
+            &Error::UnknownKernel { id: id.to_string() },
+        ))
+    }
+
+    fn batch_kern(&self, py: Python<'_>, id: &str) -> PyResult<Arc<dyn batch::BatchKernel>> {
+        self.batch
             .lock()
             .get(id)
             .cloned()
@@ -441,6 +500,43 @@ fn report_dict<'py>(
     Ok(d)
 }
 
+/// A batch kernel's report as a dict; records as one uint8 array each.
+fn bytes_report_dict<'py>(
+    py: Python<'py>,
+    id: &str,
+    r: batch::BytesReport,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("kernel_id", id)?;
+    d.set_item("processed", r.processed)?;
+    d.set_item("dropped", r.dropped)?;
+    d.set_item("undelivered", PyArray1::from_vec(py, r.undelivered))?;
+    d.set_item("unreceived", PyArray1::from_vec(py, r.unreceived))?;
+    d.set_item("failure", r.failure)?;
+    d.set_item("failed_message", py.None())?;
+    d.set_item("released", 0)?;
+    d.set_item("missing", 0)?;
+    Ok(d)
+}
+
+/// A batch kernel seen through its lifecycle operations.
+struct BatchOps(Arc<dyn batch::BatchKernel>);
+
+impl KernelOps for BatchOps {
+    fn activate(&self) -> resident::Result<()> {
+        self.0.ops().activate()
+    }
+    fn deactivate(&self) -> resident::Result<()> {
+        self.0.ops().deactivate()
+    }
+    fn state(&self) -> KernelState {
+        self.0.ops().state()
+    }
+    fn telemetry(&self) -> Telemetry {
+        self.0.ops().telemetry()
+    }
+}
+
 #[pymethods]
 impl PyRuntime {
     #[new]
@@ -475,6 +571,7 @@ impl PyRuntime {
         Ok(PyRuntime {
             rt: Mutex::new(Some(rt)),
             kernels: Mutex::new(HashMap::new()),
+            batch: Mutex::new(HashMap::new()),
             backend,
         })
     }
@@ -526,13 +623,7 @@ impl PyRuntime {
                 let ctx = Py::new(py, ctx).map_err(|e| e.to_string())?;
                 let r = runner.call1(py, (func.clone_ref(py), ctx.clone_ref(py)));
                 ctx.get().ptr.lock().0 = std::ptr::null_mut();
-                r.map(|_| ()).map_err(|e| {
-                    let tb = e
-                        .traceback(py)
-                        .and_then(|t| t.format().ok())
-                        .unwrap_or_default();
-                    format!("{e}\n{tb}").trim_end().to_string()
-                })
+                r.map(|_| ()).map_err(|e| py_failure(py, e))
             });
             if let Err(reason) = outcome {
                 // The engine turns a panic of the loop body into `Failed(reason)` and tells
@@ -559,27 +650,27 @@ impl PyRuntime {
     }
 
     fn activate(&self, py: Python<'_>, kernel_id: &str) -> PyResult<()> {
-        let k = self.kern(py, kernel_id)?;
-        k.handle.activate().map_err(|e| engine_error(py, &e))
+        let k = self.ops(py, kernel_id)?;
+        k.activate().map_err(|e| engine_error(py, &e))
     }
 
     fn deactivate(&self, py: Python<'_>, kernel_id: &str) -> PyResult<()> {
-        let k = self.kern(py, kernel_id)?;
-        py.detach(|| k.handle.deactivate())
+        let k = self.ops(py, kernel_id)?;
+        py.detach(|| k.deactivate())
             .map_err(|e| engine_error(py, &e))
     }
 
     fn state(&self, py: Python<'_>, kernel_id: &str) -> PyResult<String> {
-        let k = self.kern(py, kernel_id)?;
-        Ok(match k.handle.state() {
+        let k = self.ops(py, kernel_id)?;
+        Ok(match k.state() {
             KernelState::Failed(_) => "failed".to_string(),
             s => s.to_string(),
         })
     }
 
     fn failure(&self, py: Python<'_>, kernel_id: &str) -> PyResult<Option<String>> {
-        let k = self.kern(py, kernel_id)?;
-        Ok(match k.handle.state() {
+        let k = self.ops(py, kernel_id)?;
+        Ok(match k.state() {
             KernelState::Failed(r) => Some(r),
             _ => None,
         })
@@ -587,6 +678,7 @@ impl PyRuntime {
 
     fn kernel_ids(&self) -> Vec<String> {
         let mut v: Vec<String> = self.kernels.lock().keys().cloned().collect();
+        v.extend(self.batch.lock().keys().cloned());
         v.sort();
         v
     }
@@ -697,8 +789,13 @@ impl PyRuntime {
 
     /// Telemetry as a dict (all figures from the engine).
     fn telemetry<'py>(&self, py: Python<'py>, kernel_id: &str) -> PyResult<Bound<'py, PyDict>> {
-        let k = self.kern(py, kernel_id)?;
-        let t = k.handle.telemetry();
+        let k = self.ops(py, kernel_id)?;
+        let held = self
+            .kernels
+            .lock()
+            .get(kernel_id)
+            .map_or(0, |k| k.store.len());
+        let t = k.telemetry();
         let d = PyDict::new(py);
         d.set_item("kernel_id", &t.kernel_id)?;
         d.set_item(
@@ -725,7 +822,7 @@ impl PyRuntime {
         d.set_item("latency_p999_ns", t.latency.p999_ns)?;
         d.set_item("latency_max_ns", t.latency.max_ns)?;
         d.set_item("uptime_seconds", t.uptime.as_secs_f64())?;
-        d.set_item("objects_held", k.store.len())?;
+        d.set_item("objects_held", held)?;
         Ok(d)
     }
 
@@ -737,8 +834,14 @@ impl PyRuntime {
         kernel_id: &str,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let k = self.kern(py, kernel_id)?;
         let t = timeout.map(secs).transpose()?;
+        if let Some(b) = self.batch.lock().get(kernel_id).cloned() {
+            let r = py
+                .detach(|| b.terminate(t))
+                .map_err(|e| engine_error(py, &e))?;
+            return bytes_report_dict(py, kernel_id, r);
+        }
+        let k = self.kern(py, kernel_id)?;
         let r = py
             .detach(|| match t {
                 Some(t) => k.handle.terminate_within(t),
@@ -746,6 +849,110 @@ impl PyRuntime {
             })
             .map_err(|e| engine_error(py, &e))?;
         report_dict(py, r, &k.store)
+    }
+
+    /// Launches a batch kernel: records of `record` bytes (one of 8, 16, ..., 256), drained
+    /// `max_batch` at a time and handed to `runner(func, state, uint8_array, n)`, which returns
+    /// the outputs as a uint8 array of whole records.
+    #[pyo3(signature = (kernel_id, record, runner, func, state, queue_size, backpressure, block_timeout, priority_lanes, max_batch))]
+    #[allow(clippy::too_many_arguments)]
+    fn launch_batch(
+        &self,
+        py: Python<'_>,
+        kernel_id: String,
+        record: usize,
+        runner: Py<PyAny>,
+        func: Py<PyAny>,
+        state: Py<PyAny>,
+        queue_size: usize,
+        backpressure: &str,
+        block_timeout: f64,
+        priority_lanes: usize,
+        max_batch: usize,
+    ) -> PyResult<()> {
+        let policy = parse_policy(backpressure, block_timeout)?;
+        if queue_size == 0 || max_batch == 0 {
+            return Err(PyValueError::new_err(
+                "queue_size and max_batch must be at least 1",
+            ));
+        }
+        let rt = self.rt.lock();
+        let rt = rt
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("the runtime was shut down"))?;
+        let id = kernel_id.clone();
+        let k = py
+            .detach(|| {
+                batch::launch(
+                    rt,
+                    id,
+                    record,
+                    queue_size,
+                    policy,
+                    priority_lanes,
+                    runner,
+                    func,
+                    state,
+                    max_batch,
+                )
+            })
+            .map_err(|e| engine_error(py, &e))?;
+        self.batch.lock().insert(kernel_id, k);
+        Ok(())
+    }
+
+    /// Sends the records in `data` (a uint8 array of whole records); returns how many were
+    /// taken (queued, or dropped by a drop policy). Fewer than all: the rest were refused
+    /// (full lane under `reject`, `block` timed out) and are still the caller's.
+    fn send_batch(
+        &self,
+        py: Python<'_>,
+        kernel_id: &str,
+        data: PyReadonlyArray1<'_, u8>,
+    ) -> PyResult<usize> {
+        let b = self.batch_kern(py, kernel_id)?;
+        let bytes = data.as_slice()?;
+        let n = b.record();
+        if bytes.len() % n != 0 {
+            return Err(PyValueError::new_err(format!(
+                "{} bytes are not whole records of {n} bytes",
+                bytes.len()
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(0);
+        }
+        // When nothing was taken the records stay the caller's (they are in `data`).
+        py.detach(|| b.send_bytes(bytes))
+            .map_err(|e| engine_error(py, &e))
+    }
+
+    /// Up to `max` outputs as a uint8 array of whole records, waiting up to `timeout` seconds
+    /// (in slices, GIL released, Ctrl-C honoured) for the first; empty on timeout.
+    fn receive_batch<'py>(
+        &self,
+        py: Python<'py>,
+        kernel_id: &str,
+        max: usize,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, PyArray1<u8>>> {
+        let b = self.batch_kern(py, kernel_id)?;
+        let t = secs(timeout)?;
+        let first = b
+            .recv_bytes(max, Duration::ZERO)
+            .map_err(|e| engine_error(py, &e))?;
+        if !first.is_empty() || t.is_zero() {
+            return Ok(PyArray1::from_vec(py, first));
+        }
+        let got = Self::sliced(py, t, |slice| match b.recv_bytes(max, slice) {
+            Ok(v) if v.is_empty() => None,
+            other => Some(other),
+        })?;
+        match got {
+            Some(Ok(v)) => Ok(PyArray1::from_vec(py, v)),
+            Some(Err(e)) => Err(engine_error(py, &e)),
+            None => Ok(PyArray1::from_vec(py, Vec::new())),
+        }
     }
 
     /// Lets active kernels drain (up to the shutdown timeout), terminates every kernel and
@@ -756,11 +963,18 @@ impl PyRuntime {
         let Some(rt) = rt else { return Ok(out) };
         let reports = py.detach(move || rt.shutdown());
         let kernels: HashMap<String, Arc<Kern>> = std::mem::take(&mut *self.kernels.lock());
+        let batch: HashMap<String, Arc<dyn batch::BatchKernel>> =
+            std::mem::take(&mut *self.batch.lock());
         for rep in reports {
             let id = rep.kernel_id.clone();
-            match (rep.into_typed::<u64, u64>(), kernels.get(&id)) {
-                (Ok(r), Some(k)) => out.append(report_dict(py, r, &k.store)?)?,
-                (Ok(_), None) | (Err(_), _) => {}
+            if let Some(b) = batch.get(&id) {
+                if let Some(r) = b.report_of(rep) {
+                    out.append(bytes_report_dict(py, &id, r)?)?;
+                }
+                continue;
+            }
+            if let (Ok(r), Some(k)) = (rep.into_typed::<u64, u64>(), kernels.get(&id)) {
+                out.append(report_dict(py, r, &k.store)?)?;
             }
         }
         Ok(out)

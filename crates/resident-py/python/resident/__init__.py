@@ -26,6 +26,7 @@
 """
 
 from . import _resident
+from .batch import BatchKernelSpec, batch_kernel
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .kernel import KernelContext, KernelSpec, get_kernel, ring_kernel
@@ -39,6 +40,8 @@ __all__ = [
     "RingKernelRuntime",
     "Runtime",
     "ring_kernel",
+    "batch_kernel",
+    "BatchKernelSpec",
     "message",
     "Message",
     "KernelContext",

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+
+import numpy as np
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _resident
 from .errors import CallTimeoutError, KernelNotFoundError, ReceiveTimeoutError
+from . import batch as _batch
 from .kernel import KernelSpec, _run_kernel, get_kernel
 
 __all__ = ["Runtime", "RingKernelRuntime", "Telemetry", "KernelReport"]
@@ -102,7 +105,7 @@ def _priority(msg: Any, priority: Optional[int]) -> int:
     return p
 
 
-def _spec(kernel_id: str, func: Optional[Callable[..., Any]], overrides: Dict[str, Any]) -> KernelSpec:
+def _spec(kernel_id: str, func: Optional[Callable[..., Any]], overrides: Dict[str, Any]) -> Any:
     if func is not None:
         spec = getattr(func, "_ring_kernel_spec", None)
         if spec is None:
@@ -119,7 +122,7 @@ def _spec(kernel_id: str, func: Optional[Callable[..., Any]], overrides: Dict[st
         d = dict(spec.__dict__)
         d["kernel_id"] = kernel_id
         d.update(overrides)
-        spec = KernelSpec(**d)
+        spec = type(spec)(**d)
     return spec
 
 
@@ -142,6 +145,7 @@ class Runtime:
     ) -> None:
         self._rt = _resident.Runtime(backend, enable_telemetry, shutdown_timeout, terminate_timeout)
         self._reports: Optional[List[KernelReport]] = None
+        self._batch: Dict[str, "_batch.BatchKernelSpec"] = {}
 
     @property
     def backend(self) -> str:
@@ -164,6 +168,21 @@ class Runtime:
         and thread exist, messages queue up until ``activate``. ``overrides`` replace the
         decorator's settings (``queue_size``, ``backpressure``, ...)."""
         s = _spec(kernel_id, kernel_func, overrides)
+        if isinstance(s, _batch.BatchKernelSpec):
+            self._rt.launch_batch(
+                s.kernel_id,
+                s.record,
+                _batch.runner(s),
+                s.func,
+                s.state,
+                s.queue_size,
+                s.backpressure,
+                s.block_timeout,
+                s.priority_lanes,
+                s.max_batch,
+            )
+            self._batch[s.kernel_id] = s
+            return
         self._rt.launch(
             s.kernel_id,
             _run_kernel,
@@ -188,7 +207,43 @@ class Runtime:
 
     def terminate(self, kernel_id: str, timeout: Optional[float] = None) -> KernelReport:
         """Stops the kernel and returns its report (undelivered messages handed back)."""
-        return KernelReport._from(self._rt.terminate(kernel_id, timeout))
+        return self._report(self._rt.terminate(kernel_id, timeout))
+
+    def _report(self, d: Dict[str, Any]) -> KernelReport:
+        spec = self._batch.get(d["kernel_id"])
+        if spec is None:
+            return KernelReport._from(d)
+        return KernelReport(
+            kernel_id=d["kernel_id"],
+            processed=d["processed"],
+            dropped=d["dropped"],
+            undelivered=list(_batch.from_records(d["undelivered"], spec.record, spec.in_dtype)),
+            unreceived=list(_batch.from_records(d["unreceived"], spec.record, spec.out_dtype)),
+            failure=d["failure"],
+        )
+
+    def send_batch(self, kernel_id: str, records: Any) -> int:
+        """Sends the records of a numpy array (converted to the kernel's ``in_dtype``) to a
+        batch kernel in one call; returns how many were taken. Fewer than ``len(records)``:
+        the rest were refused by the policy (``reject`` full, ``block`` timed out) and were
+        not sent; none taken raises (``QueueFullError``, ``SendTimeoutError``, ...)."""
+        spec = self._batch_spec(kernel_id)
+        arr = np.asarray(records, dtype=spec.in_dtype).reshape(-1)
+        return self._rt.send_batch(kernel_id, _batch.to_records(arr, spec.record))
+
+    def receive_batch(self, kernel_id: str, max: int, timeout: float = 0.0) -> np.ndarray:
+        """Up to ``max`` outputs of a batch kernel as one array of its ``out_dtype``, waiting
+        up to ``timeout`` seconds for the first (an empty array when none came)."""
+        spec = self._batch_spec(kernel_id)
+        raw = self._rt.receive_batch(kernel_id, max, timeout)
+        return _batch.from_records(raw, spec.record, spec.out_dtype)
+
+    def _batch_spec(self, kernel_id: str) -> "_batch.BatchKernelSpec":
+        spec = self._batch.get(kernel_id)
+        if spec is None:
+            self._rt.state(kernel_id)  # KernelNotFoundError when there is no such kernel
+            raise TypeError(f"kernel '{kernel_id}' is not a batch kernel")
+        return spec
 
     def state(self, kernel_id: str) -> str:
         """``launched``, ``active``, ``inactive``, ``terminating``, ``terminated`` or
@@ -246,7 +301,7 @@ class Runtime:
         """Lets active kernels drain (up to ``shutdown_timeout``), terminates every kernel
         and returns their reports. A second call returns the same reports."""
         if self._reports is None:
-            self._reports = [KernelReport._from(d) for d in self._rt.shutdown()]
+            self._reports = [self._report(d) for d in self._rt.shutdown()]
         return self._reports
 
 
@@ -363,6 +418,15 @@ class RingKernelRuntime:
     ) -> Any:
         """PyDotCompute's name for ``call``."""
         return await self.call(kernel_id, msg, timeout)
+
+    async def send_batch(self, kernel_id: str, records: Any) -> int:
+        return self.sync.send_batch(kernel_id, records)
+
+    async def receive_batch(self, kernel_id: str, max: int, timeout: float = 0.0) -> np.ndarray:
+        got = self.sync.receive_batch(kernel_id, max, min(timeout, self.spin_wait))
+        if len(got) or timeout <= self.spin_wait:
+            return got
+        return await _off_loop(self.sync.receive_batch, kernel_id, max, timeout - self.spin_wait)
 
     def get_telemetry(self, kernel_id: str) -> Telemetry:
         return self.sync.get_telemetry(kernel_id)

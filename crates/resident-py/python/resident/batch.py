@@ -1,0 +1,129 @@
+"""Batch kernels: fixed-size records (a numpy dtype) sent and received as whole arrays and
+handled by a vectorized function per drained batch, ``def handle(state, batch) -> out``.
+
+No Python object exists per message: ``send_batch`` copies the array's records into the
+engine's queue in one call, the kernel's thread hands each drained batch (up to ``max_batch``
+records) to the function as one numpy array, and ``receive_batch`` returns the outputs as one
+array. Records are padded to the engine's blob size (8, 16, 32, 64, 128 or 256 bytes: the
+smallest that holds both dtypes).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+
+from .kernel import BACKPRESSURE, _registry
+
+__all__ = ["batch_kernel", "BatchKernelSpec", "RECORD_SIZES"]
+
+RECORD_SIZES = (8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class BatchKernelSpec:
+    kernel_id: str
+    func: Callable[[Any, np.ndarray], Any]
+    in_dtype: np.dtype
+    out_dtype: np.dtype
+    state: Any = None
+    queue_size: int = 4096
+    backpressure: str = "block"
+    block_timeout: float = 1.0
+    priority_lanes: int = 1
+    max_batch: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.backpressure not in BACKPRESSURE:
+            raise ValueError(f"backpressure must be one of {BACKPRESSURE}")
+        if self.max_batch < 1 or self.queue_size < 1:
+            raise ValueError("queue_size and max_batch must be >= 1")
+        for d in (self.in_dtype, self.out_dtype):
+            if d.hasobject:
+                raise TypeError(f"kernel '{self.kernel_id}': dtype {d} holds Python objects")
+            if d.itemsize == 0:
+                raise ValueError(f"kernel '{self.kernel_id}': dtype {d} has no bytes")
+        _ = self.record
+
+    @property
+    def record(self) -> int:
+        need = max(self.in_dtype.itemsize, self.out_dtype.itemsize)
+        for s in RECORD_SIZES:
+            if s >= need:
+                return s
+        raise ValueError(
+            f"kernel '{self.kernel_id}': records of {need} bytes exceed {RECORD_SIZES[-1]}"
+        )
+
+
+def batch_kernel(
+    func: Optional[Callable[..., Any]] = None,
+    *,
+    kernel_id: Optional[str] = None,
+    in_dtype: Any,
+    out_dtype: Any = None,
+    state: Any = None,
+    queue_size: int = 4096,
+    backpressure: str = "block",
+    block_timeout: float = 1.0,
+    max_batch: int = 1024,
+) -> Any:
+    """Declares ``def handle(state, batch) -> out`` as a batch kernel: ``batch`` is a numpy
+    array of ``in_dtype`` records, ``out`` an array (or anything ``np.asarray`` turns into one)
+    of ``out_dtype`` records (default: ``in_dtype``). ``state`` (e.g. a numpy array) is the
+    kernel's state, passed to every call; the kernel keeps it for its whole life."""
+
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        spec = BatchKernelSpec(
+            kernel_id=kernel_id or f.__name__,
+            func=f,
+            in_dtype=np.dtype(in_dtype),
+            out_dtype=np.dtype(out_dtype if out_dtype is not None else in_dtype),
+            state=state,
+            queue_size=queue_size,
+            backpressure=backpressure,
+            block_timeout=block_timeout,
+            max_batch=max_batch,
+        )
+        f._ring_kernel_spec = spec  # type: ignore[attr-defined]
+        _registry[spec.kernel_id] = spec  # type: ignore[assignment]
+        return f
+
+    if func is not None:
+        return wrap(func)
+    return wrap
+
+
+def to_records(arr: np.ndarray, record: int) -> np.ndarray:
+    """The records of a 1-D array as a flat uint8 array, each padded to ``record`` bytes."""
+    arr = np.ascontiguousarray(arr).reshape(-1)
+    n, isz = len(arr), arr.dtype.itemsize
+    if isz == record:
+        return arr.view(np.uint8).reshape(-1)
+    buf = np.zeros((n, record), np.uint8)
+    if n:
+        buf[:, :isz] = arr.view(np.uint8).reshape(n, isz)
+    return buf.reshape(-1)
+
+
+def from_records(raw: np.ndarray, record: int, dtype: np.dtype) -> np.ndarray:
+    n = len(raw) // record
+    isz = dtype.itemsize
+    if n == 0:
+        return np.zeros(0, dtype)
+    return np.ascontiguousarray(raw.reshape(n, record)[:, :isz]).view(dtype).reshape(n)
+
+
+def _run_batch(spec: BatchKernelSpec, func: Any, state: Any, raw: np.ndarray, n: int) -> np.ndarray:
+    """Runs on the kernel's thread for each drained batch."""
+    batch = from_records(raw, spec.record, spec.in_dtype)
+    out = func(state, batch)
+    out = np.asarray(out, dtype=spec.out_dtype).reshape(-1)
+    return to_records(out, spec.record)
+
+
+def runner(spec: BatchKernelSpec) -> Callable[..., Any]:
+    return functools.partial(_run_batch, spec)
