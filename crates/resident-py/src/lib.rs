@@ -85,7 +85,8 @@ fn describe(e: &Error, has_message: bool) -> Described {
         Error::QueueFull { .. } => ("QueueFullError", None),
         Error::Timeout { op, .. } => (
             match *op {
-                "send" | "call" | "send_batch" if has_message => "SendTimeoutError",
+                "send" | "call" if has_message => "SendTimeoutError",
+                "send_batch" => "SendTimeoutError",
                 "call" => "CallTimeoutError",
                 "receive" => "ReceiveTimeoutError",
                 _ => "KernelTimeoutError",
