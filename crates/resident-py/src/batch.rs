@@ -146,11 +146,11 @@ fn body<const N: usize>(
                 Ok(out.as_slice().map_err(|e| e.to_string())?.to_vec())
             });
             match out {
-                Ok(bytes) => {
-                    for c in bytes.chunks_exact(N) {
-                        lctx.send(c.try_into().expect("chunks of N bytes"));
-                    }
-                }
+                Ok(bytes) => lctx.send_all(
+                    bytes
+                        .chunks_exact(N)
+                        .map(|c| <[u8; N]>::try_from(c).expect("chunks of N bytes")),
+                ),
                 Err(reason) => {
                     failure = Some(reason);
                     break;
