@@ -1,0 +1,108 @@
+//! The handle API language bindings use: `send_tracked` says what a drop policy discarded,
+//! `call_start`/`PendingCall` waits for a reply in slices, `input_has_room`, and
+//! `LoopContext::output_has_room`/`send_all`.
+
+use std::time::Duration;
+
+use resident::prelude::*;
+
+fn rt() -> Runtime {
+    Runtime::builder().backend(Backend::Cpu).build().unwrap()
+}
+
+#[test]
+fn send_tracked_hands_back_what_the_policy_dropped() {
+    let rt = rt();
+    let k = rt
+        .launch(
+            RingKernel::<u64, u64>::new("oldest")
+                .queue_size(2)
+                .priority_lanes(1)
+                .backpressure(Backpressure::DropOldest)
+                .handler(|_: &mut Context<()>, x| Some(x)),
+        )
+        .unwrap();
+    assert_eq!(k.send_tracked(1, 128).unwrap().1, SendOutcome::Queued);
+    assert!(k.input_has_room());
+    assert_eq!(k.send_tracked(2, 128).unwrap().1, SendOutcome::Queued);
+    assert!(!k.input_has_room(), "two queued in a lane of two");
+    match k.send_tracked(3, 128).unwrap().1 {
+        SendOutcome::DroppedOldest(env, 1) => assert!(env.message_id > 0),
+        other => panic!("expected the oldest (1) back, got {other:?}"),
+    }
+    let n = rt
+        .launch(
+            RingKernel::<u64, u64>::new("newest")
+                .queue_size(1)
+                .priority_lanes(1)
+                .backpressure(Backpressure::DropNewest)
+                .handler(|_: &mut Context<()>, x| Some(x)),
+        )
+        .unwrap();
+    assert_eq!(n.send_tracked(1, 0).unwrap().1, SendOutcome::Queued);
+    assert_eq!(n.send_tracked(2, 0).unwrap().1, SendOutcome::DroppedNewest);
+    assert_eq!(n.telemetry().messages_dropped, 1);
+    k.activate().unwrap();
+    let got: Vec<u64> = (0..2)
+        .map(|_| k.receive(Duration::from_secs(5)).unwrap())
+        .collect();
+    assert_eq!(got, vec![2, 3]);
+}
+
+#[test]
+fn pending_call_waits_in_slices_and_counts_an_abandoned_reply() {
+    let rt = rt();
+    let k = rt
+        .launch(
+            RingKernel::<u64, u64>::new("slow").handler(|_: &mut Context<()>, x| {
+                std::thread::sleep(Duration::from_millis(if x == 0 { 300 } else { 0 }));
+                Some(x + 1)
+            }),
+        )
+        .unwrap();
+    let mut pc = k.call_start(41, 200).unwrap();
+    assert!(
+        pc.wait(Duration::ZERO).is_none(),
+        "not active: no reply yet"
+    );
+    k.activate().unwrap();
+    let mut r = None;
+    for _ in 0..500 {
+        if let Some(x) = pc.wait(Duration::from_millis(10)) {
+            r = Some(x.unwrap());
+            break;
+        }
+    }
+    assert_eq!(r, Some(42));
+    assert!(pc.wait(Duration::ZERO).is_none(), "taken once");
+    // A call given up before its reply: the reply is counted as dropped.
+    let pc = k.call_start(0, 128).unwrap();
+    drop(pc);
+    assert_eq!(k.call(5, Duration::from_secs(5)).unwrap(), 6);
+    let t = k.telemetry();
+    assert_eq!(t.messages_dropped, 1, "the abandoned reply is counted");
+}
+
+#[test]
+fn send_all_publishes_every_output() {
+    let rt = rt();
+    let k = rt
+        .launch(
+            RingKernel::<u32, u32>::new("fan").run(|ctx: &mut LoopContext<u32, u32, ()>| {
+                while !ctx.should_terminate() {
+                    let b = ctx.receive_batch(64, Duration::from_millis(10));
+                    if !b.is_empty() {
+                        assert!(ctx.output_has_room());
+                        ctx.send_all(b.into_iter().map(|x| x * 10));
+                    }
+                }
+            }),
+        )
+        .unwrap();
+    k.activate().unwrap();
+    assert_eq!(k.send_batch(&[1, 2, 3]).unwrap(), 3);
+    let got: Vec<u32> = (0..3)
+        .map(|_| k.receive(Duration::from_secs(5)).unwrap())
+        .collect();
+    assert_eq!(got, vec![10, 20, 30]);
+}
