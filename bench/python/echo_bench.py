@@ -130,9 +130,12 @@ async def run_batch(n: int, warmup: int, chunk: int, backend: str):
         acc = 0
         t0 = time.perf_counter()
         while got < total_n:
-            if sent < total_n and sent - got < 4 * chunk:
+            room = sent < total_n and sent - got < 4 * chunk
+            if room:
                 sent += await rt.send_batch(kid, data[sent : sent + chunk])
-            r = await rt.receive_batch(kid, 1 << 20, timeout=0.0 if sent < total_n else 5.0)
+            # Look without waiting while there is room to send more; otherwise wait (with the
+            # GIL released) for outputs, so the kernel's thread can run.
+            r = await rt.receive_batch(kid, 1 << 20, timeout=0.0 if room else 5.0)
             got += len(r)
             acc += int(r["value"].sum())
         dt_s = time.perf_counter() - t0
