@@ -963,9 +963,10 @@ impl PyRuntime {
         let out = PyList::empty(py);
         let Some(rt) = rt else { return Ok(out) };
         let reports = py.detach(move || rt.shutdown());
-        let kernels: HashMap<String, Arc<Kern>> = std::mem::take(&mut *self.kernels.lock());
-        let batch: HashMap<String, Arc<dyn batch::BatchKernel>> =
-            std::mem::take(&mut *self.batch.lock());
+        // The kernels stay known: a late send is refused by the terminated kernel (message
+        // handed back), not told that the kernel never existed.
+        let kernels: HashMap<String, Arc<Kern>> = self.kernels.lock().clone();
+        let batch: HashMap<String, Arc<dyn batch::BatchKernel>> = self.batch.lock().clone();
         for rep in reports {
             let id = rep.kernel_id.clone();
             if let Some(b) = batch.get(&id) {

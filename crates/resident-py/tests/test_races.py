@@ -39,7 +39,15 @@ def race(policy: str, how: str):
     refused = [[] for _ in range(4)]
     stop = threading.Event()
 
+    errors = []
+
     def sender(t):
+        try:
+            send_all(t)
+        except BaseException as e:  # reported by the test, not lost in the thread
+            errors.append(e)
+
+    def send_all(t):
         i = 0
         while not stop.is_set() and i < 20000:
             m = (t, i)
@@ -53,7 +61,7 @@ def race(policy: str, how: str):
                     return
             i += 1
 
-    ts = [threading.Thread(target=sender, args=(t,)) for t in range(4)]
+    ts = [threading.Thread(target=sender, args=(t,)) for t in range(4)]  # noqa: B023
     for t in ts:
         t.start()
     time.sleep(0.15)
@@ -64,6 +72,7 @@ def race(policy: str, how: str):
     stop.set()
     for t in ts:
         t.join()
+    assert not errors, errors
     tel_dropped = rep.dropped
     acc = [m for a in accepted for m in a]
     processed = list(SEEN)
