@@ -14,7 +14,7 @@ use resident::memory::BufferOptions;
 use resident::{BufferState, MemoryError, UnifiedBuffer};
 
 /// One device per backend name, opened on first use.
-fn device(py: Python<'_>, backend: &str) -> PyResult<DeviceHandle> {
+pub(crate) fn device(py: Python<'_>, backend: &str) -> PyResult<DeviceHandle> {
     static DEVICES: OnceLock<Mutex<HashMap<String, DeviceHandle>>> = OnceLock::new();
     let b = crate::parse_backend(backend)?;
     let key = backend.to_ascii_lowercase();

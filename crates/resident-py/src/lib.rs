@@ -29,6 +29,7 @@ use resident::prelude::*;
 
 mod batch;
 mod buffer;
+mod workloads;
 
 /// How long one uninterrupted wait for a Python caller lasts before signals are checked.
 const SLICE: Duration = Duration::from_millis(20);
@@ -1071,6 +1072,7 @@ fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<KernelCtx>()?;
     m.add_class::<PendingCallPy>()?;
     buffer::register(m)?;
+    workloads::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

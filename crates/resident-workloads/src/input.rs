@@ -26,6 +26,12 @@ pub struct EdgeList {
 }
 
 impl EdgeList {
+    /// The graph of the edges `(src, dst)` over original ids (as an edge-list file would
+    /// give them): dense ids in ascending original order, duplicate edges once.
+    pub fn from_pairs(raw: Vec<(u64, u64)>) -> Self {
+        dense(raw)
+    }
+
     /// Nodes.
     pub fn nodes(&self) -> usize {
         self.ids.len()

@@ -25,7 +25,7 @@
 42
 """
 
-from . import _resident
+from . import _resident, workloads
 from .batch import BatchKernelSpec, batch_kernel
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all

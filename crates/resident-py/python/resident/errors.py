@@ -30,6 +30,7 @@ __all__ = [
     "InvalidConfigError",
     "BufferStateError",
     "OutOfMemoryError",
+    "WorkloadError",
 ]
 
 _NO_MESSAGE: Any = object()
@@ -152,3 +153,7 @@ class BufferStateError(ResidentError):
 
 class OutOfMemoryError(ResidentError, MemoryError):
     """An allocation failed or its size overflows."""
+
+
+class WorkloadError(ResidentError):
+    """A reference workload failed (bad input, a kernel error, a result that did not check)."""
