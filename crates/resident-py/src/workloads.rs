@@ -30,7 +30,7 @@ fn pagerank<'py>(
             "edges must be an (E, 2) array of (src, dst)",
         ));
     }
-    if !(0.0..1.0).contains(&damping) || !(tol > 0.0) || max_iter == 0 {
+    if !(0.0..1.0).contains(&damping) || tol.is_nan() || tol <= 0.0 || max_iter == 0 {
         return Err(PyValueError::new_err(
             "damping must be in [0, 1), tol > 0 and max_iter >= 1",
         ));
