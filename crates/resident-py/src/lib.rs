@@ -502,6 +502,18 @@ fn report_dict<'py>(
     Ok(d)
 }
 
+impl Drop for PyRuntime {
+    /// A runtime dropped without `shutdown` (garbage collected) shuts down with the GIL
+    /// released, so its Python kernels can see the request and end instead of being waited
+    /// for until the shutdown timeout. (At interpreter exit the package's `atexit` hook has
+    /// shut every runtime down already.)
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.get_mut().take() {
+            Python::attach(|py| py.detach(move || drop(rt.shutdown())));
+        }
+    }
+}
+
 /// A batch kernel's report as a dict; records as one uint8 array each.
 fn bytes_report_dict<'py>(
     py: Python<'py>,

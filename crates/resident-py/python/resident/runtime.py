@@ -10,7 +10,9 @@ method never holds its event loop for more than ``RingKernelRuntime.spin_wait`` 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import time
+import weakref
 
 import numpy as np
 from dataclasses import dataclass, field
@@ -145,6 +147,7 @@ class Runtime:
     ) -> None:
         self._rt = _resident.Runtime(backend, enable_telemetry, shutdown_timeout, terminate_timeout)
         self._reports: Optional[List[KernelReport]] = None
+        _live.add(self)
         self._batch: Dict[str, "_batch.BatchKernelSpec"] = {}
 
     @property
@@ -436,6 +439,20 @@ class RingKernelRuntime:
 
     async def shutdown(self) -> List[KernelReport]:
         return await _off_loop(self.sync.shutdown)
+
+
+_live: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    """Shuts down the runtimes still open at interpreter exit, while their kernels' threads
+    can still run Python (they must see the request to end)."""
+    for rt in list(_live):
+        try:
+            rt.shutdown()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
 
 
 def _poll_call(pc: Any, timeout: float) -> Optional[Any]:
