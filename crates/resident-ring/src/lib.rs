@@ -34,7 +34,7 @@ pub mod wait;
 pub use call::CallSlot;
 pub use envelope::{Envelope, MessageId, Slot, DEFAULT_PRIORITY, FLAG_CALL};
 #[cfg(not(loom))]
-pub use mailbox::{lane_of, Backpressure, Mailbox, MailboxConfig};
+pub use mailbox::{lane_of, Backpressure, Mailbox, MailboxConfig, Writer};
 pub use message::{DeviceMessage, Message, WgslLayoutError};
 pub use wait::WaitStrategy;
 
