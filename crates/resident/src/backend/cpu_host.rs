@@ -16,6 +16,7 @@ use crate::backend::host::{panic_text, RingHost};
 use crate::runtime::context::{Context, LoopContext};
 use crate::runtime::io::KernelIo;
 use crate::runtime::kernel::{Body, HandlerFn, LoopFn};
+use crate::runtime::publisher::Publisher;
 
 /// Hosts a kernel whose handler is a Rust closure (or loop) on a host thread.
 pub(crate) struct CpuHost<In, Out, S> {
@@ -30,17 +31,18 @@ impl<In, Out, S> CpuHost<In, Out, S> {
 }
 
 impl<In: Message, Out: Message, S: Send + 'static> RingHost<In, Out> for CpuHost<In, Out, S> {
-    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>) {
+    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>, out: Publisher<In, Out>) {
         let CpuHost { ctx, body } = *self;
         match body {
-            Body::Handler(h) => run_handler(io, ctx, h),
-            Body::Loop(f) => run_loop(io, ctx, f),
+            Body::Handler(h) => run_handler(io, out, ctx, h),
+            Body::Loop(f) => run_loop(io, out, ctx, f),
         }
     }
 }
 
 fn run_handler<In: Message, Out: Message, S>(
     io: &Arc<KernelIo<In, Out>>,
+    mut out: Publisher<In, Out>,
     mut ctx: Context<S>,
     mut handler: HandlerFn<In, Out, S>,
 ) {
@@ -83,16 +85,16 @@ fn run_handler<In: Message, Out: Message, S>(
             if io.in_hand.start(i).is_err() {
                 return; // abandoned: the report holds message i-1 onwards
             }
-            if let Some((env, out)) = done.take() {
+            if let Some((env, result)) = done.take() {
                 io.metrics.messages_done(1);
-                io.publish_one(env, out, batch_now);
+                out.publish_one(env, result, batch_now);
             }
             let slot = batch[i];
             ctx.current = slot.env;
             match catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, slot.payload))) {
-                Ok(out) => done = Some((slot.env, out)),
+                Ok(result) => done = Some((slot.env, result)),
                 Err(panic) => {
-                    io.flush_wakeups();
+                    out.flush_wakeups();
                     ctx.bound.end();
                     // Claim the rest of the batch back from the handoff (fails only if
                     // terminate abandoned us meanwhile and took it).
@@ -116,11 +118,11 @@ fn run_handler<In: Message, Out: Message, S>(
         if io.in_hand.finish(n).is_err() {
             return;
         }
-        if let Some((env, out)) = done.take() {
+        if let Some((env, result)) = done.take() {
             io.metrics.messages_done(1);
-            io.publish_one(env, out, batch_now);
+            out.publish_one(env, result, batch_now);
         }
-        io.flush_wakeups();
+        out.flush_wakeups();
         crate::profile::batch_end(prof, scope, &batch[..n]);
         io.metrics.batch_done(Instant::now());
         drop(gate);
@@ -129,10 +131,11 @@ fn run_handler<In: Message, Out: Message, S>(
 
 fn run_loop<In: Message, Out: Message, S>(
     io: &Arc<KernelIo<In, Out>>,
+    out: Publisher<In, Out>,
     ctx: Context<S>,
     f: LoopFn<In, Out, S>,
 ) {
-    let mut lctx = LoopContext::new(ctx, io.clone());
+    let mut lctx = LoopContext::new(ctx, out);
     let r = catch_unwind(AssertUnwindSafe(|| {
         // Nothing is handed to the loop before activation.
         io.wait_for_control();
@@ -170,9 +173,9 @@ impl<H, S> KeepState<H, S> {
 impl<In: Message, Out: Message, S: Send + 'static> RingHost<In, Out>
     for KeepState<CpuHost<In, Out, ()>, S>
 {
-    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>) {
+    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>, out: Publisher<In, Out>) {
         let KeepState { host, state } = *self;
-        Box::new(host).run(io);
+        Box::new(host).run(io, out);
         drop(state);
     }
 }

@@ -11,6 +11,7 @@ use resident_ring::wait::deadline_after;
 use resident_ring::{Envelope, Message, MessageId, DEFAULT_PRIORITY};
 
 use crate::runtime::io::{Control, InputPort, KernelIo};
+use crate::runtime::publisher::Publisher;
 use crate::runtime::state::{Error, KernelState, Result};
 use crate::runtime::RuntimeCore;
 
@@ -136,6 +137,7 @@ impl<S> Context<S> {
 pub struct LoopContext<In, Out, S> {
     ctx: Context<S>,
     io: Arc<KernelIo<In, Out>>,
+    out: Publisher<In, Out>,
 }
 
 impl<In, Out, S> std::ops::Deref for LoopContext<In, Out, S> {
@@ -152,8 +154,12 @@ impl<In, Out, S> std::ops::DerefMut for LoopContext<In, Out, S> {
 }
 
 impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
-    pub(crate) fn new(ctx: Context<S>, io: Arc<KernelIo<In, Out>>) -> Self {
-        LoopContext { ctx, io }
+    pub(crate) fn new(ctx: Context<S>, out: Publisher<In, Out>) -> Self {
+        LoopContext {
+            ctx,
+            io: out.io().clone(),
+            out,
+        }
     }
 
     pub(crate) fn into_parts(self) -> Context<S> {
@@ -235,15 +241,15 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
     /// Sends `out` on the output queue as the response to the last message received.
     pub fn send(&mut self, out: Out) {
         let now = self.io.ids.now_ns();
-        self.io.publish_one(self.ctx.current, Some(out), now);
-        self.io.flush_wakeups();
+        self.out.publish_one(self.ctx.current, Some(out), now);
+        self.out.flush_wakeups();
     }
 
     /// Sends `out` as the response to the message with envelope `request`.
     pub fn send_reply(&mut self, request: &Envelope, out: Out) {
         let now = self.io.ids.now_ns();
-        self.io.publish_one(*request, Some(out), now);
-        self.io.flush_wakeups();
+        self.out.publish_one(*request, Some(out), now);
+        self.out.flush_wakeups();
     }
 
     /// The kernel's state as the runtime sees it.

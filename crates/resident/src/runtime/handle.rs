@@ -427,8 +427,13 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             Some(r) if gave_up || !failed_before => KernelState::Failed(r.clone()),
             _ => KernelState::Terminated,
         };
-        crate::profile::lifecycle(&io.id, "terminate", &io.state.lock().clone());
+        let end = io.state.lock().clone();
+        crate::profile::lifecycle(&io.id, "terminate", &end);
         *io.report.lock() = Some(report.clone());
+        io.release();
+        if let Some(core) = io.core.upgrade() {
+            core.retire(&io.id, Arc::as_ptr(io) as *const () as usize, end);
+        }
         report
     }
 

@@ -1,9 +1,9 @@
 //! `KernelIo`: everything a message passes through on the host, in one place, for every
 //! backend. Senders enqueue into the input mailbox (priority lanes, backpressure); a backend's
 //! [`RingHost`](crate::backend::host::RingHost) takes batches out, runs the handler wherever it
-//! lives, and gives the results back through [`KernelIo::publish`] — the one path by which
-//! outputs are stamped (one envelope convention), routed (call replies by correlation id, the
-//! rest to the output mailbox) and measured (one meaning per metric).
+//! lives, and gives the results back through its [`Publisher`](super::publisher::Publisher) —
+//! the one path by which outputs are stamped (one envelope convention), routed (call replies by
+//! correlation id, the rest to the output mailbox) and measured (one meaning per metric).
 //!
 //! Accounting (no silent loss): a message whose send returned `Ok` ends as exactly one of
 //! * processed (`metrics.processed`), its response (if any) published or, when nobody can take
@@ -86,7 +86,7 @@ impl<T: Message> Forward<T> {
     }
 
     /// The target's input port (cached).
-    fn port(&self) -> Result<InputPort<T>> {
+    pub(crate) fn port(&self) -> Result<InputPort<T>> {
         let mut p = self.port.lock();
         if let Some(p) = p.as_ref() {
             return Ok(p.clone());
@@ -99,7 +99,7 @@ impl<T: Message> Forward<T> {
         Ok(port)
     }
 
-    fn forget(&self) {
+    pub(crate) fn forget(&self) {
         *self.port.lock() = None;
     }
 }
@@ -308,10 +308,6 @@ pub(crate) struct KernelIo<In, Out> {
     pending: Mutex<CallTable<Out>>,
     pub metrics: KernelMetrics,
     pub ids: Arc<Ids>,
-    /// Output ids: the host thread's current block `[next, end)`, taken from `ids` in blocks.
-    /// Written only by the host thread (the one publisher), so plain loads and stores.
-    out_next: AtomicU64,
-    out_end: AtomicU64,
     pub wait: WaitStrategy,
     pub batch_size: usize,
     /// How long `terminate` (and `deactivate`) wait for the host thread before giving up.
@@ -326,7 +322,7 @@ pub(crate) struct KernelIo<In, Out> {
     failed_message: Mutex<Option<Slot<In>>>,
     /// Outputs produced that no receiver can take any more (terminate came while the output
     /// queue was full); they go to the terminate report.
-    unsent: Mutex<Vec<Slot<Out>>>,
+    pub(crate) unsent: Mutex<Vec<Slot<Out>>>,
     /// Where outputs go instead of the output queue (`RingKernel::forward_to`), set once at
     /// launch.
     pub forward: std::sync::OnceLock<Forward<Out>>,
@@ -342,6 +338,10 @@ pub(crate) struct KernelIo<In, Out> {
     pub bound: std::sync::OnceLock<crate::runtime::bind::SharedTable>,
     /// Set at launch when the runtime profiles.
     pub profile: std::sync::OnceLock<crate::profile::KernelProbe>,
+    /// The runtime that launched the kernel: told once the kernel is terminated, so that it
+    /// forgets the kernel (its id is free again; memory stays flat over any number of
+    /// launches).
+    pub core: Weak<crate::runtime::RuntimeCore>,
     /// A device kernel's state, readable on request (`KernelHandle::snapshot_state`).
     pub device_state: Mutex<Option<Arc<dyn crate::backend::device_host::StateSnapshot>>>,
 }
@@ -368,6 +368,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
     batch_size: usize,
     telemetry: bool,
     terminate_timeout: Duration,
+    core: Weak<crate::runtime::RuntimeCore>,
 ) -> Arc<KernelIo<In, Out>> {
     Arc::new_cyclic(|me: &Weak<KernelIo<In, Out>>| {
         let state = Arc::new(Mutex::new(KernelState::Launched));
@@ -393,8 +394,6 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             pending: Mutex::new(HashMap::default()),
             metrics: KernelMetrics::new(telemetry),
             ids,
-            out_next: AtomicU64::new(0),
-            out_end: AtomicU64::new(0),
             wait,
             batch_size,
             terminate_timeout,
@@ -411,6 +410,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             thread_id: Mutex::new(None),
             report: Mutex::new(None),
             device_state: Mutex::new(None),
+            core,
             bound: std::sync::OnceLock::new(),
             profile: std::sync::OnceLock::new(),
         }
@@ -439,131 +439,10 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
         }
     }
 
-    // ---- the one publish path ----------------------------------------------------------
-
-    /// The first of `n` consecutive ids for outputs, from the kernel's own block. Only the
-    /// host thread publishes (one writer), so relaxed loads and stores suffice.
-    fn output_ids(&self, n: u64) -> u64 {
-        let (mut next, mut end) = (
-            self.out_next.load(Ordering::Relaxed),
-            self.out_end.load(Ordering::Relaxed),
-        );
-        if end - next < n {
-            let take = n.max(Ids::BLOCK);
-            next = self.ids.next_n(take);
-            end = next + take;
-            self.out_end.store(end, Ordering::Relaxed);
-        }
-        self.out_next.store(next + n, Ordering::Relaxed);
-        next
-    }
-
-    /// Publishes the results of handled requests, in order. Each `Slot` carries the
-    /// *request's* envelope (its id, flags, priority and send time) and the output. Call
-    /// replies go to their callers by correlation id; other outputs get a fresh message id,
-    /// `correlation_id` = the request's id, and go to the output queue. Latency (send to
-    /// response available) is recorded here, for every backend alike.
-    pub fn publish(&self, results: &mut Vec<Slot<Out>>) {
-        if results.is_empty() {
-            return;
-        }
-        let now = self.ids.now_ns();
-        let record = self.metrics.enabled;
-        let mut plain = 0;
-        for i in 0..results.len() {
-            let r = results[i];
-            if record {
-                self.metrics
-                    .latency
-                    .record(now.saturating_sub(r.env.timestamp_ns));
-            }
-            if r.env.is_call() {
-                self.reply(r.env, Some(r.payload));
-            } else {
-                results[plain] = r;
-                plain += 1;
-            }
-        }
-        results.truncate(plain);
-        if results.is_empty() {
-            return;
-        }
-        let first = self.output_ids(results.len() as u64);
-        for (i, o) in results.iter_mut().enumerate() {
-            o.env = Envelope {
-                message_id: first + i as u64,
-                correlation_id: o.env.message_id,
-                timestamp_ns: now,
-                priority: o.env.priority,
-                flags: o.env.flags,
-                ..Default::default()
-            };
-        }
-        self.push_outputs(results);
-        results.clear();
-    }
-
-    /// Publishes the result of one handled request as soon as its handler returned (the
-    /// CPU host's path: an output is visible to `receive` at once, not when the batch ends).
-    /// `out = None` answers a `call` with `NoReply` and publishes nothing otherwise.
-    ///
-    /// `batch_now` is the clock read when the batch started: it stamps the output, so that
-    /// without telemetry no clock is read per message; with telemetry the clock is read here
-    /// for an exact latency.
-    #[inline]
-    pub fn publish_one(&self, request: Envelope, out: Option<Out>, batch_now: u64) {
-        let Some(out) = out else {
-            self.no_reply(request);
-            return;
-        };
-        let now = if self.metrics.enabled {
-            let now = self.ids.now_ns();
-            self.metrics
-                .latency
-                .record(now.saturating_sub(request.timestamp_ns));
-            now
-        } else {
-            batch_now
-        };
-        if request.is_call() {
-            self.reply(request, Some(out));
-            return;
-        }
-        let env = Envelope {
-            message_id: self.output_ids(1),
-            correlation_id: request.message_id,
-            timestamp_ns: now,
-            priority: request.priority,
-            flags: request.flags,
-            ..Default::default()
-        };
-        // The output is in the queue now (spinning receivers and `try_receive` see it); the
-        // fenced wake-up for a receiver that was just parking comes with `flush_wakeups` at
-        // the end of the batch (or of this handler, for the loop form).
-        self.push_outputs_with(&[Slot::new(env, out)], false);
-    }
-
-    /// The fenced wake-up owed after [`KernelIo::publish_one`]s.
-    #[inline]
-    pub fn flush_wakeups(&self) {
-        self.output.notify_receivers();
-    }
-
-    /// A handled `call` that produced no output: its caller gets `NoReply`.
-    pub fn no_reply(&self, request: Envelope) {
-        if request.is_call() {
-            if self.metrics.enabled {
-                let now = self.ids.now_ns();
-                self.metrics
-                    .latency
-                    .record(now.saturating_sub(request.timestamp_ns));
-            }
-            self.reply(request, None);
-        }
-    }
+    // ---- call replies --------------------------------------------------------------------
 
     /// Hands a `call`'s result to its waiting caller.
-    fn reply(&self, req: Envelope, out: Option<Out>) {
+    pub(crate) fn reply(&self, req: Envelope, out: Option<Out>) {
         match self.pending.lock().remove(&req.message_id) {
             Some(slot) => slot.complete(out.ok_or(Error::NoReply {
                 id: self.id.to_string(),
@@ -572,101 +451,6 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             // The caller gave up (timeout) before the reply came: counted as dropped.
             None => {
                 self.metrics.late_replies.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Queues outputs in order. A full output queue makes the host thread wait (or drop,
-    /// under a drop policy); outputs that cannot be queued because the kernel is terminating
-    /// go to the terminate report.
-    fn push_outputs(&self, outputs: &[Slot<Out>]) {
-        self.push_outputs_with(outputs, true)
-    }
-
-    fn push_outputs_with(&self, outputs: &[Slot<Out>], fenced: bool) {
-        if let Some(f) = self.forward.get() {
-            self.forward_outputs(f, outputs);
-            return;
-        }
-        let mut done = 0;
-        while done < outputs.len() {
-            let (n, err) = if fenced {
-                self.output.send_batch(&outputs[done..])
-            } else {
-                self.output.send_batch_quiet(&outputs[done..])
-            };
-            done += n;
-            if err.is_some()
-                && (self.control.terminate.load(Ordering::Acquire) || self.output.is_closed())
-            {
-                if self.in_hand.is_abandoned() {
-                    // The report is already built: count, never lose silently.
-                    self.metrics
-                        .late_outputs
-                        .fetch_add((outputs.len() - done) as u64, Ordering::Relaxed);
-                } else {
-                    self.unsent.lock().extend_from_slice(&outputs[done..]);
-                }
-                return;
-            }
-        }
-    }
-
-    /// Sends outputs, in order, into the input queue of the kernel they are forwarded to, under
-    /// that kernel's backpressure. A full target makes this kernel wait (the chain slows down
-    /// to its slowest kernel) until it terminates; a target that is not there or no longer
-    /// accepts (terminated, failed) for [`FORWARD_PATIENCE`] gets nothing: the outputs go to
-    /// this kernel's terminate report as unreceived, never lost silently.
-    fn forward_outputs(&self, f: &Forward<Out>, outputs: &[Slot<Out>]) {
-        let mut missing_since: Option<std::time::Instant> = None;
-        let mut done = 0;
-        while done < outputs.len() {
-            let terminating =
-                || self.control.terminate.load(Ordering::Acquire) || self.in_hand.is_abandoned();
-            let gone = match f.port() {
-                Ok(port) => match port.mailbox.send(outputs[done]) {
-                    Ok(Sent::Queued) => {
-                        done += 1;
-                        missing_since = None;
-                        continue;
-                    }
-                    Ok(Sent::QueuedDroppedOldest(old)) => {
-                        crate::profile::dropped(&port.id, "forward", "DropOldest");
-                        port.dropped(&old.env);
-                        done += 1;
-                        continue;
-                    }
-                    Ok(Sent::DroppedNewest) => {
-                        crate::profile::dropped(&port.id, "forward", "DropNewest");
-                        done += 1;
-                        continue;
-                    }
-                    Err(SendError::Full(_)) | Err(SendError::Timeout(_)) => false,
-                    Err(SendError::Closed(_)) => {
-                        f.forget();
-                        true
-                    }
-                },
-                Err(_) => true,
-            };
-            if terminating() {
-                break;
-            }
-            if gone {
-                let since = *missing_since.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() >= FORWARD_PATIENCE {
-                    break;
-                }
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        if done < outputs.len() {
-            if self.in_hand.is_abandoned() {
-                self.metrics
-                    .late_outputs
-                    .fetch_add((outputs.len() - done) as u64, Ordering::Relaxed);
-            } else {
-                self.unsent.lock().extend_from_slice(&outputs[done..]);
             }
         }
     }
@@ -786,6 +570,20 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             unreceived,
             failure,
         }
+    }
+
+    /// After terminate (report collected): lets go of what the kernel still points at, so
+    /// that a handle kept by the user holds only the kernel's own queues (empty, closed) and
+    /// its report: the forward target's port (which keeps the target's queues alive), the call
+    /// table's and the hand-back lists' capacity.
+    pub fn release(&self) {
+        if let Some(f) = self.forward.get() {
+            f.forget();
+        }
+        *self.pending.lock() = CallTable::default();
+        *self.stranded.lock() = Vec::new();
+        *self.unsent.lock() = Vec::new();
+        *self.in_hand.batch.lock() = Vec::new();
     }
 
     /// Every message counted as dropped, by any cause.
