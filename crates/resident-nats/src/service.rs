@@ -46,7 +46,7 @@ pub(crate) async fn call_blocking<S: Service>(
         Ok(r) => r,
         Err(e) => Err(resident::Error::KernelFailed {
             id: kernel.to_string(),
-            reason: format!("the blocking call task ended abnormally: {e}"),
+            reason: resident::Failure::CallerTask(std::sync::Arc::new(e)),
         }),
     }
 }

@@ -17,6 +17,7 @@ use crate::runtime::context::{Context, LoopContext};
 use crate::runtime::io::KernelIo;
 use crate::runtime::kernel::{Body, HandlerFn, LoopFn};
 use crate::runtime::publisher::Publisher;
+use crate::runtime::state::Failure;
 
 /// Hosts a kernel whose handler is a Rust closure (or loop) on a host thread.
 pub(crate) struct CpuHost<In, Out, S> {
@@ -101,11 +102,10 @@ fn run_handler<In: Message, Out: Message, S>(
                     if io.in_hand.finish(i + 1).is_ok() {
                         io.metrics.batch_done(Instant::now());
                         io.fail(
-                            format!(
-                                "handler panicked on message {}: {}",
-                                slot.env.message_id,
-                                panic_text(&panic)
-                            ),
+                            Failure::HandlerPanicked {
+                                message_id: slot.env.message_id,
+                                panic: panic_text(&panic),
+                            },
                             Some(slot),
                             batch[i + 1..n].to_vec(),
                         );
@@ -144,15 +144,13 @@ fn run_loop<In: Message, Out: Message, S>(
     drop(lctx.into_parts());
     match r {
         Err(p) => io.fail(
-            format!("run loop panicked: {}", panic_text(&p)),
+            Failure::LoopPanicked {
+                panic: panic_text(&p),
+            },
             None,
             Vec::new(),
         ),
-        Ok(()) if !io.terminating() => io.fail(
-            "run loop returned before terminate was requested".into(),
-            None,
-            Vec::new(),
-        ),
+        Ok(()) if !io.terminating() => io.fail(Failure::LoopReturned, None, Vec::new()),
         Ok(()) => {}
     }
 }

@@ -17,6 +17,7 @@ use resident_ring::{Envelope, Message, Slot};
 use crate::backend::host::RingHost;
 use crate::runtime::io::KernelIo;
 use crate::runtime::publisher::Publisher;
+use crate::runtime::state::Failure;
 
 /// Why a device-side kernel could not be launched or stopped, or why it failed. Keeps the
 /// backend's own error as its source, so callers can match e.g.
@@ -259,7 +260,7 @@ fn pump<In: Message, Out: Message>(
     // failure even during terminate, never a silent success.
     let reason = failure.or_else(|| stop.err());
     match reason {
-        Some(e) => io.fail(format!("device kernel failed: {e}"), None, stranded),
+        Some(e) => io.fail(Failure::Device(Arc::new(e)), None, stranded),
         None => io.strand(stranded),
     }
 }

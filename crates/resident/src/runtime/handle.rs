@@ -25,7 +25,7 @@ use resident_ring::{
 };
 
 use crate::runtime::io::KernelIo;
-use crate::runtime::state::{Error, KernelState, Result};
+use crate::runtime::state::{Error, Failure, KernelState, Result};
 use crate::telemetry::Telemetry;
 
 /// Where a kernel's handler runs ([`KernelHandle::placement`]).
@@ -55,7 +55,7 @@ pub struct TerminateReport<In, Out> {
     pub unreceived: Vec<(Envelope, Out)>,
     /// The failure, if the kernel failed (a panic, a device fault, a handler that did not
     /// return in time), and the message whose handling failed.
-    pub failure: Option<(String, Option<(Envelope, In)>)>,
+    pub failure: Option<(Failure, Option<(Envelope, In)>)>,
 }
 
 impl<In, Out> TerminateReport<In, Out> {
@@ -76,7 +76,7 @@ pub(crate) enum Begin<In, Out> {
     /// Already terminated: the kept report.
     Done(TerminateReport<In, Out>),
     /// Started; the failure the kernel had before, if any.
-    Started(Option<String>),
+    Started(Option<Failure>),
 }
 
 /// A typed, cloneable handle to a launched kernel.
@@ -390,7 +390,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// it is stuck, collects and keeps the report.
     pub(crate) fn terminate_finish(
         &self,
-        mut failure: Option<String>,
+        mut failure: Option<Failure>,
         deadline: Option<Instant>,
         timeout: Duration,
     ) -> TerminateReport<In, Out> {
@@ -401,12 +401,9 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         if gave_up {
             // The handler never returned: take its batch back and give up on the thread.
             abandoned = io.in_hand.abandon();
-            let reason = match &abandoned.0 {
-                Some(m) => format!(
-                    "handler did not return within {timeout:?} (message {}); its thread was abandoned",
-                    m.env.message_id
-                ),
-                None => format!("host thread did not exit within {timeout:?}; it was abandoned"),
+            let reason = Failure::Abandoned {
+                timeout,
+                message_id: abandoned.0.as_ref().map(|m| m.env.message_id),
             };
             tracing::error!(kernel = %io.id, %reason, "terminate gave up waiting");
             io.metrics.errors.fetch_add(1, Ordering::Relaxed);

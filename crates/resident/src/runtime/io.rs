@@ -27,7 +27,7 @@ use resident_ring::wait::Signal;
 use resident_ring::{Backpressure, Envelope, Mailbox, Message, MessageId, Slot, WaitStrategy};
 
 use crate::runtime::handle::TerminateReport;
-use crate::runtime::state::{Error, KernelState, Result, Returned};
+use crate::runtime::state::{Error, Failure, KernelState, Result, Returned};
 use crate::runtime::Ids;
 use crate::telemetry::KernelMetrics;
 
@@ -460,7 +460,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     /// Marks the kernel failed: intake stops, waiting callers and receivers learn at once.
     /// `message` is the input whose handling failed; `stranded` the inputs taken but not
     /// handled, in order.
-    pub fn fail(&self, reason: String, message: Option<Slot<In>>, stranded: Vec<Slot<In>>) {
+    pub fn fail(&self, reason: Failure, message: Option<Slot<In>>, stranded: Vec<Slot<In>>) {
         if let Some(m) = message {
             *self.failed_message.lock() = Some(m);
         }
@@ -473,7 +473,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             }
             *st = KernelState::Failed(reason.clone());
         }
-        crate::profile::fault(&self.id, &reason);
+        crate::profile::fault(&self.id, &reason.to_string());
         self.input.close();
         self.output.close();
         self.fail_pending(|id| Error::KernelFailed {
@@ -525,7 +525,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     /// the calls still waiting.
     pub fn collect_report(
         &self,
-        failure: Option<String>,
+        failure: Option<Failure>,
         abandoned: (Option<Slot<In>>, Vec<Slot<In>>),
     ) -> TerminateReport<In, Out> {
         let (stuck, not_started) = abandoned;

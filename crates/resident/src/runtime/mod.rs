@@ -28,7 +28,7 @@ use handle::{Begin, KernelHandle};
 use io::InputPort;
 use kernel::RingKernel;
 use report::KernelReport;
-use state::{Error, KernelState, Result};
+use state::{Error, Failure, KernelState, Result};
 
 /// Message ids and the clock of a runtime.
 pub(crate) struct Ids {
@@ -68,11 +68,11 @@ trait KernelEntry: Send + Sync {
     fn drain_until(&self, deadline: Instant);
     /// First half of terminate; `None` when already terminated (the kept report comes from
     /// `finish`).
-    fn begin(&self) -> Option<Option<String>>;
+    fn begin(&self) -> Option<Option<Failure>>;
     /// Second half of terminate (or the kept report).
     fn finish(
         &self,
-        begun: Option<Option<String>>,
+        begun: Option<Option<Failure>>,
         deadline: Option<Instant>,
         timeout: Duration,
     ) -> Option<KernelReport>;
@@ -112,7 +112,7 @@ impl<In: Message, Out: Message> KernelEntry for Entry<In, Out> {
             let _ = self.handle.drain(left);
         }
     }
-    fn begin(&self) -> Option<Option<String>> {
+    fn begin(&self) -> Option<Option<Failure>> {
         match self.handle.terminate_begin() {
             Ok(Begin::Started(failure)) => Some(failure),
             _ => None,
@@ -120,7 +120,7 @@ impl<In: Message, Out: Message> KernelEntry for Entry<In, Out> {
     }
     fn finish(
         &self,
-        begun: Option<Option<String>>,
+        begun: Option<Option<Failure>>,
         deadline: Option<Instant>,
         timeout: Duration,
     ) -> Option<KernelReport> {
