@@ -25,6 +25,7 @@ use parking_lot::Mutex;
 
 use crate::envelope::Slot;
 use crate::spsc::{Consumer, Producer, Ring, RingError};
+use crate::sync::Padded;
 use crate::wait::{deadline_after, Signal, WaitStrategy};
 
 /// What a send does when the message's lane is full.
@@ -398,18 +399,6 @@ impl<T: Copy + Send> Writer<T> {
     /// Whether the receiving side closed the mailbox.
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
-    }
-}
-
-/// Keeps a hot counter alone on a 128-byte line (two 64-byte lines, for adjacent prefetch).
-#[repr(align(128))]
-#[derive(Default)]
-struct Padded<T>(T);
-
-impl<T> std::ops::Deref for Padded<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Handler form: take a batch (highest lane first, FIFO within a lane), handle each message,
 //! publish each result as soon as its handler returns. Every message is claimed in
-//! [`InHand`](crate::runtime::io::InHand) before its handler runs, so a `terminate` that gives
+//! [`InHand`](resident_ring::handoff::InHand) before its handler runs, so a `terminate` that gives
 //! up on a handler that never returns takes exactly the messages this thread had not finished.
 //! Loop form: the user's loop receives and sends itself through [`LoopContext`].
 
@@ -63,7 +63,10 @@ fn run_handler<In: Message, Out: Message, S>(
         if !io.is_active() || io.terminating() {
             continue;
         }
-        let n = match io.in_hand.take(&io.input, &mut batch, io.batch_size) {
+        let n = match io
+            .in_hand
+            .take(&mut batch, |b| io.input.recv_batch(b, io.batch_size))
+        {
             Ok(n) => n,
             Err(_abandoned) => return,
         };

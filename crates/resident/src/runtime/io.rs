@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use resident_ring::call::CallSlot;
+use resident_ring::handoff::InHand;
 use resident_ring::mailbox::{SendError, Sent};
 use resident_ring::wait::Signal;
 use resident_ring::{Backpressure, Envelope, Mailbox, Message, MessageId, Slot, WaitStrategy};
@@ -192,108 +193,6 @@ impl Hasher for IdHasher {
 /// `resident-ring`).
 type CallTable<Out> = HashMap<u64, Arc<CallSlot<Result<Out>>>, BuildHasherDefault<IdHasher>>;
 
-/// The handoff between a host thread working through a batch and a `terminate` that gives up
-/// waiting for it (a handler that never returns).
-///
-/// `progress` is written by the host thread with one compare-exchange per message and by the
-/// abandoning side with one `fetch_or`, so exactly one of them decides each message's fate:
-/// * `IN_BATCH | k` (k >= 1): messages `0..k-1` of the batch in hand are finished and published,
-///   message `k-1` is being handled; `IN_BATCH | 0`: a batch was taken, nothing started.
-/// * `0`: no batch in hand.
-/// * `ABANDONED` set: terminate took messages `k-1..` (or `0..` for k = 0) into its report; the
-///   host thread must publish nothing more and exit when (if ever) it gets control back.
-pub(crate) struct InHand<In> {
-    progress: CachePadded<AtomicU64>,
-    /// A copy of the batch in hand, written under the lock when a batch is taken.
-    batch: Mutex<Vec<Slot<In>>>,
-}
-
-const IN_BATCH: u64 = 1 << 62;
-const ABANDONED: u64 = 1 << 63;
-const INDEX: u64 = (1 << 32) - 1;
-
-/// Why a host thread must stop now.
-pub(crate) struct Abandoned;
-
-impl<In: Copy + Send> InHand<In> {
-    fn new() -> Self {
-        InHand {
-            progress: CachePadded::new(AtomicU64::new(0)),
-            batch: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Takes a batch from `input` (up to `max`) into `local` and records it as in hand.
-    /// Taking and recording happen under one lock that `abandon` also takes, so a batch is
-    /// either seen by `abandon` or never taken.
-    pub fn take(
-        &self,
-        input: &Mailbox<In>,
-        local: &mut Vec<Slot<In>>,
-        max: usize,
-    ) -> std::result::Result<usize, Abandoned> {
-        let mut copy = self.batch.lock();
-        if self.progress.load(Ordering::Acquire) & ABANDONED != 0 {
-            return Err(Abandoned);
-        }
-        local.clear();
-        let n = input.recv_batch(local, max);
-        if n > 0 {
-            copy.clear();
-            copy.extend_from_slice(local);
-            // Relaxed is enough: `abandon` reads `progress` under the same lock.
-            self.progress.store(IN_BATCH, Ordering::Relaxed);
-        }
-        Ok(n)
-    }
-
-    /// Before handling message `i` of the batch (and so after message `i - 1` finished): claims
-    /// it. `Err` when terminate abandoned the batch: message `i - 1`'s result must not be
-    /// published, and nothing more handled.
-    #[inline]
-    pub fn start(&self, i: usize) -> std::result::Result<(), Abandoned> {
-        // AcqRel/Acquire: a successful exchange orders our earlier writes (outputs of earlier
-        // messages) before it; a failed one sees `abandon`'s mark.
-        self.progress
-            .compare_exchange(
-                IN_BATCH | i as u64,
-                IN_BATCH | (i as u64 + 1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .map(|_| ())
-            .map_err(|_| Abandoned)
-    }
-
-    /// After the last message of a batch of `n` finished: the batch is done.
-    #[inline]
-    pub fn finish(&self, n: usize) -> std::result::Result<(), Abandoned> {
-        self.progress
-            .compare_exchange(IN_BATCH | n as u64, 0, Ordering::AcqRel, Ordering::Acquire)
-            .map(|_| ())
-            .map_err(|_| Abandoned)
-    }
-
-    /// Gives up on the host thread: returns (the message in the handler, if any; the messages
-    /// of the batch not started). From here on the host thread publishes nothing.
-    pub fn abandon(&self) -> (Option<Slot<In>>, Vec<Slot<In>>) {
-        let copy = self.batch.lock();
-        let p = self.progress.fetch_or(ABANDONED, Ordering::AcqRel);
-        if p & IN_BATCH == 0 || p & ABANDONED != 0 {
-            return (None, Vec::new());
-        }
-        let k = (p & INDEX) as usize;
-        if k == 0 {
-            return (None, copy.clone());
-        }
-        (copy.get(k - 1).copied(), copy[k.min(copy.len())..].to_vec())
-    }
-
-    pub fn is_abandoned(&self) -> bool {
-        self.progress.load(Ordering::Acquire) & ABANDONED != 0
-    }
-}
-
 /// Everything a kernel's host side and its handles share.
 pub(crate) struct KernelIo<In, Out> {
     pub id: Arc<str>,
@@ -312,7 +211,8 @@ pub(crate) struct KernelIo<In, Out> {
     pub batch_size: usize,
     /// How long `terminate` (and `deactivate`) wait for the host thread before giving up.
     pub terminate_timeout: Duration,
-    pub in_hand: InHand<In>,
+    /// Who owns each message of the batch in hand (`resident_ring::handoff`).
+    pub in_hand: InHand<Slot<In>>,
     /// Inputs handed to a device and not yet handled there (the device host keeps it; 0 on
     /// the CPU host), so `drain` waits for the device too.
     pub in_flight: AtomicU64,
@@ -583,7 +483,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
         *self.pending.lock() = CallTable::default();
         *self.stranded.lock() = Vec::new();
         *self.unsent.lock() = Vec::new();
-        *self.in_hand.batch.lock() = Vec::new();
+        self.in_hand.release();
     }
 
     /// Every message counted as dropped, by any cause.
