@@ -253,7 +253,7 @@ impl RuntimeBuilder {
 
     /// Builds the runtime.
     pub fn build(self) -> Result<Runtime> {
-        let backend = crate::backend::resolve(self.backend)?;
+        let (backend, device) = crate::backend::resolve(self.backend)?;
         Ok(Runtime {
             core: Arc::new(RuntimeCore {
                 ids: Arc::new(Ids {
@@ -267,6 +267,7 @@ impl RuntimeBuilder {
                 terminate_timeout: self.terminate_timeout,
             }),
             backend,
+            device: parking_lot::Mutex::new(device),
             shutdown_timeout: self.shutdown_timeout,
             profiler: self.profiler,
         })
@@ -277,6 +278,8 @@ impl RuntimeBuilder {
 pub struct Runtime {
     core: Arc<RuntimeCore>,
     backend: Backend,
+    /// The runtime's device, opened when the backend was chosen or on first use.
+    device: parking_lot::Mutex<Option<crate::backend::DeviceHandle>>,
     shutdown_timeout: Duration,
     profiler: Option<crate::profile::Profiler>,
 }
@@ -297,6 +300,41 @@ impl Runtime {
     /// The backend this runtime resolved to (`Cpu`, `Cuda` or `CudaSim`, never `Auto`).
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// The device of this runtime's backend: the one its kernels run on, for the buffers you
+    /// bind to them (`RingKernel::bind`) and for one-shot kernels, so no second
+    /// `backend::open` is needed. Opened once and shared; errors are typed
+    /// ([`Error::BackendUnavailable`]).
+    ///
+    /// ```
+    /// use resident::prelude::*;
+    /// use resident::memory::{BufferOptions, UnifiedBuffer};
+    /// let rt = Runtime::builder().backend(Backend::Cpu).build()?;
+    /// let d = rt.device()?;
+    /// let buf = UnifiedBuffer::from_slice(&d, &[1.0f32, 2.0], BufferOptions::default()).unwrap();
+    /// let k = rt.launch(
+    ///     RingKernel::<u32, f32>::new("read")
+    ///         .bind("xs", buf)
+    ///         .handler(|ctx: &mut Context<()>, i: u32| {
+    ///             Some(ctx.buffer::<f32>("xs").ok()?[i as usize])
+    ///         }),
+    /// )?;
+    /// k.activate()?;
+    /// assert_eq!(k.call(1, std::time::Duration::from_secs(5))?, 2.0);
+    /// # Ok::<(), resident::Error>(())
+    /// ```
+    pub fn device(&self) -> Result<crate::backend::DeviceHandle> {
+        let mut d = self.device.lock();
+        if let Some(d) = d.as_ref() {
+            return Ok(d.clone());
+        }
+        let opened = crate::backend::open(self.backend).map_err(|e| Error::BackendUnavailable {
+            backend: self.backend,
+            source: Box::new(e),
+        })?;
+        *d = Some(opened.clone());
+        Ok(opened)
     }
 
     /// The runtime's profiler, when profiling is on.

@@ -245,9 +245,16 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// The requested backend cannot be used.
-    #[error("backend unavailable: {0}")]
-    BackendUnavailable(String),
+    /// The requested backend cannot be used here; `source` says why (no driver, no device,
+    /// no adapter, no host compiler).
+    #[error("backend {backend:?} unavailable: {source}")]
+    BackendUnavailable {
+        /// The backend asked for.
+        backend: crate::backend::Backend,
+        /// Why it cannot be opened.
+        #[source]
+        source: Box<crate::backend::BackendError>,
+    },
     /// The kernel's device refused an operation (`op`: "launch", "snapshot_state"): a
     /// handler that does not compile (the compiler's message and line inside), a layout the
     /// device language cannot match, a residency or adapter limit, a lost device. `source` is
@@ -331,7 +338,7 @@ impl Error {
             | Error::OutOfMemory { id, .. }
             | Error::Dropped { id, .. }
             | Error::Spawn { id, .. } => Some(id),
-            Error::BackendUnavailable(_) => None,
+            Error::BackendUnavailable { .. } => None,
         }
     }
 }
