@@ -14,7 +14,7 @@ use resident_ring::{Envelope, Message, Slot};
 
 use crate::backend::host::{panic_text, RingHost};
 use crate::runtime::context::{Context, LoopContext};
-use crate::runtime::io::KernelIo;
+use crate::runtime::io::{KernelIo, Next};
 use crate::runtime::kernel::{Body, HandlerFn, LoopFn};
 use crate::runtime::publisher::Publisher;
 use crate::runtime::state::Failure;
@@ -48,36 +48,21 @@ fn run_handler<In: Message, Out: Message, S>(
     mut handler: HandlerFn<In, Out, S>,
 ) {
     let mut batch: Vec<Slot<In>> = Vec::with_capacity(io.batch_size);
-    let c = io.control.clone();
     let prof = io.profile.get();
     loop {
-        if io.terminating() {
-            return;
-        }
-        if !io.is_active() {
-            io.wait_for_control();
-            continue;
-        }
-        let gate = io.batch_gate.lock();
-        // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
-        if !io.is_active() || io.terminating() {
-            continue;
-        }
-        let n = match io
-            .in_hand
-            .take(&mut batch, |b| io.input.recv_batch(b, io.batch_size))
-        {
-            Ok(n) => n,
-            Err(_abandoned) => return,
+        let next = io.next_batch(None, || {
+            io.in_hand
+                .take(&mut batch, |b| io.input.recv_batch(b, io.batch_size))
+        });
+        let (n, gate) = match next {
+            Ok(Next::Batch(n, gate)) => (n, gate),
+            Ok(Next::Inactive) => {
+                io.wait_for_control();
+                continue;
+            }
+            // Terminating, or abandoned by a terminate that gave up on us.
+            Ok(Next::Terminating) | Ok(Next::Empty) | Err(_) => return,
         };
-        if n == 0 {
-            drop(gate);
-            io.input.wait_nonempty(None, || {
-                c.terminate.load(std::sync::atomic::Ordering::Acquire)
-                    || !c.active.load(std::sync::atomic::Ordering::Acquire)
-            });
-            continue;
-        }
         let scope = crate::profile::batch_start(prof, &io.id, n);
         let batch_now = io.ids.now_ns();
         // Bound buffers are the batch's for its whole length (a host read waits for its end).

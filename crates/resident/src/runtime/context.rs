@@ -10,7 +10,7 @@ use std::time::Duration;
 use resident_ring::wait::deadline_after;
 use resident_ring::{Envelope, Message, MessageId, DEFAULT_PRIORITY};
 
-use crate::runtime::io::{Control, InputPort, KernelIo};
+use crate::runtime::io::{Control, InputPort, KernelIo, Next};
 use crate::runtime::publisher::Publisher;
 use crate::runtime::state::{Error, KernelState, Result};
 use crate::runtime::RuntimeCore;
@@ -210,31 +210,17 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
         max: usize,
         timeout: Duration,
     ) -> usize {
-        let deadline = deadline_after(timeout);
-        loop {
-            if self.should_terminate() || !self.is_active() {
-                return 0;
+        let io = &self.io;
+        let next = io.next_batch(deadline_after(timeout), || {
+            Ok::<_, std::convert::Infallible>(io.input.recv_batch(out, max))
+        });
+        match next {
+            Ok(Next::Batch(n, _gate)) => {
+                io.metrics.messages_done(n as u64);
+                io.metrics.batch_done(std::time::Instant::now());
+                n
             }
-            let n = {
-                let _gate = self.io.batch_gate.lock();
-                if !self.is_active() {
-                    0
-                } else {
-                    self.io.input.recv_batch(out, max)
-                }
-            };
-            if n > 0 {
-                self.io.metrics.messages_done(n as u64);
-                self.io.metrics.batch_done(std::time::Instant::now());
-                return n;
-            }
-            let c = self.ctx.control.clone();
-            let woke = self.io.input.wait_nonempty(deadline, || {
-                c.terminate.load(Ordering::Acquire) || !c.active.load(Ordering::Acquire)
-            });
-            if !woke {
-                return 0;
-            }
+            _ => 0,
         }
     }
 

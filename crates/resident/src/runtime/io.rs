@@ -193,6 +193,19 @@ impl Hasher for IdHasher {
 /// `resident-ring`).
 type CallTable<Out> = HashMap<u64, Arc<CallSlot<Result<Out>>>, BuildHasherDefault<IdHasher>>;
 
+/// What [`KernelIo::next_batch`] found.
+pub(crate) enum Next<'a> {
+    /// `n` messages were taken; the batch gate is held until this guard drops, so
+    /// `deactivate` and `drain` wait for the batch to be done.
+    Batch(usize, parking_lot::MutexGuard<'a, ()>),
+    /// `terminate` was requested.
+    Terminating,
+    /// The kernel is not active.
+    Inactive,
+    /// Nothing arrived before the deadline.
+    Empty,
+}
+
 /// Everything a kernel's host side and its handles share.
 pub(crate) struct KernelIo<In, Out> {
     pub id: Arc<str>,
@@ -402,6 +415,42 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     pub fn wait_exit(&self, deadline: Option<Instant>) -> bool {
         self.exit_signal
             .wait_until(WaitStrategy::Park, deadline, || self.has_exited())
+    }
+
+    /// The one take-or-wait loop of the host side: while active, takes a batch with `take`
+    /// under the batch gate; when the input is empty, waits (until `deadline`, `None` =
+    /// forever) for input, a state change or terminate. Used by the CPU host's handler loop
+    /// and by the loop form's `receive`.
+    pub fn next_batch<E>(
+        &self,
+        deadline: Option<Instant>,
+        mut take: impl FnMut() -> std::result::Result<usize, E>,
+    ) -> std::result::Result<Next<'_>, E> {
+        loop {
+            if self.terminating() {
+                return Ok(Next::Terminating);
+            }
+            if !self.is_active() {
+                return Ok(Next::Inactive);
+            }
+            let gate = self.batch_gate.lock();
+            // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
+            if self.terminating() || !self.is_active() {
+                continue;
+            }
+            let n = take()?;
+            if n > 0 {
+                return Ok(Next::Batch(n, gate));
+            }
+            drop(gate);
+            let c = &self.control;
+            let woke = self.input.wait_nonempty(deadline, || {
+                c.terminate.load(Ordering::Acquire) || !c.active.load(Ordering::Acquire)
+            });
+            if !woke {
+                return Ok(Next::Empty);
+            }
+        }
     }
 
     /// Waits until the kernel should run (activated) or stop.
