@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use resident::backend::BackendKind;
 use resident::prelude::*;
 
 device_message! {
@@ -94,6 +95,9 @@ pub trait Target: Sync {
     fn handlers_can_fail(&self) -> bool {
         true
     }
+    /// Where the standard kernel's handler must run on this backend: a device runtime that
+    /// silently ran it on a host thread instead would pass every other case.
+    fn placement(&self) -> Placement;
 }
 
 /// The standard kernel, defined once for every backend.
@@ -156,6 +160,24 @@ fn fifo_and_values(t: &dyn Target) {
     let r = h.terminate().unwrap();
     assert_eq!(r.processed, n as u64);
     assert_eq!(r.returned(), 0);
+}
+
+fn placement(t: &dyn Target) {
+    let rt = rt(t);
+    let h = rt.launch(standard("placed")).unwrap();
+    assert_eq!(
+        h.placement(),
+        t.placement(),
+        "{}: where the handler runs",
+        t.name()
+    );
+    h.activate().unwrap();
+    assert_eq!(h.call(msg(0, 1, 20), T).unwrap(), expected(msg(0, 1, 20)));
+    // A kernel with only a CPU handler runs on a host thread on every backend.
+    let host_only = rt
+        .launch(RingKernel::<Msg, Msg>::new("host-only").handler(|_: &mut Context<()>, m| Some(m)))
+        .unwrap();
+    assert_eq!(host_only.placement(), Placement::Host);
 }
 
 fn two_phase_start(t: &dyn Target) {
@@ -623,6 +645,9 @@ impl Target for Cpu {
     fn fault_names_message(&self) -> bool {
         true
     }
+    fn placement(&self) -> Placement {
+        Placement::Host
+    }
 }
 
 /// The CUDA handler, compiled by the host C++ compiler, on host threads.
@@ -636,6 +661,9 @@ impl Target for CudaSim {
     }
     fn fault_names_message(&self) -> bool {
         false
+    }
+    fn placement(&self) -> Placement {
+        Placement::Device(BackendKind::CudaSim)
     }
 }
 
@@ -654,6 +682,9 @@ impl Target for Wgpu {
     fn handlers_can_fail(&self) -> bool {
         false
     }
+    fn placement(&self) -> Placement {
+        Placement::Device(BackendKind::Wgpu)
+    }
 }
 
 /// Race rounds: each round runs all 16 (policy, ending) pairs once. The default (`default`
@@ -671,6 +702,7 @@ macro_rules! backends {
         mod $name {
             use super::*;
             #[test] fn fifo() { run(&$target, "fifo", fifo_and_values) }
+            #[test] fn placement() { run(&$target, "placement", super::placement) }
             #[test] fn two_phase() { run(&$target, "two_phase", two_phase_start) }
             #[test] fn priorities() { run(&$target, "priorities", priorities_drain_highest_lane_first) }
             #[test] fn backpressure() { run(&$target, "backpressure", backpressure_policies) }
