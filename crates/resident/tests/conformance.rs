@@ -98,6 +98,9 @@ pub trait Target: Sync {
     /// Where the standard kernel's handler must run on this backend: a device runtime that
     /// silently ran it on a host thread instead would pass every other case.
     fn placement(&self) -> Placement;
+    /// How many messages the standard kernel's state says it handled (`snapshot_state`), or
+    /// why this backend cannot read its state back yet.
+    fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str>;
 }
 
 /// The standard kernel, defined once for every backend.
@@ -178,6 +181,27 @@ fn placement(t: &dyn Target) {
         .launch(RingKernel::<Msg, Msg>::new("host-only").handler(|_: &mut Context<()>, m| Some(m)))
         .unwrap();
     assert_eq!(host_only.placement(), Placement::Host);
+}
+
+fn snapshot_state(t: &dyn Target) {
+    let rt = rt(t);
+    let h = rt.launch(standard("snapshot")).unwrap();
+    h.activate().unwrap();
+    for i in 0..50 {
+        h.send(msg(0, i, i)).unwrap();
+    }
+    for _ in 0..50 {
+        h.receive(T).unwrap();
+    }
+    match t.handled(&h) {
+        Ok(n) => assert_eq!(n, 50, "{}: the state counts every message", t.name()),
+        Err(why) => {
+            println!("SKIP: conformance::snapshot_state on {}: {why}", t.name());
+            return;
+        }
+    }
+    h.terminate().unwrap();
+    assert_eq!(t.handled(&h), Ok(50), "the final state, after terminate");
 }
 
 fn two_phase_start(t: &dyn Target) {
@@ -648,6 +672,9 @@ impl Target for Cpu {
     fn placement(&self) -> Placement {
         Placement::Host
     }
+    fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
+        Ok(h.snapshot_state::<u64>().unwrap())
+    }
 }
 
 /// The CUDA handler, compiled by the host C++ compiler, on host threads.
@@ -664,6 +691,9 @@ impl Target for CudaSim {
     }
     fn placement(&self) -> Placement {
         Placement::Device(BackendKind::CudaSim)
+    }
+    fn handled(&self, _h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
+        Err("reading a CUDA handler's state back is not built yet (issue 18)")
     }
 }
 
@@ -685,6 +715,9 @@ impl Target for Wgpu {
     fn placement(&self) -> Placement {
         Placement::Device(BackendKind::Wgpu)
     }
+    fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
+        Ok(h.snapshot_state::<Handled>().unwrap().n as u64)
+    }
 }
 
 /// Race rounds: each round runs all 16 (policy, ending) pairs once. The default (`default`
@@ -703,6 +736,7 @@ macro_rules! backends {
             use super::*;
             #[test] fn fifo() { run(&$target, "fifo", fifo_and_values) }
             #[test] fn placement() { run(&$target, "placement", super::placement) }
+            #[test] fn snapshot_state() { run(&$target, "snapshot_state", super::snapshot_state) }
             #[test] fn two_phase() { run(&$target, "two_phase", two_phase_start) }
             #[test] fn priorities() { run(&$target, "priorities", priorities_drain_highest_lane_first) }
             #[test] fn backpressure() { run(&$target, "backpressure", backpressure_policies) }

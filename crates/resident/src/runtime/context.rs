@@ -2,6 +2,7 @@
 //! kernels by id. The loop form's `LoopContext` adds receive and send.
 
 use std::any::Any;
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -15,9 +16,39 @@ use crate::runtime::publisher::Publisher;
 use crate::runtime::state::{Error, KernelState, Result};
 use crate::runtime::RuntimeCore;
 
+/// A CPU kernel's state, shared between its host thread and `KernelHandle::snapshot_state`.
+pub(crate) struct StateCell<S> {
+    value: UnsafeCell<S>,
+}
+
+// SAFETY: the value is touched by the kernel's host thread (through its `Context`) and, for a
+// handler-form kernel, by `KernelHandle::snapshot_state`. The host thread runs handlers only
+// while it holds the kernel's batch gate, and a snapshot reads only while holding that gate,
+// so the two never overlap; a loop-form kernel's state is never registered for snapshots, so
+// only its host thread ever touches it. `S: Send` lets the value move to the host thread.
+unsafe impl<S: Send> Sync for StateCell<S> {}
+
+impl<S> StateCell<S> {
+    fn new(value: S) -> Self {
+        StateCell {
+            value: UnsafeCell::new(value),
+        }
+    }
+}
+
+impl<S: Send + 'static> crate::runtime::io::HostState for StateCell<S> {
+    fn with(&self, f: &mut dyn FnMut(&dyn Any)) {
+        // SAFETY: the caller holds the kernel's batch gate (see the `Sync` impl above).
+        f(unsafe { &*self.value.get() })
+    }
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<S>()
+    }
+}
+
 /// The context of a handler: state, current message, and kernel-to-kernel sends.
 pub struct Context<S> {
-    state: S,
+    state: Arc<StateCell<S>>,
     kernel_id: Arc<str>,
     pub(crate) current: Envelope,
     pub(crate) control: Arc<Control>,
@@ -35,7 +66,7 @@ impl<S> Context<S> {
         core: Weak<RuntimeCore>,
     ) -> Self {
         Context {
-            state,
+            state: Arc::new(StateCell::new(state)),
             kernel_id,
             current: Envelope::default(),
             control,
@@ -45,14 +76,22 @@ impl<S> Context<S> {
         }
     }
 
+    /// The shared cell of the state, for `KernelHandle::snapshot_state` (handler form only).
+    pub(crate) fn state_cell(&self) -> Arc<StateCell<S>> {
+        self.state.clone()
+    }
+
     /// The kernel's state.
     pub fn state(&self) -> &S {
-        &self.state
+        // SAFETY: only the host thread holds this context; a snapshot reads only while the
+        // host thread is outside a batch (see `StateCell`).
+        unsafe { &*self.state.value.get() }
     }
 
     /// The kernel's state, mutably.
     pub fn state_mut(&mut self) -> &mut S {
-        &mut self.state
+        // SAFETY: as in `state`; `&mut self` makes this the only reference on this thread.
+        unsafe { &mut *self.state.value.get() }
     }
 
     /// The bound buffers of the batch in hand (see `runtime::bind`).
@@ -62,8 +101,10 @@ impl<S> Context<S> {
 
     /// The state and the bound buffers at once (a handler that updates both).
     pub fn state_and_buffers(&mut self) -> (&mut S, crate::runtime::bind::Bindings<'_>) {
+        // SAFETY: as in `state_mut`.
+        let state = unsafe { &mut *self.state.value.get() };
         (
-            &mut self.state,
+            state,
             crate::runtime::bind::Bindings::new(&self.kernel_id, &self.bound),
         )
     }

@@ -193,6 +193,14 @@ impl Hasher for IdHasher {
 /// `resident-ring`).
 type CallTable<Out> = HashMap<u64, Arc<CallSlot<Result<Out>>>, BuildHasherDefault<IdHasher>>;
 
+/// A CPU kernel's host state, readable by `KernelHandle::snapshot_state` (handler form).
+pub(crate) trait HostState: Send + Sync {
+    /// Calls `f` with the state. The caller must hold the kernel's batch gate.
+    fn with(&self, f: &mut dyn FnMut(&dyn std::any::Any));
+    /// The state's type, for errors.
+    fn type_name(&self) -> &'static str;
+}
+
 /// What [`KernelIo::next_batch`] found.
 pub(crate) enum Next<'a> {
     /// `n` messages were taken; the batch gate is held until this guard drops, so
@@ -255,6 +263,8 @@ pub(crate) struct KernelIo<In, Out> {
     /// forgets the kernel (its id is free again; memory stays flat over any number of
     /// launches).
     pub core: Weak<crate::runtime::RuntimeCore>,
+    /// A CPU handler's state, readable on request (`KernelHandle::snapshot_state`).
+    pub host_state: std::sync::OnceLock<Arc<dyn HostState>>,
     /// A device kernel's state, readable on request (`KernelHandle::snapshot_state`).
     pub device_state: Mutex<Option<Arc<dyn crate::backend::device_host::StateSnapshot>>>,
 }
@@ -323,6 +333,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             thread_id: Mutex::new(None),
             report: Mutex::new(None),
             device_state: Mutex::new(None),
+            host_state: std::sync::OnceLock::new(),
             core,
             bound: std::sync::OnceLock::new(),
             profile: std::sync::OnceLock::new(),

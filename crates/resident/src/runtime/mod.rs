@@ -506,6 +506,11 @@ impl Runtime {
                     io.control.clone(),
                     Arc::downgrade(&self.core),
                 );
+                // A handler touches its state only inside a batch (batch gate held), so a
+                // snapshot under the gate is safe; a loop's state is its loop's alone.
+                if matches!(body, kernel::Body::Handler(_)) {
+                    let _ = io.host_state.set(ctx.state_cell());
+                }
                 if let Some(t) = bound {
                     ctx.bound = bind::BatchBinding::new(Some(t.clone()));
                     let _ = io.bound.set(t);
