@@ -37,6 +37,7 @@
 #![deny(missing_docs)]
 
 pub mod codec;
+pub mod connect;
 pub mod core;
 pub mod demo;
 pub mod error;
@@ -45,6 +46,9 @@ pub mod service;
 pub mod testing;
 
 pub use crate::codec::{Codec, JsonCodec, PodCodec};
+pub use crate::connect::{
+    ConnectError, Connection, Credentials, Fault, NatsOptions, Secret, TlsOptions,
+};
 pub use crate::core::{parse_reply, serve_requests, Reply, RequestOptions, RequestStats};
 pub use crate::error::{DecodeError, EncodeError, ErrorKind, ErrorReply, ServeError, ERROR_HEADER};
 pub use crate::jetstream::{ensure_streams, serve_jetstream, JetStreamOptions, JetStreamStats};
