@@ -335,3 +335,87 @@ async fn run_worker<S: Service, C: Codec<S::In, S::Out>>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        Cli::try_parse_from([&["resident", "--demo", "pipeline"], args].concat()).map(|c| c.serve)
+    }
+
+    #[test]
+    fn every_flag_reaches_the_library_options_and_no_secret_is_printed() {
+        let a = parse(&[
+            "--nats",
+            "tls://h:4222",
+            "--user",
+            "w",
+            "--password",
+            "pw-s3cret",
+            "--tls-ca",
+            "ca.pem",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--tls-required",
+        ])
+        .unwrap();
+        let o = a.connect.options(&a.nats);
+        assert_eq!(o.url, "tls://h:4222");
+        assert_eq!(
+            o.credentials,
+            Credentials::UserPassword {
+                user: "w".into(),
+                password: Secret::new("pw-s3cret")
+            }
+        );
+        assert_eq!(
+            o.tls,
+            TlsOptions {
+                ca: Some("ca.pem".into()),
+                cert: Some("c.pem".into()),
+                key: Some("k.pem".into()),
+                required: true
+            }
+        );
+        assert!(!o.allow_plaintext);
+        for shown in [format!("{a:?}"), format!("{o:?}")] {
+            assert!(!shown.contains("pw-s3cret"), "{shown}");
+        }
+        let a = parse(&["--creds", "w.creds", "--allow-plaintext"]).unwrap();
+        let o = a.connect.options(&a.nats);
+        assert_eq!(o.credentials, Credentials::CredsFile("w.creds".into()));
+        assert!(o.allow_plaintext);
+        let a = parse(&["--nkey", "w.nk"]).unwrap();
+        assert_eq!(
+            a.connect.options(&a.nats).credentials,
+            Credentials::NkeyFile("w.nk".into())
+        );
+        let a = parse(&["--token", "tok-s3cret"]).unwrap();
+        assert_eq!(
+            a.connect.options(&a.nats).credentials,
+            Credentials::Token(Secret::new("tok-s3cret"))
+        );
+        assert!(!format!("{a:?}").contains("tok-s3cret"));
+        // One credential method; certificate and key together; a password needs a user.
+        for bad in [
+            &["--creds", "a", "--token", "t"][..],
+            &["--nkey", "a", "--user", "u", "--password", "p"],
+            &["--tls-cert", "c.pem"],
+            &["--tls-key", "k.pem"],
+            &["--password", "p"],
+            &["--user", "u"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -54,3 +54,5 @@ pub use crate::error::{DecodeError, EncodeError, ErrorKind, ErrorReply, ServeErr
 pub use crate::jetstream::{ensure_streams, serve_jetstream, JetStreamOptions, JetStreamStats};
 pub use crate::service::Service;
 pub use async_nats;
+/// The nkeys crate (make a user nkey pair, read a seed), as the client uses it.
+pub use nkeys;
