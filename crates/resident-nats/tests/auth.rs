@@ -1,5 +1,6 @@
 //! Authentication and TLS against a real `nats-server` configured per test at test time: user
-//! and password, token, nkey, TLS with a CA and server certificate made here (rcgen), mutual
+//! and password, token, nkey, a credentials file (operator, account and user JWTs signed here),
+//! TLS with a CA and server certificate made here (rcgen), mutual
 //! TLS. For each, the right credentials are served and the wrong ones refused with a typed
 //! error that names the cause and carries no secret. A worker refused on a reconnect stops
 //! with the error instead of retrying forever; a worker that may not publish to the output
@@ -573,5 +574,132 @@ fn plaintext_off_loopback_is_refused_before_anything_is_sent() {
         let e = refused(&o, "pw-never-sent").await;
         assert!(matches!(e, ConnectError::Plaintext { .. }), "{e}");
         assert!(e.to_string().contains("--allow-plaintext"), "{e}");
+    });
+}
+
+/// Base64url without padding (the JWT encoding).
+fn b64url(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        for i in 0..chunk.len() + 1 {
+            out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// A NATS JWT (v2): `sub`'s claims of `kind`, signed by `issuer`.
+fn jwt(issuer: &nkeys::KeyPair, sub: &str, name: &str, nats: serde_json::Value) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let header = b64url(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let claims = serde_json::json!({
+        "jti": format!("JTI{}{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)),
+        "iat": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": sub,
+        "nats": nats,
+    });
+    let body = b64url(claims.to_string().as_bytes());
+    let signed = format!("{header}.{body}");
+    let sig = issuer.sign(signed.as_bytes()).unwrap();
+    format!("{signed}.{}", b64url(&sig))
+}
+
+fn creds_file(path: &Path, user_jwt: &str, seed: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             ************************* IMPORTANT *************************\n\
+             NKEY Seed printed below can be used to sign and prove identity.\n\n\
+             -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_credentials_file_right_served_wrong_refused() {
+    // Decentralized auth: an operator signs an account, the account signs a user; the server
+    // trusts the operator and knows the account (memory resolver).
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    // JetStream (the test server runs with -js) needs a system account.
+    let system = nkeys::KeyPair::new_account();
+    let op_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "test-operator",
+        serde_json::json!({"type": "operator", "version": 2,
+            "system_account": system.public_key()}),
+    );
+    let unlimited = serde_json::json!({"subs": -1, "data": -1, "payload": -1, "imports": -1,
+        "exports": -1, "wildcards": true, "conn": -1, "leaf": -1});
+    let account_jwt = |kp: &nkeys::KeyPair, name: &str| {
+        jwt(
+            &operator,
+            &kp.public_key(),
+            name,
+            serde_json::json!({"type": "account", "version": 2, "limits": unlimited}),
+        )
+    };
+    let user_claims = serde_json::json!({"type": "user", "version": 2, "pub": {}, "sub": {},
+        "subs": -1, "data": -1, "payload": -1});
+    let Some(server) = NatsServer::start_or_skip_with_config(
+        "auth_creds",
+        &format!(
+            "operator: {op_jwt}\nsystem_account: {}\nresolver: MEMORY\n\
+             resolver_preload: {{ {}: {}, {}: {} }}\n",
+            system.public_key(),
+            account.public_key(),
+            account_jwt(&account, "test-account"),
+            system.public_key(),
+            account_jwt(&system, "SYS"),
+        ),
+    ) else {
+        return;
+    };
+    let user = nkeys::KeyPair::new_user();
+    let right = server.dir().join("worker.creds");
+    creds_file(
+        &right,
+        &jwt(&account, &user.public_key(), "worker", user_claims.clone()),
+        &user.seed().unwrap(),
+    );
+    // Signed by an account the server does not know.
+    let stranger = nkeys::KeyPair::new_account();
+    let intruder = nkeys::KeyPair::new_user();
+    let wrong = server.dir().join("intruder.creds");
+    creds_file(
+        &wrong,
+        &jwt(&stranger, &intruder.public_key(), "intruder", user_claims),
+        &intruder.seed().unwrap(),
+    );
+    let kernels = Runtime::builder().backend(Backend::Cpu).build().unwrap();
+    let url = server.url();
+    rt().block_on(async {
+        serves(
+            &kernels,
+            &with(&url, Credentials::CredsFile(right)),
+            "t.creds",
+        )
+        .await;
+        let e = refused(
+            &with(&url, Credentials::CredsFile(wrong)),
+            &intruder.seed().unwrap(),
+        )
+        .await;
+        assert!(matches!(e, ConnectError::Unauthorized { .. }), "{e}");
     });
 }
