@@ -534,7 +534,8 @@ impl Fault {
 }
 
 /// A client and the faults its server reported. A plain `async_nats::Client` converts into one
-/// (it then reports no faults).
+/// (it then reports no faults). Clones share the client and its faults.
+#[derive(Clone)]
 pub struct Connection {
     /// The client.
     pub client: Client,
