@@ -174,7 +174,13 @@ pub async fn ensure_streams(js: &Context, opts: &JetStreamOptions) -> Result<(),
     }
 }
 
-async fn consumer(js: &Context, opts: &JetStreamOptions) -> Result<PullConsumer, ServeError> {
+/// Gets or creates the durable pull consumer `opts.durable` on `opts.stream` the way
+/// [`serve_jetstream`] uses it: explicit acks, `ack_wait`, `max_deliver`, and
+/// `max_ack_pending` = `max_in_flight`. Idempotent.
+pub async fn ensure_consumer(
+    js: &Context,
+    opts: &JetStreamOptions,
+) -> Result<PullConsumer, ServeError> {
     let stream = js
         .get_stream(opts.stream.clone())
         .await
@@ -251,7 +257,7 @@ where
     };
     let js = async_nats::jetstream::new(client.clone());
     ensure_streams(&js, &opts).await.map_err(refused)?;
-    let consumer = consumer(&js, &opts).await.map_err(refused)?;
+    let consumer = ensure_consumer(&js, &opts).await.map_err(refused)?;
     stats.ready.store(true, Ordering::Release);
     let max = opts.max_in_flight;
     let worker = Arc::new(Worker {
