@@ -8,7 +8,8 @@ use std::time::Duration;
 use resident::prelude::{KernelHandle, Message};
 
 /// A ring kernel (or a chain of them) seen as request/response. `call` blocks the calling
-/// thread; the serving layer runs it on tokio's blocking pool, never on the executor.
+/// thread; the serving layer never runs it where it would hold up the executor (in place under
+/// `block_in_place`, or on tokio's blocking pool).
 pub trait Service: Send + Sync + 'static {
     /// Input message.
     type In: Message;
@@ -47,6 +48,23 @@ pub(crate) async fn call_blocking<S: Service>(
         Err(e) => Err(resident::Error::KernelFailed {
             id: kernel.to_string(),
             reason: resident::Failure::CallerTask(std::sync::Arc::new(e)),
+        }),
+    }
+}
+
+/// Runs a blocking `call` on the current thread (inside `block_in_place`). A panic inside
+/// becomes a typed `KernelFailed`, as in [`call_blocking`].
+pub(crate) fn call_in_place<S: Service>(
+    service: &S,
+    msg: S::In,
+    timeout: Duration,
+    kernel: &str,
+) -> resident::Result<S::Out> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| service.call(msg, timeout))) {
+        Ok(r) => r,
+        Err(_) => Err(resident::Error::KernelFailed {
+            id: kernel.to_string(),
+            reason: "the call panicked".to_string(),
         }),
     }
 }
