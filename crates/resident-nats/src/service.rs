@@ -62,9 +62,21 @@ pub(crate) fn call_in_place<S: Service>(
 ) -> resident::Result<S::Out> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| service.call(msg, timeout))) {
         Ok(r) => r,
-        Err(_) => Err(resident::Error::KernelFailed {
+        Err(panic) => Err(resident::Error::KernelFailed {
             id: kernel.to_string(),
-            reason: "the call panicked".to_string(),
+            reason: resident::Failure::CallerTask(std::sync::Arc::new(CallPanicked(
+                panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".into()),
+            ))),
         }),
     }
 }
+
+/// A `call` made in place on a serving thread panicked (the runtime catches handler panics,
+/// so this is a bug in a `Service` implementation); the panic's text.
+#[derive(Debug, thiserror::Error)]
+#[error("the call panicked: {0}")]
+struct CallPanicked(String);
