@@ -182,6 +182,39 @@ fn kernel_throughput(total: usize) -> Result<f64> {
     Ok(total as f64 / secs)
 }
 
+/// Three threads, one message at a time: a sender calling `send` per message, the kernel,
+/// and a receiver calling `receive` per message (no batching on either side). Every output is
+/// checked: the receiver sees each sent value plus one, in order.
+fn kernel_throughput_per_message(total: usize) -> std::result::Result<f64, BenchError> {
+    let rt = Runtime::builder().backend(Backend::Cpu).build()?;
+    let h = rt.launch(
+        RingKernel::<u64, u64>::new("one-by-one")
+            .queue_size(8192)
+            .priority_lanes(1)
+            .batch_size(512)
+            .backpressure(Backpressure::Block(Duration::from_secs(10)))
+            .handler(|_: &mut Context<()>, x: u64| Some(x + 1)),
+    )?;
+    h.activate()?;
+    let start = Instant::now();
+    let tx = h.clone();
+    let producer = std::thread::spawn(move || -> Result<()> {
+        for i in 0..total as u64 {
+            tx.send(i)?;
+        }
+        Ok(())
+    });
+    for i in 0..total as u64 {
+        let got = h.receive(Duration::from_secs(10))?;
+        if got != i + 1 {
+            return Err(format!("output {i} was {got}, expected {}", i + 1).into());
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    producer.join().expect("producer thread")?;
+    Ok(total as f64 / secs)
+}
+
 fn rtrb_throughput(total: usize) -> f64 {
     let (mut tx, mut rx) = rtrb::RingBuffer::<Payload64>::new(8192);
     let done = Arc::new(AtomicBool::new(false));
@@ -311,6 +344,13 @@ pub fn run(
         base_tp / 1e6,
         ours_tp / base_tp
     );
+    let one_n = tp_n / 2;
+    let one = kernel_throughput_per_message(one_n)?;
+    let one_json = json!({"payload_bytes": 8, "messages": one_n, "threads": "one sender (send per message), the kernel, one receiver (receive per message)", "kernel_msgs_per_s": one, "ratio_vs_rtrb_one_way": one / base_tp});
+    println!(
+        "throughput 8 B, send and receive per message (3 threads): {:.2} M msg/s",
+        one / 1e6
+    );
 
     let command: Vec<String> = std::env::args().collect();
     let report = json!({
@@ -321,6 +361,7 @@ pub fn run(
         "queue_push_pop": [q8, q64],
         "round_trip": rt_json,
         "throughput": tp_json,
+        "throughput_per_message": one_json,
     });
     if let Some(path) = out {
         // No directory is created: a missing one is the user's to make (or a typo), and the

@@ -100,7 +100,7 @@ enum Command {
         out: PathBuf,
     },
     /// Serve a demo ring kernel over NATS (request/reply, queue groups, JetStream).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
 }
 
 #[derive(Subcommand)]
@@ -170,7 +170,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { json } => return info::run(json),
-        Command::Serve(args) => return serve::run(args),
+        Command::Serve(args) => return serve::run(*args),
         Command::BenchTransfer {
             iterations,
             out_dir,

@@ -18,10 +18,15 @@ struct Worker(Child);
 
 impl Worker {
     fn start(args: &[&str]) -> Worker {
+        Self::start_env(args, &[])
+    }
+
+    fn start_env(args: &[&str], env: &[(&str, &str)]) -> Worker {
         Worker(
             Command::new(BIN)
                 .arg("serve")
                 .args(args)
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -48,6 +53,32 @@ impl Worker {
             assert!(
                 Instant::now() < deadline,
                 "resident serve did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Worker {
+    /// Waits (at most `within`) for the process to exit by itself; returns (exit code, stdout,
+    /// stderr).
+    fn exits_within(mut self, within: Duration) -> (Option<i32>, String, String) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                use std::io::Read;
+                let (mut out, mut err) = (String::new(), String::new());
+                if let Some(mut s) = self.0.stdout.take() {
+                    let _ = s.read_to_string(&mut out);
+                }
+                if let Some(mut s) = self.0.stderr.take() {
+                    let _ = s.read_to_string(&mut err);
+                }
+                return (status.code(), out, err);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "resident serve did not exit by itself within {within:?}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -398,4 +429,213 @@ fn sigterm_drains_a_jetstream_worker_and_a_successor_finishes_the_stream() {
     assert_eq!(count(), N as u64, "exactly one output per input");
     let info = consumer_info();
     assert_eq!((info.num_ack_pending, info.num_pending), (0, 0));
+}
+
+#[test]
+fn serve_help_lists_the_connection_flags() {
+    let out = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    for flag in [
+        "--creds <FILE>",
+        "--nkey <FILE>",
+        "--user <USER>",
+        "--password <PASSWORD>",
+        "--token <TOKEN>",
+        "--tls-ca <FILE>",
+        "--tls-cert <FILE>",
+        "--tls-key <FILE>",
+        "--tls-required",
+        "--allow-plaintext",
+        "RESIDENT_NATS_PASSWORD",
+        "RESIDENT_NATS_TOKEN",
+    ] {
+        assert!(text.contains(flag), "{flag} documented");
+    }
+}
+
+/// Asks `resident.pipeline` with `opts` until a worker answers (at most 20 s).
+fn answered(opts: &resident_nats::NatsOptions) {
+    rt().block_on(async {
+        let c = opts.connect().await.unwrap().client;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match tokio::time::timeout(
+                Duration::from_millis(500),
+                c.request("resident.pipeline", br#"{"value": 42}"#.to_vec().into()),
+            )
+            .await
+            {
+                Ok(Ok(m)) => {
+                    let r: PipelineReply = serde_json::from_slice(&m.payload).unwrap();
+                    assert_eq!(r.score, demo::score(demo::normalize(42.0)).0);
+                    return;
+                }
+                _ => assert!(Instant::now() < deadline, "resident serve never answered"),
+            }
+        }
+    });
+}
+
+#[test]
+fn credentials_from_flags_and_environment_are_served_wrong_ones_exit_1_unechoed() {
+    let kp = resident_nats::nkeys::KeyPair::new_user();
+    let Some(server) = NatsServer::start_or_skip_with_config(
+        "serve_credentials",
+        &format!(
+            r#"authorization {{ users = [
+                {{ user: worker, password: "pw-right-1" }}
+                {{ nkey: {} }}
+            ] }}"#,
+            kp.public_key()
+        ),
+    ) else {
+        return;
+    };
+    let url = server.url();
+    let seed = server.dir().join("worker.nk");
+    std::fs::write(&seed, kp.seed().unwrap()).unwrap();
+    let seed = seed.to_str().unwrap().to_string();
+    let mut client = resident_nats::NatsOptions::new(&url);
+    client.credentials = resident_nats::Credentials::UserPassword {
+        user: "worker".into(),
+        password: resident_nats::Secret::new("pw-right-1"),
+    };
+    // The password from the environment; then the nkey seed file from a flag.
+    for (args, env) in [
+        (
+            vec!["--nats", &url, "--demo", "pipeline", "--user", "worker"],
+            vec![("RESIDENT_NATS_PASSWORD", "pw-right-1")],
+        ),
+        (
+            vec!["--nats", &url, "--demo", "pipeline", "--nkey", &seed],
+            vec![],
+        ),
+    ] {
+        let w = Worker::start_env(&args, &env);
+        answered(&client);
+        let (ok, stdout) = w.terminate();
+        assert!(ok, "{stdout}");
+    }
+    // Wrong: a password (environment or flag) and a token; exit 1 at once, cause named, the
+    // secret nowhere in the output.
+    for (args, env, secret) in [
+        (
+            vec!["--nats", &url, "--demo", "pipeline", "--user", "worker"],
+            vec![("RESIDENT_NATS_PASSWORD", "pw-wrong-2")],
+            "pw-wrong-2",
+        ),
+        (
+            vec![
+                "--nats",
+                &url,
+                "--demo",
+                "pipeline",
+                "--user",
+                "worker",
+                "--password",
+                "pw-wrong-3",
+            ],
+            vec![],
+            "pw-wrong-3",
+        ),
+        (
+            vec![
+                "--nats",
+                &url,
+                "--demo",
+                "anomaly",
+                "--token",
+                "tok-wrong-4",
+            ],
+            vec![],
+            "tok-wrong-4",
+        ),
+    ] {
+        let (code, out, err) = Worker::start_env(&args, &env).exits_within(Duration::from_secs(20));
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("refused the credentials"), "{err}");
+        assert!(!out.contains(secret) && !err.contains(secret), "{out}{err}");
+    }
+}
+
+#[test]
+fn a_worker_refused_on_reconnect_exits_1_instead_of_retrying() {
+    let conf =
+        |pw: &str| format!(r#"authorization {{ users = [ {{ user: w, password: "{pw}" }} ] }}"#);
+    let Some(mut server) =
+        NatsServer::start_or_skip_with_config("serve_reconnect_refused", &conf("pw-1"))
+    else {
+        return;
+    };
+    let url = server.url();
+    let w = Worker::start_env(
+        &["--nats", &url, "--demo", "pipeline", "--user", "w"],
+        &[("RESIDENT_NATS_PASSWORD", "pw-1")],
+    );
+    let mut client = resident_nats::NatsOptions::new(&url);
+    client.credentials = resident_nats::Credentials::UserPassword {
+        user: "w".into(),
+        password: resident_nats::Secret::new("pw-1"),
+    };
+    answered(&client);
+    server.set_config(&conf("pw-2")).unwrap();
+    server.restart().unwrap();
+    let (code, out, err) = w.exits_within(Duration::from_secs(30));
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("refused this worker") && err.contains("refused the credentials"),
+        "{err}"
+    );
+    assert!(!err.contains("pw-1") && !out.contains("pw-1"));
+}
+
+#[test]
+fn plaintext_off_loopback_and_tls_against_a_plain_server_are_refused() {
+    // TEST-NET-1: the check refuses before anything is sent.
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--nats",
+            "nats://192.0.2.1:4222",
+            "--demo",
+            "anomaly",
+        ])
+        .args(["--user", "u", "--password", "pw-never-sent"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing a plaintext connection"), "{err}");
+    assert!(
+        err.contains("--allow-plaintext") && !err.contains("pw-never-sent"),
+        "{err}"
+    );
+    // A missing CA file is named.
+    let out = Command::new(BIN)
+        .args(["serve", "--nats", "nats://127.0.0.1:1", "--demo", "anomaly"])
+        .args(["--tls-ca", "/nonexistent/ca.pem"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read the CA file '/nonexistent/ca.pem'"),
+        "{err}"
+    );
+    let Some(server) = NatsServer::start_or_skip("serve_tls_required_plain") else {
+        return;
+    };
+    let (code, _, err) = Worker::start(&[
+        "--nats",
+        &server.url(),
+        "--demo",
+        "anomaly",
+        "--tls-required",
+    ])
+    .exits_within(Duration::from_secs(20));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("TLS failed"), "{err}");
 }

@@ -12,8 +12,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::codec::Codec;
+use crate::connect::{Connection, Fault};
 use crate::error::{ErrorKind, ErrorReply, ServeError, ERROR_HEADER};
-use crate::service::{call_blocking, Service};
+use crate::service::{call_blocking, call_in_place, Service};
 
 /// Options of [`serve_requests`].
 #[derive(Clone, Debug)]
@@ -72,9 +73,14 @@ impl RequestStats {
 
 /// Serves `service` on `opts.subject` until `shutdown` completes, then drains: stops reading
 /// requests (messages already buffered are still answered), waits up to `drain_timeout` for
-/// calls in flight, and flushes. Returns the counters.
+/// calls in flight, and flushes.
+///
+/// `connection` is an `async_nats::Client` or a [`Connection`] from
+/// [`NatsOptions::connect`](crate::NatsOptions::connect); with the latter, a server that
+/// refuses the worker while it serves (credentials on a reconnect, a permission) stops it
+/// with [`ServeError::Refused`] after the calls in flight end (bounded by `drain_timeout`).
 pub async fn serve_requests<S, C, F>(
-    client: Client,
+    connection: impl Into<Connection>,
     service: Arc<S>,
     codec: Arc<C>,
     opts: RequestOptions,
@@ -89,6 +95,10 @@ where
     if opts.max_in_flight == 0 {
         return Err(ServeError::Options("max_in_flight must be at least 1"));
     }
+    let connection = connection.into();
+    let mut faults = connection.fault_watch();
+    let client = connection.client;
+    let mut fault: Option<Fault> = None;
     let subscribe = match &opts.queue_group {
         Some(g) => {
             client
@@ -121,6 +131,13 @@ where
                 .unwrap_or_default()
         } else {
             tokio::select! {
+                f = faults.wait() => {
+                    // Nothing more can be answered; stop reading at once.
+                    tracing::error!(error = %f, "the server refused this worker; stopping");
+                    fault = Some(f);
+                    draining = Some(tokio::time::Instant::now() + opts.drain_timeout);
+                    break;
+                }
                 _ = &mut shutdown => {
                     draining = Some(tokio::time::Instant::now() + opts.drain_timeout);
                     if let Err(e) = sub.drain().await {
@@ -148,7 +165,7 @@ where
         );
         let timeout = opts.call_timeout;
         tasks.spawn(async move {
-            handle_request(&client, service, &*codec, &stats, msg, timeout, &kernel).await;
+            handle_request(&client, &service, &*codec, &stats, msg, timeout, &kernel).await;
             drop(permit);
         });
     }
@@ -159,12 +176,16 @@ where
     .await;
     tasks.abort_all();
     let _ = tokio::time::timeout(Duration::from_secs(2), client.flush()).await;
-    Ok(())
+    // A fault seen while draining is still the reason the replies may be missing.
+    match fault.or_else(|| faults.current()) {
+        Some(f) => Err(ServeError::Refused(f)),
+        None => Ok(()),
+    }
 }
 
 async fn handle_request<S: Service, C: Codec<S::In, S::Out>>(
     client: &Client,
-    service: Arc<S>,
+    service: &Arc<S>,
     codec: &C,
     stats: &RequestStats,
     msg: NatsMessage,
@@ -178,7 +199,18 @@ async fn handle_request<S: Service, C: Codec<S::In, S::Out>>(
             return reply_error(client, stats, &msg, ErrorKind::BadInput, e.to_string()).await;
         }
     };
-    let result = call_blocking(service, input, timeout, kernel).await;
+    // The call blocks this thread. On a multi-thread runtime it runs right here
+    // (`block_in_place` hands this worker's other tasks to another thread meanwhile, off the
+    // request's path); handing it to the blocking pool instead costs a thread wake-up there
+    // and another one back, which bench_nats measured as most of what the serving layer adds
+    // to a round trip (its `no_kernel` responder). A current-thread runtime cannot block in
+    // place, so there the call goes to the blocking pool.
+    let result = match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| call_in_place(service, input, timeout, kernel))
+        }
+        _ => call_blocking(service.clone(), input, timeout, kernel).await,
+    };
     let Some(reply) = msg.reply.clone() else {
         RequestStats::bump(&stats.no_reply_subject);
         return;

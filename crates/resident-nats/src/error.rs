@@ -50,15 +50,15 @@ pub enum ServeError {
         #[source]
         source: async_nats::Error,
     },
-    /// Connecting to the server failed.
-    #[error("cannot connect to NATS at '{url}': {source}")]
-    Connect {
-        /// The URL.
-        url: String,
-        /// The client's error.
-        #[source]
-        source: async_nats::ConnectError,
-    },
+    /// Connecting to the server failed (the error names the cause: credentials refused, TLS,
+    /// plaintext refused, a bad file, unreachable).
+    #[error(transparent)]
+    Connect(#[from] crate::connect::ConnectError),
+    /// The server refused this worker while it served (credentials refused on a reconnect, a
+    /// publish or subscribe not permitted): retrying cannot help, so the worker stops. Inputs
+    /// whose outputs were not stored are not acknowledged.
+    #[error("the NATS server refused this worker: {0}")]
+    Refused(crate::connect::Fault),
     /// The options are not usable.
     #[error("invalid serving options: {0}")]
     Options(&'static str),

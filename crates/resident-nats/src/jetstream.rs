@@ -22,6 +22,7 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use crate::codec::Codec;
+use crate::connect::{Connection, Fault};
 use crate::error::{ErrorKind, ErrorReply, ServeError, ERROR_HEADER};
 use crate::service::{call_blocking, Service};
 
@@ -173,7 +174,13 @@ pub async fn ensure_streams(js: &Context, opts: &JetStreamOptions) -> Result<(),
     }
 }
 
-async fn consumer(js: &Context, opts: &JetStreamOptions) -> Result<PullConsumer, ServeError> {
+/// Gets or creates the durable pull consumer `opts.durable` on `opts.stream` the way
+/// [`serve_jetstream`] uses it: explicit acks, `ack_wait`, `max_deliver`, and
+/// `max_ack_pending` = `max_in_flight`. Idempotent.
+pub async fn ensure_consumer(
+    js: &Context,
+    opts: &JetStreamOptions,
+) -> Result<PullConsumer, ServeError> {
     let stream = js
         .get_stream(opts.stream.clone())
         .await
@@ -218,8 +225,14 @@ struct Worker<S: Service, C> {
 /// Reconnects are the client's: while the server is away pulls fail and are retried (every
 /// 250 ms, bounded by `shutdown`), and inputs whose output could not be stored are not
 /// acknowledged, so the server delivers them again.
+///
+/// `connection` is an `async_nats::Client` or a [`Connection`] from
+/// [`NatsOptions::connect`](crate::NatsOptions::connect); with the latter, a server that
+/// refuses the worker (credentials on a reconnect, a publish to the output subject not
+/// permitted) stops it like `shutdown` does, and it returns [`ServeError::Refused`]. Inputs
+/// whose outputs were not stored are never acknowledged.
 pub async fn serve_jetstream<S, C, F>(
-    client: async_nats::Client,
+    connection: impl Into<Connection>,
     service: Arc<S>,
     codec: Arc<C>,
     opts: JetStreamOptions,
@@ -234,9 +247,17 @@ where
     if opts.max_in_flight == 0 {
         return Err(ServeError::Options("max_in_flight must be at least 1"));
     }
+    let connection = connection.into();
+    let faults = connection.fault_watch();
+    let client = connection.client;
+    // A refused permission makes a JetStream API call time out; the fault is the real cause.
+    let refused = |e: ServeError| match faults.current() {
+        Some(f) => ServeError::Refused(f),
+        None => e,
+    };
     let js = async_nats::jetstream::new(client.clone());
-    ensure_streams(&js, &opts).await?;
-    let consumer = consumer(&js, &opts).await?;
+    ensure_streams(&js, &opts).await.map_err(refused)?;
+    let consumer = ensure_consumer(&js, &opts).await.map_err(refused)?;
     stats.ready.store(true, Ordering::Release);
     let max = opts.max_in_flight;
     let worker = Arc::new(Worker {
@@ -273,11 +294,22 @@ where
             }
         })
     };
-    tokio::pin!(shutdown);
+    // Stop on `shutdown` (None) or on a fault from the server (Some).
+    let stop = {
+        let mut faults = faults.clone();
+        async move {
+            tokio::select! {
+                _ = shutdown => None,
+                f = faults.wait() => Some(f),
+            }
+        }
+    };
+    tokio::pin!(stop);
+    let mut fault: Option<Fault> = None;
     'pull: loop {
         // Wait for at least one free slot, then ask for as many messages as there are.
         let first = tokio::select! {
-            _ = &mut shutdown => break 'pull,
+            f = &mut stop => { fault = f; break 'pull }
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'pull },
         };
         let want = permits.available_permits() + 1;
@@ -294,7 +326,7 @@ where
                 bump(&worker.stats.pull_errors);
                 tracing::debug!(error = %e, "pull failed; retrying");
                 tokio::select! {
-                    _ = &mut shutdown => break 'pull,
+                    f = &mut stop => { fault = f; break 'pull }
                     _ = tokio::time::sleep(Duration::from_millis(250)) => continue 'pull,
                 }
             }
@@ -302,7 +334,8 @@ where
         // The batch ends after `want` messages or `fetch_expires`.
         loop {
             let next = tokio::select! {
-                _ = &mut shutdown => {
+                f = &mut stop => {
+                    fault = f;
                     // Inputs of this pull that the server already sent us are handed back at
                     // once (not left to `ack_wait`), so another worker gets them promptly.
                     let until = tokio::time::Instant::now() + worker.opts.fetch_expires
@@ -374,6 +407,10 @@ where
     }
     let _ = tokio::time::timeout(Duration::from_secs(1), caller).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), client.flush()).await;
+    if let Some(f) = fault.or_else(|| faults.current()) {
+        tracing::error!(error = %f, "the server refused this worker; stopped");
+        return Err(ServeError::Refused(f));
+    }
     Ok(())
 }
 

@@ -14,8 +14,9 @@
 //!   Undecodable inputs go to a dead-letter subject and are terminated.
 //! * **Encoding** ([`Codec`]): the message's bytes ([`PodCodec`]) or JSON ([`JsonCodec`]).
 //!
-//! Any `KernelHandle<In, Out>` is a [`Service`]; `call` blocks, so it runs on tokio's
-//! blocking pool, never on the executor.
+//! Any `KernelHandle<In, Out>` is a [`Service`]; `call` blocks, so it never holds up the
+//! executor: request/reply calls it in place under `block_in_place` (multi-thread runtime;
+//! the worker's other tasks move to another thread), JetStream on tokio's blocking pool.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -37,6 +38,7 @@
 #![deny(missing_docs)]
 
 pub mod codec;
+pub mod connect;
 pub mod core;
 pub mod demo;
 pub mod error;
@@ -45,8 +47,15 @@ pub mod service;
 pub mod testing;
 
 pub use crate::codec::{Codec, JsonCodec, PodCodec};
+pub use crate::connect::{
+    ConnectError, Connection, Credentials, Fault, NatsOptions, Secret, TlsOptions,
+};
 pub use crate::core::{parse_reply, serve_requests, Reply, RequestOptions, RequestStats};
 pub use crate::error::{DecodeError, EncodeError, ErrorKind, ErrorReply, ServeError, ERROR_HEADER};
-pub use crate::jetstream::{ensure_streams, serve_jetstream, JetStreamOptions, JetStreamStats};
+pub use crate::jetstream::{
+    ensure_consumer, ensure_streams, serve_jetstream, JetStreamOptions, JetStreamStats,
+};
 pub use crate::service::Service;
 pub use async_nats;
+/// The nkeys crate (make a user nkey pair, read a seed), as the client uses it.
+pub use nkeys;

@@ -8,7 +8,8 @@ use std::time::Duration;
 use resident::prelude::{KernelHandle, Message};
 
 /// A ring kernel (or a chain of them) seen as request/response. `call` blocks the calling
-/// thread; the serving layer runs it on tokio's blocking pool, never on the executor.
+/// thread; the serving layer never runs it where it would hold up the executor (in place under
+/// `block_in_place`, or on tokio's blocking pool).
 pub trait Service: Send + Sync + 'static {
     /// Input message.
     type In: Message;
@@ -46,7 +47,36 @@ pub(crate) async fn call_blocking<S: Service>(
         Ok(r) => r,
         Err(e) => Err(resident::Error::KernelFailed {
             id: kernel.to_string(),
-            reason: format!("the blocking call task ended abnormally: {e}"),
+            reason: resident::Failure::CallerTask(std::sync::Arc::new(e)),
         }),
     }
 }
+
+/// Runs a blocking `call` on the current thread (inside `block_in_place`). A panic inside
+/// becomes a typed `KernelFailed`, as in [`call_blocking`].
+pub(crate) fn call_in_place<S: Service>(
+    service: &S,
+    msg: S::In,
+    timeout: Duration,
+    kernel: &str,
+) -> resident::Result<S::Out> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| service.call(msg, timeout))) {
+        Ok(r) => r,
+        Err(panic) => Err(resident::Error::KernelFailed {
+            id: kernel.to_string(),
+            reason: resident::Failure::CallerTask(std::sync::Arc::new(CallPanicked(
+                panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".into()),
+            ))),
+        }),
+    }
+}
+
+/// A `call` made in place on a serving thread panicked (the runtime catches handler panics,
+/// so this is a bug in a `Service` implementation); the panic's text.
+#[derive(Debug, thiserror::Error)]
+#[error("the call panicked: {0}")]
+struct CallPanicked(String);

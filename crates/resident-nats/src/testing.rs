@@ -1,6 +1,9 @@
 //! A real `nats-server` for tests and benchmarks: started with JetStream on a loopback port
 //! picked here and a fresh store folder, killed (and the folder removed) on drop.
 //!
+//! A server can be given a configuration file's text ([`NatsServer::start_or_skip_with_config`]):
+//! authorization, TLS, permissions; the command line still sets the address, port and store.
+//!
 //! When `nats-server` is not installed, [`NatsServer::start_or_skip`] prints a visible
 //! `SKIP:` line and returns `None` — unless `RESIDENT_REQUIRE_NATS=1`, then it panics.
 
@@ -28,6 +31,7 @@ pub struct NatsServer {
     port: u16,
     store: PathBuf,
     binary: PathBuf,
+    config: Option<PathBuf>,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -39,9 +43,18 @@ impl NatsServer {
     /// is missing (panics instead under `RESIDENT_REQUIRE_NATS=1`). Panics if the server is
     /// installed but does not come up (that is a failure, not a skip).
     pub fn start_or_skip(test: &str) -> Option<NatsServer> {
+        Self::start_or_skip_inner(test, None)
+    }
+
+    /// [`start_or_skip`](Self::start_or_skip) with a configuration file holding `config`.
+    pub fn start_or_skip_with_config(test: &str, config: &str) -> Option<NatsServer> {
+        Self::start_or_skip_inner(test, Some(config))
+    }
+
+    fn start_or_skip_inner(test: &str, config: Option<&str>) -> Option<NatsServer> {
         match nats_server_binary() {
             Some(bin) => Some(
-                NatsServer::start(bin)
+                NatsServer::start_with(bin, config)
                     .unwrap_or_else(|e| panic!("{test}: nats-server did not start: {e}")),
             ),
             None => {
@@ -59,6 +72,11 @@ impl NatsServer {
     /// Starts `binary -js -a 127.0.0.1 -p <free port> -sd <fresh folder>` and waits (at most
     /// 10 s) until it accepts connections.
     pub fn start(binary: PathBuf) -> std::io::Result<NatsServer> {
+        Self::start_with(binary, None)
+    }
+
+    /// [`start`](Self::start), with `-c <file holding config>` when `config` is given.
+    pub fn start_with(binary: PathBuf, config: Option<&str>) -> std::io::Result<NatsServer> {
         static N: AtomicU64 = AtomicU64::new(0);
         let store = std::env::temp_dir().join(format!(
             "resident-nats-{}-{}-{}",
@@ -70,11 +88,20 @@ impl NatsServer {
                 .unwrap_or(0)
         ));
         std::fs::create_dir_all(&store)?;
+        let config = match config {
+            Some(text) => {
+                let path = store.join("nats-server.conf");
+                std::fs::write(&path, text)?;
+                Some(path)
+            }
+            None => None,
+        };
         let mut s = NatsServer {
             child: None,
             port: 0,
             store,
             binary,
+            config,
         };
         // A port picked free can be taken before the server binds it: try a few.
         let mut last = None;
@@ -89,7 +116,11 @@ impl NatsServer {
     }
 
     fn spawn(&mut self) -> std::io::Result<()> {
-        let mut child = Command::new(&self.binary)
+        let mut cmd = Command::new(&self.binary);
+        if let Some(c) = &self.config {
+            cmd.arg("-c").arg(c);
+        }
+        let mut child = cmd
             .args([
                 "-js",
                 "-a",
@@ -101,14 +132,17 @@ impl NatsServer {
             .arg(&self.store)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(self.store.join("nats-server.log"))?)
             .spawn()?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = child.try_wait()? {
+                let log =
+                    std::fs::read_to_string(self.store.join("nats-server.log")).unwrap_or_default();
                 return Err(std::io::Error::other(format!(
-                    "nats-server exited at start ({status}) on port {}",
-                    self.port
+                    "nats-server exited at start ({status}) on port {}: {}",
+                    self.port,
+                    log.trim()
                 )));
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
@@ -134,6 +168,20 @@ impl NatsServer {
     /// The port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The folder of this server's store (removed on drop): a place for test files.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.store
+    }
+
+    /// Replaces the configuration file's text; it takes effect at the next
+    /// [`restart`](Self::restart). A server started without one gets one.
+    pub fn set_config(&mut self, config: &str) -> std::io::Result<()> {
+        let path = self.store.join("nats-server.conf");
+        std::fs::write(&path, config)?;
+        self.config = Some(path);
+        Ok(())
     }
 
     /// Kills the server (SIGKILL) and waits for it.

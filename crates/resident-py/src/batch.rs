@@ -55,7 +55,7 @@ fn bytes_report<const N: usize>(r: TerminateReport<[u8; N], [u8; N]>) -> BytesRe
         dropped: r.dropped,
         unreceived: flat(r.unreceived.iter().map(|(_, m)| *m)),
         undelivered,
-        failure: r.failure.map(|(reason, _)| reason),
+        failure: r.failure.map(|(reason, _)| reason.to_string()),
     }
 }
 

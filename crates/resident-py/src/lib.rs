@@ -94,10 +94,10 @@ fn describe(e: &Error, has_message: bool) -> Described {
             },
             Some(op.to_string()),
         ),
-        Error::KernelFailed { reason, .. } => ("KernelFailedError", Some(reason.clone())),
+        Error::KernelFailed { reason, .. } => ("KernelFailedError", Some(reason.to_string())),
         Error::Dropped { .. } => ("MessageDroppedError", None),
         Error::NoReply { .. } => ("NoReplyError", None),
-        Error::BackendUnavailable(_) => ("BackendNotAvailableError", None),
+        Error::BackendUnavailable { .. } => ("BackendNotAvailableError", None),
         Error::Device { .. } => (
             if text.contains("compile") {
                 "CompilationError"
@@ -485,7 +485,7 @@ fn report_dict<'py>(
     d.set_item("unreceived", unreceived)?;
     match &r.failure {
         Some((reason, msg)) => {
-            d.set_item("failure", reason)?;
+            d.set_item("failure", reason.to_string())?;
             let m = msg
                 .as_ref()
                 .and_then(|(env, k)| store.take(*k).map(|o| (o, env_tuple(env))));
@@ -685,7 +685,7 @@ impl PyRuntime {
     fn failure(&self, py: Python<'_>, kernel_id: &str) -> PyResult<Option<String>> {
         let k = self.ops(py, kernel_id)?;
         Ok(match k.state() {
-            KernelState::Failed(r) => Some(r),
+            KernelState::Failed(r) => Some(r.to_string()),
             _ => None,
         })
     }

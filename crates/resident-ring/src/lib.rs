@@ -11,9 +11,11 @@
 //!   [`Backpressure`] policies, blocking waits and close.
 //! * [`wait`]: [`WaitStrategy`] (spin, then park) and the lost-wake-up-free [`wait::Signal`].
 //! * [`call`]: [`CallSlot`], where the reply of a waiting request/response call lands.
+//! * [`handoff`]: [`handoff::InHand`], who owns each message of the batch in hand when a
+//!   `terminate` gives up on a handler that never returns.
 //!
-//! Under `--cfg loom` the SPSC ring, the signal and the call slot are built on loom's
-//! primitives for the model checks in `tests/loom_*.rs`; the mailbox is left out of that build.
+//! Under `--cfg loom` the SPSC ring, the signal, the call slot and the handoff are built on
+//! loom's primitives for the model checks in `tests/loom_*.rs`; the mailbox is left out of that build.
 //!
 //! No allocation happens after a ring is built; a full ring hands the value back, an empty
 //! one returns `None`.
@@ -21,6 +23,7 @@
 
 pub mod call;
 pub mod envelope;
+pub mod handoff;
 // The loom build (`--cfg loom`) models the SPSC ring, the signal and the call slot; the
 // mailbox, built on them with parking_lot locks, is checked by its own model-based and
 // stress tests instead and left out of that build.
@@ -34,7 +37,7 @@ pub mod wait;
 pub use call::CallSlot;
 pub use envelope::{Envelope, MessageId, Slot, DEFAULT_PRIORITY, FLAG_CALL};
 #[cfg(not(loom))]
-pub use mailbox::{lane_of, Backpressure, Mailbox, MailboxConfig};
+pub use mailbox::{lane_of, Backpressure, Mailbox, MailboxConfig, Writer};
 pub use message::{DeviceMessage, Message, WgslLayoutError};
 pub use wait::WaitStrategy;
 

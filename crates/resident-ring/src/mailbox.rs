@@ -10,6 +10,9 @@
 //! * **MPSC front.** Many threads may send: each lane's producer half sits behind its own lock
 //!   (uncontended it costs one atomic swap), so senders to different lanes never contend, and
 //!   batches pay it once. Receivers share one lock over the consumer halves.
+//! * **Or one [`Writer`].** [`Mailbox::with_writer`] hands the producer halves to a single,
+//!   non-`Clone` [`Writer`] (a kernel's output side has exactly one writer, its host thread):
+//!   a send then takes no lock, only a flag that `close` waits on (see [`Writer`]).
 //! * **Backpressure** when a lane is full, per [`Backpressure`]; drops are counted.
 //! * **Close.** After [`Mailbox::close`] sends fail with the message handed back; receivers
 //!   still get what was queued, then [`RecvError::Closed`].
@@ -22,6 +25,7 @@ use parking_lot::Mutex;
 
 use crate::envelope::Slot;
 use crate::spsc::{Consumer, Producer, Ring, RingError};
+use crate::sync::Padded;
 use crate::wait::{deadline_after, Signal, WaitStrategy};
 
 /// What a send does when the message's lane is full.
@@ -147,7 +151,13 @@ pub struct MailboxCounters {
 }
 
 struct Shared<T> {
+    /// The lanes' producer halves behind their locks; empty when a [`Writer`] owns them.
     producers: Box<[Mutex<Producer<Slot<T>>>]>,
+    /// Whether a [`Writer`] owns the producer halves (then `producers` is empty).
+    has_writer: bool,
+    /// Held by the [`Writer`] across each push (never across a wait); `close` waits for it to
+    /// be clear after setting `closed`. Alone on its line: only the writer writes it.
+    writer_busy: Padded<AtomicBool>,
     /// The lanes' rings, for lock-free length checks by waiters.
     rings: Box<[Arc<Ring<Slot<T>>>]>,
     /// Taken by receivers on every pop: alone on its line, away from what senders read.
@@ -179,15 +189,216 @@ impl<T> Shared<T> {
     }
 }
 
-/// Keeps a hot counter alone on a 128-byte line (two 64-byte lines, for adjacent prefetch).
-#[repr(align(128))]
-#[derive(Default)]
-struct Padded<T>(T);
+/// What one send attempt decided, made while holding the lane's write exclusion (its lock,
+/// or the [`Writer`]'s flag).
+enum Step<T> {
+    /// Finished; `true` when receivers must be woken (a message was queued).
+    Done(Result<Sent<Slot<T>>, SendError<Slot<T>>>, bool),
+    /// The lane is full under `Block`: wait for room (exclusion released), then try again.
+    Full,
+}
 
-impl<T> std::ops::Deref for Padded<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
+impl<T: Copy + Send> Shared<T> {
+    /// One attempt to send `slot` into `lane` through `producer`, the caller holding the
+    /// lane's write exclusion and having read `closed` under it. The policy logic of every
+    /// sender (locked lanes and the one `Writer`) lives here once.
+    fn attempt(
+        &self,
+        producer: &mut Producer<Slot<T>>,
+        lane: usize,
+        slot: Slot<T>,
+        policy: Backpressure,
+        closed: bool,
+    ) -> Step<T> {
+        if closed {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Step::Done(Err(SendError::Closed(slot)), false);
+        }
+        if producer.push(slot).is_ok() {
+            // Counted under the exclusion, so `close` (which waits for it) sees the count of
+            // every message it lets through.
+            self.count_accepted(lane, 1);
+            return Step::Done(Ok(Sent::Queued), true);
+        }
+        match policy {
+            Backpressure::Reject => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Step::Done(Err(SendError::Full(slot)), false)
+            }
+            Backpressure::DropNewest => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                Step::Done(Ok(Sent::DroppedNewest), false)
+            }
+            Backpressure::DropOldest => {
+                // Lock order: producer exclusion, then consumers (receivers take only the
+                // latter), so this cannot deadlock. Holding both, the pop frees a slot that
+                // no one else can take before our push.
+                let old = self.consumers.lock()[lane].pop();
+                if producer.push(slot).is_err() {
+                    unreachable!("a slot was just freed under the producer exclusion");
+                }
+                // Counted under the exclusion: once `close` has passed it, a report built
+                // from the counters sees this drop.
+                self.count_accepted(lane, 1);
+                if old.is_some() {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                Step::Done(
+                    Ok(match old {
+                        Some(old) => Sent::QueuedDroppedOldest(old),
+                        // A receiver emptied the slot between our push and the pop.
+                        None => Sent::Queued,
+                    }),
+                    true,
+                )
+            }
+            Backpressure::Block(_) => Step::Full,
+        }
+    }
+
+    /// After an attempt, with the exclusion released: wakes receivers for a queued message,
+    /// or under `Block` waits for room (bounded). `None`: try again.
+    fn settle(
+        &self,
+        step: Step<T>,
+        lane: usize,
+        slot: Slot<T>,
+        policy: Backpressure,
+        deadline: &mut Option<Option<Instant>>,
+    ) -> Option<Result<Sent<Slot<T>>, SendError<Slot<T>>>> {
+        if let Step::Done(r, wake) = step {
+            if wake {
+                self.not_empty.notify();
+            }
+            return Some(r);
+        }
+        let timeout = match policy {
+            Backpressure::Block(t) => t,
+            _ => Duration::ZERO,
+        };
+        let deadline = *deadline.get_or_insert_with(|| deadline_after(timeout));
+        // Receivers wake `not_full` without a fence (a fence on every pop would tax the fast
+        // path), so a wake-up can be missed: wait in slices of at most 200 us and re-check.
+        // Only an already-blocked sender pays for it.
+        let slice =
+            deadline_after(Duration::from_micros(200)).map(|sl| deadline.map_or(sl, |d| d.min(sl)));
+        let ok = self.not_full.wait_until(self.config.wait, slice, || {
+            self.closed.load(Ordering::Acquire) || self.rings[lane].len() < self.config.capacity
+        });
+        if !ok && deadline.is_some_and(|d| Instant::now() >= d) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Some(Err(SendError::Timeout(slot)));
+        }
+        None
+    }
+}
+
+/// The one writer of a mailbox built by [`Mailbox::with_writer`]. It owns the lanes' producer
+/// halves, so a send takes no lock; not `Clone`, so "one writer" is a fact of the type.
+///
+/// Close protocol (a Dekker pair): around each push the writer stores `writer_busy = true`
+/// and then loads `closed`; [`Mailbox::close`] stores `closed = true` and then waits until it
+/// loads `writer_busy == false`, all four accesses `SeqCst`. So either the writer sees the
+/// close and refuses the message (handing it back), or `close` waits for the push to finish
+/// and a `drain` after it sees the message: nothing accepted is ever stranded in a closed
+/// mailbox. The flag is never held across a wait (a `Block` wait for room releases it), so
+/// `close` waits a few instructions at most. One locked instruction per push, where a lane
+/// lock costs two.
+pub struct Writer<T> {
+    producers: Box<[Producer<Slot<T>>]>,
+    shared: Arc<Shared<T>>,
+}
+
+impl<T: Copy + Send> Writer<T> {
+    /// Takes the write exclusion; `false` (exclusion not held) once the mailbox is closed.
+    #[inline]
+    fn enter(&self) -> bool {
+        let s = &*self.shared;
+        // SeqCst store, then SeqCst load: the writer's half of the Dekker pair (see above).
+        s.writer_busy.store(true, Ordering::SeqCst);
+        if s.closed.load(Ordering::SeqCst) {
+            s.writer_busy.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// Releases the write exclusion. Release: the push and the counters before it are
+    /// visible to a `close` that sees the flag clear.
+    #[inline]
+    fn leave(&self) {
+        self.shared.writer_busy.store(false, Ordering::Release);
+    }
+
+    /// Sends with the mailbox's backpressure policy (as [`Mailbox::send`]).
+    pub fn send(&mut self, slot: Slot<T>) -> Result<Sent<Slot<T>>, SendError<Slot<T>>> {
+        let policy = self.shared.config.backpressure;
+        let lane = lane_of(slot.env.priority, self.shared.config.lanes);
+        let mut deadline: Option<Option<Instant>> = None;
+        loop {
+            let entered = self.enter();
+            let step = self
+                .shared
+                .attempt(&mut self.producers[lane], lane, slot, policy, !entered);
+            if entered {
+                self.leave();
+            }
+            if let Some(r) = self.shared.settle(step, lane, slot, policy, &mut deadline) {
+                return r;
+            }
+        }
+    }
+
+    /// Sends a batch, one index publication per lane run (as [`Mailbox::send_batch`]); with
+    /// `fenced = false` the wake-up of parked receivers is unfenced and the caller must call
+    /// [`Writer::notify_receivers`] soon after (as [`Mailbox::send_batch_quiet`]).
+    pub fn send_batch(
+        &mut self,
+        slots: &[Slot<T>],
+        fenced: bool,
+    ) -> (usize, Option<SendError<Slot<T>>>) {
+        let lanes = self.shared.config.lanes;
+        let mut done = 0;
+        while done < slots.len() {
+            let lane = lane_of(slots[done].env.priority, lanes);
+            let run = slots[done..]
+                .iter()
+                .take_while(|m| lane_of(m.env.priority, lanes) == lane)
+                .count();
+            if !self.enter() {
+                self.shared.refused.fetch_add(1, Ordering::Relaxed);
+                return (done, Some(SendError::Closed(slots[done])));
+            }
+            let pushed = self.producers[lane].push_slice(&slots[done..done + run]);
+            self.shared.count_accepted(lane, pushed as u64);
+            self.leave();
+            if pushed > 0 {
+                if fenced {
+                    self.shared.not_empty.notify();
+                } else {
+                    self.shared.not_empty.notify_unfenced();
+                }
+                done += pushed;
+            }
+            if pushed < run {
+                // Lane full: apply the policy to the next message alone, then go on.
+                match self.send(slots[done]) {
+                    Ok(_) => done += 1,
+                    Err(e) => return (done, Some(e)),
+                }
+            }
+        }
+        (done, None)
+    }
+
+    /// Wakes every waiting receiver (fenced): owed after unfenced sends.
+    pub fn notify_receivers(&self) {
+        self.shared.not_empty.notify();
+    }
+
+    /// Whether the receiving side closed the mailbox.
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
     }
 }
 
@@ -216,6 +427,42 @@ impl<T: Copy + Send> Mailbox<T> {
     /// assert_eq!(mb.try_recv().unwrap().payload, 2); // higher priority first
     /// ```
     pub fn new(config: MailboxConfig) -> Result<Self, MailboxError> {
+        let (mut shared, producers) = Self::parts(config, false)?;
+        shared.producers = producers.into_iter().map(Mutex::new).collect();
+        Ok(Mailbox {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// Builds a mailbox whose one writer is the returned [`Writer`] (sends take no lock);
+    /// the `Mailbox` is the receiving side: [`Mailbox::send`] on it is refused as closed.
+    ///
+    /// ```
+    /// use resident_ring::mailbox::{Mailbox, MailboxConfig};
+    /// use resident_ring::{Envelope, Slot};
+    /// let (mut w, mb) = Mailbox::<u32>::with_writer(MailboxConfig::default()).unwrap();
+    /// w.send(Slot::new(Envelope::new(1, 128, 0), 7)).unwrap();
+    /// assert_eq!(mb.try_recv().unwrap().payload, 7);
+    /// mb.close();
+    /// assert!(w.send(Slot::new(Envelope::new(2, 128, 0), 8)).is_err());
+    /// ```
+    pub fn with_writer(config: MailboxConfig) -> Result<(Writer<T>, Self), MailboxError> {
+        let (shared, producers) = Self::parts(config, true)?;
+        let shared = Arc::new(shared);
+        Ok((
+            Writer {
+                producers: producers.into_boxed_slice(),
+                shared: shared.clone(),
+            },
+            Mailbox { shared },
+        ))
+    }
+
+    /// The shared part (with no producer halves in it yet) and the lanes' producer halves.
+    fn parts(
+        config: MailboxConfig,
+        has_writer: bool,
+    ) -> Result<(Shared<T>, Vec<Producer<Slot<T>>>), MailboxError> {
         if config.lanes == 0 || config.lanes > 256 {
             return Err(MailboxError::BadLanes(config.lanes));
         }
@@ -229,26 +476,27 @@ impl<T: Copy + Send> Mailbox<T> {
         for _ in 0..config.lanes {
             let (p, c) = Ring::new(capacity)?;
             rings.push(p.ring_arc());
-            producers.push(Mutex::new(p));
+            producers.push(p);
             consumers.push(c);
         }
-        Ok(Mailbox {
-            shared: Arc::new(Shared {
-                producers: producers.into_boxed_slice(),
-                rings: rings.into_boxed_slice(),
-                consumers: Padded(Mutex::new(consumers)),
-                config: MailboxConfig { capacity, ..config },
-                not_empty: Signal::new(),
-                not_full: Signal::new(),
-                closed: AtomicBool::new(false),
-                accepted: (0..config.lanes)
-                    .map(|_| Padded(AtomicU64::new(0)))
-                    .collect(),
-                dropped: AtomicU64::new(0),
-                refused: AtomicU64::new(0),
-                delivered: Padded(AtomicU64::new(0)),
-            }),
-        })
+        let shared = Shared {
+            producers: Box::new([]),
+            has_writer,
+            writer_busy: Padded(AtomicBool::new(false)),
+            rings: rings.into_boxed_slice(),
+            consumers: Padded(Mutex::new(consumers)),
+            config: MailboxConfig { capacity, ..config },
+            not_empty: Signal::new(),
+            not_full: Signal::new(),
+            closed: AtomicBool::new(false),
+            accepted: (0..config.lanes)
+                .map(|_| Padded(AtomicU64::new(0)))
+                .collect(),
+            dropped: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            delivered: Padded(AtomicU64::new(0)),
+        };
+        Ok((shared, producers))
     }
 
     /// The configuration in force (capacity rounded up).
@@ -268,6 +516,12 @@ impl<T: Copy + Send> Mailbox<T> {
         policy: Backpressure,
     ) -> Result<Sent<Slot<T>>, SendError<Slot<T>>> {
         let s = &*self.shared;
+        if s.has_writer {
+            // Its one writer is the `Writer`; nobody else may write (documented on
+            // `with_writer`).
+            s.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(SendError::Closed(slot));
+        }
         let lane = lane_of(slot.env.priority, s.config.lanes);
         let mut deadline: Option<Option<Instant>> = None;
         loop {
@@ -275,66 +529,11 @@ impl<T: Copy + Send> Mailbox<T> {
             // Checked under the lane lock: `close` takes every lane lock after setting `closed`,
             // so a push that started before the close is complete (and visible to `drain`)
             // when `close` returns, and none starts after it.
-            if s.closed.load(Ordering::Acquire) {
-                drop(producer);
-                s.refused.fetch_add(1, Ordering::Relaxed);
-                return Err(SendError::Closed(slot));
-            }
-            if producer.push(slot).is_ok() {
-                // Counted under the lane lock, so `close` (which waits for the lock) sees the
-                // count of every message it lets through.
-                s.count_accepted(lane, 1);
-                drop(producer);
-                s.not_empty.notify();
-                return Ok(Sent::Queued);
-            }
-            match policy {
-                Backpressure::Reject => {
-                    s.refused.fetch_add(1, Ordering::Relaxed);
-                    return Err(SendError::Full(slot));
-                }
-                Backpressure::DropNewest => {
-                    s.dropped.fetch_add(1, Ordering::Relaxed);
-                    return Ok(Sent::DroppedNewest);
-                }
-                Backpressure::DropOldest => {
-                    // Lock order: producer lane, then consumers (receivers take only the
-                    // latter), so this cannot deadlock. Holding both, the pop frees a slot
-                    // that no one else can take before our push.
-                    let old = s.consumers.lock()[lane].pop();
-                    if producer.push(slot).is_err() {
-                        unreachable!("a slot was just freed under the producer lock");
-                    }
-                    // Counted under the lane lock: once `close` has passed this lock, a
-                    // report built from the counters sees this drop.
-                    s.count_accepted(lane, 1);
-                    if old.is_some() {
-                        s.dropped.fetch_add(1, Ordering::Relaxed);
-                    }
-                    drop(producer);
-                    s.not_empty.notify();
-                    return Ok(match old {
-                        Some(old) => Sent::QueuedDroppedOldest(old),
-                        // A receiver emptied the slot between our push and the pop.
-                        None => Sent::Queued,
-                    });
-                }
-                Backpressure::Block(timeout) => {
-                    drop(producer);
-                    let deadline = *deadline.get_or_insert_with(|| deadline_after(timeout));
-                    // Receivers wake `not_full` without a fence (a fence on every pop would
-                    // tax the fast path), so a wake-up can be missed: wait in slices of at
-                    // most 200 us and re-check. Only an already-blocked sender pays for it.
-                    let slice = deadline_after(Duration::from_micros(200))
-                        .map(|sl| deadline.map_or(sl, |d| d.min(sl)));
-                    let ok = s.not_full.wait_until(s.config.wait, slice, || {
-                        s.closed.load(Ordering::Acquire) || s.rings[lane].len() < s.config.capacity
-                    });
-                    if !ok && deadline.is_some_and(|d| Instant::now() >= d) {
-                        s.refused.fetch_add(1, Ordering::Relaxed);
-                        return Err(SendError::Timeout(slot));
-                    }
-                }
+            let closed = s.closed.load(Ordering::Acquire);
+            let step = s.attempt(&mut producer, lane, slot, policy, closed);
+            drop(producer);
+            if let Some(r) = s.settle(step, lane, slot, policy, &mut deadline) {
+                return r;
             }
         }
     }
@@ -361,6 +560,10 @@ impl<T: Copy + Send> Mailbox<T> {
         fenced: bool,
     ) -> (usize, Option<SendError<Slot<T>>>) {
         let s = &*self.shared;
+        if s.has_writer && !slots.is_empty() {
+            s.refused.fetch_add(1, Ordering::Relaxed);
+            return (0, Some(SendError::Closed(slots[0])));
+        }
         let mut done = 0;
         while done < slots.len() {
             // The run of consecutive messages for the same lane goes in under one lock.
@@ -490,11 +693,7 @@ impl<T: Copy + Send> Mailbox<T> {
 
     /// Messages queued now, all lanes (a snapshot).
     pub fn len(&self) -> usize {
-        self.shared
-            .producers
-            .iter()
-            .map(|p| p.lock().ring().len())
-            .sum()
+        self.shared.rings.iter().map(|r| r.len()).sum()
     }
 
     /// Whether no message is queued now.
@@ -508,10 +707,30 @@ impl<T: Copy + Send> Mailbox<T> {
     /// a lane, so a [`Mailbox::drain`] after `close` sees all of them: senders check `closed`
     /// under their lane's lock, and `close` takes each lane's lock once after setting it, which
     /// waits out any push in progress.
+    ///
+    /// With a [`Writer`], `close` waits for the push it may be in the middle of (a few
+    /// instructions: the writer never holds its flag across a wait).
     pub fn close(&self) {
-        self.shared.closed.store(true, Ordering::Release);
-        for p in self.shared.producers.iter() {
+        let s = &*self.shared;
+        // SeqCst: one half of the Dekker pair with `Writer::enter` (store `closed`, then load
+        // `writer_busy`; the writer stores `writer_busy`, then loads `closed`): at least one
+        // side sees the other's store, so either the writer refuses, or we wait for its push.
+        s.closed.store(true, Ordering::SeqCst);
+        for p in s.producers.iter() {
             drop(p.lock());
+        }
+        if s.has_writer {
+            let mut spins = 0u32;
+            // SeqCst pairs as above; it also acquires the writer's Release clear, so its push
+            // and counters are visible to a `drain` after this.
+            while s.writer_busy.load(Ordering::SeqCst) {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
         }
         self.shared.not_empty.notify();
         self.shared.not_full.notify();

@@ -105,3 +105,15 @@ mod loom_lock {
         }
     }
 }
+
+/// Keeps a hot value alone on a 128-byte line (two 64-byte lines, for adjacent prefetch).
+#[repr(align(128))]
+#[derive(Default)]
+pub(crate) struct Padded<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}

@@ -167,3 +167,118 @@ fn drop_policies_account_for_every_message() {
         }
     }
 }
+
+/// The one `Writer` racing `close` (the output side of a kernel being terminated): every
+/// message whose send returned `Ok` is received before the close or found by the `drain`
+/// after it, exactly once, in order; every refused one came back. Repeated so that the close
+/// lands at every point of the writer's push (with `close` not waiting for the writer, this
+/// fails within a run or two).
+#[test]
+fn writer_racing_close_loses_nothing() {
+    for round in 0..1500u32 {
+        for policy in [
+            Backpressure::Block(Duration::from_millis(5)),
+            Backpressure::Reject,
+            Backpressure::DropOldest,
+        ] {
+            let (mut w, mb) = Mailbox::<u64>::with_writer(MailboxConfig {
+                capacity: 64,
+                lanes: 1,
+                backpressure: policy,
+                wait: WaitStrategy::Spin,
+            })
+            .unwrap();
+            let receiver = mb.clone();
+            // A receiver takes some messages while the writer runs.
+            let rx = std::thread::spawn(move || {
+                let mut got = Vec::new();
+                for _ in 0..(round % 7) * 20 {
+                    if let Some(s) = receiver.try_recv() {
+                        got.push(s.payload);
+                    }
+                }
+                got
+            });
+            let writer = std::thread::spawn(move || {
+                let (mut accepted, mut dropped) = (Vec::new(), Vec::new());
+                let mut returned = 0u64;
+                let mut batch = Vec::new();
+                for i in 0..200_000u64 {
+                    let slot = Slot::new(Envelope::new(i, 128, 0), i);
+                    if i % 3 == 0 {
+                        batch.clear();
+                        batch.push(slot);
+                        match w.send_batch(&batch, i % 2 == 0) {
+                            (1, None) => accepted.push(i),
+                            (_, Some(_)) => returned += 1,
+                            other => panic!("{other:?}"),
+                        }
+                    } else {
+                        match w.send(slot) {
+                            Ok(Sent::Queued) => accepted.push(i),
+                            Ok(Sent::QueuedDroppedOldest(old)) => {
+                                accepted.push(i);
+                                dropped.push(old.payload);
+                            }
+                            Ok(Sent::DroppedNewest) => unreachable!(),
+                            Err(_) => returned += 1,
+                        }
+                    }
+                    if w.is_closed() && returned > 4 {
+                        break;
+                    }
+                }
+                (accepted, dropped, returned)
+            });
+            // Close at a point that moves from round to round.
+            for _ in 0..(round * 37) % 2000 {
+                std::hint::spin_loop();
+            }
+            mb.close();
+            let drained: Vec<u64> = mb.drain().into_iter().map(|s| s.payload).collect();
+            let (accepted, dropped, _returned) = writer.join().unwrap();
+            let mut got = rx.join().unwrap();
+            got.extend(drained);
+            // Every message accepted is exactly one of: received or drained (once each), or
+            // dropped by the policy (counted; `send` also hands the dropped one back).
+            let mut seen = got.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(
+                seen.len(),
+                got.len(),
+                "round {round} {policy:?}: duplicates"
+            );
+            let acc: std::collections::HashSet<u64> = accepted.iter().copied().collect();
+            assert!(
+                got.iter().all(|g| acc.contains(g)),
+                "round {round}: unknown"
+            );
+            assert!(dropped.iter().all(|d| acc.contains(d) && !got.contains(d)));
+            let c = mb.counters();
+            assert_eq!(
+                accepted.len() as u64,
+                got.len() as u64 + c.dropped,
+                "round {round} {policy:?}: {} accepted, {} received or drained, {} dropped",
+                accepted.len(),
+                got.len(),
+                c.dropped
+            );
+            // In order (one lane, one writer).
+            assert!(got.windows(2).all(|w| w[0] < w[1]), "round {round}: order");
+            assert_eq!(mb.counters().accepted, accepted.len() as u64);
+        }
+    }
+}
+
+/// A mailbox whose writer is a `Writer` refuses every other sender, handing the message back.
+#[test]
+fn writer_owned_mailbox_refuses_other_senders() {
+    let (_w, mb) = Mailbox::<u64>::with_writer(MailboxConfig::default()).unwrap();
+    let slot = Slot::new(Envelope::new(1, 128, 0), 9);
+    assert_eq!(mb.send(slot).unwrap_err().into_inner().payload, 9);
+    let (n, e) = mb.send_batch(&[slot]);
+    assert_eq!((n, e.unwrap().into_inner().payload), (0, 9));
+    assert_eq!(mb.counters().refused, 2);
+    assert_eq!(mb.len(), 0);
+}

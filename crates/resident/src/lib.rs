@@ -30,7 +30,7 @@ pub mod telemetry;
 
 pub use resident_cuda as cuda;
 pub use resident_ring as ring;
-pub use runtime::state::{Error, KernelState, Result};
+pub use runtime::state::{Error, Failure, KernelState, Result};
 
 /// Everything a user of ring kernels needs.
 pub mod prelude {
@@ -47,7 +47,7 @@ pub mod prelude {
     };
     pub use crate::runtime::kernel::RingKernel;
     pub use crate::runtime::report::KernelReport;
-    pub use crate::runtime::state::{Error, KernelState, Result};
+    pub use crate::runtime::state::{Error, Failure, KernelState, Result};
     pub use crate::runtime::{Runtime, RuntimeBuilder};
     pub use crate::telemetry::{LatencySummary, RuntimeTelemetry, Telemetry};
     pub use resident_ring::{

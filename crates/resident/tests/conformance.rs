@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use resident::backend::BackendKind;
 use resident::prelude::*;
 
 device_message! {
@@ -94,6 +95,12 @@ pub trait Target: Sync {
     fn handlers_can_fail(&self) -> bool {
         true
     }
+    /// Where the standard kernel's handler must run on this backend: a device runtime that
+    /// silently ran it on a host thread instead would pass every other case.
+    fn placement(&self) -> Placement;
+    /// How many messages the standard kernel's state says it handled (`snapshot_state`), or
+    /// why this backend cannot read its state back yet.
+    fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str>;
 }
 
 /// The standard kernel, defined once for every backend.
@@ -156,6 +163,45 @@ fn fifo_and_values(t: &dyn Target) {
     let r = h.terminate().unwrap();
     assert_eq!(r.processed, n as u64);
     assert_eq!(r.returned(), 0);
+}
+
+fn placement(t: &dyn Target) {
+    let rt = rt(t);
+    let h = rt.launch(standard("placed")).unwrap();
+    assert_eq!(
+        h.placement(),
+        t.placement(),
+        "{}: where the handler runs",
+        t.name()
+    );
+    h.activate().unwrap();
+    assert_eq!(h.call(msg(0, 1, 20), T).unwrap(), expected(msg(0, 1, 20)));
+    // A kernel with only a CPU handler runs on a host thread on every backend.
+    let host_only = rt
+        .launch(RingKernel::<Msg, Msg>::new("host-only").handler(|_: &mut Context<()>, m| Some(m)))
+        .unwrap();
+    assert_eq!(host_only.placement(), Placement::Host);
+}
+
+fn snapshot_state(t: &dyn Target) {
+    let rt = rt(t);
+    let h = rt.launch(standard("snapshot")).unwrap();
+    h.activate().unwrap();
+    for i in 0..50 {
+        h.send(msg(0, i, i)).unwrap();
+    }
+    for _ in 0..50 {
+        h.receive(T).unwrap();
+    }
+    match t.handled(&h) {
+        Ok(n) => assert_eq!(n, 50, "{}: the state counts every message", t.name()),
+        Err(why) => {
+            println!("SKIP: conformance::snapshot_state on {}: {why}", t.name());
+            return;
+        }
+    }
+    h.terminate().unwrap();
+    assert_eq!(t.handled(&h), Ok(50), "the final state, after terminate");
 }
 
 fn two_phase_start(t: &dyn Target) {
@@ -623,6 +669,12 @@ impl Target for Cpu {
     fn fault_names_message(&self) -> bool {
         true
     }
+    fn placement(&self) -> Placement {
+        Placement::Host
+    }
+    fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
+        Ok(h.snapshot_state::<u64>().unwrap())
+    }
 }
 
 /// The CUDA handler, compiled by the host C++ compiler, on host threads.
@@ -636,6 +688,12 @@ impl Target for CudaSim {
     }
     fn fault_names_message(&self) -> bool {
         false
+    }
+    fn placement(&self) -> Placement {
+        Placement::Device(BackendKind::CudaSim)
+    }
+    fn handled(&self, _h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
+        Err("reading a CUDA handler's state back is not built yet (issue 18)")
     }
 }
 
@@ -654,6 +712,12 @@ impl Target for Wgpu {
     fn handlers_can_fail(&self) -> bool {
         false
     }
+    fn placement(&self) -> Placement {
+        Placement::Device(BackendKind::Wgpu)
+    }
+    fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
+        Ok(h.snapshot_state::<Handled>().unwrap().n as u64)
+    }
 }
 
 /// Race rounds: each round runs all 16 (policy, ending) pairs once. The default (`default`
@@ -671,6 +735,8 @@ macro_rules! backends {
         mod $name {
             use super::*;
             #[test] fn fifo() { run(&$target, "fifo", fifo_and_values) }
+            #[test] fn placement() { run(&$target, "placement", super::placement) }
+            #[test] fn snapshot_state() { run(&$target, "snapshot_state", super::snapshot_state) }
             #[test] fn two_phase() { run(&$target, "two_phase", two_phase_start) }
             #[test] fn priorities() { run(&$target, "priorities", priorities_drain_highest_lane_first) }
             #[test] fn backpressure() { run(&$target, "backpressure", backpressure_policies) }

@@ -144,7 +144,8 @@ fn device_fault_fails_the_kernel_promptly_and_a_fresh_one_can_launch() {
         )
         .unwrap_err();
     assert!(
-        matches!(&e, Error::KernelFailed { reason, .. } if reason.contains("device")),
+        matches!(&e, Error::KernelFailed { reason: reason @ Failure::Device(_), .. }
+            if reason.to_string().contains("device")),
         "{e}"
     );
     assert!(

@@ -53,7 +53,10 @@ fn lost_device_fails_the_kernel_and_its_callers() {
         std::thread::sleep(Duration::from_millis(10));
     }
     match h.state() {
-        KernelState::Failed(reason) => assert!(reason.contains("lost"), "{reason}"),
+        KernelState::Failed(reason) => assert!(
+            reason.device_error().is_some() && reason.to_string().contains("lost"),
+            "{reason}"
+        ),
         s => panic!("expected Failed, got {s}"),
     }
     let report = h.terminate().unwrap();

@@ -57,7 +57,9 @@ pub const MAX_LANES: usize = 8;
 /// assert_eq!(lane_for_priority(255, 1), 0);
 /// ```
 pub fn lane_for_priority(priority: u8, lanes: usize) -> usize {
-    (priority as usize * lanes) >> 8
+    // The one mapping, shared with the host mailbox: a device lane and a host lane never
+    // disagree about a priority.
+    resident_ring::lane_of(priority, lanes)
 }
 
 /// Errors of the persistent-kernel layer.

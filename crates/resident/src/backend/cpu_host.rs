@@ -2,7 +2,7 @@
 //!
 //! Handler form: take a batch (highest lane first, FIFO within a lane), handle each message,
 //! publish each result as soon as its handler returns. Every message is claimed in
-//! [`InHand`](crate::runtime::io::InHand) before its handler runs, so a `terminate` that gives
+//! [`InHand`](resident_ring::handoff::InHand) before its handler runs, so a `terminate` that gives
 //! up on a handler that never returns takes exactly the messages this thread had not finished.
 //! Loop form: the user's loop receives and sends itself through [`LoopContext`].
 
@@ -14,8 +14,10 @@ use resident_ring::{Envelope, Message, Slot};
 
 use crate::backend::host::{panic_text, RingHost};
 use crate::runtime::context::{Context, LoopContext};
-use crate::runtime::io::KernelIo;
+use crate::runtime::io::{KernelIo, Next};
 use crate::runtime::kernel::{Body, HandlerFn, LoopFn};
+use crate::runtime::publisher::Publisher;
+use crate::runtime::state::Failure;
 
 /// Hosts a kernel whose handler is a Rust closure (or loop) on a host thread.
 pub(crate) struct CpuHost<In, Out, S> {
@@ -30,48 +32,37 @@ impl<In, Out, S> CpuHost<In, Out, S> {
 }
 
 impl<In: Message, Out: Message, S: Send + 'static> RingHost<In, Out> for CpuHost<In, Out, S> {
-    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>) {
+    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>, out: Publisher<In, Out>) {
         let CpuHost { ctx, body } = *self;
         match body {
-            Body::Handler(h) => run_handler(io, ctx, h),
-            Body::Loop(f) => run_loop(io, ctx, f),
+            Body::Handler(h) => run_handler(io, out, ctx, h),
+            Body::Loop(f) => run_loop(io, out, ctx, f),
         }
     }
 }
 
 fn run_handler<In: Message, Out: Message, S>(
     io: &Arc<KernelIo<In, Out>>,
+    mut out: Publisher<In, Out>,
     mut ctx: Context<S>,
     mut handler: HandlerFn<In, Out, S>,
 ) {
     let mut batch: Vec<Slot<In>> = Vec::with_capacity(io.batch_size);
-    let c = io.control.clone();
     let prof = io.profile.get();
     loop {
-        if io.terminating() {
-            return;
-        }
-        if !io.is_active() {
-            io.wait_for_control();
-            continue;
-        }
-        let gate = io.batch_gate.lock();
-        // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
-        if !io.is_active() || io.terminating() {
-            continue;
-        }
-        let n = match io.in_hand.take(&io.input, &mut batch, io.batch_size) {
-            Ok(n) => n,
-            Err(_abandoned) => return,
+        let next = io.next_batch(None, || {
+            io.in_hand
+                .take(&mut batch, |b| io.input.recv_batch(b, io.batch_size))
+        });
+        let (n, gate) = match next {
+            Ok(Next::Batch(n, gate)) => (n, gate),
+            Ok(Next::Inactive) => {
+                io.wait_for_control();
+                continue;
+            }
+            // Terminating, or abandoned by a terminate that gave up on us.
+            Ok(Next::Terminating) | Ok(Next::Empty) | Err(_) => return,
         };
-        if n == 0 {
-            drop(gate);
-            io.input.wait_nonempty(None, || {
-                c.terminate.load(std::sync::atomic::Ordering::Acquire)
-                    || !c.active.load(std::sync::atomic::Ordering::Acquire)
-            });
-            continue;
-        }
         let scope = crate::profile::batch_start(prof, &io.id, n);
         let batch_now = io.ids.now_ns();
         // Bound buffers are the batch's for its whole length (a host read waits for its end).
@@ -83,27 +74,26 @@ fn run_handler<In: Message, Out: Message, S>(
             if io.in_hand.start(i).is_err() {
                 return; // abandoned: the report holds message i-1 onwards
             }
-            if let Some((env, out)) = done.take() {
+            if let Some((env, result)) = done.take() {
                 io.metrics.messages_done(1);
-                io.publish_one(env, out, batch_now);
+                out.publish_one(env, result, batch_now);
             }
             let slot = batch[i];
             ctx.current = slot.env;
             match catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, slot.payload))) {
-                Ok(out) => done = Some((slot.env, out)),
+                Ok(result) => done = Some((slot.env, result)),
                 Err(panic) => {
-                    io.flush_wakeups();
+                    out.flush_wakeups();
                     ctx.bound.end();
                     // Claim the rest of the batch back from the handoff (fails only if
                     // terminate abandoned us meanwhile and took it).
                     if io.in_hand.finish(i + 1).is_ok() {
                         io.metrics.batch_done(Instant::now());
                         io.fail(
-                            format!(
-                                "handler panicked on message {}: {}",
-                                slot.env.message_id,
-                                panic_text(&panic)
-                            ),
+                            Failure::HandlerPanicked {
+                                message_id: slot.env.message_id,
+                                panic: panic_text(&panic),
+                            },
                             Some(slot),
                             batch[i + 1..n].to_vec(),
                         );
@@ -116,11 +106,11 @@ fn run_handler<In: Message, Out: Message, S>(
         if io.in_hand.finish(n).is_err() {
             return;
         }
-        if let Some((env, out)) = done.take() {
+        if let Some((env, result)) = done.take() {
             io.metrics.messages_done(1);
-            io.publish_one(env, out, batch_now);
+            out.publish_one(env, result, batch_now);
         }
-        io.flush_wakeups();
+        out.flush_wakeups();
         crate::profile::batch_end(prof, scope, &batch[..n]);
         io.metrics.batch_done(Instant::now());
         drop(gate);
@@ -129,10 +119,11 @@ fn run_handler<In: Message, Out: Message, S>(
 
 fn run_loop<In: Message, Out: Message, S>(
     io: &Arc<KernelIo<In, Out>>,
+    out: Publisher<In, Out>,
     ctx: Context<S>,
     f: LoopFn<In, Out, S>,
 ) {
-    let mut lctx = LoopContext::new(ctx, io.clone());
+    let mut lctx = LoopContext::new(ctx, out);
     let r = catch_unwind(AssertUnwindSafe(|| {
         // Nothing is handed to the loop before activation.
         io.wait_for_control();
@@ -141,15 +132,13 @@ fn run_loop<In: Message, Out: Message, S>(
     drop(lctx.into_parts());
     match r {
         Err(p) => io.fail(
-            format!("run loop panicked: {}", panic_text(&p)),
+            Failure::LoopPanicked {
+                panic: panic_text(&p),
+            },
             None,
             Vec::new(),
         ),
-        Ok(()) if !io.terminating() => io.fail(
-            "run loop returned before terminate was requested".into(),
-            None,
-            Vec::new(),
-        ),
+        Ok(()) if !io.terminating() => io.fail(Failure::LoopReturned, None, Vec::new()),
         Ok(()) => {}
     }
 }
@@ -170,9 +159,9 @@ impl<H, S> KeepState<H, S> {
 impl<In: Message, Out: Message, S: Send + 'static> RingHost<In, Out>
     for KeepState<CpuHost<In, Out, ()>, S>
 {
-    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>) {
+    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>, out: Publisher<In, Out>) {
         let KeepState { host, state } = *self;
-        Box::new(host).run(io);
+        Box::new(host).run(io, out);
         drop(state);
     }
 }

@@ -4,8 +4,8 @@
 //!
 //! Senders still enqueue into the kernel's host mailbox, so every rule of the CPU backend
 //! (priority lanes, backpressure policies, close, terminate reports) holds unchanged; the pump
-//! moves batches into the device's input lanes, drains the device's output ring into
-//! [`KernelIo::publish`], beats the heartbeat and polls for device faults.
+//! moves batches into the device's input lanes, drains the device's output ring into the
+//! kernel's [`Publisher`], beats the heartbeat and polls for device faults.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,6 +16,8 @@ use resident_ring::{Envelope, Message, Slot};
 
 use crate::backend::host::RingHost;
 use crate::runtime::io::KernelIo;
+use crate::runtime::publisher::Publisher;
+use crate::runtime::state::Failure;
 
 /// Why a device-side kernel could not be launched or stopped, or why it failed. Keeps the
 /// backend's own error as its source, so callers can match e.g.
@@ -113,8 +115,8 @@ impl<In, Out> DeviceHost<In, Out> {
 }
 
 impl<In: Message, Out: Message> RingHost<In, Out> for DeviceHost<In, Out> {
-    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>) {
-        pump(io, self.ring)
+    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>, out: Publisher<In, Out>) {
+        pump(io, out, self.ring)
     }
 }
 
@@ -132,7 +134,7 @@ fn store_counters<In: Message, Out: Message>(
 
 /// Device outputs carry the request's id as `correlation_id`: turn them back into
 /// (request envelope, output) pairs for the one publish path.
-fn deliver<In: Message, Out: Message>(io: &KernelIo<In, Out>, outs: &mut Vec<Slot<Out>>) {
+fn deliver<In: Message, Out: Message>(out: &mut Publisher<In, Out>, outs: &mut Vec<Slot<Out>>) {
     for o in outs.iter_mut() {
         o.env = Envelope {
             message_id: o.env.correlation_id,
@@ -140,11 +142,12 @@ fn deliver<In: Message, Out: Message>(io: &KernelIo<In, Out>, outs: &mut Vec<Slo
             ..o.env
         };
     }
-    io.publish(outs);
+    out.publish(outs);
 }
 
 fn pump<In: Message, Out: Message>(
     io: &Arc<KernelIo<In, Out>>,
+    mut out: Publisher<In, Out>,
     mut ring: Box<dyn DeviceRing<In, Out>>,
 ) {
     let c = io.control.clone();
@@ -156,11 +159,11 @@ fn pump<In: Message, Out: Message>(
     let mut idle: u32 = 0;
     let mut pushed: u64 = 0;
     let mut unanswered: Vec<Envelope> = Vec::new();
-    let mut answer_none = |ring: &mut Box<dyn DeviceRing<In, Out>>| {
+    let mut answer_none = |ring: &mut Box<dyn DeviceRing<In, Out>>, out: &Publisher<In, Out>| {
         unanswered.clear();
         ring.take_unanswered_calls(&mut unanswered);
         for req in &unanswered {
-            io.no_reply(*req);
+            out.no_reply(*req);
         }
     };
     let failure = loop {
@@ -199,10 +202,10 @@ fn pump<In: Message, Out: Message>(
         let in_device = pushed.saturating_sub(ring.counters().processed) + carry.len() as u64;
         io.in_flight.store(in_device, Ordering::Release);
         if n > 0 {
-            deliver(io, &mut outs);
+            deliver(&mut out, &mut outs);
             moved += n;
         }
-        answer_none(&mut ring);
+        answer_none(&mut ring, &out);
         if last_beat.elapsed() >= Duration::from_millis(50) {
             last_beat = Instant::now();
             ring.heartbeat();
@@ -235,9 +238,9 @@ fn pump<In: Message, Out: Message>(
         if ring.pull(&mut outs, 4096) == 0 {
             break;
         }
-        deliver(io, &mut outs);
+        deliver(&mut out, &mut outs);
     }
-    answer_none(&mut ring);
+    answer_none(&mut ring, &out);
     store_counters(io, &*ring);
     // Inputs the device never consumed were sent before those still in `carry`.
     let mut stranded = ring.reclaim();
@@ -257,7 +260,7 @@ fn pump<In: Message, Out: Message>(
     // failure even during terminate, never a silent success.
     let reason = failure.or_else(|| stop.err());
     match reason {
-        Some(e) => io.fail(format!("device kernel failed: {e}"), None, stranded),
+        Some(e) => io.fail(Failure::Device(Arc::new(e)), None, stranded),
         None => io.strand(stranded),
     }
 }

@@ -4,7 +4,7 @@
 //! [`KernelIo`]: mailbox lanes, the call table, stranded and unreceived messages, metrics, and
 //! the one publish path for outputs. A backend implements [`RingHost`]: on the kernel's host
 //! thread it takes batches from `KernelIo`, runs the handler (on this thread, or on a device it
-//! drives), gives the results back through [`KernelIo::publish`], and reports counters and
+//! drives), gives the results back through its one [`Publisher`], and reports counters and
 //! faults. Lifecycle flags, lane mapping, envelope stamping, wait-for-exit and terminate
 //! accounting live above this seam, once.
 //!
@@ -14,31 +14,34 @@
 
 use std::sync::Arc;
 
-use resident_ring::Message;
+use resident_ring::{Message, Writer};
 
 use crate::runtime::io::KernelIo;
+use crate::runtime::publisher::Publisher;
 use crate::runtime::state::{Error, Result};
 
 /// Hosts one ring kernel. `run` is called once, on the kernel's own host thread, right after
-/// launch; it returns when the kernel terminates or fails (having called
-/// [`KernelIo::fail`] for a failure). It must see `io.terminating()` promptly, never publish
-/// outside [`KernelIo::publish`], and hand every input it took but did not handle back with
-/// [`KernelIo::strand`] or [`KernelIo::fail`].
+/// launch, with the kernel's one [`Publisher`]; it returns when the kernel terminates or fails
+/// (having called [`KernelIo::fail`] for a failure). It must see `io.terminating()` promptly,
+/// publish only through its `Publisher`, and hand every input it took but did not handle back
+/// with [`KernelIo::strand`] or [`KernelIo::fail`].
 pub(crate) trait RingHost<In: Message, Out: Message>: Send + 'static {
-    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>);
+    fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>, out: Publisher<In, Out>);
 }
 
 /// Starts the kernel's host thread, which waits for `activate` before handling anything.
 pub(crate) fn spawn<In: Message, Out: Message>(
     io: Arc<KernelIo<In, Out>>,
     host: Box<dyn RingHost<In, Out>>,
+    output: Writer<Out>,
 ) -> Result<()> {
     let io2 = io.clone();
+    let publisher = Publisher::new(io.clone(), output);
     let handle = std::thread::Builder::new()
         .name(format!("resident:{}", io.id))
         .spawn(move || {
             *io2.thread_id.lock() = Some(std::thread::current().id());
-            host.run(&io2);
+            host.run(&io2, publisher);
             io2.host_exited();
         })
         .map_err(|source| Error::Spawn {

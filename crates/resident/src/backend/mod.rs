@@ -373,25 +373,27 @@ pub fn device_telemetry() -> Result<Vec<DeviceTelemetry>, String> {
 
 /// Resolves a runtime's backend request: `Auto` becomes CUDA when a device opens, else the CPU;
 /// an explicit `Cuda` request that cannot be met is a typed error saying why.
-pub(crate) fn resolve(b: Backend) -> crate::runtime::state::Result<Backend> {
+/// The backend a runtime runs on, and its device when choosing it opened one (the runtime
+/// keeps it for [`Runtime::device`](crate::runtime::Runtime::device)).
+pub(crate) fn resolve(
+    b: Backend,
+) -> crate::runtime::state::Result<(Backend, Option<DeviceHandle>)> {
     use crate::runtime::state::Error;
+    let opened = |backend: Backend| {
+        open(backend)
+            .map(|d| (backend, Some(d)))
+            .map_err(|e| Error::BackendUnavailable {
+                backend,
+                source: Box::new(e),
+            })
+    };
     match b {
-        Backend::Cpu => Ok(Backend::Cpu),
-        Backend::Cuda => open(Backend::Cuda)
-            .map(|_| Backend::Cuda)
-            .map_err(|e| Error::BackendUnavailable(e.to_string())),
-        Backend::Wgpu => open(Backend::Wgpu)
-            .map(|_| Backend::Wgpu)
-            .map_err(|e| Error::BackendUnavailable(e.to_string())),
-        Backend::CudaSim => open(Backend::CudaSim)
-            .map(|_| Backend::CudaSim)
-            .map_err(|e| Error::BackendUnavailable(e.to_string())),
-        Backend::Auto => Ok(if open(Backend::Cuda).is_ok() {
-            Backend::Cuda
-        } else if wgpu::hardware_adapter_present() {
-            Backend::Wgpu
-        } else {
-            Backend::Cpu
+        Backend::Cpu => Ok((Backend::Cpu, None)),
+        Backend::Cuda | Backend::Wgpu | Backend::CudaSim => opened(b),
+        Backend::Auto => Ok(match open(Backend::Cuda) {
+            Ok(d) => (Backend::Cuda, Some(d)),
+            Err(_) if wgpu::hardware_adapter_present() => (Backend::Wgpu, None),
+            Err(_) => (Backend::Cpu, None),
         }),
     }
 }

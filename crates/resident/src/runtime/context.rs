@@ -2,6 +2,7 @@
 //! kernels by id. The loop form's `LoopContext` adds receive and send.
 
 use std::any::Any;
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -10,13 +11,44 @@ use std::time::Duration;
 use resident_ring::wait::deadline_after;
 use resident_ring::{Envelope, Message, MessageId, DEFAULT_PRIORITY};
 
-use crate::runtime::io::{Control, InputPort, KernelIo};
+use crate::runtime::io::{Control, InputPort, KernelIo, Next};
+use crate::runtime::publisher::Publisher;
 use crate::runtime::state::{Error, KernelState, Result};
 use crate::runtime::RuntimeCore;
 
+/// A CPU kernel's state, shared between its host thread and `KernelHandle::snapshot_state`.
+pub(crate) struct StateCell<S> {
+    value: UnsafeCell<S>,
+}
+
+// SAFETY: the value is touched by the kernel's host thread (through its `Context`) and, for a
+// handler-form kernel, by `KernelHandle::snapshot_state`. The host thread runs handlers only
+// while it holds the kernel's batch gate, and a snapshot reads only while holding that gate,
+// so the two never overlap; a loop-form kernel's state is never registered for snapshots, so
+// only its host thread ever touches it. `S: Send` lets the value move to the host thread.
+unsafe impl<S: Send> Sync for StateCell<S> {}
+
+impl<S> StateCell<S> {
+    fn new(value: S) -> Self {
+        StateCell {
+            value: UnsafeCell::new(value),
+        }
+    }
+}
+
+impl<S: Send + 'static> crate::runtime::io::HostState for StateCell<S> {
+    fn with(&self, f: &mut dyn FnMut(&dyn Any)) {
+        // SAFETY: the caller holds the kernel's batch gate (see the `Sync` impl above).
+        f(unsafe { &*self.value.get() })
+    }
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<S>()
+    }
+}
+
 /// The context of a handler: state, current message, and kernel-to-kernel sends.
 pub struct Context<S> {
-    state: S,
+    state: Arc<StateCell<S>>,
     kernel_id: Arc<str>,
     pub(crate) current: Envelope,
     pub(crate) control: Arc<Control>,
@@ -34,7 +66,7 @@ impl<S> Context<S> {
         core: Weak<RuntimeCore>,
     ) -> Self {
         Context {
-            state,
+            state: Arc::new(StateCell::new(state)),
             kernel_id,
             current: Envelope::default(),
             control,
@@ -44,14 +76,22 @@ impl<S> Context<S> {
         }
     }
 
+    /// The shared cell of the state, for `KernelHandle::snapshot_state` (handler form only).
+    pub(crate) fn state_cell(&self) -> Arc<StateCell<S>> {
+        self.state.clone()
+    }
+
     /// The kernel's state.
     pub fn state(&self) -> &S {
-        &self.state
+        // SAFETY: only the host thread holds this context; a snapshot reads only while the
+        // host thread is outside a batch (see `StateCell`).
+        unsafe { &*self.state.value.get() }
     }
 
     /// The kernel's state, mutably.
     pub fn state_mut(&mut self) -> &mut S {
-        &mut self.state
+        // SAFETY: as in `state`; `&mut self` makes this the only reference on this thread.
+        unsafe { &mut *self.state.value.get() }
     }
 
     /// The bound buffers of the batch in hand (see `runtime::bind`).
@@ -61,8 +101,10 @@ impl<S> Context<S> {
 
     /// The state and the bound buffers at once (a handler that updates both).
     pub fn state_and_buffers(&mut self) -> (&mut S, crate::runtime::bind::Bindings<'_>) {
+        // SAFETY: as in `state_mut`.
+        let state = unsafe { &mut *self.state.value.get() };
         (
-            &mut self.state,
+            state,
             crate::runtime::bind::Bindings::new(&self.kernel_id, &self.bound),
         )
     }
@@ -136,6 +178,7 @@ impl<S> Context<S> {
 pub struct LoopContext<In, Out, S> {
     ctx: Context<S>,
     io: Arc<KernelIo<In, Out>>,
+    out: Publisher<In, Out>,
 }
 
 impl<In, Out, S> std::ops::Deref for LoopContext<In, Out, S> {
@@ -152,8 +195,12 @@ impl<In, Out, S> std::ops::DerefMut for LoopContext<In, Out, S> {
 }
 
 impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
-    pub(crate) fn new(ctx: Context<S>, io: Arc<KernelIo<In, Out>>) -> Self {
-        LoopContext { ctx, io }
+    pub(crate) fn new(ctx: Context<S>, out: Publisher<In, Out>) -> Self {
+        LoopContext {
+            ctx,
+            io: out.io().clone(),
+            out,
+        }
     }
 
     pub(crate) fn into_parts(self) -> Context<S> {
@@ -204,31 +251,17 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
         max: usize,
         timeout: Duration,
     ) -> usize {
-        let deadline = deadline_after(timeout);
-        loop {
-            if self.should_terminate() || !self.is_active() {
-                return 0;
+        let io = &self.io;
+        let next = io.next_batch(deadline_after(timeout), || {
+            Ok::<_, std::convert::Infallible>(io.input.recv_batch(out, max))
+        });
+        match next {
+            Ok(Next::Batch(n, _gate)) => {
+                io.metrics.messages_done(n as u64);
+                io.metrics.batch_done(std::time::Instant::now());
+                n
             }
-            let n = {
-                let _gate = self.io.batch_gate.lock();
-                if !self.is_active() {
-                    0
-                } else {
-                    self.io.input.recv_batch(out, max)
-                }
-            };
-            if n > 0 {
-                self.io.metrics.messages_done(n as u64);
-                self.io.metrics.batch_done(std::time::Instant::now());
-                return n;
-            }
-            let c = self.ctx.control.clone();
-            let woke = self.io.input.wait_nonempty(deadline, || {
-                c.terminate.load(Ordering::Acquire) || !c.active.load(Ordering::Acquire)
-            });
-            if !woke {
-                return 0;
-            }
+            _ => 0,
         }
     }
 
@@ -241,8 +274,8 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
     /// Sends `out` on the output queue as the response to the last message received.
     pub fn send(&mut self, out: Out) {
         let now = self.io.ids.now_ns();
-        self.io.publish_one(self.ctx.current, Some(out), now);
-        self.io.flush_wakeups();
+        self.out.publish_one(self.ctx.current, Some(out), now);
+        self.out.flush_wakeups();
     }
 
     /// Sends every output of `outs` as responses to the last message received (as `send`
@@ -250,16 +283,16 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
     pub fn send_all(&mut self, outs: impl IntoIterator<Item = Out>) {
         let now = self.io.ids.now_ns();
         for out in outs {
-            self.io.publish_one(self.ctx.current, Some(out), now);
+            self.out.publish_one(self.ctx.current, Some(out), now);
         }
-        self.io.flush_wakeups();
+        self.out.flush_wakeups();
     }
 
     /// Sends `out` as the response to the message with envelope `request`.
     pub fn send_reply(&mut self, request: &Envelope, out: Out) {
         let now = self.io.ids.now_ns();
-        self.io.publish_one(*request, Some(out), now);
-        self.io.flush_wakeups();
+        self.out.publish_one(*request, Some(out), now);
+        self.out.flush_wakeups();
     }
 
     /// The kernel's state as the runtime sees it.

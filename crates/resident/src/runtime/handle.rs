@@ -25,7 +25,7 @@ use resident_ring::{
 };
 
 use crate::runtime::io::KernelIo;
-use crate::runtime::state::{Error, KernelState, Result};
+use crate::runtime::state::{Error, Failure, KernelState, Result};
 use crate::telemetry::Telemetry;
 
 /// Where a kernel's handler runs ([`KernelHandle::placement`]).
@@ -55,7 +55,7 @@ pub struct TerminateReport<In, Out> {
     pub unreceived: Vec<(Envelope, Out)>,
     /// The failure, if the kernel failed (a panic, a device fault, a handler that did not
     /// return in time), and the message whose handling failed.
-    pub failure: Option<(String, Option<(Envelope, In)>)>,
+    pub failure: Option<(Failure, Option<(Envelope, In)>)>,
 }
 
 impl<In, Out> TerminateReport<In, Out> {
@@ -130,7 +130,7 @@ pub(crate) enum Begin<In, Out> {
     /// Already terminated: the kept report.
     Done(TerminateReport<In, Out>),
     /// Started; the failure the kernel had before, if any.
-    Started(Option<String>),
+    Started(Option<Failure>),
 }
 
 /// A typed, cloneable handle to a launched kernel.
@@ -493,7 +493,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// it is stuck, collects and keeps the report.
     pub(crate) fn terminate_finish(
         &self,
-        mut failure: Option<String>,
+        mut failure: Option<Failure>,
         deadline: Option<Instant>,
         timeout: Duration,
     ) -> TerminateReport<In, Out> {
@@ -504,12 +504,9 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         if gave_up {
             // The handler never returned: take its batch back and give up on the thread.
             abandoned = io.in_hand.abandon();
-            let reason = match &abandoned.0 {
-                Some(m) => format!(
-                    "handler did not return within {timeout:?} (message {}); its thread was abandoned",
-                    m.env.message_id
-                ),
-                None => format!("host thread did not exit within {timeout:?}; it was abandoned"),
+            let reason = Failure::Abandoned {
+                timeout,
+                message_id: abandoned.0.as_ref().map(|m| m.env.message_id),
             };
             tracing::error!(kernel = %io.id, %reason, "terminate gave up waiting");
             io.metrics.errors.fetch_add(1, Ordering::Relaxed);
@@ -530,23 +527,52 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             Some(r) if gave_up || !failed_before => KernelState::Failed(r.clone()),
             _ => KernelState::Terminated,
         };
-        crate::profile::lifecycle(&io.id, "terminate", &io.state.lock().clone());
+        let end = io.state.lock().clone();
+        crate::profile::lifecycle(&io.id, "terminate", &end);
         *io.report.lock() = Some(report.clone());
+        io.release();
+        if let Some(core) = io.core.upgrade() {
+            core.retire(&io.id, Arc::as_ptr(io) as *const () as usize, end);
+        }
         report
     }
 
-    /// A copy of the kernel's device state (a WGSL handler's `state` on wgpu): its value after
-    /// every batch submitted before this call. The state stays on the device otherwise; this
-    /// is the only read-back. To see a message's effect, wait for its output (`call`,
-    /// `receive`) or `drain` first. Also works after `terminate` (the final state). `S` must
-    /// be the type given to `WgslHandler::state`.
+    /// A copy of the kernel's state: a WGSL handler's `state` on wgpu (its value after every
+    /// batch submitted before this call; the state stays on the device otherwise, this is the
+    /// only read-back), or a CPU handler's state on a host thread (read between two batches,
+    /// waiting at most the kernel's terminate timeout for the batch in hand). To see a
+    /// message's effect, wait for its output (`call`, `receive`) or `drain` first. Also works
+    /// after `terminate` (the final state). `S` must be the state's type
+    /// (`WgslHandler::state`, or `RingKernel::state`).
+    ///
+    /// ```
+    /// use resident::prelude::*;
+    /// use std::time::Duration;
+    /// let rt = Runtime::builder().backend(Backend::Cpu).build()?;
+    /// let k = rt.launch(RingKernel::<u32, u32>::new("sum").state(0u64).handler(
+    ///     |ctx: &mut Context<u64>, x: u32| {
+    ///         *ctx.state_mut() += x as u64;
+    ///         Some(x)
+    ///     },
+    /// ))?;
+    /// k.activate()?;
+    /// k.call(40, Duration::from_secs(5))?;
+    /// k.call(2, Duration::from_secs(5))?;
+    /// assert_eq!(k.snapshot_state::<u64>()?, 42);
+    /// # Ok::<(), resident::Error>(())
+    /// ```
     pub fn snapshot_state<S: bytemuck::Pod>(&self) -> Result<S> {
         let id = self.io.id.to_string();
+        if let Some(host) = self.io.host_state.get() {
+            return self.snapshot_host_state(host.as_ref());
+        }
         let st = self.io.device_state.lock().clone();
         let Some(st) = st else {
             return Err(Error::InvalidConfig {
                 id,
-                reason: "it keeps no device state (snapshot_state needs a WGSL handler on the wgpu backend)".into(),
+                reason: "it keeps no state snapshot_state can read (a loop-form kernel's state \
+                         is its loop's; a CUDA handler's state is not read back yet)"
+                    .into(),
             });
         };
         let bytes = st.read().map_err(|e| Error::Device {
@@ -565,6 +591,31 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             });
         }
         Ok(bytemuck::pod_read_unaligned(&bytes))
+    }
+
+    fn snapshot_host_state<S: bytemuck::Pod>(
+        &self,
+        host: &dyn crate::runtime::io::HostState,
+    ) -> Result<S> {
+        let t = self.io.terminate_timeout;
+        let Some(_gate) = self.io.batch_gate.try_lock_for(t) else {
+            return Err(Error::Timeout {
+                id: self.io.id.to_string(),
+                op: "snapshot_state",
+                timeout: t,
+                message: None,
+            });
+        };
+        let mut got = None;
+        host.with(&mut |any| got = any.downcast_ref::<S>().copied());
+        got.ok_or_else(|| Error::InvalidConfig {
+            id: self.io.id.to_string(),
+            reason: format!(
+                "snapshot_state::<{}>, but the kernel's state is {}",
+                std::any::type_name::<S>(),
+                host.type_name()
+            ),
+        })
     }
 
     /// The report kept when the kernel was terminated (by `terminate`, a runtime shutdown or

@@ -1,9 +1,9 @@
 //! `KernelIo`: everything a message passes through on the host, in one place, for every
 //! backend. Senders enqueue into the input mailbox (priority lanes, backpressure); a backend's
 //! [`RingHost`](crate::backend::host::RingHost) takes batches out, runs the handler wherever it
-//! lives, and gives the results back through [`KernelIo::publish`] — the one path by which
-//! outputs are stamped (one envelope convention), routed (call replies by correlation id, the
-//! rest to the output mailbox) and measured (one meaning per metric).
+//! lives, and gives the results back through its [`Publisher`](super::publisher::Publisher) —
+//! the one path by which outputs are stamped (one envelope convention), routed (call replies by
+//! correlation id, the rest to the output mailbox) and measured (one meaning per metric).
 //!
 //! Accounting (no silent loss): a message whose send returned `Ok` ends as exactly one of
 //! * processed (`metrics.processed`), its response (if any) published or, when nobody can take
@@ -22,12 +22,13 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use resident_ring::call::CallSlot;
+use resident_ring::handoff::InHand;
 use resident_ring::mailbox::{SendError, Sent};
 use resident_ring::wait::Signal;
 use resident_ring::{Backpressure, Envelope, Mailbox, Message, MessageId, Slot, WaitStrategy};
 
 use crate::runtime::handle::TerminateReport;
-use crate::runtime::state::{Error, KernelState, Result, Returned};
+use crate::runtime::state::{Error, Failure, KernelState, Result, Returned};
 use crate::runtime::Ids;
 use crate::telemetry::KernelMetrics;
 
@@ -86,7 +87,7 @@ impl<T: Message> Forward<T> {
     }
 
     /// The target's input port (cached).
-    fn port(&self) -> Result<InputPort<T>> {
+    pub(crate) fn port(&self) -> Result<InputPort<T>> {
         let mut p = self.port.lock();
         if let Some(p) = p.as_ref() {
             return Ok(p.clone());
@@ -99,7 +100,7 @@ impl<T: Message> Forward<T> {
         Ok(port)
     }
 
-    fn forget(&self) {
+    pub(crate) fn forget(&self) {
         *self.port.lock() = None;
     }
 }
@@ -199,106 +200,25 @@ impl Hasher for IdHasher {
 /// `resident-ring`).
 type CallTable<Out> = HashMap<u64, Arc<CallSlot<Result<Out>>>, BuildHasherDefault<IdHasher>>;
 
-/// The handoff between a host thread working through a batch and a `terminate` that gives up
-/// waiting for it (a handler that never returns).
-///
-/// `progress` is written by the host thread with one compare-exchange per message and by the
-/// abandoning side with one `fetch_or`, so exactly one of them decides each message's fate:
-/// * `IN_BATCH | k` (k >= 1): messages `0..k-1` of the batch in hand are finished and published,
-///   message `k-1` is being handled; `IN_BATCH | 0`: a batch was taken, nothing started.
-/// * `0`: no batch in hand.
-/// * `ABANDONED` set: terminate took messages `k-1..` (or `0..` for k = 0) into its report; the
-///   host thread must publish nothing more and exit when (if ever) it gets control back.
-pub(crate) struct InHand<In> {
-    progress: CachePadded<AtomicU64>,
-    /// A copy of the batch in hand, written under the lock when a batch is taken.
-    batch: Mutex<Vec<Slot<In>>>,
+/// A CPU kernel's host state, readable by `KernelHandle::snapshot_state` (handler form).
+pub(crate) trait HostState: Send + Sync {
+    /// Calls `f` with the state. The caller must hold the kernel's batch gate.
+    fn with(&self, f: &mut dyn FnMut(&dyn std::any::Any));
+    /// The state's type, for errors.
+    fn type_name(&self) -> &'static str;
 }
 
-const IN_BATCH: u64 = 1 << 62;
-const ABANDONED: u64 = 1 << 63;
-const INDEX: u64 = (1 << 32) - 1;
-
-/// Why a host thread must stop now.
-pub(crate) struct Abandoned;
-
-impl<In: Copy + Send> InHand<In> {
-    fn new() -> Self {
-        InHand {
-            progress: CachePadded::new(AtomicU64::new(0)),
-            batch: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Takes a batch from `input` (up to `max`) into `local` and records it as in hand.
-    /// Taking and recording happen under one lock that `abandon` also takes, so a batch is
-    /// either seen by `abandon` or never taken.
-    pub fn take(
-        &self,
-        input: &Mailbox<In>,
-        local: &mut Vec<Slot<In>>,
-        max: usize,
-    ) -> std::result::Result<usize, Abandoned> {
-        let mut copy = self.batch.lock();
-        if self.progress.load(Ordering::Acquire) & ABANDONED != 0 {
-            return Err(Abandoned);
-        }
-        local.clear();
-        let n = input.recv_batch(local, max);
-        if n > 0 {
-            copy.clear();
-            copy.extend_from_slice(local);
-            // Relaxed is enough: `abandon` reads `progress` under the same lock.
-            self.progress.store(IN_BATCH, Ordering::Relaxed);
-        }
-        Ok(n)
-    }
-
-    /// Before handling message `i` of the batch (and so after message `i - 1` finished): claims
-    /// it. `Err` when terminate abandoned the batch: message `i - 1`'s result must not be
-    /// published, and nothing more handled.
-    #[inline]
-    pub fn start(&self, i: usize) -> std::result::Result<(), Abandoned> {
-        // AcqRel/Acquire: a successful exchange orders our earlier writes (outputs of earlier
-        // messages) before it; a failed one sees `abandon`'s mark.
-        self.progress
-            .compare_exchange(
-                IN_BATCH | i as u64,
-                IN_BATCH | (i as u64 + 1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .map(|_| ())
-            .map_err(|_| Abandoned)
-    }
-
-    /// After the last message of a batch of `n` finished: the batch is done.
-    #[inline]
-    pub fn finish(&self, n: usize) -> std::result::Result<(), Abandoned> {
-        self.progress
-            .compare_exchange(IN_BATCH | n as u64, 0, Ordering::AcqRel, Ordering::Acquire)
-            .map(|_| ())
-            .map_err(|_| Abandoned)
-    }
-
-    /// Gives up on the host thread: returns (the message in the handler, if any; the messages
-    /// of the batch not started). From here on the host thread publishes nothing.
-    pub fn abandon(&self) -> (Option<Slot<In>>, Vec<Slot<In>>) {
-        let copy = self.batch.lock();
-        let p = self.progress.fetch_or(ABANDONED, Ordering::AcqRel);
-        if p & IN_BATCH == 0 || p & ABANDONED != 0 {
-            return (None, Vec::new());
-        }
-        let k = (p & INDEX) as usize;
-        if k == 0 {
-            return (None, copy.clone());
-        }
-        (copy.get(k - 1).copied(), copy[k.min(copy.len())..].to_vec())
-    }
-
-    pub fn is_abandoned(&self) -> bool {
-        self.progress.load(Ordering::Acquire) & ABANDONED != 0
-    }
+/// What [`KernelIo::next_batch`] found.
+pub(crate) enum Next<'a> {
+    /// `n` messages were taken; the batch gate is held until this guard drops, so
+    /// `deactivate` and `drain` wait for the batch to be done.
+    Batch(usize, parking_lot::MutexGuard<'a, ()>),
+    /// `terminate` was requested.
+    Terminating,
+    /// The kernel is not active.
+    Inactive,
+    /// Nothing arrived before the deadline.
+    Empty,
 }
 
 /// Everything a kernel's host side and its handles share.
@@ -315,15 +235,12 @@ pub(crate) struct KernelIo<In, Out> {
     pending: Mutex<CallTable<Out>>,
     pub metrics: KernelMetrics,
     pub ids: Arc<Ids>,
-    /// Output ids: the host thread's current block `[next, end)`, taken from `ids` in blocks.
-    /// Written only by the host thread (the one publisher), so plain loads and stores.
-    out_next: AtomicU64,
-    out_end: AtomicU64,
     pub wait: WaitStrategy,
     pub batch_size: usize,
     /// How long `terminate` (and `deactivate`) wait for the host thread before giving up.
     pub terminate_timeout: Duration,
-    pub in_hand: InHand<In>,
+    /// Who owns each message of the batch in hand (`resident_ring::handoff`).
+    pub in_hand: InHand<Slot<In>>,
     /// Inputs handed to a device and not yet handled there (the device host keeps it; 0 on
     /// the CPU host), so `drain` waits for the device too.
     pub in_flight: AtomicU64,
@@ -333,7 +250,7 @@ pub(crate) struct KernelIo<In, Out> {
     failed_message: Mutex<Option<Slot<In>>>,
     /// Outputs produced that no receiver can take any more (terminate came while the output
     /// queue was full); they go to the terminate report.
-    unsent: Mutex<Vec<Slot<Out>>>,
+    pub(crate) unsent: Mutex<Vec<Slot<Out>>>,
     /// Where outputs go instead of the output queue (`RingKernel::forward_to`), set once at
     /// launch.
     pub forward: std::sync::OnceLock<Forward<Out>>,
@@ -349,6 +266,12 @@ pub(crate) struct KernelIo<In, Out> {
     pub bound: std::sync::OnceLock<crate::runtime::bind::SharedTable>,
     /// Set at launch when the runtime profiles.
     pub profile: std::sync::OnceLock<crate::profile::KernelProbe>,
+    /// The runtime that launched the kernel: told once the kernel is terminated, so that it
+    /// forgets the kernel (its id is free again; memory stays flat over any number of
+    /// launches).
+    pub core: Weak<crate::runtime::RuntimeCore>,
+    /// A CPU handler's state, readable on request (`KernelHandle::snapshot_state`).
+    pub host_state: std::sync::OnceLock<Arc<dyn HostState>>,
     /// A device kernel's state, readable on request (`KernelHandle::snapshot_state`).
     pub device_state: Mutex<Option<Arc<dyn crate::backend::device_host::StateSnapshot>>>,
 }
@@ -375,6 +298,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
     batch_size: usize,
     telemetry: bool,
     terminate_timeout: Duration,
+    core: Weak<crate::runtime::RuntimeCore>,
 ) -> Arc<KernelIo<In, Out>> {
     Arc::new_cyclic(|me: &Weak<KernelIo<In, Out>>| {
         let state = Arc::new(Mutex::new(KernelState::Launched));
@@ -400,8 +324,6 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             pending: Mutex::new(HashMap::default()),
             metrics: KernelMetrics::new(telemetry),
             ids,
-            out_next: AtomicU64::new(0),
-            out_end: AtomicU64::new(0),
             wait,
             batch_size,
             terminate_timeout,
@@ -418,6 +340,8 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             thread_id: Mutex::new(None),
             report: Mutex::new(None),
             device_state: Mutex::new(None),
+            host_state: std::sync::OnceLock::new(),
+            core,
             bound: std::sync::OnceLock::new(),
             profile: std::sync::OnceLock::new(),
         }
@@ -446,131 +370,10 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
         }
     }
 
-    // ---- the one publish path ----------------------------------------------------------
-
-    /// The first of `n` consecutive ids for outputs, from the kernel's own block. Only the
-    /// host thread publishes (one writer), so relaxed loads and stores suffice.
-    fn output_ids(&self, n: u64) -> u64 {
-        let (mut next, mut end) = (
-            self.out_next.load(Ordering::Relaxed),
-            self.out_end.load(Ordering::Relaxed),
-        );
-        if end - next < n {
-            let take = n.max(Ids::BLOCK);
-            next = self.ids.next_n(take);
-            end = next + take;
-            self.out_end.store(end, Ordering::Relaxed);
-        }
-        self.out_next.store(next + n, Ordering::Relaxed);
-        next
-    }
-
-    /// Publishes the results of handled requests, in order. Each `Slot` carries the
-    /// *request's* envelope (its id, flags, priority and send time) and the output. Call
-    /// replies go to their callers by correlation id; other outputs get a fresh message id,
-    /// `correlation_id` = the request's id, and go to the output queue. Latency (send to
-    /// response available) is recorded here, for every backend alike.
-    pub fn publish(&self, results: &mut Vec<Slot<Out>>) {
-        if results.is_empty() {
-            return;
-        }
-        let now = self.ids.now_ns();
-        let record = self.metrics.enabled;
-        let mut plain = 0;
-        for i in 0..results.len() {
-            let r = results[i];
-            if record {
-                self.metrics
-                    .latency
-                    .record(now.saturating_sub(r.env.timestamp_ns));
-            }
-            if r.env.is_call() {
-                self.reply(r.env, Some(r.payload));
-            } else {
-                results[plain] = r;
-                plain += 1;
-            }
-        }
-        results.truncate(plain);
-        if results.is_empty() {
-            return;
-        }
-        let first = self.output_ids(results.len() as u64);
-        for (i, o) in results.iter_mut().enumerate() {
-            o.env = Envelope {
-                message_id: first + i as u64,
-                correlation_id: o.env.message_id,
-                timestamp_ns: now,
-                priority: o.env.priority,
-                flags: o.env.flags,
-                ..Default::default()
-            };
-        }
-        self.push_outputs(results);
-        results.clear();
-    }
-
-    /// Publishes the result of one handled request as soon as its handler returned (the
-    /// CPU host's path: an output is visible to `receive` at once, not when the batch ends).
-    /// `out = None` answers a `call` with `NoReply` and publishes nothing otherwise.
-    ///
-    /// `batch_now` is the clock read when the batch started: it stamps the output, so that
-    /// without telemetry no clock is read per message; with telemetry the clock is read here
-    /// for an exact latency.
-    #[inline]
-    pub fn publish_one(&self, request: Envelope, out: Option<Out>, batch_now: u64) {
-        let Some(out) = out else {
-            self.no_reply(request);
-            return;
-        };
-        let now = if self.metrics.enabled {
-            let now = self.ids.now_ns();
-            self.metrics
-                .latency
-                .record(now.saturating_sub(request.timestamp_ns));
-            now
-        } else {
-            batch_now
-        };
-        if request.is_call() {
-            self.reply(request, Some(out));
-            return;
-        }
-        let env = Envelope {
-            message_id: self.output_ids(1),
-            correlation_id: request.message_id,
-            timestamp_ns: now,
-            priority: request.priority,
-            flags: request.flags,
-            ..Default::default()
-        };
-        // The output is in the queue now (spinning receivers and `try_receive` see it); the
-        // fenced wake-up for a receiver that was just parking comes with `flush_wakeups` at
-        // the end of the batch (or of this handler, for the loop form).
-        self.push_outputs_with(&[Slot::new(env, out)], false);
-    }
-
-    /// The fenced wake-up owed after [`KernelIo::publish_one`]s.
-    #[inline]
-    pub fn flush_wakeups(&self) {
-        self.output.notify_receivers();
-    }
-
-    /// A handled `call` that produced no output: its caller gets `NoReply`.
-    pub fn no_reply(&self, request: Envelope) {
-        if request.is_call() {
-            if self.metrics.enabled {
-                let now = self.ids.now_ns();
-                self.metrics
-                    .latency
-                    .record(now.saturating_sub(request.timestamp_ns));
-            }
-            self.reply(request, None);
-        }
-    }
+    // ---- call replies --------------------------------------------------------------------
 
     /// Hands a `call`'s result to its waiting caller.
-    fn reply(&self, req: Envelope, out: Option<Out>) {
+    pub(crate) fn reply(&self, req: Envelope, out: Option<Out>) {
         match self.pending.lock().remove(&req.message_id) {
             Some(slot) => slot.complete(out.ok_or(Error::NoReply {
                 id: self.id.to_string(),
@@ -583,107 +386,12 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
         }
     }
 
-    /// Queues outputs in order. A full output queue makes the host thread wait (or drop,
-    /// under a drop policy); outputs that cannot be queued because the kernel is terminating
-    /// go to the terminate report.
-    fn push_outputs(&self, outputs: &[Slot<Out>]) {
-        self.push_outputs_with(outputs, true)
-    }
-
-    fn push_outputs_with(&self, outputs: &[Slot<Out>], fenced: bool) {
-        if let Some(f) = self.forward.get() {
-            self.forward_outputs(f, outputs);
-            return;
-        }
-        let mut done = 0;
-        while done < outputs.len() {
-            let (n, err) = if fenced {
-                self.output.send_batch(&outputs[done..])
-            } else {
-                self.output.send_batch_quiet(&outputs[done..])
-            };
-            done += n;
-            if err.is_some()
-                && (self.control.terminate.load(Ordering::Acquire) || self.output.is_closed())
-            {
-                if self.in_hand.is_abandoned() {
-                    // The report is already built: count, never lose silently.
-                    self.metrics
-                        .late_outputs
-                        .fetch_add((outputs.len() - done) as u64, Ordering::Relaxed);
-                } else {
-                    self.unsent.lock().extend_from_slice(&outputs[done..]);
-                }
-                return;
-            }
-        }
-    }
-
-    /// Sends outputs, in order, into the input queue of the kernel they are forwarded to, under
-    /// that kernel's backpressure. A full target makes this kernel wait (the chain slows down
-    /// to its slowest kernel) until it terminates; a target that is not there or no longer
-    /// accepts (terminated, failed) for [`FORWARD_PATIENCE`] gets nothing: the outputs go to
-    /// this kernel's terminate report as unreceived, never lost silently.
-    fn forward_outputs(&self, f: &Forward<Out>, outputs: &[Slot<Out>]) {
-        let mut missing_since: Option<std::time::Instant> = None;
-        let mut done = 0;
-        while done < outputs.len() {
-            let terminating =
-                || self.control.terminate.load(Ordering::Acquire) || self.in_hand.is_abandoned();
-            let gone = match f.port() {
-                Ok(port) => match port.mailbox.send(outputs[done]) {
-                    Ok(Sent::Queued) => {
-                        done += 1;
-                        missing_since = None;
-                        continue;
-                    }
-                    Ok(Sent::QueuedDroppedOldest(old)) => {
-                        crate::profile::dropped(&port.id, "forward", "DropOldest");
-                        port.dropped(&old.env);
-                        done += 1;
-                        continue;
-                    }
-                    Ok(Sent::DroppedNewest) => {
-                        crate::profile::dropped(&port.id, "forward", "DropNewest");
-                        done += 1;
-                        continue;
-                    }
-                    Err(SendError::Full(_)) | Err(SendError::Timeout(_)) => false,
-                    Err(SendError::Closed(_)) => {
-                        f.forget();
-                        true
-                    }
-                },
-                Err(_) => true,
-            };
-            if terminating() {
-                break;
-            }
-            if gone {
-                let since = *missing_since.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() >= FORWARD_PATIENCE {
-                    break;
-                }
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        if done < outputs.len() {
-            if self.in_hand.is_abandoned() {
-                self.metrics
-                    .late_outputs
-                    .fetch_add((outputs.len() - done) as u64, Ordering::Relaxed);
-            } else {
-                self.unsent.lock().extend_from_slice(&outputs[done..]);
-            }
-        }
-    }
-
     // ---- failures and exit -------------------------------------------------------------
 
     /// Marks the kernel failed: intake stops, waiting callers and receivers learn at once.
     /// `message` is the input whose handling failed; `stranded` the inputs taken but not
     /// handled, in order.
-    pub fn fail(&self, reason: String, message: Option<Slot<In>>, stranded: Vec<Slot<In>>) {
+    pub fn fail(&self, reason: Failure, message: Option<Slot<In>>, stranded: Vec<Slot<In>>) {
         if let Some(m) = message {
             *self.failed_message.lock() = Some(m);
         }
@@ -696,7 +404,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             }
             *st = KernelState::Failed(reason.clone());
         }
-        crate::profile::fault(&self.id, &reason);
+        crate::profile::fault(&self.id, &reason.to_string());
         self.input.close();
         self.output.close();
         self.fail_pending(|id| Error::KernelFailed {
@@ -727,6 +435,42 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             .wait_until(WaitStrategy::Park, deadline, || self.has_exited())
     }
 
+    /// The one take-or-wait loop of the host side: while active, takes a batch with `take`
+    /// under the batch gate; when the input is empty, waits (until `deadline`, `None` =
+    /// forever) for input, a state change or terminate. Used by the CPU host's handler loop
+    /// and by the loop form's `receive`.
+    pub fn next_batch<E>(
+        &self,
+        deadline: Option<Instant>,
+        mut take: impl FnMut() -> std::result::Result<usize, E>,
+    ) -> std::result::Result<Next<'_>, E> {
+        loop {
+            if self.terminating() {
+                return Ok(Next::Terminating);
+            }
+            if !self.is_active() {
+                return Ok(Next::Inactive);
+            }
+            let gate = self.batch_gate.lock();
+            // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
+            if self.terminating() || !self.is_active() {
+                continue;
+            }
+            let n = take()?;
+            if n > 0 {
+                return Ok(Next::Batch(n, gate));
+            }
+            drop(gate);
+            let c = &self.control;
+            let woke = self.input.wait_nonempty(deadline, || {
+                c.terminate.load(Ordering::Acquire) || !c.active.load(Ordering::Acquire)
+            });
+            if !woke {
+                return Ok(Next::Empty);
+            }
+        }
+    }
+
     /// Waits until the kernel should run (activated) or stop.
     pub fn wait_for_control(&self) {
         let c = &self.control;
@@ -748,7 +492,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     /// the calls still waiting.
     pub fn collect_report(
         &self,
-        failure: Option<String>,
+        failure: Option<Failure>,
         abandoned: (Option<Slot<In>>, Vec<Slot<In>>),
     ) -> TerminateReport<In, Out> {
         let (stuck, not_started) = abandoned;
@@ -793,6 +537,20 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             unreceived,
             failure,
         }
+    }
+
+    /// After terminate (report collected): lets go of what the kernel still points at, so
+    /// that a handle kept by the user holds only the kernel's own queues (empty, closed) and
+    /// its report: the forward target's port (which keeps the target's queues alive), the call
+    /// table's and the hand-back lists' capacity.
+    pub fn release(&self) {
+        if let Some(f) = self.forward.get() {
+            f.forget();
+        }
+        *self.pending.lock() = CallTable::default();
+        *self.stranded.lock() = Vec::new();
+        *self.unsent.lock() = Vec::new();
+        self.in_hand.release();
     }
 
     /// Every message counted as dropped, by any cause.

@@ -6,6 +6,7 @@ pub mod context;
 pub mod handle;
 pub(crate) mod io;
 pub mod kernel;
+pub(crate) mod publisher;
 pub mod report;
 pub mod state;
 
@@ -27,7 +28,7 @@ use handle::{Begin, KernelHandle};
 use io::InputPort;
 use kernel::RingKernel;
 use report::KernelReport;
-use state::{Error, KernelState, Result};
+use state::{Error, Failure, KernelState, Result};
 
 /// Message ids and the clock of a runtime.
 pub(crate) struct Ids {
@@ -60,16 +61,18 @@ trait KernelEntry: Send + Sync {
     fn telemetry(&self) -> Telemetry;
     fn types(&self) -> (TypeId, TypeId, String);
     fn handle_any(&self) -> &(dyn Any + Send + Sync);
+    /// The kernel's `KernelIo`, as an address: tells a relaunched id from the kernel before.
+    fn io_addr(&self) -> usize;
     fn port_any(&self) -> &(dyn Any + Send + Sync);
     /// Drains, if active, until `deadline`.
     fn drain_until(&self, deadline: Instant);
     /// First half of terminate; `None` when already terminated (the kept report comes from
     /// `finish`).
-    fn begin(&self) -> Option<Option<String>>;
+    fn begin(&self) -> Option<Option<Failure>>;
     /// Second half of terminate (or the kept report).
     fn finish(
         &self,
-        begun: Option<Option<String>>,
+        begun: Option<Option<Failure>>,
         deadline: Option<Instant>,
         timeout: Duration,
     ) -> Option<KernelReport>;
@@ -97,6 +100,9 @@ impl<In: Message, Out: Message> KernelEntry for Entry<In, Out> {
     fn handle_any(&self) -> &(dyn Any + Send + Sync) {
         &self.handle
     }
+    fn io_addr(&self) -> usize {
+        Arc::as_ptr(&self.handle.io) as *const () as usize
+    }
     fn port_any(&self) -> &(dyn Any + Send + Sync) {
         &self.port
     }
@@ -106,7 +112,7 @@ impl<In: Message, Out: Message> KernelEntry for Entry<In, Out> {
             let _ = self.handle.drain(left);
         }
     }
-    fn begin(&self) -> Option<Option<String>> {
+    fn begin(&self) -> Option<Option<Failure>> {
         match self.handle.terminate_begin() {
             Ok(Begin::Started(failure)) => Some(failure),
             _ => None,
@@ -114,7 +120,7 @@ impl<In: Message, Out: Message> KernelEntry for Entry<In, Out> {
     }
     fn finish(
         &self,
-        begun: Option<Option<String>>,
+        begun: Option<Option<Failure>>,
         deadline: Option<Instant>,
         timeout: Duration,
     ) -> Option<KernelReport> {
@@ -134,16 +140,41 @@ fn type_names<In, Out>() -> String {
     )
 }
 
+/// How many terminated kernels' ids and final states a runtime remembers
+/// ([`Runtime::recently_terminated`]).
+pub const RECENT_KERNELS: usize = 256;
+
 /// The part of a runtime that kernels reach by id.
 pub(crate) struct RuntimeCore {
     ids: Arc<Ids>,
+    /// Live kernels (launched, not yet terminated) by id. A terminated kernel leaves at once:
+    /// its handles keep its report, the runtime only its id and final state in `recent`.
     kernels: RwLock<HashMap<String, Arc<dyn KernelEntry>>>,
+    /// Ids and final states of the last [`RECENT_KERNELS`] terminated kernels, oldest first.
+    recent: parking_lot::Mutex<std::collections::VecDeque<(String, KernelState)>>,
     telemetry: bool,
     wait: WaitStrategy,
     terminate_timeout: Duration,
 }
 
 impl RuntimeCore {
+    /// Forgets a terminated kernel: removes it from the live map (if the entry under its id is
+    /// still this kernel, `io_addr`, and not a later launch of the same id) and keeps a
+    /// bounded record of its id and final state.
+    pub(crate) fn retire(&self, id: &str, io_addr: usize, state: KernelState) {
+        {
+            let mut kernels = self.kernels.write();
+            if kernels.get(id).is_some_and(|e| e.io_addr() == io_addr) {
+                kernels.remove(id);
+            }
+        }
+        let mut recent = self.recent.lock();
+        if recent.len() == RECENT_KERNELS {
+            recent.pop_front();
+        }
+        recent.push_back((id.to_string(), state));
+    }
+
     pub(crate) fn input_port<T: Message>(&self, id: &str) -> Result<InputPort<T>> {
         let kernels = self.kernels.read();
         let entry = kernels
@@ -222,7 +253,7 @@ impl RuntimeBuilder {
 
     /// Builds the runtime.
     pub fn build(self) -> Result<Runtime> {
-        let backend = crate::backend::resolve(self.backend)?;
+        let (backend, device) = crate::backend::resolve(self.backend)?;
         Ok(Runtime {
             core: Arc::new(RuntimeCore {
                 ids: Arc::new(Ids {
@@ -230,11 +261,13 @@ impl RuntimeBuilder {
                     next: CachePadded::new(AtomicU64::new(1)),
                 }),
                 kernels: RwLock::new(HashMap::new()),
+                recent: parking_lot::Mutex::new(std::collections::VecDeque::new()),
                 telemetry: self.telemetry,
                 wait: self.wait,
                 terminate_timeout: self.terminate_timeout,
             }),
             backend,
+            device: parking_lot::Mutex::new(device),
             shutdown_timeout: self.shutdown_timeout,
             profiler: self.profiler,
         })
@@ -245,6 +278,8 @@ impl RuntimeBuilder {
 pub struct Runtime {
     core: Arc<RuntimeCore>,
     backend: Backend,
+    /// The runtime's device, opened when the backend was chosen or on first use.
+    device: parking_lot::Mutex<Option<crate::backend::DeviceHandle>>,
     shutdown_timeout: Duration,
     profiler: Option<crate::profile::Profiler>,
 }
@@ -265,6 +300,41 @@ impl Runtime {
     /// The backend this runtime resolved to (`Cpu`, `Cuda` or `CudaSim`, never `Auto`).
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// The device of this runtime's backend: the one its kernels run on, for the buffers you
+    /// bind to them (`RingKernel::bind`) and for one-shot kernels, so no second
+    /// `backend::open` is needed. Opened once and shared; errors are typed
+    /// ([`Error::BackendUnavailable`]).
+    ///
+    /// ```
+    /// use resident::prelude::*;
+    /// use resident::memory::{BufferOptions, UnifiedBuffer};
+    /// let rt = Runtime::builder().backend(Backend::Cpu).build()?;
+    /// let d = rt.device()?;
+    /// let buf = UnifiedBuffer::from_slice(&d, &[1.0f32, 2.0], BufferOptions::default()).unwrap();
+    /// let k = rt.launch(
+    ///     RingKernel::<u32, f32>::new("read")
+    ///         .bind("xs", buf)
+    ///         .handler(|ctx: &mut Context<()>, i: u32| {
+    ///             Some(ctx.buffer::<f32>("xs").ok()?[i as usize])
+    ///         }),
+    /// )?;
+    /// k.activate()?;
+    /// assert_eq!(k.call(1, std::time::Duration::from_secs(5))?, 2.0);
+    /// # Ok::<(), resident::Error>(())
+    /// ```
+    pub fn device(&self) -> Result<crate::backend::DeviceHandle> {
+        let mut d = self.device.lock();
+        if let Some(d) = d.as_ref() {
+            return Ok(d.clone());
+        }
+        let opened = crate::backend::open(self.backend).map_err(|e| Error::BackendUnavailable {
+            backend: self.backend,
+            source: Box::new(e),
+        })?;
+        *d = Some(opened.clone());
+        Ok(opened)
     }
 
     /// The runtime's profiler, when profiling is on.
@@ -336,12 +406,12 @@ impl Runtime {
             1,
             output_policy,
         );
-        fn build<T: Message>(
-            cfg: MailboxConfig,
+        fn build<T: Message, R>(
+            built: std::result::Result<R, resident_ring::mailbox::MailboxError>,
             id: &str,
             what: &'static str,
-        ) -> Result<Mailbox<T>> {
-            Mailbox::new(cfg).map_err(|e| match e {
+        ) -> Result<R> {
+            built.map_err(|e| match e {
                 resident_ring::mailbox::MailboxError::Ring(
                     resident_ring::spsc::RingError::OutOfMemory { bytes },
                 ) => Error::OutOfMemory {
@@ -355,8 +425,10 @@ impl Runtime {
                 },
             })
         }
-        let input = build::<In>(input_cfg, &id, "input queue")?;
-        let output = build::<Out>(output_cfg, &id, "output queue")?;
+        let input = build::<In, _>(Mailbox::new(input_cfg), &id, "input queue")?;
+        // The output side has one writer, the kernel's host thread: it gets the `Writer`.
+        let (writer, output) =
+            build::<Out, _>(Mailbox::with_writer(output_cfg), &id, "output queue")?;
 
         let id_arc: Arc<str> = Arc::from(id.as_str());
         let io = io::kernel_io(
@@ -370,6 +442,7 @@ impl Runtime {
             kernel
                 .terminate_timeout
                 .unwrap_or(self.core.terminate_timeout),
+            Arc::downgrade(&self.core),
         );
         if let Some(target) = kernel.forward.take() {
             // A target already running must take `Out`; one launched later is checked by type
@@ -433,6 +506,11 @@ impl Runtime {
                     io.control.clone(),
                     Arc::downgrade(&self.core),
                 );
+                // A handler touches its state only inside a batch (batch gate held), so a
+                // snapshot under the gate is safe; a loop's state is its loop's alone.
+                if matches!(body, kernel::Body::Handler(_)) {
+                    let _ = io.host_state.set(ctx.state_cell());
+                }
                 if let Some(t) = bound {
                     ctx.bound = bind::BatchBinding::new(Some(t.clone()));
                     let _ = io.bound.set(t);
@@ -493,7 +571,7 @@ impl Runtime {
             self.core.ids.epoch,
             t_launch,
         );
-        crate::backend::host::spawn(io.clone(), host)?;
+        crate::backend::host::spawn(io.clone(), host, writer)?;
         let handle = KernelHandle { io: io.clone() };
         kernels.insert(
             id,
@@ -535,7 +613,16 @@ impl Runtime {
             })
     }
 
-    /// Ids of every kernel launched and not replaced, sorted.
+    /// Ids and final states (`Terminated`, or `Failed` for a kernel whose terminate gave up
+    /// on its handler) of the last [`RECENT_KERNELS`] kernels terminated, oldest first. A
+    /// terminated kernel is not kept otherwise: its queues, call table, bindings and thread
+    /// are gone, its id can be launched again, and its report is with its handles
+    /// ([`KernelHandle::report`]).
+    pub fn recently_terminated(&self) -> Vec<(String, KernelState)> {
+        self.core.recent.lock().iter().cloned().collect()
+    }
+
+    /// Ids of every live kernel (launched and not terminated), sorted.
     pub fn kernel_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.core.kernels.read().keys().cloned().collect();
         ids.sort();

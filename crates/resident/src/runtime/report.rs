@@ -21,7 +21,7 @@ pub struct KernelReport {
     /// Outputs handed back (never received).
     pub unreceived: usize,
     /// The failure, if the kernel failed or was abandoned.
-    pub failure: Option<String>,
+    pub failure: Option<crate::runtime::state::Failure>,
     report: Box<dyn Any + Send>,
 }
 

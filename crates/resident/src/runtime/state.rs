@@ -1,7 +1,8 @@
 //! The lifecycle of a ring kernel and the runtime's typed errors.
 //!
 //! `Created -> Launched -> Active <-> Inactive -> Terminating -> Terminated`, plus
-//! `Failed(reason)` from any live state when a handler panics.
+//! `Failed(`[`Failure`]`)` from any live state when a handler panics, its loop ends early, it is
+//! abandoned, or its device fails.
 
 use std::any::Any;
 use std::fmt;
@@ -24,9 +25,83 @@ pub enum KernelState {
     Terminating,
     /// Stopped; its queues are gone.
     Terminated,
-    /// A handler panicked (or its loop ended early); the reason says how.
-    Failed(String),
+    /// The kernel failed: a handler panicked, its loop ended early, its handler was
+    /// abandoned by `terminate`, or its device faulted. The [`Failure`] says which.
+    Failed(Failure),
 }
+
+/// Why a kernel failed: carried by [`KernelState::Failed`], [`Error::KernelFailed`] and the
+/// terminate report, typed so that callers can match the cause (and reach a device's own
+/// error through [`std::error::Error::source`]).
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Failure {
+    /// The handler panicked while handling a message.
+    #[error("handler panicked on message {message_id}: {panic}")]
+    HandlerPanicked {
+        /// The message being handled.
+        message_id: u64,
+        /// The panic's text.
+        panic: String,
+    },
+    /// The loop form's loop panicked.
+    #[error("run loop panicked: {panic}")]
+    LoopPanicked {
+        /// The panic's text.
+        panic: String,
+    },
+    /// The loop form's loop returned before `terminate` asked it to.
+    #[error("run loop returned before terminate was requested")]
+    LoopReturned,
+    /// `terminate` (or `deactivate`) gave up waiting for the kernel's thread: its handler did
+    /// not return within the terminate timeout, so the thread was abandoned (what it produces
+    /// if it ever returns is counted as dropped).
+    #[error("{}", abandoned_text(*timeout, *message_id))]
+    Abandoned {
+        /// The terminate timeout that ran out.
+        timeout: Duration,
+        /// The message in the handler, if one was.
+        message_id: Option<u64>,
+    },
+    /// The kernel's device side failed (a fault, a device lost, a device that did not stop
+    /// or exited on its own); the engine's own error is the source.
+    #[error("device kernel failed: {0}")]
+    Device(#[source] std::sync::Arc<crate::backend::device_host::DeviceError>),
+    /// A task that was calling the kernel on a caller's behalf ended abnormally (panicked or
+    /// was cancelled), e.g. a serving task; its own error is the source.
+    #[error("a task calling the kernel ended abnormally: {0}")]
+    CallerTask(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
+}
+
+fn abandoned_text(timeout: Duration, message_id: Option<u64>) -> String {
+    match message_id {
+        Some(m) => format!(
+            "handler did not return within {timeout:?} (message {m}); its thread was abandoned"
+        ),
+        None => format!("host thread did not exit within {timeout:?}; it was abandoned"),
+    }
+}
+
+impl Failure {
+    /// The device's error, for a device failure.
+    pub fn device_error(&self) -> Option<&crate::backend::device_host::DeviceError> {
+        match self {
+            Failure::Device(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Two failures are equal when they have the same cause and text (a device error is compared
+/// by its text: engine errors carry no equality of their own).
+impl PartialEq for Failure {
+    fn eq(&self, other: &Self) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for Failure {}
 
 impl KernelState {
     /// Whether sends are accepted in this state.
@@ -126,8 +201,9 @@ pub enum Error {
     KernelFailed {
         /// Kernel id.
         id: String,
-        /// The panic message or other cause.
-        reason: String,
+        /// The cause (a device failure's own error is its `source`).
+        #[source]
+        reason: Failure,
     },
     /// A `call` was answered with no output (the handler returned `None`).
     #[error("kernel '{id}': the handler produced no reply to message {message_id}")]
@@ -169,9 +245,16 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// The requested backend cannot be used.
-    #[error("backend unavailable: {0}")]
-    BackendUnavailable(String),
+    /// The requested backend cannot be used here; `source` says why (no driver, no device,
+    /// no adapter, no host compiler).
+    #[error("backend {backend:?} unavailable: {source}")]
+    BackendUnavailable {
+        /// The backend asked for.
+        backend: crate::backend::Backend,
+        /// Why it cannot be opened.
+        #[source]
+        source: Box<crate::backend::BackendError>,
+    },
     /// The kernel's device refused an operation (`op`: "launch", "snapshot_state"): a
     /// handler that does not compile (the compiler's message and line inside), a layout the
     /// device language cannot match, a residency or adapter limit, a lost device. `source` is
@@ -255,7 +338,7 @@ impl Error {
             | Error::OutOfMemory { id, .. }
             | Error::Dropped { id, .. }
             | Error::Spawn { id, .. } => Some(id),
-            Error::BackendUnavailable(_) => None,
+            Error::BackendUnavailable { .. } => None,
         }
     }
 }
