@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use crate::codec::Codec;
 use crate::connect::{Connection, Fault};
 use crate::error::{ErrorKind, ErrorReply, ServeError, ERROR_HEADER};
-use crate::service::{call_blocking, call_in_place, Service};
+use crate::service::{call_off_executor, Service};
 
 /// Options of [`serve_requests`].
 #[derive(Clone, Debug)]
@@ -199,18 +199,7 @@ async fn handle_request<S: Service, C: Codec<S::In, S::Out>>(
             return reply_error(client, stats, &msg, ErrorKind::BadInput, e.to_string()).await;
         }
     };
-    // The call blocks this thread. On a multi-thread runtime it runs right here
-    // (`block_in_place` hands this worker's other tasks to another thread meanwhile, off the
-    // request's path); handing it to the blocking pool instead costs a thread wake-up there
-    // and another one back, which bench_nats measured as most of what the serving layer adds
-    // to a round trip (its `no_kernel` responder). A current-thread runtime cannot block in
-    // place, so there the call goes to the blocking pool.
-    let result = match tokio::runtime::Handle::current().runtime_flavor() {
-        tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(|| call_in_place(service, input, timeout, kernel))
-        }
-        _ => call_blocking(service.clone(), input, timeout, kernel).await,
-    };
+    let result = call_off_executor(service, input, timeout, kernel).await;
     let Some(reply) = msg.reply.clone() else {
         RequestStats::bump(&stats.no_reply_subject);
         return;

@@ -80,3 +80,23 @@ pub(crate) fn call_in_place<S: Service>(
 #[derive(Debug, thiserror::Error)]
 #[error("the call panicked: {0}")]
 struct CallPanicked(String);
+
+/// Runs a blocking `call` without holding up the executor, with the fewest thread hand-offs:
+/// in place under `block_in_place` on a multi-thread runtime (this worker's other tasks move
+/// to another thread meanwhile, off the call's path), on the blocking pool on a
+/// current-thread runtime (which cannot block in place). Handing every call to the blocking
+/// pool costs a thread wake-up there and another one back; bench_nats measured that as most
+/// of what the serving layer adds (its `no_kernel` responder).
+pub(crate) async fn call_off_executor<S: Service>(
+    service: &Arc<S>,
+    msg: S::In,
+    timeout: Duration,
+    kernel: &str,
+) -> resident::Result<S::Out> {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| call_in_place(&**service, msg, timeout, kernel))
+        }
+        _ => call_blocking(service.clone(), msg, timeout, kernel).await,
+    }
+}
