@@ -3,7 +3,7 @@
 //! the scorer (`RingKernel::forward_to`); `scorer` computes `score = x^2` and a level: low below 0.3,
 //! medium below 0.7, else high. The host sends to the normalizer and receives from the scorer.
 //!
-//! Tolerance: the kernels do the same f64 operations as [`reference`]; checked with `1e-12`.
+//! Tolerance: the kernels do the same f64 operations as [`reference()`]; checked with `1e-12`.
 
 use std::time::{Duration, Instant};
 
@@ -14,17 +14,38 @@ use crate::error::WorkloadError;
 
 resident::ring::device_message! {
     /// A raw reading.
-    pub struct Raw { pub seq: u64, pub value: f64 }
+    pub struct Raw {
+        /// Position in the input.
+        pub seq: u64,
+        /// The reading.
+        pub value: f64,
+    }
 }
 
 resident::ring::device_message! {
     /// A normalized reading.
-    pub struct Normalized { pub seq: u64, pub x: f64 }
+    pub struct Normalized {
+        /// Position in the input.
+        pub seq: u64,
+        /// The normalized value in `[0, 1]`.
+        pub x: f64,
+    }
 }
 
 resident::ring::device_message! {
     /// A scored reading; `level` is [`LOW`], [`MEDIUM`] or [`HIGH`].
-    pub struct Scored { pub seq: u64, pub x: f64, pub score: f64, pub level: u32, pub _pad: u32 }
+    pub struct Scored {
+        /// Position in the input.
+        pub seq: u64,
+        /// The normalized value.
+        pub x: f64,
+        /// Its score.
+        pub score: f64,
+        /// `LOW`, `MEDIUM` or `HIGH`.
+        pub level: u32,
+        /// Padding (zero).
+        pub _pad: u32,
+    }
 }
 
 /// Score below 0.3.
