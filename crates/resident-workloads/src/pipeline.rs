@@ -101,11 +101,14 @@ pub fn reference(values: &[f64]) -> Vec<Scored> {
         .collect()
 }
 
+/// Input (per lane) and output queue size of both kernels.
+const QUEUE: usize = 4096;
+
 /// The normalizer kernel: its outputs are forwarded to `scorer_id` by the runtime
 /// (`RingKernel::forward_to`), so the same handler works on every backend.
 pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized> {
     RingKernel::<Raw, Normalized>::new(id)
-        .queue_size(4096)
+        .queue_size(QUEUE)
         .batch_size(256)
         .forward_to(scorer_id)
         .cuda(cuda::normalizer_handler())
@@ -125,7 +128,7 @@ pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized> {
 /// The scorer kernel.
 pub fn scorer(id: &str) -> RingKernel<Normalized, Scored> {
     RingKernel::<Normalized, Scored>::new(id)
-        .queue_size(4096)
+        .queue_size(QUEUE)
         .batch_size(256)
         .cuda(cuda::scorer_handler())
         .wgsl(
@@ -178,26 +181,35 @@ pub fn run(
                 value: v,
             })
             .collect();
-        let mut buf = Vec::with_capacity(1024);
-        for chunk in msgs.chunks(1024) {
-            let mut sent = 0;
-            while sent < chunk.len() {
-                sent += n.send_batch(&chunk[sent..])?;
-            }
-            // Keep the output queue moving while sending.
-            buf.clear();
-            s.receive_batch(&mut buf, 4096)?;
-            scored.extend_from_slice(&buf);
-            progress(chunk.len());
-        }
+        // At most the scorer's output queue's size unanswered: with more, on a slow backend
+        // (CudaSim) the output queue, both input queues and the send would fill up and the
+        // send would time out while this thread is not receiving.
+        let window = QUEUE;
+        let wait = Duration::from_secs(30);
+        let timeout = |e: resident::Error| match e {
+            resident::Error::Timeout { .. } => WorkloadError::Timeout {
+                workload: "pipeline",
+                waited: wait,
+            },
+            e => e.into(),
+        };
+        let mut buf = Vec::with_capacity(window);
+        let mut sent = 0;
         while scored.len() < values.len() {
-            scored.push(s.receive(Duration::from_secs(30)).map_err(|e| match e {
-                resident::Error::Timeout { .. } => WorkloadError::Timeout {
-                    workload: "pipeline",
-                    waited: Duration::from_secs(30),
-                },
-                e => e.into(),
-            })?);
+            let room = window - (sent - scored.len());
+            if room > 0 && sent < msgs.len() {
+                let end = (sent + room.min(1024)).min(msgs.len());
+                let k = n.send_batch(&msgs[sent..end])?;
+                sent += k;
+                progress(k);
+            }
+            buf.clear();
+            if s.receive_batch(&mut buf, window)? > 0 {
+                scored.extend_from_slice(&buf);
+            } else if sent == msgs.len() || sent - scored.len() == window {
+                // Nothing ready and nothing more to send now: wait for the next answer.
+                scored.push(s.receive(wait).map_err(timeout)?);
+            }
         }
         Ok(Report {
             scored,

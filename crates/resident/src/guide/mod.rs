@@ -21,6 +21,9 @@
 //! 12. [`performance`]: what makes resident fast, with measured figures.
 //! 13. [`troubleshooting`]: every skipped test and set-up error, and its fix.
 
+// Every example is a complete program, `fn main` included, as a user would write it.
+#![allow(clippy::needless_doctest_main)]
+
 #[doc = include_str!("intro.md")]
 pub mod intro {}
 #[doc = include_str!("ring_kernels.md")]
