@@ -266,6 +266,29 @@ fn size(
     }
 }
 
+/// Memory this machine has available now (Linux: `MemAvailable`), if known.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Refuses a size whose working set (`bytes_per_item` each, a rough upper estimate of what the
+/// demo and its reference hold) cannot fit in the memory available now, naming the flag: an
+/// absurd size is a message, not an allocation failure halfway through.
+fn fits(flag: &str, n: usize, bytes_per_item: u64) -> Result<(), DemoError> {
+    let need = (n as u64).saturating_mul(bytes_per_item);
+    match available_memory() {
+        Some(avail) if need > avail => Err(DemoError::Usage(format!(
+            "{flag} {n} needs about {:.1} GiB, more than the {:.1} GiB available here",
+            need as f64 / (1u64 << 30) as f64,
+            avail as f64 / (1u64 << 30) as f64
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// An error for a zero flag.
 fn at_least_one(flag: &str, v: usize) -> Result<(), DemoError> {
     match v {
@@ -281,6 +304,7 @@ pub fn run(cmd: DemoCommand) -> Result<(), DemoError> {
         DemoCommand::VectorAdd { backend, n, chunk } => {
             let n = size("--n", n, backend.backend, 10_000_000, 1_000_000)?;
             at_least_one("--chunk", chunk)?;
+            fits("--n", n, 40)?; // a, b, c on the host and on the device, and the check
             let (rt, d) = backend.backend.open()?;
             println!(
                 "== demo vector-add: {n} elements, {chunk} per message, backend {:?} ==",
@@ -298,6 +322,7 @@ pub fn run(cmd: DemoCommand) -> Result<(), DemoError> {
         }
         DemoCommand::Pipeline { backend, n } => {
             let n = size("--n", n, backend.backend, 1_000_000, 20_000)?;
+            fits("--n", n, 200)?; // values, messages, results, the reference
             let (rt, d) = backend.backend.open()?;
             println!(
                 "== demo pipeline: normalizer -> scorer, {n} readings, backend {:?} ==",
@@ -341,7 +366,11 @@ fn load_graph(a: &PagerankArgs) -> Result<EdgeList, DemoError> {
                 false => Ok(g),
             }
         }
-        (None, Some(n)) => Ok(input::generate_graph(n, a.edges_per_node, a.seed)?),
+        (None, Some(n)) => {
+            // Edges as pairs, CSR both ways, ranks and the reference.
+            fits("--nodes", n, 64 + 40 * a.edges_per_node as u64)?;
+            Ok(input::generate_graph(n, a.edges_per_node, a.seed)?)
+        }
         (None, None) => Err(DemoError::Usage(
             "give --graph FILE or --nodes N (with --edges-per-node K --seed S)".into(),
         )),
@@ -477,6 +506,7 @@ fn run_anomaly(a: AnomalyArgs) -> Result<(), DemoError> {
                 1_000_000,
                 20_000,
             )?;
+            fits("--readings", n, 200)?; // readings, slots, messages, the reference
             let (r, s) = input::generate_readings(n, a.sensors, a.spike_every, a.seed)?;
             (r, Some(s))
         }

@@ -102,6 +102,18 @@ fn empty_and_zero_inputs_are_errors_naming_the_file_or_flag() {
         &["demo", "pagerank", "--nodes", "50", "--max-iter", "0"],
         &["--max-iter"],
     );
+    // Absurd sizes: a message naming the flag, before anything is allocated.
+    let huge = "1000000000000000";
+    refused(&["demo", "vector-add", "--n", huge], &["--n", "GiB"]);
+    refused(&["demo", "pipeline", "--n", huge], &["--n", "GiB"]);
+    refused(
+        &["demo", "anomaly", "--readings", huge],
+        &["--readings", "GiB"],
+    );
+    refused(
+        &["demo", "pagerank", "--nodes", "4000000000"],
+        &["--nodes", "GiB"],
+    );
 }
 
 #[test]
