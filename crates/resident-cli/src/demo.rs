@@ -41,6 +41,12 @@ macro_rules! say {
 
 /// The demo, recorded by `profiler` when given; `verbose = false` prints to stderr.
 pub fn run_with(messages: u32, profiler: Option<Profiler>, verbose: bool) -> Result<()> {
+    if messages == 0 {
+        return Err(Error::InvalidConfig {
+            id: "demo".into(),
+            reason: "--messages must be at least 1 (nothing to send, nothing to check)".into(),
+        });
+    }
     let mut builder = Runtime::builder()
         .backend(Backend::Auto)
         .enable_telemetry(true);
@@ -171,6 +177,11 @@ pub fn run_with(messages: u32, profiler: Option<Profiler>, verbose: bool) -> Res
         "max"
     );
     for t in rt.telemetry().kernels {
+        // No response recorded is no measurement: print "-", not "0 ns".
+        let lat = |ns: u64| match t.latency.count {
+            0 => "-".to_string(),
+            _ => fmt_ns(ns),
+        };
         say!(
             verbose,
             "{:<8} {:>9} {:>10} {:>8} {:>6} {:>12.0} {:>10} {:>10} {:>10}",
@@ -180,11 +191,15 @@ pub fn run_with(messages: u32, profiler: Option<Profiler>, verbose: bool) -> Res
             t.messages_dropped,
             t.queue_depth,
             t.throughput,
-            fmt_ns(t.latency.p50_ns),
-            fmt_ns(t.latency.p99_ns),
-            fmt_ns(t.latency.max_ns)
+            lat(t.latency.p50_ns),
+            lat(t.latency.p99_ns),
+            lat(t.latency.max_ns)
         );
     }
+    say!(
+        verbose,
+        "(latency is send -> response; \"-\": the kernel answers nothing, its outputs go on to the next kernel)"
+    );
     let report = |r: TerminateReport<Reading, Reading>| {
         say!(
             verbose,

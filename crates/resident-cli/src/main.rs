@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod gpu_bench;
 mod info;
+mod paths;
 mod profile;
 mod serve;
 mod wgpu_bench;
@@ -30,9 +31,10 @@ struct Cli {
 enum Command {
     /// The main job: devices, the demo pipeline, then the quick benchmark (JSON into bench/results/).
     All {
-        /// Where the benchmark JSON goes.
-        #[arg(long, default_value = "bench/results/cpu-latest.json")]
-        out: PathBuf,
+        /// Where the benchmark JSON goes [default: bench/results/cpu-latest.json in the
+        /// repository, from any folder].
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// GPU: pinned vs pageable transfers against a plain cuMemcpy baseline (needs a device).
     BenchTransfer {
@@ -95,9 +97,9 @@ enum Command {
         /// Shorter runs (a few seconds in all).
         #[arg(long)]
         quick: bool,
-        /// Where the JSON goes.
-        #[arg(long, default_value = "bench/results/cpu-latest.json")]
-        out: PathBuf,
+        /// Where the JSON goes [default: bench/results/cpu-latest.json in the repository].
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Serve a demo ring kernel over NATS (request/reply, queue groups, JetStream).
     Serve(Box<serve::ServeArgs>),
@@ -156,9 +158,15 @@ fn demo_exit(r: Result<(), workloads::DemoError>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            let mut last = e.to_string();
             let mut source = std::error::Error::source(&e);
             while let Some(s) = source {
-                eprintln!("  caused by: {s}");
+                // A transparent wrapper repeats its cause's message: print it once.
+                let text = s.to_string();
+                if !last.contains(&text) {
+                    eprintln!("  caused by: {text}");
+                }
+                last = text;
                 source = s.source();
             }
             ExitCode::FAILURE
@@ -166,8 +174,31 @@ fn demo_exit(r: Result<(), workloads::DemoError>) -> ExitCode {
     }
 }
 
+/// Restores the default SIGPIPE action, so that output piped into a reader that stops early
+/// (`resident profile x --json | head -1`) ends the process quietly, as for any Unix tool,
+/// instead of a panic on the failed write. Not for `serve`, which writes to sockets: there a
+/// closed peer must stay an error, not end the server.
+#[cfg(unix)]
+fn quiet_broken_pipe() {
+    extern "C" {
+        fn signal(signum: i32, handler: usize) -> usize;
+    }
+    const SIGPIPE: i32 = 13; // Linux, macOS and the BSDs
+    const SIG_DFL: usize = 0;
+    // SAFETY: called first thing in main, before any other thread exists.
+    unsafe {
+        signal(SIGPIPE, SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn quiet_broken_pipe() {}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        quiet_broken_pipe();
+    }
     let result = match cli.command {
         Command::Info { json } => return info::run(json),
         Command::Serve(args) => return serve::run(*args),
@@ -186,6 +217,16 @@ fn main() -> ExitCode {
             out_dir,
         } => return gpu_exit(wgpu_bench::run(repeats.max(1), quick, &out_dir)),
         Command::All { out } => {
+            // Where the results go is settled before any work is done.
+            let out = match paths::output(out, "bench/results/cpu-latest.json", "--out")
+                .and_then(|p| paths::check_parent(&p, "--out").map(|()| p))
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             info::run(false);
             println!();
             demo::run(1_000_000)
@@ -219,7 +260,9 @@ fn main() -> ExitCode {
             which: None,
             quick,
             out,
-        } => bench::run(&bench::Options { quick }, Some(&out)).map(|_| ()),
+        } => paths::output(out, "bench/results/cpu-latest.json", "--out")
+            .map_err(bench::BenchError::from)
+            .and_then(|out| bench::run(&bench::Options { quick }, Some(&out)).map(|_| ())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

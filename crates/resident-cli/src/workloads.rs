@@ -114,9 +114,9 @@ pub enum DemoCommand {
     VectorAdd {
         #[command(flatten)]
         backend: BackendArg,
-        /// Elements.
-        #[arg(long, default_value_t = 10_000_000)]
-        n: usize,
+        /// Elements [default: 10000000; on cuda-sim 1000000].
+        #[arg(long)]
+        n: Option<usize>,
         /// Elements per message (one device thread loops over a message's range; lavapipe cuts
         /// a WGSL invocation off after 65 535 loop iterations).
         #[arg(long, default_value_t = 16_384)]
@@ -128,9 +128,9 @@ pub enum DemoCommand {
     Pipeline {
         #[command(flatten)]
         backend: BackendArg,
-        /// Readings.
-        #[arg(long, default_value_t = 1_000_000)]
-        n: usize,
+        /// Readings [default: 1000000; on cuda-sim 20000].
+        #[arg(long)]
+        n: Option<usize>,
     },
     /// EWMA anomaly detection with per-sensor statistics resident in the kernel.
     Anomaly(AnomalyArgs),
@@ -181,9 +181,9 @@ pub struct AnomalyArgs {
     /// Readings CSV: `sensor,value` per line.
     #[arg(long, conflicts_with_all = ["readings", "sensors", "spike_every", "seed"])]
     input: Option<PathBuf>,
-    /// Generated stream: readings.
-    #[arg(long, default_value_t = 1_000_000)]
-    readings: usize,
+    /// Generated stream: readings [default: 1000000; on cuda-sim 20000].
+    #[arg(long)]
+    readings: Option<usize>,
     /// Generated stream: sensors.
     #[arg(long, default_value_t = 1000)]
     sensors: usize,
@@ -241,11 +241,70 @@ pub fn write_lines(
     Ok(())
 }
 
+/// A size flag: the value given (at least 1, else an error naming the flag), or the default,
+/// smaller on CudaSim with a note saying why.
+fn size(
+    flag: &str,
+    given: Option<usize>,
+    backend: BackendChoice,
+    default: usize,
+    on_sim: usize,
+) -> Result<usize, DemoError> {
+    match given {
+        Some(0) => Err(DemoError::Usage(format!(
+            "{flag} must be at least 1 (there would be nothing to compute and nothing to check)"
+        ))),
+        Some(n) => Ok(n),
+        None if backend == BackendChoice::CudaSim => {
+            println!(
+                "note: CudaSim is a simulator (one OS thread per CUDA thread, for correctness, \
+                 not speed): {flag} defaults to {on_sim} here instead of {default}"
+            );
+            Ok(on_sim)
+        }
+        None => Ok(default),
+    }
+}
+
+/// Memory this machine has available now (Linux: `MemAvailable`), if known.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Refuses a size whose working set (`bytes_per_item` each, a rough upper estimate of what the
+/// demo and its reference hold) cannot fit in the memory available now, naming the flag: an
+/// absurd size is a message, not an allocation failure halfway through.
+fn fits(flag: &str, n: usize, bytes_per_item: u64) -> Result<(), DemoError> {
+    let need = (n as u64).saturating_mul(bytes_per_item);
+    match available_memory() {
+        Some(avail) if need > avail => Err(DemoError::Usage(format!(
+            "{flag} {n} needs about {:.1} GiB, more than the {:.1} GiB available here",
+            need as f64 / (1u64 << 30) as f64,
+            avail as f64 / (1u64 << 30) as f64
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// An error for a zero flag.
+fn at_least_one(flag: &str, v: usize) -> Result<(), DemoError> {
+    match v {
+        0 => Err(DemoError::Usage(format!("{flag} must be at least 1"))),
+        _ => Ok(()),
+    }
+}
+
 /// Runs one demo.
 pub fn run(cmd: DemoCommand) -> Result<(), DemoError> {
     match cmd {
         DemoCommand::Sensors { messages } => Ok(crate::demo::run(messages)?),
         DemoCommand::VectorAdd { backend, n, chunk } => {
+            let n = size("--n", n, backend.backend, 10_000_000, 1_000_000)?;
+            at_least_one("--chunk", chunk)?;
+            fits("--n", n, 40)?; // a, b, c on the host and on the device, and the check
             let (rt, d) = backend.backend.open()?;
             println!(
                 "== demo vector-add: {n} elements, {chunk} per message, backend {:?} ==",
@@ -262,6 +321,8 @@ pub fn run(cmd: DemoCommand) -> Result<(), DemoError> {
             Ok(())
         }
         DemoCommand::Pipeline { backend, n } => {
+            let n = size("--n", n, backend.backend, 1_000_000, 20_000)?;
+            fits("--n", n, 200)?; // values, messages, results, the reference
             let (rt, d) = backend.backend.open()?;
             println!(
                 "== demo pipeline: normalizer -> scorer, {n} readings, backend {:?} ==",
@@ -294,8 +355,22 @@ pub fn run(cmd: DemoCommand) -> Result<(), DemoError> {
 
 fn load_graph(a: &PagerankArgs) -> Result<EdgeList, DemoError> {
     match (&a.graph, a.nodes) {
-        (Some(p), _) => Ok(input::read_edge_list(p)?),
-        (None, Some(n)) => Ok(input::generate_graph(n, a.edges_per_node, a.seed)?),
+        (Some(p), _) => {
+            let g = input::read_edge_list(p)?;
+            match g.edges.is_empty() {
+                true => Err(resident_workloads::InputError::Empty {
+                    path: p.clone(),
+                    what: "no edges (expected 'src dst' lines): nothing to rank",
+                }
+                .into()),
+                false => Ok(g),
+            }
+        }
+        (None, Some(n)) => {
+            // Edges as pairs, CSR both ways, ranks and the reference.
+            fits("--nodes", n, 64 + 40 * a.edges_per_node as u64)?;
+            Ok(input::generate_graph(n, a.edges_per_node, a.seed)?)
+        }
         (None, None) => Err(DemoError::Usage(
             "give --graph FILE or --nodes N (with --edges-per-node K --seed S)".into(),
         )),
@@ -308,6 +383,11 @@ fn run_pagerank(a: PagerankArgs) -> Result<(), DemoError> {
             "--tol must be a positive number, got {}",
             a.tol
         )));
+    }
+    at_least_one("--max-iter", a.max_iter as usize)?;
+    if a.stream {
+        at_least_one("--batches", a.batches)?;
+        at_least_one("--updates-per-batch", a.updates_per_batch)?;
     }
     let (rt, d) = a.backend.backend.open()?;
     let t = Instant::now();
@@ -405,14 +485,33 @@ fn run_anomaly(a: AnomalyArgs) -> Result<(), DemoError> {
     if a.micro_batch == 0 {
         return Err(DemoError::Usage("--micro-batch must be at least 1".into()));
     }
-    let (rt, d) = a.backend.backend.open()?;
+    at_least_one("--in-flight", a.in_flight)?;
     let (readings, spikes): (Vec<SensorReading>, Option<Vec<usize>>) = match &a.input {
-        Some(p) => (input::read_readings(p)?, None),
+        Some(p) => {
+            let r = input::read_readings(p)?;
+            if r.is_empty() {
+                return Err(resident_workloads::InputError::Empty {
+                    path: p.clone(),
+                    what: "no readings (expected 'sensor,value' lines): nothing to check",
+                }
+                .into());
+            }
+            (r, None)
+        }
         None => {
-            let (r, s) = input::generate_readings(a.readings, a.sensors, a.spike_every, a.seed)?;
+            let n = size(
+                "--readings",
+                a.readings,
+                a.backend.backend,
+                1_000_000,
+                20_000,
+            )?;
+            fits("--readings", n, 200)?; // readings, slots, messages, the reference
+            let (r, s) = input::generate_readings(n, a.sensors, a.spike_every, a.seed)?;
             (r, Some(s))
         }
     };
+    let (rt, d) = a.backend.backend.open()?;
     let r = anomaly::slot(&readings);
     println!(
         "== demo anomaly{}: {} readings, {} sensors, micro-batch {}, backend {:?} ==",

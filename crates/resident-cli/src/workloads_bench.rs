@@ -34,9 +34,16 @@ pub struct Options {
     /// Repetitions of every measurement (the spread is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
-    /// Existing folder for workloads.json and the pictures.
-    #[arg(long, default_value = "bench/results")]
-    pub out_dir: PathBuf,
+    /// Existing folder for the JSON and the pictures [default: bench/results in the
+    /// repository, from any folder].
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+    /// File name prefix of the JSON and the pictures [default: workloads (workloads-quick with
+    /// --quick) in a folder you name with --out-dir; workloads-latest (workloads-quick-latest)
+    /// in the default folder, names git ignores, so the committed results there are
+    /// overwritten only when asked: --prefix workloads].
+    #[arg(long)]
+    pub prefix: Option<String>,
     /// PageRank graph nodes (edges: 5 per node drawn).
     #[arg(long, default_value_t = 1_000_000)]
     pub nodes: usize,
@@ -114,12 +121,33 @@ struct PrRun {
 }
 
 pub fn run(o: &Options) -> Result<(), DemoError> {
-    if !o.out_dir.is_dir() {
+    let out_dir = crate::paths::output(o.out_dir.clone(), "bench/results", "--out-dir")
+        .map_err(DemoError::Usage)?;
+    if !out_dir.is_dir() {
         return Err(DemoError::Usage(format!(
             "--out-dir {} is not an existing folder",
-            o.out_dir.display()
+            out_dir.display()
         )));
     }
+    let prefix = match (&o.prefix, o.quick) {
+        (Some(p), _) if p.is_empty() || p.contains(['/', '\\']) => {
+            return Err(DemoError::Usage(format!(
+                "--prefix {p:?} must be a plain, non-empty file name prefix"
+            )))
+        }
+        (Some(p), _) => p.clone(),
+        (None, quick) => {
+            let base = if quick {
+                "workloads-quick"
+            } else {
+                "workloads"
+            };
+            match o.out_dir {
+                Some(_) => base.to_string(),
+                None => format!("{base}-latest"),
+            }
+        }
+    };
     let repeats = o.repeats.max(1);
     let (nodes, readings, sensors) = if o.quick {
         (20_000, 20_000, 1000)
@@ -395,11 +423,7 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
-    let json_path = o.out_dir.join(if o.quick {
-        "workloads-quick.json"
-    } else {
-        "workloads.json"
-    });
+    let json_path = out_dir.join(format!("{prefix}.json"));
     std::fs::write(
         &json_path,
         serde_json::to_string_pretty(&report).expect("json"),
@@ -409,12 +433,7 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
         source,
     })?;
     println!("wrote {}", json_path.display());
-    let prefix = if o.quick {
-        "workloads-quick"
-    } else {
-        "workloads"
-    };
-    draw_all(&o.out_dir, prefix, &runs, sensors)?;
+    draw_all(&out_dir, &prefix, &runs, sensors)?;
     Ok(())
 }
 
@@ -439,6 +458,56 @@ fn font_once() {
             include_bytes!("../assets/DejaVuSans.ttf"),
         );
     });
+}
+
+/// A log-axis tick label only at 1, 2 and 5 x 10^k (plotters offers every minor tick, whose
+/// labels collide at the top of a decade); compact figures.
+fn log_tick(x: f64) -> String {
+    if x.is_nan() || x <= 0.0 {
+        return String::new();
+    }
+    let e = x.log10().floor();
+    let m = x / 10f64.powf(e);
+    if [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .all(|&k| (m - k).abs() > 0.02 * k)
+    {
+        return String::new();
+    }
+    match x {
+        x if x >= 1e6 => format!("{}M", x / 1e6),
+        x if x >= 1e3 => format!("{}k", x / 1e3),
+        x if x >= 1.0 => format!("{x:.0}"),
+        x => format!("{}", (x * 1e6).round() / 1e6),
+    }
+}
+
+/// One legend entry: a line (solid or dashed, of `width`) and its text, drawn at `(x, y)`
+/// of a plain drawing area beside a chart, where it covers no data.
+fn legend_entry<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    (x, y): (i32, i32),
+    color: RGBColor,
+    dashed: bool,
+    width: u32,
+    text: &str,
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let style = color.stroke_width(width);
+    if dashed {
+        area.draw(&PathElement::new(vec![(x, y), (x + 9, y)], style))?;
+        area.draw(&PathElement::new(vec![(x + 15, y), (x + 24, y)], style))?;
+    } else {
+        area.draw(&PathElement::new(vec![(x, y), (x + 24, y)], style))?;
+    }
+    area.draw(&Text::new(
+        text.to_string(),
+        (x + 32, y - 7),
+        ("sans-serif", 13),
+    ))?;
+    Ok(())
 }
 
 fn draw_all(
@@ -500,8 +569,60 @@ where
         ("sans-serif", 22),
     )?;
     // One panel per backend (their latencies are decades apart), one color per micro-batch
-    // size, the actor solid and the stateless batch dashed.
-    let panels = root.split_evenly((runs.len().max(1), 1));
+    // size, the actor solid and the stateless batch dashed; the legend beside the panels.
+    let (plots, legend) = root.split_horizontally(root.dim_in_pixel().0 as i32 - 200);
+    let batches: Vec<usize> = runs
+        .iter()
+        .flat_map(|r| r.anomaly.iter().map(|a| a.batch))
+        .fold(Vec::new(), |mut v, b| {
+            if !v.contains(&b) {
+                v.push(b);
+            }
+            v
+        });
+    legend.draw(&Text::new(
+        "colour: micro-batch",
+        (8, 40),
+        ("sans-serif", 14),
+    ))?;
+    let mut y = 64;
+    for (k, b) in batches.iter().enumerate() {
+        let color = COLORS[k % COLORS.len()];
+        legend_entry(
+            &legend,
+            (8, y),
+            color,
+            false,
+            3,
+            &format!("actor, batch {b}"),
+        )?;
+        legend_entry(
+            &legend,
+            (8, y + 20),
+            color,
+            true,
+            2,
+            &format!("stateless, batch {b}"),
+        )?;
+        y += 48;
+    }
+    for (i, line) in [
+        "solid: the actor keeps",
+        "the statistics resident",
+        "dashed: stateless, they",
+        "are uploaded and read",
+        "back per micro-batch",
+    ]
+    .iter()
+    .enumerate()
+    {
+        legend.draw(&Text::new(
+            *line,
+            (8, y + 10 + 17 * i as i32),
+            ("sans-serif", 12),
+        ))?;
+    }
+    let panels = plots.split_evenly((runs.len().max(1), 1));
     for (r, panel) in runs.iter().zip(&panels) {
         let all: Vec<f64> = r
             .anomaly
@@ -518,52 +639,29 @@ where
             .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0f64..1f64)?;
         chart
             .configure_mesh()
-            .x_label_formatter(&|x| format!("{x:.0}"))
+            .x_label_formatter(&|x| log_tick(*x))
             .x_desc("micro-batch latency, microseconds (log scale)")
             .y_desc("fraction")
             .label_style(("sans-serif", 13))
             .axis_desc_style(("sans-serif", 14))
             .draw()?;
         for (k, a) in r.anomaly.iter().enumerate() {
-            let color = COLORS[k % COLORS.len()];
-            for (mode, lat, dashed) in [
-                ("actor", &a.actor_lat, false),
-                ("stateless", &a.stateless_lat, true),
-            ] {
+            let color =
+                COLORS[batches.iter().position(|&b| b == a.batch).unwrap_or(k) % COLORS.len()];
+            for (lat, dashed) in [(&a.actor_lat, false), (&a.stateless_lat, true)] {
                 let n = lat.len().max(1) as f64;
                 let pts: Vec<(f64, f64)> = lat
                     .iter()
                     .enumerate()
                     .map(|(i, &x)| (x, (i + 1) as f64 / n))
                     .collect();
-                let series = if dashed {
-                    chart.draw_series(DashedLineSeries::new(pts, 8, 5, color.stroke_width(2)))?
+                if dashed {
+                    chart.draw_series(DashedLineSeries::new(pts, 8, 5, color.stroke_width(2)))?;
                 } else {
-                    chart.draw_series(LineSeries::new(pts, color.stroke_width(3)))?
-                };
-                let (gap, width) = if dashed { (6, 2) } else { (0, 3) };
-                series
-                    .label(format!("{mode}, batch {}", a.batch))
-                    .legend(move |(x, y)| {
-                        EmptyElement::at((x, y))
-                            + PathElement::new(
-                                vec![(0, 0), (12 - gap / 2, 0)],
-                                color.stroke_width(width),
-                            )
-                            + PathElement::new(
-                                vec![(12 + gap / 2, 0), (24, 0)],
-                                color.stroke_width(width),
-                            )
-                    });
+                    chart.draw_series(LineSeries::new(pts, color.stroke_width(3)))?;
+                }
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font(("sans-serif", 12))
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()?;
     }
     Ok(())
 }
@@ -600,38 +698,85 @@ where
         })
         .fold(f64::INFINITY, f64::min)
         / 1e6;
-    let mut chart = ChartBuilder::on(root)
-        .caption(
-            format!("Anomaly detection, {sensors} sensors: throughput vs micro-batch size"),
-            ("sans-serif", 24),
-        )
+    let root = root.titled(
+        &format!("Anomaly detection, {sensors} sensors: throughput vs micro-batch size"),
+        ("sans-serif", 22),
+    )?;
+    // The legend beside the chart (it covers no data); the axis fitted to the data.
+    let (plot, legend) = root.split_horizontally(root.dim_in_pixel().0 as i32 - 250);
+    legend.draw(&Text::new("colour: backend", (8, 30), ("sans-serif", 14)))?;
+    for (i, r) in runs.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        legend_entry(&legend, (8, 56 + 22 * i as i32), color, false, 3, &r.name)?;
+    }
+    let y0 = 56 + 22 * runs.len() as i32 + 16;
+    legend.draw(&Text::new("line: mode", (8, y0), ("sans-serif", 14)))?;
+    let grey = RGBColor(90, 90, 90);
+    legend_entry(
+        &legend,
+        (8, y0 + 26),
+        grey,
+        false,
+        3,
+        "actor, statistics resident",
+    )?;
+    legend.draw(&Text::new(
+        format!("({} micro-batches in flight)", anomaly::IN_FLIGHT),
+        (40, y0 + 36),
+        ("sans-serif", 12),
+    ))?;
+    legend_entry(
+        &legend,
+        (8, y0 + 64),
+        grey,
+        true,
+        2,
+        "stateless: upload, update,",
+    )?;
+    legend.draw(&Text::new(
+        "download per micro-batch",
+        (40, y0 + 74),
+        ("sans-serif", 12),
+    ))?;
+    legend_entry(
+        &legend,
+        (8, y0 + 102),
+        grey,
+        false,
+        1,
+        "actor, one micro-batch",
+    )?;
+    legend.draw(&Text::new(
+        "in flight (hollow points)",
+        (40, y0 + 112),
+        ("sans-serif", 12),
+    ))?;
+    legend.draw(&Text::new(
+        "bars: min..max of repeats",
+        (8, y0 + 142),
+        ("sans-serif", 12),
+    ))?;
+    let mut chart = ChartBuilder::on(&plot)
         .margin(18)
         .x_label_area_size(48)
         .y_label_area_size(72)
         .build_cartesian_2d(
             (80f64..1250f64).log_scale(),
-            // Headroom above the data for the legend.
-            (lo.max(1e-4) * 0.5..hi * 800.0).log_scale(),
+            (lo.max(1e-4) * 0.6..hi * 1.6).log_scale(),
         )?;
     chart
         .configure_mesh()
         .x_labels(4)
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y}"))
+        .y_label_formatter(&|y| log_tick(*y))
         .x_desc("readings per micro-batch (log scale)")
         .y_desc("million readings / s (log scale)")
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
         .draw()?;
     for (i, r) in runs.iter().enumerate() {
-        for (j, mode) in [
-            "actor, resident statistics",
-            "stateless, upload/update/download",
-            "actor, one micro-batch in flight",
-        ]
-        .iter()
-        .enumerate()
-        {
+        // j: actor (resident statistics), stateless, actor with one micro-batch in flight.
+        for j in 0..3 {
             // One color per backend; the line says which mode: solid (actor), dashed
             // (stateless), thin with hollow points (actor, one micro-batch in flight).
             let color = COLORS[i % COLORS.len()];
@@ -659,16 +804,7 @@ where
                     color.stroke_width(2),
                 )))?;
             }
-            let label = if j == 0 {
-                format!(
-                    "{} {mode} ({} micro-batches in flight)",
-                    r.name,
-                    anomaly::IN_FLIGHT
-                )
-            } else {
-                format!("{} {mode}", r.name)
-            };
-            let series = match j {
+            match j {
                 0 => chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))?,
                 1 => chart.draw_series(DashedLineSeries::new(
                     pts.clone(),
@@ -678,17 +814,6 @@ where
                 ))?,
                 _ => chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(1)))?,
             };
-            // Two strokes each: a gap between them makes the stateless mode's dash.
-            let (gap, width) = match j {
-                0 => (0, 3),
-                1 => (6, 2),
-                _ => (0, 1),
-            };
-            series.label(label).legend(move |(x, y)| {
-                EmptyElement::at((x, y))
-                    + PathElement::new(vec![(0, 0), (12 - gap / 2, 0)], color.stroke_width(width))
-                    + PathElement::new(vec![(12 + gap / 2, 0), (24, 0)], color.stroke_width(width))
-            });
             chart.draw_series(pts.iter().map(|&(x, y)| {
                 let style = if j == 2 {
                     color.stroke_width(2)
@@ -699,13 +824,6 @@ where
             }))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
     Ok(())
 }
 
@@ -770,6 +888,7 @@ where
             ("sans-serif", 22),
         )
         .margin(18)
+        .margin_bottom(44) // room for the colour key
         .x_label_area_size(40)
         .y_label_area_size(330)
         .build_cartesian_2d((lo..hi).log_scale(), -0.5f64..(bars.len() as f64 - 0.5))?;
@@ -806,13 +925,15 @@ where
             vec![(mn.max(lo), y), (mx.max(lo), y)],
             BLACK.stroke_width(2),
         )))?;
+        // The figure right of the whisker and the target mark, so nothing covers it.
+        let right = mx.max(m).max(*target).max(lo) * 1.08;
         chart.draw_series(std::iter::once(Text::new(
             if m < 0.95 {
                 format!("x{m:.2}")
             } else {
                 format!("x{m:.1}")
             },
-            (m.max(lo) * 1.05, y - 0.1),
+            (right, y + 0.25),
             ("sans-serif", 15),
         )))?;
         if *target > 0.0 {
@@ -820,13 +941,33 @@ where
                 vec![(*target, y - 0.42), (*target, y + 0.42)],
                 COLORS[1].stroke_width(3),
             )))?;
-            chart.draw_series(std::iter::once(Text::new(
-                format!("target x{target}"),
-                (*target * 1.03, y + 0.42),
-                ("sans-serif", 13),
-            )))?;
         }
     }
+    // What the colours mean, in the empty band below the bars' labels.
+    let (w, h) = root.dim_in_pixel();
+    let key = [
+        (COLORS[0], "blue bar: meets its target (or has none)"),
+        (COLORS[1], "red bar: misses its target"),
+    ];
+    for (i, (c, t)) in key.iter().enumerate() {
+        let x = 20 + 300 * i as i32;
+        let y = h as i32 - 22;
+        root.draw(&Rectangle::new(
+            [(x, y - 6), (x + 18, y + 6)],
+            c.mix(0.8).filled(),
+        ))?;
+        root.draw(&Text::new(*t, (x + 24, y - 7), ("sans-serif", 13)))?;
+    }
+    let x = (w as i32 - 300).max(620);
+    root.draw(&PathElement::new(
+        vec![(x, h as i32 - 30), (x, h as i32 - 14)],
+        COLORS[1].stroke_width(3),
+    ))?;
+    root.draw(&Text::new(
+        "red tick: the target (x5 anomaly, x10 PageRank)",
+        (x + 8, h as i32 - 29),
+        ("sans-serif", 13),
+    ))?;
     chart.draw_series(std::iter::once(PathElement::new(
         vec![(1.0, -0.5), (1.0, bars.len() as f64 - 0.5)],
         BLACK.stroke_width(1),

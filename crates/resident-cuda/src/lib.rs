@@ -11,7 +11,7 @@
 //! * [`stream`]: [`Stream`] and [`Event`]; [`overlap`]: copy/compute double buffering.
 //! * [`nvrtc`], [`cache`], [`module`]: CUDA C -> PTX, the disk cache, loaded kernels.
 //! * [`launch`]: launch geometry shared with the CPU backend.
-//! * [`telemetry`]: NVML readings; [`bench`]: the transfer benchmark.
+//! * [`telemetry`]: NVML readings; [`bench`](mod@bench): the transfer benchmark.
 #![deny(missing_docs)]
 
 pub mod bench;

@@ -11,7 +11,7 @@
 //! so the readings of one sensor are applied in order even when one batch holds many of them.
 //! A micro-batch ends with a flush marker, answered once every reading before it is folded.
 //!
-//! Tolerance against [`reference`]: the same alerts (index and sensor), and `z` and the final
+//! Tolerance against [`reference()`]: the same alerts (index and sensor), and `z` and the final
 //! statistics within relative `1e-9` (the CPU kernel does the same f64 operations in the same
 //! order, so in practice they are equal).
 
@@ -40,7 +40,14 @@ resident::ring::device_message! {
     /// Per-sensor statistics (the bound buffer `stats`): weighted mean `m`, weighted variance
     /// `v`, readings folded so far `n`.
     #[derive(Default, PartialEq)]
-    pub struct SensorStats { pub m: f64, pub v: f64, pub n: u64 }
+    pub struct SensorStats {
+        /// Weighted mean.
+        pub m: f64,
+        /// Weighted variance.
+        pub v: f64,
+        /// Readings folded so far.
+        pub n: u64,
+    }
 }
 
 /// Scores `x` against `s`, folds it in, and returns `Some(z)` when it is an anomaly.
@@ -141,20 +148,49 @@ resident::ring::device_message! {
     /// applied in order. `slot == FLUSH` marks the end of a micro-batch; its `index` is the
     /// micro-batch number and its `ticket` the count of all readings sent before it
     /// (mod 2^32): it is answered once that many readings have been handled.
-    pub struct ReadingMsg { pub index: u64, pub value: f64, pub slot: u32, pub ticket: u32 }
+    pub struct ReadingMsg {
+        /// Position in the stream (for a flush: the micro-batch number).
+        pub index: u64,
+        /// The reading.
+        pub value: f64,
+        /// Dense sensor slot, or `FLUSH`.
+        pub slot: u32,
+        /// Earlier readings of this slot (for a flush: of all slots), mod 2^32.
+        pub ticket: u32,
+    }
 }
 
 resident::ring::device_message! {
     /// An anomaly. `slot == FLUSH` answers a flush: micro-batch `index` is handled; `z` holds
     /// the kernel's total alert count so far and `value` its total refused readings (slot past
     /// the statistics, or a ticket that never came due).
-    pub struct AlertMsg { pub index: u64, pub value: f64, pub z: f64, pub slot: u32, pub _pad: u32 }
+    pub struct AlertMsg {
+        /// The reading's position (for a flush: the micro-batch number).
+        pub index: u64,
+        /// The reading (for a flush: total refused readings).
+        pub value: f64,
+        /// Its z-score (for a flush: total alerts).
+        pub z: f64,
+        /// The sensor slot, or `FLUSH`.
+        pub slot: u32,
+        /// Padding (zero).
+        pub _pad: u32,
+    }
 }
 
 resident::ring::device_message! {
     /// The detector's counters on a device (mod 2^32): readings handled, alerts, refused.
     #[derive(Default)]
-    pub struct DetectorCounters { pub processed: u32, pub alerts: u32, pub refused: u32, pub _pad: u32 }
+    pub struct DetectorCounters {
+        /// Readings handled.
+        pub processed: u32,
+        /// Alerts raised.
+        pub alerts: u32,
+        /// Readings refused.
+        pub refused: u32,
+        /// Padding (zero).
+        pub _pad: u32,
+    }
 }
 
 /// The flush marker's slot.

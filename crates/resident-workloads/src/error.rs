@@ -25,6 +25,15 @@ pub enum InputError {
         /// What is wrong.
         reason: String,
     },
+    /// A file with nothing to compute on: no edges, no readings. A workload over no data would
+    /// "pass" its reference check trivially, so the runners that read files refuse it.
+    #[error("{path}: {what}")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+        /// What is missing.
+        what: &'static str,
+    },
     /// A generator or size parameter out of range.
     #[error("bad parameter {name} = {value}: {reason}")]
     BadParameter {

@@ -214,6 +214,13 @@ pub fn generate_readings(
     spike_every: usize,
     seed: u64,
 ) -> Result<(Vec<SensorReading>, Vec<usize>), InputError> {
+    if count == 0 {
+        return Err(InputError::BadParameter {
+            name: "--readings",
+            value: count.to_string(),
+            reason: "must be at least 1",
+        });
+    }
     if sensors == 0 || sensors > u32::MAX as usize {
         return Err(InputError::BadParameter {
             name: "--sensors",

@@ -13,6 +13,7 @@
 //!
 //! Every workload also has the stateless baseline the issue compares against ([`anomaly::run_stateless`],
 //! [`pagerank::recompute`]).
+#![deny(missing_docs)]
 
 pub mod anomaly;
 pub mod device;

@@ -10,7 +10,7 @@
 //! kernel; a message is one power-iteration step (pull form) over a node range
 //! ([`PageRankStep`]), answered with the range's L1 change and dangling mass ([`StepDone`]).
 //! The host sends an iteration's ranges, sums the answers and starts the next iteration, so
-//! nothing but those scalars crosses between host and device. Checked against [`reference`]
+//! nothing but those scalars crosses between host and device. Checked against [`reference()`]
 //! (a sequential push over the edge list, as networkx's Python loop): same iteration count,
 //! every rank within relative [`FULL_TOLERANCE`] (f64 handlers), or L1 distance
 //! [`FULL_TOLERANCE_F32`] for f32 handlers ([`check_full_with`]).
@@ -29,7 +29,7 @@
 //! touches only the nodes whose residual an update made large, which for a small update batch
 //! on a large graph is a tiny fraction. Work is proportional to the residual an update batch
 //! creates, roughly `13 B / (N tol)` pushes for `B` edge changes.
-//! The check ([`check_stream`]) compares against recomputing from scratch (power iteration from
+//! The check compares against recomputing from scratch (power iteration from
 //! `1/N` on the updated graph): both are within `d/(1-d) N tol` of the true ranks, so their
 //! L1 distance must be `<= 2 d/(1-d) N tol` ([`stream_tolerance`]).
 
@@ -228,13 +228,39 @@ resident::ring::device_message! {
     /// `old = ranks[(iter & 1) * N ..]` and `new = ranks[((iter + 1) & 1) * N ..]`, for each `v`
     /// in `lo..hi`: `new[v] = base + damping * sum(old[u] / out_degree[u])` over the sources `u`
     /// of `v`'s in-edges (`in_sources[in_offsets[v] .. in_offsets[v + 1]]`).
-    pub struct PageRankStep { pub base: f64, pub damping: f64, pub iter: u32, pub lo: u32, pub hi: u32, pub _pad: u32 }
+    pub struct PageRankStep {
+        /// Teleport term added to every rank.
+        pub base: f64,
+        /// Damping factor.
+        pub damping: f64,
+        /// Iteration (its parity picks the halves of `ranks`).
+        pub iter: u32,
+        /// First node of the range.
+        pub lo: u32,
+        /// One past the last node.
+        pub hi: u32,
+        /// Padding (zero).
+        pub _pad: u32,
+    }
 }
 
 resident::ring::device_message! {
     /// A step's answer: `l1 = sum |new[v] - old[v]|` and `dangling = sum new[v]` over the
     /// nodes of `lo..hi` without out-edges; `ok == 0` when the range or the buffers are invalid.
-    pub struct StepDone { pub l1: f64, pub dangling: f64, pub iter: u32, pub lo: u32, pub hi: u32, pub ok: u32 }
+    pub struct StepDone {
+        /// L1 change over the range.
+        pub l1: f64,
+        /// Rank of the range's dangling nodes.
+        pub dangling: f64,
+        /// The step's iteration.
+        pub iter: u32,
+        /// First node of the range.
+        pub lo: u32,
+        /// One past the last node.
+        pub hi: u32,
+        /// 0 when the range or the buffers were invalid.
+        pub ok: u32,
+    }
 }
 
 resident::ring::device_message! {
@@ -246,6 +272,7 @@ resident::ring::device_message! {
         pub work: u64,
         /// Edge updates applied / refused since the last answer.
         pub applied: u64,
+        /// Edge updates refused since the last answer.
         pub rejected: u64,
         /// Iterations (power iteration) or pushes (refresh, low 32 bits).
         pub iterations: u32,

@@ -64,7 +64,16 @@ use crate::input::EdgeList;
 
 resident::ring::device_message! {
     /// An edge change of a stream of updates: `op` is [`OP_ADD`] or [`OP_REMOVE`].
-    pub struct EdgeUpdate { pub src: u32, pub dst: u32, pub op: u32, pub _pad: u32 }
+    pub struct EdgeUpdate {
+        /// Source node.
+        pub src: u32,
+        /// Target node.
+        pub dst: u32,
+        /// `OP_ADD` or `OP_REMOVE`.
+        pub op: u32,
+        /// Padding (zero).
+        pub _pad: u32,
+    }
 }
 
 /// Add the edge `src -> dst`.
@@ -106,7 +115,22 @@ resident::ring::device_message! {
     /// A message of the streaming kernel: `op` (see [`op`]) on `a..b` (an edge `a -> b` for a
     /// change), with `value`, for queue round `round`; `ticket` orders changes of one source
     /// and tells `SYNC` how many changes to wait for.
-    pub struct StreamMsg { pub value: f64, pub a: u32, pub b: u32, pub op: u32, pub round: u32, pub ticket: u32, pub _pad: u32 }
+    pub struct StreamMsg {
+        /// Operand of the operation.
+        pub value: f64,
+        /// Range start, or the edge's source.
+        pub a: u32,
+        /// Range end, or the edge's target.
+        pub b: u32,
+        /// The operation (see `op`).
+        pub op: u32,
+        /// Queue round.
+        pub round: u32,
+        /// Order among one source's changes; for `SYNC`, changes to wait for.
+        pub ticket: u32,
+        /// Padding (zero).
+        pub _pad: u32,
+    }
 }
 
 resident::ring::device_message! {
@@ -120,16 +144,27 @@ resident::ring::device_message! {
     /// room) and `stalled` (changes whose earlier change of the same source never came), and
     /// `ok` (0: the range or the buffers were invalid, or a sync gave up waiting).
     pub struct StreamAnswer {
+        /// L1 change, residual L1 or uniform residual (see above).
         pub sum: f64,
+        /// Rank of the range's dangling nodes (for `TAKE`: dangling nodes).
         pub dangling: f64,
+        /// Edges and nodes visited.
         pub work: u64,
+        /// Nodes queued (see above).
         pub count: u64,
+        /// Node pushes.
         pub pushes: u64,
+        /// Changes applied since launch (mod 2^32).
         pub applied: u32,
+        /// Changes rejected since launch (mod 2^32).
         pub rejected: u32,
+        /// Adds refused for lack of pool room since launch.
         pub full: u32,
+        /// The operation answered.
         pub op: u32,
+        /// 0 when the range or the buffers were invalid, or a sync gave up.
         pub ok: u32,
+        /// Changes whose earlier change of the same source never came.
         pub stalled: u32,
     }
 }
@@ -139,15 +174,25 @@ resident::ring::device_message! {
     /// the change counters (mod 2^32) and the three queue counters (round `k`'s is `len[k % 3]`).
     #[derive(Default)]
     pub struct StreamCounters {
+        /// Damping factor.
         pub damping: f64,
+        /// Push threshold.
         pub eps: f64,
+        /// Uniform residual (the dangling mass not yet pushed).
         pub uniform: f64,
+        /// First free slot of the edge pool.
         pub pool_top: u32,
+        /// Changes received (mod 2^32).
         pub updates: u32,
+        /// Changes applied (mod 2^32).
         pub applied: u32,
+        /// Changes rejected (mod 2^32).
         pub rejected: u32,
+        /// Adds refused for lack of pool room.
         pub full: u32,
+        /// Changes whose earlier change never came.
         pub stalled: u32,
+        /// Queue lengths of the three rounds (round `k`'s is `len[k % 3]`).
         pub len: [u32; 3],
         /// Nodes without out-edges (set by `FILL`, kept by edge changes).
         pub dangling: u32,
@@ -159,16 +204,27 @@ resident::ring::device_message! {
     /// the counters of [`StreamCounters`] (every `u32` atomic in WGSL).
     #[derive(Default)]
     pub struct WgslStreamCounters {
+        /// Damping factor (f32).
         pub damping: f32,
+        /// Push threshold (f32).
         pub eps: f32,
+        /// Uniform residual as f32 bits.
         pub uniform_bits: u32,
+        /// First free slot of the edge pool.
         pub pool_top: u32,
+        /// Changes received.
         pub updates: u32,
+        /// Changes applied.
         pub applied: u32,
+        /// Changes rejected.
         pub rejected: u32,
+        /// Adds refused for lack of pool room.
         pub full: u32,
+        /// Changes whose earlier change never came.
         pub stalled: u32,
+        /// Queue lengths of the three rounds.
         pub len: [u32; 3],
+        /// Nodes without out-edges.
         pub dangling: u32,
     }
 }

@@ -3,7 +3,7 @@
 //! the scorer (`RingKernel::forward_to`); `scorer` computes `score = x^2` and a level: low below 0.3,
 //! medium below 0.7, else high. The host sends to the normalizer and receives from the scorer.
 //!
-//! Tolerance: the kernels do the same f64 operations as [`reference`]; checked with `1e-12`.
+//! Tolerance: the kernels do the same f64 operations as [`reference()`]; checked with `1e-12`.
 
 use std::time::{Duration, Instant};
 
@@ -14,17 +14,38 @@ use crate::error::WorkloadError;
 
 resident::ring::device_message! {
     /// A raw reading.
-    pub struct Raw { pub seq: u64, pub value: f64 }
+    pub struct Raw {
+        /// Position in the input.
+        pub seq: u64,
+        /// The reading.
+        pub value: f64,
+    }
 }
 
 resident::ring::device_message! {
     /// A normalized reading.
-    pub struct Normalized { pub seq: u64, pub x: f64 }
+    pub struct Normalized {
+        /// Position in the input.
+        pub seq: u64,
+        /// The normalized value in `[0, 1]`.
+        pub x: f64,
+    }
 }
 
 resident::ring::device_message! {
     /// A scored reading; `level` is [`LOW`], [`MEDIUM`] or [`HIGH`].
-    pub struct Scored { pub seq: u64, pub x: f64, pub score: f64, pub level: u32, pub _pad: u32 }
+    pub struct Scored {
+        /// Position in the input.
+        pub seq: u64,
+        /// The normalized value.
+        pub x: f64,
+        /// Its score.
+        pub score: f64,
+        /// `LOW`, `MEDIUM` or `HIGH`.
+        pub level: u32,
+        /// Padding (zero).
+        pub _pad: u32,
+    }
 }
 
 /// Score below 0.3.
@@ -80,11 +101,14 @@ pub fn reference(values: &[f64]) -> Vec<Scored> {
         .collect()
 }
 
+/// Input (per lane) and output queue size of both kernels.
+const QUEUE: usize = 4096;
+
 /// The normalizer kernel: its outputs are forwarded to `scorer_id` by the runtime
 /// (`RingKernel::forward_to`), so the same handler works on every backend.
 pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized> {
     RingKernel::<Raw, Normalized>::new(id)
-        .queue_size(4096)
+        .queue_size(QUEUE)
         .batch_size(256)
         .forward_to(scorer_id)
         .cuda(cuda::normalizer_handler())
@@ -104,7 +128,7 @@ pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized> {
 /// The scorer kernel.
 pub fn scorer(id: &str) -> RingKernel<Normalized, Scored> {
     RingKernel::<Normalized, Scored>::new(id)
-        .queue_size(4096)
+        .queue_size(QUEUE)
         .batch_size(256)
         .cuda(cuda::scorer_handler())
         .wgsl(
@@ -157,26 +181,35 @@ pub fn run(
                 value: v,
             })
             .collect();
-        let mut buf = Vec::with_capacity(1024);
-        for chunk in msgs.chunks(1024) {
-            let mut sent = 0;
-            while sent < chunk.len() {
-                sent += n.send_batch(&chunk[sent..])?;
-            }
-            // Keep the output queue moving while sending.
-            buf.clear();
-            s.receive_batch(&mut buf, 4096)?;
-            scored.extend_from_slice(&buf);
-            progress(chunk.len());
-        }
+        // At most the scorer's output queue's size unanswered: with more, on a slow backend
+        // (CudaSim) the output queue, both input queues and the send would fill up and the
+        // send would time out while this thread is not receiving.
+        let window = QUEUE;
+        let wait = Duration::from_secs(30);
+        let timeout = |e: resident::Error| match e {
+            resident::Error::Timeout { .. } => WorkloadError::Timeout {
+                workload: "pipeline",
+                waited: wait,
+            },
+            e => e.into(),
+        };
+        let mut buf = Vec::with_capacity(window);
+        let mut sent = 0;
         while scored.len() < values.len() {
-            scored.push(s.receive(Duration::from_secs(30)).map_err(|e| match e {
-                resident::Error::Timeout { .. } => WorkloadError::Timeout {
-                    workload: "pipeline",
-                    waited: Duration::from_secs(30),
-                },
-                e => e.into(),
-            })?);
+            let room = window - (sent - scored.len());
+            if room > 0 && sent < msgs.len() {
+                let end = (sent + room.min(1024)).min(msgs.len());
+                let k = n.send_batch(&msgs[sent..end])?;
+                sent += k;
+                progress(k);
+            }
+            buf.clear();
+            if s.receive_batch(&mut buf, window)? > 0 {
+                scored.extend_from_slice(&buf);
+            } else if sent == msgs.len() || sent - scored.len() == window {
+                // Nothing ready and nothing more to send now: wait for the next answer.
+                scored.push(s.receive(wait).map_err(timeout)?);
+            }
         }
         Ok(Report {
             scored,

@@ -19,12 +19,26 @@ use crate::rng::SplitMix64;
 
 resident::ring::device_message! {
     /// Add `c[offset .. offset + len] = a[..] + b[..]`.
-    pub struct AddRange { pub offset: u64, pub len: u64 }
+    pub struct AddRange {
+        /// First element.
+        pub offset: u64,
+        /// Elements.
+        pub len: u64,
+    }
 }
 
 resident::ring::device_message! {
     /// Done with a range (`ok == 0`: the range was outside the buffers).
-    pub struct RangeDone { pub offset: u64, pub len: u64, pub ok: u32, pub _pad: u32 }
+    pub struct RangeDone {
+        /// First element.
+        pub offset: u64,
+        /// Elements.
+        pub len: u64,
+        /// 0 when the range was outside the buffers.
+        pub ok: u32,
+        /// Padding (zero).
+        pub _pad: u32,
+    }
 }
 
 /// The vector-add actor over `a`, `b` (inputs) and `c` (output), bound by name.

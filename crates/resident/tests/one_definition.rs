@@ -1,6 +1,7 @@
-//! The README's example of one ring kernel defined once with a CPU closure, a CUDA handler and
-//! a WGSL handler. The lines between the README markers below appear verbatim in README.md
-//! (checked here), and the definition runs on the CPU backend and on wgpu (lavapipe in CI) with
+//! The guide's example of one ring kernel defined once with a CPU closure, a CUDA handler and
+//! a WGSL handler. The lines between the README markers below appear verbatim in the guide's
+//! backends chapter (`crates/resident/src/guide/backends.md`, checked here, and run there as a
+//! doctest on every backend present), and the definition runs on the CPU backend and on wgpu (lavapipe in CI) with
 //! the same results; the CUDA handler is compiled with NVRTC when NVRTC is present (it runs
 //! only on a GPU). Without a wgpu adapter the wgpu half prints `SKIP:` unless
 //! `RESIDENT_REQUIRE_WGPU=1`.
@@ -89,14 +90,14 @@ fn exercise(rt: &Runtime) -> Vec<(u32, f32)> {
 }
 
 #[test]
-fn the_readme_shows_this_file() {
+fn the_guide_shows_this_file() {
     let me = include_str!("one_definition.rs");
     let begin = me.find("// README:begin\n").unwrap() + "// README:begin\n".len();
     let end = me.find("// README:end").unwrap();
-    let readme = include_str!("../../../README.md");
+    let guide = include_str!("../src/guide/backends.md");
     assert!(
-        readme.contains(&me[begin..end]),
-        "README.md must contain the lines between the README markers of tests/one_definition.rs verbatim"
+        guide.contains(&me[begin..end]),
+        "the guide's backends chapter must contain the lines between the README markers of tests/one_definition.rs verbatim"
     );
 }
 

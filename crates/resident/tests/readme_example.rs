@@ -1,9 +1,12 @@
-//! The README's "A handler on the GPU" example, verbatim, gives the same results on every
-//! backend present: the CPU closure and the CUDA handler (on CudaSim here; on a GPU where
-//! one is present) agree message by message.
+//! The README's example gives the same results on every backend present: the CPU closure and
+//! the CUDA handler (on CudaSim here; on a GPU where one is present) agree message by message.
+//! The lines between the README markers appear verbatim in README.md (checked below); the
+//! README's whole program, `main` included, is compiled and run as a doctest
+//! (`resident::guide`'s `ReadmeExample`, `cargo test -p resident --doc`).
 
 use std::time::Duration;
 
+// README:begin
 use resident::prelude::*;
 
 device_message! { pub struct Tick { pub price: f32, pub qty: u32 } } // Rust + C layout, one definition
@@ -25,6 +28,7 @@ fn kernel() -> RingKernel<Tick, Notional> {
         })
         .cuda(CudaHandler::new(SRC))
 }
+// README:end
 
 /// (value, whether seq is the request's message id) for 100 ticks.
 fn run(rt: Runtime) -> Vec<(f32, bool)> {
@@ -54,4 +58,16 @@ fn readme_gpu_example_gives_the_same_results_on_every_backend() {
     }
     assert_eq!(cpu[3], (4.5 * 3.0, true));
     assert!(cpu.iter().all(|&(_, seq_is_id)| seq_is_id));
+}
+
+#[test]
+fn the_readme_shows_this_file() {
+    let me = include_str!("readme_example.rs");
+    let begin = me.find("// README:begin\n").unwrap() + "// README:begin\n".len();
+    let end = me.find("// README:end").unwrap();
+    let readme = include_str!("../../../README.md");
+    assert!(
+        readme.contains(&me[begin..end]),
+        "README.md must contain the lines between the README markers of tests/readme_example.rs verbatim"
+    );
 }

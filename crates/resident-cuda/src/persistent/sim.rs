@@ -408,7 +408,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     }
 
     /// [`launch`](Self::launch) with the module already compiled by
-    /// [`compile_sim`](super::compile_sim) from `source` (compiling needs no quiesce; loading
+    /// [`compile_sim`] from `source` (compiling needs no quiesce; loading
     /// and launching do).
     pub fn launch_compiled(
         module: &crate::sim::SimModule,

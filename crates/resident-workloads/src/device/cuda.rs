@@ -2,7 +2,7 @@
 //! host C++ compiler; the same sources), and the stateless anomaly baseline on a CUDA-C device.
 //!
 //! Each ring-kernel handler takes the bound buffers (`ResidentBuffers*`, see
-//! [`CudaHandler`](resident::prelude::CudaHandler)); the `*_handler()` functions declare them,
+//! [`CudaHandler`]); the `*_handler()` functions declare them,
 //! so a kernel using one must bind the same names, element types and order:
 //!
 //! | handler | messages | state | bound buffers (in order) |

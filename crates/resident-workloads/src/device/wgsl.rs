@@ -14,7 +14,7 @@
 //! | [`PIPELINE_WGSL`] | `normalize` | `Raw -> Normalized` | `.function("normalize").declare::<Scored>()` |
 //! | [`PIPELINE_WGSL`] | `score` | `Normalized -> Scored` | `.function("score").declare::<Raw>()` |
 //! | [`ANOMALY_WGSL`] | `anomaly` | `ReadingMsg -> AlertMsg`, bound `stats`, state `DetectorCounters` | `.function("anomaly").state(DetectorCounters::default()).in_order()` |
-//! | [`PAGERANK_WGSL`] | `pagerank_step` | `PageRankStep -> StepDone`, bound `in_offsets`, `in_sources`, `out_degree`, `ranks` (f64[2N]) | `.function("pagerank_step")` |
+//! | [`PAGERANK_WGSL`] | `pagerank_step` | `PageRankStep -> StepDone`, bound `in_offsets`, `in_sources`, `out_degree`, `ranks` (f64\[2N\]) | `.function("pagerank_step")` |
 //! | [`PAGERANK_STREAM_WGSL`] | `pagerank_stream` | `StreamMsg -> StreamAnswer`, bound `ranks` (f32), `residual`, `acc` (atomic u32: f32 bits), `out_off`, `out_len`, `out_cap`, `pool`, `frontier` (u32), state `WgslStreamCounters` | see `pagerank::stream_kernel` |
 //! | [`ANOMALY_STATELESS_WGSL`] | `anomaly_stateless` (entry point) | one-shot kernel | `Kernel::new(..).wgsl(ANOMALY_STATELESS_WGSL, "anomaly_stateless")` |
 //!

@@ -1,5 +1,5 @@
 //! CUDA ring kernels: the user's [`CudaHandler`] and the persistent kernel on a GPU that runs
-//! it (a [`DeviceRing`]); the same kernel source runs on CudaSim in
+//! it (a `DeviceRing`); the same kernel source runs on CudaSim in
 //! [`cuda_sim`](super::cuda_sim). The pump that drives them is
 //! [`device_host`](super::device_host).
 

@@ -1,6 +1,6 @@
 //! The CudaSim backend: everything the CUDA backend runs, from the same CUDA C source, on host
 //! threads (see [`resident_cuda::sim`]): ring kernels with a [`CudaHandler`] run as the
-//! persistent template compiled by the host C++ compiler ([`SimEngine`], one block of OS
+//! persistent template compiled by the host C++ compiler (`SimEngine`, one block of OS
 //! threads over the same queue layout and control block as on a GPU), and one-shot
 //! [`Kernel`]s with CUDA source run over their grid ([`CudaSimDevice`]). Memory is host
 //! memory. Nothing here says anything about GPU speed; it runs the kernel source where there

@@ -1,11 +1,11 @@
 //! The device ring host: a *pump* thread per kernel between `KernelIo` and a
-//! [`DeviceRing`] — the device-side queues of a kernel that runs on a device (a persistent
+//! `DeviceRing` — the device-side queues of a kernel that runs on a device (a persistent
 //! CUDA kernel, the same kernel on CudaSim, or a wgpu batch pipeline).
 //!
 //! Senders still enqueue into the kernel's host mailbox, so every rule of the CPU backend
 //! (priority lanes, backpressure policies, close, terminate reports) holds unchanged; the pump
 //! moves batches into the device's input lanes, drains the device's output ring into the
-//! kernel's [`Publisher`], beats the heartbeat and polls for device faults.
+//! kernel's `Publisher`, beats the heartbeat and polls for device faults.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

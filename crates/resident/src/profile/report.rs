@@ -503,11 +503,17 @@ impl Report {
     /// The report as a few lines of text.
     pub fn to_text(&self) -> String {
         let f = &self.figures;
-        let mut s = format!("bottleneck: {}\n", self.bottleneck);
+        // In text one word each: "idle" for the idle share (the JSON key "utilization"),
+        // "busy" for the busy share (figures.utilization).
+        let label = |b: Bottleneck| match b {
+            Bottleneck::Utilization => "idle",
+            b => b.as_str(),
+        };
+        let mut s = format!("bottleneck: {}\n", label(self.bottleneck));
         s += "time split:";
         for b in Bottleneck::ALL {
             let v = self.fractions.get(b.as_str()).copied().unwrap_or(0.0);
-            s += &format!("  {} {:.1}%", b, 100.0 * v);
+            s += &format!("  {} {:.1}%", label(b), 100.0 * v);
         }
         s += &format!(
             "\nmessages {} in {} batches (mean {:.1}); queue wait mean {} max {}; handler {} per message\n",
@@ -519,7 +525,7 @@ impl Report {
             us(f.handler_per_message_ns)
         );
         s += &format!(
-            "transfer {} to device, {} to host, {} copies, {:.2} GB/s; launches {} (overhead {} each); utilization {:.0}%\n",
+            "transfer {} to device, {} to host, {} copies, {:.2} GB/s; launches {} (overhead {} each); busy {:.0}%\n",
             mib(f.bytes_to_device),
             mib(f.bytes_to_host),
             f.copies,

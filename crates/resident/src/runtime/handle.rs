@@ -1,7 +1,7 @@
 //! `KernelHandle`: the typed, cloneable handle to a launched kernel, and the
 //! `TerminateReport` it returns. Everything a message passes through lives in
-//! [`KernelIo`](crate::runtime::io::KernelIo); the handler runs in a backend's
-//! [`RingHost`](crate::backend::host::RingHost).
+//! `KernelIo`; the handler runs in a backend's
+//! `RingHost`.
 //!
 //! Delivery rules (no silent loss), checked by the conformance suite on every backend:
 //! * a send either enqueues (`Ok(id)`), is dropped by the `DropNewest`/`DropOldest` policy the

@@ -167,7 +167,7 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     }
 
     /// The loop form: the kernel's thread runs `f` once; `f` receives and sends itself and
-    /// must return when [`LoopContext::should_terminate`] becomes true.
+    /// must return when `LoopContext::should_terminate` becomes true.
     pub fn run<F>(mut self, f: F) -> Self
     where
         F: FnOnce(&mut LoopContext<In, Out, S>) + Send + 'static,

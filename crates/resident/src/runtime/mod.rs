@@ -348,7 +348,7 @@ impl Runtime {
     ///
     /// The id, the configuration and duplicates are checked before anything is allocated or
     /// touches a device; errors are typed (a device's own error is the `source` of
-    /// [`Error::Launch`]).
+    /// [`Error::Device`]).
     pub fn launch<In: Message, Out: Message, S: Send + 'static>(
         &self,
         mut kernel: RingKernel<In, Out, S>,

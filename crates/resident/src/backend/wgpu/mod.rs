@@ -137,11 +137,27 @@ fn properties(ordinal: usize, a: &::wgpu::Adapter) -> AdapterProperties {
 }
 
 fn instance() -> ::wgpu::Instance {
+    default_runtime_dir();
     let mut desc = ::wgpu::InstanceDescriptor::new_without_display_handle();
     // Compute only: the native APIs (no GL, which lacks what storage-buffer compute needs
     // on many drivers).
     desc.backends = ::wgpu::Backends::PRIMARY;
     ::wgpu::Instance::new(desc)
+}
+
+/// On a headless Linux machine (no login session) Mesa's Vulkan drivers, through
+/// libwayland-client, print "error: XDG_RUNTIME_DIR is invalid or not set in the environment."
+/// each time an instance is made, also when everything works; compute needs no runtime
+/// directory. When the variable is unset or empty, the process gets the temp folder as its default,
+/// once, before the first instance (every instance is made here, and other threads making
+/// one wait on the `Once`). A value the user set is never changed.
+fn default_runtime_dir() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("XDG_RUNTIME_DIR").is_none_or(|v| v.is_empty()) {
+            std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+        }
+    });
 }
 
 /// Every compute-capable adapter, hardware first (discrete, integrated, virtual, other,
