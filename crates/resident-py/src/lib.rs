@@ -1,7 +1,7 @@
 //! `resident._resident`: the compiled half of the `resident` Python package.
 //!
 //! A Python-handled kernel is a `RingKernel<u64, u64>` of the Rust engine in its loop form: the
-//! engine's mailbox queues *handles* (keys into a per-kernel [`Store`] of Python objects), so
+//! engine's mailbox queues *handles* (keys into a per-kernel `Store` of Python objects), so
 //! lanes, priorities, backpressure, `call` matching, accounting and telemetry are the engine's.
 //! The kernel's own thread runs the user's `async def f(ctx)` on a private event loop; every
 //! wait in Rust releases the GIL, and waits made for a Python caller run in bounded slices with
