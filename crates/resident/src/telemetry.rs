@@ -175,14 +175,22 @@ impl KernelMetrics {
     /// publishing the messages' outputs, so whoever sees an output also sees it counted.
     pub fn messages_done(&self, n: u64) {
         let p = self.processed.load(Ordering::Relaxed);
-        self.processed.store(p + n, Ordering::Relaxed);
+        // Release: pairs with the Acquire load in `KernelHandle::telemetry`, so a reader that
+        // sees this count also sees the batch counted before it (`batch_taken`).
+        self.processed.store(p + n, Ordering::Release);
     }
 
-    /// Counts a drained batch and, every 50 ms at most, samples the throughput window.
-    pub fn batch_done(&self, now: Instant) {
-        let total = self.processed.load(Ordering::Relaxed);
+    /// Counts a batch as soon as it is taken, before any of its messages counts as processed,
+    /// so a reader never sees `batches: 0` beside a processed message. One writer (the kernel's
+    /// host thread): a plain load and store.
+    pub fn batch_taken(&self) {
         self.batches
             .store(self.batches.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    /// After a batch: every 50 ms at most, samples the throughput window.
+    pub fn batch_done(&self, now: Instant) {
+        let total = self.processed.load(Ordering::Relaxed);
         if self.enabled {
             let at = now.duration_since(self.started).as_nanos() as u64;
             if at.saturating_sub(self.last_sample_ns.load(Ordering::Relaxed)) >= 50_000_000 {

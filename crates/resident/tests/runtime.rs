@@ -686,3 +686,33 @@ fn snapshot_state_of_a_cpu_handler_is_never_torn() {
         Error::InvalidConfig { .. }
     ));
 }
+
+/// Telemetry never shows a processed message beside `batches: 0`: the batch is counted when it
+/// is taken, before its messages count as processed (and read in that order).
+#[test]
+fn telemetry_counts_the_batch_before_its_messages() {
+    let rt = rt();
+    for round in 0..200 {
+        let k = rt
+            .launch(
+                RingKernel::<u32, u32>::new(format!("count-{round}"))
+                    .handler(|_: &mut Context<()>, x: u32| Some(x)),
+            )
+            .unwrap();
+        k.activate().unwrap();
+        k.send(1).unwrap();
+        loop {
+            let t = k.telemetry();
+            assert!(
+                t.messages_processed == 0 || t.batches >= 1,
+                "round {round}: {} processed in {} batches: {t:?}",
+                t.messages_processed,
+                t.batches
+            );
+            if t.messages_processed == 1 {
+                break;
+            }
+        }
+        k.terminate().unwrap();
+    }
+}

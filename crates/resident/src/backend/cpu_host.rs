@@ -55,7 +55,10 @@ fn run_handler<In: Message, Out: Message, S>(
                 .take(&mut batch, |b| io.input.recv_batch(b, io.batch_size))
         });
         let (n, gate) = match next {
-            Ok(Next::Batch(n, gate)) => (n, gate),
+            Ok(Next::Batch(n, gate)) => {
+                io.metrics.batch_taken();
+                (n, gate)
+            }
             Ok(Next::Inactive) => {
                 io.wait_for_control();
                 continue;

@@ -125,8 +125,9 @@ fn store_counters<In: Message, Out: Message>(
     ring: &dyn DeviceRing<In, Out>,
 ) {
     let c = ring.counters();
-    io.metrics.processed.store(c.processed, Ordering::Relaxed);
+    // Batches first: a reader that sees a message processed sees its batch counted.
     io.metrics.batches.store(c.batches, Ordering::Relaxed);
+    io.metrics.processed.store(c.processed, Ordering::Release);
     io.metrics
         .device_undelivered
         .store(c.lost, Ordering::Relaxed);

@@ -257,6 +257,7 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
         });
         match next {
             Ok(Next::Batch(n, _gate)) => {
+                io.metrics.batch_taken();
                 io.metrics.messages_done(n as u64);
                 io.metrics.batch_done(std::time::Instant::now());
                 n

@@ -642,7 +642,8 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             kernel_id: io.id.to_string(),
             state: self.state(),
             messages_received: input.accepted,
-            messages_processed: m.processed.load(Ordering::Relaxed),
+            // Acquire, and before `batches`: see `KernelMetrics::messages_done`.
+            messages_processed: m.processed.load(Ordering::Acquire),
             messages_dropped: io.dropped(),
             messages_refused: input.refused,
             errors: m.errors.load(Ordering::Relaxed),
