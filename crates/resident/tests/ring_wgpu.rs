@@ -346,12 +346,20 @@ fn wgsl_only_kernel_on_the_cpu_backend_is_refused() {
     // With a CPU handler too, it runs on the CPU.
     let m = Arc::new(Mutex::new(EMPTY));
     let h = rt
-        .launch(cpu_kernel("both", m).wgsl(WgslHandler::new(HANDLER).state(EMPTY)))
+        .launch(cpu_kernel("both", m.clone()).wgsl(WgslHandler::new(HANDLER).state(EMPTY)))
         .unwrap();
     h.activate().unwrap();
     assert_eq!(h.call(order(7), T).unwrap().qty, 7);
+    // Issue 18 changed this contract: snapshot_state works on every backend, and on the CPU it
+    // returns the host state (here equal to the handler's mirror of it). A state type the
+    // kernel does not have is still refused as InvalidConfig.
+    let snap = h.snapshot_state::<Book>().unwrap();
+    assert_eq!(
+        bytemuck::bytes_of(&snap),
+        bytemuck::bytes_of(&*m.lock().unwrap())
+    );
     assert!(matches!(
-        h.snapshot_state::<Book>(),
+        h.snapshot_state::<Fill>(),
         Err(Error::InvalidConfig { .. })
     ));
 }
