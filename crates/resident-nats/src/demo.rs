@@ -15,10 +15,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
@@ -427,7 +427,30 @@ impl Service for Pipeline {
     type In = PipelineIn;
     type Out = PipelineOut;
 
-    fn call(&self, mut msg: PipelineIn, timeout: Duration) -> resident::Result<PipelineOut> {
+    fn call(&self, msg: PipelineIn, timeout: Duration) -> resident::Result<PipelineOut> {
+        let started = self.start(msg)?;
+        self.finish(started, Instant::now() + timeout, timeout)
+    }
+
+    /// Sends every input to the normalizer first, then collects the answers (all waited for
+    /// until `timeout` after the start), so a batch flows through both kernels together.
+    fn call_batch(
+        &self,
+        msgs: Vec<PipelineIn>,
+        timeout: Duration,
+    ) -> Vec<resident::Result<PipelineOut>> {
+        let deadline = Instant::now() + timeout;
+        let started: Vec<_> = msgs.into_iter().map(|m| self.start(m)).collect();
+        started
+            .into_iter()
+            .map(|s| self.finish(s?, deadline, timeout))
+            .collect()
+    }
+}
+
+impl Pipeline {
+    /// Tags `msg`, registers its waiter and sends it to the normalizer.
+    fn start(&self, mut msg: PipelineIn) -> resident::Result<(u64, Receiver<PipelineOut>)> {
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         msg.tag = tag;
         let (tx, rx) = sync_channel(1);
@@ -436,7 +459,17 @@ impl Service for Pipeline {
             self.waiters.lock().remove(&tag);
             return Err(e);
         }
-        match rx.recv_timeout(timeout) {
+        Ok((tag, rx))
+    }
+
+    /// Waits until `deadline` for the answer of a started input.
+    fn finish(
+        &self,
+        (tag, rx): (u64, Receiver<PipelineOut>),
+        deadline: Instant,
+        timeout: Duration,
+    ) -> resident::Result<PipelineOut> {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(out) => Ok(out),
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
                 self.waiters.lock().remove(&tag);
@@ -613,5 +646,88 @@ mod tests {
         st.observe(1.0);
         st.observe(1.1);
         assert!(!st.observe(1000.0).0);
+    }
+
+    /// `call_batch` on a kernel (sends the whole batch, then collects) answers every input in
+    /// order, with the state carried from batch to batch exactly as one call at a time does.
+    #[test]
+    fn anomaly_call_batch_matches_the_reference_in_order() {
+        let rt = Runtime::builder().backend(Backend::Cpu).build().unwrap();
+        let k = launch_anomaly(&rt, "ab", DemoOptions::default()).unwrap();
+        let input = readings(3000);
+        let expected = reference_anomaly(&input);
+        let mut got = Vec::new();
+        // Uneven batch sizes, up to the queue size (64).
+        for chunk in input.chunks(61) {
+            let msgs = chunk
+                .iter()
+                .map(|&(sensor, value)| Reading {
+                    value,
+                    sensor,
+                    _pad: 0,
+                })
+                .collect();
+            let outs = Service::call_batch(&k, msgs, Duration::from_secs(5));
+            assert_eq!(outs.len(), chunk.len());
+            got.extend(outs.into_iter().map(|o| AnomalyReply::from(o.unwrap())));
+        }
+        for (r, &(anomaly, z)) in got.iter().zip(&expected) {
+            assert_eq!(r.anomaly, anomaly);
+            assert!((r.z - z).abs() <= 1e-12 * z.abs().max(1.0));
+        }
+        assert_eq!(got.len(), expected.len());
+        // An empty batch is an empty answer, not a wait.
+        assert!(Service::call_batch(&k, Vec::new(), Duration::from_secs(5)).is_empty());
+    }
+
+    #[test]
+    fn pipeline_call_batch_answers_each_input() {
+        let rt = Runtime::builder().backend(Backend::Cpu).build().unwrap();
+        let p = Pipeline::launch(&rt, "pb", DemoOptions::default()).unwrap();
+        let values: Vec<f64> = (0..50).map(|i| (i * 7 % 101) as f64).collect();
+        let msgs = values
+            .iter()
+            .map(|&value| PipelineIn { value, tag: 0 })
+            .collect();
+        let outs = p.call_batch(msgs, Duration::from_secs(5));
+        assert_eq!(outs.len(), values.len());
+        for (out, &value) in outs.into_iter().zip(&values) {
+            assert_eq!(out.unwrap().score, score(normalize(value)).0);
+        }
+        assert_eq!(p.late_outputs(), 0);
+    }
+
+    /// A batch whose replies cannot come in time fails each input with a timeout within
+    /// the one batch timeout (not one timeout per input).
+    #[test]
+    fn call_batch_timeout_bounds_the_whole_batch() {
+        let rt = Runtime::builder().backend(Backend::Cpu).build().unwrap();
+        let k = launch_anomaly(
+            &rt,
+            "at",
+            DemoOptions {
+                delay: Duration::from_millis(50),
+                ..DemoOptions::default()
+            },
+        )
+        .unwrap();
+        let msgs = (0..10)
+            .map(|i| Reading {
+                value: i as f64,
+                sensor: 1,
+                _pad: 0,
+            })
+            .collect();
+        let t0 = Instant::now();
+        let outs = Service::call_batch(&k, msgs, Duration::from_millis(120));
+        let took = t0.elapsed();
+        assert_eq!(outs.len(), 10);
+        assert!(outs[0].is_ok(), "{:?}", outs[0].as_ref().err());
+        assert!(matches!(
+            outs[9],
+            Err(resident::Error::Timeout { op: "call", .. })
+        ));
+        // 10 x 50 ms of work, one 120 ms bound: the batch gives up well before 10 timeouts.
+        assert!(took < Duration::from_millis(1000), "{took:?}");
     }
 }

@@ -16,8 +16,9 @@
 //!
 //! Any `KernelHandle<In, Out>` is a [`Service`]; `call` blocks, so it never holds up the
 //! executor: request/reply calls it in place under `block_in_place` (multi-thread runtime;
-//! the worker's other tasks move to another thread), JetStream on tokio's blocking pool
-//! (in place measured no faster there: a core hand-off per input costs as much).
+//! the worker's other tasks move to another thread); JetStream hands the inputs of a pull
+//! that arrived together to [`Service::call_batch`] in one such blocking section (a kernel
+//! sends them all, then collects the replies), not one call and hand-off per input.
 //!
 //! ```no_run
 //! use std::sync::Arc;
