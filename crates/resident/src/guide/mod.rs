@@ -46,7 +46,6 @@ pub mod workloads {}
 pub mod profiling {}
 // Deployment (authentication, TLS, several workers) is docs/guide/serving.md in the repository;
 // the chapter points to it (an include_str! from outside the crate would break packaging).
-#[doc = include_str!("serving.md")] #[doc = include_str!("serving_deploy.md")]`.
 #[doc = include_str!("serving.md")]
 pub mod serving {}
 #[doc = include_str!("performance.md")]
