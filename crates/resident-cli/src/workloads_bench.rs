@@ -544,6 +544,27 @@ fn log_tick(x: f64) -> String {
     }
 }
 
+/// Points m x 10^k within `lo..=hi` for the mantissas `ms`: a log axis's labelled (1, 2, 5) or
+/// grid (1..9) points. plotters' own log axis offers none below the first power of ten in
+/// range, which left data between, say, 90 and 1000 us without a label.
+fn log_points(lo: f64, hi: f64, ms: &[f64]) -> Vec<f64> {
+    let mut v = Vec::new();
+    if !(lo > 0.0 && hi >= lo && hi.is_finite()) {
+        return v;
+    }
+    let mut e = lo.log10().floor() as i32;
+    while 10f64.powi(e) <= hi {
+        for &m in ms {
+            let x = m * 10f64.powi(e);
+            if x >= lo && x <= hi {
+                v.push(x);
+            }
+        }
+        e += 1;
+    }
+    v
+}
+
 /// One legend entry: a line (solid or dashed, of `width`) and its text, drawn at `(x, y)`
 /// of a plain drawing area beside a chart, where it covers no data.
 fn legend_entry<DB: DrawingBackend>(
@@ -698,7 +719,17 @@ where
             .margin(10)
             .x_label_area_size(40)
             .y_label_area_size(56)
-            .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0f64..1f64)?;
+            .build_cartesian_2d(
+                (lo * 0.8..hi * 1.25)
+                    .log_scale()
+                    .with_key_points(log_points(lo * 0.8, hi * 1.25, &[1.0, 2.0, 5.0]))
+                    .with_light_points(log_points(
+                        lo * 0.8,
+                        hi * 1.25,
+                        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+                    )),
+                0f64..1f64,
+            )?;
         chart
             .configure_mesh()
             .x_label_formatter(&|x| log_tick(*x))
@@ -1035,4 +1066,21 @@ where
         BLACK.stroke_width(1),
     )))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_points;
+
+    #[test]
+    fn log_axis_points_cover_the_range_below_the_first_decade() {
+        // 88..2900 us: plotters alone labels only 1000 and 2000 here.
+        assert_eq!(
+            log_points(88.0, 2900.0, &[1.0, 2.0, 5.0]),
+            vec![100.0, 200.0, 500.0, 1000.0, 2000.0]
+        );
+        assert_eq!(log_points(3.0, 9.0, &[1.0, 2.0, 5.0]), vec![5.0]);
+        assert!(log_points(0.0, 10.0, &[1.0]).is_empty());
+        assert!(log_points(10.0, 1.0, &[1.0]).is_empty());
+    }
 }
