@@ -984,7 +984,17 @@ where
         .margin_bottom(44) // room for the colour key
         .x_label_area_size(40)
         .y_label_area_size(330)
-        .build_cartesian_2d((lo..hi).log_scale(), -0.5f64..(bars.len() as f64 - 0.5))?;
+        .build_cartesian_2d(
+            (lo..hi)
+                .log_scale()
+                .with_key_points(log_points(lo, hi, &[1.0, 2.0, 5.0]))
+                .with_light_points(log_points(
+                    lo,
+                    hi,
+                    &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+                )),
+            -0.5f64..(bars.len() as f64 - 0.5),
+        )?;
     chart
         .configure_mesh()
         .disable_y_mesh()
@@ -993,7 +1003,7 @@ where
             let i = y.round();
             if (y - i).abs() < 1e-6 && i >= 0.0 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
         })
-        .x_label_formatter(&|x| format!("{x}"))
+        .x_label_formatter(&|x| log_tick(*x))
         .x_desc("times faster than stateless (log scale; bar = median, whisker = min..max of the repeats)")
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 15))
