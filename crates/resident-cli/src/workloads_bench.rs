@@ -25,7 +25,9 @@ use crate::workloads::{bar, BackendChoice, DemoError};
 /// Options of `bench workloads`.
 #[derive(Args, Debug)]
 pub struct Options {
-    /// Small sizes (seconds, for a smoke test); the committed results use the defaults.
+    /// Small sizes, about a minute on a 2-vCPU machine with CPU, CudaSim and lavapipe, every
+    /// workload still checked against its reference on every backend (defaults below; a size
+    /// flag you give overrides them); the committed results use the full defaults.
     #[arg(long)]
     pub quick: bool,
     /// Backends to measure (those not present are listed in the JSON with the reason).
@@ -44,23 +46,65 @@ pub struct Options {
     /// overwritten only when asked: --prefix workloads].
     #[arg(long)]
     pub prefix: Option<String>,
-    /// PageRank graph nodes (edges: 5 per node drawn).
-    #[arg(long, default_value_t = 1_000_000)]
-    pub nodes: usize,
+    /// PageRank graph nodes (edges: 5 per node drawn) [default: 1000000; 5000 with --quick].
+    #[arg(long)]
+    pub nodes: Option<usize>,
     /// PageRank's second, tight tolerance (the first is networkx's 1e-6).
     #[arg(long, default_value_t = 1e-9)]
     pub tight_tol: f64,
-    /// Anomaly readings per run.
-    #[arg(long, default_value_t = 2_000_000)]
-    pub readings: usize,
-    /// Anomaly sensors.
-    #[arg(long, default_value_t = 10_000)]
-    pub sensors: usize,
+    /// Anomaly readings per run [default: 2000000; 20000 with --quick].
+    #[arg(long)]
+    pub readings: Option<usize>,
+    /// Anomaly sensors [default: 10000; 1000 with --quick].
+    #[arg(long)]
+    pub sensors: Option<usize>,
     /// Anomaly readings per run on CudaSim (the first of the stream): CudaSim runs every CUDA
     /// thread as an OS thread with futex barriers, thousands of readings per second, so it is
-    /// checked at this size; its speed says nothing about a GPU.
-    #[arg(long, default_value_t = 20_000)]
-    pub sim_readings: usize,
+    /// checked at this size; its speed says nothing about a GPU [default: 20000; 2000 with
+    /// --quick].
+    #[arg(long)]
+    pub sim_readings: Option<usize>,
+}
+
+/// The sizes a run uses: the full defaults, or the quick ones; a flag given overrides either.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Sizes {
+    nodes: usize,
+    readings: usize,
+    sensors: usize,
+    sim_readings: usize,
+    sweep_sensors: [usize; 2],
+}
+
+impl Sizes {
+    const FULL: Sizes = Sizes {
+        nodes: 1_000_000,
+        readings: 2_000_000,
+        sensors: 10_000,
+        sim_readings: 20_000,
+        sweep_sensors: [1000, 100_000],
+    };
+    /// Measured on the shared 2-vCPU VM: at the former quick sizes (20000 nodes, 20000
+    /// readings on every backend) CudaSim took most of the 170-200 s, its anomaly runs
+    /// alone about 70 s at a few thousand readings/s and its PageRank runs about 2 s each.
+    const QUICK: Sizes = Sizes {
+        nodes: 5_000,
+        readings: 20_000,
+        sensors: 1000,
+        sim_readings: 2000,
+        sweep_sensors: [100, 10_000],
+    };
+
+    fn of(o: &Options) -> Sizes {
+        let d = if o.quick { Self::QUICK } else { Self::FULL };
+        Sizes {
+            nodes: o.nodes.unwrap_or(d.nodes),
+            readings: o.readings.unwrap_or(d.readings),
+            sensors: o.sensors.unwrap_or(d.sensors),
+            sim_readings: o.sim_readings.unwrap_or(d.sim_readings),
+            sweep_sensors: d.sweep_sensors,
+        }
+    }
 }
 
 fn stats(v: &[f64]) -> Value {
@@ -103,6 +147,9 @@ struct BackendRun {
     sweep: Vec<(usize, Vec<f64>, Vec<f64>)>,
     anomaly: Vec<AnomalyRow>,
     pr: Vec<PrRun>,
+    /// Wall seconds of this backend's parts: anomaly, sensor sweep, PageRank (full and
+    /// streaming), each including set-up and the checks against the reference.
+    secs: [f64; 3],
 }
 
 /// PageRank figures at one tolerance.
@@ -149,13 +196,16 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
         }
     };
     let repeats = o.repeats.max(1);
-    let (nodes, readings, sensors) = if o.quick {
-        (20_000, 20_000, 1000)
-    } else {
-        (o.nodes, o.readings, o.sensors)
-    };
+    let sizes = Sizes::of(o);
+    let (nodes, readings, sensors) = (sizes.nodes, sizes.readings, sizes.sensors);
     let (stream_batches, updates) = (5, 100);
-    println!("== bench workloads: {} repeats; PageRank {nodes} nodes x 5 edges; anomaly {readings} readings over {sensors} sensors ==", repeats);
+    println!(
+        "== bench workloads ({} sizes): {repeats} repeats; PageRank {nodes} nodes x 5 edges; anomaly {readings} readings over {sensors} sensors ({} on CudaSim), sensor sweep {:?} ==",
+        if o.quick { "quick" } else { "full" },
+        sizes.sim_readings.min(readings),
+        sizes.sweep_sensors
+    );
+    let started = Instant::now();
     let t = Instant::now();
     let graph = input::generate_graph(nodes, 5, 42)?;
     println!(
@@ -181,11 +231,7 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
         )?;
         references.push((tol, r, t.elapsed().as_secs_f64()));
     }
-    let sweep_sensors: Vec<usize> = if o.quick {
-        vec![100, 10_000]
-    } else {
-        vec![1000, 100_000]
-    };
+    let sweep_sensors = sizes.sweep_sensors;
     let update_batches = pagerank::generate_updates(&graph, stream_batches, updates, 9);
 
     let mut runs: Vec<BackendRun> = Vec::new();
@@ -201,12 +247,13 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             }
         };
         println!("-- {name} --");
+        let t_backend = Instant::now();
         let prec = resident_workloads::Precision::of(d.kind());
         // CudaSim: the first `sim_readings` of the same stream.
         let full_readings = readings;
         let (readings, slotted, spikes, sweep_readings) =
-            if d.kind() == backend::BackendKind::CudaSim && o.sim_readings < full_readings {
-                let k = o.sim_readings.max(1);
+            if d.kind() == backend::BackendKind::CudaSim && sizes.sim_readings < full_readings {
+                let k = sizes.sim_readings.max(1);
                 let sub = anomaly::slot(&rs[..k]);
                 let sp: Vec<usize> = spikes.iter().copied().filter(|&i| i < k).collect();
                 (k, sub, sp, k)
@@ -224,6 +271,7 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             sweep: vec![],
             anomaly: vec![],
             pr: vec![],
+            secs: [0.0; 3],
         };
         for batch in [100usize, 500, 1000] {
             let mut row = AnomalyRow {
@@ -288,6 +336,7 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             );
             run.anomaly.push(row);
         }
+        run.secs[0] = t_backend.elapsed().as_secs_f64();
         for &ns in &sweep_sensors {
             let (rs2, _) = input::generate_readings(sweep_readings, ns, 0, 3)?;
             let sl = anomaly::slot(&rs2);
@@ -312,6 +361,7 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             );
             run.sweep.push((ns, ar, sr));
         }
+        run.secs[1] = t_backend.elapsed().as_secs_f64() - run.secs[0];
         for (tol, reference, reference_secs) in &references {
             let p = pagerank::Params {
                 tol: *tol,
@@ -375,6 +425,14 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             );
             run.pr.push(pr);
         }
+        run.secs[2] = t_backend.elapsed().as_secs_f64() - run.secs[0] - run.secs[1];
+        println!(
+            "{name}: {:.1} s (anomaly {:.1} s, sensor sweep {:.1} s, PageRank {:.1} s)",
+            run.secs.iter().sum::<f64>(),
+            run.secs[0],
+            run.secs[1],
+            run.secs[2]
+        );
         runs.push(run);
     }
 
@@ -386,6 +444,9 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
         "machine": crate::bench::machine(),
         "note": "shared, noisy 2-vCPU x86_64 VM without a GPU; ratios are measured in the same run on the same backend; every run's results were checked against the sequential f64 reference at the backend's precision (f64 on cpu/cudasim/cuda, f32 in WGSL; tolerances in resident-workloads); wgpu ran on Mesa lavapipe (Vulkan on the CPU); cudasim runs every CUDA thread as an OS thread with futex barriers, so its figures measure the simulator, not a GPU, and its anomaly runs use the first sim_readings readings",
         "repeats": repeats,
+        "quick": o.quick,
+        "sizes": {"nodes": nodes, "readings": readings, "sensors": sensors, "cudasim_readings": sizes.sim_readings.min(readings), "sensor_sweep": sizes.sweep_sensors, "stream_batches": stream_batches, "updates_per_batch": updates},
+        "total_s": started.elapsed().as_secs_f64(),
         "absent_backends": absent,
         "pagerank_graph": {"nodes": graph.nodes(), "edges": graph.edges.len(), "generator": "--nodes N --edges-per-node 5 --seed 42", "params": {"damping": p.damping, "tols": references.iter().map(|r| r.0).collect::<Vec<_>>(), "max_iter": p.max_iter}, "sequential_reference_s": references.iter().map(|r| r.2).collect::<Vec<_>>()},
         "pagerank_stream": {"batches": stream_batches, "updates_per_batch": updates},
@@ -394,6 +455,7 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
         "backends": runs.iter().map(|r| json!({
             "backend": r.name,
             "anomaly_readings": r.readings,
+            "seconds": {"anomaly": r.secs[0], "sensor_sweep": r.secs[1], "pagerank": r.secs[2]},
             "anomaly": r.anomaly.iter().map(|a| {
                 let ratios: Vec<f64> = a.actor_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect();
                 json!({
@@ -480,6 +542,27 @@ fn log_tick(x: f64) -> String {
         x if x >= 1.0 => format!("{x:.0}"),
         x => format!("{}", (x * 1e6).round() / 1e6),
     }
+}
+
+/// Points m x 10^k within `lo..=hi` for the mantissas `ms`: a log axis's labelled (1, 2, 5) or
+/// grid (1..9) points. plotters' own log axis offers none below the first power of ten in
+/// range, which left data between, say, 90 and 1000 us without a label.
+fn log_points(lo: f64, hi: f64, ms: &[f64]) -> Vec<f64> {
+    let mut v = Vec::new();
+    if !(lo > 0.0 && hi >= lo && hi.is_finite()) {
+        return v;
+    }
+    let mut e = lo.log10().floor() as i32;
+    while 10f64.powi(e) <= hi {
+        for &m in ms {
+            let x = m * 10f64.powi(e);
+            if x >= lo && x <= hi {
+                v.push(x);
+            }
+        }
+        e += 1;
+    }
+    v
 }
 
 /// One legend entry: a line (solid or dashed, of `width`) and its text, drawn at `(x, y)`
@@ -636,7 +719,17 @@ where
             .margin(10)
             .x_label_area_size(40)
             .y_label_area_size(56)
-            .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0f64..1f64)?;
+            .build_cartesian_2d(
+                (lo * 0.8..hi * 1.25)
+                    .log_scale()
+                    .with_key_points(log_points(lo * 0.8, hi * 1.25, &[1.0, 2.0, 5.0]))
+                    .with_light_points(log_points(
+                        lo * 0.8,
+                        hi * 1.25,
+                        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+                    )),
+                0f64..1f64,
+            )?;
         chart
             .configure_mesh()
             .x_label_formatter(&|x| log_tick(*x))
@@ -891,7 +984,17 @@ where
         .margin_bottom(44) // room for the colour key
         .x_label_area_size(40)
         .y_label_area_size(330)
-        .build_cartesian_2d((lo..hi).log_scale(), -0.5f64..(bars.len() as f64 - 0.5))?;
+        .build_cartesian_2d(
+            (lo..hi)
+                .log_scale()
+                .with_key_points(log_points(lo, hi, &[1.0, 2.0, 5.0]))
+                .with_light_points(log_points(
+                    lo,
+                    hi,
+                    &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+                )),
+            -0.5f64..(bars.len() as f64 - 0.5),
+        )?;
     chart
         .configure_mesh()
         .disable_y_mesh()
@@ -900,7 +1003,7 @@ where
             let i = y.round();
             if (y - i).abs() < 1e-6 && i >= 0.0 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
         })
-        .x_label_formatter(&|x| format!("{x}"))
+        .x_label_formatter(&|x| log_tick(*x))
         .x_desc("times faster than stateless (log scale; bar = median, whisker = min..max of the repeats)")
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 15))
@@ -973,4 +1076,21 @@ where
         BLACK.stroke_width(1),
     )))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_points;
+
+    #[test]
+    fn log_axis_points_cover_the_range_below_the_first_decade() {
+        // 88..2900 us: plotters alone labels only 1000 and 2000 here.
+        assert_eq!(
+            log_points(88.0, 2900.0, &[1.0, 2.0, 5.0]),
+            vec![100.0, 200.0, 500.0, 1000.0, 2000.0]
+        );
+        assert_eq!(log_points(3.0, 9.0, &[1.0, 2.0, 5.0]), vec![5.0]);
+        assert!(log_points(0.0, 10.0, &[1.0]).is_empty());
+        assert!(log_points(10.0, 1.0, &[1.0]).is_empty());
+    }
 }

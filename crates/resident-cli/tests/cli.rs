@@ -249,6 +249,14 @@ fn bench_workloads_quick_writes_json_and_pictures() {
             .unwrap();
     assert_eq!(j["backends"][0]["backend"], "cpu");
     assert_eq!(j["backends"][0]["anomaly"].as_array().unwrap().len(), 3);
+    // The JSON says which sizes a quick run used, and the parts' times.
+    assert_eq!(j["quick"], true);
+    assert_eq!(j["sizes"]["nodes"], 5000);
+    assert_eq!(j["sizes"]["readings"], 20_000);
+    assert_eq!(j["sizes"]["cudasim_readings"], 2000);
+    assert_eq!(j["pagerank_graph"]["nodes"], 5000);
+    assert!(j["backends"][0]["seconds"]["anomaly"].as_f64().unwrap() > 0.0);
+    assert!(text(&o).contains("(quick sizes)"), "{}", text(&o));
     // wgpu (lavapipe in CI) is measured when present, listed as absent otherwise.
     if j["backends"].as_array().unwrap().len() == 2 {
         assert_eq!(j["backends"][1]["backend"], "wgpu");
