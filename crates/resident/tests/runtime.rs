@@ -757,7 +757,11 @@ fn expired_inputs_are_skipped_by_the_loop_form_and_the_handler_and_counted() {
         assert_eq!(h.try_receive().unwrap(), None);
         let tm = h.telemetry();
         assert_eq!(
-            (tm.messages_received, tm.messages_processed, tm.messages_expired),
+            (
+                tm.messages_received,
+                tm.messages_processed,
+                tm.messages_expired
+            ),
             (16, 3, 13),
             "{tm:?}"
         );
@@ -770,7 +774,10 @@ fn expired_inputs_are_skipped_by_the_loop_form_and_the_handler_and_counted() {
         assert_eq!(r.undelivered[0].0.ttl(), Some(short));
     }
     let text = rt.prometheus();
-    assert!(text.contains("# TYPE resident_messages_expired_total counter"), "{text}");
+    assert!(
+        text.contains("# TYPE resident_messages_expired_total counter"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -791,7 +798,11 @@ fn a_call_carries_its_timeout_as_deadline_and_without_one_nothing_expires() {
     assert_eq!(h.call(3, T).unwrap(), 6);
     let tm = h.telemetry();
     assert_eq!(
-        (tm.messages_processed, tm.messages_expired, tm.messages_dropped),
+        (
+            tm.messages_processed,
+            tm.messages_expired,
+            tm.messages_dropped
+        ),
         (2, 1, 0),
         "{tm:?}"
     );
