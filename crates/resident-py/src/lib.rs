@@ -823,6 +823,7 @@ impl PyRuntime {
         d.set_item("messages_processed", t.messages_processed)?;
         d.set_item("messages_dropped", t.messages_dropped)?;
         d.set_item("messages_refused", t.messages_refused)?;
+        d.set_item("messages_expired", t.messages_expired)?;
         d.set_item("errors", t.errors)?;
         d.set_item("queue_depth", t.queue_depth)?;
         d.set_item("output_depth", t.output_depth)?;

@@ -36,6 +36,9 @@ class Telemetry:
     messages_processed: int
     messages_dropped: int
     messages_refused: int
+    messages_expired: int
+    """Messages not handled because their deadline passed before the kernel took them (sends
+    from Python carry no deadline yet, so 0 for Python senders)."""
     errors: int
     queue_depth: int
     output_depth: int

@@ -154,6 +154,10 @@ fn pump<In: Message, Out: Message>(
     let c = io.control.clone();
     let prof = io.profile.get();
     let mut carry: Vec<Slot<In>> = Vec::with_capacity(io.batch_size * 4);
+    // Whether `carry` holds a message with a deadline, and whether it was held back (its
+    // deadlines are then checked again before it goes).
+    let mut carry_deadline = false;
+    let mut held = false;
     let mut outs: Vec<Slot<Out>> = Vec::with_capacity(4096);
     let mut device_active = false;
     let mut last_beat = Instant::now();
@@ -184,14 +188,27 @@ fn pump<In: Message, Out: Message>(
             // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
             if c.active.load(Ordering::Acquire) {
                 if carry.is_empty() {
-                    io.input.recv_batch(&mut carry, io.batch_size * 4);
+                    io.take_inputs(&mut carry, io.batch_size * 4);
+                    carry_deadline = carry.iter().any(|s| s.env.has_deadline());
                 }
-                let t = crate::profile::now(prof);
-                let n = ring.push(&carry);
-                crate::profile::device_push(prof, t, &carry[..n]);
-                carry.drain(..n);
-                moved += n;
-                pushed += n as u64;
+                // The device's queues cannot check a deadline: a message that has one waits
+                // here until the device has handled everything before it, and its deadline is
+                // checked again when it goes (so it never expires unseen in a device queue).
+                if carry_deadline && io.expires() && pushed > ring.counters().processed {
+                    held = true;
+                } else {
+                    if held {
+                        held = false;
+                        io.expire(&mut carry, 0);
+                        carry_deadline = carry.iter().any(|s| s.env.has_deadline());
+                    }
+                    let t = crate::profile::now(prof);
+                    let n = ring.push(&carry);
+                    crate::profile::device_push(prof, t, &carry[..n]);
+                    carry.drain(..n);
+                    moved += n;
+                    pushed += n as u64;
+                }
             }
         }
         outs.clear();
