@@ -38,6 +38,8 @@ pub(crate) trait BatchKernel: Send + Sync {
     fn recv_bytes(&self, max: usize, wait: Duration) -> resident::Result<Vec<u8>>;
     fn terminate(&self, timeout: Option<Duration>) -> resident::Result<BytesReport>;
     fn report_of(&self, r: KernelReport) -> Option<BytesReport>;
+    /// Where the handler runs: `host`, or the device (`cuda`, `cudasim`, `wgpu`).
+    fn placement(&self) -> String;
 }
 
 fn flat<const N: usize>(v: impl IntoIterator<Item = [u8; N]>) -> Vec<u8> {
@@ -106,6 +108,13 @@ impl<const N: usize> BatchKernel for KernelHandle<[u8; N], [u8; N]> {
     fn report_of(&self, r: KernelReport) -> Option<BytesReport> {
         r.into_typed::<[u8; N], [u8; N]>().ok().map(bytes_report)
     }
+
+    fn placement(&self) -> String {
+        match KernelHandle::placement(self) {
+            Placement::Host => "host".into(),
+            Placement::Device(kind) => format!("{kind:?}").to_ascii_lowercase(),
+        }
+    }
 }
 
 /// The loop of a batch kernel: drain up to `max_batch` records, hand them to Python as one
@@ -163,7 +172,18 @@ fn body<const N: usize>(
     }
 }
 
-/// Launches a batch kernel of records of `record` bytes (one of [`SIZES`]).
+/// Why a batch kernel did not launch.
+pub(crate) enum LaunchError {
+    /// The engine refused it.
+    Engine(Error),
+    /// A device layout does not fit the records.
+    Layout(resident::ring::message::LayoutError),
+}
+
+/// Launches a batch kernel of records of `record` bytes (one of [`SIZES`]). With `device`,
+/// the kernel also has the CUDA and/or WGSL handler it declares: the runtime runs that on
+/// its device (CUDA or CudaSim for CUDA C, wgpu for WGSL) and the vectorized Python
+/// function elsewhere.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     rt: &resident::runtime::Runtime,
@@ -176,23 +196,32 @@ pub(crate) fn launch(
     func: Py<PyAny>,
     state: Py<PyAny>,
     max_batch: usize,
-) -> resident::Result<Arc<dyn BatchKernel>> {
+    device: Option<&crate::device::DeviceSpec>,
+) -> Result<Arc<dyn BatchKernel>, LaunchError> {
     macro_rules! sized {
         ($($n:literal),*) => {
             match record {
                 $($n => {
-                    let k = RingKernel::<[u8; $n], [u8; $n]>::new(id)
+                    let mut k = RingKernel::<[u8; $n], [u8; $n]>::new(id)
                         .queue_size(queue_size)
                         .priority_lanes(lanes)
                         .backpressure(policy)
-                        .batch_size(max_batch)
-                        .run(body::<$n>(runner, func, state, max_batch));
-                    Ok(Arc::new(rt.launch(k)?) as Arc<dyn BatchKernel>)
+                        .batch_size(max_batch);
+                    if let Some(d) = device {
+                        if let Some(h) = d.cuda_handler().map_err(LaunchError::Layout)? {
+                            k = k.cuda(h);
+                        }
+                        if let Some(h) = d.wgsl_handler().map_err(LaunchError::Layout)? {
+                            k = k.wgsl(h);
+                        }
+                    }
+                    let k = k.run(body::<$n>(runner, func, state, max_batch));
+                    Ok(Arc::new(rt.launch(k).map_err(LaunchError::Engine)?) as Arc<dyn BatchKernel>)
                 })*
-                other => Err(Error::InvalidConfig {
+                other => Err(LaunchError::Engine(Error::InvalidConfig {
                     id,
                     reason: format!("record of {other} bytes: expected one of {SIZES:?}"),
-                }),
+                })),
             }
         };
     }

@@ -29,6 +29,7 @@ use resident::prelude::*;
 
 mod batch;
 mod buffer;
+mod device;
 mod workloads;
 
 /// How long one uninterrupted wait for a Python caller lasts before signals are checked.
@@ -98,8 +99,8 @@ fn describe(e: &Error, has_message: bool) -> Described {
         Error::Dropped { .. } => ("MessageDroppedError", None),
         Error::NoReply { .. } => ("NoReplyError", None),
         Error::BackendUnavailable { .. } => ("BackendNotAvailableError", None),
-        Error::Device { .. } => (
-            if text.contains("compile") {
+        Error::Device { source, .. } => (
+            if device::is_compile_error(source) {
                 "CompilationError"
             } else {
                 "DeviceError"
@@ -868,7 +869,7 @@ impl PyRuntime {
     /// Launches a batch kernel: records of `record` bytes (one of 8, 16, ..., 256), drained
     /// `max_batch` at a time and handed to `runner(func, state, uint8_array, n)`, which returns
     /// the outputs as a uint8 array of whole records.
-    #[pyo3(signature = (kernel_id, record, runner, func, state, queue_size, backpressure, block_timeout, priority_lanes, max_batch))]
+    #[pyo3(signature = (kernel_id, record, runner, func, state, queue_size, backpressure, block_timeout, priority_lanes, max_batch, device=None))]
     #[allow(clippy::too_many_arguments)]
     fn launch_batch(
         &self,
@@ -883,6 +884,7 @@ impl PyRuntime {
         block_timeout: f64,
         priority_lanes: usize,
         max_batch: usize,
+        device: Option<Py<device::DeviceSpec>>,
     ) -> PyResult<()> {
         let policy = parse_policy(backpressure, block_timeout)?;
         if queue_size == 0 || max_batch == 0 {
@@ -908,11 +910,21 @@ impl PyRuntime {
                     func,
                     state,
                     max_batch,
+                    device.as_ref().map(|d| d.get()),
                 )
             })
-            .map_err(|e| engine_error(py, &e))?;
+            .map_err(|e| match e {
+                batch::LaunchError::Engine(e) => engine_error(py, &e),
+                batch::LaunchError::Layout(e) => device::layout_error(py, &e),
+            })?;
         self.batch.lock().insert(kernel_id, k);
         Ok(())
+    }
+
+    /// Where a batch or device kernel's handler runs: `host` (the vectorized Python
+    /// function on the kernel's thread) or its device (`cuda`, `cudasim`, `wgpu`).
+    fn placement(&self, py: Python<'_>, kernel_id: &str) -> PyResult<String> {
+        Ok(self.batch_kern(py, kernel_id)?.placement())
     }
 
     /// Sends the records in `data` (a uint8 array of whole records); returns how many were
@@ -1084,6 +1096,7 @@ fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<KernelCtx>()?;
     m.add_class::<PendingCallPy>()?;
     buffer::register(m)?;
+    device::register(m)?;
     workloads::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

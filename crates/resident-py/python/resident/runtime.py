@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from . import _resident
 from .errors import CallTimeoutError, KernelNotFoundError, ReceiveTimeoutError
 from . import batch as _batch
+from . import device as _device
 from .kernel import KernelSpec, _run_kernel, get_kernel
 
 __all__ = ["Runtime", "RingKernelRuntime", "Telemetry", "KernelReport"]
@@ -149,6 +150,7 @@ class Runtime:
         self._reports: Optional[List[KernelReport]] = None
         _live.add(self)
         self._batch: Dict[str, "_batch.BatchKernelSpec"] = {}
+        self._host_state: Dict[str, Any] = {}
 
     @property
     def backend(self) -> str:
@@ -172,19 +174,25 @@ class Runtime:
         decorator's settings (``queue_size``, ``backpressure``, ...)."""
         s = _spec(kernel_id, kernel_func, overrides)
         if isinstance(s, _batch.BatchKernelSpec):
+            state, device = s.state, None
+            if isinstance(s, _device.DeviceKernelSpec):
+                # Each launch starts from the initial state, on the device as on the CPU.
+                state, device = s.initial_state(), s.device_spec()
             self._rt.launch_batch(
                 s.kernel_id,
                 s.record,
                 _batch.runner(s),
                 s.func,
-                s.state,
+                state,
                 s.queue_size,
                 s.backpressure,
                 s.block_timeout,
                 s.priority_lanes,
                 s.max_batch,
+                device,
             )
             self._batch[s.kernel_id] = s
+            self._host_state[s.kernel_id] = state
             return
         self._rt.launch(
             s.kernel_id,
@@ -240,6 +248,18 @@ class Runtime:
         spec = self._batch_spec(kernel_id)
         raw = self._rt.receive_batch(kernel_id, max, timeout)
         return _batch.from_records(raw, spec.record, spec.out_dtype)
+
+    def placement(self, kernel_id: str) -> str:
+        """Where a batch or device kernel's handler runs: ``"host"`` (its vectorized Python
+        function) or the device (``"cuda"``, ``"cudasim"``, ``"wgpu"``)."""
+        self._batch_spec(kernel_id)
+        return self._rt.placement(kernel_id)
+
+    def host_state(self, kernel_id: str) -> Any:
+        """The state object a batch or device kernel's Python function gets (for a device
+        kernel, the 1-record array it updates in place when it runs on the host)."""
+        self._batch_spec(kernel_id)
+        return self._host_state.get(kernel_id)
 
     def _batch_spec(self, kernel_id: str) -> "_batch.BatchKernelSpec":
         spec = self._batch.get(kernel_id)
