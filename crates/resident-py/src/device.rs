@@ -9,6 +9,10 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use resident::backend::wgpu::ring::WgslLaunchError;
+use resident::backend::DeviceError;
+use resident::cuda::persistent::PersistentError;
+use resident::prelude::{CudaHandler, WgslHandler};
 use resident::ring::message::{FieldLayout, LayoutError, Scalar, StructLayout};
 
 /// A field as the Python half describes it: name, numpy scalar code (`u4`, `f8`, ...),
@@ -230,8 +234,9 @@ impl DeviceSpec {
         let Some(src) = &self.cuda else {
             return Ok(None);
         };
-        let mut h = CudaHandler::<In, Out>::with_layouts(src.text.clone(), &self.input, &self.output)?
-            .function(src.function.clone());
+        let mut h =
+            CudaHandler::<In, Out>::with_layouts(src.text.clone(), &self.input, &self.output)?
+                .function(src.function.clone());
         if let Some((l, init)) = &self.state {
             h = h.state_layout(l, init.clone())?;
         }
@@ -241,11 +246,13 @@ impl DeviceSpec {
     /// Whether WGSL can hold every layout byte for byte (8- and 16-bit fields cannot).
     fn check_wgsl(&self) -> Result<(), LayoutError> {
         let decl = |l: &StructLayout, name: &str, atomic: bool| {
-            l.wgsl_struct(name, atomic).map(drop).map_err(|e| LayoutError {
-                layout: l.name().to_string(),
-                field: None,
-                reason: e.to_string(),
-            })
+            l.wgsl_struct(name, atomic)
+                .map(drop)
+                .map_err(|e| LayoutError {
+                    layout: l.name().to_string(),
+                    field: None,
+                    reason: e.to_string(),
+                })
         };
         decl(&self.input, self.input.name(), false)?;
         decl(&self.output, self.output.name(), false)?;
@@ -262,9 +269,10 @@ impl DeviceSpec {
         let Some(src) = &self.wgsl else {
             return Ok(None);
         };
-        let mut h = WgslHandler::<In, Out>::with_layouts(src.text.clone(), &self.input, &self.output)?
-            .function(src.function.clone())
-            .workgroup_size(self.workgroup_size);
+        let mut h =
+            WgslHandler::<In, Out>::with_layouts(src.text.clone(), &self.input, &self.output)?
+                .function(src.function.clone())
+                .workgroup_size(self.workgroup_size);
         if self.wgsl_in_order {
             h = h.in_order();
         }
@@ -275,21 +283,17 @@ impl DeviceSpec {
     }
 }
 
-use resident::backend::wgpu::ring::WgslLaunchError;
-use resident::backend::DeviceError;
-use resident::cuda::persistent::PersistentError;
-use resident::prelude::{CudaHandler, WgslHandler};
-
 /// Whether a device error is a handler that did not compile (NVRTC, the host compiler of
 /// CudaSim, naga's WGSL front end and validator): its text then carries the compiler's log.
 pub(crate) fn is_compile_error(e: &DeviceError) -> bool {
-    match e {
+    use resident::cuda::{sim::SimError, CudaError};
+    matches!(
+        e,
         DeviceError::Cuda(PersistentError::Compile { .. })
-        | DeviceError::Cuda(PersistentError::Sim(resident::cuda::sim::SimError::Compile { .. }))
-        | DeviceError::Cuda(PersistentError::Cuda(resident::cuda::CudaError::Compile { .. }))
-        | DeviceError::Wgsl(WgslLaunchError::Compile(_)) => true,
-        _ => false,
-    }
+            | DeviceError::Cuda(PersistentError::Sim(SimError::Compile { .. }))
+            | DeviceError::Cuda(PersistentError::Cuda(CudaError::Compile { .. }))
+            | DeviceError::Wgsl(WgslLaunchError::Compile(_))
+    )
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

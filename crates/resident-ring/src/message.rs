@@ -226,7 +226,12 @@ pub fn c_struct_text(name: &str, align: usize, size: usize, fields: &[String]) -
 /// The text of a WGSL struct declaration, headed by a comment naming its size and `origin`
 /// (`the Rust type Tick`). `fields` are `(name, WGSL type)`.
 #[doc(hidden)]
-pub fn wgsl_struct_text(name: &str, origin: &str, size: usize, fields: &[(&str, String)]) -> String {
+pub fn wgsl_struct_text(
+    name: &str,
+    origin: &str,
+    size: usize,
+    fields: &[(&str, String)],
+) -> String {
     let mut s = format!("// {size} bytes, as {origin}\nstruct {name} {{\n");
     for (f, ty) in fields {
         s.push_str(&format!("    {f}: {ty},\n"));
@@ -337,7 +342,7 @@ impl StructLayout {
             align = align.max(a);
         }
         let natural = at.div_ceil(align) * align;
-        if size < natural || size % align != 0 {
+        if size < natural || !size.is_multiple_of(align) {
             return Err(err(
                 None,
                 format!("{size} bytes, but the C struct of these fields has {natural} bytes and alignment {align}"),
@@ -428,7 +433,7 @@ impl StructLayout {
         }
         let pad = self.size - self.natural;
         if pad > 0 {
-            if pad % 4 != 0 {
+            if !pad.is_multiple_of(4) {
                 return Err(WgslLayoutError::new(
                     format!("{}: {} bytes of trailing padding", self.name, pad),
                     "WGSL can only pad with 4-byte words",
@@ -757,7 +762,10 @@ mod tests {
         for (fields, size, what) in [
             (vec![field("a b", Scalar::U32, &[], 0)], 4, "identifier"),
             (
-                vec![field("a", Scalar::U32, &[], 0), field("a", Scalar::U32, &[], 4)],
+                vec![
+                    field("a", Scalar::U32, &[], 0),
+                    field("a", Scalar::U32, &[], 4),
+                ],
                 8,
                 "repeated",
             ),
@@ -769,13 +777,8 @@ mod tests {
             assert!(e.to_string().contains(what), "{e}");
         }
         // WGSL refuses 8- and 16-bit fields, naming the field.
-        let n = StructLayout::new(
-            "N",
-            "a test",
-            vec![field("t", Scalar::U16, &[2], 0)],
-            4,
-        )
-        .unwrap();
+        let n =
+            StructLayout::new("N", "a test", vec![field("t", Scalar::U16, &[2], 0)], 4).unwrap();
         assert!(n.c_declaration().contains("unsigned short t[2];"));
         let e = n.wgsl_struct("N", false).unwrap_err();
         assert_eq!(e.ty, "N.t: u16");

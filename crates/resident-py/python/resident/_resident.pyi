@@ -43,7 +43,9 @@ class Runtime:
         block_timeout: float,
         priority_lanes: int,
         max_batch: int,
+        device: Optional["DeviceSpec"] = None,
     ) -> None: ...
+    def placement(self, kernel_id: str) -> str: ...
     def activate(self, kernel_id: str) -> None: ...
     def deactivate(self, kernel_id: str) -> None: ...
     def state(self, kernel_id: str) -> str: ...
@@ -58,6 +60,29 @@ class Runtime:
     def telemetry(self, kernel_id: str) -> dict: ...
     def terminate(self, kernel_id: str, timeout: Optional[float] = None) -> dict: ...
     def shutdown(self) -> List[dict]: ...
+
+# (name, numpy scalar code such as "f4" or "u8", array extents, byte offset)
+FieldTuple = Tuple[str, str, List[int], int]
+
+class DeviceSpec:
+    """A device kernel's layouts (checked by the engine's generator) and handler sources."""
+
+    def __init__(
+        self,
+        record: int,
+        in_fields: List[FieldTuple],
+        out_fields: List[FieldTuple],
+        state_fields: Optional[List[FieldTuple]],
+        state_size: int,
+        state_init: Optional[bytes],
+        cuda: Optional[str],
+        wgsl: Optional[str],
+        function: str,
+        wgsl_in_order: bool,
+        workgroup_size: int,
+        origins: Tuple[str, str, str],
+    ) -> None: ...
+    def declarations(self, lang: str) -> str: ...
 
 class KernelCtx:
     @property

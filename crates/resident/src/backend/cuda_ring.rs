@@ -144,7 +144,11 @@ impl<In: Message, Out: Message> CudaHandler<In, Out> {
 
     /// Device state laid out as `layout`, initialized to `init` (exactly `layout.size()`
     /// bytes); the handler sees it as `ResidentState*`.
-    pub fn state_layout(mut self, layout: &StructLayout, init: Vec<u8>) -> Result<Self, LayoutError> {
+    pub fn state_layout(
+        mut self,
+        layout: &StructLayout,
+        init: Vec<u8>,
+    ) -> Result<Self, LayoutError> {
         if init.len() != layout.size() {
             return Err(LayoutError {
                 layout: layout.name().to_string(),
@@ -164,7 +168,10 @@ impl<In: Message, Out: Message> CudaHandler<In, Out> {
 
 /// The C declarations of the input and output layouts; one declaration when both are the
 /// same struct (the same name for two different layouts is refused).
-fn io_decls(input: &StructLayout, output: &StructLayout) -> Result<(MessageDecl, MessageDecl), LayoutError> {
+fn io_decls(
+    input: &StructLayout,
+    output: &StructLayout,
+) -> Result<(MessageDecl, MessageDecl), LayoutError> {
     let inp = MessageDecl::new(input.name(), input.c_declaration(), input.size());
     if output.name() != input.name() {
         let out = MessageDecl::new(output.name(), output.c_declaration(), output.size());

@@ -235,7 +235,11 @@ impl<In: Message, Out: Message> WgslHandler<In, Out> {
 
     /// Device state laid out as `layout` (declared `ResidentState`, 32-bit integer fields
     /// atomic), initialized to `init` (exactly `layout.size()` bytes).
-    pub fn state_layout(mut self, layout: &StructLayout, init: Vec<u8>) -> Result<Self, LayoutError> {
+    pub fn state_layout(
+        mut self,
+        layout: &StructLayout,
+        init: Vec<u8>,
+    ) -> Result<Self, LayoutError> {
         let refuse = |reason: String| LayoutError {
             layout: layout.name().to_string(),
             field: None,
