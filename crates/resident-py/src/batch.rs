@@ -40,7 +40,13 @@ pub(crate) trait BatchKernel: Send + Sync {
     fn report_of(&self, r: KernelReport) -> Option<BytesReport>;
     /// Where the handler runs: `host`, or the device (`cuda`, `cudasim`, `wgpu`).
     fn placement(&self) -> String;
+    /// The device state's bytes (`size`, one of [`STATE_SIZES`]), read back by the engine.
+    fn snapshot_state(&self, size: usize) -> resident::Result<Vec<u8>>;
 }
+
+/// Sizes a device kernel's state is padded to, so the engine's typed `snapshot_state` can
+/// read it back as `[u8; S]`.
+pub(crate) const STATE_SIZES: [usize; 11] = [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096];
 
 fn flat<const N: usize>(v: impl IntoIterator<Item = [u8; N]>) -> Vec<u8> {
     v.into_iter().flatten().collect()
@@ -107,6 +113,21 @@ impl<const N: usize> BatchKernel for KernelHandle<[u8; N], [u8; N]> {
 
     fn report_of(&self, r: KernelReport) -> Option<BytesReport> {
         r.into_typed::<[u8; N], [u8; N]>().ok().map(bytes_report)
+    }
+
+    fn snapshot_state(&self, size: usize) -> resident::Result<Vec<u8>> {
+        macro_rules! sized {
+            ($($s:literal),*) => {
+                match size {
+                    $($s => self.snapshot_state::<[u8; $s]>().map(|a| a.to_vec()),)*
+                    other => Err(Error::InvalidConfig {
+                        id: self.id().to_string(),
+                        reason: format!("a state of {other} bytes: expected one of {STATE_SIZES:?}"),
+                    }),
+                }
+            };
+        }
+        sized!(4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
     }
 
     fn placement(&self) -> String {

@@ -927,6 +927,22 @@ impl PyRuntime {
         Ok(self.batch_kern(py, kernel_id)?.placement())
     }
 
+    /// The device state of a device kernel (`size` bytes, its padded layout), read back by
+    /// the engine: on wgpu its value after every batch submitted so far. The engine refuses
+    /// (`InvalidConfigError`) where it keeps no readable state (a CUDA handler's state).
+    fn snapshot_state<'py>(
+        &self,
+        py: Python<'py>,
+        kernel_id: &str,
+        size: usize,
+    ) -> PyResult<Bound<'py, PyArray1<u8>>> {
+        let b = self.batch_kern(py, kernel_id)?;
+        let v = py
+            .detach(|| b.snapshot_state(size))
+            .map_err(|e| engine_error(py, &e))?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
     /// Sends the records in `data` (a uint8 array of whole records); returns how many were
     /// taken (queued, or dropped by a drop policy). Fewer than all: the rest were refused
     /// (full lane under `reject`, `block` timed out) and are still the caller's.

@@ -130,8 +130,13 @@ def run_rounds(backend):
                 sent += rt.send_batch(kid, a[sent:])
             outs.append(receive_n(rt, kid, expect))
         telemetry = rt.get_telemetry(kid)
+        try:
+            state = rt.snapshot_state(kid)
+        except resident.InvalidConfigError as e:
+            assert backend in ("cudasim", "cuda"), e  # the engine reads no CUDA state back
+            state = None
         report = rt.terminate(kid)
-        return placement, outs, telemetry, report
+        return placement, outs, telemetry, report, state
     finally:
         rt.shutdown()
 
@@ -171,13 +176,17 @@ def test_cpu_form_through_the_engine():
         assert_equal_to_cpu_form(outs)
         _, final = expected_rounds()
         np.testing.assert_array_equal(rt.host_state(kid), final)
+        np.testing.assert_array_equal(rt.snapshot_state(kid), final)
 
 
 @pytest.mark.parametrize("backend", ["cudasim", "wgpu"])
 def test_device_kernel_equals_cpu_form(backend):
-    placement, outs, telemetry, report = run_rounds(backend)
+    placement, outs, telemetry, report, state = run_rounds(backend)
     assert placement == backend, "the handler ran on the device, not the CPU form"
     assert_equal_to_cpu_form(outs)
+    if backend == "wgpu":
+        _, final = expected_rounds()
+        np.testing.assert_array_equal(state, final, "the device state read back")
     n = sum(len(a) for a in rounds())
     assert telemetry.messages_processed == n
     assert report.processed == n and report.failure is None
@@ -191,7 +200,7 @@ def test_cuda_gpu_when_present():
     except resident.BackendNotAvailableError as e:
         pytest.skip(f"no CUDA GPU here: {e}")
     rt.shutdown()
-    placement, outs, _, _ = run_rounds("cuda")
+    placement, outs, _, _, _ = run_rounds("cuda")
     assert placement == "cuda"
     assert_equal_to_cpu_form(outs)
 
@@ -313,6 +322,7 @@ def test_declarations_are_the_engines():
     assert "typedef struct __attribute__((aligned(4))) {" in c
     assert "float v[3];" in c and "int k;" in c
     assert "unsigned char _resident_pad[8];" in c, "24-byte records fill a 32-byte slot"
+    assert "static_assert(sizeof(StateRecord) == 16" in c, "the state padded to a power of two"
     assert "static_assert(sizeof(InRecord) == 32" in c
     assert "typedef StateRecord ResidentState;" in c
     w = resident.declarations(IN, OUT, STATE, lang="wgsl")

@@ -38,6 +38,8 @@ from .kernel import _registry
 
 __all__ = ["device_kernel", "DeviceKernelSpec", "declarations"]
 
+STATE_SIZES = tuple(4 << i for i in range(11))
+
 _CODES = {"f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8"}
 
 Field = Tuple[str, str, List[int], int]
@@ -131,6 +133,23 @@ class DeviceKernelSpec(BatchKernelSpec):
             self.kernel_id,
         )
 
+    @property
+    def state_size(self) -> int:
+        """Bytes of the device state: the state dtype padded to a power of two (4 to 4096),
+        so the engine can read it back."""
+        if self.state_dtype is None:
+            return 0
+        k = f"kernel '{self.kernel_id}' state_dtype"
+        need = max(_natural_size(_fields(self.state_dtype, k)), self.state_dtype.itemsize)
+        for s in STATE_SIZES:
+            if s >= need:
+                return s
+        raise DtypeLayoutError(
+            f"{k}: a state of {need} bytes exceeds {STATE_SIZES[-1]} (keep large data in "
+            f"buffers)",
+            self.kernel_id,
+        )
+
     def initial_state(self) -> Optional[np.ndarray]:
         """A fresh copy of the initial state (one record of ``state_dtype``)."""
         return _state_array(self.state, self.state_dtype)
@@ -142,9 +161,7 @@ class DeviceKernelSpec(BatchKernelSpec):
         sfields = None if self.state_dtype is None else _fields(self.state_dtype, f"{k} state_dtype")
         ssize = 0
         if sfields is not None:
-            ssize = max(_natural_size(sfields), self.state_dtype.itemsize)
-            a = max(int(c[1:]) for _, c, _, _ in sfields)
-            ssize = -(-ssize // a) * a
+            ssize = self.state_size
         init = None
         if st is not None:
             raw = np.zeros(ssize, np.uint8)

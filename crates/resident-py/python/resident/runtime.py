@@ -261,6 +261,21 @@ class Runtime:
         self._batch_spec(kernel_id)
         return self._host_state.get(kernel_id)
 
+    def snapshot_state(self, kernel_id: str) -> np.ndarray:
+        """A copy of a device kernel's state, one record of its ``state_dtype``: read back from
+        the device when the handler runs there (on wgpu: its value after every batch
+        submitted so far; wait for the outputs you care about first), else a copy of the
+        CPU form's state. A CUDA handler's state is not read back by the engine yet
+        (``InvalidConfigError``)."""
+        spec = self._batch_spec(kernel_id)
+        if not isinstance(spec, _device.DeviceKernelSpec) or spec.state_dtype is None:
+            raise TypeError(f"kernel '{kernel_id}' is not a device kernel with a state")
+        if self._rt.placement(kernel_id) == "host":
+            return np.array(self._host_state[kernel_id], copy=True)
+        raw = self._rt.snapshot_state(kernel_id, spec.state_size)
+        isz = spec.state_dtype.itemsize
+        return np.ascontiguousarray(raw[:isz]).view(spec.state_dtype).reshape(1).copy()
+
     def _batch_spec(self, kernel_id: str) -> "_batch.BatchKernelSpec":
         spec = self._batch.get(kernel_id)
         if spec is None:
