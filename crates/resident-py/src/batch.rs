@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use numpy::{PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use resident::memory::BufferOptions;
 use resident::prelude::*;
+use resident::UnifiedBuffer;
 
 /// Record sizes the engine is instantiated for.
 pub(crate) const SIZES: [usize; 6] = [8, 16, 32, 64, 128, 256];
@@ -42,6 +44,73 @@ pub(crate) trait BatchKernel: Send + Sync {
     fn placement(&self) -> String;
     /// The device state's bytes (`size`, one of [`STATE_SIZES`]), read back by the engine.
     fn snapshot_state(&self, size: usize) -> resident::Result<Vec<u8>>;
+    /// The bound buffer `name` (elements of numpy scalar `code`) as bytes, synchronized with
+    /// the kernel (between two batches).
+    fn read_buffer(&self, name: &str, code: &str, timeout: Duration) -> Result<Vec<u8>, BindError>;
+    /// Replaces the bound buffer `name`'s values (exactly its bytes); the next batch sees them.
+    fn write_buffer(
+        &self,
+        name: &str,
+        code: &str,
+        bytes: &[u8],
+        timeout: Duration,
+    ) -> Result<(), BindError>;
+}
+
+/// Runs `$body` with `$t` the Rust scalar of numpy code `$code`, or returns `$none`.
+macro_rules! with_scalar {
+    ($code:expr, $t:ident => $body:expr, $none:expr) => {
+        match $code {
+            "f4" => {
+                type $t = f32;
+                $body
+            }
+            "f8" => {
+                type $t = f64;
+                $body
+            }
+            "i1" => {
+                type $t = i8;
+                $body
+            }
+            "i2" => {
+                type $t = i16;
+                $body
+            }
+            "i4" => {
+                type $t = i32;
+                $body
+            }
+            "i8" => {
+                type $t = i64;
+                $body
+            }
+            "u1" => {
+                type $t = u8;
+                $body
+            }
+            "u2" => {
+                type $t = u16;
+                $body
+            }
+            "u4" => {
+                type $t = u32;
+                $body
+            }
+            "u8" => {
+                type $t = u64;
+                $body
+            }
+            _ => $none,
+        }
+    };
+}
+
+fn bad_code(name: &str, code: &str) -> BindError {
+    BindError::UnknownBuffer {
+        kernel: String::new(),
+        name: format!("{name} (element type `{code}` is not a device scalar)"),
+    }
 }
 
 /// Sizes a device kernel's state is padded to, so the engine's typed `snapshot_state` can
@@ -113,6 +182,34 @@ impl<const N: usize> BatchKernel for KernelHandle<[u8; N], [u8; N]> {
 
     fn report_of(&self, r: KernelReport) -> Option<BytesReport> {
         r.into_typed::<[u8; N], [u8; N]>().ok().map(bytes_report)
+    }
+
+    fn read_buffer(&self, name: &str, code: &str, timeout: Duration) -> Result<Vec<u8>, BindError> {
+        with_scalar!(code, T => {
+            let g = KernelHandle::read_buffer::<T>(self, name, timeout)?;
+            Ok(bytemuck::cast_slice::<T, u8>(&g).to_vec())
+        }, Err(bad_code(name, code)))
+    }
+
+    fn write_buffer(
+        &self,
+        name: &str,
+        code: &str,
+        bytes: &[u8],
+        timeout: Duration,
+    ) -> Result<(), BindError> {
+        with_scalar!(code, T => {
+            let mut g = KernelHandle::write_buffer::<T>(self, name, timeout)?;
+            let dst = bytemuck::cast_slice_mut::<T, u8>(&mut g);
+            if dst.len() != bytes.len() {
+                return Err(BindError::UnknownBuffer {
+                    kernel: self.id().to_string(),
+                    name: format!("{name} ({} bytes given, it holds {})", bytes.len(), dst.len()),
+                });
+            }
+            dst.copy_from_slice(bytes);
+            g.commit()
+        }, Err(bad_code(name, code)))
     }
 
     fn snapshot_state(&self, size: usize) -> resident::Result<Vec<u8>> {
@@ -199,6 +296,33 @@ pub(crate) enum LaunchError {
     Engine(Error),
     /// A device layout does not fit the records.
     Layout(resident::ring::message::LayoutError),
+    /// A buffer to bind could not be made.
+    Buffer(String),
+}
+
+/// Binds a buffer of numpy scalar `code` holding `bytes` (its initial values) as `name`.
+fn bind<In: resident::ring::Message, Out: resident::ring::Message>(
+    k: RingKernel<In, Out>,
+    dev: &resident::backend::DeviceHandle,
+    name: &str,
+    code: &str,
+    bytes: &[u8],
+) -> Result<RingKernel<In, Out>, LaunchError> {
+    with_scalar!(code, T => {
+        let size = std::mem::size_of::<T>();
+        if !bytes.len().is_multiple_of(size) {
+            return Err(LaunchError::Buffer(format!(
+                "buffer '{name}': {} bytes are not whole `{code}` elements",
+                bytes.len()
+            )));
+        }
+        let mut b = UnifiedBuffer::<T>::new(dev, bytes.len() / size, BufferOptions::default())
+            .map_err(|e| LaunchError::Buffer(format!("buffer '{name}': {e}")))?;
+        b.host_mut()
+            .map(|h| bytemuck::cast_slice_mut::<T, u8>(h).copy_from_slice(bytes))
+            .map_err(|e| LaunchError::Buffer(format!("buffer '{name}': {e}")))?;
+        Ok(k.bind(name.to_string(), b))
+    }, Err(LaunchError::Buffer(format!("buffer '{name}': `{code}` is not a device scalar type"))))
 }
 
 /// Launches a batch kernel of records of `record` bytes (one of [`SIZES`]). With `device`,
@@ -218,7 +342,20 @@ pub(crate) fn launch(
     state: Py<PyAny>,
     max_batch: usize,
     device: Option<&crate::device::DeviceSpec>,
+    buffers: Vec<(String, String, Vec<u8>)>,
 ) -> Result<Arc<dyn BatchKernel>, LaunchError> {
+    // Buffers are bound where the handler runs on the device; the CPU form gets numpy arrays
+    // of its own (a loop-form kernel has no engine bindings on the host).
+    let on_device = device.is_some_and(|d| match rt.backend() {
+        Backend::Cuda | Backend::CudaSim => d.cuda.is_some(),
+        Backend::Wgpu => d.wgsl.is_some(),
+        _ => false,
+    });
+    let dev = if on_device && !buffers.is_empty() {
+        Some(rt.device().map_err(LaunchError::Engine)?)
+    } else {
+        None
+    };
     macro_rules! sized {
         ($($n:literal),*) => {
             match record {
@@ -234,6 +371,11 @@ pub(crate) fn launch(
                         }
                         if let Some(h) = d.wgsl_handler().map_err(LaunchError::Layout)? {
                             k = k.wgsl(h);
+                        }
+                    }
+                    if let Some(dev) = &dev {
+                        for (name, code, bytes) in &buffers {
+                            k = bind(k, dev, name, code, bytes)?;
                         }
                     }
                     let k = k.run(body::<$n>(runner, func, state, max_batch));

@@ -83,6 +83,31 @@ pub(crate) fn layout(
     StructLayout::new(name, origin, out, size).map_err(|e| layout_error(py, &e))
 }
 
+/// The Python exception for a bound-buffer error.
+pub(crate) fn bind_error(
+    py: Python<'_>,
+    kernel_id: &str,
+    e: &resident::prelude::BindError,
+) -> PyErr {
+    use resident::prelude::BindError as B;
+    let class = match e {
+        B::Busy { .. } => "KernelTimeoutError",
+        B::Device { .. } => "DeviceError",
+        B::Memory { .. } => "BufferStateError",
+        _ => "InvalidConfigError",
+    };
+    crate::build(
+        py,
+        crate::Described {
+            class,
+            text: e.to_string(),
+            id: Some(kernel_id.to_string()),
+            detail: None,
+        },
+        None,
+    )
+}
+
 /// One CUDA or WGSL handler: its source and function name.
 #[derive(Clone)]
 pub(crate) struct Source {
@@ -101,6 +126,8 @@ pub(crate) struct DeviceSpec {
     pub wgsl: Option<Source>,
     pub wgsl_in_order: bool,
     pub workgroup_size: u32,
+    /// Bound buffers a WGSL handler updates with atomics.
+    pub atomic_buffers: Vec<String>,
 }
 
 #[pymethods]
@@ -108,7 +135,7 @@ impl DeviceSpec {
     /// Checks the layouts (every record padded to `record` bytes) and, when a WGSL source is
     /// given, that WGSL can hold them byte for byte; raises `DtypeLayoutError` otherwise.
     #[new]
-    #[pyo3(signature = (record, in_fields, out_fields, state_fields, state_size, state_init, cuda, wgsl, function, wgsl_in_order, workgroup_size, origins))]
+    #[pyo3(signature = (record, in_fields, out_fields, state_fields, state_size, state_init, cuda, wgsl, function, wgsl_in_order, workgroup_size, origins, atomic_buffers=Vec::new(), buffer_types=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -124,6 +151,8 @@ impl DeviceSpec {
         wgsl_in_order: bool,
         workgroup_size: u32,
         origins: (String, String, String),
+        atomic_buffers: Vec<String>,
+        buffer_types: Vec<(String, String)>,
     ) -> PyResult<Self> {
         if cuda.is_none() && wgsl.is_none() {
             return Err(PyValueError::new_err(
@@ -165,11 +194,25 @@ impl DeviceSpec {
             }),
             wgsl_in_order,
             workgroup_size,
+            atomic_buffers,
         };
         if spec.wgsl.is_some() {
             // WGSL's refusals (8- and 16-bit fields, padding that is not whole words) now,
             // not at launch.
             spec.check_wgsl().map_err(|e| layout_error(py, &e))?;
+            // Bound buffers' elements too (the engine would refuse them at launch).
+            for (name, code) in &buffer_types {
+                if let Some(Err(e)) = scalar(code).map(|s| s.wgsl(false)) {
+                    return Err(layout_error(
+                        py,
+                        &LayoutError {
+                            layout: format!("buffer {name}"),
+                            field: None,
+                            reason: e.to_string(),
+                        },
+                    ));
+                }
+            }
         }
         Ok(spec)
     }
@@ -275,6 +318,9 @@ impl DeviceSpec {
                 .workgroup_size(self.workgroup_size);
         if self.wgsl_in_order {
             h = h.in_order();
+        }
+        for name in &self.atomic_buffers {
+            h = h.atomic(name.clone());
         }
         if let Some((l, init)) = &self.state {
             h = h.state_layout(l, init.clone())?;

@@ -330,3 +330,98 @@ def test_declarations_are_the_engines():
     assert "count: atomic<u32>," in w and "total: atomic<i32>," in w and "bias: f32," in w
     w64 = resident.declarations(np.dtype([("id", "<u8"), ("d", "<f8")]), lang="wgsl")
     assert "d: vec2<u32>," in w64, "64-bit fields are two words in WGSL, as in Rust"
+
+
+OUT2 = np.dtype([("id", "<u4"), ("y", "<f4")])
+
+HIST_CUDA = r"""
+__device__ bool handle(ResidentState* state, const ResidentIn* in, ResidentOut* out,
+                       const Envelope* env, ResidentBuffers* buffers) {
+    atomicAdd(&buffers->hist[in->id % buffers->hist_len], 1u);
+    out->id = in->id;
+    out->y = in->x * buffers->scale[in->id % 4];
+    return true;
+}
+"""
+
+HIST_WGSL = r"""
+fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {
+    atomicAdd(&hist[input.id % hist_len], 1u);
+    (*out).id = input.id;
+    (*out).y = input.x * scale[input.id % 4u];
+    return true;
+}
+"""
+
+
+def hist_cpu(state, batch, buffers):
+    np.add.at(buffers["hist"], batch["id"] % len(buffers["hist"]), 1)
+    out = np.zeros(len(batch), OUT2)
+    out["id"] = batch["id"]
+    out["y"] = batch["x"] * buffers["scale"][batch["id"] % 4]
+    return out
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cudasim", "wgpu"])
+def test_bound_buffers_read_and_written_from_python(backend):
+    rt = open_runtime(backend)
+    kid = fresh(f"hist_{backend}")
+    scale0 = np.array([1, 2, 3, 4], np.float32)
+    resident.device_kernel(
+        kernel_id=kid,
+        in_dtype=IN,
+        out_dtype=OUT2,
+        cuda=HIST_CUDA,
+        wgsl=HIST_WGSL,
+        buffers={"hist": np.zeros(16, np.uint32), "scale": scale0},
+        atomic_buffers=("hist",),
+        max_batch=64,
+    )(hist_cpu)
+    mine = {"hist": np.zeros(16, np.uint32), "scale": scale0.copy()}
+    try:
+        rt.launch(kid)
+        rt.activate(kid)
+        assert rt.placement(kid) == ("host" if backend == "cpu" else backend)
+        a, b = rounds(n_rounds=2, per_round=500)
+        rt.send_batch(kid, a)
+        np.testing.assert_array_equal(by_id(receive_n(rt, kid, len(a))), hist_cpu(None, a, mine))
+        np.testing.assert_array_equal(rt.read_buffer(kid, "hist"), mine["hist"])
+        assert rt.read_buffer(kid, "hist").sum() == 500
+        # A host write is seen whole by the next batch.
+        rt.write_buffer(kid, "scale", [10, 20, 30, 40])
+        mine["scale"][:] = [10, 20, 30, 40]
+        rt.send_batch(kid, b)
+        np.testing.assert_array_equal(by_id(receive_n(rt, kid, len(b))), hist_cpu(None, b, mine))
+        np.testing.assert_array_equal(rt.read_buffer(kid, "hist"), mine["hist"])
+        np.testing.assert_array_equal(rt.read_buffer(kid, "scale"), mine["scale"])
+        with pytest.raises(resident.InvalidConfigError):
+            rt.read_buffer(kid, "nope")
+        with pytest.raises(ValueError):
+            rt.write_buffer(kid, "scale", [1, 2])
+    finally:
+        rt.shutdown()
+
+
+def test_bad_buffers_are_refused():
+    f = lambda s, b, bufs: b  # noqa: E731
+    with pytest.raises(resident.DtypeLayoutError):
+        resident.device_kernel(kernel_id=fresh("bb"), in_dtype=IN, cuda=CUDA,
+                               buffers={"m": np.zeros((2, 2), np.float32)})(f)
+    with pytest.raises(resident.DtypeLayoutError):
+        resident.device_kernel(kernel_id=fresh("bb"), in_dtype=IN, cuda=CUDA,
+                               buffers={"m": np.zeros(2, np.complex64)})(f)
+    with pytest.raises(ValueError):
+        resident.device_kernel(kernel_id=fresh("bb"), in_dtype=IN, cuda=CUDA,
+                               buffers={"not a name": np.zeros(2, np.float32)})(f)
+    with pytest.raises(ValueError):
+        resident.device_kernel(kernel_id=fresh("bb"), in_dtype=IN, wgsl=WGSL,
+                               buffers={"m": np.zeros(2, np.uint32)}, atomic_buffers=("x",))(f)
+    # WGSL has no 16-bit integers: refused when declared, naming the buffer.
+    with pytest.raises(resident.DtypeLayoutError) as e:
+        resident.device_kernel(kernel_id=fresh("b16"), in_dtype=IN, out_dtype=OUT,
+                               state_dtype=STATE, wgsl=WGSL,
+                               buffers={"h": np.zeros(4, np.uint16)})(f)
+    assert "buffer h" in str(e.value) and "16-bit" in str(e.value), str(e.value)
+    # The same buffer is fine for CUDA C.
+    resident.device_kernel(kernel_id=fresh("b16c"), in_dtype=IN, cuda=CUDA,
+                           buffers={"h": np.zeros(4, np.uint16)})(f)

@@ -26,8 +26,10 @@ Returning false sends no output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -86,6 +88,37 @@ def _natural_size(fields: List[Field]) -> int:
     return -(-at // align) * align
 
 
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _code(dt: np.dtype) -> str:
+    return f"{dt.kind}{dt.itemsize}"
+
+
+def _buffer(kernel_id: str, name: str, values: Any) -> np.ndarray:
+    """A bound buffer's initial values: a 1-D array of one device scalar type."""
+    if not isinstance(name, str) or not _IDENT.match(name) or name.startswith(("__", "resident_")):
+        raise ValueError(
+            f"kernel '{kernel_id}': buffer name {name!r} is not an identifier (the handler "
+            f"names it)"
+        )
+    arr = np.array(values, copy=True)
+    dt = arr.dtype
+    if arr.ndim != 1 or dt.fields is not None or _code(dt) not in _CODES or dt.kind not in "fiu" \
+            or dt.byteorder == ">":
+        raise DtypeLayoutError(
+            f"kernel '{kernel_id}': buffer '{name}' must be a 1-D array of float32, float64, "
+            f"int8-int64 or uint8-uint64 (little-endian), got {arr.ndim}-D {dt}",
+            kernel_id,
+            name,
+        )
+    return arr
+
+
+def _with_buffers(func: Any, buffers: Dict[str, np.ndarray], state: Any, batch: Any) -> Any:
+    return func(state, batch, buffers)
+
+
 def _state_array(state: Any, dtype: Optional[np.dtype]) -> Optional[np.ndarray]:
     if dtype is None:
         if state is not None:
@@ -109,11 +142,20 @@ class DeviceKernelSpec(BatchKernelSpec):
     function: str = "handle"
     wgsl_in_order: bool = False
     workgroup_size: int = 64
+    buffers: Dict[str, np.ndarray] = field(default_factory=dict)
+    atomic_buffers: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.state_dtype is not None and not isinstance(self.state_dtype, np.dtype):
             object.__setattr__(self, "state_dtype", np.dtype(self.state_dtype))
         _state_array(self.state, self.state_dtype)
+        object.__setattr__(
+            self, "buffers", {n: _buffer(self.kernel_id, n, v) for n, v in self.buffers.items()}
+        )
+        object.__setattr__(self, "atomic_buffers", tuple(self.atomic_buffers))
+        for n in self.atomic_buffers:
+            if n not in self.buffers:
+                raise ValueError(f"kernel '{self.kernel_id}': atomic buffer '{n}' is not bound")
         super().__post_init__()
         self.device_spec()  # refuses a dtype the device cannot hold, now
 
@@ -185,9 +227,25 @@ class DeviceKernelSpec(BatchKernelSpec):
                     f"the numpy dtype {self.out_dtype}",
                     f"the numpy dtype {self.state_dtype}",
                 ),
+                list(self.atomic_buffers),
+                [(n, _code(v.dtype)) for n, v in self.buffers.items()],
             )
         except DtypeLayoutError as e:
             raise DtypeLayoutError(f"{k}: {e}", self.kernel_id, e.detail) from None
+
+    def initial_buffers(self) -> Dict[str, np.ndarray]:
+        """Fresh copies of the bound buffers' initial values."""
+        return {n: v.copy() for n, v in self.buffers.items()}
+
+    def buffer_args(self) -> List[Tuple[str, str, bytes]]:
+        """The bound buffers as the engine takes them: name, scalar code, bytes."""
+        return [(n, _code(v.dtype), v.tobytes()) for n, v in self.buffers.items()]
+
+    def cpu_func(self, buffers: Dict[str, np.ndarray]) -> Callable[..., Any]:
+        """The CPU form as the batch runner calls it, ``f(state, batch)``."""
+        if not self.buffers:
+            return self.func
+        return functools.partial(_with_buffers, self.func, buffers)
 
     def declarations(self, lang: str = "c") -> str:
         """The declarations generated for the handler: ``"c"`` (CUDA) or ``"wgsl"``."""
@@ -207,6 +265,8 @@ def device_kernel(
     function: str = "handle",
     wgsl_in_order: bool = False,
     workgroup_size: int = 64,
+    buffers: Optional[Dict[str, Any]] = None,
+    atomic_buffers: Tuple[str, ...] = (),
     queue_size: int = 4096,
     backpressure: str = "block",
     block_timeout: float = 1.0,
@@ -222,6 +282,13 @@ def device_kernel(
     the decorated function runs on a host thread, called with the kernel's state (a 1-record
     array it may update in place) and each drained batch. ``wgsl_in_order`` runs a WGSL
     batch's messages one after another in one invocation.
+
+    ``buffers`` binds named 1-D arrays of one scalar type to the kernel for its life (each
+    launch starts from a copy of the values given here): the CUDA handler takes a fifth
+    argument ``ResidentBuffers* buffers`` (``buffers->name``, ``buffers->name_len``), the WGSL
+    handler sees ``name: array<T>`` and ``name_len`` (``atomic_buffers`` lists those it
+    updates with atomics), and the CPU form is called ``handle(state, batch, buffers)`` with a
+    dict of numpy arrays. ``Runtime.read_buffer``/``write_buffer`` reach them from the host.
     """
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -241,6 +308,8 @@ def device_kernel(
             function=function,
             wgsl_in_order=wgsl_in_order,
             workgroup_size=workgroup_size,
+            buffers=dict(buffers or {}),
+            atomic_buffers=tuple(atomic_buffers),
         )
         f._ring_kernel_spec = spec  # type: ignore[attr-defined]
         _registry[spec.kernel_id] = spec  # type: ignore[assignment]
