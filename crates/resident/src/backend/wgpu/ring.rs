@@ -89,7 +89,7 @@ use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
 use crate::backend::BackendError;
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
 use parking_lot::Mutex;
-use resident_ring::message::WgslLayoutError;
+use resident_ring::message::{LayoutError, StructLayout, WgslLayoutError};
 use resident_ring::{DeviceMessage, Envelope, Message, Slot};
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -111,7 +111,7 @@ pub struct WgslHandler<In, Out> {
     atomics: Vec<String>,
     /// The message types' WGSL declarations (nested structs first), or why there are none.
     decls: Result<String, WgslLayoutError>,
-    names: (&'static str, &'static str),
+    names: (Cow<'static, str>, Cow<'static, str>),
     _t: PhantomData<fn(In) -> Out>,
 }
 
@@ -135,15 +135,9 @@ impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
                 Out::wgsl_dependencies(&mut decls)?;
                 Ok(decls.concat())
             })(),
-            names: (In::C_NAME, Out::C_NAME),
+            names: (Cow::Borrowed(In::C_NAME), Cow::Borrowed(Out::C_NAME)),
             _t: PhantomData,
         }
-    }
-
-    /// The name of the handler function in the source (default `handle`).
-    pub fn function(mut self, name: impl Into<String>) -> Self {
-        self.function = name.into();
-        self
     }
 
     /// Also declares `T`'s WGSL struct (and the structs it nests), for a source that names
@@ -181,6 +175,89 @@ impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
             Ok((deps.concat(), decl, std::mem::size_of::<D>()))
         })();
         self
+    }
+}
+
+impl<In: Message, Out: Message> WgslHandler<In, Out> {
+    /// The name of the handler function in the source (default `handle`).
+    pub fn function(mut self, name: impl Into<String>) -> Self {
+        self.function = name.into();
+        self
+    }
+
+    /// A handler named `handle` defined in `source` whose message layouts are known only at
+    /// run time (the Python package's numpy dtypes), declared from their [`StructLayout`]s
+    /// exactly as `device_message!` declares a Rust type; each must have the size of `In` /
+    /// `Out` (the bytes the ring carries). A layout WGSL cannot hold byte for byte (8- and
+    /// 16-bit integers) is refused here. No device state until
+    /// [`state_layout`](Self::state_layout).
+    pub fn with_layouts(
+        source: impl Into<String>,
+        input: &StructLayout,
+        output: &StructLayout,
+    ) -> Result<Self, LayoutError> {
+        input.expect_size(std::mem::size_of::<In>())?;
+        output.expect_size(std::mem::size_of::<Out>())?;
+        let wgsl = |l: &StructLayout| {
+            l.wgsl_struct(l.name(), false).map_err(|e| LayoutError {
+                layout: l.name().to_string(),
+                field: None,
+                reason: e.to_string(),
+            })
+        };
+        let mut decls = wgsl(input)?;
+        if output.name() != input.name() {
+            decls.push_str(&wgsl(output)?);
+        } else if output != input {
+            return Err(LayoutError {
+                layout: output.name().to_string(),
+                field: None,
+                reason: "the input and output layouts differ but have the same name".into(),
+            });
+        }
+        Ok(WgslHandler {
+            source: source.into(),
+            function: "handle".into(),
+            state: vec![0; 4],
+            state_decl: Ok((String::new(), NO_STATE.to_string(), 4)),
+            workgroup: 64,
+            in_flight: 3,
+            in_order: false,
+            atomics: Vec::new(),
+            decls: Ok(decls),
+            names: (
+                Cow::Owned(input.name().to_string()),
+                Cow::Owned(output.name().to_string()),
+            ),
+            _t: PhantomData,
+        })
+    }
+
+    /// Device state laid out as `layout` (declared `ResidentState`, 32-bit integer fields
+    /// atomic), initialized to `init` (exactly `layout.size()` bytes).
+    pub fn state_layout(
+        mut self,
+        layout: &StructLayout,
+        init: Vec<u8>,
+    ) -> Result<Self, LayoutError> {
+        let refuse = |reason: String| LayoutError {
+            layout: layout.name().to_string(),
+            field: None,
+            reason,
+        };
+        if init.len() != layout.size() {
+            return Err(refuse(format!(
+                "the initial state has {} bytes, the layout {}",
+                init.len(),
+                layout.size()
+            )));
+        }
+        let decl = layout
+            .wgsl_struct("ResidentState", true)
+            .map_err(|e| refuse(e.to_string()))?;
+        self.state = init;
+        self.state_decl = Ok((String::new(), decl, layout.size()));
+        Ok(self)
     }
 }
 
@@ -585,8 +662,8 @@ impl RingPipeline {
         handler.check_atomics(bindings)?;
         let source = handler.module_source_with(bindings)?;
         let compiled = compile(&source)?;
-        layout_check(&compiled, handler.names.0, in_size)?;
-        layout_check(&compiled, handler.names.1, out_size)?;
+        layout_check(&compiled, &handler.names.0, in_size)?;
+        layout_check(&compiled, &handler.names.1, out_size)?;
         let (_, _, state_len) = handler.state_decl.clone()?;
         layout_check(&compiled, "ResidentState", state_len)?;
         check_workgroup(ctx, [handler.workgroup, 1, 1])?;
