@@ -81,12 +81,13 @@ pub enum CudaError {
         source: std::io::Error,
     },
     /// NVML (telemetry) is unavailable or failed.
-    #[error("NVML {what} failed: {message}")]
+    #[error("NVML {what} failed: {source}")]
     Nvml {
         /// What was asked.
         what: &'static str,
         /// NVML's error.
-        message: String,
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
     },
     /// A device fault (trap, illegal address, ...) poisoned the device's CUDA context: every
     /// kernel, buffer and stream made on it before the fault is gone. The device opens again once
@@ -269,6 +270,14 @@ mod tests {
             "{text}"
         );
         assert!(std::error::Error::source(&lost).is_some());
+    }
+
+    #[test]
+    fn errors_cross_threads() {
+        // Engines keep CUDA errors as the `source` of runtime failures shared across threads.
+        fn shareable<T: Send + Sync + 'static>() {}
+        shareable::<CudaError>();
+        shareable::<DriverFault>();
     }
 
     #[test]
