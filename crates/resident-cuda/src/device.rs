@@ -327,11 +327,9 @@ impl Device {
 
     /// Passes `r` through; a sticky error (a device fault) marks the device lost first.
     pub fn watch<T>(&self, r: Result<T>) -> Result<T> {
-        if let Err(e) = &r {
-            if let CudaError::Driver(fault) = e {
-                if fault.is_sticky() {
-                    self.mark_lost(fault.clone());
-                }
+        if let Err(CudaError::Driver(fault)) = &r {
+            if fault.is_sticky() {
+                self.mark_lost(fault.clone());
             }
         }
         r
