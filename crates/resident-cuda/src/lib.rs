@@ -36,7 +36,9 @@ pub use device::{
     device_count, device_info, devices, Device, DeviceInfo, ResidencyBudget, ResidentSlot,
     CONCURRENT_KERNEL_LIMIT,
 };
-pub use error::{CudaError, Result};
+pub use error::{CudaError, DriverFault, Result};
+/// The driver's and NVRTC's result codes, as [`DriverFault::code`] and [`CudaError::Nvrtc`] hold them.
+pub use cudarc::{driver::sys::CUresult, nvrtc::sys::nvrtcResult};
 pub use launch::LaunchConfig;
 pub use memory::DeviceBuffer;
 pub use module::{Function, KernelParams, Module};

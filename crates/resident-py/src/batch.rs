@@ -244,7 +244,7 @@ fn body<const N: usize>(
     max_batch: usize,
 ) -> impl FnOnce(&mut LoopContext<[u8; N], [u8; N], ()>) + Send + 'static {
     move |lctx| {
-        let mut failure: Option<String> = None;
+        let mut failure: Option<PyErr> = None;
         while !lctx.should_terminate() {
             if !lctx.is_active() {
                 lctx.wait_active();
@@ -255,22 +255,20 @@ fn body<const N: usize>(
                 continue;
             }
             let n = batch.len();
-            let out: Result<Vec<u8>, String> = Python::attach(|py| {
+            // A Python exception (raised by the handler, or made here for output that is not
+            // whole records) fails the kernel with its text and traceback.
+            let out: PyResult<Vec<u8>> = Python::attach(|py| {
                 let arr = PyArray1::from_vec(py, flat(batch));
-                let r = runner
-                    .call1(py, (func.clone_ref(py), state.clone_ref(py), arr, n))
-                    .map_err(|e| crate::py_failure(py, e))?;
+                let r = runner.call1(py, (func.clone_ref(py), state.clone_ref(py), arr, n))?;
                 let r = r.bind(py);
-                let out = r
-                    .extract::<PyReadonlyArray1<u8>>()
-                    .map_err(|e: PyErr| e.to_string())?;
+                let out = r.extract::<PyReadonlyArray1<u8>>()?;
                 if out.len() % N != 0 {
-                    return Err(format!(
+                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
                         "handler output of {} bytes is not whole records",
                         out.len()
-                    ));
+                    )));
                 }
-                Ok(out.as_slice().map_err(|e| e.to_string())?.to_vec())
+                Ok(out.as_slice()?.to_vec())
             });
             match out {
                 Ok(bytes) => lctx.send_all(
@@ -284,7 +282,8 @@ fn body<const N: usize>(
                 }
             }
         }
-        if let Some(reason) = failure {
+        if let Some(e) = failure {
+            let reason = Python::attach(|py| crate::py_failure(py, e));
             std::panic::resume_unwind(Box::new(format!("Python handler raised: {reason}")));
         }
     }

@@ -628,19 +628,21 @@ impl PyRuntime {
             k = k.output_queue_size(n);
         }
         let k = k.run(move |lctx: &mut Lctx| {
-            let outcome: Result<(), String> = Python::attach(|py| {
+            let outcome: PyResult<()> = Python::attach(|py| {
                 let ctx = KernelCtx {
                     ptr: Mutex::new(CtxPtr(lctx as *mut Lctx)),
                     thread: std::thread::current().id(),
                     store: body_store,
                     kernel_id: id.clone(),
                 };
-                let ctx = Py::new(py, ctx).map_err(|e| e.to_string())?;
+                let ctx = Py::new(py, ctx)?;
                 let r = runner.call1(py, (func.clone_ref(py), ctx.clone_ref(py)));
                 ctx.get().ptr.lock().0 = std::ptr::null_mut();
-                r.map(|_| ()).map_err(|e| py_failure(py, e))
+                r.map(|_| ())
             });
-            if let Err(reason) = outcome {
+            if let Err(e) = outcome {
+                // The exception's text and traceback (formatted under the GIL).
+                let reason = Python::attach(|py| py_failure(py, e));
                 // The engine turns a panic of the loop body into `Failed(reason)` and tells
                 // waiting callers at once.
                 std::panic::resume_unwind(Box::new(format!("Python handler raised: {reason}")));

@@ -33,9 +33,10 @@ pub enum DeviceError {
         /// The state it reported.
         state: String,
     },
-    /// The device side faulted (a trap, an illegal access).
+    /// The device side of a WGSL ring kernel failed after launch (a batch cut short, not read
+    /// back in time, the device lost); the engine's error is the source.
     #[error("the device kernel faulted: {0}")]
-    Fault(String),
+    Fault(#[source] crate::backend::wgpu::ring::WgpuFault),
     /// The device side did not stop within the timeout.
     #[error("the device kernel did not stop within {0:?}")]
     StopTimeout(Duration),

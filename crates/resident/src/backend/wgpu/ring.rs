@@ -609,7 +609,7 @@ pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     geometry: BatchGeometry,
     processed: u64,
     batches: u64,
-    failure: Option<String>,
+    failure: Option<WgpuFault>,
     scratch: Vec<u8>,
     _t: PhantomData<fn() -> Out>,
 }
@@ -860,10 +860,34 @@ fn cut_short(view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
     n > 0 && view[at..at + 4] == CUT_SHORT.to_le_bytes()
 }
 
-fn cut_message(n: usize) -> String {
-    format!(
-        "the device stopped an in-order batch of {n} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message"
-    )
+/// Why a WGSL ring kernel failed after launch ([`DeviceError::Fault`]). `Clone` (sources are
+/// shared): the engine keeps its first failure and answers it to every later check.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WgpuFault {
+    /// The device stopped an in-order batch before its end (see the module docs).
+    #[error("the device stopped an in-order batch of {messages} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message")]
+    CutShort {
+        /// Messages in the batch.
+        messages: usize,
+    },
+    /// A submitted batch was not read back within the engine's bound.
+    #[error("a batch did not complete within {0:?}")]
+    BatchTimeout(Duration),
+    /// Stopping: the batches in flight did not complete within the terminate timeout.
+    #[error("batches in flight did not complete within {0:?}")]
+    StopTimeout(Duration),
+    /// Mapping a batch's staging buffer for reading failed.
+    #[error("reading a batch back failed: {0}")]
+    ReadBack(#[source] ::wgpu::BufferAsyncError),
+    /// The mapped staging buffer could not be viewed.
+    #[error("mapping a batch failed: {0}")]
+    MapRange(#[source] ::wgpu::MapRangeError),
+    /// Polling the device failed.
+    #[error("device poll failed: {0}")]
+    Poll(#[source] Arc<::wgpu::PollError>),
+    /// The device layer failed (device lost, a validation error, a refused submission).
+    #[error(transparent)]
+    Device(Arc<BackendError>),
 }
 
 /// Sizes of one batch set.
@@ -1123,17 +1147,17 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
 
     /// Publishes every completed batch at the front, in order. `Err` on a failed map or a
     /// batch past its deadline.
-    fn collect(&mut self) -> Result<(), String> {
+    fn collect(&mut self) -> Result<(), WgpuFault> {
         while let Some(front) = self.in_flight.front() {
             let r = front.mapped.lock().take();
             match r {
                 None => {
                     if front.submitted.elapsed() > WAIT_TIMEOUT {
-                        return Err(format!("a batch did not complete within {WAIT_TIMEOUT:?}"));
+                        return Err(WgpuFault::BatchTimeout(WAIT_TIMEOUT));
                     }
                     return Ok(());
                 }
-                Some(Err(e)) => return Err(format!("reading a batch back failed: {e}")),
+                Some(Err(e)) => return Err(WgpuFault::ReadBack(e)),
                 Some(Ok(())) => {}
             }
             let f = self.in_flight.pop_front().expect("front exists");
@@ -1147,7 +1171,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                     drop(view);
                     // The batch goes back whole through `reclaim` (its first messages did run).
                     self.in_flight.push_front(f);
-                    return Err(cut_message(n));
+                    return Err(WgpuFault::CutShort { messages: n });
                 }
                 Ok(view) => {
                     // Counted before the outputs become visible (the pump stores counters
@@ -1165,7 +1189,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 Err(e) => {
                     // Keep the batch so `reclaim` hands its inputs back.
                     self.in_flight.push_front(f);
-                    return Err(format!("mapping a batch failed: {e}"));
+                    return Err(WgpuFault::MapRange(e));
                 }
             }
             bufs.staging.unmap();
@@ -1192,13 +1216,13 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
             Err((e, chunk)) => {
                 self.free.push(set);
                 self.pending = chunk;
-                self.fail(e.to_string());
+                self.fail(WgpuFault::Device(Arc::new(e)));
                 false
             }
         }
     }
 
-    fn fail(&mut self, reason: String) {
+    fn fail(&mut self, reason: WgpuFault) {
         if self.failure.is_none() {
             self.failure = Some(reason);
         }
@@ -1235,7 +1259,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         if self.ready.is_empty() && !self.in_flight.is_empty() && self.failure.is_none() {
             // Never blocks: runs the map callbacks of whatever has completed.
             if let Err(e) = self.ctx.device.poll(::wgpu::PollType::Poll) {
-                self.fail(format!("device poll failed: {e}"));
+                self.fail(WgpuFault::Poll(Arc::new(e)));
             }
             if let Err(e) = self.collect() {
                 self.fail(e);
@@ -1258,7 +1282,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
 
     fn check(&mut self) -> Result<(), DeviceError> {
         if let Err(e) = self.ctx.check() {
-            self.fail(e.to_string());
+            self.fail(WgpuFault::Device(Arc::new(e)));
         }
         match &self.failure {
             Some(f) => Err(DeviceError::Fault(f.clone())),
@@ -1282,9 +1306,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         while (!self.in_flight.is_empty() || !self.pending.is_empty()) && self.failure.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                self.fail(format!(
-                    "batches in flight did not complete within {timeout:?}"
-                ));
+                self.fail(WgpuFault::StopTimeout(timeout));
                 break;
             }
             let r = self.ctx.device.poll(::wgpu::PollType::Wait {
@@ -1293,11 +1315,11 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
             });
             if let Err(e) = r {
                 if !matches!(e, ::wgpu::PollError::Timeout) {
-                    self.fail(format!("device poll failed: {e}"));
+                    self.fail(WgpuFault::Poll(Arc::new(e)));
                 }
             }
             if let Err(e) = self.ctx.check() {
-                self.fail(e.to_string());
+                self.fail(WgpuFault::Device(Arc::new(e)));
             }
             if let Err(e) = self.collect() {
                 self.fail(e);
@@ -1446,7 +1468,10 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
                 self.state_staging.unmap();
                 return Err(BackendError::WgpuDevice {
                     operation: "stateless batch",
-                    reason: cut_message(inputs.len()),
+                    reason: WgpuFault::CutShort {
+                        messages: inputs.len(),
+                    }
+                    .to_string(),
                 });
             }
             decode(&view, &self.geometry, inputs, out, &mut Vec::new());
