@@ -155,8 +155,8 @@ fn pump<In: Message, Out: Message>(
     let c = io.control.clone();
     let prof = io.profile.get();
     let mut carry: Vec<Slot<In>> = Vec::with_capacity(io.batch_size * 4);
-    // Whether `carry` holds a message with a deadline, and whether it was held back (its
-    // deadlines are then checked again before it goes).
+    // Whether `carry` holds a message whose deadline is near (`KernelIo::deadline_near`), and
+    // whether it was held back (its deadlines are then checked again before it goes).
     let mut carry_deadline = false;
     let mut held = false;
     let mut outs: Vec<Slot<Out>> = Vec::with_capacity(4096);
@@ -190,18 +190,19 @@ fn pump<In: Message, Out: Message>(
             if c.active.load(Ordering::Acquire) {
                 if carry.is_empty() {
                     io.take_inputs(&mut carry, io.batch_size * 4);
-                    carry_deadline = carry.iter().any(|s| s.env.has_deadline());
+                    carry_deadline = io.deadline_near(&carry);
                 }
-                // The device's queues cannot check a deadline: a message that has one waits
-                // here until the device has handled everything before it, and its deadline is
-                // checked again when it goes (so it never expires unseen in a device queue).
+                // The device's queues cannot check a deadline: a message whose deadline is near
+                // waits here until the device has handled everything before it, and its
+                // deadline is checked again when it goes (so it does not expire unseen in a
+                // device queue). Far deadlines (long `call` timeouts) go at once.
                 if carry_deadline && io.expires() && pushed > ring.counters().processed {
                     held = true;
                 } else {
                     if held {
                         held = false;
                         io.expire(&mut carry, 0);
-                        carry_deadline = carry.iter().any(|s| s.env.has_deadline());
+                        carry_deadline = io.deadline_near(&carry);
                     }
                     let t = crate::profile::now(prof);
                     let n = ring.push(&carry);

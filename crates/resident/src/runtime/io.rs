@@ -34,6 +34,12 @@ use crate::runtime::state::{Error, Failure, KernelState, Result, Returned};
 use crate::runtime::Ids;
 use crate::telemetry::KernelMetrics;
 
+/// A message whose deadline is nearer than this is held by a device pump until the device has
+/// handled everything before it, then checked again (see [`KernelIo::deadline_near`]). A
+/// farther deadline is checked only when the message is taken from the input queue: it can
+/// expire unseen in a device queue only if the device falls more than this far behind.
+pub(crate) const DEVICE_HOLD_WINDOW: Duration = Duration::from_secs(1);
+
 /// Flags the kernel's host thread watches, with the signal that wakes it when they change.
 pub(crate) struct Control {
     pub active: AtomicBool,
@@ -547,6 +553,24 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     /// Turns [`KernelIo::expire`] off or on (the deadline benchmark's baseline).
     pub fn set_expire(&self, on: bool) {
         self.expiry_on.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether a message of `batch` has a deadline within [`DEVICE_HOLD_WINDOW`] of now, so
+    /// the device pump must hold the batch until the device has caught up (its queues cannot
+    /// check a deadline). Farther deadlines go to the device at once: holding every `call`
+    /// with a long timeout would serialize the device's batches for nothing. The clock is read
+    /// only when a message carries a deadline.
+    pub fn deadline_near(&self, batch: &[Slot<In>]) -> bool {
+        if !self.expires() || !batch.iter().any(|s| s.env.has_deadline()) {
+            return false;
+        }
+        let horizon = self
+            .ids
+            .now_ns()
+            .saturating_add(DEVICE_HOLD_WINDOW.as_nanos() as u64);
+        batch
+            .iter()
+            .any(|s| s.env.deadline_ns().is_some_and(|d| d < horizon))
     }
 
     /// Whether inputs with a deadline are checked at all (see [`KernelIo::expire`]).
