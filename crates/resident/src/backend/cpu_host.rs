@@ -109,12 +109,14 @@ fn run_handler<In: Message, Out: Message, S>(
         if io.in_hand.finish(n).is_err() {
             return;
         }
+        // The batch goes into the profile before its last output is published: a receiver
+        // that holds every output then finds every batch in the profiler's report.
+        crate::profile::batch_end(prof, scope, &batch[..n]);
         if let Some((env, result)) = done.take() {
             io.metrics.messages_done(1);
             out.publish_one(env, result, batch_now);
         }
         out.flush_wakeups();
-        crate::profile::batch_end(prof, scope, &batch[..n]);
         io.metrics.batch_done(Instant::now());
         drop(gate);
     }
