@@ -177,6 +177,7 @@ impl CudaError {
         }
     }
 
+    #[cfg(feature = "driver")]
     pub(crate) fn invalid(call: &'static str, reason: impl Into<String>) -> Self {
         CudaError::InvalidArgument {
             call,
@@ -218,7 +219,12 @@ mod tests {
         assert!(!driver("CUDA_ERROR_OUT_OF_MEMORY").is_sticky());
         assert!(!driver("CUDA_ERROR_NOT_READY").is_sticky());
         assert!(!CudaError::NoDevice.is_sticky());
-        // The code strings are the CUresult names as cudarc prints them.
+    }
+
+    /// The code strings are the `CUresult` names as cudarc prints them.
+    #[cfg(feature = "driver")]
+    #[test]
+    fn cudarc_names_match_the_sticky_codes() {
         let name = format!(
             "{:?}",
             cudarc::driver::sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS

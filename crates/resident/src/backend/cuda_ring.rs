@@ -6,14 +6,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use resident_cuda::persistent::{
-    BufferDecl, BufferInit, GpuBuffers, KernelSource, LaunchOptions, MessageDecl, PersistentKernel,
-    QueueConfig,
-};
+use resident_cuda::persistent::{BufferDecl, BufferInit, KernelSource, MessageDecl, QueueConfig};
+#[cfg(feature = "cuda")]
+use resident_cuda::persistent::{GpuBuffers, LaunchOptions, PersistentKernel};
 use resident_ring::message::CField;
-use resident_ring::{DeviceMessage, Message, Slot};
+use resident_ring::DeviceMessage;
+#[cfg(feature = "cuda")]
+use resident_ring::{Message, Slot};
 
-use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
+use crate::backend::device_host::DeviceError;
+#[cfg(feature = "cuda")]
+use crate::backend::device_host::{DeviceRing, RingCounters};
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers, ElemDecl};
 
 /// How long a host read or write of a bound buffer waits for the kernel to park between two
@@ -177,6 +180,7 @@ impl<In, Out> CudaHandler<In, Out> {
             .collect()
     }
 
+    #[cfg(feature = "cuda")]
     fn declared_decls(&self) -> Result<Vec<BufferDecl>, DeviceError> {
         self.buffers
             .iter()
@@ -221,6 +225,7 @@ impl<In, Out> CudaHandler<In, Out> {
         Ok((self.kernel_source(id, batch_size, decls), inits))
     }
 
+    #[cfg(feature = "cuda")]
     /// Compiles the handler inside the persistent-kernel template to PTX for `arch` (e.g.
     /// `compute_90`) with NVRTC, without a GPU: layout `static_assert`s and handler errors
     /// show up here, in CI, instead of at launch. Needs NVRTC (not the driver).
@@ -239,6 +244,7 @@ impl<In, Out> CudaHandler<In, Out> {
 }
 
 impl<In, Out> CudaHandler<In, Out> {
+    #[cfg(feature = "cuda")]
     /// Compiles the handler inside the persistent-kernel template all the way to machine code
     /// for `sm` (e.g. `sm_90`) with NVRTC, without a GPU, and returns `ptxas`'s report per entry
     /// (registers, stack, spills): inline PTX and launch bounds are checked here, in CI, rather
@@ -285,6 +291,7 @@ impl DeviceGeometry {
     }
 }
 
+#[cfg(feature = "cuda")]
 /// A persistent kernel on a GPU.
 pub(crate) struct GpuEngine<In: Message, Out: Message> {
     kernel: PersistentKernel<In, Out>,
@@ -304,6 +311,7 @@ pub(crate) trait EngineBuffers: Send + Sync {
     fn write(&self, index: usize, data: &[u8]) -> Result<(), DeviceError>;
 }
 
+#[cfg(feature = "cuda")]
 impl EngineBuffers for GpuBuffers {
     fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError> {
         Ok(GpuBuffers::read(self, index, out, BUFFER_SYNC_TIMEOUT)?)
@@ -350,6 +358,7 @@ impl<B: EngineBuffers + 'static> DeviceBuffers for BoundBuffers<B> {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl<In: Message, Out: Message> GpuEngine<In, Out> {
     pub fn launch(
         id: &str,
@@ -371,6 +380,7 @@ impl<In: Message, Out: Message> GpuEngine<In, Out> {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
         self.kernel.send_batch(slots)

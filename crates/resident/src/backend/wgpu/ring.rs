@@ -82,8 +82,12 @@
 //! submission order. A batch that does not complete within [`super::WAIT_TIMEOUT`] fails the
 //! kernel instead of hanging it.
 
+#[cfg(feature = "wgpu")]
 use super::oneshot::{check_grid, check_workgroup};
-use super::wgsl::{compile, WgslError};
+#[cfg(feature = "wgpu")]
+use super::wgsl::compile;
+use super::wgsl::WgslError;
+#[cfg(feature = "wgpu")]
 use super::{padded, WgpuContext, WAIT_TIMEOUT};
 use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
 use crate::backend::BackendError;
@@ -402,6 +406,7 @@ pub enum WgslLaunchError {
     },
 }
 
+#[cfg(feature = "wgpu")]
 /// WGSL words a bound buffer may not be named (keywords, and names the generated code uses).
 #[rustfmt::skip]
 const RESERVED: &[&str] = &[
@@ -412,6 +417,7 @@ const RESERVED: &[&str] = &[
     "Envelope", "ResidentIn", "ResidentOut", "ResidentState",
 ];
 
+#[cfg(feature = "wgpu")]
 /// Refuses bindings a WGSL handler cannot see: a name that is not a WGSL identifier (or is a
 /// keyword, or starts with the reserved `resident_`/`__`), an element type with no
 /// byte-identical WGSL type (8- and 16-bit integers), or more storage buffers than the adapter
@@ -467,6 +473,7 @@ pub(crate) fn check_bindings(
     Ok(())
 }
 
+#[cfg(feature = "wgpu")]
 /// Read access to a kernel's device state, shared by the engine and the kernel's handles.
 pub(crate) struct DeviceState {
     ctx: Arc<WgpuContext>,
@@ -474,6 +481,7 @@ pub(crate) struct DeviceState {
     len: usize,
 }
 
+#[cfg(feature = "wgpu")]
 impl DeviceState {
     /// Copies the state to the host: its value after every batch submitted before this call
     /// (bounded wait).
@@ -484,12 +492,14 @@ impl DeviceState {
     }
 }
 
+#[cfg(feature = "wgpu")]
 impl crate::backend::device_host::StateSnapshot for DeviceState {
     fn read(&self) -> Result<Vec<u8>, DeviceError> {
         DeviceState::read(self).map_err(DeviceError::from)
     }
 }
 
+#[cfg(feature = "wgpu")]
 struct BatchBuffers {
     input: ::wgpu::Buffer,
     env: ::wgpu::Buffer,
@@ -500,8 +510,10 @@ struct BatchBuffers {
     group: ::wgpu::BindGroup,
 }
 
+#[cfg(feature = "wgpu")]
 type MapResult = Arc<Mutex<Option<Result<(), ::wgpu::BufferAsyncError>>>>;
 
+#[cfg(feature = "wgpu")]
 struct InFlight<In> {
     set: usize,
     inputs: Vec<Slot<In>>,
@@ -509,6 +521,7 @@ struct InFlight<In> {
     submitted: Instant,
 }
 
+#[cfg(feature = "wgpu")]
 /// A launched engine, its state, and its bound buffers' device copies (when any).
 pub(crate) type Launched<In, Out> = (
     WgpuEngine<In, Out>,
@@ -516,6 +529,7 @@ pub(crate) type Launched<In, Out> = (
     Option<Arc<BoundBuffers>>,
 );
 
+#[cfg(feature = "wgpu")]
 /// The device side of a WGSL ring kernel (see the module docs).
 pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     ctx: Arc<WgpuContext>,
@@ -537,6 +551,7 @@ pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     _t: PhantomData<fn() -> Out>,
 }
 
+#[cfg(feature = "wgpu")]
 fn layout_check(
     compiled: &super::wgsl::Compiled,
     ty: &str,
@@ -558,6 +573,7 @@ fn layout_check(
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// A compiled WGSL ring-kernel module: its pipeline, bind-group layouts and state size.
 struct RingPipeline {
     pipeline: ::wgpu::ComputePipeline,
@@ -571,6 +587,7 @@ struct RingPipeline {
     in_order: bool,
 }
 
+#[cfg(feature = "wgpu")]
 impl RingPipeline {
     fn build<In, Out>(
         ctx: &WgpuContext,
@@ -777,18 +794,21 @@ impl RingPipeline {
 /// cut its loop short.
 const CUT_SHORT: u32 = 0xffff_ffff;
 
+#[cfg(feature = "wgpu")]
 /// Whether the in-order batch of `n` messages whose staging buffer is `view` was cut short.
 fn cut_short(view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
     let at = geometry.keep_offset as usize + 4 * n.saturating_sub(1);
     n > 0 && view[at..at + 4] == CUT_SHORT.to_le_bytes()
 }
 
+#[cfg(feature = "wgpu")]
 fn cut_message(n: usize) -> String {
     format!(
         "the device stopped an in-order batch of {n} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message"
     )
 }
 
+#[cfg(feature = "wgpu")]
 /// Sizes of one batch set.
 struct BatchGeometry {
     batch: usize,
@@ -798,6 +818,7 @@ struct BatchGeometry {
     keep_offset: u64,
 }
 
+#[cfg(feature = "wgpu")]
 impl BatchGeometry {
     fn new(batch: usize, in_size: usize, out_size: usize) -> Self {
         let batch = batch.max(1);
@@ -810,6 +831,7 @@ impl BatchGeometry {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// Reads the outputs of a completed batch from its mapped staging buffer, in input order:
 /// each kept output carries the request's envelope with `correlation_id` = its `message_id`.
 /// Requests that were `call`s and got no output go to `unanswered`.
@@ -839,6 +861,7 @@ fn decode<In, Out: Message>(
     }));
 }
 
+#[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     /// Compiles `handler`, allocates the state and the handler's in-flight batch sets of
     /// `batch` messages.
@@ -910,6 +933,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// The device copies of a ring kernel's bound buffers: one storage buffer each, alive as long
 /// as the kernel (and as long as a handle reading them), bound as group 1.
 ///
@@ -929,6 +953,7 @@ pub(crate) struct BoundBuffers {
     group: ::wgpu::BindGroup,
 }
 
+#[cfg(feature = "wgpu")]
 impl BoundBuffers {
     fn create(
         ctx: &Arc<WgpuContext>,
@@ -994,6 +1019,7 @@ impl BoundBuffers {
     }
 }
 
+#[cfg(feature = "wgpu")]
 impl DeviceBuffers for BoundBuffers {
     fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError> {
         let buf = self.get(index, out.len())?;
@@ -1011,6 +1037,7 @@ impl DeviceBuffers for BoundBuffers {
     }
 }
 
+#[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     fn submit(
         &mut self,
@@ -1128,6 +1155,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     }
 }
 
+#[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
         // Full batches go out while a batch set is free; a partial batch waits while the
@@ -1246,6 +1274,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// The stateless baseline the benchmark measures a ring kernel against: the same compiled
 /// handler, one batch at a time, with the state uploaded before and downloaded after every
 /// batch (what a kernel without device residency must do). Not a ring kernel: no queues, no
@@ -1262,6 +1291,7 @@ pub struct StatelessBatches<In, Out> {
     _t: PhantomData<fn(In) -> Out>,
 }
 
+#[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> StatelessBatches<In, Out> {
     /// Compiles `handler` for batches of up to `batch` messages on the shared wgpu device.
     pub fn new(handler: &WgslHandler<In, Out>, batch: usize) -> Result<Self, WgslLaunchError> {
@@ -1388,6 +1418,7 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// The device side of a WGSL ring kernel without the runtime around it (no host mailboxes,
 /// no pump thread, no call routing): the engine a `RingKernel` on wgpu runs, driven by hand.
 /// It exists so the benchmark can separate what device residency and pipelining buy from
@@ -1397,6 +1428,7 @@ pub struct ResidentBatches<In: Message, Out: Message> {
     state: Arc<DeviceState>,
 }
 
+#[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> ResidentBatches<In, Out> {
     /// Compiles `handler` for batches of up to `batch` messages on the shared wgpu device.
     pub fn new(handler: &WgslHandler<In, Out>, batch: usize) -> Result<Self, WgslLaunchError> {
