@@ -1,6 +1,6 @@
 //! CUDA ring kernels: the user's [`CudaHandler`] and the persistent kernel on a GPU that runs
-//! it (a `DeviceRing`); the same kernel source runs on CudaSim in
-//! [`cuda_sim`](super::cuda_sim). The pump that drives them is
+//! it (a `DeviceRing`, with the `cuda` feature); the same kernel source runs on CudaSim in
+//! `cuda_sim` (the `cudasim` feature). The pump that drives them is
 //! [`device_host`](super::device_host).
 
 use std::sync::Arc;
@@ -59,7 +59,7 @@ pub const BUFFER_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// reading back to back slows the kernel down but does not starve it.
 ///
 /// Declaring the buffers on the handler too ([`CudaHandler::buffer`]) lets
-/// [`compile_ptx`](CudaHandler::compile_ptx) / [`sass_report`](CudaHandler::sass_report) see
+/// `compile_ptx` / `sass_report` (NVRTC, with the `cuda` feature) see
 /// the exact source the launch compiles; a launch whose bindings differ from the declared ones
 /// is refused ([`DeviceError::Binding`]). Without declarations the launch takes the bindings as
 /// they are.

@@ -2,15 +2,18 @@
 //! [`ComputeDevice`] and never names CUDA types.
 //!
 //! * [`cpu`]: threads and rayon; always available. Its "device memory" is host memory.
-//! * [`cuda`]: `resident-cuda`, loaded at run time; available when a driver and device work.
-//! * [`wgpu`]: Vulkan / Metal / DX12 through wgpu (lavapipe in CI); WGSL kernels.
-//! * [`cuda_sim`]: CudaSim, the CUDA C source (ring-kernel template + handlers, one-shot
-//!   kernels) compiled by the host C++ compiler and run on host threads; available where a
-//!   host C++ compiler (`g++`, or `RESIDENT_SIM_CXX`) runs. For running and debugging CUDA
-//!   handlers without a GPU, not for speed.
+//! * `cuda` (cargo feature `cuda`): `resident-cuda`, loaded at run time; available when a
+//!   driver and device work.
+//! * `wgpu` (cargo feature `wgpu`): Vulkan / Metal / DX12 through wgpu (lavapipe in CI); WGSL
+//!   kernels. The WGSL handler type is in every build.
+//! * `cuda_sim` (cargo feature `cudasim`): CudaSim, the CUDA C source (ring-kernel template +
+//!   handlers, one-shot kernels) compiled by the host C++ compiler and run on host threads;
+//!   available where a host C++ compiler (`g++`, or `RESIDENT_SIM_CXX`) runs. For running and
+//!   debugging CUDA handlers without a GPU, not for speed.
 //!
 //! [`open`] picks one from a [`Backend`] request; [`probe`] reports what this machine has and
-//! why a backend is missing.
+//! why a backend is missing; [`compiled_in`] lists the engines of this build (the three
+//! features are on by default; an engine not compiled in is [`BackendError::NotCompiled`]).
 
 pub mod cpu;
 pub(crate) mod cpu_host;
@@ -58,7 +61,7 @@ pub enum Backend {
     /// wgpu adapter on its own).
     #[default]
     Auto,
-    /// The CUDA C source run on host threads (see [`cuda_sim`]); never picked by `Auto`.
+    /// The CUDA C source run on host threads (the `cuda_sim` module); never picked by `Auto`.
     CudaSim,
 }
 

@@ -4,8 +4,8 @@
 //! compute shaders (`Kernel::wgsl`), and ring kernels keep their state in a storage buffer for
 //! their whole life and are fed in pipelined batches ([`ring`]).
 //!
-//! Every wait on the device has a bound ([`WAIT_TIMEOUT`]); a lost device or a validation
-//! error wgpu reports outside an error scope is recorded on the [`WgpuContext`] and turned
+//! Every wait on the device has a bound (`WAIT_TIMEOUT`); a lost device or a validation
+//! error wgpu reports outside an error scope is recorded on the `WgpuContext` and turned
 //! into a typed error by the next operation, never a panic.
 
 #[cfg(feature = "wgpu")]

@@ -79,7 +79,7 @@
 //! dispatch and the copies into staging, submits, and asks for the staging map
 //! (`map_async`) without waiting, so the host fills batch N+1 while the device runs batch N.
 //! `pull` polls the device without blocking and publishes completed batches strictly in
-//! submission order. A batch that does not complete within [`super::WAIT_TIMEOUT`] fails the
+//! submission order. A batch that does not complete within `WAIT_TIMEOUT` (60 s) fails the
 //! kernel instead of hanging it.
 
 #[cfg(feature = "wgpu")]
