@@ -163,7 +163,7 @@ fn print_text(
 #[allow(dead_code)] // wired to `resident info [--json]` in main.rs by the lead
 pub fn run(json: bool) -> ExitCode {
     let reports = backend::probe();
-    let telemetry = backend::device_telemetry();
+    let telemetry = backend::device_telemetry().map_err(|e| e.to_string());
     if json {
         let tel = match &telemetry {
             Ok(list) => json!({

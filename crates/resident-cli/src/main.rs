@@ -1,6 +1,7 @@
 //! The `resident` command-line tool: demos and benchmarks of ring kernels.
 
 mod bench;
+mod deadlines_bench;
 mod demo;
 mod gpu_bench;
 mod info;
@@ -110,6 +111,9 @@ enum BenchCommand {
     /// The workloads: anomaly actor vs stateless per micro-batch size, streaming PageRank
     /// incremental vs recompute, full PageRank; JSON and SVG/PNG pictures.
     Workloads(workloads_bench::Options),
+    /// Call deadlines: a storm of short calls against a slow handler, then the time until a
+    /// fresh call is served, with the deadline check off (before) and on (after).
+    Deadlines(deadlines_bench::Options),
 }
 
 #[derive(clap::Args)]
@@ -256,6 +260,10 @@ fn main() -> ExitCode {
             which: Some(BenchCommand::Workloads(o)),
             ..
         } => return demo_exit(workloads_bench::run(&o)),
+        Command::Bench {
+            which: Some(BenchCommand::Deadlines(o)),
+            ..
+        } => deadlines_bench::run(&o),
         Command::Bench {
             which: None,
             quick,

@@ -278,3 +278,43 @@ fn bench_workloads_quick_writes_json_and_pictures() {
         }
     }
 }
+
+#[test]
+fn bench_deadlines_writes_json_whose_counts_add_up() {
+    let d = tmp("deadlines");
+    let out = d.join("deadlines.json");
+    let o = resident(&[
+        "bench",
+        "deadlines",
+        "--calls",
+        "60",
+        "--repeats",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(j["command"]
+        .as_str()
+        .unwrap()
+        .contains("bench deadlines --calls 60"));
+    assert_eq!(j["params"]["calls"], 60);
+    let (before, after) = (&j["runs"]["before"][0], &j["runs"]["after"][0]);
+    for r in [before, after] {
+        let n = |k: &str| r[k].as_u64().unwrap();
+        assert_eq!(n("accepted"), 61, "the storm and the fresh call: {r}");
+        assert_eq!(n("handled") + n("expired"), 61, "{r}");
+        assert_eq!(n("calls_served_in_time") + n("calls_timed_out"), 60, "{r}");
+        assert!(r["fresh_call_s"].as_f64().unwrap() > 0.0);
+    }
+    // With the check off nothing expires: every timed-out call is still handled.
+    assert_eq!(before["expired"], 0);
+    assert!(j["summary"]["fresh_call_before_over_after_median"].is_f64());
+    // A folder that does not exist fails before anything is measured.
+    let missing = d.join("not-here").join("x.json");
+    let o = resident(&["bench", "deadlines", "--out", missing.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("does not exist"), "{}", text(&o));
+}

@@ -1,6 +1,6 @@
 //! Device discovery and the owner of a device's primary context.
 
-use crate::error::{CudaError, Result};
+use crate::error::{CudaError, DriverFault, Result};
 use crate::module::ModuleCache;
 use crate::result as r;
 use cudarc::driver::sys::CUdevice_attribute as A;
@@ -147,7 +147,7 @@ impl ResidencyBudget {
 /// and the resident-kernel budget.
 #[derive(Default)]
 pub(crate) struct DeviceShared {
-    lost: OnceLock<String>,
+    lost: OnceLock<DriverFault>,
     pub(crate) residency: ResidencyBudget,
     /// A limit set with [`Device::set_resident_limit`] (0: the default).
     limit_override: AtomicUsize,
@@ -194,7 +194,7 @@ enum SlotDecision {
     /// Devices of the ordinal are alive and healthy: share their state.
     Share,
     /// Devices of the ordinal are alive but lost: refuse.
-    Lost(String),
+    Lost(DriverFault),
     /// None alive: start fresh (after resetting the context when `reset` is set).
     Fresh {
         /// A fault poisoned the context the last devices used.
@@ -268,9 +268,7 @@ impl Device {
             let slot = &mut reg[ordinal];
             match decide(slot) {
                 SlotDecision::Share => slot.shared.upgrade().expect("checked alive above"),
-                SlotDecision::Lost(reason) => {
-                    return Err(CudaError::DeviceLost { ordinal, reason })
-                }
+                SlotDecision::Lost(fault) => return Err(CudaError::DeviceLost { ordinal, fault }),
                 SlotDecision::Fresh { reset } => {
                     if reset {
                         // SAFETY: no `Device` of this ordinal is alive (the weak reference is
@@ -301,10 +299,10 @@ impl Device {
     /// A lost device ([`Device::mark_lost`]) answers [`CudaError::DeviceLost`], so owners skip
     /// freeing what the fault already destroyed.
     pub fn bind(&self) -> Result<()> {
-        if let Some(reason) = self.shared.lost.get() {
+        if let Some(fault) = self.shared.lost.get() {
             return Err(CudaError::DeviceLost {
                 ordinal: self.info.ordinal,
-                reason: reason.clone(),
+                fault: fault.clone(),
             });
         }
         // SAFETY: `ctx` is retained until drop.
@@ -313,25 +311,25 @@ impl Device {
 
     /// Records that a device fault poisoned this device's context. Every `Device` of the
     /// ordinal then answers [`CudaError::DeviceLost`]; the context is reset on the next
-    /// [`Device::open`] after all of them are dropped. The first reason sticks.
-    pub fn mark_lost(&self, reason: impl Into<String>) {
-        let _ = self.shared.lost.set(reason.into());
+    /// [`Device::open`] after all of them are dropped. The first fault sticks.
+    pub fn mark_lost(&self, fault: DriverFault) {
+        let _ = self.shared.lost.set(fault);
         let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
         if let Some(slot) = reg.get_mut(self.info.ordinal) {
             slot.reset_pending = true;
         }
     }
 
-    /// Why the device was lost, if it was.
-    pub fn lost_reason(&self) -> Option<&str> {
-        self.shared.lost.get().map(String::as_str)
+    /// The driver fault that lost the device, if it was lost.
+    pub fn lost_reason(&self) -> Option<&DriverFault> {
+        self.shared.lost.get()
     }
 
     /// Passes `r` through; a sticky error (a device fault) marks the device lost first.
     pub fn watch<T>(&self, r: Result<T>) -> Result<T> {
-        if let Err(e) = &r {
-            if e.is_sticky() && !matches!(e, CudaError::DeviceLost { .. }) {
-                self.mark_lost(e.to_string());
+        if let Err(CudaError::Driver(fault)) = &r {
+            if fault.is_sticky() {
+                self.mark_lost(fault.clone());
             }
         }
         r
@@ -516,12 +514,14 @@ mod tests {
         let live = Arc::new(DeviceShared::default());
         slot.shared = Arc::downgrade(&live);
         assert_eq!(decide(&slot), SlotDecision::Share);
-        let _ = live.lost.set("CUDA_ERROR_ILLEGAL_ADDRESS".into());
+        let fault = DriverFault {
+            call: "cuStreamQuery",
+            code: crate::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+            message: "an illegal memory access was encountered".into(),
+        };
+        let _ = live.lost.set(fault.clone());
         slot.reset_pending = true;
-        assert_eq!(
-            decide(&slot),
-            SlotDecision::Lost("CUDA_ERROR_ILLEGAL_ADDRESS".into())
-        );
+        assert_eq!(decide(&slot), SlotDecision::Lost(fault));
         drop(live);
         assert_eq!(decide(&slot), SlotDecision::Fresh { reset: true });
     }

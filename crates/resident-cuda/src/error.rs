@@ -1,5 +1,9 @@
 //! The one error type of the CUDA layer. Every message names the call or the step that failed.
 
+#[cfg(feature = "driver")]
+use cudarc::driver::sys::CUresult;
+#[cfg(feature = "driver")]
+use cudarc::nvrtc::sys::nvrtcResult;
 use std::path::PathBuf;
 
 /// Everything that can go wrong in `resident-cuda`.
@@ -28,11 +32,12 @@ pub enum CudaError {
         /// The driver's CUDA version.
         driver: (u32, u32),
     },
+    #[cfg(feature = "driver")]
     /// `cuModuleLoadDataEx` failed; `log` is the JIT compiler's error log.
-    #[error("cuModuleLoadDataEx failed: {code} ({message}); JIT log:\n{log}")]
+    #[error("cuModuleLoadDataEx failed: {code:?} ({message}); JIT log:\n{log}")]
     ModuleLoad {
-        /// The `CUresult` name.
-        code: String,
+        /// The driver's result code.
+        code: CUresult,
         /// The driver's description.
         message: String,
         /// The JIT error log (empty when the driver wrote none).
@@ -49,23 +54,18 @@ pub enum CudaError {
         /// Devices present.
         count: usize,
     },
+    #[cfg(feature = "driver")]
     /// A driver API call returned an error.
-    #[error("{call} failed: {code} ({message})")]
-    Driver {
-        /// The driver function, e.g. `cuMemHostAlloc`.
-        call: &'static str,
-        /// The `CUresult` name.
-        code: String,
-        /// The driver's description of the error.
-        message: String,
-    },
+    #[error("{0}")]
+    Driver(DriverFault),
+    #[cfg(feature = "driver")]
     /// An NVRTC call other than compilation failed.
-    #[error("{call} failed: {code}")]
+    #[error("{call} failed: {code:?}{}", nvrtc_hint(*code))]
     Nvrtc {
         /// The NVRTC function.
         call: &'static str,
-        /// The `nvrtcResult` name.
-        code: String,
+        /// NVRTC's result code.
+        code: nvrtcResult,
     },
     /// NVRTC rejected the source; `log` is the compiler's output.
     #[error("NVRTC could not compile `{name}` for {arch}:\n{log}")]
@@ -85,23 +85,27 @@ pub enum CudaError {
         /// The I/O error.
         source: std::io::Error,
     },
+    #[cfg(feature = "driver")]
     /// NVML (telemetry) is unavailable or failed.
-    #[error("NVML {what} failed: {message}")]
+    #[error("NVML {what} failed: {source}")]
     Nvml {
         /// What was asked.
         what: &'static str,
         /// NVML's error.
-        message: String,
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
     },
+    #[cfg(feature = "driver")]
     /// A device fault (trap, illegal address, ...) poisoned the device's CUDA context: every
     /// kernel, buffer and stream made on it before the fault is gone. The device opens again once
     /// every object from before the fault has been dropped (the context is then reset).
-    #[error("CUDA device {ordinal} was lost to a device fault ({reason}); drop every kernel and buffer made on it before the fault, then open it again")]
+    #[error("CUDA device {ordinal} was lost to a device fault ({fault}); drop every kernel and buffer made on it before the fault, then open it again")]
     DeviceLost {
         /// The device.
         ordinal: usize,
         /// The fault, as the driver reported it.
-        reason: String,
+        #[source]
+        fault: DriverFault,
     },
     /// Launching one more resident (persistent) kernel could leave some of them unable to run,
     /// because not all of them would be co-resident on the device.
@@ -144,34 +148,72 @@ pub enum CudaError {
     },
 }
 
+#[cfg(feature = "driver")]
+/// A failed driver call: which call, the driver's `CUresult`, and the driver's description of
+/// it. Compared by value (`fault.code == CUresult::CUDA_ERROR_ILLEGAL_ADDRESS`); `Clone`, so a
+/// lost device can keep the fault that lost it and answer it to every later caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call} failed: {code:?} ({message})")]
+pub struct DriverFault {
+    /// The driver function, e.g. `cuMemHostAlloc`.
+    pub call: &'static str,
+    /// The driver's result code.
+    pub code: CUresult,
+    /// The driver's description of the code (`cuGetErrorString`), "no description" when it
+    /// gave none.
+    pub message: String,
+}
+
+#[cfg(feature = "driver")]
+impl DriverFault {
+    /// Whether this code poisons the context (see [`CudaError::is_sticky`]).
+    pub fn is_sticky(&self) -> bool {
+        STICKY_CODES.contains(&self.code)
+    }
+}
+
+#[cfg(feature = "driver")]
+/// A hint for NVRTC codes that mean a missing companion library rather than a bad call.
+fn nvrtc_hint(code: nvrtcResult) -> &'static str {
+    match code {
+        nvrtcResult::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE => {
+            " (NVRTC's builtins library failed to load: is libnvrtc-builtins on LD_LIBRARY_PATH?)"
+        }
+        _ => "",
+    }
+}
+
+#[cfg(feature = "driver")]
 /// Driver errors after which the context is unusable ("sticky": every later call in the
 /// context fails with the same error until it is reset). From the CUDA driver API's `CUresult`
 /// documentation: every code documented as leaving "the context in an inconsistent state" or
 /// requiring that "the process must be terminated and relaunched", plus `CUDA_ERROR_UNKNOWN`,
 /// which a fault can surface as and after which nothing about the context is known.
-const STICKY_CODES: &[&str] = &[
-    "CUDA_ERROR_ILLEGAL_ADDRESS",
-    "CUDA_ERROR_LAUNCH_FAILED",
-    "CUDA_ERROR_LAUNCH_TIMEOUT",
-    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-    "CUDA_ERROR_MISALIGNED_ADDRESS",
-    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
-    "CUDA_ERROR_INVALID_PC",
-    "CUDA_ERROR_HARDWARE_STACK_ERROR",
-    "CUDA_ERROR_ASSERT",
-    "CUDA_ERROR_ECC_UNCORRECTABLE",
-    "CUDA_ERROR_NVLINK_UNCORRECTABLE",
-    "CUDA_ERROR_CONTAINED",
-    "CUDA_ERROR_TENSOR_MEMORY_LEAK",
-    "CUDA_ERROR_EXTERNAL_DEVICE",
-    "CUDA_ERROR_UNKNOWN",
+const STICKY_CODES: &[CUresult] = &[
+    CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+    CUresult::CUDA_ERROR_LAUNCH_FAILED,
+    CUresult::CUDA_ERROR_LAUNCH_TIMEOUT,
+    CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+    CUresult::CUDA_ERROR_MISALIGNED_ADDRESS,
+    CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE,
+    CUresult::CUDA_ERROR_INVALID_PC,
+    CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR,
+    CUresult::CUDA_ERROR_ASSERT,
+    CUresult::CUDA_ERROR_ECC_UNCORRECTABLE,
+    CUresult::CUDA_ERROR_NVLINK_UNCORRECTABLE,
+    CUresult::CUDA_ERROR_CONTAINED,
+    CUresult::CUDA_ERROR_TENSOR_MEMORY_LEAK,
+    CUresult::CUDA_ERROR_EXTERNAL_DEVICE,
+    CUresult::CUDA_ERROR_UNKNOWN,
 ];
 
 impl CudaError {
     /// Whether this error poisoned the context (a device fault; see [`CudaError::DeviceLost`]).
     pub fn is_sticky(&self) -> bool {
         match self {
-            CudaError::Driver { code, .. } => STICKY_CODES.iter().any(|c| code == c),
+            #[cfg(feature = "driver")]
+            CudaError::Driver(fault) => fault.is_sticky(),
+            #[cfg(feature = "driver")]
             CudaError::DeviceLost { .. } => true,
             _ => false,
         }
@@ -189,46 +231,86 @@ impl CudaError {
 /// Result of this crate.
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;
 
-#[cfg(test)]
+// Every test here builds driver or NVRTC codes.
+#[cfg(all(test, feature = "driver"))]
 mod tests {
     use super::*;
 
-    fn driver(code: &str) -> CudaError {
-        CudaError::Driver {
+    fn driver(code: CUresult) -> CudaError {
+        CudaError::Driver(DriverFault {
             call: "cuStreamQuery",
-            code: code.into(),
+            code,
             message: String::new(),
-        }
+        })
     }
 
     #[test]
     fn faults_are_sticky_other_errors_are_not() {
-        assert!(driver("CUDA_ERROR_ILLEGAL_ADDRESS").is_sticky());
-        assert!(driver("CUDA_ERROR_LAUNCH_FAILED").is_sticky());
-        assert!(driver("CUDA_ERROR_ILLEGAL_INSTRUCTION").is_sticky());
+        assert!(driver(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS).is_sticky());
+        assert!(driver(CUresult::CUDA_ERROR_LAUNCH_FAILED).is_sticky());
+        assert!(driver(CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION).is_sticky());
         for code in [
-            "CUDA_ERROR_UNKNOWN",
-            "CUDA_ERROR_CONTAINED",
-            "CUDA_ERROR_EXTERNAL_DEVICE",
-            "CUDA_ERROR_NVLINK_UNCORRECTABLE",
-            "CUDA_ERROR_TENSOR_MEMORY_LEAK",
-            "CUDA_ERROR_HARDWARE_STACK_ERROR",
+            CUresult::CUDA_ERROR_UNKNOWN,
+            CUresult::CUDA_ERROR_CONTAINED,
+            CUresult::CUDA_ERROR_EXTERNAL_DEVICE,
+            CUresult::CUDA_ERROR_NVLINK_UNCORRECTABLE,
+            CUresult::CUDA_ERROR_TENSOR_MEMORY_LEAK,
+            CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR,
         ] {
-            assert!(driver(code).is_sticky(), "{code}");
+            assert!(driver(code).is_sticky(), "{code:?}");
         }
-        assert!(!driver("CUDA_ERROR_OUT_OF_MEMORY").is_sticky());
-        assert!(!driver("CUDA_ERROR_NOT_READY").is_sticky());
+        assert!(!driver(CUresult::CUDA_ERROR_OUT_OF_MEMORY).is_sticky());
+        assert!(!driver(CUresult::CUDA_ERROR_NOT_READY).is_sticky());
         assert!(!CudaError::NoDevice.is_sticky());
+        // A lost device is sticky whatever the fault was.
+        let lost = CudaError::DeviceLost {
+            ordinal: 0,
+            fault: DriverFault {
+                call: "cuStreamQuery",
+                code: CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+                message: "an illegal memory access was encountered".into(),
+            },
+        };
+        assert!(lost.is_sticky());
+        // The message names the call and the code by its CUresult name, and the fault is the
+        // error's source.
+        let text = driver(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS).to_string();
+        assert!(
+            text.contains("cuStreamQuery") && text.contains("CUDA_ERROR_ILLEGAL_ADDRESS"),
+            "{text}"
+        );
+        let text = lost.to_string();
+        assert!(
+            text.contains("CUDA_ERROR_ILLEGAL_ADDRESS") && text.contains("device 0"),
+            "{text}"
+        );
+        assert!(std::error::Error::source(&lost).is_some());
     }
 
-    /// The code strings are the `CUresult` names as cudarc prints them.
-    #[cfg(feature = "driver")]
     #[test]
-    fn cudarc_names_match_the_sticky_codes() {
-        let name = format!(
-            "{:?}",
-            cudarc::driver::sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+    fn errors_cross_threads() {
+        // Engines keep CUDA errors as the `source` of runtime failures shared across threads.
+        fn shareable<T: Send + Sync + 'static>() {}
+        shareable::<CudaError>();
+        shareable::<DriverFault>();
+    }
+
+    #[test]
+    fn nvrtc_builtins_failure_says_which_library_is_missing() {
+        let e = CudaError::Nvrtc {
+            call: "nvrtcCompileProgram",
+            code: nvrtcResult::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE,
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("NVRTC_ERROR_BUILTIN_OPERATION_FAILURE")
+                && text.contains("libnvrtc-builtins"),
+            "{text}"
         );
-        assert!(driver(&name).is_sticky());
+        let e = CudaError::Nvrtc {
+            call: "nvrtcCompileProgram",
+            code: nvrtcResult::NVRTC_ERROR_INVALID_INPUT,
+        };
+        assert!(!e.to_string().contains("builtins"), "{e}");
     }
 }

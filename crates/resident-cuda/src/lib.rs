@@ -50,7 +50,12 @@ pub use device::{
     device_count, device_info, devices, Device, DeviceInfo, ResidencyBudget, ResidentSlot,
     CONCURRENT_KERNEL_LIMIT,
 };
+#[cfg(feature = "driver")]
+pub use error::DriverFault;
 pub use error::{CudaError, Result};
+/// The driver's and NVRTC's result codes, as [`DriverFault::code`] and [`CudaError::Nvrtc`] hold them.
+#[cfg(feature = "driver")]
+pub use cudarc::{driver::sys::CUresult, nvrtc::sys::nvrtcResult};
 pub use launch::LaunchConfig;
 #[cfg(feature = "driver")]
 pub use memory::DeviceBuffer;

@@ -16,7 +16,7 @@ pub fn nvrtc_present() -> bool {
 fn nvrtc_err(call: &'static str) -> impl FnOnce(nr::NvrtcError) -> CudaError {
     move |e| CudaError::Nvrtc {
         call,
-        code: format!("{:?}", e.0),
+        code: e.0,
     }
 }
 

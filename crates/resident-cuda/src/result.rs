@@ -4,7 +4,7 @@
 //! Nothing here may run before [`driver`] succeeded: cudarc panics when `libcuda` is missing,
 //! and [`driver`] is the one place that asks first.
 
-use crate::error::{CudaError, Result};
+use crate::error::{CudaError, DriverFault, Result};
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -12,15 +12,23 @@ use std::sync::OnceLock;
 
 pub use sys::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUstream};
 
-pub(crate) fn drv(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
-    move |e| CudaError::Driver {
+/// The driver's description of `e` (`cuGetErrorString`).
+fn describe(e: &DriverError) -> String {
+    e.error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "no description".into())
+}
+
+pub(crate) fn fault(call: &'static str, e: DriverError) -> DriverFault {
+    DriverFault {
         call,
-        code: format!("{:?}", e.0),
-        message: e
-            .error_string()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "no description".into()),
+        code: e.0,
+        message: describe(&e),
     }
+}
+
+pub(crate) fn drv(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
+    move |e| CudaError::Driver(fault(call, e))
 }
 
 /// Whether `libcuda` can be loaded. Cached after the first call.
@@ -121,7 +129,7 @@ pub fn check_ptx_compatible(nvrtc: (u32, u32), driver: (u32, u32)) -> Result<()>
 
 /// Loads and initializes the driver once. Every entry point of this crate calls this first.
 pub fn driver() -> Result<()> {
-    static INIT: OnceLock<std::result::Result<(), (String, String)>> = OnceLock::new();
+    static INIT: OnceLock<std::result::Result<(), DriverFault>> = OnceLock::new();
     static SYMBOLS: OnceLock<std::result::Result<(), Vec<&'static str>>> = OnceLock::new();
     if !driver_present() {
         return Err(CudaError::DriverNotFound);
@@ -133,20 +141,9 @@ pub fn driver() -> Result<()> {
         })
         .clone()
         .map_err(|symbols| CudaError::MissingDriverSymbols { symbols })?;
-    INIT.get_or_init(|| {
-        cudarc::driver::result::init().map_err(|e| {
-            let CudaError::Driver { code, message, .. } = drv("cuInit")(e) else {
-                unreachable!("drv always builds CudaError::Driver")
-            };
-            (code, message)
-        })
-    })
-    .clone()
-    .map_err(|(code, message)| CudaError::Driver {
-        call: "cuInit",
-        code,
-        message,
-    })
+    INIT.get_or_init(|| cudarc::driver::result::init().map_err(|e| fault("cuInit", e)))
+        .clone()
+        .map_err(CudaError::Driver)
 }
 
 /// The driver's CUDA version as (major, minor), e.g. (13, 0).
@@ -448,13 +445,10 @@ pub unsafe fn module_load_data(image: *const c_void) -> Result<CUmodule> {
         // SAFETY: success initialized `module`.
         Ok(()) => Ok(module.assume_init()),
         Err(e) => {
-            let CudaError::Driver { code, message, .. } = drv("cuModuleLoadDataEx")(e) else {
-                unreachable!("drv always builds CudaError::Driver")
-            };
             let n = log.iter().position(|&b| b == 0).unwrap_or(log.len());
             Err(CudaError::ModuleLoad {
-                code,
-                message,
+                code: e.0,
+                message: describe(&e),
                 log: String::from_utf8_lossy(&log[..n]).into_owned(),
             })
         }

@@ -18,7 +18,7 @@ use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::cache::Fnv128;
 
@@ -40,7 +40,8 @@ pub enum SimError {
         /// The compiler command.
         compiler: String,
         /// Why.
-        reason: String,
+        #[source]
+        reason: CompilerFault,
     },
     /// The source failed to compile; `log` is the compiler's diagnostics (it names what the
     /// shim lacks, e.g. "'__syncthreads_count' was not declared in this scope").
@@ -97,6 +98,21 @@ pub enum SimError {
     },
 }
 
+/// Why the host C++ compiler cannot be used. `Clone` (the I/O error is shared): the first
+/// answer is cached for the process.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CompilerFault {
+    /// The compiler could not be started (not installed, not executable, ...).
+    #[error("cannot run it: {0}")]
+    Run(#[source] Arc<std::io::Error>),
+    /// `<compiler> --version` ran and failed; `stderr` is what it printed.
+    #[error("`--version` failed: {stderr}")]
+    Version {
+        /// The compiler's standard error.
+        stderr: String,
+    },
+}
+
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SimError + '_ {
     move |source| SimError::Io {
         path: path.to_path_buf(),
@@ -106,7 +122,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SimError + '_ {
 
 /// The host compiler command and its version line.
 pub fn compiler() -> Result<(String, String), SimError> {
-    static VERSION: OnceLock<Result<(String, String), String>> = OnceLock::new();
+    static VERSION: OnceLock<Result<(String, String), CompilerFault>> = OnceLock::new();
     let cxx = std::env::var(CXX_ENV)
         .ok()
         .filter(|s| !s.is_empty())
@@ -120,11 +136,10 @@ pub fn compiler() -> Result<(String, String), SimError> {
                     v.lines().next().unwrap_or_default().to_string(),
                 ))
             }
-            Ok(o) => Err(format!(
-                "`{cxx} --version` failed: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            )),
-            Err(e) => Err(format!("cannot run `{cxx}`: {e}")),
+            Ok(o) => Err(CompilerFault::Version {
+                stderr: String::from_utf8_lossy(&o.stderr).trim().to_string(),
+            }),
+            Err(e) => Err(CompilerFault::Run(Arc::new(e))),
         })
         .clone()
         .map_err(|reason| SimError::CompilerUnavailable {
@@ -269,7 +284,7 @@ impl SimModule {
         let _ = std::fs::remove_file(&src);
         let out = out.map_err(|e| SimError::CompilerUnavailable {
             compiler: cxx.clone(),
-            reason: e.to_string(),
+            reason: CompilerFault::Run(Arc::new(e)),
         })?;
         if !out.status.success() {
             let _ = std::fs::remove_file(&tmp);
@@ -475,16 +490,33 @@ pub enum TsanError {
     /// No host C++ compiler, or no ThreadSanitizer runtime (Debian: `libtsan2`): a test may
     /// skip on this.
     #[error("ThreadSanitizer is unavailable here: {0}")]
-    Unavailable(String),
-    /// The translation unit did not compile.
-    #[error("the ThreadSanitizer build failed:\n{0}")]
-    Build(String),
+    Unavailable(#[source] TsanUnavailable),
+    /// The translation unit did not compile; `log` is the compiler's diagnostics.
+    #[error("the ThreadSanitizer build failed:\n{log}")]
+    Build {
+        /// The compiler's standard error.
+        log: String,
+    },
     /// The program ran past the time limit and was killed.
     #[error("the ThreadSanitizer run did not end within {0:?} (killed)")]
     Timeout(std::time::Duration),
     /// The files or the process could not be made.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// Why ThreadSanitizer cannot run here.
+#[derive(Debug, thiserror::Error)]
+pub enum TsanUnavailable {
+    /// No usable host C++ compiler.
+    #[error(transparent)]
+    Compiler(SimError),
+    /// The compiler has no ThreadSanitizer runtime; `log` is its diagnostics.
+    #[error("libtsan is missing: {log}")]
+    NoRuntime {
+        /// The compiler's standard error.
+        log: String,
+    },
 }
 
 /// Compiles `tu` (a complete C++ program: typically [`translation_unit`] followed by a driver
@@ -497,7 +529,8 @@ pub fn run_under_tsan(
     tu: &str,
     timeout: std::time::Duration,
 ) -> Result<TsanRun, TsanError> {
-    let (cxx, _) = compiler().map_err(|e| TsanError::Unavailable(e.to_string()))?;
+    let (cxx, _) =
+        compiler().map_err(|e| TsanError::Unavailable(TsanUnavailable::Compiler(e)))?;
     let src = dir.join(format!("{tag}.cpp"));
     let exe = dir.join(tag);
     std::fs::write(&src, tu)?;
@@ -516,9 +549,9 @@ pub fn run_under_tsan(
     if !out.status.success() {
         let log = String::from_utf8_lossy(&out.stderr).into_owned();
         if log.contains("libtsan") || log.contains("-ltsan") {
-            return Err(TsanError::Unavailable(format!("libtsan is missing: {log}")));
+            return Err(TsanError::Unavailable(TsanUnavailable::NoRuntime { log }));
         }
-        return Err(TsanError::Build(log));
+        return Err(TsanError::Build { log });
     }
     let mut child = Command::new(&exe)
         .env(

@@ -36,10 +36,7 @@ pub struct Telemetry {
 }
 
 fn nvml_err(what: &'static str) -> impl FnOnce(nvml_wrapper::error::NvmlError) -> CudaError {
-    move |e| CudaError::Nvml {
-        what,
-        message: e.to_string(),
-    }
+    move |source| CudaError::Nvml { what, source }
 }
 
 impl Telemetry {

@@ -81,13 +81,13 @@ fn without_a_driver_launch_and_bench_are_typed_errors() {
 fn launch_rejects_mismatched_rust_types_before_touching_the_driver() {
     let r = PersistentKernel::<u32, u64>::launch(&source(), &[0u8; 8], &LaunchOptions::default());
     assert!(
-        matches!(r, Err(PersistentError::Config(_))),
+        matches!(r, Err(PersistentError::Config { .. })),
         "{:?}",
         r.err()
     );
     let r = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 4], &LaunchOptions::default());
     assert!(
-        matches!(r, Err(PersistentError::Config(_))),
+        matches!(r, Err(PersistentError::Config { .. })),
         "{:?}",
         r.err()
     );

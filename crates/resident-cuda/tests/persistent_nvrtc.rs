@@ -82,13 +82,13 @@ fn rendered_source_has_layout_asserts() {
     assert!(src.contains("resident_batch"));
     let mut bad = sample(64, 64);
     bad.batch_size = 100;
-    assert!(matches!(bad.render(), Err(PersistentError::Config(_))));
+    assert!(matches!(bad.render(), Err(PersistentError::Config { .. })));
     let mut bad = sample(64, 64);
     bad.input.name = "not an ident".into();
-    assert!(matches!(bad.render(), Err(PersistentError::Config(_))));
+    assert!(matches!(bad.render(), Err(PersistentError::Config { .. })));
     let mut bad = sample(64, 64);
     bad.handler.push('\0');
-    assert!(matches!(bad.render(), Err(PersistentError::Config(_))));
+    assert!(matches!(bad.render(), Err(PersistentError::Config { .. })));
 }
 
 #[test]
@@ -147,7 +147,7 @@ fn wrong_message_size_fails_on_the_static_assert() {
 fn bad_architecture_is_a_typed_error() {
     assert!(matches!(
         compile_ptx(&sample(16, 16), "sm_90; rm -rf"),
-        Err(PersistentError::Config(_))
+        Err(PersistentError::Config { .. })
     ));
 }
 

@@ -388,18 +388,18 @@ fn invalid_configurations_are_typed_errors() {
     for bad in [cfg(0, 8, 8), cfg(9, 8, 8), cfg(1, 3, 8), cfg(1, 8, 0)] {
         assert!(matches!(
             resident_cuda::persistent::PersistentQueues::<u64, u64>::on_heap(bad),
-            Err(PersistentError::Config(_))
+            Err(PersistentError::Config { .. })
         ));
     }
     // The output ring must hold a whole batch.
     assert!(matches!(
         launch_with("small-out", DOUBLE, 32, cfg(1, 8, 16), None),
-        Err(PersistentError::Config(_))
+        Err(PersistentError::Config { .. })
     ));
     // Batch sizes are multiples of 32 in 32..=1024 (the block size).
     assert!(matches!(
         launch_with("odd-batch", DOUBLE, 48, cfg(1, 64, 64), None),
-        Err(PersistentError::Config(_))
+        Err(PersistentError::Config { .. })
     ));
 }
 
@@ -472,7 +472,20 @@ fn a_trapping_handler_faults_the_block_and_check_reports_it() {
     wait_until("the fault", || q.has_exited());
     assert!(start.elapsed() < Duration::from_secs(10));
     match q.check() {
-        Err(PersistentError::DeviceFault { reason, .. }) => {
+        Err(e @ PersistentError::DeviceFault { .. }) => {
+            // Typed: the cause is CudaSim's own fault of the block, with the trap in its text.
+            let PersistentError::DeviceFault {
+                cause: resident_cuda::persistent::FaultCause::Sim(sim),
+                ..
+            } = &e
+            else {
+                panic!("expected a CudaSim fault as the cause, got {e:?}")
+            };
+            assert!(
+                matches!(**sim, resident_cuda::sim::SimError::Fault { .. }),
+                "{sim:?}"
+            );
+            let reason = e.to_string();
             assert!(reason.contains("__trap()"), "{reason}")
         }
         other => panic!("expected a device fault, got {other:?}"),

@@ -64,7 +64,7 @@ fn build_and_run(
     match resident_cuda::sim::run_under_tsan(dir, tag, &tu, Duration::from_secs(600)) {
         Ok(r) => Some((r.success, r.stdout, r.stderr)),
         Err(TsanError::Unavailable(why)) => {
-            skip_or_fail(&why);
+            skip_or_fail(&why.to_string());
             None
         }
         Err(e) => panic!("{tag}: {e}"),

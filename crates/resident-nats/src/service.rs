@@ -138,8 +138,22 @@ struct CallPanicked(String);
 
 /// A `call_batch` that gave no usable results (it panicked, or returned the wrong number).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct BatchFailed(String);
+enum BatchFailed {
+    /// The batch call panicked; the panic's text.
+    #[error("the call panicked: {0}")]
+    Panicked(String),
+    /// The blocking-pool task running it failed.
+    #[error("the blocking call task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+    /// `call_batch` broke its contract of one result per input.
+    #[error("call_batch returned {got} results for {inputs} inputs")]
+    Count {
+        /// Results returned.
+        got: usize,
+        /// Inputs given.
+        inputs: usize,
+    },
+}
 
 /// Runs a blocking `call` without holding up the executor, with the fewest thread hand-offs:
 /// in place under `block_in_place` on a multi-thread runtime (this worker's other tasks move
@@ -179,25 +193,28 @@ pub(crate) async fn call_batch_off_executor<S: Service>(
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 service.call_batch(msgs, timeout)
             }))
-            .map_err(|panic| format!("the call panicked: {}", panic_text(&*panic)))
+            .map_err(|panic| BatchFailed::Panicked(panic_text(&*panic)))
         }
     };
     let outcome = match tokio::runtime::Handle::current().runtime_flavor() {
         tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(run),
         _ => tokio::task::spawn_blocking(run)
             .await
-            .unwrap_or_else(|e| Err(format!("the blocking call task failed: {e}"))),
+            .unwrap_or_else(|e| Err(BatchFailed::Task(e))),
     };
-    let reason = match outcome {
+    let reason = Arc::new(match outcome {
         Ok(outs) if outs.len() == n => return outs,
-        Ok(outs) => format!("call_batch returned {} results for {n} inputs", outs.len()),
+        Ok(outs) => BatchFailed::Count {
+            got: outs.len(),
+            inputs: n,
+        },
         Err(reason) => reason,
-    };
+    });
     (0..n)
         .map(|_| {
             Err(resident::Error::KernelFailed {
                 id: kernel.to_string(),
-                reason: resident::Failure::CallerTask(Arc::new(BatchFailed(reason.clone()))),
+                reason: resident::Failure::CallerTask(reason.clone()),
             })
         })
         .collect()

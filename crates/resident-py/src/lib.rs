@@ -29,6 +29,7 @@ use resident::prelude::*;
 
 mod batch;
 mod buffer;
+mod device;
 mod workloads;
 
 /// How long one uninterrupted wait for a Python caller lasts before signals are checked.
@@ -98,8 +99,8 @@ fn describe(e: &Error, has_message: bool) -> Described {
         Error::Dropped { .. } => ("MessageDroppedError", None),
         Error::NoReply { .. } => ("NoReplyError", None),
         Error::BackendUnavailable { .. } => ("BackendNotAvailableError", None),
-        Error::Device { .. } => (
-            if text.contains("compile") {
+        Error::Device { source, .. } => (
+            if device::is_compile_error(source) {
                 "CompilationError"
             } else {
                 "DeviceError"
@@ -627,19 +628,21 @@ impl PyRuntime {
             k = k.output_queue_size(n);
         }
         let k = k.run(move |lctx: &mut Lctx| {
-            let outcome: Result<(), String> = Python::attach(|py| {
+            let outcome: PyResult<()> = Python::attach(|py| {
                 let ctx = KernelCtx {
                     ptr: Mutex::new(CtxPtr(lctx as *mut Lctx)),
                     thread: std::thread::current().id(),
                     store: body_store,
                     kernel_id: id.clone(),
                 };
-                let ctx = Py::new(py, ctx).map_err(|e| e.to_string())?;
+                let ctx = Py::new(py, ctx)?;
                 let r = runner.call1(py, (func.clone_ref(py), ctx.clone_ref(py)));
                 ctx.get().ptr.lock().0 = std::ptr::null_mut();
-                r.map(|_| ()).map_err(|e| py_failure(py, e))
+                r.map(|_| ())
             });
-            if let Err(reason) = outcome {
+            if let Err(e) = outcome {
+                // The exception's text and traceback (formatted under the GIL).
+                let reason = Python::attach(|py| py_failure(py, e));
                 // The engine turns a panic of the loop body into `Failed(reason)` and tells
                 // waiting callers at once.
                 std::panic::resume_unwind(Box::new(format!("Python handler raised: {reason}")));
@@ -823,6 +826,7 @@ impl PyRuntime {
         d.set_item("messages_processed", t.messages_processed)?;
         d.set_item("messages_dropped", t.messages_dropped)?;
         d.set_item("messages_refused", t.messages_refused)?;
+        d.set_item("messages_expired", t.messages_expired)?;
         d.set_item("errors", t.errors)?;
         d.set_item("queue_depth", t.queue_depth)?;
         d.set_item("output_depth", t.output_depth)?;
@@ -868,7 +872,7 @@ impl PyRuntime {
     /// Launches a batch kernel: records of `record` bytes (one of 8, 16, ..., 256), drained
     /// `max_batch` at a time and handed to `runner(func, state, uint8_array, n)`, which returns
     /// the outputs as a uint8 array of whole records.
-    #[pyo3(signature = (kernel_id, record, runner, func, state, queue_size, backpressure, block_timeout, priority_lanes, max_batch))]
+    #[pyo3(signature = (kernel_id, record, runner, func, state, queue_size, backpressure, block_timeout, priority_lanes, max_batch, device=None, buffers=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn launch_batch(
         &self,
@@ -883,6 +887,8 @@ impl PyRuntime {
         block_timeout: f64,
         priority_lanes: usize,
         max_batch: usize,
+        device: Option<Py<device::DeviceSpec>>,
+        buffers: Vec<(String, String, Vec<u8>)>,
     ) -> PyResult<()> {
         let policy = parse_policy(backpressure, block_timeout)?;
         if queue_size == 0 || max_batch == 0 {
@@ -908,11 +914,85 @@ impl PyRuntime {
                     func,
                     state,
                     max_batch,
+                    device.as_ref().map(|d| d.get()),
+                    buffers,
                 )
             })
-            .map_err(|e| engine_error(py, &e))?;
+            .map_err(|e| match e {
+                batch::LaunchError::Engine(e) => engine_error(py, &e),
+                batch::LaunchError::Layout(e) => device::layout_error(py, &e),
+                batch::LaunchError::Buffer(text) => build(
+                    py,
+                    Described {
+                        class: "InvalidConfigError",
+                        text,
+                        id: Some(kernel_id.clone()),
+                        detail: None,
+                    },
+                    None,
+                ),
+            })?;
         self.batch.lock().insert(kernel_id, k);
         Ok(())
+    }
+
+    /// Where a batch or device kernel's handler runs: `host` (the vectorized Python
+    /// function on the kernel's thread) or its device (`cuda`, `cudasim`, `wgpu`).
+    fn placement(&self, py: Python<'_>, kernel_id: &str) -> PyResult<String> {
+        Ok(self.batch_kern(py, kernel_id)?.placement())
+    }
+
+    /// The device state of a device kernel (`size` bytes, its padded layout), read back by
+    /// the engine: on wgpu its value after every batch submitted so far. The engine refuses
+    /// (`InvalidConfigError`) where it keeps no readable state (a CUDA handler's state).
+    fn snapshot_state<'py>(
+        &self,
+        py: Python<'py>,
+        kernel_id: &str,
+        size: usize,
+    ) -> PyResult<Bound<'py, PyArray1<u8>>> {
+        let b = self.batch_kern(py, kernel_id)?;
+        let v = py
+            .detach(|| b.snapshot_state(size))
+            .map_err(|e| engine_error(py, &e))?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    /// The bound buffer `name` of a device kernel (elements of numpy scalar `code`) as bytes,
+    /// synchronized with the kernel: its values between two batches. Waits (GIL released) up
+    /// to `timeout` seconds.
+    fn read_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        kernel_id: &str,
+        name: &str,
+        code: &str,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, PyArray1<u8>>> {
+        let b = self.batch_kern(py, kernel_id)?;
+        let t = secs(timeout)?;
+        let v = py
+            .detach(|| b.read_buffer(name, code, t))
+            .map_err(|e| device::bind_error(py, kernel_id, &e))?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    /// Replaces the bound buffer `name`'s values with `data` (exactly its bytes); the
+    /// kernel's next batch sees all of them.
+    fn write_buffer(
+        &self,
+        py: Python<'_>,
+        kernel_id: &str,
+        name: &str,
+        code: &str,
+        data: PyReadonlyArray1<'_, u8>,
+        timeout: f64,
+    ) -> PyResult<()> {
+        let b = self.batch_kern(py, kernel_id)?;
+        let t = secs(timeout)?;
+        let bytes = data.as_slice()?;
+        py.detach(|| b.write_buffer(name, code, bytes, t))
+            .map_err(|e| device::bind_error(py, kernel_id, &e))
     }
 
     /// Sends the records in `data` (a uint8 array of whole records); returns how many were
@@ -1084,6 +1164,7 @@ fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<KernelCtx>()?;
     m.add_class::<PendingCallPy>()?;
     buffer::register(m)?;
+    device::register(m)?;
     workloads::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -139,6 +139,7 @@ def test_drop_policies_count_and_release(rt, policy, expect):
         rt.send(kid, i)
     t = rt.get_telemetry(kid)
     assert t.messages_dropped == 2
+    assert t.messages_expired == 0, "dropped is not expired"
     assert t.objects_held == 2, "dropped messages are released, not leaked"
     rt.activate(kid)
     assert [rt.receive(kid, timeout=5)[1] for _ in range(2)] == expect

@@ -87,61 +87,362 @@ impl WgslLayoutError {
     }
 }
 
+/// The scalar types a message field can be made of: the one table of their C and WGSL names
+/// (the primitives' [`CField`] impls and [`StructLayout`] both read it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scalar {
+    /// `u8`, C `unsigned char`.
+    U8,
+    /// `i8`, C `signed char`.
+    I8,
+    /// `u16`, C `unsigned short`.
+    U16,
+    /// `i16`, C `short`.
+    I16,
+    /// `u32`, C `unsigned int`, WGSL `u32`.
+    U32,
+    /// `i32`, C `int`, WGSL `i32`.
+    I32,
+    /// `u64`, C `unsigned long long`, WGSL `vec2<u32>`.
+    U64,
+    /// `i64`, C `long long`, WGSL `vec2<u32>`.
+    I64,
+    /// `f32`, C `float`, WGSL `f32`.
+    F32,
+    /// `f64`, C `double`, WGSL `vec2<u32>`.
+    F64,
+}
+
+impl Scalar {
+    /// Size in bytes (also its alignment, in C, in WGSL and in Rust on every target we build).
+    pub const fn size(self) -> usize {
+        match self {
+            Scalar::U8 | Scalar::I8 => 1,
+            Scalar::U16 | Scalar::I16 => 2,
+            Scalar::U32 | Scalar::I32 | Scalar::F32 => 4,
+            Scalar::U64 | Scalar::I64 | Scalar::F64 => 8,
+        }
+    }
+
+    /// The Rust name (`u32`, `f64`, ...).
+    pub const fn rust_name(self) -> &'static str {
+        match self {
+            Scalar::U8 => "u8",
+            Scalar::I8 => "i8",
+            Scalar::U16 => "u16",
+            Scalar::I16 => "i16",
+            Scalar::U32 => "u32",
+            Scalar::I32 => "i32",
+            Scalar::U64 => "u64",
+            Scalar::I64 => "i64",
+            Scalar::F32 => "f32",
+            Scalar::F64 => "f64",
+        }
+    }
+
+    /// The C type.
+    pub const fn c_type(self) -> &'static str {
+        match self {
+            Scalar::U8 => "unsigned char",
+            Scalar::I8 => "signed char",
+            Scalar::U16 => "unsigned short",
+            Scalar::I16 => "short",
+            Scalar::U32 => "unsigned int",
+            Scalar::I32 => "int",
+            Scalar::U64 => "unsigned long long",
+            Scalar::I64 => "long long",
+            Scalar::F32 => "float",
+            Scalar::F64 => "double",
+        }
+    }
+
+    /// The WGSL type with the same bytes (`atomic`: `atomic<u32>`/`atomic<i32>` for the
+    /// 32-bit integers), or why there is none.
+    ///
+    /// 64-bit scalars are two 32-bit words, low word first: `vec2<u32>` has size 8 and
+    /// alignment 8 in WGSL, as `u64`/`i64`/`f64` have in C (and in Rust on every target we
+    /// build for). 8- and 16-bit integers are refused.
+    pub fn wgsl(self, atomic: bool) -> Result<String, WgslLayoutError> {
+        let plain = match self {
+            Scalar::U32 => "u32",
+            Scalar::I32 => "i32",
+            Scalar::F32 => "f32",
+            Scalar::U64 | Scalar::I64 | Scalar::F64 => "vec2<u32>",
+            Scalar::U8 | Scalar::I8 => {
+                return Err(WgslLayoutError::new(
+                    self.rust_name(),
+                    "WGSL has no 8-bit integers (pack four into a u32)",
+                ))
+            }
+            Scalar::U16 | Scalar::I16 => {
+                return Err(WgslLayoutError::new(
+                    self.rust_name(),
+                    "WGSL has no 16-bit integers (pack two into a u32)",
+                ))
+            }
+        };
+        Ok(match self {
+            Scalar::U32 | Scalar::I32 if atomic => format!("atomic<{plain}>"),
+            _ => plain.to_string(),
+        })
+    }
+}
+
 macro_rules! c_prim {
-    ($($t:ty => $c:literal),* $(,)?) => {$(
+    ($($t:ty => $s:ident),* $(,)?) => {$(
         impl CField for $t {
             fn c_field(name: &str) -> String {
-                format!(concat!($c, " {}"), name)
+                format!("{} {}", Scalar::$s.c_type(), name)
             }
             fn wgsl_type(atomic: bool) -> Result<String, WgslLayoutError> {
-                <$t as WgslScalar>::wgsl(atomic)
+                Scalar::$s.wgsl(atomic)
             }
         }
     )*};
 }
 
 c_prim! {
-    u8 => "unsigned char", i8 => "signed char", u16 => "unsigned short", i16 => "short",
-    u32 => "unsigned int", i32 => "int", u64 => "unsigned long long", i64 => "long long",
-    f32 => "float", f64 => "double",
+    u8 => U8, i8 => I8, u16 => U16, i16 => I16, u32 => U32, i32 => I32, u64 => U64,
+    i64 => I64, f32 => F32, f64 => F64,
 }
 
-macro_rules! wgsl_prim {
-    ($($t:ty => $w:literal, $atomic:literal;)*) => {$(
-        impl WgslScalar for $t {
-            fn wgsl(atomic: bool) -> Result<String, WgslLayoutError> {
-                Ok(if atomic && $atomic { format!("atomic<{}>", $w) } else { $w.to_string() })
-            }
+/// The text of a C struct declaration: `typedef struct __attribute__((aligned(align))) { .. }
+/// name;` and a `static_assert` on its size. `fields` are C declarations without `;`.
+/// [`device_message!`](crate::device_message) and [`StructLayout`] both emit through here.
+#[doc(hidden)]
+pub fn c_struct_text(name: &str, align: usize, size: usize, fields: &[String]) -> String {
+    let mut s = format!("typedef struct __attribute__((aligned({align}))) {{\n");
+    for f in fields {
+        s.push_str("    ");
+        s.push_str(f);
+        s.push_str(";\n");
+    }
+    s.push_str(&format!(
+        "}} {name};\nstatic_assert(sizeof({name}) == {size}, \"{name} layout differs between Rust and C\");\n"
+    ));
+    s
+}
+
+/// The text of a WGSL struct declaration, headed by a comment naming its size and `origin`
+/// (`the Rust type Tick`). `fields` are `(name, WGSL type)`.
+#[doc(hidden)]
+pub fn wgsl_struct_text(
+    name: &str,
+    origin: &str,
+    size: usize,
+    fields: &[(&str, String)],
+) -> String {
+    let mut s = format!("// {size} bytes, as {origin}\nstruct {name} {{\n");
+    for (f, ty) in fields {
+        s.push_str(&format!("    {f}: {ty},\n"));
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// A message layout known only at run time (a numpy structured dtype, for example), declared
+/// to C and WGSL through the same tables and text as [`device_message!`](crate::device_message)
+/// types. Fields lie where C puts them: each at the next multiple of its alignment, in order
+/// (a layout with fields elsewhere is refused, never re-laid out); `size` may exceed the
+/// fields' natural size, the rest being declared as a trailing padding field
+/// (`_resident_pad`), so a record can fill a fixed-size ring slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StructLayout {
+    name: String,
+    origin: String,
+    fields: Vec<FieldLayout>,
+    align: usize,
+    natural: usize,
+    size: usize,
+}
+
+/// One field of a [`StructLayout`]: `dims` empty for a scalar, `[n]` for `T name[n]`,
+/// `[n, m]` for `T name[n][m]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldLayout {
+    /// The field's name (a C and WGSL identifier).
+    pub name: String,
+    /// Its element type.
+    pub scalar: Scalar,
+    /// Array extents, outermost first.
+    pub dims: Vec<usize>,
+    /// Byte offset the caller's layout puts it at (checked against C's).
+    pub offset: usize,
+}
+
+/// Why a run-time layout cannot be declared as a C (or WGSL) struct with the same bytes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("layout `{layout}`{}: {reason}", field.as_ref().map(|f| format!(", field `{f}`")).unwrap_or_default())]
+pub struct LayoutError {
+    /// The layout's name (or origin).
+    pub layout: String,
+    /// The field concerned, if one.
+    pub field: Option<String>,
+    /// Why.
+    pub reason: String,
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut c = s.chars();
+    matches!(c.next(), Some(f) if f.is_ascii_alphabetic() || f == '_')
+        && c.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !s.starts_with("__")
+        && !s.starts_with("_resident")
+}
+
+impl StructLayout {
+    /// The layout `name` (a C identifier) with `fields`, `size` bytes in all; `origin` says
+    /// where it came from, for the generated comments (`the numpy dtype [('x', '<f4')]`).
+    ///
+    /// Refused (a [`LayoutError`] naming the field): a name that is not an identifier or is
+    /// repeated, no fields, an empty array extent, a field not at the offset C gives it (fix:
+    /// reorder the fields or build the dtype with `align=True`), overlapping fields, a `size`
+    /// smaller than the C struct or not a multiple of its alignment.
+    pub fn new(
+        name: impl Into<String>,
+        origin: impl Into<String>,
+        fields: Vec<FieldLayout>,
+        size: usize,
+    ) -> Result<Self, LayoutError> {
+        let name = name.into();
+        let err = |field: Option<&str>, reason: String| LayoutError {
+            layout: name.clone(),
+            field: field.map(str::to_string),
+            reason,
+        };
+        if !is_identifier(&name) {
+            return Err(err(None, "the struct name is not an identifier".into()));
         }
-    )*};
-}
-
-macro_rules! wgsl_refused {
-    ($($t:ty => $why:literal;)*) => {$(
-        impl WgslScalar for $t {
-            fn wgsl(_atomic: bool) -> Result<String, WgslLayoutError> {
-                Err(WgslLayoutError::new(stringify!($t), $why))
-            }
+        if fields.is_empty() {
+            return Err(err(None, "it has no fields".into()));
         }
-    )*};
-}
+        let mut at = 0usize;
+        let mut align = 1usize;
+        for (i, f) in fields.iter().enumerate() {
+            let fe = |reason: String| err(Some(&f.name), reason);
+            if !is_identifier(&f.name) {
+                return Err(fe("the name is not an identifier ([A-Za-z_][A-Za-z0-9_]*, not starting with `__` or `_resident`)".into()));
+            }
+            if fields[..i].iter().any(|g| g.name == f.name) {
+                return Err(fe("the name is repeated".into()));
+            }
+            if f.dims.contains(&0) {
+                return Err(fe("an array extent is 0".into()));
+            }
+            let a = f.scalar.size();
+            let natural = at.div_ceil(a) * a;
+            if f.offset != natural {
+                return Err(fe(format!(
+                    "it lies at byte {} but C puts it at byte {natural} (each field at the next multiple of its {a}-byte alignment, in order): reorder the fields or build the dtype with align=True",
+                    f.offset
+                )));
+            }
+            let n: usize = f.dims.iter().product();
+            at = natural + n * a;
+            align = align.max(a);
+        }
+        let natural = at.div_ceil(align) * align;
+        if size < natural || !size.is_multiple_of(align) {
+            return Err(err(
+                None,
+                format!("{size} bytes, but the C struct of these fields has {natural} bytes and alignment {align}"),
+            ));
+        }
+        Ok(StructLayout {
+            name,
+            origin: origin.into(),
+            fields,
+            align,
+            natural,
+            size,
+        })
+    }
 
-/// The WGSL side of the primitives (what [`CField::wgsl_type`] returns for them).
-trait WgslScalar {
-    fn wgsl(atomic: bool) -> Result<String, WgslLayoutError>;
-}
+    /// The struct's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
 
-// 64-bit scalars are two 32-bit words, low word first: `vec2<u32>` has size 8 and alignment 8
-// in WGSL, as `u64`/`i64`/`f64` have in C (and in Rust on every target we build for).
-wgsl_prim! {
-    u32 => "u32", true; i32 => "i32", true; f32 => "f32", false;
-    u64 => "vec2<u32>", false; i64 => "vec2<u32>", false; f64 => "vec2<u32>", false;
-}
-wgsl_refused! {
-    u8 => "WGSL has no 8-bit integers (pack four into a u32)";
-    i8 => "WGSL has no 8-bit integers (pack four into a u32)";
-    u16 => "WGSL has no 16-bit integers (pack two into a u32)";
-    i16 => "WGSL has no 16-bit integers (pack two into a u32)";
+    /// Its size in bytes (trailing padding included).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Its alignment (the largest field's).
+    pub fn align(&self) -> usize {
+        self.align
+    }
+
+    /// The size of the fields alone, rounded to the alignment (what C gives the struct
+    /// without the trailing padding field).
+    pub fn natural_size(&self) -> usize {
+        self.natural
+    }
+
+    /// `Ok` when the layout is `bytes` long (the record size a ring carries), else why not.
+    pub fn expect_size(&self, bytes: usize) -> Result<(), LayoutError> {
+        if self.size == bytes {
+            return Ok(());
+        }
+        Err(LayoutError {
+            layout: self.name.clone(),
+            field: None,
+            reason: format!(
+                "{} bytes, but the kernel's records are {bytes} bytes",
+                self.size
+            ),
+        })
+    }
+
+    /// The fields.
+    pub fn fields(&self) -> &[FieldLayout] {
+        &self.fields
+    }
+
+    fn c_field(f: &FieldLayout) -> String {
+        let dims: String = f.dims.iter().map(|d| format!("[{d}]")).collect();
+        format!("{} {}{dims}", f.scalar.c_type(), f.name)
+    }
+
+    /// The C `typedef struct` (as `device_message!` writes it), with a `static_assert` on the
+    /// size.
+    pub fn c_declaration(&self) -> String {
+        let mut fields: Vec<String> = self.fields.iter().map(Self::c_field).collect();
+        if self.size > self.natural {
+            fields.push(format!(
+                "unsigned char _resident_pad[{}]",
+                self.size - self.natural
+            ));
+        }
+        c_struct_text(&self.name, self.align, self.size, &fields)
+    }
+
+    /// The WGSL struct under `name` (`atomic`: 32-bit integer fields as atomics, for device
+    /// state), or why WGSL cannot hold these bytes at these offsets (8- and 16-bit integers).
+    pub fn wgsl_struct(&self, name: &str, atomic: bool) -> Result<String, WgslLayoutError> {
+        let mut fields = Vec::with_capacity(self.fields.len() + 1);
+        for f in &self.fields {
+            let mut ty = f
+                .scalar
+                .wgsl(atomic)
+                .map_err(|e| e.in_field(&self.name, &f.name))?;
+            for d in f.dims.iter().rev() {
+                ty = format!("array<{ty}, {d}>");
+            }
+            fields.push((f.name.as_str(), ty));
+        }
+        let pad = self.size - self.natural;
+        if pad > 0 {
+            if !pad.is_multiple_of(4) {
+                return Err(WgslLayoutError::new(
+                    format!("{}: {} bytes of trailing padding", self.name, pad),
+                    "WGSL can only pad with 4-byte words",
+                ));
+            }
+            fields.push(("_resident_pad", format!("array<u32, {}>", pad / 4)));
+        }
+        Ok(wgsl_struct_text(name, &self.origin, self.size, &fields))
+    }
 }
 
 impl<T: CField, const N: usize> CField for [T; N] {
@@ -278,38 +579,30 @@ macro_rules! device_message {
         impl $crate::message::DeviceMessage for $name {
             const C_NAME: &'static str = stringify!($name);
             fn c_declaration() -> String {
-                let mut s = format!(
-                    "typedef struct __attribute__((aligned({}))) {{\n",
-                    ::core::mem::align_of::<$name>()
-                );
-                $(
-                    s.push_str("    ");
-                    s.push_str(&<$ty as $crate::message::CField>::c_field(stringify!($field)));
-                    s.push_str(";\n");
-                )*
-                s.push_str(&format!(
-                    "}} {};\nstatic_assert(sizeof({}) == {}, \"{} layout differs between Rust and C\");\n",
-                    stringify!($name), stringify!($name), ::core::mem::size_of::<$name>(), stringify!($name)
-                ));
-                s
+                $crate::message::c_struct_text(
+                    stringify!($name),
+                    ::core::mem::align_of::<$name>(),
+                    ::core::mem::size_of::<$name>(),
+                    &[$( <$ty as $crate::message::CField>::c_field(stringify!($field)) ),*],
+                )
             }
             fn wgsl_struct(
                 name: &str,
                 atomic: bool,
             ) -> Result<String, $crate::message::WgslLayoutError> {
-                let mut s = format!(
-                    "// {} bytes, as the Rust type {}\nstruct {} {{\n",
+                let fields = [$(
+                    (
+                        stringify!($field),
+                        <$ty as $crate::message::CField>::wgsl_type(atomic)
+                            .map_err(|e| e.in_field(stringify!($name), stringify!($field)))?,
+                    )
+                ),*];
+                Ok($crate::message::wgsl_struct_text(
+                    name,
+                    concat!("the Rust type ", stringify!($name)),
                     ::core::mem::size_of::<$name>(),
-                    stringify!($name),
-                    name
-                );
-                $(
-                    let ty = <$ty as $crate::message::CField>::wgsl_type(atomic)
-                        .map_err(|e| e.in_field(stringify!($name), stringify!($field)))?;
-                    s.push_str(&format!("    {}: {},\n", stringify!($field), ty));
-                )*
-                s.push_str("}\n");
-                Ok(s)
+                    &fields,
+                ))
             }
         }
     };
@@ -379,6 +672,116 @@ mod tests {
         let e = Narrow::wgsl_declarations().unwrap_err();
         assert_eq!(e.ty, "Narrow.tag: u16");
         assert!(e.reason.contains("16-bit"), "{e}");
+    }
+
+    fn field(name: &str, scalar: Scalar, dims: &[usize], offset: usize) -> FieldLayout {
+        FieldLayout {
+            name: name.into(),
+            scalar,
+            dims: dims.to_vec(),
+            offset,
+        }
+    }
+
+    #[test]
+    fn a_run_time_layout_declares_what_the_macro_declares() {
+        let wide = StructLayout::new(
+            "Wide",
+            "the Rust type Wide",
+            vec![
+                field("id", Scalar::U64, &[], 0),
+                field("x", Scalar::F32, &[], 8),
+                field("pad", Scalar::U32, &[], 12),
+            ],
+            16,
+        )
+        .unwrap();
+        assert_eq!(wide.c_declaration(), Wide::c_declaration());
+        assert_eq!(
+            wide.wgsl_struct("Wide", false).unwrap(),
+            Wide::wgsl_struct("Wide", false).unwrap()
+        );
+        assert_eq!(
+            wide.wgsl_struct("ResidentState", true).unwrap(),
+            Wide::wgsl_struct("ResidentState", true).unwrap()
+        );
+        crate::device_message! {
+            pub struct Grid { pub m: [[f32; 2]; 3], pub n: [u32; 2] }
+        }
+        let grid = StructLayout::new(
+            "Grid",
+            "the Rust type Grid",
+            vec![
+                field("m", Scalar::F32, &[3, 2], 0),
+                field("n", Scalar::U32, &[2], 24),
+            ],
+            32,
+        )
+        .unwrap();
+        assert_eq!(grid.c_declaration(), Grid::c_declaration());
+        assert_eq!(
+            grid.wgsl_struct("Grid", true).unwrap(),
+            Grid::wgsl_struct("Grid", true).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_run_time_layout_pads_to_its_size_and_refuses_what_c_would_lay_out_otherwise() {
+        // C's implicit padding (u32 then f64: 4 bytes before the f64) is accepted as C has it,
+        // and a larger size becomes a trailing padding field.
+        let l = StructLayout::new(
+            "M",
+            "a test",
+            vec![
+                field("a", Scalar::U32, &[], 0),
+                field("b", Scalar::F64, &[], 8),
+            ],
+            32,
+        )
+        .unwrap();
+        assert_eq!((l.natural_size(), l.size(), l.align()), (16, 32, 8));
+        let c = l.c_declaration();
+        assert!(c.contains("unsigned char _resident_pad[16];"), "{c}");
+        assert!(c.contains("sizeof(M) == 32"), "{c}");
+        let w = l.wgsl_struct("M", false).unwrap();
+        assert!(w.contains("b: vec2<u32>,"), "{w}");
+        assert!(w.contains("_resident_pad: array<u32, 4>,"), "{w}");
+        // A packed layout (f64 at byte 4) is not what C lays out: refused, naming the field.
+        let e = StructLayout::new(
+            "P",
+            "a test",
+            vec![
+                field("a", Scalar::U32, &[], 0),
+                field("b", Scalar::F64, &[], 4),
+            ],
+            16,
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("b"));
+        assert!(e.reason.contains("align=True"), "{e}");
+        for (fields, size, what) in [
+            (vec![field("a b", Scalar::U32, &[], 0)], 4, "identifier"),
+            (
+                vec![
+                    field("a", Scalar::U32, &[], 0),
+                    field("a", Scalar::U32, &[], 4),
+                ],
+                8,
+                "repeated",
+            ),
+            (vec![field("a", Scalar::U64, &[], 0)], 12, "alignment"),
+            (vec![field("a", Scalar::U32, &[0], 0)], 4, "extent"),
+            (vec![], 4, "no fields"),
+        ] {
+            let e = StructLayout::new("Q", "a test", fields, size).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        // WGSL refuses 8- and 16-bit fields, naming the field.
+        let n =
+            StructLayout::new("N", "a test", vec![field("t", Scalar::U16, &[2], 0)], 4).unwrap();
+        assert!(n.c_declaration().contains("unsigned short t[2];"));
+        let e = n.wgsl_struct("N", false).unwrap_err();
+        assert_eq!(e.ty, "N.t: u16");
     }
 
     #[test]

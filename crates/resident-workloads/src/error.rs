@@ -23,7 +23,8 @@ pub enum InputError {
         /// 1-based line number.
         line: usize,
         /// What is wrong.
-        reason: String,
+        #[source]
+        reason: LineError,
     },
     /// A file with nothing to compute on: no edges, no readings. A workload over no data would
     /// "pass" its reference check trivially, so the runners that read files refuse it.
@@ -43,6 +44,51 @@ pub enum InputError {
         value: String,
         /// Why it is refused.
         reason: &'static str,
+    },
+}
+
+/// What is wrong with one line of an input file ([`InputError::BadLine`] adds the file and
+/// the line number).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LineError {
+    /// The line is not UTF-8 text.
+    #[error("not UTF-8 text")]
+    NotUtf8,
+    /// The line does not have the expected fields.
+    #[error("expected '{expected}', got '{got}'")]
+    Fields {
+        /// The expected form, e.g. `src dst`.
+        expected: &'static str,
+        /// The line's content.
+        got: String,
+    },
+    /// The line has a field past the expected ones.
+    #[error("expected '{expected}', got a third field '{extra}'")]
+    ExtraField {
+        /// The expected form.
+        expected: &'static str,
+        /// The first field too many.
+        extra: String,
+    },
+    /// An id field is not a `u64`.
+    #[error("{what} '{field}' is not a non-negative integer below 2^64")]
+    BadId {
+        /// Which field (`src`, `dst`, `sensor`).
+        what: &'static str,
+        /// The field as written.
+        field: String,
+    },
+    /// A value field is not a number.
+    #[error("value '{value}' is not a number")]
+    NotANumber {
+        /// The field as written.
+        value: String,
+    },
+    /// A value field is a number but not finite (NaN, infinity).
+    #[error("value '{value}' is not finite")]
+    NotFinite {
+        /// The field as written.
+        value: String,
     },
 }
 

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::Path;
 
-use crate::error::InputError;
+use crate::error::{InputError, LineError};
 use crate::rng::SplitMix64;
 
 /// A directed graph's edge set over dense node ids, with the original ids.
@@ -51,7 +51,7 @@ fn open(path: &Path) -> Result<std::io::BufReader<std::fs::File>, InputError> {
 fn for_each_line(
     path: &Path,
     mut r: impl BufRead,
-    mut f: impl FnMut(usize, &str) -> Result<(), String>,
+    mut f: impl FnMut(usize, &str) -> Result<(), LineError>,
 ) -> Result<(), InputError> {
     let mut buf = Vec::new();
     let mut line = 0usize;
@@ -67,20 +67,21 @@ fn for_each_line(
             return Ok(());
         }
         line += 1;
-        let bad = |reason: String| InputError::BadLine {
+        let bad = |reason: LineError| InputError::BadLine {
             path: path.to_path_buf(),
             line,
             reason,
         };
-        let text = std::str::from_utf8(&buf).map_err(|_| bad("not UTF-8 text".into()))?;
+        let text = std::str::from_utf8(&buf).map_err(|_| bad(LineError::NotUtf8))?;
         f(line, text.trim_end_matches(['\n', '\r'])).map_err(bad)?;
     }
 }
 
-fn parse_id(field: &str, what: &str) -> Result<u64, String> {
-    field
-        .parse::<u64>()
-        .map_err(|_| format!("{what} '{field}' is not a non-negative integer below 2^64"))
+fn parse_id(field: &str, what: &'static str) -> Result<u64, LineError> {
+    field.parse::<u64>().map_err(|_| LineError::BadId {
+        what,
+        field: field.to_string(),
+    })
 }
 
 /// Parses an edge list from `r` (`path` names it in errors).
@@ -92,11 +93,17 @@ pub fn parse_edge_list(path: &Path, r: impl BufRead) -> Result<EdgeList, InputEr
         let (Some(a), Some(b)) = (f.next(), f.next()) else {
             return match content.trim().is_empty() {
                 true => Ok(()),
-                false => Err(format!("expected 'src dst', got '{}'", content.trim())),
+                false => Err(LineError::Fields {
+                    expected: "src dst",
+                    got: content.trim().to_string(),
+                }),
             };
         };
         if let Some(extra) = f.next() {
-            return Err(format!("expected 'src dst', got a third field '{extra}'"));
+            return Err(LineError::ExtraField {
+                expected: "src dst",
+                extra: extra.to_string(),
+            });
         }
         raw.push((parse_id(a, "src")?, parse_id(b, "dst")?));
         Ok(())
@@ -183,15 +190,22 @@ pub fn parse_readings(path: &Path, r: impl BufRead) -> Result<Vec<SensorReading>
         }
         let mut f = t.split(',');
         let (Some(s), Some(v), None) = (f.next(), f.next(), f.next()) else {
-            return Err(format!("expected 'sensor,value', got '{t}'"));
+            return Err(LineError::Fields {
+                expected: "sensor,value",
+                got: t.to_string(),
+            });
         };
         let sensor = parse_id(s.trim(), "sensor")?;
         let value: f64 = v
             .trim()
             .parse()
-            .map_err(|_| format!("value '{}' is not a number", v.trim()))?;
+            .map_err(|_| LineError::NotANumber {
+                value: v.trim().to_string(),
+            })?;
         if !value.is_finite() {
-            return Err(format!("value '{}' is not finite", v.trim()));
+            return Err(LineError::NotFinite {
+                value: v.trim().to_string(),
+            });
         }
         out.push(SensorReading { sensor, value });
         Ok(())

@@ -24,7 +24,7 @@ pub mod pipeline;
 pub mod rng;
 pub mod vector_add;
 
-pub use error::{InputError, WorkloadError};
+pub use error::{InputError, LineError, WorkloadError};
 
 use resident::backend::BackendKind;
 

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use resident_workloads::input::*;
-use resident_workloads::InputError;
+use resident_workloads::{InputError, LineError};
 
 fn edges(text: &[u8]) -> Result<EdgeList, InputError> {
     parse_edge_list(Path::new("g.txt"), text)
@@ -13,7 +13,7 @@ fn readings(text: &[u8]) -> Result<Vec<SensorReading>, InputError> {
     parse_readings(Path::new("r.csv"), text)
 }
 
-fn bad_line(r: Result<impl std::fmt::Debug, InputError>) -> (usize, String) {
+fn bad_line(r: Result<impl std::fmt::Debug, InputError>) -> (usize, LineError) {
     match r {
         Err(InputError::BadLine { line, reason, .. }) => (line, reason),
         other => panic!("expected BadLine, got {other:?}"),
@@ -44,7 +44,22 @@ fn edge_list_bad_lines_name_their_number() {
     assert_eq!(bad_line(edges(b"1,2\n")).0, 1);
     let (line, reason) = bad_line(edges(b"1 2\n2 x\n"));
     assert_eq!(line, 2);
-    assert!(reason.contains("'x'"), "{reason}");
+    assert_eq!(
+        reason,
+        LineError::BadId {
+            what: "dst",
+            field: "x".into()
+        }
+    );
+    assert!(reason.to_string().contains("'x'"), "{reason}");
+    assert!(matches!(
+        bad_line(edges(b"1 2\n\xff\xfe 3\n")).1,
+        LineError::NotUtf8
+    ));
+    assert!(matches!(
+        bad_line(edges(b"1 2\n\n1 2 3\n")).1,
+        LineError::ExtraField { .. }
+    ));
     let e = edges(b"0 1\n\x00\n").unwrap_err().to_string();
     assert!(e.starts_with("g.txt:2:"), "{e}");
 }
@@ -76,6 +91,17 @@ fn readings_parse_with_optional_header_and_name_bad_lines() {
     );
     assert_eq!(bad_line(readings(b"1,2\n-1,2\n")).0, 2);
     assert_eq!(bad_line(readings(b"1,NaN\n")).0, 1);
+    assert!(matches!(
+        bad_line(readings(b"1,NaN\n")).1,
+        LineError::NotFinite { .. }
+    ));
+    assert!(matches!(
+        bad_line(readings(b"1;2\n")).1,
+        LineError::Fields {
+            expected: "sensor,value",
+            ..
+        }
+    ));
     assert_eq!(bad_line(readings(b"1,inf\n")).0, 1);
     assert_eq!(bad_line(readings(b"1,2,3\n")).0, 1);
     assert_eq!(bad_line(readings(b"1\n")).0, 1);

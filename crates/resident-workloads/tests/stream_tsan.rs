@@ -73,7 +73,7 @@ fn streaming_handler_is_clean_under_thread_sanitizer_and_matches_a_replay() {
         + DRIVER;
     let run = match run_under_tsan(&dir, "stream_tsan", &tu, Duration::from_secs(600)) {
         Ok(r) => r,
-        Err(TsanError::Unavailable(why)) => return skip_or_fail(&why),
+        Err(TsanError::Unavailable(why)) => return skip_or_fail(&why.to_string()),
         Err(e) => panic!("{e}"),
     };
     println!("{}", run.stdout);

@@ -1,4 +1,5 @@
-//! Priorities, queue sizes and what a full lane does (`resident::guide::backpressure`).
+//! Priorities, queue sizes, what a full lane does, and deadlines
+//! (`resident::guide::backpressure`).
 
 mod common;
 
@@ -44,5 +45,24 @@ fn main() -> Result<(), resident::Error> {
         latest.telemetry().messages_dropped
     );
     assert_eq!(kept, vec![6, 7, 8, 9]);
+
+    // Deadlines: a call's timeout and a send's TTL; late messages are counted, not handled.
+    let fresh = rt.launch(
+        RingKernel::<u32, u32>::new("fresh").handler(|_: &mut Context<()>, x: u32| Some(x * 10)),
+    )?;
+    let late = fresh.call(1, Duration::from_millis(1)).unwrap_err();
+    println!("a call to a kernel not yet active: {late}");
+    fresh.send_with_ttl(2, Duration::from_millis(1))?;
+    fresh.send_with_ttl(3, Duration::from_secs(60))?;
+    fresh.send(4)?;
+    std::thread::sleep(Duration::from_millis(10));
+    fresh.activate()?;
+    assert_eq!([fresh.receive(t)?, fresh.receive(t)?], [30, 40]);
+    let tm = fresh.telemetry();
+    println!(
+        "handled {}, expired {} (their deadlines passed in the queue)",
+        tm.messages_processed, tm.messages_expired
+    );
+    assert_eq!((tm.messages_processed, tm.messages_expired), (2, 2));
     Ok(())
 }

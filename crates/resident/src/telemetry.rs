@@ -145,6 +145,8 @@ pub(crate) struct KernelMetrics {
     pub late_outputs: AtomicU64,
     /// Inputs a device took and never handled because it did not stop when asked.
     pub lost_in_device: AtomicU64,
+    /// Inputs not handled because their deadline had passed when the kernel took them.
+    pub expired: AtomicU64,
     pub latency: LatencyHistogram,
     /// (time, processed) samples for the throughput window; oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
@@ -164,6 +166,7 @@ impl KernelMetrics {
             device_undelivered: AtomicU64::new(0),
             late_outputs: AtomicU64::new(0),
             lost_in_device: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
             latency: LatencyHistogram::default(),
             samples: Mutex::new(VecDeque::from([(started, 0)])),
             last_sample_ns: AtomicU64::new(0),
@@ -250,6 +253,9 @@ pub struct Telemetry {
     pub messages_dropped: u64,
     /// Sends refused (full, timed out, not accepting); those messages went back to the sender.
     pub messages_refused: u64,
+    /// Messages not handled because their deadline (a `call`'s timeout, a send's TTL) had
+    /// passed when the kernel took them; a `call`'s caller got `Error::Timeout`.
+    pub messages_expired: u64,
     /// Handler failures (panics).
     pub errors: u64,
     /// Messages waiting in the input queue now.
@@ -277,6 +283,8 @@ pub struct RuntimeTelemetry {
     pub messages_processed: u64,
     /// Sum of `messages_dropped`.
     pub messages_dropped: u64,
+    /// Sum of `messages_expired`.
+    pub messages_expired: u64,
     /// Sum of `queue_depth`.
     pub queue_depth: usize,
     /// Sum of `throughput`.
@@ -290,6 +298,7 @@ impl RuntimeTelemetry {
             messages_received: kernels.iter().map(|k| k.messages_received).sum(),
             messages_processed: kernels.iter().map(|k| k.messages_processed).sum(),
             messages_dropped: kernels.iter().map(|k| k.messages_dropped).sum(),
+            messages_expired: kernels.iter().map(|k| k.messages_expired).sum(),
             queue_depth: kernels.iter().map(|k| k.queue_depth).sum(),
             throughput: kernels.iter().map(|k| k.throughput).sum(),
             kernels,
@@ -299,7 +308,7 @@ impl RuntimeTelemetry {
     /// Prometheus text exposition format (version 0.0.4).
     pub fn to_prometheus(&self) -> String {
         let mut out = String::new();
-        let counters: [Family; 6] = [
+        let counters: [Family; 7] = [
             (
                 "resident_messages_received_total",
                 "Messages accepted into the input queue.",
@@ -319,6 +328,11 @@ impl RuntimeTelemetry {
                 "resident_messages_refused_total",
                 "Sends refused and handed back to the sender.",
                 |t| t.messages_refused as f64,
+            ),
+            (
+                "resident_messages_expired_total",
+                "Messages not handled because their deadline passed before the kernel took them.",
+                |t| t.messages_expired as f64,
             ),
             ("resident_errors_total", "Handler failures.", |t| {
                 t.errors as f64
@@ -445,6 +459,7 @@ mod tests {
             messages_processed: 2,
             messages_dropped: 1,
             messages_refused: 0,
+            messages_expired: 4,
             errors: 0,
             queue_depth: 1,
             output_depth: 0,
@@ -468,5 +483,10 @@ mod tests {
             text.contains("resident_latency_seconds{kernel=\"a\\\"b\",quantile=\"0.5\"} 0.000001")
         );
         assert!(text.contains("resident_queue_depth{kernel=\"a\\\"b\"} 1"));
+        assert!(text.contains("# TYPE resident_messages_expired_total counter"));
+        assert!(
+            text.contains("resident_messages_expired_total{kernel=\"a\\\"b\"} 4"),
+            "{text}"
+        );
     }
 }

@@ -7,7 +7,8 @@
 //!
 //! The standard kernel maps `Msg { seq, producer, value, .. }` to the same with
 //! `value = 2 * value + 1`, counts handled messages in its state, never returns on
-//! `value == STUCK`, and faults (panics / traps) on `value == FAULT`.
+//! `value == STUCK`, faults (panics / traps) on `value == FAULT`, and takes a few milliseconds
+//! on `value == SLOW`.
 //!
 //! Accounting rule checked under races (4 producer threads, every backpressure policy,
 //! `terminate` / `drain` / `deactivate` / `Runtime` drop racing them, repeated): every message
@@ -38,6 +39,7 @@ device_message! {
 
 const STUCK: u32 = 0xDEAD;
 const FAULT: u32 = 0xFA17;
+const SLOW: u32 = 0xC0FFEE;
 const T: Duration = Duration::from_secs(20);
 
 const CUDA_SRC: &str = r#"
@@ -45,6 +47,7 @@ __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out,
     atomicAdd(&s->n, 1u);
     if (in->value == 0xDEADu) { for (;;) { __nanosleep(1000000u); } }
     if (in->value == 0xFA17u) { __trap(); }
+    if (in->value == 0xC0FFEEu) { __nanosleep(1000000u); __nanosleep(1000000u); }
     out->seq = in->seq; out->producer = in->producer; out->value = in->value * 2u + 1u; out->pad = 0u;
     return true;
 }
@@ -53,6 +56,11 @@ __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out,
 const WGSL_SRC: &str = r#"
 fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {
     atomicAdd(&state.n, 1u);
+    if (input.value == 0xC0FFEEu) {
+        // Slow: WGSL has no sleep, so milliseconds of atomic adds of 0 (which no compiler
+        // may drop).
+        for (var i = 0u; i < 400000u; i = i + 1u) { atomicAdd(&state.n, 0u); }
+    }
     (*out).seq = input.seq;
     (*out).producer = input.producer;
     (*out).value = input.value * 2u + 1u;
@@ -115,6 +123,10 @@ fn standard(id: &str) -> RingKernel<Msg, Msg, u64> {
                     thread::sleep(Duration::from_millis(5));
                 },
                 FAULT => panic!("fault on message {}", m.seq),
+                SLOW => {
+                    thread::sleep(Duration::from_millis(2));
+                    Some(expected(m))
+                }
                 _ => Some(expected(m)),
             }
         })
@@ -657,6 +669,123 @@ fn telemetry_counts(t: &dyn Target) {
     assert!(rt.prometheus().contains("telemetry"));
 }
 
+/// Call deadlines (issue 21): an input whose deadline (a `call`'s timeout, a send's TTL) had
+/// passed when the kernel took it is not handled but counted as expired; after a storm of
+/// calls that timed out against a slow handler a fresh call is served; every accepted message
+/// has exactly one outcome.
+fn deadlines(t: &dyn Target) {
+    let rt = rt(t);
+    let h = rt.launch(standard("deadlines")).unwrap();
+    let short = Duration::from_millis(1);
+
+    // 1. Deterministic: before `activate` every short call times out with its request queued,
+    //    and every short TTL passes.
+    for i in 0..40 {
+        match h.call(msg(1, i, i), short) {
+            Err(Error::Timeout { op: "call", .. }) => {}
+            other => panic!("call {i} to a kernel not yet active: {other:?}"),
+        }
+    }
+    for i in 0..20 {
+        h.send_with_ttl(msg(2, i, i), short).unwrap();
+    }
+    for i in 0..10 {
+        h.send(msg(3, i, i)).unwrap(); // no deadline
+        h.send_with_ttl(msg(4, i, i), 100 * T).unwrap(); // a deadline far away
+    }
+    thread::sleep(Duration::from_millis(20));
+    h.activate().unwrap();
+    assert_eq!(h.call(msg(5, 0, 7), T).unwrap(), expected(msg(5, 0, 7)));
+    // The live sends come out, in order, and nothing else.
+    let want: Vec<Msg> = (0..10)
+        .flat_map(|i| [expected(msg(3, i, i)), expected(msg(4, i, i))])
+        .collect();
+    let got: Vec<Msg> = (0..20).map(|_| h.receive(T).unwrap()).collect();
+    assert_eq!(got, want);
+    h.drain(T).unwrap();
+    assert!(
+        matches!(h.try_receive(), Ok(None)),
+        "no output for an expired input"
+    );
+    let tm = h.telemetry();
+    assert_eq!(tm.messages_received, 81, "{tm:?}");
+    assert_eq!(tm.messages_expired, 60, "{tm:?}");
+    assert_eq!(tm.messages_processed, 21, "{tm:?}");
+    assert_eq!(
+        tm.messages_dropped, 0,
+        "an expired call has no late reply: {tm:?}"
+    );
+    if let Ok(n) = t.handled(&h) {
+        assert_eq!(n, 21, "the handler never saw an expired input");
+    }
+    let text = rt.prometheus();
+    assert!(
+        text.contains("resident_messages_expired_total{kernel=\"deadlines\"} 60"),
+        "{text}"
+    );
+
+    // 2. A storm of short calls against a slow handler (the calls come faster than it
+    //    handles them), then a fresh call.
+    let storm = 200u32;
+    let (mut served, mut timed_out) = (0u64, 0u64);
+    for i in 0..storm {
+        match h.call(msg(6, i, SLOW), short) {
+            Ok(m) => {
+                assert_eq!(m, expected(msg(6, i, SLOW)));
+                served += 1;
+            }
+            Err(Error::Timeout { op: "call", .. }) => timed_out += 1,
+            Err(e) => panic!("storm call {i}: {e}"),
+        }
+    }
+    let start = Instant::now();
+    assert_eq!(h.call(msg(7, 0, 9), T).unwrap(), expected(msg(7, 0, 9)));
+    let fresh = start.elapsed();
+    h.drain(T).unwrap();
+    let after = h.telemetry();
+    let handled = after.messages_processed - tm.messages_processed;
+    let expired = after.messages_expired - tm.messages_expired;
+    println!(
+        "deadlines on {}: storm of {storm}: {handled} handled (with the fresh call), {expired} \
+         expired, {served} served in time; fresh call served in {fresh:?}",
+        t.name()
+    );
+    // Liveness only (no timing claim): the storm's leftovers do not hold the fresh call up
+    // for long.
+    assert!(fresh < T, "fresh call after the storm took {fresh:?}");
+    assert_eq!(after.queue_depth, 0);
+    assert_eq!(after.messages_received, 81 + storm as u64 + 1, "{after:?}");
+    assert_eq!(
+        handled + expired,
+        storm as u64 + 1,
+        "every storm call handled or expired: {after:?}"
+    );
+    assert_eq!(served + timed_out, storm as u64);
+    assert!(
+        expired <= timed_out,
+        "an expired call's caller had timed out"
+    );
+    // A storm call the kernel handled was answered in time or its reply came late (dropped).
+    assert_eq!(
+        served + after.messages_dropped,
+        handled - 1,
+        "late replies: {after:?}"
+    );
+    if let Ok(n) = t.handled(&h) {
+        assert_eq!(n, 21 + handled, "the handler never saw an expired input");
+    }
+
+    // 3. The report accounts for every accepted message.
+    let r = h.terminate().unwrap();
+    assert_eq!(r.expired, after.messages_expired);
+    assert_eq!(r.returned(), 0, "{r:?}");
+    assert_eq!(
+        r.processed + r.expired,
+        after.messages_received,
+        "accepted = handled + expired (nothing dropped by policy, nothing left): {r:?}"
+    );
+}
+
 // ---- backends ------------------------------------------------------------------------------
 
 struct Cpu;
@@ -751,6 +880,7 @@ macro_rules! backends {
             #[test] fn terminate_races() { run(&$target, "terminate_races", |t| races(t, rounds($rounds))) }
             #[test] fn stuck_handler() { run(&$target, "stuck_handler", stuck_handler_bounded_waits) }
             #[test] fn telemetry() { run(&$target, "telemetry", telemetry_counts) }
+            #[test] fn deadlines() { run(&$target, "deadlines", super::deadlines) }
         }
     )*};
 }

@@ -716,3 +716,94 @@ fn telemetry_counts_the_batch_before_its_messages() {
         k.terminate().unwrap();
     }
 }
+
+#[test]
+fn expired_inputs_are_skipped_by_the_loop_form_and_the_handler_and_counted() {
+    let rt = rt();
+    // Loop form: its `receive_batch` never returns an expired input.
+    let lp = rt
+        .launch(RingKernel::<u64, u64>::new("ttl-loop").run(|ctx| {
+            while !ctx.should_terminate() {
+                if !ctx.is_active() {
+                    ctx.wait_active();
+                    continue;
+                }
+                for x in ctx.receive_batch(4, Duration::from_millis(5)) {
+                    ctx.send(x);
+                }
+            }
+        }))
+        .unwrap();
+    // Handler form with batches of 4: several whole batches expire before a live message.
+    let hd = rt.launch(doubler("ttl-handler").batch_size(4)).unwrap();
+    let short = Duration::from_millis(1);
+    for h in [&lp, &hd] {
+        for i in 0..10 {
+            h.send_with_ttl(i, short).unwrap();
+        }
+        h.send(100).unwrap();
+        h.send_with_ttl(101, T * 100).unwrap();
+        for i in 0..3 {
+            h.send_with_ttl(200 + i, short).unwrap();
+        }
+        h.send(300).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    for (h, f) in [(&lp, 1), (&hd, 2)] {
+        h.activate().unwrap();
+        let got: Vec<u64> = (0..3).map(|_| h.receive(T).unwrap()).collect();
+        assert_eq!(got, vec![100 * f, 101 * f, 300 * f], "{}", h.id());
+        h.drain(T).unwrap();
+        assert_eq!(h.try_receive().unwrap(), None);
+        let tm = h.telemetry();
+        assert_eq!(
+            (
+                tm.messages_received,
+                tm.messages_processed,
+                tm.messages_expired
+            ),
+            (16, 3, 13),
+            "{tm:?}"
+        );
+        // Left in the queue at terminate: returned, not expired, whatever its deadline.
+        h.deactivate().unwrap();
+        h.send_with_ttl(7, short).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let r = h.terminate().unwrap();
+        assert_eq!((r.processed, r.expired, r.undelivered.len()), (3, 13, 1));
+        assert_eq!(r.undelivered[0].0.ttl(), Some(short));
+    }
+    let text = rt.prometheus();
+    assert!(
+        text.contains("# TYPE resident_messages_expired_total counter"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_call_carries_its_timeout_as_deadline_and_without_one_nothing_expires() {
+    let rt = rt();
+    let h = rt.launch(doubler("call-deadline")).unwrap();
+    // Not active yet: the call times out with its request queued, and then expires.
+    assert!(matches!(
+        h.call(1, Duration::from_millis(2)),
+        Err(Error::Timeout { op: "call", .. })
+    ));
+    // A call with an unbounded timeout carries no deadline (nothing to check).
+    let h2 = h.clone();
+    let long = std::thread::spawn(move || h2.call(2, Duration::MAX));
+    std::thread::sleep(Duration::from_millis(20));
+    h.activate().unwrap();
+    assert_eq!(long.join().unwrap().unwrap(), 4);
+    assert_eq!(h.call(3, T).unwrap(), 6);
+    let tm = h.telemetry();
+    assert_eq!(
+        (
+            tm.messages_processed,
+            tm.messages_expired,
+            tm.messages_dropped
+        ),
+        (2, 1, 0),
+        "{tm:?}"
+    );
+}

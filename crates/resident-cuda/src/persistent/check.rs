@@ -15,7 +15,7 @@ pub(crate) fn check_launch<In, Out>(
 ) -> Result<(), PersistentError> {
     check_sizes::<In, Out>(source)?;
     if buffers.len() != source.buffers.len() {
-        return Err(PersistentError::Config(format!(
+        return Err(PersistentError::config(format!(
             "kernel `{}`: the source declares {} bound buffers, the launch gives {}",
             source.name,
             source.buffers.len(),
@@ -24,7 +24,7 @@ pub(crate) fn check_launch<In, Out>(
     }
     for (d, b) in source.buffers.iter().zip(buffers) {
         if b.len.checked_mul(d.elem_size) != Some(b.initial.len()) {
-            return Err(PersistentError::Config(format!(
+            return Err(PersistentError::config(format!(
                 "kernel `{}`: bound buffer `{}` has {} elements of {} bytes but {} initial bytes",
                 source.name,
                 d.name,
@@ -35,7 +35,7 @@ pub(crate) fn check_launch<In, Out>(
         }
     }
     if initial_state.len() != source.state.size {
-        return Err(PersistentError::Config(format!(
+        return Err(PersistentError::config(format!(
             "kernel `{}`: initial state is {} bytes, the state type {}",
             source.name,
             initial_state.len(),
@@ -43,7 +43,7 @@ pub(crate) fn check_launch<In, Out>(
         )));
     }
     if (source.batch_size as usize) > queues.out_capacity {
-        return Err(PersistentError::Config(format!(
+        return Err(PersistentError::config(format!(
             "kernel `{}`: out_capacity {} is below the batch size {}",
             source.name, queues.out_capacity, source.batch_size
         )));
@@ -54,13 +54,13 @@ pub(crate) fn check_launch<In, Out>(
 pub(crate) fn check_sizes<In, Out>(source: &KernelSource) -> Result<(), PersistentError> {
     let (i, o) = (core::mem::size_of::<In>(), core::mem::size_of::<Out>());
     if source.input.size != i || source.output.size != o {
-        return Err(PersistentError::Config(format!(
+        return Err(PersistentError::config(format!(
             "kernel `{}`: declared sizes in {} / out {} differ from the Rust types' {i} / {o}",
             source.name, source.input.size, source.output.size
         )));
     }
     if core::mem::align_of::<In>() > 8 || core::mem::align_of::<Out>() > 8 {
-        return Err(PersistentError::Config(format!(
+        return Err(PersistentError::config(format!(
             "kernel `{}`: message types must be aligned to at most 8 bytes",
             source.name
         )));

@@ -30,7 +30,7 @@ impl QueueConfig {
     /// Checks the ranges the device code relies on.
     pub fn validate(&self) -> Result<(), PersistentError> {
         if self.lanes == 0 || self.lanes > MAX_LANES {
-            return Err(PersistentError::Config(format!(
+            return Err(PersistentError::config(format!(
                 "lanes = {} is not in 1..={MAX_LANES}",
                 self.lanes
             )));
@@ -40,7 +40,7 @@ impl QueueConfig {
             ("out_capacity", self.out_capacity),
         ] {
             if c == 0 || !c.is_power_of_two() || c > (1 << 30) {
-                return Err(PersistentError::Config(format!(
+                return Err(PersistentError::config(format!(
                     "{what} = {c} is not a power of two in 1..=2^30"
                 )));
             }

@@ -21,7 +21,7 @@ use super::template::{
     compile_ptx, KernelSource, PersistentParams, BATCH_KERNEL_NAME, PERSISTENT_KERNEL_NAME,
 };
 use super::check::{batch_scan_bytes, check_launch, check_sizes};
-use super::{PersistentError, SharedMemory};
+use super::{FaultCause, PersistentError, SharedMemory, Unavailable};
 use crate::{
     CacheKey, CudaError, Device, DeviceBuffer, Function, Graph, KernelCache, KernelParams,
     LaunchConfig, PinnedMemory, ResidentSlot, Stream,
@@ -79,9 +79,9 @@ impl Default for LaunchOptions {
 pub(crate) fn cuda_error(e: CudaError) -> PersistentError {
     match e {
         CudaError::DriverNotFound | CudaError::NoDevice | CudaError::DeviceOutOfRange { .. } => {
-            PersistentError::DriverUnavailable(e.to_string())
+            PersistentError::DriverUnavailable(Unavailable::Cuda(e))
         }
-        CudaError::NvrtcNotFound => PersistentError::NvrtcUnavailable(e.to_string()),
+        CudaError::NvrtcNotFound => PersistentError::NvrtcUnavailable(e),
         e => PersistentError::Cuda(e),
     }
 }
@@ -90,9 +90,9 @@ pub(crate) fn cuda_error(e: CudaError) -> PersistentError {
 fn open_device(ordinal: usize) -> Result<Arc<Device>, PersistentError> {
     let device = Device::open(ordinal).map_err(cuda_error)?;
     if !device.info().can_map_host_memory {
-        return Err(PersistentError::DriverUnavailable(format!(
-            "device {ordinal} cannot map host memory"
-        )));
+        return Err(PersistentError::DriverUnavailable(
+            Unavailable::NoHostMapping { ordinal },
+        ));
     }
     Ok(device)
 }
@@ -183,7 +183,7 @@ fn load(
         .map_err(cuda_error)?
         < 1
     {
-        return Err(PersistentError::Config(format!(
+        return Err(PersistentError::config(format!(
             "kernel `{}`: a block of {} threads does not fit on one SM",
             source.name, source.batch_size
         )));
@@ -217,7 +217,7 @@ pub struct PersistentKernel<In: Pod + Send, Out: Pod + Send> {
     device: Arc<Device>,
     heartbeat_timeout: Duration,
     exited: bool,
-    fault: Option<String>,
+    fault: Option<FaultCause>,
 }
 
 impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
@@ -277,9 +277,12 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     })?;
                 let lanes = opts.queues.lanes;
                 if device_ptrs.len() != lanes + 2 {
-                    return Err(PersistentError::Config(
-                        "unexpected allocation order".into(),
-                    ));
+                    return Err(PersistentError::config(format!(
+                        "the queues made {} allocations, not lanes + 2 = {} (control block, \
+                         lanes, output ring)",
+                        device_ptrs.len(),
+                        lanes + 2
+                    )));
                 }
                 let mut state =
                     DeviceBuffer::alloc(&device, initial_state.len().max(1)).map_err(cuda_error)?;
@@ -444,10 +447,10 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     /// `Err(Exited)` when it exited on its own (heartbeat timeout, error). Also keeps the host's
     /// view of mapped memory fresh (see GPU-NOTES: spinning hosts must call a CUDA query).
     pub fn check(&mut self) -> Result<(), PersistentError> {
-        if let Some(reason) = &self.fault {
+        if let Some(cause) = &self.fault {
             return Err(PersistentError::DeviceFault {
                 name: self.name.clone(),
-                reason: reason.clone(),
+                cause: cause.clone(),
             });
         }
         if self.exited {
@@ -460,11 +463,11 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         let guard = resident.as_ref().map(|r| r.lock());
         if let Some(g) = &guard {
             if let Some(e) = &g.relaunch_error {
-                let reason = format!("relaunch after a quiesce failed: {e}");
-                self.fault = Some(reason.clone());
+                let cause = FaultCause::Relaunch(e.clone());
+                self.fault = Some(cause.clone());
                 return Err(PersistentError::DeviceFault {
                     name: self.name.clone(),
-                    reason,
+                    cause,
                 });
             }
         }
@@ -481,14 +484,11 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 self.exit_error()
             }
             Err(e) => {
-                let reason = match &e {
-                    CudaError::DeviceLost { reason, .. } => reason.clone(),
-                    e => e.to_string(),
-                };
-                self.fault = Some(reason.clone());
+                let cause = FaultCause::Cuda(Arc::new(e));
+                self.fault = Some(cause.clone());
                 Err(PersistentError::DeviceFault {
                     name: self.name.clone(),
-                    reason,
+                    cause,
                 })
             }
         }
@@ -731,14 +731,12 @@ impl GpuBuffers {
     fn check(&self, index: usize, bytes: usize) -> Result<(), PersistentError> {
         match self.lens.get(index) {
             Some(n) if *n == bytes => Ok(()),
-            Some(n) => Err(PersistentError::Config(format!(
-                "kernel `{}`: bound buffer {index} holds {n} bytes, the host side {bytes}",
-                self.name
-            ))),
-            None => Err(PersistentError::Config(format!(
-                "kernel `{}`: no bound buffer {index}",
-                self.name
-            ))),
+            n => Err(PersistentError::BoundBuffer {
+                name: self.name.clone(),
+                index,
+                device_bytes: n.copied(),
+                host_bytes: bytes,
+            }),
         }
     }
 
@@ -847,7 +845,7 @@ struct GState {
     /// The run state the host wants once resumed.
     want: Option<RunState>,
     /// A relaunch that failed (reported by `check` as a fault).
-    relaunch_error: Option<String>,
+    relaunch_error: Option<Arc<CudaError>>,
 }
 
 impl GpuResident {
@@ -919,7 +917,7 @@ impl crate::device::Quiesce for GpuResident {
                 }
             });
             if let Err(e) = r {
-                g.relaunch_error = Some(e.to_string());
+                g.relaunch_error = Some(Arc::new(e));
             }
         }
         // Cleared after the relaunch is queued, under the lock `check` takes: `check` never
@@ -951,7 +949,10 @@ fn spawn_heartbeat(
                 std::thread::park_timeout(period);
             }
         })
-        .map_err(|e| PersistentError::Config(format!("cannot spawn heartbeat thread: {e}")))?;
+        .map_err(|source| PersistentError::Spawn {
+            what: "the heartbeat thread",
+            source,
+        })?;
     Ok((stop, t))
 }
 
@@ -985,7 +986,7 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
     ) -> Result<Self, PersistentError> {
         check_sizes::<In, Out>(source)?;
         if !source.buffers.is_empty() {
-            return Err(PersistentError::Config(format!(
+            return Err(PersistentError::config(format!(
                 "kernel `{}`: the launch-per-batch baseline does not bind buffers",
                 source.name
             )));
@@ -1072,7 +1073,7 @@ impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
     ) -> Result<(), PersistentError> {
         let n = inputs.len();
         if n == 0 || n > self.max_n {
-            return Err(PersistentError::Config(format!(
+            return Err(PersistentError::config(format!(
                 "batch of {n} outside 1..={}",
                 self.max_n
             )));
@@ -1224,15 +1225,18 @@ where
     let source = bench_source(W, persistent_block);
     let base_source = bench_source(W, baseline_block);
     // The handler adds 1 to every word: outputs are checked, not just counted.
-    let check = |s: &Slot<[u64; W]>, variant: &str| -> Result<(), PersistentError> {
+    let check = |s: &Slot<[u64; W]>, variant: &'static str| -> Result<(), PersistentError> {
         let want = s.env.correlation_id; // input word = id - 1, output = id
         if s.payload.iter().all(|&w| w == want) {
             Ok(())
         } else {
-            Err(PersistentError::Config(format!(
-                "{variant}: wrong output for message {want}: {:?}",
-                &s.payload[..W.min(4)]
-            )))
+            Err(PersistentError::BenchCheck {
+                variant,
+                reason: format!(
+                    "wrong output for message {want}: {:?}",
+                    &s.payload[..W.min(4)]
+                ),
+            })
         }
     };
     let opts = LaunchOptions {
@@ -1259,9 +1263,10 @@ where
             if k.send(Envelope::new(i as u64 + 1, 128, t0), [i as u64; W])
                 .is_err()
             {
-                return Err(PersistentError::Config(
-                    "latency run: lane unexpectedly full".into(),
-                ));
+                return Err(PersistentError::BenchCheck {
+                    variant: "persistent",
+                    reason: "latency run: lane unexpectedly full".into(),
+                });
             }
             let r = k.receive(timeout)?;
             check(&r, "persistent")?;
@@ -1306,11 +1311,14 @@ where
             let t = now_ns();
             for (j, s) in buf.iter().enumerate() {
                 if s.env.correlation_id != got + j as u64 + 1 {
-                    return Err(PersistentError::Config(format!(
-                        "persistent: output {} out of order (id {})",
-                        got + j as u64 + 1,
-                        s.env.correlation_id
-                    )));
+                    return Err(PersistentError::BenchCheck {
+                        variant: "persistent",
+                        reason: format!(
+                            "output {} out of order (id {})",
+                            got + j as u64 + 1,
+                            s.env.correlation_id
+                        ),
+                    });
                 }
                 check(s, "persistent")?;
                 if rtts.len() < 1_000_000 {
@@ -1412,10 +1420,10 @@ where
                     rtts.push(t0.elapsed().as_nanos() as u64);
                 }
                 if out.len() != n {
-                    return Err(PersistentError::Config(format!(
-                        "{variant}: {} outputs for {n} inputs",
-                        out.len()
-                    )));
+                    return Err(PersistentError::BenchCheck {
+                        variant,
+                        reason: format!("{} outputs for {n} inputs", out.len()),
+                    });
                 }
                 if r == 0 {
                     for s in &out {
@@ -1448,7 +1456,7 @@ pub fn bench_ring(
     in_flight: usize,
 ) -> Result<Vec<BenchRow>, PersistentError> {
     if iters == 0 || in_flight == 0 || in_flight > 1 << 20 {
-        return Err(PersistentError::Config(format!(
+        return Err(PersistentError::config(format!(
             "bench_ring: iters {iters} must be > 0 and in_flight {in_flight} in 1..=2^20"
         )));
     }

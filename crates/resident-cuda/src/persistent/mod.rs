@@ -71,9 +71,46 @@ pub fn lane_for_priority(priority: u8, lanes: usize) -> usize {
 /// Errors of the persistent-kernel layer.
 #[derive(Debug, thiserror::Error)]
 pub enum PersistentError {
-    /// A configuration value is out of range.
-    #[error("invalid persistent kernel configuration: {0}")]
-    Config(String),
+    /// A configuration value is out of range, or the source and the launch disagree; `reason`
+    /// names the value and what it must be.
+    #[error("invalid persistent kernel configuration: {reason}")]
+    Config {
+        /// Which value, and what it must be.
+        reason: String,
+    },
+    /// A bound buffer index past the kernel's buffers, or a host-side size that differs from
+    /// the device buffer's.
+    #[error("kernel `{name}`: {}", match device_bytes {
+        Some(n) => format!("bound buffer {index} holds {n} bytes, the host side {host_bytes}"),
+        None => format!("no bound buffer {index}"),
+    })]
+    BoundBuffer {
+        /// Kernel name.
+        name: String,
+        /// The buffer asked for.
+        index: usize,
+        /// Its size on the device; `None` when the kernel has no such buffer.
+        device_bytes: Option<usize>,
+        /// The size the host side gave.
+        host_bytes: usize,
+    },
+    /// A host thread of the kernel (heartbeat, CudaSim block) could not be started.
+    #[error("cannot spawn {what}: {source}")]
+    Spawn {
+        /// The thread.
+        what: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A benchmark's own check of the kernel's outputs failed (wrong value, order or count).
+    #[error("benchmark {variant}: {reason}")]
+    BenchCheck {
+        /// The benchmark variant.
+        variant: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
     /// Building a ring failed.
     #[error("ring: {0}")]
     Ring(#[from] RingError),
@@ -87,12 +124,15 @@ pub enum PersistentError {
         /// Bytes given.
         got: usize,
     },
-    /// NVRTC could not be loaded.
+    /// NVRTC (or its builtins library) could not be loaded: the CUDA layer's
+    /// [`CudaError::NvrtcNotFound`](crate::CudaError::NvrtcNotFound), or an NVRTC call failing
+    /// with `NVRTC_ERROR_BUILTIN_OPERATION_FAILURE`.
     #[error("NVRTC not available: {0}")]
-    NvrtcUnavailable(String),
-    /// The CUDA driver could not be loaded or has no device.
+    NvrtcUnavailable(#[source] crate::CudaError),
+    /// The CUDA driver could not be loaded, has no such device, or the device cannot run
+    /// persistent kernels.
     #[error("CUDA driver not available: {0}")]
-    DriverUnavailable(String),
+    DriverUnavailable(#[source] Unavailable),
     /// Kernel source failed to compile (the NVRTC log is included).
     #[error("kernel `{name}` failed to compile for {arch}:\n{log}")]
     Compile {
@@ -107,12 +147,14 @@ pub enum PersistentError {
     #[error(transparent)]
     Cuda(crate::CudaError),
     /// The device faulted (trap, illegal address, ...) while the kernel ran.
-    #[error("kernel `{name}` failed on the device: {reason}")]
+    #[error("kernel `{name}` failed on the device: {cause}")]
     DeviceFault {
         /// Kernel name.
         name: String,
-        /// The driver's description.
-        reason: String,
+        /// The engine's error: the CUDA layer's (a sticky driver error, the device lost, a
+        /// failed relaunch) or CudaSim's (a trapped thread of the block).
+        #[source]
+        cause: FaultCause,
     },
     /// The kernel exited on its own (heartbeat timeout or a detected error).
     #[error("kernel `{name}` exited: {state:?} (error code {error_code})")]
@@ -145,6 +187,46 @@ pub enum PersistentError {
         /// What was awaited.
         what: &'static str,
     },
+}
+
+impl PersistentError {
+    pub(crate) fn config(reason: impl Into<String>) -> Self {
+        PersistentError::Config {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Why the CUDA driver cannot run persistent kernels here.
+#[derive(Debug, thiserror::Error)]
+pub enum Unavailable {
+    /// No driver, no device, or no device of that ordinal.
+    #[error(transparent)]
+    Cuda(crate::CudaError),
+    /// The device cannot map host memory, which the persistent queues live in.
+    #[error("device {ordinal} cannot map host memory")]
+    NoHostMapping {
+        /// The device.
+        ordinal: usize,
+    },
+}
+
+/// The engine's error behind [`PersistentError::DeviceFault`]. Shared (`Arc`): a faulted
+/// kernel answers the same fault to every later call.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FaultCause {
+    /// The CUDA layer reported a fault (a sticky driver error, or the device already lost).
+    #[error(transparent)]
+    Cuda(Arc<crate::CudaError>),
+    /// Relaunching the kernel after it parked for the residency rule failed.
+    #[error("relaunch after a quiesce failed: {0}")]
+    Relaunch(#[source] Arc<crate::CudaError>),
+    /// A thread of the CudaSim block faulted (`__trap()`), or the block could not run.
+    #[error(transparent)]
+    Sim(Arc<crate::sim::SimError>),
+    /// The CudaSim launcher thread ended without reporting how the block exited.
+    #[error("the CudaSim launcher thread ended without a report")]
+    SimLauncherLost,
 }
 
 /// Memory shared between the host's ring halves and the device side (the CudaSim block or

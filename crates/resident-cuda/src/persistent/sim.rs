@@ -21,7 +21,7 @@ use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::check::check_launch;
 use super::template::{compile_sim, KernelSource, PersistentParams, PERSISTENT_KERNEL_NAME};
-use super::{PersistentError, SharedMemory};
+use super::{FaultCause, PersistentError, SharedMemory};
 use crate::sim::{SimError, SimInstance};
 
 /// How to launch a [`SimKernel`].
@@ -230,7 +230,7 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
     done: Receiver<Exit>,
     thread: Option<JoinHandle<()>>,
     /// Set once the launcher reported: `Some(Ok)` exited, `Some(Err)` faulted.
-    exit: Option<Result<(), String>>,
+    exit: Option<Result<(), FaultCause>>,
     _instance: Option<Arc<SimInstance>>,
     quiesce: Arc<QuiesceShared>,
     buffers: Option<Arc<SimBuffers>>,
@@ -281,14 +281,12 @@ impl SimBuffers {
     fn check(&self, index: usize, bytes: usize) -> Result<&SharedMemory, PersistentError> {
         match self.mems.get(index) {
             Some((m, n)) if *n == bytes => Ok(m),
-            Some((_, n)) => Err(PersistentError::Config(format!(
-                "kernel `{}`: bound buffer {index} holds {n} bytes, the host side {bytes}",
-                self.name
-            ))),
-            None => Err(PersistentError::Config(format!(
-                "kernel `{}`: no bound buffer {index}",
-                self.name
-            ))),
+            n => Err(PersistentError::BoundBuffer {
+                name: self.name.clone(),
+                index,
+                device_bytes: n.map(|(_, n)| *n),
+                host_bytes: bytes,
+            }),
         }
     }
 
@@ -529,7 +527,10 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 drop(st);
                 let _ = tx.send(r);
             })
-            .map_err(|e| PersistentError::Config(format!("cannot spawn the CudaSim block: {e}")))?;
+            .map_err(|source| PersistentError::Spawn {
+                what: "the CudaSim block",
+                source,
+            })?;
         registry()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -587,7 +588,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
 
     fn record(&mut self, r: Exit) {
         if self.exit.is_none() {
-            self.exit = Some(r.map_err(|e| e.to_string()));
+            self.exit = Some(r.map_err(|e| FaultCause::Sim(Arc::new(e))));
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -596,9 +597,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
 
     fn record_lost(&mut self) {
         if self.exit.is_none() {
-            self.exit = Some(Err(
-                "the CudaSim launcher thread ended without a report".into()
-            ));
+            self.exit = Some(Err(FaultCause::SimLauncherLost));
         }
     }
 
@@ -624,9 +623,9 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     pub fn check(&mut self) -> Result<(), PersistentError> {
         self.poll_exit();
         match &self.exit {
-            Some(Err(reason)) => Err(PersistentError::DeviceFault {
+            Some(Err(cause)) => Err(PersistentError::DeviceFault {
                 name: self.name.clone(),
-                reason: reason.clone(),
+                cause: cause.clone(),
             }),
             Some(Ok(())) => {
                 let c = self.device_counters();

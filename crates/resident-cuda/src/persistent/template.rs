@@ -211,7 +211,7 @@ impl KernelSource {
     /// Checks the inputs the generated code relies on.
     pub fn validate(&self) -> Result<(), PersistentError> {
         let bad = |m: String| {
-            Err(PersistentError::Config(format!(
+            Err(PersistentError::config(format!(
                 "kernel `{}`: {m}",
                 self.name
             )))
@@ -391,7 +391,7 @@ pub fn nvrtc_available() -> Result<(), PersistentError> {
         Ok(())
     } else {
         Err(PersistentError::NvrtcUnavailable(
-            "libnvrtc could not be loaded (is it on LD_LIBRARY_PATH?)".into(),
+            crate::CudaError::NvrtcNotFound,
         ))
     }
 }
@@ -416,14 +416,11 @@ fn compile_error(source: &KernelSource, arch: &str, e: crate::CudaError) -> Pers
             arch: arch.into(),
             log,
         },
-        crate::CudaError::NvrtcNotFound => {
-            PersistentError::NvrtcUnavailable("libnvrtc could not be loaded".into())
-        }
-        crate::CudaError::Nvrtc { code, .. } if code.contains("BUILTIN") => {
-            PersistentError::NvrtcUnavailable(format!(
-                "NVRTC builtins failed (libnvrtc-builtins on LD_LIBRARY_PATH?): {code}"
-            ))
-        }
+        e @ (crate::CudaError::NvrtcNotFound
+        | crate::CudaError::Nvrtc {
+            code: crate::nvrtcResult::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE,
+            ..
+        }) => PersistentError::NvrtcUnavailable(e),
         e => PersistentError::Cuda(e),
     }
 }
@@ -442,7 +439,7 @@ fn program_name(source: &KernelSource) -> String {
 pub fn compile_ptx(source: &KernelSource, arch: &str) -> Result<CompiledKernel, PersistentError> {
     let text = source.render()?;
     if !arch.starts_with("compute_") || !arch[8..].chars().all(|c| c.is_ascii_alphanumeric()) {
-        return Err(PersistentError::Config(format!(
+        return Err(PersistentError::config(format!(
             "architecture `{arch}` is not of the form compute_NN"
         )));
     }
@@ -647,7 +644,7 @@ mod buffer_tests {
             assert!(
                 matches!(
                     source(bad.clone()).render(),
-                    Err(PersistentError::Config(_))
+                    Err(PersistentError::Config { .. })
                 ),
                 "{bad:?}"
             );

@@ -27,6 +27,7 @@
 
 from . import _resident, workloads
 from .batch import BatchKernelSpec, batch_kernel
+from .device import DeviceKernelSpec, declarations, device_kernel
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .kernel import KernelContext, KernelSpec, get_kernel, ring_kernel
@@ -42,6 +43,9 @@ __all__ = [
     "ring_kernel",
     "batch_kernel",
     "BatchKernelSpec",
+    "device_kernel",
+    "DeviceKernelSpec",
+    "declarations",
     "message",
     "Message",
     "KernelContext",

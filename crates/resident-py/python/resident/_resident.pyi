@@ -43,6 +43,16 @@ class Runtime:
         block_timeout: float,
         priority_lanes: int,
         max_batch: int,
+        device: Optional["DeviceSpec"] = None,
+        buffers: List[Tuple[str, str, bytes]] = ...,
+    ) -> None: ...
+    def placement(self, kernel_id: str) -> str: ...
+    def snapshot_state(self, kernel_id: str, size: int) -> npt.NDArray[np.uint8]: ...
+    def read_buffer(
+        self, kernel_id: str, name: str, code: str, timeout: float
+    ) -> npt.NDArray[np.uint8]: ...
+    def write_buffer(
+        self, kernel_id: str, name: str, code: str, data: npt.NDArray[np.uint8], timeout: float
     ) -> None: ...
     def activate(self, kernel_id: str) -> None: ...
     def deactivate(self, kernel_id: str) -> None: ...
@@ -58,6 +68,31 @@ class Runtime:
     def telemetry(self, kernel_id: str) -> dict: ...
     def terminate(self, kernel_id: str, timeout: Optional[float] = None) -> dict: ...
     def shutdown(self) -> List[dict]: ...
+
+# (name, numpy scalar code such as "f4" or "u8", array extents, byte offset)
+FieldTuple = Tuple[str, str, List[int], int]
+
+class DeviceSpec:
+    """A device kernel's layouts (checked by the engine's generator) and handler sources."""
+
+    def __init__(
+        self,
+        record: int,
+        in_fields: List[FieldTuple],
+        out_fields: List[FieldTuple],
+        state_fields: Optional[List[FieldTuple]],
+        state_size: int,
+        state_init: Optional[bytes],
+        cuda: Optional[str],
+        wgsl: Optional[str],
+        function: str,
+        wgsl_in_order: bool,
+        workgroup_size: int,
+        origins: Tuple[str, str, str],
+        atomic_buffers: List[str] = ...,
+        buffer_types: List[Tuple[str, str]] = ...,
+    ) -> None: ...
+    def declarations(self, lang: str) -> str: ...
 
 class KernelCtx:
     @property

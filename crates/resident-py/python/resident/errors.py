@@ -28,6 +28,7 @@ __all__ = [
     "CompilationError",
     "DeviceError",
     "InvalidConfigError",
+    "DtypeLayoutError",
     "BufferStateError",
     "OutOfMemoryError",
     "WorkloadError",
@@ -145,6 +146,17 @@ class DeviceError(ResidentError):
 
 class InvalidConfigError(ResidentError, ValueError):
     """The kernel definition is not usable."""
+
+
+class DtypeLayoutError(InvalidConfigError, TypeError):
+    """A numpy dtype cannot be a device kernel's message or state layout: a field type with
+    no device type, a field not where C puts it (build the dtype with ``align=True``), a
+    type the handler's language cannot hold (WGSL has no 8- or 16-bit integers). ``detail``
+    names the field when one is at fault."""
+
+    @property
+    def field(self) -> Optional[str]:
+        return self.detail
 
 
 class BufferStateError(ResidentError):

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _resident
-from .errors import CallTimeoutError, KernelNotFoundError, ReceiveTimeoutError
+from .errors import CallTimeoutError, InvalidConfigError, KernelNotFoundError, ReceiveTimeoutError
 from . import batch as _batch
+from . import device as _device
 from .kernel import KernelSpec, _run_kernel, get_kernel
 
 __all__ = ["Runtime", "RingKernelRuntime", "Telemetry", "KernelReport"]
@@ -36,6 +37,9 @@ class Telemetry:
     messages_processed: int
     messages_dropped: int
     messages_refused: int
+    messages_expired: int
+    """Messages not handled because their deadline passed before the kernel took them (sends
+    from Python carry no deadline yet, so 0 for Python senders)."""
     errors: int
     queue_depth: int
     output_depth: int
@@ -149,6 +153,8 @@ class Runtime:
         self._reports: Optional[List[KernelReport]] = None
         _live.add(self)
         self._batch: Dict[str, "_batch.BatchKernelSpec"] = {}
+        self._host_state: Dict[str, Any] = {}
+        self._host_buffers: Dict[str, Dict[str, np.ndarray]] = {}
 
     @property
     def backend(self) -> str:
@@ -172,19 +178,30 @@ class Runtime:
         decorator's settings (``queue_size``, ``backpressure``, ...)."""
         s = _spec(kernel_id, kernel_func, overrides)
         if isinstance(s, _batch.BatchKernelSpec):
+            state, device, func, buffers, args = s.state, None, s.func, {}, []
+            if isinstance(s, _device.DeviceKernelSpec):
+                # Each launch starts from the initial state and buffer values, on the device
+                # as on the CPU.
+                state, device = s.initial_state(), s.device_spec()
+                buffers, args = s.initial_buffers(), s.buffer_args()
+                func = s.cpu_func(buffers)
             self._rt.launch_batch(
                 s.kernel_id,
                 s.record,
                 _batch.runner(s),
-                s.func,
-                s.state,
+                func,
+                state,
                 s.queue_size,
                 s.backpressure,
                 s.block_timeout,
                 s.priority_lanes,
                 s.max_batch,
+                device,
+                args,
             )
             self._batch[s.kernel_id] = s
+            self._host_state[s.kernel_id] = state
+            self._host_buffers[s.kernel_id] = buffers
             return
         self._rt.launch(
             s.kernel_id,
@@ -240,6 +257,64 @@ class Runtime:
         spec = self._batch_spec(kernel_id)
         raw = self._rt.receive_batch(kernel_id, max, timeout)
         return _batch.from_records(raw, spec.record, spec.out_dtype)
+
+    def placement(self, kernel_id: str) -> str:
+        """Where a batch or device kernel's handler runs: ``"host"`` (its vectorized Python
+        function) or the device (``"cuda"``, ``"cudasim"``, ``"wgpu"``)."""
+        self._batch_spec(kernel_id)
+        return self._rt.placement(kernel_id)
+
+    def host_state(self, kernel_id: str) -> Any:
+        """The state object a batch or device kernel's Python function gets (for a device
+        kernel, the 1-record array it updates in place when it runs on the host)."""
+        self._batch_spec(kernel_id)
+        return self._host_state.get(kernel_id)
+
+    def snapshot_state(self, kernel_id: str) -> np.ndarray:
+        """A copy of a device kernel's state, one record of its ``state_dtype``: read back from
+        the device when the handler runs there (on wgpu: its value after every batch
+        submitted so far; wait for the outputs you care about first), else a copy of the
+        CPU form's state. A CUDA handler's state is not read back by the engine yet
+        (``InvalidConfigError``)."""
+        spec = self._batch_spec(kernel_id)
+        if not isinstance(spec, _device.DeviceKernelSpec) or spec.state_dtype is None:
+            raise TypeError(f"kernel '{kernel_id}' is not a device kernel with a state")
+        if self._rt.placement(kernel_id) == "host":
+            return np.array(self._host_state[kernel_id], copy=True)
+        raw = self._rt.snapshot_state(kernel_id, spec.state_size)
+        isz = spec.state_dtype.itemsize
+        return np.ascontiguousarray(raw[:isz]).view(spec.state_dtype).reshape(1).copy()
+
+    def _buffer_spec(self, kernel_id: str, name: str) -> np.ndarray:
+        spec = self._batch_spec(kernel_id)
+        init = getattr(spec, "buffers", {}).get(name)
+        if init is None:
+            raise InvalidConfigError(
+                f"kernel '{kernel_id}' has no bound buffer named '{name}'", kernel_id
+            )
+        return init
+
+    def read_buffer(self, kernel_id: str, name: str, timeout: float = 10.0) -> np.ndarray:
+        """A copy of the bound buffer ``name`` of a device kernel: on a device, its values
+        between two batches (the engine synchronizes with the kernel, waiting up to
+        ``timeout`` seconds); on the host, the CPU form's array."""
+        init = self._buffer_spec(kernel_id, name)
+        if self._rt.placement(kernel_id) == "host":
+            return self._host_buffers[kernel_id][name].copy()
+        raw = self._rt.read_buffer(kernel_id, name, _device._code(init.dtype), timeout)
+        return raw.view(init.dtype).copy()
+
+    def write_buffer(self, kernel_id: str, name: str, values: Any, timeout: float = 10.0) -> None:
+        """Replaces the bound buffer ``name``'s values (same length); the kernel's next batch
+        sees all of them."""
+        init = self._buffer_spec(kernel_id, name)
+        arr = np.ascontiguousarray(values, dtype=init.dtype).reshape(-1)
+        if arr.shape != init.shape:
+            raise ValueError(f"buffer '{name}' holds {init.shape[0]} values, got {arr.shape[0]}")
+        if self._rt.placement(kernel_id) == "host":
+            self._host_buffers[kernel_id][name][:] = arr
+            return
+        self._rt.write_buffer(kernel_id, name, _device._code(init.dtype), arr.view(np.uint8), timeout)
 
     def _batch_spec(self, kernel_id: str) -> "_batch.BatchKernelSpec":
         spec = self._batch.get(kernel_id)

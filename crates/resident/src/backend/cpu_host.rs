@@ -52,7 +52,7 @@ fn run_handler<In: Message, Out: Message, S>(
     loop {
         let next = io.next_batch(None, || {
             io.in_hand
-                .take(&mut batch, |b| io.input.recv_batch(b, io.batch_size))
+                .take(&mut batch, |b| io.take_inputs(b, io.batch_size))
         });
         let (n, gate) = match next {
             Ok(Next::Batch(n, gate)) => {

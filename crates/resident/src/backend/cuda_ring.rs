@@ -9,10 +9,10 @@ use std::time::Duration;
 use resident_cuda::persistent::{BufferDecl, BufferInit, KernelSource, MessageDecl, QueueConfig};
 #[cfg(feature = "cuda")]
 use resident_cuda::persistent::{GpuBuffers, LaunchOptions, PersistentKernel};
-use resident_ring::message::CField;
-use resident_ring::DeviceMessage;
+use resident_ring::message::{CField, LayoutError, StructLayout};
+use resident_ring::{DeviceMessage, Message};
 #[cfg(feature = "cuda")]
-use resident_ring::{Message, Slot};
+use resident_ring::Slot;
 
 use crate::backend::device_host::DeviceError;
 #[cfg(feature = "cuda")]
@@ -97,12 +97,6 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
         }
     }
 
-    /// The name of the handler function in `source` (default `handle`).
-    pub fn function(mut self, name: impl Into<String>) -> Self {
-        self.function = name.into();
-        self
-    }
-
     /// Device state that persists across messages, initialized to `init`; the handler sees it
     /// as `ResidentState*` (a typedef of `D`'s C declaration).
     pub fn state<D: DeviceMessage>(mut self, init: D) -> Self {
@@ -119,6 +113,81 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
         self.buffers.push((name.into(), ElemDecl::of::<T>()));
         self
     }
+}
+
+impl<In: Message, Out: Message> CudaHandler<In, Out> {
+    /// The name of the handler function in `source` (default `handle`).
+    pub fn function(mut self, name: impl Into<String>) -> Self {
+        self.function = name.into();
+        self
+    }
+
+    /// A handler named `handle` defined in `source` whose message layouts are known only at
+    /// run time (the Python package's numpy dtypes): `input` and `output` are declared from
+    /// their [`StructLayout`]s exactly as `device_message!` declares a Rust type, and must have
+    /// the size of `In` / `Out` (the bytes the ring carries). No device state until
+    /// [`state_layout`](Self::state_layout).
+    pub fn with_layouts(
+        source: impl Into<String>,
+        input: &StructLayout,
+        output: &StructLayout,
+    ) -> Result<Self, LayoutError> {
+        input.expect_size(std::mem::size_of::<In>())?;
+        output.expect_size(std::mem::size_of::<Out>())?;
+        Ok(CudaHandler {
+            source: source.into(),
+            function: "handle".into(),
+            state: vec![0; 4],
+            state_decl: MessageDecl::new("ResidentNoState", NO_STATE_DECL, 4),
+            buffers: Vec::new(),
+            _types: std::marker::PhantomData,
+            decls: io_decls(input, output)?,
+        })
+    }
+
+    /// Device state laid out as `layout`, initialized to `init` (exactly `layout.size()`
+    /// bytes); the handler sees it as `ResidentState*`.
+    pub fn state_layout(
+        mut self,
+        layout: &StructLayout,
+        init: Vec<u8>,
+    ) -> Result<Self, LayoutError> {
+        if init.len() != layout.size() {
+            return Err(LayoutError {
+                layout: layout.name().to_string(),
+                field: None,
+                reason: format!(
+                    "the initial state has {} bytes, the layout {}",
+                    init.len(),
+                    layout.size()
+                ),
+            });
+        }
+        self.state = init;
+        self.state_decl = MessageDecl::new(layout.name(), layout.c_declaration(), layout.size());
+        Ok(self)
+    }
+}
+
+/// The C declarations of the input and output layouts; one declaration when both are the
+/// same struct (the same name for two different layouts is refused).
+fn io_decls(
+    input: &StructLayout,
+    output: &StructLayout,
+) -> Result<(MessageDecl, MessageDecl), LayoutError> {
+    let inp = MessageDecl::new(input.name(), input.c_declaration(), input.size());
+    if output.name() != input.name() {
+        let out = MessageDecl::new(output.name(), output.c_declaration(), output.size());
+        return Ok((inp, out));
+    }
+    if output != input {
+        return Err(LayoutError {
+            layout: output.name().to_string(),
+            field: None,
+            reason: "the input and output layouts differ but have the same name".into(),
+        });
+    }
+    Ok((inp, MessageDecl::new(output.name(), "", output.size())))
 }
 
 /// The device declaration of one bound buffer, or why it has none.

@@ -33,9 +33,11 @@ pub enum DeviceError {
         /// The state it reported.
         state: String,
     },
-    /// The device side faulted (a trap, an illegal access).
+    #[cfg(feature = "wgpu")]
+    /// The device side of a WGSL ring kernel failed after launch (a batch cut short, not read
+    /// back in time, the device lost); the engine's error is the source.
     #[error("the device kernel faulted: {0}")]
-    Fault(String),
+    Fault(#[source] crate::backend::wgpu::ring::WgpuFault),
     /// The device side did not stop within the timeout.
     #[error("the device kernel did not stop within {0:?}")]
     StopTimeout(Duration),
@@ -154,6 +156,10 @@ fn pump<In: Message, Out: Message>(
     let c = io.control.clone();
     let prof = io.profile.get();
     let mut carry: Vec<Slot<In>> = Vec::with_capacity(io.batch_size * 4);
+    // Whether `carry` holds a message whose deadline is near (`KernelIo::deadline_near`), and
+    // whether it was held back (its deadlines are then checked again before it goes).
+    let mut carry_deadline = false;
+    let mut held = false;
     let mut outs: Vec<Slot<Out>> = Vec::with_capacity(4096);
     let mut device_active = false;
     let mut last_beat = Instant::now();
@@ -184,14 +190,28 @@ fn pump<In: Message, Out: Message>(
             // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
             if c.active.load(Ordering::Acquire) {
                 if carry.is_empty() {
-                    io.input.recv_batch(&mut carry, io.batch_size * 4);
+                    io.take_inputs(&mut carry, io.batch_size * 4);
+                    carry_deadline = io.deadline_near(&carry);
                 }
-                let t = crate::profile::now(prof);
-                let n = ring.push(&carry);
-                crate::profile::device_push(prof, t, &carry[..n]);
-                carry.drain(..n);
-                moved += n;
-                pushed += n as u64;
+                // The device's queues cannot check a deadline: a message whose deadline is near
+                // waits here until the device has handled everything before it, and its
+                // deadline is checked again when it goes (so it does not expire unseen in a
+                // device queue). Far deadlines (long `call` timeouts) go at once.
+                if carry_deadline && io.expires() && pushed > ring.counters().processed {
+                    held = true;
+                } else {
+                    if held {
+                        held = false;
+                        io.expire(&mut carry, 0);
+                        carry_deadline = io.deadline_near(&carry);
+                    }
+                    let t = crate::profile::now(prof);
+                    let n = ring.push(&carry);
+                    crate::profile::device_push(prof, t, &carry[..n]);
+                    carry.drain(..n);
+                    moved += n;
+                    pushed += n as u64;
+                }
             }
         }
         outs.clear();

@@ -479,8 +479,8 @@ pub fn probe() -> Vec<BackendReport> {
 
 /// NVML telemetry of every GPU, or why it is unavailable.
 #[cfg(feature = "cuda")]
-pub fn device_telemetry() -> Result<Vec<DeviceTelemetry>, String> {
-    resident_cuda::telemetry::read_all().map_err(|e| e.to_string())
+pub fn device_telemetry() -> Result<Vec<DeviceTelemetry>, resident_cuda::CudaError> {
+    resident_cuda::telemetry::read_all()
 }
 
 /// Resolves a runtime's backend request: `Auto` becomes CUDA when a device opens, else the CPU;

@@ -62,6 +62,15 @@ static NEXT_BUFFER_ID: AtomicU64 = AtomicU64::new(1);
 /// Errors of bound-buffer access.
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
+    /// `bind` was given an empty name (refused at launch).
+    #[error("a bound buffer has an empty name")]
+    EmptyName,
+    /// Two buffers were bound under one name (refused at launch).
+    #[error("buffer name '{name}' is bound twice")]
+    BoundTwice {
+        /// The repeated name.
+        name: String,
+    },
     /// No buffer of that name is bound to the kernel.
     #[error("kernel '{kernel}' has no bound buffer named '{name}'")]
     UnknownBuffer {
@@ -303,19 +312,19 @@ pub(crate) trait DeviceBuffers: Send + Sync {
 /// The table shared by the kernel thread and its handles.
 pub(crate) type SharedTable = Arc<Mutex<BoundTable>>;
 
-/// Builds a kernel's table at launch; `None` when nothing is bound. A repeated name is an error
-/// (the text names it).
-pub(crate) fn table(pending: Vec<PendingBinding>) -> Result<Option<SharedTable>, String> {
+/// Builds a kernel's table at launch; `None` when nothing is bound. An empty or repeated name
+/// is an error ([`BindError::EmptyName`], [`BindError::BoundTwice`] naming it).
+pub(crate) fn table(pending: Vec<PendingBinding>) -> Result<Option<SharedTable>, BindError> {
     if pending.is_empty() {
         return Ok(None);
     }
     let mut entries: Vec<Entry> = Vec::with_capacity(pending.len());
     for p in pending {
         if p.name.is_empty() {
-            return Err("a bound buffer has an empty name".into());
+            return Err(BindError::EmptyName);
         }
         if entries.iter().any(|e| e.name == p.name) {
-            return Err(format!("buffer name '{}' is bound twice", p.name));
+            return Err(BindError::BoundTwice { name: p.name });
         }
         entries.push(Entry {
             name: p.name,

@@ -7,8 +7,9 @@
 //! * a send either enqueues (`Ok(id)`), is dropped by the `DropNewest`/`DropOldest` policy the
 //!   user chose (counted in `messages_dropped`), or fails with the message handed back;
 //! * every message whose send returned `Ok` ends as exactly one of: processed, dropped by the
-//!   policy (counted), or returned in the [`TerminateReport`] — also when `terminate`,
-//!   `deactivate`, `drain` or dropping the `Runtime` race with any number of senders;
+//!   policy (counted), expired (its deadline passed before the kernel took it; counted), or
+//!   returned in the [`TerminateReport`] — also when `terminate`, `deactivate`, `drain` or
+//!   dropping the `Runtime` race with any number of senders;
 //! * a `call` reply goes straight to its caller; a reply that arrives after the caller timed
 //!   out is counted as dropped;
 //! * every wait is bounded: a handler that never returns makes `terminate` give up after the
@@ -48,6 +49,9 @@ pub struct TerminateReport<In, Out> {
     /// Messages discarded by a drop policy, late replies and outputs of an abandoned handler
     /// (counted, as in telemetry).
     pub dropped: u64,
+    /// Inputs not handled because their deadline (a `call`'s timeout, a send's TTL) had passed
+    /// when the kernel took them (counted, as `messages_expired` in telemetry).
+    pub expired: u64,
     /// Inputs accepted but never handled (still queued, or stranded by a failure), with their
     /// envelopes: stranded ones first, then the queue highest priority first.
     pub undelivered: Vec<(Envelope, In)>,
@@ -234,6 +238,30 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         self.io.port.send(msg, priority, 0, "send")
     }
 
+    /// Sends `msg` at the default priority with a time to live: if the kernel has not taken
+    /// it within `ttl` of this send, it is not handled but counted as expired
+    /// (`messages_expired` in telemetry, `expired` in the report). The TTL is kept to the
+    /// microsecond, rounded up, and capped at [`resident_ring::envelope::MAX_TTL`] (about 8.9
+    /// years).
+    ///
+    /// On a device the check happens when the host hands the message over; a message with a
+    /// deadline is handed over only once the device has handled everything before it, so it
+    /// never waits behind a full device queue past its deadline.
+    pub fn send_with_ttl(&self, msg: In, ttl: Duration) -> Result<MessageId> {
+        let p = &self.io.port;
+        let id = p.ids.next();
+        let mut env = Envelope::new(id, DEFAULT_PRIORITY, p.ids.now_ns());
+        env.set_ttl(ttl);
+        p.send_slot(Slot::new(env, msg), "send").map(|_| id)
+    }
+
+    /// Turns the deadline check off (`false`) or back on: inputs whose deadline passed are
+    /// then handled like any other. Only for the benchmark that measures what the check saves.
+    #[doc(hidden)]
+    pub fn set_expire_late_inputs(&self, on: bool) {
+        self.io.set_expire(on);
+    }
+
     /// Whether every input lane has room for one more message now (fewer messages queued in
     /// all lanes together than one lane holds). A hint for a sender that must not wait while
     /// holding something the consumer needs (a binding holding an interpreter lock): when
@@ -289,13 +317,22 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// Sends `msg` and waits up to `timeout` for the reply matched by correlation id. Safe with
     /// many concurrent callers. A reply that comes after the timeout is counted as dropped; a
     /// request dropped by a drop policy fails at once with `Error::Dropped`.
+    ///
+    /// The request carries its deadline (`timeout`, as a send's TTL: see
+    /// [`KernelHandle::send_with_ttl`]): a request the kernel has not taken by then is never
+    /// handled, only counted as expired, so calls that timed out do not keep the kernel busy.
     pub fn call(&self, msg: In, timeout: Duration) -> Result<Out> {
         let io = &self.io;
         let deadline = deadline_after(timeout);
         let id = io.ids.next();
         let slot = io.register_call(id);
+        // Stamped after the caller's own deadline was set: the request's deadline is never
+        // earlier than the caller's.
         let mut env = Envelope::new(id, DEFAULT_PRIORITY, io.ids.now_ns());
         env.flags = FLAG_CALL;
+        if timeout < resident_ring::envelope::MAX_TTL {
+            env.set_ttl(timeout);
+        }
         if let Err(e) = io.port.send_slot(Slot::new(env, msg), "call") {
             io.unregister_call(id);
             return Err(e);
@@ -646,6 +683,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             messages_processed: m.processed.load(Ordering::Acquire),
             messages_dropped: io.dropped(),
             messages_refused: input.refused,
+            messages_expired: m.expired.load(Ordering::Relaxed),
             errors: m.errors.load(Ordering::Relaxed),
             queue_depth: io.input.len(),
             output_depth: io.output.len(),

@@ -9,6 +9,8 @@
 //! * processed (`metrics.processed`), its response (if any) published or, when nobody can take
 //!   it any more, kept in `unsent` for the terminate report;
 //! * dropped by the user's policy, counted (`messages_dropped`);
+//! * expired: its deadline (a `call`'s timeout, a `send_with_ttl`'s TTL) had passed when the
+//!   kernel took it, so no handler saw it (`metrics.expired`, `messages_expired`);
 //! * returned in the `TerminateReport`: still queued, `stranded` by a failure, the message in
 //!   hand when the kernel failed or was abandoned (`failed_message`).
 
@@ -31,6 +33,12 @@ use crate::runtime::handle::TerminateReport;
 use crate::runtime::state::{Error, Failure, KernelState, Result, Returned};
 use crate::runtime::Ids;
 use crate::telemetry::KernelMetrics;
+
+/// A message whose deadline is nearer than this is held by a device pump until the device has
+/// handled everything before it, then checked again (see [`KernelIo::deadline_near`]). A
+/// farther deadline is checked only when the message is taken from the input queue: it can
+/// expire unseen in a device queue only if the device falls more than this far behind.
+pub(crate) const DEVICE_HOLD_WINDOW: Duration = Duration::from_secs(1);
 
 /// Flags the kernel's host thread watches, with the signal that wakes it when they change.
 pub(crate) struct Control {
@@ -244,6 +252,9 @@ pub(crate) struct KernelIo<In, Out> {
     /// Inputs handed to a device and not yet handled there (the device host keeps it; 0 on
     /// the CPU host), so `drain` waits for the device too.
     pub in_flight: AtomicU64,
+    /// Whether [`KernelIo::take_inputs`] leaves out inputs whose deadline passed (always, but
+    /// for the benchmark that measures what it saves).
+    expiry_on: AtomicBool,
     /// Inputs taken from the queue but not processed because the kernel failed.
     stranded: Mutex<Vec<Slot<In>>>,
     /// The input whose handling failed (panicked, or never returned).
@@ -329,6 +340,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             terminate_timeout,
             in_hand: InHand::new(),
             in_flight: AtomicU64::new(0),
+            expiry_on: AtomicBool::new(true),
             stranded: Mutex::new(Vec::new()),
             failed_message: Mutex::new(None),
             unsent: Mutex::new(Vec::new()),
@@ -471,6 +483,101 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
         }
     }
 
+    /// The one intake of every host (the CPU handler loop, the loop form's `receive`, the
+    /// device pump): appends up to `max` inputs to `out`, highest lane first, FIFO within a
+    /// lane, leaving out every input whose deadline has passed ([`KernelIo::expire`]). Returns
+    /// how many it appended; 0 only when the input is empty.
+    pub fn take_inputs(&self, out: &mut Vec<Slot<In>>, max: usize) -> usize {
+        loop {
+            let start = out.len();
+            if self.input.recv_batch(out, max) == 0 {
+                return 0;
+            }
+            let kept = self.expire(out, start);
+            if kept > 0 {
+                return kept;
+            }
+            // Everything taken had expired: take again rather than wait on a queue that may
+            // still hold live messages.
+        }
+    }
+
+    /// Removes from `batch[from..]` every input whose deadline has passed, keeping the order
+    /// of the rest, and returns how many remain there. Each one removed is counted as expired
+    /// (`messages_expired`); a `call` whose caller still waits gets `Error::Timeout` at once.
+    ///
+    /// The clock is read once, and only when a message in the range carries a deadline: a
+    /// batch without deadlines costs one pass over its envelopes.
+    pub fn expire(&self, batch: &mut Vec<Slot<In>>, from: usize) -> usize {
+        let live = batch.len() - from;
+        if !batch[from..].iter().any(|s| s.env.has_deadline())
+            || !self.expiry_on.load(Ordering::Relaxed)
+        {
+            return live;
+        }
+        let now = self.ids.now_ns();
+        let mut expired = 0u64;
+        let mut keep = from;
+        for i in from..batch.len() {
+            let s = batch[i];
+            if s.env.expired_at(now) {
+                expired += 1;
+                if s.env.is_call() {
+                    self.call_expired(&s.env);
+                }
+            } else {
+                batch[keep] = s;
+                keep += 1;
+            }
+        }
+        batch.truncate(keep);
+        if expired > 0 {
+            self.metrics.expired.fetch_add(expired, Ordering::Relaxed);
+        }
+        keep - from
+    }
+
+    /// A `call` whose deadline passed before the kernel took it: its caller, if it still
+    /// waits (its clock read came a moment before ours), learns now.
+    fn call_expired(&self, request: &Envelope) {
+        if let Some(slot) = self.pending.lock().remove(&request.message_id) {
+            slot.complete(Err(Error::Timeout {
+                id: self.id.to_string(),
+                op: "call",
+                timeout: request.ttl().unwrap_or_default(),
+                message: None,
+            }));
+        }
+    }
+
+    /// Turns [`KernelIo::expire`] off or on (the deadline benchmark's baseline).
+    pub fn set_expire(&self, on: bool) {
+        self.expiry_on.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether a message of `batch` has a deadline within [`DEVICE_HOLD_WINDOW`] of now, so
+    /// the device pump must hold the batch until the device has caught up (its queues cannot
+    /// check a deadline). Farther deadlines go to the device at once: holding every `call`
+    /// with a long timeout would serialize the device's batches for nothing. The clock is read
+    /// only when a message carries a deadline.
+    pub fn deadline_near(&self, batch: &[Slot<In>]) -> bool {
+        if !self.expires() || !batch.iter().any(|s| s.env.has_deadline()) {
+            return false;
+        }
+        let horizon = self
+            .ids
+            .now_ns()
+            .saturating_add(DEVICE_HOLD_WINDOW.as_nanos() as u64);
+        batch
+            .iter()
+            .any(|s| s.env.deadline_ns().is_some_and(|d| d < horizon))
+    }
+
+    /// Whether inputs with a deadline are checked at all (see [`KernelIo::expire`]).
+    pub fn expires(&self) -> bool {
+        self.expiry_on.load(Ordering::Relaxed)
+    }
+
     /// Waits until the kernel should run (activated) or stop.
     pub fn wait_for_control(&self) {
         let c = &self.control;
@@ -533,6 +640,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             kernel_id: self.id.to_string(),
             processed: self.metrics.processed.load(Ordering::Relaxed),
             dropped: self.dropped(),
+            expired: self.metrics.expired.load(Ordering::Relaxed),
             undelivered,
             unreceived,
             failure,

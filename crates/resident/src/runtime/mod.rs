@@ -377,7 +377,9 @@ impl Runtime {
             Backend::Wgpu => kernel.wgsl.is_some(),
             _ => false,
         };
-        let bound = match bind::table(std::mem::take(&mut kernel.bindings)).map_err(&invalid)? {
+        let bound = match bind::table(std::mem::take(&mut kernel.bindings))
+            .map_err(|e| invalid(e.to_string()))?
+        {
             None => None,
             Some(t) if runs_on_device => Some(t),
             Some(_) if matches!(kernel.body, Some(kernel::Body::Loop(_))) => {

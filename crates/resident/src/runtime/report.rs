@@ -16,6 +16,8 @@ pub struct KernelReport {
     pub processed: u64,
     /// Messages counted as dropped (policy, late replies).
     pub dropped: u64,
+    /// Inputs not handled because their deadline passed before the kernel took them.
+    pub expired: u64,
     /// Inputs handed back (never handled).
     pub undelivered: usize,
     /// Outputs handed back (never received).
@@ -31,6 +33,7 @@ impl std::fmt::Debug for KernelReport {
             .field("kernel_id", &self.kernel_id)
             .field("processed", &self.processed)
             .field("dropped", &self.dropped)
+            .field("expired", &self.expired)
             .field("undelivered", &self.undelivered)
             .field("unreceived", &self.unreceived)
             .field("failure", &self.failure)
@@ -44,6 +47,7 @@ impl KernelReport {
             kernel_id: r.kernel_id.clone(),
             processed: r.processed,
             dropped: r.dropped,
+            expired: r.expired,
             undelivered: r.undelivered.len(),
             unreceived: r.unreceived.len(),
             failure: r.failure.as_ref().map(|(reason, _)| reason.clone()),

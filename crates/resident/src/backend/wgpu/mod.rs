@@ -595,13 +595,9 @@ impl WgpuDevice {
     fn mem<'a>(&self, m: &'a DeviceMemory, what: &'static str) -> Result<&'a WgpuMemory> {
         match &m.inner {
             DeviceMemoryInner::Wgpu(w) if Arc::ptr_eq(&w.ctx, &self.ctx) => Ok(w),
-            other => Err(BackendError::WrongBackend {
+            _ => Err(BackendError::WrongBackend {
                 what,
-                memory: match other {
-                    DeviceMemoryInner::Host(_) => BackendKind::Cpu,
-                    DeviceMemoryInner::Cuda(_) => BackendKind::Cuda,
-                    DeviceMemoryInner::Wgpu(_) => BackendKind::Wgpu,
-                },
+                memory: m.backend(),
                 device: BackendKind::Wgpu,
             }),
         }

@@ -106,17 +106,7 @@ pub(crate) fn build(
         )
     })?;
     check_workgroup(ctx, workgroup)?;
-    let bindings = compiled.group0().map_err(|m| {
-        compile_error(
-            kernel,
-            WgslError {
-                stage: "bindings",
-                message: m,
-                line: None,
-                column: None,
-            },
-        )
-    })?;
+    let bindings = compiled.group0().map_err(|e| compile_error(kernel, e))?;
     let storage = bindings
         .iter()
         .filter(|b| b.kind != BindingKind::Uniform)

@@ -93,7 +93,7 @@ use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
 use crate::backend::BackendError;
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
 use parking_lot::Mutex;
-use resident_ring::message::WgslLayoutError;
+use resident_ring::message::{LayoutError, StructLayout, WgslLayoutError};
 use resident_ring::{DeviceMessage, Envelope, Message, Slot};
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -115,7 +115,7 @@ pub struct WgslHandler<In, Out> {
     atomics: Vec<String>,
     /// The message types' WGSL declarations (nested structs first), or why there are none.
     decls: Result<String, WgslLayoutError>,
-    names: (&'static str, &'static str),
+    names: (Cow<'static, str>, Cow<'static, str>),
     _t: PhantomData<fn(In) -> Out>,
 }
 
@@ -139,15 +139,9 @@ impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
                 Out::wgsl_dependencies(&mut decls)?;
                 Ok(decls.concat())
             })(),
-            names: (In::C_NAME, Out::C_NAME),
+            names: (Cow::Borrowed(In::C_NAME), Cow::Borrowed(Out::C_NAME)),
             _t: PhantomData,
         }
-    }
-
-    /// The name of the handler function in the source (default `handle`).
-    pub fn function(mut self, name: impl Into<String>) -> Self {
-        self.function = name.into();
-        self
     }
 
     /// Also declares `T`'s WGSL struct (and the structs it nests), for a source that names
@@ -185,6 +179,89 @@ impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
             Ok((deps.concat(), decl, std::mem::size_of::<D>()))
         })();
         self
+    }
+}
+
+impl<In: Message, Out: Message> WgslHandler<In, Out> {
+    /// The name of the handler function in the source (default `handle`).
+    pub fn function(mut self, name: impl Into<String>) -> Self {
+        self.function = name.into();
+        self
+    }
+
+    /// A handler named `handle` defined in `source` whose message layouts are known only at
+    /// run time (the Python package's numpy dtypes), declared from their [`StructLayout`]s
+    /// exactly as `device_message!` declares a Rust type; each must have the size of `In` /
+    /// `Out` (the bytes the ring carries). A layout WGSL cannot hold byte for byte (8- and
+    /// 16-bit integers) is refused here. No device state until
+    /// [`state_layout`](Self::state_layout).
+    pub fn with_layouts(
+        source: impl Into<String>,
+        input: &StructLayout,
+        output: &StructLayout,
+    ) -> Result<Self, LayoutError> {
+        input.expect_size(std::mem::size_of::<In>())?;
+        output.expect_size(std::mem::size_of::<Out>())?;
+        let wgsl = |l: &StructLayout| {
+            l.wgsl_struct(l.name(), false).map_err(|e| LayoutError {
+                layout: l.name().to_string(),
+                field: None,
+                reason: e.to_string(),
+            })
+        };
+        let mut decls = wgsl(input)?;
+        if output.name() != input.name() {
+            decls.push_str(&wgsl(output)?);
+        } else if output != input {
+            return Err(LayoutError {
+                layout: output.name().to_string(),
+                field: None,
+                reason: "the input and output layouts differ but have the same name".into(),
+            });
+        }
+        Ok(WgslHandler {
+            source: source.into(),
+            function: "handle".into(),
+            state: vec![0; 4],
+            state_decl: Ok((String::new(), NO_STATE.to_string(), 4)),
+            workgroup: 64,
+            in_flight: 3,
+            in_order: false,
+            atomics: Vec::new(),
+            decls: Ok(decls),
+            names: (
+                Cow::Owned(input.name().to_string()),
+                Cow::Owned(output.name().to_string()),
+            ),
+            _t: PhantomData,
+        })
+    }
+
+    /// Device state laid out as `layout` (declared `ResidentState`, 32-bit integer fields
+    /// atomic), initialized to `init` (exactly `layout.size()` bytes).
+    pub fn state_layout(
+        mut self,
+        layout: &StructLayout,
+        init: Vec<u8>,
+    ) -> Result<Self, LayoutError> {
+        let refuse = |reason: String| LayoutError {
+            layout: layout.name().to_string(),
+            field: None,
+            reason,
+        };
+        if init.len() != layout.size() {
+            return Err(refuse(format!(
+                "the initial state has {} bytes, the layout {}",
+                init.len(),
+                layout.size()
+            )));
+        }
+        let decl = layout
+            .wgsl_struct("ResidentState", true)
+            .map_err(|e| refuse(e.to_string()))?;
+        self.state = init;
+        self.state_decl = Ok((String::new(), decl, layout.size()));
+        Ok(self)
     }
 }
 
@@ -546,7 +623,7 @@ pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     geometry: BatchGeometry,
     processed: u64,
     batches: u64,
-    failure: Option<String>,
+    failure: Option<WgpuFault>,
     scratch: Vec<u8>,
     _t: PhantomData<fn() -> Out>,
 }
@@ -602,8 +679,8 @@ impl RingPipeline {
         handler.check_atomics(bindings)?;
         let source = handler.module_source_with(bindings)?;
         let compiled = compile(&source)?;
-        layout_check(&compiled, handler.names.0, in_size)?;
-        layout_check(&compiled, handler.names.1, out_size)?;
+        layout_check(&compiled, &handler.names.0, in_size)?;
+        layout_check(&compiled, &handler.names.1, out_size)?;
         let (_, _, state_len) = handler.state_decl.clone()?;
         layout_check(&compiled, "ResidentState", state_len)?;
         check_workgroup(ctx, [handler.workgroup, 1, 1])?;
@@ -802,10 +879,34 @@ fn cut_short(view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
 }
 
 #[cfg(feature = "wgpu")]
-fn cut_message(n: usize) -> String {
-    format!(
-        "the device stopped an in-order batch of {n} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message"
-    )
+/// Why a WGSL ring kernel failed after launch ([`DeviceError::Fault`]). `Clone` (sources are
+/// shared): the engine keeps its first failure and answers it to every later check.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WgpuFault {
+    /// The device stopped an in-order batch before its end (see the module docs).
+    #[error("the device stopped an in-order batch of {messages} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message")]
+    CutShort {
+        /// Messages in the batch.
+        messages: usize,
+    },
+    /// A submitted batch was not read back within the engine's bound.
+    #[error("a batch did not complete within {0:?}")]
+    BatchTimeout(Duration),
+    /// Stopping: the batches in flight did not complete within the terminate timeout.
+    #[error("batches in flight did not complete within {0:?}")]
+    StopTimeout(Duration),
+    /// Mapping a batch's staging buffer for reading failed.
+    #[error("reading a batch back failed: {0}")]
+    ReadBack(#[source] ::wgpu::BufferAsyncError),
+    /// The mapped staging buffer could not be viewed.
+    #[error("mapping a batch failed: {0}")]
+    MapRange(#[source] ::wgpu::MapRangeError),
+    /// Polling the device failed.
+    #[error("device poll failed: {0}")]
+    Poll(#[source] Arc<::wgpu::PollError>),
+    /// The device layer failed (device lost, a validation error, a refused submission).
+    #[error(transparent)]
+    Device(Arc<BackendError>),
 }
 
 #[cfg(feature = "wgpu")]
@@ -1073,17 +1174,17 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
 
     /// Publishes every completed batch at the front, in order. `Err` on a failed map or a
     /// batch past its deadline.
-    fn collect(&mut self) -> Result<(), String> {
+    fn collect(&mut self) -> Result<(), WgpuFault> {
         while let Some(front) = self.in_flight.front() {
             let r = front.mapped.lock().take();
             match r {
                 None => {
                     if front.submitted.elapsed() > WAIT_TIMEOUT {
-                        return Err(format!("a batch did not complete within {WAIT_TIMEOUT:?}"));
+                        return Err(WgpuFault::BatchTimeout(WAIT_TIMEOUT));
                     }
                     return Ok(());
                 }
-                Some(Err(e)) => return Err(format!("reading a batch back failed: {e}")),
+                Some(Err(e)) => return Err(WgpuFault::ReadBack(e)),
                 Some(Ok(())) => {}
             }
             let f = self.in_flight.pop_front().expect("front exists");
@@ -1097,7 +1198,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                     drop(view);
                     // The batch goes back whole through `reclaim` (its first messages did run).
                     self.in_flight.push_front(f);
-                    return Err(cut_message(n));
+                    return Err(WgpuFault::CutShort { messages: n });
                 }
                 Ok(view) => {
                     // Counted before the outputs become visible (the pump stores counters
@@ -1115,7 +1216,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 Err(e) => {
                     // Keep the batch so `reclaim` hands its inputs back.
                     self.in_flight.push_front(f);
-                    return Err(format!("mapping a batch failed: {e}"));
+                    return Err(WgpuFault::MapRange(e));
                 }
             }
             bufs.staging.unmap();
@@ -1142,13 +1243,13 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
             Err((e, chunk)) => {
                 self.free.push(set);
                 self.pending = chunk;
-                self.fail(e.to_string());
+                self.fail(WgpuFault::Device(Arc::new(e)));
                 false
             }
         }
     }
 
-    fn fail(&mut self, reason: String) {
+    fn fail(&mut self, reason: WgpuFault) {
         if self.failure.is_none() {
             self.failure = Some(reason);
         }
@@ -1186,7 +1287,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         if self.ready.is_empty() && !self.in_flight.is_empty() && self.failure.is_none() {
             // Never blocks: runs the map callbacks of whatever has completed.
             if let Err(e) = self.ctx.device.poll(::wgpu::PollType::Poll) {
-                self.fail(format!("device poll failed: {e}"));
+                self.fail(WgpuFault::Poll(Arc::new(e)));
             }
             if let Err(e) = self.collect() {
                 self.fail(e);
@@ -1209,7 +1310,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
 
     fn check(&mut self) -> Result<(), DeviceError> {
         if let Err(e) = self.ctx.check() {
-            self.fail(e.to_string());
+            self.fail(WgpuFault::Device(Arc::new(e)));
         }
         match &self.failure {
             Some(f) => Err(DeviceError::Fault(f.clone())),
@@ -1233,9 +1334,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         while (!self.in_flight.is_empty() || !self.pending.is_empty()) && self.failure.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                self.fail(format!(
-                    "batches in flight did not complete within {timeout:?}"
-                ));
+                self.fail(WgpuFault::StopTimeout(timeout));
                 break;
             }
             let r = self.ctx.device.poll(::wgpu::PollType::Wait {
@@ -1244,11 +1343,11 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
             });
             if let Err(e) = r {
                 if !matches!(e, ::wgpu::PollError::Timeout) {
-                    self.fail(format!("device poll failed: {e}"));
+                    self.fail(WgpuFault::Poll(Arc::new(e)));
                 }
             }
             if let Err(e) = self.ctx.check() {
-                self.fail(e.to_string());
+                self.fail(WgpuFault::Device(Arc::new(e)));
             }
             if let Err(e) = self.collect() {
                 self.fail(e);
@@ -1399,7 +1498,10 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
                 self.state_staging.unmap();
                 return Err(BackendError::WgpuDevice {
                     operation: "stateless batch",
-                    reason: cut_message(inputs.len()),
+                    reason: WgpuFault::CutShort {
+                        messages: inputs.len(),
+                    }
+                    .to_string(),
                 });
             }
             decode(&view, &self.geometry, inputs, out, &mut Vec::new());

@@ -128,21 +128,28 @@ impl Compiled {
             .map(|(i, e)| (i, e.workgroup_size))
     }
 
-    /// Bindings of group 0, by binding number; bindings in other groups are reported as `Err`.
-    pub fn group0(&self) -> Result<Vec<Binding>, String> {
+    /// Bindings of group 0, by binding number; bindings in other groups are reported as `Err`
+    /// (a [`WgslError`] of stage `bindings`).
+    pub fn group0(&self) -> Result<Vec<Binding>, WgslError> {
+        let refuse = |message: String| WgslError {
+            stage: "bindings",
+            message,
+            line: None,
+            column: None,
+        };
         let mut layouter = naga::proc::Layouter::default();
         layouter
             .update(self.module.to_ctx())
-            .map_err(|e| format!("layout: {e}"))?;
+            .map_err(|e| refuse(format!("layout: {e}")))?;
         let mut out = Vec::new();
         for (_, g) in self.module.global_variables.iter() {
             let Some(rb) = &g.binding else { continue };
             if rb.group != 0 {
-                return Err(format!(
+                return Err(refuse(format!(
                     "`{}` is in @group({}); kernel arguments are @group(0) only",
                     g.name.as_deref().unwrap_or("?"),
                     rb.group
-                ));
+                )));
             }
             let kind = match g.space {
                 naga::AddressSpace::Storage { access } => {

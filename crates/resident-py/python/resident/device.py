@@ -1,0 +1,341 @@
+"""Device kernels: message and state layouts as numpy structured dtypes, the handler as CUDA C
+(run on ``cuda`` and ``cudasim``) or WGSL (run on ``wgpu``), and the same kernel's CPU form as
+a vectorized Python function over a numpy batch, ``def handle(state, batch) -> out``.
+
+The C and WGSL struct declarations are generated from the dtypes by the engine's own generator
+(the one Rust's ``device_message!`` uses), so a field lies at the same byte on the host and on
+the device or the dtype is refused with a ``DtypeLayoutError`` naming the field. A handler
+that does not compile raises ``CompilationError`` at ``launch`` with the compiler's log (g++
+for CudaSim, NVRTC for CUDA, naga for WGSL).
+
+Records move as whole arrays (``send_batch``/``receive_batch``), as for ``@batch_kernel``:
+every record is padded to the engine's record size (8 to 256 bytes), and the generated
+structs carry that padding as a trailing ``_resident_pad`` field.
+
+The handlers see (CUDA C, every thread of a batch shares ``state``: use atomics)::
+
+    __device__ bool handle(ResidentState* state, const ResidentIn* in, ResidentOut* out,
+                           const Envelope* env);
+
+and (WGSL; ``state`` is a module variable whose 32-bit integer fields are atomics)::
+
+    fn handle(input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool
+
+Returning false sends no output.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import _resident
+from .batch import BatchKernelSpec, RECORD_SIZES
+from .errors import DtypeLayoutError
+from .kernel import _registry
+
+__all__ = ["device_kernel", "DeviceKernelSpec", "declarations"]
+
+STATE_SIZES = tuple(4 << i for i in range(11))
+
+_CODES = {"f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8"}
+
+Field = Tuple[str, str, List[int], int]
+
+
+def _fields(dtype: np.dtype, what: str) -> List[Field]:
+    """The dtype's fields as ``(name, code, dims, offset)``, in offset order."""
+    if dtype.fields is None:
+        raise DtypeLayoutError(
+            f"{what}: {dtype} is not a structured dtype (give fields, e.g. "
+            f"np.dtype([('x', '<f4'), ('id', '<u4')]))"
+        )
+    out: List[Field] = []
+    for name, spec in sorted(dtype.fields.items(), key=lambda kv: kv[1][1]):
+        ft, offset = spec[0], spec[1]
+        base, dims = (ft.subdtype[0], list(ft.subdtype[1])) if ft.subdtype else (ft, [])
+        if base.fields is not None:
+            raise DtypeLayoutError(
+                f"{what}: field '{name}' is a nested struct; flatten it into scalar fields",
+                None,
+                name,
+            )
+        if base.byteorder == ">" or (base.byteorder == "=" and np.little_endian is False):
+            raise DtypeLayoutError(f"{what}: field '{name}' is big-endian", None, name)
+        code = f"{base.kind}{base.itemsize}"
+        if base.kind not in "fiu" or code not in _CODES:
+            raise DtypeLayoutError(
+                f"{what}: field '{name}' of type {base} has no device type (float32, float64, "
+                f"int8-int64, uint8-uint64)",
+                None,
+                name,
+            )
+        out.append((name, code, dims, offset))
+    return out
+
+
+def _natural_size(fields: List[Field]) -> int:
+    """The size C gives a struct of these fields (the engine checks the offsets)."""
+    at, align = 0, 1
+    for _, code, dims, offset in fields:
+        a = int(code[1:])
+        at = max(at, offset) + a * int(np.prod(dims, dtype=np.int64) if dims else 1)
+        align = max(align, a)
+    return -(-at // align) * align
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _code(dt: np.dtype) -> str:
+    return f"{dt.kind}{dt.itemsize}"
+
+
+def _buffer(kernel_id: str, name: str, values: Any) -> np.ndarray:
+    """A bound buffer's initial values: a 1-D array of one device scalar type."""
+    if not isinstance(name, str) or not _IDENT.match(name) or name.startswith(("__", "resident_")):
+        raise ValueError(
+            f"kernel '{kernel_id}': buffer name {name!r} is not an identifier (the handler "
+            f"names it)"
+        )
+    arr = np.array(values, copy=True)
+    dt = arr.dtype
+    if arr.ndim != 1 or dt.fields is not None or _code(dt) not in _CODES or dt.kind not in "fiu" \
+            or dt.byteorder == ">":
+        raise DtypeLayoutError(
+            f"kernel '{kernel_id}': buffer '{name}' must be a 1-D array of float32, float64, "
+            f"int8-int64 or uint8-uint64 (little-endian), got {arr.ndim}-D {dt}",
+            kernel_id,
+            name,
+        )
+    return arr
+
+
+def _with_buffers(func: Any, buffers: Dict[str, np.ndarray], state: Any, batch: Any) -> Any:
+    return func(state, batch, buffers)
+
+
+def _state_array(state: Any, dtype: Optional[np.dtype]) -> Optional[np.ndarray]:
+    if dtype is None:
+        if state is not None:
+            raise ValueError("a state value needs its state_dtype")
+        return None
+    if state is None:
+        return np.zeros(1, dtype)
+    arr = np.array(state, dtype=dtype).reshape(-1)
+    if arr.shape != (1,):
+        raise ValueError(f"the state is one record of {dtype}, got {arr.shape[0]}")
+    return arr
+
+
+@dataclass(frozen=True)
+class DeviceKernelSpec(BatchKernelSpec):
+    """A device kernel: a batch kernel whose handler also exists as CUDA C and/or WGSL."""
+
+    state_dtype: Optional[np.dtype] = None
+    cuda: Optional[str] = None
+    wgsl: Optional[str] = None
+    function: str = "handle"
+    wgsl_in_order: bool = False
+    workgroup_size: int = 64
+    buffers: Dict[str, np.ndarray] = field(default_factory=dict)
+    atomic_buffers: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.state_dtype is not None and not isinstance(self.state_dtype, np.dtype):
+            object.__setattr__(self, "state_dtype", np.dtype(self.state_dtype))
+        _state_array(self.state, self.state_dtype)
+        object.__setattr__(
+            self, "buffers", {n: _buffer(self.kernel_id, n, v) for n, v in self.buffers.items()}
+        )
+        object.__setattr__(self, "atomic_buffers", tuple(self.atomic_buffers))
+        for n in self.atomic_buffers:
+            if n not in self.buffers:
+                raise ValueError(f"kernel '{self.kernel_id}': atomic buffer '{n}' is not bound")
+        super().__post_init__()
+        self.device_spec()  # refuses a dtype the device cannot hold, now
+
+    @property
+    def record(self) -> int:
+        need = max(
+            self.in_dtype.itemsize,
+            self.out_dtype.itemsize,
+            _natural_size(_fields(self.in_dtype, f"kernel '{self.kernel_id}' in_dtype")),
+            _natural_size(_fields(self.out_dtype, f"kernel '{self.kernel_id}' out_dtype")),
+        )
+        for s in RECORD_SIZES:
+            if s >= need:
+                return s
+        raise DtypeLayoutError(
+            f"kernel '{self.kernel_id}': records of {need} bytes exceed {RECORD_SIZES[-1]}",
+            self.kernel_id,
+        )
+
+    @property
+    def state_size(self) -> int:
+        """Bytes of the device state: the state dtype padded to a power of two (4 to 4096),
+        so the engine can read it back."""
+        if self.state_dtype is None:
+            return 0
+        k = f"kernel '{self.kernel_id}' state_dtype"
+        need = max(_natural_size(_fields(self.state_dtype, k)), self.state_dtype.itemsize)
+        for s in STATE_SIZES:
+            if s >= need:
+                return s
+        raise DtypeLayoutError(
+            f"{k}: a state of {need} bytes exceeds {STATE_SIZES[-1]} (keep large data in "
+            f"buffers)",
+            self.kernel_id,
+        )
+
+    def initial_state(self) -> Optional[np.ndarray]:
+        """A fresh copy of the initial state (one record of ``state_dtype``)."""
+        return _state_array(self.state, self.state_dtype)
+
+    def device_spec(self) -> Any:
+        """The engine's checked description of the layouts and sources."""
+        k = f"kernel '{self.kernel_id}'"
+        st = self.initial_state()
+        sfields = None if self.state_dtype is None else _fields(self.state_dtype, f"{k} state_dtype")
+        ssize = 0
+        if sfields is not None:
+            ssize = self.state_size
+        init = None
+        if st is not None:
+            raw = np.zeros(ssize, np.uint8)
+            raw[: st.dtype.itemsize] = st.view(np.uint8)
+            init = raw.tobytes()
+        try:
+            return _resident.DeviceSpec(
+                self.record,
+                _fields(self.in_dtype, f"{k} in_dtype"),
+                _fields(self.out_dtype, f"{k} out_dtype"),
+                sfields,
+                ssize,
+                init,
+                self.cuda,
+                self.wgsl,
+                self.function,
+                self.wgsl_in_order,
+                self.workgroup_size,
+                (
+                    f"the numpy dtype {self.in_dtype}",
+                    f"the numpy dtype {self.out_dtype}",
+                    f"the numpy dtype {self.state_dtype}",
+                ),
+                list(self.atomic_buffers),
+                [(n, _code(v.dtype)) for n, v in self.buffers.items()],
+            )
+        except DtypeLayoutError as e:
+            raise DtypeLayoutError(f"{k}: {e}", self.kernel_id, e.detail) from None
+
+    def initial_buffers(self) -> Dict[str, np.ndarray]:
+        """Fresh copies of the bound buffers' initial values."""
+        return {n: v.copy() for n, v in self.buffers.items()}
+
+    def buffer_args(self) -> List[Tuple[str, str, bytes]]:
+        """The bound buffers as the engine takes them: name, scalar code, bytes."""
+        return [(n, _code(v.dtype), v.tobytes()) for n, v in self.buffers.items()]
+
+    def cpu_func(self, buffers: Dict[str, np.ndarray]) -> Callable[..., Any]:
+        """The CPU form as the batch runner calls it, ``f(state, batch)``."""
+        if not self.buffers:
+            return self.func
+        return functools.partial(_with_buffers, self.func, buffers)
+
+    def declarations(self, lang: str = "c") -> str:
+        """The declarations generated for the handler: ``"c"`` (CUDA) or ``"wgsl"``."""
+        return self.device_spec().declarations(lang)
+
+
+def device_kernel(
+    func: Optional[Callable[..., Any]] = None,
+    *,
+    kernel_id: Optional[str] = None,
+    in_dtype: Any,
+    out_dtype: Any = None,
+    state_dtype: Any = None,
+    state: Any = None,
+    cuda: Optional[str] = None,
+    wgsl: Optional[str] = None,
+    function: str = "handle",
+    wgsl_in_order: bool = False,
+    workgroup_size: int = 64,
+    buffers: Optional[Dict[str, Any]] = None,
+    atomic_buffers: Tuple[str, ...] = (),
+    queue_size: int = 4096,
+    backpressure: str = "block",
+    block_timeout: float = 1.0,
+    max_batch: int = 1024,
+) -> Any:
+    """Declares a device kernel whose CPU form is ``def handle(state, batch) -> out``.
+
+    ``in_dtype``/``out_dtype``/``state_dtype`` are numpy structured dtypes (fields of float32,
+    float64, int8-int64, uint8-uint64 and fixed arrays of them, at the offsets C gives them:
+    build them with ``align=True`` when in doubt). ``state`` is the initial state (one record
+    of ``state_dtype``; zeros by default). ``cuda`` is the handler in CUDA C (run on a
+    ``cuda`` or ``cudasim`` runtime), ``wgsl`` in WGSL (run on ``wgpu``); on any other runtime
+    the decorated function runs on a host thread, called with the kernel's state (a 1-record
+    array it may update in place) and each drained batch. ``wgsl_in_order`` runs a WGSL
+    batch's messages one after another in one invocation.
+
+    ``buffers`` binds named 1-D arrays of one scalar type to the kernel for its life (each
+    launch starts from a copy of the values given here): the CUDA handler takes a fifth
+    argument ``ResidentBuffers* buffers`` (``buffers->name``, ``buffers->name_len``), the WGSL
+    handler sees ``name: array<T>`` and ``name_len`` (``atomic_buffers`` lists those it
+    updates with atomics), and the CPU form is called ``handle(state, batch, buffers)`` with a
+    dict of numpy arrays. ``Runtime.read_buffer``/``write_buffer`` reach them from the host.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        spec = DeviceKernelSpec(
+            kernel_id=kernel_id or f.__name__,
+            func=f,
+            in_dtype=np.dtype(in_dtype),
+            out_dtype=np.dtype(out_dtype if out_dtype is not None else in_dtype),
+            state=state,
+            queue_size=queue_size,
+            backpressure=backpressure,
+            block_timeout=block_timeout,
+            max_batch=max_batch,
+            state_dtype=None if state_dtype is None else np.dtype(state_dtype),
+            cuda=cuda,
+            wgsl=wgsl,
+            function=function,
+            wgsl_in_order=wgsl_in_order,
+            workgroup_size=workgroup_size,
+            buffers=dict(buffers or {}),
+            atomic_buffers=tuple(atomic_buffers),
+        )
+        f._ring_kernel_spec = spec  # type: ignore[attr-defined]
+        _registry[spec.kernel_id] = spec  # type: ignore[assignment]
+        return f
+
+    if func is not None:
+        return wrap(func)
+    return wrap
+
+
+def declarations(
+    in_dtype: Any,
+    out_dtype: Any = None,
+    state_dtype: Any = None,
+    lang: str = "c",
+) -> str:
+    """The C (``lang="c"``) or WGSL (``"wgsl"``) declarations a device kernel with these
+    dtypes is compiled with: ``InRecord``/``OutRecord``/``StateRecord`` and the aliases
+    ``ResidentIn``/``ResidentOut``/``ResidentState``."""
+    spec = DeviceKernelSpec(
+        kernel_id="declarations",
+        func=lambda s, b: b,
+        in_dtype=np.dtype(in_dtype),
+        out_dtype=np.dtype(out_dtype if out_dtype is not None else in_dtype),
+        state_dtype=None if state_dtype is None else np.dtype(state_dtype),
+        cuda="" if lang != "wgsl" else None,
+        wgsl="" if lang == "wgsl" else None,
+    )
+    return spec.declarations(lang)
