@@ -68,7 +68,7 @@
 //! then run one iteration), so on lavapipe keep `batch size x loop iterations per message`
 //! well under that; real GPUs have no such cap (a watchdog bounds a dispatch's time instead).
 //! The generated loop notices when it was cut short and the kernel fails with a
-//! [`DeviceError::Fault`] saying so (the batch's keep flags are cleared before each dispatch, so
+//! `DeviceError::Fault` saying so (the batch's keep flags are cleared before each dispatch, so
 //! no stale output is published); a loop inside the handler that is cut short is the handler's
 //! to notice (compare the loop variable with its end after the loop, as the workloads do).
 //!
