@@ -1,5 +1,6 @@
-//! `resident info [--json]`: the backends this machine has, their devices, and, for a missing
-//! backend, why it is missing. Always exits 0: an absent GPU is information, not failure.
+//! `resident info [--json]`: the engines compiled into this build (cargo features of
+//! `resident`), the backends this machine has, their devices, and, for a missing backend, why
+//! it is missing. Always exits 0: an absent GPU is information, not failure.
 
 use resident::backend::{self, BackendReport, DeviceInfo};
 use serde_json::{json, Value};
@@ -53,6 +54,14 @@ fn report_json(r: &BackendReport) -> Value {
         "nvrtc": r.nvrtc,
         "devices": r.devices.iter().map(device_json).collect::<Vec<_>>(),
     })
+}
+
+/// The engines compiled into this build, CPU first (`cpu`, `cuda`, `wgpu`, `cuda-sim`).
+fn engines() -> Vec<String> {
+    backend::compiled_in()
+        .iter()
+        .map(|k| k.to_string())
+        .collect()
 }
 
 fn mib(bytes: u64) -> String {
@@ -176,11 +185,13 @@ pub fn run(json: bool) -> ExitCode {
         };
         let out = json!({
             "version": env!("CARGO_PKG_VERSION"),
+            "engines": engines(),
             "backends": reports.iter().map(report_json).collect::<Vec<_>>(),
             "telemetry": tel,
         });
         println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else {
+        println!("engines compiled in: {}", engines().join(", "));
         print_text(&reports, &telemetry);
     }
     ExitCode::SUCCESS
@@ -199,6 +210,8 @@ mod tests {
         assert_eq!(v[1]["backend"], "cuda");
         let available = v[1]["available"].as_bool().unwrap();
         assert_eq!(available, v[1]["reason"].is_null());
+        // The CLI builds `resident` with its default features: every engine is compiled in.
+        assert_eq!(engines(), ["cpu", "cuda", "wgpu", "cuda-sim"]);
         assert_eq!(run(true), ExitCode::SUCCESS);
         assert_eq!(run(false), ExitCode::SUCCESS);
     }

@@ -1,6 +1,8 @@
 //! The one error type of the CUDA layer. Every message names the call or the step that failed.
 
+#[cfg(feature = "driver")]
 use cudarc::driver::sys::CUresult;
+#[cfg(feature = "driver")]
 use cudarc::nvrtc::sys::nvrtcResult;
 use std::path::PathBuf;
 
@@ -30,6 +32,7 @@ pub enum CudaError {
         /// The driver's CUDA version.
         driver: (u32, u32),
     },
+    #[cfg(feature = "driver")]
     /// `cuModuleLoadDataEx` failed; `log` is the JIT compiler's error log.
     #[error("cuModuleLoadDataEx failed: {code:?} ({message}); JIT log:\n{log}")]
     ModuleLoad {
@@ -51,9 +54,11 @@ pub enum CudaError {
         /// Devices present.
         count: usize,
     },
+    #[cfg(feature = "driver")]
     /// A driver API call returned an error.
     #[error("{0}")]
     Driver(DriverFault),
+    #[cfg(feature = "driver")]
     /// An NVRTC call other than compilation failed.
     #[error("{call} failed: {code:?}{}", nvrtc_hint(*code))]
     Nvrtc {
@@ -80,6 +85,7 @@ pub enum CudaError {
         /// The I/O error.
         source: std::io::Error,
     },
+    #[cfg(feature = "driver")]
     /// NVML (telemetry) is unavailable or failed.
     #[error("NVML {what} failed: {source}")]
     Nvml {
@@ -89,6 +95,7 @@ pub enum CudaError {
         #[source]
         source: nvml_wrapper::error::NvmlError,
     },
+    #[cfg(feature = "driver")]
     /// A device fault (trap, illegal address, ...) poisoned the device's CUDA context: every
     /// kernel, buffer and stream made on it before the fault is gone. The device opens again once
     /// every object from before the fault has been dropped (the context is then reset).
@@ -141,6 +148,7 @@ pub enum CudaError {
     },
 }
 
+#[cfg(feature = "driver")]
 /// A failed driver call: which call, the driver's `CUresult`, and the driver's description of
 /// it. Compared by value (`fault.code == CUresult::CUDA_ERROR_ILLEGAL_ADDRESS`); `Clone`, so a
 /// lost device can keep the fault that lost it and answer it to every later caller.
@@ -156,6 +164,7 @@ pub struct DriverFault {
     pub message: String,
 }
 
+#[cfg(feature = "driver")]
 impl DriverFault {
     /// Whether this code poisons the context (see [`CudaError::is_sticky`]).
     pub fn is_sticky(&self) -> bool {
@@ -163,6 +172,7 @@ impl DriverFault {
     }
 }
 
+#[cfg(feature = "driver")]
 /// A hint for NVRTC codes that mean a missing companion library rather than a bad call.
 fn nvrtc_hint(code: nvrtcResult) -> &'static str {
     match code {
@@ -173,6 +183,7 @@ fn nvrtc_hint(code: nvrtcResult) -> &'static str {
     }
 }
 
+#[cfg(feature = "driver")]
 /// Driver errors after which the context is unusable ("sticky": every later call in the
 /// context fails with the same error until it is reset). From the CUDA driver API's `CUresult`
 /// documentation: every code documented as leaving "the context in an inconsistent state" or
@@ -200,12 +211,15 @@ impl CudaError {
     /// Whether this error poisoned the context (a device fault; see [`CudaError::DeviceLost`]).
     pub fn is_sticky(&self) -> bool {
         match self {
+            #[cfg(feature = "driver")]
             CudaError::Driver(fault) => fault.is_sticky(),
+            #[cfg(feature = "driver")]
             CudaError::DeviceLost { .. } => true,
             _ => false,
         }
     }
 
+    #[cfg(feature = "driver")]
     pub(crate) fn invalid(call: &'static str, reason: impl Into<String>) -> Self {
         CudaError::InvalidArgument {
             call,
@@ -217,7 +231,8 @@ impl CudaError {
 /// Result of this crate.
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;
 
-#[cfg(test)]
+// Every test here builds driver or NVRTC codes.
+#[cfg(all(test, feature = "driver"))]
 mod tests {
     use super::*;
 

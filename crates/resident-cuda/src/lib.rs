@@ -14,42 +14,68 @@
 //! * [`telemetry`]: NVML readings; [`bench`](mod@bench): the transfer benchmark.
 #![deny(missing_docs)]
 
+// The driver layer (cudarc, NVML) is the `driver` feature (on by default). Without it the
+// crate is the part CudaSim and the CPU need: errors, launch geometry, the disk cache, the
+// persistent-kernel protocol and template, and CudaSim itself.
+#[cfg(feature = "driver")]
 pub mod bench;
 pub mod builtin;
 pub mod cache;
+#[cfg(feature = "driver")]
 pub mod device;
 pub mod error;
 pub mod launch;
+#[cfg(feature = "driver")]
 pub mod memory;
+#[cfg(feature = "driver")]
 pub mod module;
+#[cfg(feature = "driver")]
 pub mod nvrtc;
+#[cfg(feature = "driver")]
 pub mod overlap;
 pub mod persistent;
+#[cfg(feature = "driver")]
 pub mod pinned;
+#[cfg(feature = "driver")]
 pub mod result;
 pub mod sim;
+#[cfg(feature = "driver")]
 pub mod stream;
+#[cfg(feature = "driver")]
 pub mod telemetry;
 
 pub use cache::{CacheKey, CacheOutcome, KernelCache};
+#[cfg(feature = "driver")]
 pub use device::{
     device_count, device_info, devices, Device, DeviceInfo, ResidencyBudget, ResidentSlot,
     CONCURRENT_KERNEL_LIMIT,
 };
-pub use error::{CudaError, DriverFault, Result};
+#[cfg(feature = "driver")]
+pub use error::DriverFault;
+pub use error::{CudaError, Result};
 /// The driver's and NVRTC's result codes, as [`DriverFault::code`] and [`CudaError::Nvrtc`] hold them.
+#[cfg(feature = "driver")]
 pub use cudarc::{driver::sys::CUresult, nvrtc::sys::nvrtcResult};
 pub use launch::LaunchConfig;
+#[cfg(feature = "driver")]
 pub use memory::DeviceBuffer;
+#[cfg(feature = "driver")]
 pub use module::{Function, KernelParams, Module};
+#[cfg(feature = "driver")]
 pub use nvrtc::{compile_ptx, nvrtc_present, nvrtc_version, CompileOptions};
+#[cfg(feature = "driver")]
 pub use overlap::{DoubleBuffer, PipelineTiming};
+#[cfg(feature = "driver")]
 pub use pinned::{PinnedBuffer, PinnedMemory, PINNED_FLAGS};
+#[cfg(feature = "driver")]
 pub use result::{driver_present, driver_version};
+#[cfg(feature = "driver")]
 pub use stream::{Event, Graph, Stream};
+#[cfg(feature = "driver")]
 pub use telemetry::{DeviceTelemetry, Telemetry};
 
 /// Why CUDA cannot be used here, or `None` when a device opens. Never panics.
+#[cfg(feature = "driver")]
 pub fn unavailable_reason() -> Option<CudaError> {
     devices().err()
 }

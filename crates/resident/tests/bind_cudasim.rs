@@ -496,6 +496,8 @@ fn struct_elements_and_typed_errors() {
     }
 }
 
+// NVRTC is part of the `cuda` feature.
+#[cfg(feature = "cuda")]
 #[test]
 fn handlers_with_bindings_compile_for_sm_90_with_nvrtc() {
     let handlers: Vec<(&str, CudaHandler<Idx, Done>)> = vec![

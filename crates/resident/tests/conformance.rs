@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+#[cfg(any(feature = "cudasim", feature = "wgpu"))]
 use resident::backend::BackendKind;
 use resident::prelude::*;
 
@@ -807,7 +808,9 @@ impl Target for Cpu {
 }
 
 /// The CUDA handler, compiled by the host C++ compiler, on host threads.
+#[cfg(feature = "cudasim")]
 struct CudaSim;
+#[cfg(feature = "cudasim")]
 impl Target for CudaSim {
     fn name(&self) -> &'static str {
         "cudasim"
@@ -827,7 +830,9 @@ impl Target for CudaSim {
 }
 
 /// The WGSL handler on a wgpu adapter (lavapipe in CI).
+#[cfg(feature = "wgpu")]
 struct Wgpu;
+#[cfg(feature = "wgpu")]
 impl Target for Wgpu {
     fn name(&self) -> &'static str {
         "wgpu"
@@ -880,8 +885,15 @@ macro_rules! backends {
     )*};
 }
 
+// One invocation per engine: an engine not compiled in (its cargo feature off) has no tests.
 backends! {
     cpu => Cpu, rounds 20;
+}
+#[cfg(feature = "cudasim")]
+backends! {
     cudasim => CudaSim, rounds 4;
+}
+#[cfg(feature = "wgpu")]
+backends! {
     wgpu => Wgpu, rounds 4;
 }

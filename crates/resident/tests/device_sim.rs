@@ -187,6 +187,8 @@ fn cuda_only_kernel_without_a_device_is_a_typed_error_and_cpu_handler_is_the_fal
     assert_eq!(h.call(Tick { price: 7.0, qty: 1 }, T).unwrap().value, 7.0);
 }
 
+// NVRTC is part of the `cuda` feature.
+#[cfg(feature = "cuda")]
 #[test]
 fn handler_compiles_in_the_persistent_template_with_nvrtc() {
     let handler = CudaHandler::<Tick, Notional>::new(SRC);
@@ -215,6 +217,8 @@ fn handler_compiles_in_the_persistent_template_with_nvrtc() {
     }
 }
 
+// NVRTC is part of the `cuda` feature.
+#[cfg(feature = "cuda")]
 #[test]
 fn handler_assembles_to_hopper_machine_code_with_nvrtc() {
     let handler = CudaHandler::<Tick, Notional>::new(SRC);

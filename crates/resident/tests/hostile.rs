@@ -54,6 +54,7 @@ fn pool_and_buffer_allocations_larger_than_memory_are_typed_errors() {
     drop(ok);
 }
 
+#[cfg(feature = "cudasim")]
 #[test]
 fn a_duplicate_id_leaves_no_device_kernel_running() {
     device_message! { pub struct N { pub v: u32 } }

@@ -314,6 +314,7 @@ resident::ring::device_message! {
 
 /// A device-hosted kernel (CudaSim runs the CUDA source over the same queue memory): the
 /// pump's pushes and pulls are recorded as transfers, each message's queue wait ends at its push.
+#[cfg(feature = "cudasim")]
 #[test]
 fn device_pump_pushes_and_pulls_are_recorded() {
     let p = Profiler::new();

@@ -52,6 +52,7 @@ fn run(rt: Runtime) -> Vec<(f32, bool)> {
 fn readme_gpu_example_gives_the_same_results_on_every_backend() {
     let cpu = run(Runtime::builder().backend(Backend::Cpu).build().unwrap());
     // The CUDA handler on CudaSim (the same CUDA C source on host threads).
+    #[cfg(feature = "cudasim")]
     match Runtime::builder().backend(Backend::CudaSim).build() {
         Ok(rt) => assert_eq!(cpu, run(rt)),
         Err(e) => println!("SKIP: the README's CUDA handler on CudaSim: {e}"),

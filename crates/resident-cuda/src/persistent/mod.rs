@@ -25,24 +25,30 @@ use std::sync::Arc;
 
 use resident_ring::spsc::{RingError, RingMemory};
 
+mod check;
 pub mod control;
 pub mod host;
+#[cfg(feature = "driver")]
 pub mod kernel;
 pub mod sim;
 pub mod template;
 
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use host::{Full, PersistentQueues, QueueConfig};
+pub use check::batch_scan_bytes;
+#[cfg(feature = "driver")]
 pub use kernel::{
-    batch_scan_bytes, bench_ring, BenchRow, GpuBuffers, LaunchOptions, PersistentKernel,
-    MEASURES_BATCH, MEASURES_MESSAGE, MEASURES_STREAMING,
+    bench_ring, BenchRow, GpuBuffers, LaunchOptions, PersistentKernel, MEASURES_BATCH,
+    MEASURES_MESSAGE, MEASURES_STREAMING,
 };
 pub use sim::{SimBuffers, SimKernel, SimLaunchOptions, MIN_RUN_BETWEEN_ACCESSES};
 pub use template::{
-    buffer_table_bytes, compile_ptx, compile_sass_report, compile_sim, compile_sim_with,
-    is_c_identifier, parse_ptxas_report, BufferDecl, BufferInit, CompiledKernel, KernelSource,
-    MessageDecl, SassReport, BUFFER_ENTRY_BYTES, SIM_ARCH,
+    buffer_table_bytes, compile_sim, compile_sim_with, is_c_identifier, parse_ptxas_report,
+    BufferDecl, BufferInit, CompiledKernel, KernelSource, MessageDecl, SassReport,
+    BUFFER_ENTRY_BYTES, SIM_ARCH,
 };
+#[cfg(feature = "driver")]
+pub use template::{compile_ptx, compile_sass_report};
 
 /// Most priority lanes a kernel can have.
 pub const MAX_LANES: usize = 8;

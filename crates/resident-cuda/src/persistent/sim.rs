@@ -19,7 +19,7 @@ use resident_ring::{Envelope, Slot};
 
 use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
-use super::kernel::check_launch;
+use super::check::check_launch;
 use super::template::{compile_sim, KernelSource, PersistentParams, PERSISTENT_KERNEL_NAME};
 use super::{FaultCause, PersistentError, SharedMemory};
 use crate::sim::{SimError, SimInstance};

@@ -384,6 +384,7 @@ pub struct CompiledKernel {
     pub arch: String,
 }
 
+#[cfg(feature = "driver")]
 /// Whether NVRTC can be loaded; `Err` says why not.
 pub fn nvrtc_available() -> Result<(), PersistentError> {
     if crate::nvrtc_present() {
@@ -395,6 +396,7 @@ pub fn nvrtc_available() -> Result<(), PersistentError> {
     }
 }
 
+#[cfg(feature = "driver")]
 /// NVRTC options of the template, for `arch` (`compute_NN` for PTX, `sm_NN` for machine code).
 fn template_options(arch: &str, extra: &[&str]) -> crate::CompileOptions {
     let mut extra_opts = vec!["--std=c++17".to_string(), "-default-device".to_string()];
@@ -405,6 +407,7 @@ fn template_options(arch: &str, extra: &[&str]) -> crate::CompileOptions {
     }
 }
 
+#[cfg(feature = "driver")]
 /// Maps the NVRTC layer's errors for `source` compiled for `arch`.
 fn compile_error(source: &KernelSource, arch: &str, e: crate::CudaError) -> PersistentError {
     match e {
@@ -422,10 +425,12 @@ fn compile_error(source: &KernelSource, arch: &str, e: crate::CudaError) -> Pers
     }
 }
 
+#[cfg(feature = "driver")]
 fn program_name(source: &KernelSource) -> String {
     format!("{}.cu", source.name.replace(['\0', '/'], "_"))
 }
 
+#[cfg(feature = "driver")]
 /// Compiles `source` to PTX for `arch` (e.g. `compute_90`) with NVRTC.
 ///
 /// Errors: [`PersistentError::NvrtcUnavailable`] when NVRTC (or its builtins library) cannot be
@@ -479,6 +484,7 @@ pub fn compile_sim_with(
     })
 }
 
+#[cfg(feature = "driver")]
 /// Compiles `source` to machine code (a CUBIN) for `sm` (e.g. `sm_90`) with NVRTC: what a
 /// device of exactly that architecture loads without a JIT step.
 pub fn compile_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, PersistentError> {
@@ -531,6 +537,7 @@ pub fn parse_ptxas_report(log: &str) -> Vec<SassReport> {
     out
 }
 
+#[cfg(feature = "driver")]
 /// Compiles `source` through `ptxas` to machine code for `sm` (e.g. `sm_90`) with NVRTC, no GPU
 /// needed, and returns `ptxas`'s resource report for each entry. This checks what compiling to
 /// PTX cannot: the inline PTX of the queue protocol assembles, and the block fits its launch

@@ -17,16 +17,14 @@ impl CpuDevice {
     }
 }
 
+#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(unused_variables))]
 fn host_bytes<'a>(mem: &'a DeviceMemory, what: &'static str) -> Result<&'a HeapBytes> {
     match &mem.inner {
         DeviceMemoryInner::Host(h) => Ok(h),
-        other => Err(BackendError::WrongBackend {
+        #[cfg(any(feature = "cuda", feature = "wgpu"))]
+        _ => Err(BackendError::WrongBackend {
             what,
-            memory: if matches!(other, DeviceMemoryInner::Cuda(_)) {
-                BackendKind::Cuda
-            } else {
-                BackendKind::Wgpu
-            },
+            memory: mem.backend(),
             device: BackendKind::Cpu,
         }),
     }
@@ -83,14 +81,11 @@ impl ComputeDevice for CpuDevice {
                     h.as_bytes_mut().copy_from_slice(src)
                 })
             }
-            other => {
+            #[cfg(any(feature = "cuda", feature = "wgpu"))]
+            _ => {
                 return Err(BackendError::WrongBackend {
                     what: "copy_to_device",
-                    memory: if matches!(other, DeviceMemoryInner::Cuda(_)) {
-                        BackendKind::Cuda
-                    } else {
-                        BackendKind::Wgpu
-                    },
+                    memory: dst.backend(),
                     device: BackendKind::Cpu,
                 })
             }

@@ -1,19 +1,22 @@
 //! CUDA ring kernels: the user's [`CudaHandler`] and the persistent kernel on a GPU that runs
-//! it (a `DeviceRing`); the same kernel source runs on CudaSim in
-//! [`cuda_sim`](super::cuda_sim). The pump that drives them is
+//! it (a `DeviceRing`, with the `cuda` feature); the same kernel source runs on CudaSim in
+//! `cuda_sim` (the `cudasim` feature). The pump that drives them is
 //! [`device_host`](super::device_host).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use resident_cuda::persistent::{
-    BufferDecl, BufferInit, GpuBuffers, KernelSource, LaunchOptions, MessageDecl, PersistentKernel,
-    QueueConfig,
-};
+use resident_cuda::persistent::{BufferDecl, BufferInit, KernelSource, MessageDecl, QueueConfig};
+#[cfg(feature = "cuda")]
+use resident_cuda::persistent::{GpuBuffers, LaunchOptions, PersistentKernel};
 use resident_ring::message::{CField, LayoutError, StructLayout};
-use resident_ring::{DeviceMessage, Message, Slot};
+use resident_ring::{DeviceMessage, Message};
+#[cfg(feature = "cuda")]
+use resident_ring::Slot;
 
-use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
+use crate::backend::device_host::DeviceError;
+#[cfg(feature = "cuda")]
+use crate::backend::device_host::{DeviceRing, RingCounters};
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers, ElemDecl};
 
 /// How long a host read or write of a bound buffer waits for the kernel to park between two
@@ -56,7 +59,7 @@ pub const BUFFER_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// reading back to back slows the kernel down but does not starve it.
 ///
 /// Declaring the buffers on the handler too ([`CudaHandler::buffer`]) lets
-/// [`compile_ptx`](CudaHandler::compile_ptx) / [`sass_report`](CudaHandler::sass_report) see
+/// `compile_ptx` / `sass_report` (NVRTC, with the `cuda` feature) see
 /// the exact source the launch compiles; a launch whose bindings differ from the declared ones
 /// is refused ([`DeviceError::Binding`]). Without declarations the launch takes the bindings as
 /// they are.
@@ -246,6 +249,7 @@ impl<In, Out> CudaHandler<In, Out> {
             .collect()
     }
 
+    #[cfg(feature = "cuda")]
     fn declared_decls(&self) -> Result<Vec<BufferDecl>, DeviceError> {
         self.buffers
             .iter()
@@ -290,6 +294,7 @@ impl<In, Out> CudaHandler<In, Out> {
         Ok((self.kernel_source(id, batch_size, decls), inits))
     }
 
+    #[cfg(feature = "cuda")]
     /// Compiles the handler inside the persistent-kernel template to PTX for `arch` (e.g.
     /// `compute_90`) with NVRTC, without a GPU: layout `static_assert`s and handler errors
     /// show up here, in CI, instead of at launch. Needs NVRTC (not the driver).
@@ -308,6 +313,7 @@ impl<In, Out> CudaHandler<In, Out> {
 }
 
 impl<In, Out> CudaHandler<In, Out> {
+    #[cfg(feature = "cuda")]
     /// Compiles the handler inside the persistent-kernel template all the way to machine code
     /// for `sm` (e.g. `sm_90`) with NVRTC, without a GPU, and returns `ptxas`'s report per entry
     /// (registers, stack, spills): inline PTX and launch bounds are checked here, in CI, rather
@@ -354,6 +360,7 @@ impl DeviceGeometry {
     }
 }
 
+#[cfg(feature = "cuda")]
 /// A persistent kernel on a GPU.
 pub(crate) struct GpuEngine<In: Message, Out: Message> {
     kernel: PersistentKernel<In, Out>,
@@ -373,6 +380,7 @@ pub(crate) trait EngineBuffers: Send + Sync {
     fn write(&self, index: usize, data: &[u8]) -> Result<(), DeviceError>;
 }
 
+#[cfg(feature = "cuda")]
 impl EngineBuffers for GpuBuffers {
     fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError> {
         Ok(GpuBuffers::read(self, index, out, BUFFER_SYNC_TIMEOUT)?)
@@ -419,6 +427,7 @@ impl<B: EngineBuffers + 'static> DeviceBuffers for BoundBuffers<B> {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl<In: Message, Out: Message> GpuEngine<In, Out> {
     pub fn launch(
         id: &str,
@@ -440,6 +449,7 @@ impl<In: Message, Out: Message> GpuEngine<In, Out> {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
         self.kernel.send_batch(slots)

@@ -33,6 +33,7 @@ pub enum DeviceError {
         /// The state it reported.
         state: String,
     },
+    #[cfg(feature = "wgpu")]
     /// The device side of a WGSL ring kernel failed after launch (a batch cut short, not read
     /// back in time, the device lost); the engine's error is the source.
     #[error("the device kernel faulted: {0}")]

@@ -2,31 +2,46 @@
 //! [`ComputeDevice`] and never names CUDA types.
 //!
 //! * [`cpu`]: threads and rayon; always available. Its "device memory" is host memory.
-//! * [`cuda`]: `resident-cuda`, loaded at run time; available when a driver and device work.
-//! * [`wgpu`]: Vulkan / Metal / DX12 through wgpu (lavapipe in CI); WGSL kernels.
-//! * [`cuda_sim`]: CudaSim, the CUDA C source (ring-kernel template + handlers, one-shot
-//!   kernels) compiled by the host C++ compiler and run on host threads; available where a
-//!   host C++ compiler (`g++`, or `RESIDENT_SIM_CXX`) runs. For running and debugging CUDA
-//!   handlers without a GPU, not for speed.
+//! * `cuda` (cargo feature `cuda`): `resident-cuda`, loaded at run time; available when a
+//!   driver and device work.
+//! * `wgpu` (cargo feature `wgpu`): Vulkan / Metal / DX12 through wgpu (lavapipe in CI); WGSL
+//!   kernels. The WGSL handler type is in every build.
+//! * `cuda_sim` (cargo feature `cudasim`): CudaSim, the CUDA C source (ring-kernel template +
+//!   handlers, one-shot kernels) compiled by the host C++ compiler and run on host threads;
+//!   available where a host C++ compiler (`g++`, or `RESIDENT_SIM_CXX`) runs. For running and
+//!   debugging CUDA handlers without a GPU, not for speed.
 //!
 //! [`open`] picks one from a [`Backend`] request; [`probe`] reports what this machine has and
-//! why a backend is missing.
+//! why a backend is missing; [`compiled_in`] lists the engines of this build (the three
+//! features are on by default; an engine not compiled in is [`BackendError::NotCompiled`]).
 
 pub mod cpu;
 pub(crate) mod cpu_host;
+#[cfg(feature = "cuda")]
 pub mod cuda;
+// The handler is plain data (CUDA C source and declarations), kept in every build so a kernel
+// definition compiles whichever engines are in; its engine parts follow the features.
+#[cfg_attr(
+    not(any(feature = "cuda", feature = "cudasim")),
+    allow(dead_code, unused_imports)
+)]
 pub mod cuda_ring;
+#[cfg(feature = "cudasim")]
 pub mod cuda_sim;
 pub mod device_host;
 pub(crate) mod host;
 mod kernel;
 mod storage;
+// Like `cuda_ring`: `WgslHandler` and the WGSL error types are in every build, the wgpu engine
+// (adapters, pipelines, naga) only with the `wgpu` feature.
+#[cfg_attr(not(feature = "wgpu"), allow(dead_code, unused_imports))]
 pub mod wgpu;
 
 pub use device_host::DeviceError;
 
 pub use kernel::{launch_cpu, CpuKernelFn, CpuThread, Kernel, KernelArg, Output};
 pub use resident_cuda::launch::{block_size_for, LaunchConfig};
+#[cfg(feature = "cuda")]
 pub use resident_cuda::telemetry::DeviceTelemetry;
 pub use storage::{DeviceMemory, HostMemory, Stream};
 
@@ -46,7 +61,7 @@ pub enum Backend {
     /// wgpu adapter on its own).
     #[default]
     Auto,
-    /// The CUDA C source run on host threads (see [`cuda_sim`]); never picked by `Auto`.
+    /// The CUDA C source run on host threads (the `cuda_sim` module); never picked by `Auto`.
     CudaSim,
 }
 
@@ -63,6 +78,54 @@ pub enum BackendKind {
     CudaSim,
 }
 
+impl BackendKind {
+    /// The cargo feature of `resident` that compiles this engine in (`None` for the CPU, which
+    /// is always there).
+    pub fn feature(self) -> Option<&'static str> {
+        match self {
+            BackendKind::Cpu => None,
+            BackendKind::Cuda => Some("cuda"),
+            BackendKind::Wgpu => Some("wgpu"),
+            BackendKind::CudaSim => Some("cudasim"),
+        }
+    }
+
+    /// Whether this build has the engine (its cargo feature was on).
+    pub fn compiled_in(self) -> bool {
+        match self {
+            BackendKind::Cpu => true,
+            BackendKind::Cuda => cfg!(feature = "cuda"),
+            BackendKind::Wgpu => cfg!(feature = "wgpu"),
+            BackendKind::CudaSim => cfg!(feature = "cudasim"),
+        }
+    }
+}
+
+/// The engines compiled into this build, CPU first (see [`BackendKind::feature`]).
+pub fn compiled_in() -> Vec<BackendKind> {
+    [
+        BackendKind::Cpu,
+        BackendKind::Cuda,
+        BackendKind::Wgpu,
+        BackendKind::CudaSim,
+    ]
+    .into_iter()
+    .filter(|k| k.compiled_in())
+    .collect()
+}
+
+/// [`BackendError::NotCompiled`] for `backend`.
+#[cfg_attr(
+    all(feature = "cuda", feature = "cudasim", feature = "wgpu"),
+    allow(dead_code)
+)]
+fn not_compiled(backend: BackendKind) -> BackendError {
+    BackendError::NotCompiled {
+        backend,
+        feature: backend.feature().unwrap_or("default"),
+    }
+}
+
 impl std::fmt::Display for BackendKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -77,6 +140,15 @@ impl std::fmt::Display for BackendKind {
 /// Errors of the backend layer.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
+    /// The engine was asked for but this build does not have it: `resident` was built without
+    /// its cargo feature (`cuda`, `cudasim` or `wgpu`; all are on by default).
+    #[error("the {backend} engine is not compiled into this build: enable the cargo feature `{feature}` of `resident` (on by default)")]
+    NotCompiled {
+        /// The engine asked for.
+        backend: BackendKind,
+        /// The cargo feature that compiles it in.
+        feature: &'static str,
+    },
     /// CUDA was requested but cannot be used here.
     #[error("CUDA backend unavailable: {0}")]
     CudaUnavailable(#[source] resident_cuda::CudaError),
@@ -287,21 +359,34 @@ pub type DeviceHandle = Arc<dyn ComputeDevice>;
 /// Opens device 0 of the requested backend. `Auto` tries CUDA, then a hardware wgpu adapter,
 /// then the CPU; `Cuda` returns [`BackendError::CudaUnavailable`] and `Wgpu`
 /// [`BackendError::WgpuUnavailable`] saying why they cannot be used.
+/// An engine not compiled in is [`BackendError::NotCompiled`]; `Auto` tries only the engines
+/// compiled in.
 pub fn open(backend: Backend) -> Result<DeviceHandle> {
     match backend {
         Backend::Cpu => Ok(Arc::new(cpu::CpuDevice::new())),
+        #[cfg(feature = "cuda")]
         Backend::Cuda => Ok(Arc::new(cuda::CudaDevice::open(0)?)),
+        #[cfg(not(feature = "cuda"))]
+        Backend::Cuda => Err(not_compiled(BackendKind::Cuda)),
+        #[cfg(feature = "wgpu")]
         Backend::Wgpu => Ok(Arc::new(wgpu::WgpuDevice::open()?)),
+        #[cfg(not(feature = "wgpu"))]
+        Backend::Wgpu => Err(not_compiled(BackendKind::Wgpu)),
         Backend::Auto => {
+            #[cfg(feature = "cuda")]
             if let Ok(d) = cuda::CudaDevice::open(0) {
                 return Ok(Arc::new(d));
             }
+            #[cfg(feature = "wgpu")]
             if let Ok(d) = wgpu::WgpuDevice::open_hardware() {
                 return Ok(Arc::new(d));
             }
             Ok(Arc::new(cpu::CpuDevice::new()))
         }
+        #[cfg(feature = "cudasim")]
         Backend::CudaSim => Ok(Arc::new(cuda_sim::CudaSimDevice::open()?)),
+        #[cfg(not(feature = "cudasim"))]
+        Backend::CudaSim => Err(not_compiled(BackendKind::CudaSim)),
     }
 }
 
@@ -318,7 +403,23 @@ pub struct BackendReport {
     pub nvrtc: Option<bool>,
 }
 
-/// Every backend this build knows, with devices or the reason it is unavailable.
+/// An engine this build does not have, reported as unavailable with the feature to enable.
+#[cfg_attr(
+    all(feature = "cuda", feature = "cudasim", feature = "wgpu"),
+    allow(dead_code)
+)]
+fn not_compiled_report(backend: BackendKind) -> BackendReport {
+    BackendReport {
+        backend,
+        devices: Vec::new(),
+        unavailable: Some(not_compiled(backend).to_string()),
+        nvrtc: None,
+    }
+}
+
+/// Every backend `resident` knows (CPU, CUDA, wgpu, CudaSim, in that order), with devices or
+/// the reason it is unavailable; an engine not compiled into this build says which cargo
+/// feature enables it.
 pub fn probe() -> Vec<BackendReport> {
     let cpu = BackendReport {
         backend: BackendKind::Cpu,
@@ -326,6 +427,9 @@ pub fn probe() -> Vec<BackendReport> {
         unavailable: None,
         nvrtc: None,
     };
+    #[cfg(not(feature = "cuda"))]
+    let cuda = not_compiled_report(BackendKind::Cuda);
+    #[cfg(feature = "cuda")]
     let cuda = match cuda::device_infos() {
         Ok(devices) => BackendReport {
             backend: BackendKind::Cuda,
@@ -340,7 +444,11 @@ pub fn probe() -> Vec<BackendReport> {
             nvrtc: Some(resident_cuda::nvrtc_present()),
         },
     };
+    #[cfg(not(feature = "wgpu"))]
+    let wgpu = not_compiled_report(BackendKind::Wgpu);
+    #[cfg(feature = "wgpu")]
     let adapters = wgpu::adapters();
+    #[cfg(feature = "wgpu")]
     let wgpu = BackendReport {
         backend: BackendKind::Wgpu,
         devices: adapters.iter().map(wgpu::info_of).collect(),
@@ -349,6 +457,9 @@ pub fn probe() -> Vec<BackendReport> {
             .then(|| "no wgpu adapter (no Vulkan, Metal or DX12 driver found)".to_string()),
         nvrtc: None,
     };
+    #[cfg(not(feature = "cudasim"))]
+    let sim = not_compiled_report(BackendKind::CudaSim);
+    #[cfg(feature = "cudasim")]
     let sim = match cuda_sim::CudaSimDevice::open() {
         Ok(d) => BackendReport {
             backend: BackendKind::CudaSim,
@@ -367,6 +478,7 @@ pub fn probe() -> Vec<BackendReport> {
 }
 
 /// NVML telemetry of every GPU, or why it is unavailable.
+#[cfg(feature = "cuda")]
 pub fn device_telemetry() -> Result<Vec<DeviceTelemetry>, resident_cuda::CudaError> {
     resident_cuda::telemetry::read_all()
 }
@@ -390,8 +502,10 @@ pub(crate) fn resolve(
     match b {
         Backend::Cpu => Ok((Backend::Cpu, None)),
         Backend::Cuda | Backend::Wgpu | Backend::CudaSim => opened(b),
+        // Only the engines compiled in: `open` of one that is not is an error, like no device.
         Backend::Auto => Ok(match open(Backend::Cuda) {
             Ok(d) => (Backend::Cuda, Some(d)),
+            #[cfg(feature = "wgpu")]
             Err(_) if wgpu::hardware_adapter_present() => (Backend::Wgpu, None),
             Err(_) => (Backend::Cpu, None),
         }),
@@ -411,11 +525,17 @@ pub(crate) type DeviceHosted<In, Out> = (
 /// The device handlers a kernel definition carries.
 pub(crate) struct DeviceHandlers<In, Out> {
     pub cuda: Option<cuda_ring::CudaHandler<In, Out>>,
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
     pub wgsl: Option<wgpu::ring::WgslHandler<In, Out>>,
 }
 
 /// The device host for a kernel with a handler for this runtime's device (a CUDA GPU, CudaSim,
-/// a wgpu adapter); `Ok(None)` when the kernel runs on the CPU host.
+/// a wgpu adapter); `Ok(None)` when the kernel runs on the CPU host. A runtime is only ever on
+/// an engine compiled in (`resolve` refuses the others), so the arms of the others are absent.
+#[cfg_attr(
+    not(any(feature = "cuda", feature = "cudasim")),
+    allow(unreachable_code, unused_variables)
+)]
 pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Message>(
     backend: Backend,
     id: &str,
@@ -426,6 +546,7 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
     bindings: &[crate::runtime::bind::DeviceBinding],
 ) -> std::result::Result<Option<DeviceHosted<In, Out>>, HostChoice> {
     let fail = |e: DeviceError| HostChoice(e);
+    #[cfg(feature = "wgpu")]
     if backend == Backend::Wgpu {
         let Some(w) = handlers.wgsl else {
             return Ok(None);
@@ -450,11 +571,13 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
     // CUDA and CudaSim take the bound buffers: device copies for the kernel's life, and the
     // synchronized host access the runtime routes `read_buffer` / `write_buffer` through.
     let (ring, buffers): (Box<dyn device_host::DeviceRing<In, Out>>, _) = match backend {
+        #[cfg(feature = "cuda")]
         Backend::Cuda => {
             let (e, b) =
                 cuda_ring::GpuEngine::launch(id, &handler, &geometry, bindings).map_err(fail)?;
             (Box::new(e), b)
         }
+        #[cfg(feature = "cudasim")]
         Backend::CudaSim => {
             let (e, b) =
                 cuda_sim::SimEngine::launch(id, &handler, &geometry, bindings).map_err(fail)?;
@@ -473,6 +596,7 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
 mod tests {
     use super::*;
 
+    #[cfg(feature = "cuda")]
     #[test]
     fn cuda_request_matches_this_machine() {
         let r = open(Backend::Cuda);
@@ -490,10 +614,17 @@ mod tests {
     #[test]
     fn auto_falls_back_to_cpu() {
         let d = open(Backend::Auto).unwrap();
+        #[cfg(feature = "cuda")]
         let cuda_works = cuda::CudaDevice::open(0).is_ok();
+        #[cfg(not(feature = "cuda"))]
+        let cuda_works = false;
+        #[cfg(feature = "wgpu")]
+        let hardware_wgpu = wgpu::hardware_adapter_present();
+        #[cfg(not(feature = "wgpu"))]
+        let hardware_wgpu = false;
         let want = if cuda_works {
             BackendKind::Cuda
-        } else if wgpu::hardware_adapter_present() {
+        } else if hardware_wgpu {
             BackendKind::Wgpu
         } else {
             // A software wgpu adapter (lavapipe) is never picked on its own.
@@ -516,8 +647,48 @@ mod tests {
         assert!(reports[0].unavailable.is_none() && !reports[0].devices.is_empty());
         let cuda = &reports[1];
         assert_eq!(cuda.unavailable.is_some(), cuda.devices.is_empty());
+        #[cfg(feature = "cuda")]
         if !resident_cuda::driver_present() {
             assert!(cuda.unavailable.as_deref().unwrap().contains("driver"));
+        }
+        // An engine not compiled in is unavailable and names its feature.
+        for r in &reports {
+            assert_eq!(r.backend.compiled_in(), compiled_in().contains(&r.backend));
+            if !r.backend.compiled_in() {
+                let why = r.unavailable.as_deref().unwrap();
+                let feature = r.backend.feature().unwrap();
+                assert!(why.contains(&format!("`{feature}`")), "{why}");
+            }
+        }
+    }
+
+    #[test]
+    fn engines_not_compiled_in_are_typed_errors_naming_their_feature() {
+        assert_eq!(compiled_in()[0], BackendKind::Cpu);
+        for (backend, kind) in [
+            (Backend::Cuda, BackendKind::Cuda),
+            (Backend::Wgpu, BackendKind::Wgpu),
+            (Backend::CudaSim, BackendKind::CudaSim),
+        ] {
+            if kind.compiled_in() {
+                continue;
+            }
+            match open(backend) {
+                Err(BackendError::NotCompiled { backend: b, feature }) => {
+                    assert_eq!(b, kind);
+                    assert_eq!(Some(feature), kind.feature());
+                }
+                other => panic!("{backend:?}: expected NotCompiled, got {other:?}"),
+            }
+            match resolve(backend) {
+                Err(crate::Error::BackendUnavailable { backend: b, source }) => {
+                    assert_eq!(b, backend);
+                    let msg = source.to_string();
+                    assert!(msg.contains(&format!("feature `{}`", kind.feature().unwrap())), "{msg}");
+                }
+                Err(other) => panic!("{backend:?}: expected BackendUnavailable, got {other}"),
+                Ok(_) => panic!("{backend:?}: opened although not compiled in"),
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use super::{BackendError, BackendKind, Result};
 use std::alloc::Layout;
+#[cfg(feature = "cuda")]
 use std::sync::Arc;
 
 /// Alignment of host allocations: a cache line pair, enough for any `Pod` we move and for
@@ -53,7 +54,9 @@ impl Drop for HeapBytes {
 
 pub(crate) enum DeviceMemoryInner {
     Host(HeapBytes),
+    #[cfg(feature = "cuda")]
     Cuda(resident_cuda::DeviceBuffer),
+    #[cfg(feature = "wgpu")]
     Wgpu(super::wgpu::WgpuMemory),
 }
 
@@ -76,7 +79,9 @@ impl DeviceMemory {
     pub fn len(&self) -> usize {
         match &self.inner {
             DeviceMemoryInner::Host(h) => h.len,
+            #[cfg(feature = "cuda")]
             DeviceMemoryInner::Cuda(b) => b.len(),
+            #[cfg(feature = "wgpu")]
             DeviceMemoryInner::Wgpu(w) => w.len,
         }
     }
@@ -88,7 +93,9 @@ impl DeviceMemory {
     pub fn backend(&self) -> BackendKind {
         match &self.inner {
             DeviceMemoryInner::Host(_) => BackendKind::Cpu,
+            #[cfg(feature = "cuda")]
             DeviceMemoryInner::Cuda(_) => BackendKind::Cuda,
+            #[cfg(feature = "wgpu")]
             DeviceMemoryInner::Wgpu(_) => BackendKind::Wgpu,
         }
     }
@@ -97,7 +104,9 @@ impl DeviceMemory {
     pub fn address(&self) -> u64 {
         match &self.inner {
             DeviceMemoryInner::Host(h) => h.as_ptr() as u64,
+            #[cfg(feature = "cuda")]
             DeviceMemoryInner::Cuda(b) => b.device_ptr(),
+            #[cfg(feature = "wgpu")]
             DeviceMemoryInner::Wgpu(w) => w.address,
         }
     }
@@ -105,6 +114,7 @@ impl DeviceMemory {
 
 pub(crate) enum HostMemoryInner {
     Heap(HeapBytes),
+    #[cfg(feature = "cuda")]
     Pinned(resident_cuda::PinnedMemory),
 }
 
@@ -140,12 +150,17 @@ impl HostMemory {
     }
     /// Whether it is page-locked, device-mapped memory.
     pub fn is_pinned(&self) -> bool {
-        matches!(self.inner, HostMemoryInner::Pinned(_))
+        match self.inner {
+            HostMemoryInner::Heap(_) => false,
+            #[cfg(feature = "cuda")]
+            HostMemoryInner::Pinned(_) => true,
+        }
     }
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
         match &self.inner {
             HostMemoryInner::Heap(h) => h.as_bytes(),
+            #[cfg(feature = "cuda")]
             HostMemoryInner::Pinned(p) => &p.as_bytes()[..self.len],
         }
     }
@@ -153,6 +168,7 @@ impl HostMemory {
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         match &mut self.inner {
             HostMemoryInner::Heap(h) => h.as_bytes_mut(),
+            #[cfg(feature = "cuda")]
             HostMemoryInner::Pinned(p) => &mut p.as_bytes_mut()[..self.len],
         }
     }
@@ -162,5 +178,6 @@ impl HostMemory {
 /// there is only a token.
 #[derive(Clone, Debug, Default)]
 pub struct Stream {
+    #[cfg(feature = "cuda")]
     pub(crate) cuda: Option<Arc<resident_cuda::Stream>>,
 }

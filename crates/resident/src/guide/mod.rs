@@ -34,7 +34,13 @@ pub mod lifecycle {}
 pub mod backpressure {}
 #[doc = include_str!("backends.md")]
 pub mod backends {}
-#[doc = include_str!("cuda_handlers.md")]
+// Its examples check handlers with NVRTC, part of the `cuda` feature.
+#[cfg_attr(feature = "cuda", doc = include_str!("cuda_handlers.md"))]
+#[cfg_attr(
+    not(feature = "cuda"),
+    doc = "Handlers in CUDA C. This chapter checks handlers with NVRTC, which is part of the \
+           `cuda` cargo feature (on by default): this build has it off."
+)]
 pub mod cuda_handlers {}
 #[doc = include_str!("wgsl_handlers.md")]
 pub mod wgsl_handlers {}

@@ -425,6 +425,16 @@ fn track_report(t: &Track) -> TrackReport {
     }
 }
 
+#[cfg(not(feature = "cuda"))]
+fn gpu_telemetry() -> (Vec<GpuTelemetry>, Option<String>) {
+    let why = crate::backend::BackendError::NotCompiled {
+        backend: crate::backend::BackendKind::Cuda,
+        feature: "cuda",
+    };
+    (Vec::new(), Some(format!("no GPU telemetry: {why}")))
+}
+
+#[cfg(feature = "cuda")]
 fn gpu_telemetry() -> (Vec<GpuTelemetry>, Option<String>) {
     // NVML is looked up only when a CUDA driver is present (no driver, no NVML).
     if !resident_cuda::driver_present() {

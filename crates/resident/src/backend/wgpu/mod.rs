@@ -4,10 +4,11 @@
 //! compute shaders (`Kernel::wgsl`), and ring kernels keep their state in a storage buffer for
 //! their whole life and are fed in pipelined batches ([`ring`]).
 //!
-//! Every wait on the device has a bound ([`WAIT_TIMEOUT`]); a lost device or a validation
-//! error wgpu reports outside an error scope is recorded on the [`WgpuContext`] and turned
+//! Every wait on the device has a bound (`WAIT_TIMEOUT`); a lost device or a validation
+//! error wgpu reports outside an error scope is recorded on the `WgpuContext` and turned
 //! into a typed error by the next operation, never a panic.
 
+#[cfg(feature = "wgpu")]
 pub(crate) mod oneshot;
 pub mod ring;
 pub mod wgsl;
@@ -23,14 +24,17 @@ use std::time::Duration;
 
 pub use wgsl::WgslError;
 
+#[cfg(feature = "wgpu")]
 /// Longest wait for the device in any one operation (a copy, a launch, a map, a snapshot).
 /// lavapipe runs shaders on the CPU of a shared VM, hence generous.
 pub const WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 
+#[cfg(feature = "wgpu")]
 /// Address tag of wgpu buffers: a [`DeviceMemory::address`] of the wgpu backend is this tag
 /// plus a per-context buffer number (wgpu has no device pointers; kernels find the buffer by it).
 const ADDRESS_TAG: u64 = 0x7767_7075_0000_0000; // "wgpu"
 
+#[cfg(feature = "wgpu")]
 /// What kind of adapter wgpu reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AdapterKind {
@@ -47,6 +51,7 @@ pub enum AdapterKind {
     Other,
 }
 
+#[cfg(feature = "wgpu")]
 impl AdapterKind {
     fn of(t: ::wgpu::DeviceType) -> Self {
         match t {
@@ -75,6 +80,7 @@ impl AdapterKind {
     }
 }
 
+#[cfg(feature = "wgpu")]
 impl std::fmt::Display for AdapterKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -87,6 +93,7 @@ impl std::fmt::Display for AdapterKind {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// Properties of one wgpu adapter, as `resident info` shows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdapterProperties {
@@ -114,6 +121,7 @@ pub struct AdapterProperties {
     pub max_storage_buffers_per_shader_stage: u32,
 }
 
+#[cfg(feature = "wgpu")]
 fn properties(ordinal: usize, a: &::wgpu::Adapter) -> AdapterProperties {
     let i = a.get_info();
     let l = a.limits();
@@ -136,6 +144,7 @@ fn properties(ordinal: usize, a: &::wgpu::Adapter) -> AdapterProperties {
     }
 }
 
+#[cfg(feature = "wgpu")]
 fn instance() -> ::wgpu::Instance {
     default_runtime_dir();
     let mut desc = ::wgpu::InstanceDescriptor::new_without_display_handle();
@@ -145,6 +154,7 @@ fn instance() -> ::wgpu::Instance {
     ::wgpu::Instance::new(desc)
 }
 
+#[cfg(feature = "wgpu")]
 /// On a headless Linux machine (no login session) Mesa's Vulkan drivers, through
 /// libwayland-client, print "error: XDG_RUNTIME_DIR is invalid or not set in the environment."
 /// each time an instance is made, also when everything works; compute needs no runtime
@@ -160,6 +170,7 @@ fn default_runtime_dir() {
     });
 }
 
+#[cfg(feature = "wgpu")]
 /// Every compute-capable adapter, hardware first (discrete, integrated, virtual, other,
 /// software), with the instance that owns them.
 fn sorted_adapters() -> (::wgpu::Instance, Vec<::wgpu::Adapter>) {
@@ -169,6 +180,7 @@ fn sorted_adapters() -> (::wgpu::Instance, Vec<::wgpu::Adapter>) {
     (inst, list)
 }
 
+#[cfg(feature = "wgpu")]
 /// Every wgpu adapter this machine has, hardware first; empty when there is none (no
 /// Vulkan/Metal/DX12 driver).
 pub fn adapters() -> Vec<AdapterProperties> {
@@ -179,11 +191,13 @@ pub fn adapters() -> Vec<AdapterProperties> {
         .collect()
 }
 
+#[cfg(feature = "wgpu")]
 /// Whether a hardware (non-software) adapter exists: what `Backend::Auto` asks.
 pub fn hardware_adapter_present() -> bool {
     adapters().iter().any(|a| a.kind.is_hardware())
 }
 
+#[cfg(feature = "wgpu")]
 /// Errors the device reported on its own (validation outside a scope, loss), kept until read.
 #[derive(Default)]
 struct Faults {
@@ -191,6 +205,7 @@ struct Faults {
     uncaptured: Option<String>,
 }
 
+#[cfg(feature = "wgpu")]
 /// One opened wgpu device and its queue, shared by every buffer, kernel and ring kernel on it.
 pub struct WgpuContext {
     pub(crate) props: AdapterProperties,
@@ -206,6 +221,7 @@ pub struct WgpuContext {
     _instance: ::wgpu::Instance,
 }
 
+#[cfg(feature = "wgpu")]
 impl std::fmt::Debug for WgpuContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgpuContext")
@@ -216,12 +232,14 @@ impl std::fmt::Debug for WgpuContext {
     }
 }
 
+#[cfg(feature = "wgpu")]
 fn unavailable(reason: impl Into<String>) -> BackendError {
     BackendError::WgpuUnavailable {
         reason: reason.into(),
     }
 }
 
+#[cfg(feature = "wgpu")]
 impl WgpuContext {
     /// Opens adapter `ordinal` of [`adapters`] with its full limits.
     pub fn open(ordinal: usize) -> Result<Arc<Self>> {
@@ -523,11 +541,13 @@ impl WgpuContext {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// Buffer sizes: copies and bindings are in 4-byte units.
 pub(crate) fn padded(bytes: u64) -> u64 {
     bytes.max(4).div_ceil(4) * 4
 }
 
+#[cfg(feature = "wgpu")]
 /// Device memory of the wgpu backend: a storage buffer registered by address.
 pub(crate) struct WgpuMemory {
     pub(crate) ctx: Arc<WgpuContext>,
@@ -536,18 +556,21 @@ pub(crate) struct WgpuMemory {
     pub(crate) len: usize,
 }
 
+#[cfg(feature = "wgpu")]
 impl Drop for WgpuMemory {
     fn drop(&mut self) {
         self.ctx.buffers.lock().remove(&self.address);
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// A wgpu adapter as a [`ComputeDevice`].
 #[derive(Debug)]
 pub struct WgpuDevice {
     ctx: Arc<WgpuContext>,
 }
 
+#[cfg(feature = "wgpu")]
 impl WgpuDevice {
     /// The process-wide device on the preferred adapter (hardware first, else software).
     pub fn open() -> Result<Self> {
@@ -572,19 +595,16 @@ impl WgpuDevice {
     fn mem<'a>(&self, m: &'a DeviceMemory, what: &'static str) -> Result<&'a WgpuMemory> {
         match &m.inner {
             DeviceMemoryInner::Wgpu(w) if Arc::ptr_eq(&w.ctx, &self.ctx) => Ok(w),
-            other => Err(BackendError::WrongBackend {
+            _ => Err(BackendError::WrongBackend {
                 what,
-                memory: match other {
-                    DeviceMemoryInner::Host(_) => BackendKind::Cpu,
-                    DeviceMemoryInner::Cuda(_) => BackendKind::Cuda,
-                    DeviceMemoryInner::Wgpu(_) => BackendKind::Wgpu,
-                },
+                memory: m.backend(),
                 device: BackendKind::Wgpu,
             }),
         }
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// Properties of one adapter in backend-neutral terms.
 pub(crate) fn info_of(p: &AdapterProperties) -> DeviceInfo {
     DeviceInfo {
@@ -602,6 +622,7 @@ pub(crate) fn info_of(p: &AdapterProperties) -> DeviceInfo {
     }
 }
 
+#[cfg(feature = "wgpu")]
 fn same_len(what: &'static str, host: usize, device: usize) -> Result<()> {
     if host != device {
         return Err(BackendError::SizeMismatch { what, host, device });
@@ -609,6 +630,7 @@ fn same_len(what: &'static str, host: usize, device: usize) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "wgpu")]
 impl ComputeDevice for WgpuDevice {
     fn kind(&self) -> BackendKind {
         BackendKind::Wgpu

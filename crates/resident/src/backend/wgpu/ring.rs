@@ -68,7 +68,7 @@
 //! then run one iteration), so on lavapipe keep `batch size x loop iterations per message`
 //! well under that; real GPUs have no such cap (a watchdog bounds a dispatch's time instead).
 //! The generated loop notices when it was cut short and the kernel fails with a
-//! [`DeviceError::Fault`] saying so (the batch's keep flags are cleared before each dispatch, so
+//! `DeviceError::Fault` saying so (the batch's keep flags are cleared before each dispatch, so
 //! no stale output is published); a loop inside the handler that is cut short is the handler's
 //! to notice (compare the loop variable with its end after the loop, as the workloads do).
 //!
@@ -79,11 +79,15 @@
 //! dispatch and the copies into staging, submits, and asks for the staging map
 //! (`map_async`) without waiting, so the host fills batch N+1 while the device runs batch N.
 //! `pull` polls the device without blocking and publishes completed batches strictly in
-//! submission order. A batch that does not complete within [`super::WAIT_TIMEOUT`] fails the
+//! submission order. A batch that does not complete within `WAIT_TIMEOUT` (60 s) fails the
 //! kernel instead of hanging it.
 
+#[cfg(feature = "wgpu")]
 use super::oneshot::{check_grid, check_workgroup};
-use super::wgsl::{compile, WgslError};
+#[cfg(feature = "wgpu")]
+use super::wgsl::compile;
+use super::wgsl::WgslError;
+#[cfg(feature = "wgpu")]
 use super::{padded, WgpuContext, WAIT_TIMEOUT};
 use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
 use crate::backend::BackendError;
@@ -479,6 +483,7 @@ pub enum WgslLaunchError {
     },
 }
 
+#[cfg(feature = "wgpu")]
 /// WGSL words a bound buffer may not be named (keywords, and names the generated code uses).
 #[rustfmt::skip]
 const RESERVED: &[&str] = &[
@@ -489,6 +494,7 @@ const RESERVED: &[&str] = &[
     "Envelope", "ResidentIn", "ResidentOut", "ResidentState",
 ];
 
+#[cfg(feature = "wgpu")]
 /// Refuses bindings a WGSL handler cannot see: a name that is not a WGSL identifier (or is a
 /// keyword, or starts with the reserved `resident_`/`__`), an element type with no
 /// byte-identical WGSL type (8- and 16-bit integers), or more storage buffers than the adapter
@@ -544,6 +550,7 @@ pub(crate) fn check_bindings(
     Ok(())
 }
 
+#[cfg(feature = "wgpu")]
 /// Read access to a kernel's device state, shared by the engine and the kernel's handles.
 pub(crate) struct DeviceState {
     ctx: Arc<WgpuContext>,
@@ -551,6 +558,7 @@ pub(crate) struct DeviceState {
     len: usize,
 }
 
+#[cfg(feature = "wgpu")]
 impl DeviceState {
     /// Copies the state to the host: its value after every batch submitted before this call
     /// (bounded wait).
@@ -561,12 +569,14 @@ impl DeviceState {
     }
 }
 
+#[cfg(feature = "wgpu")]
 impl crate::backend::device_host::StateSnapshot for DeviceState {
     fn read(&self) -> Result<Vec<u8>, DeviceError> {
         DeviceState::read(self).map_err(DeviceError::from)
     }
 }
 
+#[cfg(feature = "wgpu")]
 struct BatchBuffers {
     input: ::wgpu::Buffer,
     env: ::wgpu::Buffer,
@@ -577,8 +587,10 @@ struct BatchBuffers {
     group: ::wgpu::BindGroup,
 }
 
+#[cfg(feature = "wgpu")]
 type MapResult = Arc<Mutex<Option<Result<(), ::wgpu::BufferAsyncError>>>>;
 
+#[cfg(feature = "wgpu")]
 struct InFlight<In> {
     set: usize,
     inputs: Vec<Slot<In>>,
@@ -586,6 +598,7 @@ struct InFlight<In> {
     submitted: Instant,
 }
 
+#[cfg(feature = "wgpu")]
 /// A launched engine, its state, and its bound buffers' device copies (when any).
 pub(crate) type Launched<In, Out> = (
     WgpuEngine<In, Out>,
@@ -593,6 +606,7 @@ pub(crate) type Launched<In, Out> = (
     Option<Arc<BoundBuffers>>,
 );
 
+#[cfg(feature = "wgpu")]
 /// The device side of a WGSL ring kernel (see the module docs).
 pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     ctx: Arc<WgpuContext>,
@@ -614,6 +628,7 @@ pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     _t: PhantomData<fn() -> Out>,
 }
 
+#[cfg(feature = "wgpu")]
 fn layout_check(
     compiled: &super::wgsl::Compiled,
     ty: &str,
@@ -635,6 +650,7 @@ fn layout_check(
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// A compiled WGSL ring-kernel module: its pipeline, bind-group layouts and state size.
 struct RingPipeline {
     pipeline: ::wgpu::ComputePipeline,
@@ -648,6 +664,7 @@ struct RingPipeline {
     in_order: bool,
 }
 
+#[cfg(feature = "wgpu")]
 impl RingPipeline {
     fn build<In, Out>(
         ctx: &WgpuContext,
@@ -854,12 +871,14 @@ impl RingPipeline {
 /// cut its loop short.
 const CUT_SHORT: u32 = 0xffff_ffff;
 
+#[cfg(feature = "wgpu")]
 /// Whether the in-order batch of `n` messages whose staging buffer is `view` was cut short.
 fn cut_short(view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
     let at = geometry.keep_offset as usize + 4 * n.saturating_sub(1);
     n > 0 && view[at..at + 4] == CUT_SHORT.to_le_bytes()
 }
 
+#[cfg(feature = "wgpu")]
 /// Why a WGSL ring kernel failed after launch ([`DeviceError::Fault`]). `Clone` (sources are
 /// shared): the engine keeps its first failure and answers it to every later check.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -890,6 +909,7 @@ pub enum WgpuFault {
     Device(Arc<BackendError>),
 }
 
+#[cfg(feature = "wgpu")]
 /// Sizes of one batch set.
 struct BatchGeometry {
     batch: usize,
@@ -899,6 +919,7 @@ struct BatchGeometry {
     keep_offset: u64,
 }
 
+#[cfg(feature = "wgpu")]
 impl BatchGeometry {
     fn new(batch: usize, in_size: usize, out_size: usize) -> Self {
         let batch = batch.max(1);
@@ -911,6 +932,7 @@ impl BatchGeometry {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// Reads the outputs of a completed batch from its mapped staging buffer, in input order:
 /// each kept output carries the request's envelope with `correlation_id` = its `message_id`.
 /// Requests that were `call`s and got no output go to `unanswered`.
@@ -940,6 +962,7 @@ fn decode<In, Out: Message>(
     }));
 }
 
+#[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     /// Compiles `handler`, allocates the state and the handler's in-flight batch sets of
     /// `batch` messages.
@@ -1011,6 +1034,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// The device copies of a ring kernel's bound buffers: one storage buffer each, alive as long
 /// as the kernel (and as long as a handle reading them), bound as group 1.
 ///
@@ -1030,6 +1054,7 @@ pub(crate) struct BoundBuffers {
     group: ::wgpu::BindGroup,
 }
 
+#[cfg(feature = "wgpu")]
 impl BoundBuffers {
     fn create(
         ctx: &Arc<WgpuContext>,
@@ -1095,6 +1120,7 @@ impl BoundBuffers {
     }
 }
 
+#[cfg(feature = "wgpu")]
 impl DeviceBuffers for BoundBuffers {
     fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError> {
         let buf = self.get(index, out.len())?;
@@ -1112,6 +1138,7 @@ impl DeviceBuffers for BoundBuffers {
     }
 }
 
+#[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     fn submit(
         &mut self,
@@ -1229,6 +1256,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     }
 }
 
+#[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
         // Full batches go out while a batch set is free; a partial batch waits while the
@@ -1345,6 +1373,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// The stateless baseline the benchmark measures a ring kernel against: the same compiled
 /// handler, one batch at a time, with the state uploaded before and downloaded after every
 /// batch (what a kernel without device residency must do). Not a ring kernel: no queues, no
@@ -1361,6 +1390,7 @@ pub struct StatelessBatches<In, Out> {
     _t: PhantomData<fn(In) -> Out>,
 }
 
+#[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> StatelessBatches<In, Out> {
     /// Compiles `handler` for batches of up to `batch` messages on the shared wgpu device.
     pub fn new(handler: &WgslHandler<In, Out>, batch: usize) -> Result<Self, WgslLaunchError> {
@@ -1490,6 +1520,7 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// The device side of a WGSL ring kernel without the runtime around it (no host mailboxes,
 /// no pump thread, no call routing): the engine a `RingKernel` on wgpu runs, driven by hand.
 /// It exists so the benchmark can separate what device residency and pipelining buy from
@@ -1499,6 +1530,7 @@ pub struct ResidentBatches<In: Message, Out: Message> {
     state: Arc<DeviceState>,
 }
 
+#[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> ResidentBatches<In, Out> {
     /// Compiles `handler` for batches of up to `batch` messages on the shared wgpu device.
     pub fn new(handler: &WgslHandler<In, Out>, batch: usize) -> Result<Self, WgslLaunchError> {

@@ -2,6 +2,7 @@
 //! does not parse or validate is a [`WgslError`] with naga's message and the line, before any
 //! pipeline is built.
 
+#[cfg(feature = "wgpu")]
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 /// WGSL helpers for 64-bit values, appended to every WGSL module the runtime compiles (ring
@@ -46,11 +47,13 @@ pub struct WgslError {
     pub column: Option<u32>,
 }
 
+#[cfg(feature = "wgpu")]
 /// A parsed and validated WGSL module.
 pub(crate) struct Compiled {
     pub module: naga::Module,
 }
 
+#[cfg(feature = "wgpu")]
 /// Parses and validates `source`.
 pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| {
@@ -76,6 +79,7 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
     Ok(Compiled { module })
 }
 
+#[cfg(feature = "wgpu")]
 /// How a shader binds one resource of group 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BindingKind {
@@ -89,6 +93,7 @@ pub(crate) enum BindingKind {
     Other,
 }
 
+#[cfg(feature = "wgpu")]
 impl std::fmt::Display for BindingKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -100,6 +105,7 @@ impl std::fmt::Display for BindingKind {
     }
 }
 
+#[cfg(feature = "wgpu")]
 /// One binding of group 0: its number, kind, name and the byte size of its type (the
 /// element size for a runtime-sized array).
 #[derive(Clone, Debug)]
@@ -110,6 +116,7 @@ pub(crate) struct Binding {
     pub size: u32,
 }
 
+#[cfg(feature = "wgpu")]
 impl Compiled {
     /// The compute entry point `entry`: its index and workgroup size.
     pub fn entry(&self, entry: &str) -> Option<(usize, [u32; 3])> {
@@ -186,6 +193,7 @@ impl Compiled {
     }
 }
 
+#[cfg(feature = "wgpu")]
 #[cfg(test)]
 mod tests {
     use super::*;
