@@ -6,6 +6,7 @@ pub mod context;
 pub mod handle;
 pub(crate) mod io;
 pub mod kernel;
+pub mod keyed;
 pub(crate) mod publisher;
 pub mod report;
 pub mod state;
@@ -387,6 +388,13 @@ impl Runtime {
             }
             Some(t) => Some(t),
         };
+        if kernel.keys.is_some() && (runs_on_device || bound.is_some()) {
+            return Err(invalid(
+                "a keyed kernel runs its .key_handler on host threads, with no device handler \
+                 and no bound buffers (its per-key states are its memory)"
+                    .into(),
+            ));
+        }
         let wait = kernel.wait.unwrap_or(self.core.wait);
         let cfg = |capacity: usize, lanes: usize, backpressure: Backpressure| MailboxConfig {
             capacity,
@@ -443,6 +451,7 @@ impl Runtime {
                 .terminate_timeout
                 .unwrap_or(self.core.terminate_timeout),
             Arc::downgrade(&self.core),
+            kernel.keys,
         );
         if let Some(target) = kernel.forward.take() {
             // A target already running must take `Out`; one launched later is checked by type
@@ -484,7 +493,17 @@ impl Runtime {
             op: "launch",
             source: Box::new(source),
         })?;
+        // A keyed kernel builds its own host from its states (`RingKernel::key_handler`).
+        let own_host = if device.is_none() {
+            kernel.host.take()
+        } else {
+            None
+        };
         let host: Box<dyn RingHost<In, Out>> = match (device, kernel.body, kernel.unit_body) {
+            (None, _, _) if own_host.is_some() => {
+                let make = own_host.expect("checked by the guard");
+                make(kernel.state, &io).map_err(&invalid)?
+            }
             (Some((device, state, buffers)), _, _) => {
                 let kind = match self.backend {
                     Backend::Wgpu => crate::backend::BackendKind::Wgpu,
@@ -551,7 +570,9 @@ impl Runtime {
             }
             (None, None, None) => {
                 return Err(invalid(
-                    "no handler: call .handler(..), .run(..), .cuda(..) or .wgsl(..)".into(),
+                    "no handler: call .handler(..), .run(..), .key_handler(..), .cuda(..) or \
+                     .wgsl(..)"
+                        .into(),
                 ))
             }
         };
