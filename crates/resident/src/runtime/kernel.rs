@@ -68,6 +68,9 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) keys: Option<crate::runtime::keyed::KeyCheck<In>>,
     /// A host built from the state at launch instead of `body` (`RingKernel::key_handler`).
     pub(crate) host: Option<HostFactory<In, Out, S>>,
+    /// A keyed kernel's states as a device buffer, built at launch on a device runtime
+    /// (`RingKernel::key_cuda`).
+    pub(crate) device_keys: Option<crate::runtime::keyed::DeviceKeys<In, Out, S>>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -93,6 +96,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             forward: None,
             keys: None,
             host: None,
+            device_keys: None,
             _types: PhantomData,
         }
     }
@@ -119,6 +123,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             forward: self.forward,
             keys: self.keys,
             host: None,
+            device_keys: None,
             _types: PhantomData,
         }
     }

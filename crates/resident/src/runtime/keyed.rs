@@ -46,7 +46,13 @@ use std::time::Instant;
 use crossbeam_utils::CachePadded;
 use resident_ring::{Envelope, Message, Slot};
 
+use bytemuck::Pod;
+use resident_ring::message::CField;
+
+use crate::backend::cuda_ring::CudaHandler;
 use crate::backend::host::{panic_text, RingHost};
+use crate::memory::{BufferOptions, UnifiedBuffer};
+use crate::runtime::bind::{BindError, PendingBinding};
 use crate::runtime::io::{KernelIo, Next};
 use crate::runtime::kernel::RingKernel;
 use crate::runtime::publisher::Publisher;
@@ -278,12 +284,20 @@ pub(crate) trait KeyStates: Send + Sync {
     fn keys(&self) -> u32;
     /// The state type, for errors.
     fn type_name(&self) -> &'static str;
-    /// Appends clones of the states of keys `range` to `out` (a `Vec<S>`); `false` when `out`
-    /// is not a `Vec` of the state type.
+    /// Whether reads must hold the kernel's batch gate (host states); a device's states
+    /// synchronize with the kernel themselves.
+    fn needs_gate(&self) -> bool;
+    /// Appends clones of the states of keys `range` to `out` (a `Vec<S>`), waiting at most
+    /// `timeout` for a device; `Ok(false)` when `out` is not a `Vec` of the state type.
     ///
     /// # Safety
-    /// The caller holds the kernel's batch gate, and `range` is within `0..keys`.
-    unsafe fn read(&self, range: Range<u32>, out: &mut dyn Any) -> bool;
+    /// `range` is within `0..keys`, and when `needs_gate` the caller holds the batch gate.
+    unsafe fn read(
+        &self,
+        range: Range<u32>,
+        out: &mut dyn Any,
+        timeout: std::time::Duration,
+    ) -> Result<bool>;
 }
 
 impl<S: Clone + Send + 'static> KeyStates for Shards<S> {
@@ -293,9 +307,17 @@ impl<S: Clone + Send + 'static> KeyStates for Shards<S> {
     fn type_name(&self) -> &'static str {
         std::any::type_name::<S>()
     }
-    unsafe fn read(&self, range: Range<u32>, out: &mut dyn Any) -> bool {
+    fn needs_gate(&self) -> bool {
+        true
+    }
+    unsafe fn read(
+        &self,
+        range: Range<u32>,
+        out: &mut dyn Any,
+        _timeout: std::time::Duration,
+    ) -> Result<bool> {
         let Some(out) = out.downcast_mut::<Vec<S>>() else {
-            return false;
+            return Ok(false);
         };
         let w = self.shards.len() as u32;
         out.reserve(range.len());
@@ -305,7 +327,117 @@ impl<S: Clone + Send + 'static> KeyStates for Shards<S> {
             let shard = unsafe { &*self.shards[(k % w) as usize].states.get() };
             out.push(shard[(k / w) as usize].clone());
         }
-        true
+        Ok(true)
+    }
+}
+
+/// A device keyed kernel's states: the bound buffer `keys`, read through the engine's
+/// synchronized copy (the kernel parks between two batches for it).
+struct DeviceKeyStates<In, Out, S> {
+    io: std::sync::Weak<KernelIo<In, Out>>,
+    keys: u32,
+    _s: std::marker::PhantomData<fn() -> S>,
+}
+
+impl<In: Message, Out: Message, S: Pod + 'static> KeyStates for DeviceKeyStates<In, Out, S> {
+    fn keys(&self) -> u32 {
+        self.keys
+    }
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<S>()
+    }
+    fn needs_gate(&self) -> bool {
+        false
+    }
+    unsafe fn read(
+        &self,
+        range: Range<u32>,
+        out: &mut dyn Any,
+        timeout: std::time::Duration,
+    ) -> Result<bool> {
+        let Some(out) = out.downcast_mut::<Vec<S>>() else {
+            return Ok(false);
+        };
+        let Some(io) = self.io.upgrade() else {
+            return Ok(true);
+        };
+        let id = io.id.to_string();
+        let h = crate::runtime::handle::KernelHandle { io };
+        let guard = h
+            .read_buffer::<S>(KEYS_BUFFER, timeout)
+            .map_err(|e| match e {
+                BindError::Device { source, .. } => Error::Device {
+                    id,
+                    op: "snapshot_keys",
+                    source,
+                },
+                BindError::Busy { waited, .. } => Error::Timeout {
+                    id,
+                    op: "snapshot_keys",
+                    timeout: waited,
+                    message: None,
+                },
+                other => Error::InvalidConfig {
+                    id,
+                    reason: other.to_string(),
+                },
+            })?;
+        out.extend_from_slice(&guard[range.start as usize..range.end as usize]);
+        Ok(true)
+    }
+}
+
+/// The bound buffer a device keyed kernel keeps its states in.
+pub(crate) const KEYS_BUFFER: &str = "keys";
+
+/// Builds, at launch on a device runtime, the `keys` binding from a keyed kernel's states and
+/// the snapshot access to it.
+pub(crate) type DeviceKeys<In, Out, S> = Box<
+    dyn FnOnce(
+            &S,
+            &crate::backend::DeviceHandle,
+        ) -> std::result::Result<(PendingBinding, KeyStatesFactory<In, Out>), String>
+        + Send,
+>;
+/// Registers a device keyed kernel's states for snapshots once its `KernelIo` exists.
+pub(crate) type KeyStatesFactory<In, Out> =
+    Box<dyn FnOnce(&Arc<KernelIo<In, Out>>) -> Arc<dyn KeyStates> + Send>;
+
+fn device_keys<In: Message, Out: Message, S: Pod + CField + Send + 'static>(
+) -> DeviceKeys<In, Out, Keys<S>> {
+    Box::new(|keys: &Keys<S>, dev: &crate::backend::DeviceHandle| {
+        let n = keys.states.len();
+        if n == 0 || n > u32::MAX as usize {
+            return Err(format!(
+                "a keyed kernel needs 1 to {} keys, not {n}",
+                u32::MAX
+            ));
+        }
+        let buf = UnifiedBuffer::from_slice(dev, &keys.states, BufferOptions::default())
+            .map_err(|e| format!("the key states ({n} keys): {e}"))?;
+        let snap: KeyStatesFactory<In, Out> = Box::new(move |io: &Arc<KernelIo<In, Out>>| {
+            Arc::new(DeviceKeyStates::<In, Out, S> {
+                io: Arc::downgrade(io),
+                keys: n as u32,
+                _s: std::marker::PhantomData,
+            }) as Arc<dyn KeyStates>
+        });
+        Ok((PendingBinding::new(KEYS_BUFFER.into(), buf), snap))
+    })
+}
+
+impl<In: Message + Keyed, Out: Message, S: Pod + CField + Clone + Send + 'static>
+    RingKernel<In, Out, Keys<S>>
+{
+    /// The CUDA handler of a keyed kernel, made with [`CudaHandler::keyed`]: on a CUDA or
+    /// CudaSim runtime the per-key states live in device memory for the kernel's life (bound
+    /// as the buffer `keys`, `size_of::<S>()` bytes per key) and the handler gets its key's
+    /// state; `snapshot_key(s)` read them back (the kernel parks between two batches for it).
+    /// Other runtimes run the [`key_handler`](RingKernel::key_handler).
+    pub fn key_cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
+        self.cuda = Some(handler);
+        self.device_keys = Some(device_keys::<In, Out, S>());
+        self
     }
 }
 
@@ -554,17 +686,22 @@ pub(crate) fn snapshot<In: Message, Out: Message, S: Clone + 'static>(
         });
     }
     let t = io.terminate_timeout;
-    let Some(_gate) = io.batch_gate.try_lock_for(t) else {
-        return Err(Error::Timeout {
-            id: id(),
-            op,
-            timeout: t,
-            message: None,
-        });
+    let _gate = if states.needs_gate() {
+        let Some(g) = io.batch_gate.try_lock_for(t) else {
+            return Err(Error::Timeout {
+                id: id(),
+                op,
+                timeout: t,
+                message: None,
+            });
+        };
+        Some(g)
+    } else {
+        None
     };
     let mut out: Vec<S> = Vec::new();
-    // SAFETY: the gate is held; the range was checked against `keys` above.
-    if unsafe { states.read(start as u32..end as u32, &mut out) } {
+    // SAFETY: the range was checked against `keys` above; the gate is held if needed.
+    if unsafe { states.read(start as u32..end as u32, &mut out, t)? } {
         Ok(out)
     } else {
         Err(Error::InvalidConfig {

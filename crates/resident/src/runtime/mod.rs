@@ -378,6 +378,30 @@ impl Runtime {
             Backend::Wgpu => kernel.wgsl.is_some(),
             _ => false,
         };
+        // A keyed kernel on a device keeps its states in the bound buffer `keys`.
+        let mut key_states = None;
+        if kernel.keys.is_some() {
+            if !kernel.bindings.is_empty() {
+                return Err(invalid(
+                    "a keyed kernel binds no buffers (its per-key states are its memory)".into(),
+                ));
+            }
+            if runs_on_device {
+                let keyed_handler = matches!(self.backend, Backend::Cuda | Backend::CudaSim)
+                    && kernel.cuda.as_ref().is_some_and(|h| h.key_field.is_some());
+                let Some(make) = kernel.device_keys.take().filter(|_| keyed_handler) else {
+                    return Err(invalid(
+                        "a keyed kernel runs on a device through .key_cuda(CudaHandler::keyed::<S>(field)); \
+                         a plain .cuda(..) or .wgsl(..) handler knows nothing of its keys"
+                            .into(),
+                    ));
+                };
+                let (binding, snapshots) =
+                    make(&kernel.state, &self.device()?).map_err(&invalid)?;
+                kernel.bindings.push(binding);
+                key_states = Some(snapshots);
+            }
+        }
         let bound = match bind::table(std::mem::take(&mut kernel.bindings)).map_err(&invalid)? {
             None => None,
             Some(t) if runs_on_device => Some(t),
@@ -388,13 +412,6 @@ impl Runtime {
             }
             Some(t) => Some(t),
         };
-        if kernel.keys.is_some() && (runs_on_device || bound.is_some()) {
-            return Err(invalid(
-                "a keyed kernel runs its .key_handler on host threads, with no device handler \
-                 and no bound buffers (its per-key states are its memory)"
-                    .into(),
-            ));
-        }
         let wait = kernel.wait.unwrap_or(self.core.wait);
         let cfg = |capacity: usize, lanes: usize, backpressure: Backpressure| MailboxConfig {
             capacity,
@@ -453,6 +470,9 @@ impl Runtime {
             Arc::downgrade(&self.core),
             kernel.keys,
         );
+        if let Some(snapshots) = key_states {
+            let _ = io.keyed.set(snapshots(&io));
+        }
         if let Some(target) = kernel.forward.take() {
             // A target already running must take `Out`; one launched later is checked by type
             // when the first output is forwarded.
