@@ -51,6 +51,7 @@ use resident_ring::message::CField;
 
 use crate::backend::cuda_ring::CudaHandler;
 use crate::backend::host::{panic_text, RingHost};
+use crate::backend::wgpu::ring::WgslHandler;
 use crate::memory::{BufferOptions, UnifiedBuffer};
 use crate::runtime::bind::{BindError, PendingBinding};
 use crate::runtime::io::{KernelIo, Next};
@@ -436,6 +437,18 @@ impl<In: Message + Keyed, Out: Message, S: Pod + CField + Clone + Send + 'static
     /// Other runtimes run the [`key_handler`](RingKernel::key_handler).
     pub fn key_cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
         self.cuda = Some(handler);
+        self.device_keys = Some(device_keys::<In, Out, S>());
+        self
+    }
+
+    /// The WGSL handler of a keyed kernel, made with [`WgslHandler::keyed`]: on a wgpu
+    /// runtime the per-key states live in a storage buffer for the kernel's life (bound as
+    /// `keys`, `size_of::<S>()` bytes per key) and the handler gets its key's state as
+    /// `ptr<function, KeyState>`; `snapshot_key(s)` read them back (a copy behind
+    /// the batches already submitted). Other runtimes run the
+    /// [`key_handler`](RingKernel::key_handler) (or the CUDA handler on CUDA and CudaSim).
+    pub fn key_wgsl(mut self, handler: WgslHandler<In, Out>) -> Self {
+        self.wgsl = Some(handler);
         self.device_keys = Some(device_keys::<In, Out, S>());
         self
     }

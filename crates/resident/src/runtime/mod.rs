@@ -387,12 +387,18 @@ impl Runtime {
                 ));
             }
             if runs_on_device {
-                let keyed_handler = matches!(self.backend, Backend::Cuda | Backend::CudaSim)
-                    && kernel.cuda.as_ref().is_some_and(|h| h.key_field.is_some());
+                let keyed_handler = match self.backend {
+                    Backend::Cuda | Backend::CudaSim => {
+                        kernel.cuda.as_ref().is_some_and(|h| h.key_field.is_some())
+                    }
+                    Backend::Wgpu => kernel.wgsl.as_ref().is_some_and(|h| h.key_field.is_some()),
+                    _ => false,
+                };
                 let Some(make) = kernel.device_keys.take().filter(|_| keyed_handler) else {
                     return Err(invalid(
-                        "a keyed kernel runs on a device through .key_cuda(CudaHandler::keyed::<S>(field)); \
-                         a plain .cuda(..) or .wgsl(..) handler knows nothing of its keys"
+                        "a keyed kernel runs on a device through .key_cuda(CudaHandler::keyed::<S>(field)) \
+                         or .key_wgsl(WgslHandler::keyed(field)); a plain .cuda(..) or .wgsl(..) \
+                         handler knows nothing of its keys"
                             .into(),
                     ));
                 };
