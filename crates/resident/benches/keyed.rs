@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! cargo bench -p resident --bench keyed -- [--keys N] [--messages N] [--repeats N]
-//!     [--work N] [--out FILE]
+//!     [--work N] [--device-messages N] [--out FILE]
 //! ```
+//!
+//! `--device-messages N` (default 10^6 on wgpu, a fifth of it on CudaSim; 0 skips) also runs a
+//! keyed kernel with a device handler over the same keys on wgpu and CudaSim, where present,
+//! for correctness (per-key order verified) and a throughput figure of that engine here.
 //!
 //! `--work` adds N rounds of integer mixing per message to the handler (0: the statistics update
 //! alone), to show how the speed-up depends on how much a handler does.
@@ -57,6 +61,7 @@ struct Args {
     messages: usize,
     repeats: usize,
     work: u32,
+    device_messages: usize,
     out: Option<String>,
 }
 
@@ -66,6 +71,7 @@ fn args() -> Args {
         messages: 10_000_000,
         repeats: 3,
         work: 0,
+        device_messages: 1_000_000,
         out: None,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
@@ -77,6 +83,9 @@ fn args() -> Args {
             "--messages" => a.messages = next(i).parse().expect("--messages N"),
             "--repeats" => a.repeats = next(i).parse().expect("--repeats N"),
             "--work" => a.work = next(i).parse().expect("--work N"),
+            "--device-messages" => {
+                a.device_messages = next(i).parse().expect("--device-messages N")
+            }
             "--out" => a.out = Some(next(i)),
             _ => {
                 i += 1;
@@ -202,6 +211,88 @@ fn run_single(rt: &Runtime, a: &Args, msgs: &[Reading], per_key: &[u32]) -> f64 
     secs
 }
 
+device_message! {
+    /// A device kernel's per-key state (16 bytes).
+    pub struct DevStats { pub count: u32, pub out_of_order: u32, pub sum: u32, pub pad: u32 }
+}
+
+device_message! {
+    /// Never sent: the device handlers answer nothing.
+    pub struct Ack { pub key: u32 }
+}
+
+const CUDA_SRC: &str = r#"
+__device__ bool handle(KeyState* ks, const ResidentIn* in, ResidentOut* out, const Envelope* env) {
+    if (in->seq != ks->count) ks->out_of_order += 1u;
+    ks->count += 1u;
+    ks->sum += (unsigned int)(in->value * 100.0f);
+    return false;
+}
+"#;
+
+const WGSL_SRC: &str = r#"
+fn handle(ks: ptr<function, KeyState>, input: ResidentIn, out: ptr<function, ResidentOut>, env: Envelope) -> bool {
+    if (input.seq != (*ks).count) { (*ks).out_of_order += 1u; }
+    (*ks).count += 1u;
+    (*ks).sum += u32(input.value * 100.0);
+    return false;
+}
+"#;
+
+/// A keyed kernel with a device handler on `backend`: messages per second, per-key order and
+/// counts verified; `None` when the engine is not available here.
+fn run_device(backend: Backend, keys: u32, msgs: &[Reading]) -> Option<f64> {
+    let rt = match Runtime::builder().backend(backend).build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("SKIP {backend:?}: {e}");
+            return None;
+        }
+    };
+    let k = RingKernel::<Reading, Ack>::new("keyed-device")
+        .queue_size(16384)
+        .priority_lanes(1)
+        .backpressure(Backpressure::Block(Duration::from_secs(600)))
+        .keyed(keys, bytemuck::Zeroable::zeroed())
+        .batch_size(1024)
+        .key_handler(|ks: &mut KeyContext<DevStats>, _m: Reading| {
+            ks.state_mut().count += 1;
+            None
+        });
+    let k = match backend {
+        Backend::Wgpu => k.key_wgsl(WgslHandler::new(WGSL_SRC).keyed("key")),
+        _ => k.key_cuda(CudaHandler::new(CUDA_SRC).keyed::<DevStats>("key")),
+    };
+    let h = rt.launch(k).expect("launch");
+    assert!(matches!(h.placement(), Placement::Device(_)));
+    h.activate().unwrap();
+    let t0 = Instant::now();
+    let mut sent = 0;
+    while sent < msgs.len() {
+        let end = (sent + 4096).min(msgs.len());
+        sent += h.send_batch(&msgs[sent..end]).expect("send_batch");
+    }
+    h.drain(Duration::from_secs(3600)).expect("drain");
+    let secs = t0.elapsed().as_secs_f64();
+    let mut want = vec![0u32; keys as usize];
+    for m in msgs {
+        want[m.key as usize] += 1;
+    }
+    let mut k = 0u32;
+    while k < keys {
+        let end = (k as u64 + 1_000_000).min(keys as u64) as u32;
+        let st: Vec<DevStats> = h.snapshot_keys(k..end).unwrap();
+        for (i, s) in st.iter().enumerate() {
+            let key = k as usize + i;
+            assert_eq!(s.out_of_order, 0, "{backend:?} key {key}: out of order");
+            assert_eq!(s.count, want[key], "{backend:?} key {key}: count");
+        }
+        k = end;
+    }
+    h.terminate().unwrap();
+    Some(msgs.len() as f64 / secs)
+}
+
 fn main() {
     let a = args();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
@@ -237,7 +328,23 @@ fn main() {
         keyed_one.push(a.messages as f64 / k1);
         loads.push(load.split_whitespace().next().unwrap_or("?").to_string());
     }
+    let mut device = Vec::new();
+    if a.device_messages > 0 {
+        for (backend, n) in [
+            (Backend::Wgpu, a.device_messages),
+            (Backend::CudaSim, a.device_messages / 5),
+        ] {
+            // The first `n` messages of the same stream: per-key sequence numbers still hold.
+            if let Some(rate) = run_device(backend, a.keys, &msgs[..n.min(msgs.len())]) {
+                eprintln!("{backend:?}: {n} messages, {:.3} M/s", rate / 1e6);
+                device.push(format!(
+                    "{{ \"backend\": \"{backend:?}\", \"messages\": {n}, \"msgs_per_s\": {rate:.0}, \"per_key_order_verified\": true }}"
+                ));
+            }
+        }
+    }
     let ratios: Vec<f64> = keyed_all.iter().zip(&single).map(|(k, s)| k / s).collect();
+    let ratios1: Vec<f64> = keyed_one.iter().zip(&single).map(|(k, s)| k / s).collect();
     let fmt = |v: &[f64]| {
         v.iter()
             .map(|x| format!("{x:.0}"))
@@ -254,7 +361,8 @@ fn main() {
          \"state_bytes_per_key\": {},\n  \"per_key_order_verified\": true,\n  \
          \"single_thread_vec_msgs_per_s\": [{}],\n  \"keyed_all_cores_msgs_per_s\": [{}],\n  \
          \"keyed_one_worker_msgs_per_s\": [{}],\n  \"ratio_keyed_all_cores_vs_single\": [{}],\n  \
-         \"ratio_range\": \"{}\",\n  \"load_1min_after_each_repeat\": [{}]\n}}",
+         \"ratio_range\": \"{}\",\n  \"ratio_keyed_one_worker_vs_single\": [{}],\n  \
+         \"load_1min_after_each_repeat\": [{}],\n  \"device\": [{}]\n}}",
         a.keys,
         a.messages,
         a.work,
@@ -268,7 +376,13 @@ fn main() {
             .collect::<Vec<_>>()
             .join(", "),
         spread(&ratios),
-        loads.join(", ")
+        ratios1
+            .iter()
+            .map(|x| format!("{x:.3}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        loads.join(", "),
+        device.join(", ")
     );
     println!("{json}");
     if let Some(p) = a.out {
