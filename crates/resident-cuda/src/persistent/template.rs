@@ -646,6 +646,31 @@ mod buffer_tests {
     }
 
     #[test]
+    fn a_keyed_source_calls_the_handler_with_its_keys_state() {
+        let text = source(vec![decl("keys", "Stats", &[STATS], 8)])
+            .with_key_field("x")
+            .render()
+            .unwrap();
+        assert!(text.contains("#define RESIDENT_KEYED 1"));
+        assert!(text.contains("typedef Stats KeyState;"));
+        assert!(text.contains("#define RESIDENT_KEY_OF(in) ((unsigned int)((in)->x))"));
+        assert!(text.contains("RESIDENT_HANDLER(&(bufs)->keys[RESIDENT_KEY_OF(in)], in, out, env)"));
+        // The key states must be the first buffer, named `keys`; the field a C identifier.
+        for bad in [
+            source(vec![decl("w", "float", &[], 4)]).with_key_field("x"),
+            source(Vec::new()).with_key_field("x"),
+            source(vec![decl("keys", "Stats", &[STATS], 8)]).with_key_field("x->y"),
+        ] {
+            assert!(matches!(bad.render(), Err(PersistentError::Config(_))));
+        }
+        // Not keyed: no keyed section.
+        let plain = source(vec![decl("keys", "Stats", &[STATS], 8)])
+            .render()
+            .unwrap();
+        assert!(!plain.contains("RESIDENT_KEYED 1"));
+    }
+
+    #[test]
     fn buffers_make_the_table_and_the_five_argument_call() {
         let text = source(vec![
             decl("stats", "Stats", &[STATS], 8),
