@@ -646,11 +646,8 @@ fn a_panicking_handler_fails_the_kernel_and_loses_nothing() {
     assert_eq!(h.send_batch(&msgs).unwrap(), 2000);
     h.activate().unwrap();
     let mut got = Vec::new();
-    loop {
-        match h.receive(Duration::from_secs(5)) {
-            Ok(m) => got.push(m),
-            Err(_) => break,
-        }
+    while let Ok(m) = h.receive(Duration::from_secs(5)) {
+        got.push(m);
     }
     let report = h.terminate().unwrap();
     let (failure, failed) = report.failure.clone().expect("failed");

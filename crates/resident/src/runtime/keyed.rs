@@ -193,7 +193,7 @@ impl<In: Message + Keyed, Out: Message, S: Clone + Send + 'static> RingKernel<In
     {
         let f: KeyFn<In, Out, S> = Arc::new(f);
         self.host = Some(Box::new(
-            move |keys: Keys<S>, io: &Arc<KernelIo<In, Out>>| KeyedHost::new(keys, f, io),
+            move |keys: Keys<S>, io: &Arc<KernelIo<In, Out>>| KeyedHost::build(keys, f, io),
         ));
         self
     }
@@ -483,7 +483,7 @@ pub(crate) struct KeyedHost<In, Out, S> {
 
 impl<In: Message + Keyed, Out: Message, S: Clone + Send + 'static> KeyedHost<In, Out, S> {
     /// Checks the key count, shards the states and registers them for snapshots.
-    fn new(
+    fn build(
         keys: Keys<S>,
         handler: KeyFn<In, Out, S>,
         io: &Arc<KernelIo<In, Out>>,
