@@ -30,7 +30,8 @@
 //! ([`InHand::finish`](resident_ring::handoff::InHand::finish) of the untouched batch) makes
 //! the whole batch the kernel's (counted processed, outputs published). If `terminate` gives up
 //! on a handler that never returns before that claim, the whole batch in hand is in the
-//! terminate report as undelivered and none of its outputs is published. A handler that panics
+//! terminate report as undelivered and none of its outputs is published (other shards may
+//! have run some of those handlers already; the key states can show them). A handler that panics
 //! fails the kernel as on a normal kernel: the outputs of the batch's other messages that were
 //! handled are published, the panicking message is the report's failed message, and the
 //! messages its shard had not reached are stranded (in the report).
