@@ -265,6 +265,10 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     __shared__ unsigned long long s_stage[RESIDENT_BATCH / 32][32];  // per-warp copy staging
     __shared__ unsigned int s_abandon;
     __shared__ unsigned long long s_out_base;
+#ifdef RESIDENT_KEYED
+    __shared__ unsigned int s_key[RESIDENT_BATCH];  // each message's key, gathered order
+    __shared__ unsigned int s_rounds;               // messages of the busiest key of the batch
+#endif
 
     const unsigned int tid = threadIdx.x;
     ControlBlock* ctl = (ControlBlock*)p.control;
@@ -436,11 +440,42 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
         }
 
         // ---- all threads: handle ----
+#ifdef RESIDENT_KEYED
+        // A keyed kernel: one thread per message, and the messages of one key in gathered order
+        // (the order sent, within a lane). A message's rank is the number of messages of its key
+        // before it in the batch; round r runs the rank-r messages, so a key's messages run one
+        // per round, in order, and different keys run in the same round. Barrier R makes a
+        // round's writes to the key states visible to the next round. Bounded: at most n rounds,
+        // every thread takes the same number of barriers.
+        unsigned int rank = 0u;
+        {
+            const unsigned int key = tid < n ? RESIDENT_KEY_OF(&in.payload) : 0u;
+            if (tid < n) s_key[tid] = key;
+            // s_rounds was last read before barrier D of the previous batch.
+            if (tid == 0) s_rounds = 0u;
+            __syncthreads();  // K1: keys and the reset visible
+            if (tid < n) {
+                for (unsigned int j = 0; j < tid; ++j) rank += s_key[j] == key ? 1u : 0u;
+                atomicMax(&s_rounds, rank + 1u);
+            }
+            __syncthreads();  // K2: s_rounds final
+        }
+        const unsigned int rounds = s_rounds;
+        for (unsigned int r = 0; r < rounds; ++r) {
+            if (tid < n && rank == r) {
+                out.payload = ResidentOut{};
+                out.env = resident_reply_env(&in.env);
+                produced = RESIDENT_CALL(state, &in.payload, &out.payload, &in.env, buffers);
+            }
+            __syncthreads();  // R: this round's key-state writes visible to the next round
+        }
+#else
         if (tid < n) {
             out.payload = ResidentOut{};
             out.env = resident_reply_env(&in.env);
             produced = RESIDENT_CALL(state, &in.payload, &out.payload, &in.env, buffers);
         }
+#endif
 
         // ---- compaction: rank = outputs before this thread in gathered order ----
         const unsigned int mask = __ballot_sync(0xffffffffu, produced);

@@ -47,6 +47,7 @@ pub mod prelude {
         KernelHandle, PendingCall, Placement, SendOutcome, TerminateReport,
     };
     pub use crate::runtime::kernel::RingKernel;
+    pub use crate::runtime::keyed::{KeyContext, Keyed, Keys};
     pub use crate::runtime::report::KernelReport;
     pub use crate::runtime::state::{Error, Failure, KernelState, Result};
     pub use crate::runtime::{Runtime, RuntimeBuilder};

@@ -171,6 +171,12 @@ pub struct KernelSource {
     /// `ResidentBuffers* buffers` (see [`BufferDecl`]); with none it keeps the four-argument
     /// form.
     pub buffers: Vec<BufferDecl>,
+    /// A keyed kernel: the field of the input message that names its key. The per-key states
+    /// are the first bound buffer, which must be named `keys`; the handler is then
+    /// `__device__ bool <handler_fn>(KeyState* ks, const ResidentIn*, ResidentOut*,
+    /// const Envelope*)`, `KeyState` being the buffer's element type, and messages of one key
+    /// are handled in batch order (one round per message of the busiest key of the batch).
+    pub key_field: Option<String>,
 }
 
 /// Whether `s` is a C identifier (letters, digits, `_`; not starting with a digit).
@@ -199,12 +205,20 @@ impl KernelSource {
             handler_fn: "handle".into(),
             batch_size,
             buffers: Vec::new(),
+            key_field: None,
         }
     }
 
     /// The same source with `buffers` bound (the handler takes `ResidentBuffers*`).
     pub fn with_buffers(mut self, buffers: Vec<BufferDecl>) -> Self {
         self.buffers = buffers;
+        self
+    }
+
+    /// The same source as a keyed kernel whose messages name their key in field `field` (see
+    /// [`KernelSource::key_field`]).
+    pub fn with_key_field(mut self, field: impl Into<String>) -> Self {
+        self.key_field = Some(field.into());
         self
     }
 
@@ -255,6 +269,16 @@ impl KernelSource {
             }
             if b.c_deps.iter().any(|d| d.contains('\0')) {
                 return bad("source text contains a NUL byte".into());
+            }
+        }
+        if let Some(f) = &self.key_field {
+            if !is_c_identifier(f) {
+                return bad(format!("key field `{f}` is not a C identifier"));
+            }
+            if self.buffers.first().map(|b| b.name.as_str()) != Some("keys") {
+                return bad(
+                    "a keyed kernel's first bound buffer must be its key states, `keys`".into(),
+                );
             }
         }
         let texts = [
@@ -343,7 +367,20 @@ impl KernelSource {
                 self.buffers.len() * BUFFER_ENTRY_BYTES
             );
             s.push_str("#define RESIDENT_HAS_BUFFERS 1\n");
-            s.push_str("#define RESIDENT_CALL(st, in, out, env, bufs) RESIDENT_HANDLER(st, in, out, env, bufs)\n");
+            match &self.key_field {
+                // A keyed kernel's handler gets its key's state (checked by `validate`: the
+                // first buffer is `keys`); the template runs one key's messages in order.
+                Some(f) => {
+                    let _ = writeln!(s, "typedef {} KeyState;", self.buffers[0].c_type);
+                    s.push_str("#define RESIDENT_KEYED 1\n");
+                    let _ = writeln!(
+                        s,
+                        "#define RESIDENT_KEY_OF(in) ((unsigned int)((in)->{f}))"
+                    );
+                    s.push_str("#define RESIDENT_CALL(st, in, out, env, bufs) RESIDENT_HANDLER(&(bufs)->keys[RESIDENT_KEY_OF(in)], in, out, env)\n");
+                }
+                None => s.push_str("#define RESIDENT_CALL(st, in, out, env, bufs) RESIDENT_HANDLER(st, in, out, env, bufs)\n"),
+            }
         }
         let _ = writeln!(s, "typedef {} ResidentIn;", self.input.name);
         let _ = writeln!(s, "typedef {} ResidentOut;", self.output.name);
@@ -610,6 +647,31 @@ mod buffer_tests {
             c_deps: deps.iter().map(|d| d.to_string()).collect(),
             elem_size: size,
         }
+    }
+
+    #[test]
+    fn a_keyed_source_calls_the_handler_with_its_keys_state() {
+        let text = source(vec![decl("keys", "Stats", &[STATS], 8)])
+            .with_key_field("x")
+            .render()
+            .unwrap();
+        assert!(text.contains("#define RESIDENT_KEYED 1"));
+        assert!(text.contains("typedef Stats KeyState;"));
+        assert!(text.contains("#define RESIDENT_KEY_OF(in) ((unsigned int)((in)->x))"));
+        assert!(text.contains("RESIDENT_HANDLER(&(bufs)->keys[RESIDENT_KEY_OF(in)], in, out, env)"));
+        // The key states must be the first buffer, named `keys`; the field a C identifier.
+        for bad in [
+            source(vec![decl("w", "float", &[], 4)]).with_key_field("x"),
+            source(Vec::new()).with_key_field("x"),
+            source(vec![decl("keys", "Stats", &[STATS], 8)]).with_key_field("x->y"),
+        ] {
+            assert!(matches!(bad.render(), Err(PersistentError::Config { .. })));
+        }
+        // Not keyed: no keyed section.
+        let plain = source(vec![decl("keys", "Stats", &[STATS], 8)])
+            .render()
+            .unwrap();
+        assert!(!plain.contains("RESIDENT_KEYED 1"));
     }
 
     #[test]

@@ -71,6 +71,8 @@ pub struct CudaHandler<In, Out> {
     pub(crate) decls: (MessageDecl, MessageDecl),
     /// Buffers declared for compile checks (name, element declaration), in `bind` order.
     pub(crate) buffers: Vec<(String, ElemDecl)>,
+    /// A keyed kernel's key field in the input message (`CudaHandler::keyed`).
+    pub(crate) key_field: Option<String>,
     _types: std::marker::PhantomData<fn(In) -> Out>,
 }
 
@@ -85,6 +87,7 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
             state: vec![0; 4],
             state_decl: MessageDecl::new("ResidentNoState", NO_STATE_DECL, 4),
             buffers: Vec::new(),
+            key_field: None,
             _types: std::marker::PhantomData,
             decls: (
                 MessageDecl::new(In::C_NAME, In::c_declarations(), std::mem::size_of::<In>()),
@@ -103,6 +106,29 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
         self.state = bytemuck::bytes_of(&init).to_vec();
         self.state_decl =
             MessageDecl::new(D::C_NAME, D::c_declarations(), std::mem::size_of::<D>());
+        self
+    }
+
+    /// The handler of a keyed kernel (`RingKernel::keyed`, launched with
+    /// `RingKernel::key_cuda`) whose per-key state is `K` and whose input messages name their
+    /// key in the field `key_field` (the field the message's `Keyed::key` returns). The
+    /// handler is
+    ///
+    /// ```c
+    /// __device__ bool handle(KeyState* ks, const ResidentIn* in, ResidentOut* out,
+    ///                        const Envelope* env);
+    /// ```
+    ///
+    /// with `KeyState` the C declaration of `K` and `ks` the state of the message's key, in
+    /// device memory for the kernel's life (bound as the buffer `keys`). One thread per
+    /// message; the messages of one key run one after another in the order sent (within a
+    /// priority lane), with no host-side ticket: the persistent kernel runs a batch in rounds,
+    /// the `r`-th message of each key in round `r`, so a handler touches its key's state
+    /// without atomics, and different keys run in parallel.
+    pub fn keyed<K: bytemuck::Pod + CField>(mut self, key_field: impl Into<String>) -> Self {
+        self.key_field = Some(key_field.into());
+        self.buffers.retain(|(n, _)| n != "keys");
+        self.buffers.insert(0, ("keys".into(), ElemDecl::of::<K>()));
         self
     }
 
@@ -142,6 +168,7 @@ impl<In: Message, Out: Message> CudaHandler<In, Out> {
             buffers: Vec::new(),
             _types: std::marker::PhantomData,
             decls: io_decls(input, output)?,
+            key_field: None,
         })
     }
 
@@ -272,6 +299,7 @@ impl<In, Out> CudaHandler<In, Out> {
             batch_size,
         );
         source.handler_fn = self.function.clone();
+        source.key_field = self.key_field.clone();
         source.with_buffers(buffers)
     }
 

@@ -10,6 +10,7 @@
 //! 1. [`intro`]: what a ring kernel is, the first program, the crates.
 //! 2. [`ring_kernels`]: messages, handlers, state, `call`, kernel to kernel.
 //! 3. [`lifecycle`]: launch, activate, deactivate, terminate; what comes back; failures.
+//!    [`keyed`]: millions of small per-key actors in one kernel.
 //! 4. [`backpressure`]: priorities, lanes, queue sizes and the four full-queue policies.
 //! 5. [`backends`]: CPU, CUDA, CudaSim, wgpu; one definition for all of them.
 //! 6. [`cuda_handlers`]: handlers in CUDA C, device state, checking them without a GPU.
@@ -30,6 +31,8 @@ pub mod intro {}
 pub mod ring_kernels {}
 #[doc = include_str!("lifecycle.md")]
 pub mod lifecycle {}
+#[doc = include_str!("keyed.md")]
+pub mod keyed {}
 #[doc = include_str!("backpressure.md")]
 pub mod backpressure {}
 #[doc = include_str!("backends.md")]

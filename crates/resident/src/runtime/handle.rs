@@ -301,6 +301,10 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// timeout gives up (each such turn costs the whole timeout).
     pub fn send_batch(&self, msgs: &[In]) -> Result<usize> {
         let p = &self.io.port;
+        // A keyed kernel refuses the whole batch if one message names a key it does not have.
+        for m in msgs {
+            p.check_key(m, "send_batch")?;
+        }
         let first = p.ids.next_n(msgs.len() as u64);
         let now = p.ids.now_ns();
         let slots: Vec<Slot<In>> = msgs
@@ -653,6 +657,58 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
                 host.type_name()
             ),
         })
+    }
+
+    /// The state of key `key` of a keyed kernel (`RingKernel::keyed`), read between batches
+    /// (waits at most the terminate timeout for the batch in hand). Works after terminate too
+    /// (the last state). [`Error::KeyOutOfRange`] for a key the kernel does not have.
+    ///
+    /// ```
+    /// use resident::prelude::*;
+    /// # #[repr(C)] #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    /// # struct Add { key: u32, v: u32 }
+    /// # impl Keyed for Add { fn key(&self) -> u32 { self.key } }
+    /// let rt = Runtime::builder().backend(Backend::Cpu).build()?;
+    /// let k = rt.launch(RingKernel::<Add, u32>::new("sums").keyed(10, 0u64).key_handler(
+    ///     |ks: &mut KeyContext<u64>, m: Add| {
+    ///         *ks.state_mut() += m.v as u64;
+    ///         None
+    ///     },
+    /// ))?;
+    /// k.activate()?;
+    /// k.send(Add { key: 3, v: 5 })?;
+    /// k.drain(std::time::Duration::from_secs(5))?;
+    /// assert_eq!(k.snapshot_key::<u64>(3)?, 5);
+    /// assert!(matches!(k.snapshot_key::<u64>(10), Err(Error::KeyOutOfRange { .. })));
+    /// # Ok::<(), resident::Error>(())
+    /// ```
+    pub fn snapshot_key<S: Clone + 'static>(&self, key: u32) -> Result<S> {
+        let mut v = crate::runtime::keyed::snapshot::<In, Out, S>(
+            &self.io,
+            key as u64,
+            key as u64 + 1,
+            "snapshot_key",
+        )?;
+        v.pop().ok_or_else(|| Error::KeyOutOfRange {
+            id: self.io.id.to_string(),
+            op: "snapshot_key",
+            key: key as u64,
+            keys: 0,
+            message: None,
+        })
+    }
+
+    /// The states of keys `range` of a keyed kernel, in key order, read between batches in
+    /// one go (at most [`MAX_SNAPSHOT_KEYS`](crate::runtime::keyed::MAX_SNAPSHOT_KEYS) keys,
+    /// else [`Error::KeyRangeTooLarge`]; a range outside the keys is
+    /// [`Error::KeyOutOfRange`]).
+    pub fn snapshot_keys<S: Clone + 'static>(&self, range: std::ops::Range<u32>) -> Result<Vec<S>> {
+        crate::runtime::keyed::snapshot::<In, Out, S>(
+            &self.io,
+            range.start as u64,
+            range.end as u64,
+            "snapshot_keys",
+        )
     }
 
     /// The report kept when the kernel was terminated (by `terminate`, a runtime shutdown or

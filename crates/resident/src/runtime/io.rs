@@ -59,6 +59,8 @@ pub(crate) struct InputPort<In> {
     pub ids: Arc<Ids>,
     pub state: Arc<Mutex<KernelState>>,
     calls: Weak<dyn DroppedCalls>,
+    /// A keyed kernel's key range: a message naming a key outside it is refused at send.
+    pub keys: Option<crate::runtime::keyed::KeyCheck<In>>,
 }
 
 impl<In> Clone for InputPort<In> {
@@ -69,6 +71,7 @@ impl<In> Clone for InputPort<In> {
             ids: self.ids.clone(),
             state: self.state.clone(),
             calls: self.calls.clone(),
+            keys: self.keys,
         }
     }
 }
@@ -130,6 +133,7 @@ impl<In: Message> InputPort<In> {
     /// Enqueues one message and says what the drop policy did, handing back the slot a
     /// `DropOldest` send discarded (counted).
     pub fn send_slot_outcome(&self, slot: Slot<In>, op: &'static str) -> Result<Sent<Slot<In>>> {
+        self.check_key(&slot.payload, op)?;
         match self.mailbox.send(slot) {
             Ok(Sent::Queued) => Ok(Sent::Queued),
             Ok(Sent::QueuedDroppedOldest(old)) => {
@@ -143,6 +147,21 @@ impl<In: Message> InputPort<In> {
                 Ok(Sent::DroppedNewest)
             }
             Err(e) => Err(self.refused(e, op)),
+        }
+    }
+
+    /// A keyed kernel refuses a message naming a key it does not have (nothing is queued).
+    #[inline]
+    pub fn check_key(&self, msg: &In, op: &'static str) -> Result<()> {
+        match self.keys {
+            Some(k) => k.check(msg).map_err(|key| Error::KeyOutOfRange {
+                id: self.id.to_string(),
+                op,
+                key: key as u64,
+                keys: k.keys,
+                message: Some(Returned::new(*msg)),
+            }),
+            None => Ok(()),
         }
     }
 
@@ -283,6 +302,8 @@ pub(crate) struct KernelIo<In, Out> {
     pub core: Weak<crate::runtime::RuntimeCore>,
     /// A CPU handler's state, readable on request (`KernelHandle::snapshot_state`).
     pub host_state: std::sync::OnceLock<Arc<dyn HostState>>,
+    /// A keyed kernel's per-key states, readable on request (`KernelHandle::snapshot_key`).
+    pub keyed: std::sync::OnceLock<Arc<dyn crate::runtime::keyed::KeyStates>>,
     /// A device kernel's state, readable on request (`KernelHandle::snapshot_state`).
     pub device_state: Mutex<Option<Arc<dyn crate::backend::device_host::StateSnapshot>>>,
 }
@@ -310,6 +331,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
     telemetry: bool,
     terminate_timeout: Duration,
     core: Weak<crate::runtime::RuntimeCore>,
+    keys: Option<crate::runtime::keyed::KeyCheck<In>>,
 ) -> Arc<KernelIo<In, Out>> {
     Arc::new_cyclic(|me: &Weak<KernelIo<In, Out>>| {
         let state = Arc::new(Mutex::new(KernelState::Launched));
@@ -321,6 +343,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
                 ids: ids.clone(),
                 state: state.clone(),
                 calls,
+                keys,
             },
             id,
             input,
@@ -353,6 +376,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             report: Mutex::new(None),
             device_state: Mutex::new(None),
             host_state: std::sync::OnceLock::new(),
+            keyed: std::sync::OnceLock::new(),
             core,
             bound: std::sync::OnceLock::new(),
             profile: std::sync::OnceLock::new(),

@@ -13,6 +13,18 @@ use crate::runtime::context::{Context, LoopContext};
 
 pub(crate) type HandlerFn<In, Out, S> = Box<dyn FnMut(&mut Context<S>, In) -> Option<Out> + Send>;
 pub(crate) type LoopFn<In, Out, S> = Box<dyn FnOnce(&mut LoopContext<In, Out, S>) + Send>;
+/// Builds a kernel's own host from its state at launch (a keyed kernel's `KeyedHost`);
+/// `Err` is the reason the configuration is invalid.
+pub(crate) type HostFactory<In, Out, S> = Box<
+    dyn FnOnce(
+            S,
+            &std::sync::Arc<crate::runtime::io::KernelIo<In, Out>>,
+        ) -> Result<
+            Box<dyn crate::backend::host::RingHost<In, Out>>,
+            crate::runtime::keyed::KeyedError,
+        >
+        + Send,
+>;
 
 pub(crate) enum Body<In, Out, S> {
     Handler(HandlerFn<In, Out, S>),
@@ -55,6 +67,13 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) wgsl: Option<WgslHandler<In, Out>>,
     pub(crate) bindings: Vec<PendingBinding>,
     pub(crate) forward: Option<String>,
+    /// A keyed kernel's key range (`RingKernel::keyed`), checked at every send.
+    pub(crate) keys: Option<crate::runtime::keyed::KeyCheck<In>>,
+    /// A host built from the state at launch instead of `body` (`RingKernel::key_handler`).
+    pub(crate) host: Option<HostFactory<In, Out, S>>,
+    /// A keyed kernel's states as a device buffer, built at launch on a device runtime
+    /// (`RingKernel::key_cuda`).
+    pub(crate) device_keys: Option<crate::runtime::keyed::DeviceKeys<In, Out, S>>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -78,6 +97,9 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             wgsl: None,
             bindings: Vec::new(),
             forward: None,
+            keys: None,
+            host: None,
+            device_keys: None,
             _types: PhantomData,
         }
     }
@@ -102,6 +124,9 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             wgsl: self.wgsl,
             bindings: self.bindings,
             forward: self.forward,
+            keys: self.keys,
+            host: None,
+            device_keys: None,
             _types: PhantomData,
         }
     }

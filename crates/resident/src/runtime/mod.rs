@@ -6,6 +6,7 @@ pub mod context;
 pub mod handle;
 pub(crate) mod io;
 pub mod kernel;
+pub mod keyed;
 pub(crate) mod publisher;
 pub mod report;
 pub mod state;
@@ -377,6 +378,37 @@ impl Runtime {
             Backend::Wgpu => kernel.wgsl.is_some(),
             _ => false,
         };
+        // A keyed kernel on a device keeps its states in the bound buffer `keys`.
+        let mut key_states = None;
+        if kernel.keys.is_some() {
+            if !kernel.bindings.is_empty() {
+                return Err(invalid(
+                    "a keyed kernel binds no buffers (its per-key states are its memory)".into(),
+                ));
+            }
+            if runs_on_device {
+                let keyed_handler = match self.backend {
+                    Backend::Cuda | Backend::CudaSim => {
+                        kernel.cuda.as_ref().is_some_and(|h| h.key_field.is_some())
+                    }
+                    Backend::Wgpu => kernel.wgsl.as_ref().is_some_and(|h| h.key_field.is_some()),
+                    _ => false,
+                };
+                let Some(make) = kernel.device_keys.take().filter(|_| keyed_handler) else {
+                    return Err(invalid(
+                        "a keyed kernel runs on a device through .key_cuda(CudaHandler::keyed::<S>(field)) \
+                         or .key_wgsl(WgslHandler::keyed(field)); a plain .cuda(..) or .wgsl(..) \
+                         handler knows nothing of its keys"
+                            .into(),
+                    ));
+                };
+                let (binding, snapshots) =
+                    make(&kernel.state, &self.device()?)
+                        .map_err(|e| invalid(e.to_string()))?;
+                kernel.bindings.push(binding);
+                key_states = Some(snapshots);
+            }
+        }
         let bound = match bind::table(std::mem::take(&mut kernel.bindings))
             .map_err(|e| invalid(e.to_string()))?
         {
@@ -445,7 +477,11 @@ impl Runtime {
                 .terminate_timeout
                 .unwrap_or(self.core.terminate_timeout),
             Arc::downgrade(&self.core),
+            kernel.keys,
         );
+        if let Some(snapshots) = key_states {
+            let _ = io.keyed.set(snapshots(&io));
+        }
         if let Some(target) = kernel.forward.take() {
             // A target already running must take `Out`; one launched later is checked by type
             // when the first output is forwarded.
@@ -486,7 +522,17 @@ impl Runtime {
             op: "launch",
             source: Box::new(source),
         })?;
+        // A keyed kernel builds its own host from its states (`RingKernel::key_handler`).
+        let own_host = if device.is_none() {
+            kernel.host.take()
+        } else {
+            None
+        };
         let host: Box<dyn RingHost<In, Out>> = match (device, kernel.body, kernel.unit_body) {
+            (None, _, _) if own_host.is_some() => {
+                let make = own_host.expect("checked by the guard");
+                make(kernel.state, &io).map_err(|e| invalid(e.to_string()))?
+            }
             (Some((device, state, buffers)), _, _) => {
                 let kind = match self.backend {
                     Backend::Wgpu => crate::backend::BackendKind::Wgpu,
@@ -553,7 +599,9 @@ impl Runtime {
             }
             (None, None, None) => {
                 return Err(invalid(
-                    "no handler: call .handler(..), .run(..), .cuda(..) or .wgsl(..)".into(),
+                    "no handler: call .handler(..), .run(..), .key_handler(..), .cuda(..) or \
+                     .wgsl(..)"
+                        .into(),
                 ))
             }
         };

@@ -214,6 +214,12 @@ fn forward_outputs<In: Message, Out: Message>(
     while done < outputs.len() {
         let terminating = || io.terminating() || io.in_hand.is_abandoned();
         let gone = match f.port() {
+            // A keyed target refuses an output naming a key it does not have: reported.
+            Ok(port) if port.check_key(&outputs[done].payload, "forward").is_err() => {
+                keep_unsent(io, &outputs[done..done + 1]);
+                done += 1;
+                continue;
+            }
             Ok(port) => match port.mailbox.send(outputs[done]) {
                 Ok(Sent::Queued) => {
                     done += 1;

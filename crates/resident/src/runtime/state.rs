@@ -288,6 +288,31 @@ pub enum Error {
         /// The request.
         message_id: u64,
     },
+    /// A keyed kernel was sent (or asked for) a key it does not have: nothing was queued.
+    #[error("kernel '{id}': {op} with key {key}, but the kernel has keys 0..{keys}")]
+    KeyOutOfRange {
+        /// Kernel id.
+        id: String,
+        /// What was attempted.
+        op: &'static str,
+        /// The key named.
+        key: u64,
+        /// How many keys the kernel has.
+        keys: u32,
+        /// The message, for a refused send.
+        message: Option<Returned>,
+    },
+    /// `snapshot_keys` was asked for more keys than one snapshot reads
+    /// ([`MAX_SNAPSHOT_KEYS`](crate::runtime::keyed::MAX_SNAPSHOT_KEYS)).
+    #[error("kernel '{id}': snapshot_keys of {len} keys, more than the {max} one snapshot reads")]
+    KeyRangeTooLarge {
+        /// Kernel id.
+        id: String,
+        /// Keys asked for.
+        len: u64,
+        /// The most one snapshot reads.
+        max: u32,
+    },
     /// The kernel's thread could not be started.
     #[error("kernel '{id}': cannot start its thread: {source}")]
     Spawn {
@@ -303,6 +328,10 @@ impl Error {
     pub fn into_message<T: 'static>(self) -> Option<T> {
         let returned = match self {
             Error::NotAccepting { message, .. } | Error::QueueFull { message, .. } => message,
+            Error::KeyOutOfRange {
+                message: Some(message),
+                ..
+            } => message,
             Error::Timeout {
                 message: Some(message),
                 ..
@@ -337,6 +366,8 @@ impl Error {
             | Error::Device { id, .. }
             | Error::OutOfMemory { id, .. }
             | Error::Dropped { id, .. }
+            | Error::KeyOutOfRange { id, .. }
+            | Error::KeyRangeTooLarge { id, .. }
             | Error::Spawn { id, .. } => Some(id),
             Error::BackendUnavailable { .. } => None,
         }

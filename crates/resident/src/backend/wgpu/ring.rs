@@ -113,6 +113,8 @@ pub struct WgslHandler<In, Out> {
     in_order: bool,
     /// Bound buffers declared with atomic elements (see [`WgslHandler::atomic`]).
     atomics: Vec<String>,
+    /// A keyed kernel's key field in the input message (see [`WgslHandler::keyed`]).
+    pub(crate) key_field: Option<String>,
     /// The message types' WGSL declarations (nested structs first), or why there are none.
     decls: Result<String, WgslLayoutError>,
     names: (Cow<'static, str>, Cow<'static, str>),
@@ -133,6 +135,7 @@ impl<In: DeviceMessage, Out: DeviceMessage> WgslHandler<In, Out> {
             in_flight: 3,
             in_order: false,
             atomics: Vec::new(),
+            key_field: None,
             decls: (|| {
                 let mut decls = Vec::new();
                 In::wgsl_dependencies(&mut decls)?;
@@ -229,6 +232,7 @@ impl<In: Message, Out: Message> WgslHandler<In, Out> {
             in_order: false,
             atomics: Vec::new(),
             decls: Ok(decls),
+            key_field: None,
             names: (
                 Cow::Owned(input.name().to_string()),
                 Cow::Owned(output.name().to_string()),
@@ -290,6 +294,31 @@ impl<In, Out> WgslHandler<In, Out> {
     /// watchdog bounds a dispatch. The workgroup size is ignored.
     pub fn in_order(mut self) -> Self {
         self.in_order = true;
+        self
+    }
+
+    /// The handler of a keyed kernel (`RingKernel::keyed`, launched with
+    /// `RingKernel::key_wgsl`) whose input messages name their key in the field `key_field`
+    /// (the field the message's `Keyed::key` returns). The handler is
+    ///
+    /// ```wgsl
+    /// fn handle(ks: ptr<function, KeyState>, input: ResidentIn,
+    ///           out: ptr<function, ResidentOut>, env: Envelope) -> bool
+    /// ```
+    ///
+    /// with `KeyState` the WGSL struct of the kernel's per-key state and `ks` the state of the
+    /// message's key. The states live in a storage buffer for the kernel's life (bound as
+    /// `keys`); the leader of a key (below) loads its state once, runs the key's messages of
+    /// the batch against it and stores it back (a `ptr<storage, ..>` argument is what WGSL
+    /// implementations without the unrestricted-pointer-parameters extension refuse, naga's
+    /// validator among them, hence a function-space pointer). Messages of
+    /// one key run one after another in the order sent (within a priority lane), with no
+    /// host-side ticket: one invocation per message, and the first message of each key in the
+    /// batch leads its key, handling that key's messages of the batch in order; different keys
+    /// run in parallel. So a handler updates its key's state with plain loads and stores.
+    /// Bounded: an invocation scans the batch at most twice (no invocation waits for another).
+    pub fn keyed(mut self, key_field: impl Into<String>) -> Self {
+        self.key_field = Some(key_field.into());
         self
     }
 
@@ -379,7 +408,59 @@ impl<In, Out> WgslHandler<In, Out> {
                 hi = (b.id.0 >> 32) as u32,
             ));
         }
-        let main = if self.in_order {
+        let keyed = match &self.key_field {
+            Some(field) => {
+                let ty = bindings
+                    .iter()
+                    .find(|b| b.name == crate::runtime::keyed::KEYS_BUFFER)
+                    .map(|b| b.elem.wgsl_type.clone());
+                match ty {
+                    Some(t) => s.push_str(&format!("alias KeyState = {};\n", t?)),
+                    None => s.push_str(
+                        "// A keyed handler: `keys` and `KeyState` are declared at launch.\n",
+                    ),
+                }
+                Some(field.clone())
+            }
+            None => None,
+        };
+        let main = if let Some(field) = keyed {
+            format!(
+                r#"@compute @workgroup_size({wg})
+fn resident_main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x;
+    let n = resident_count.x;
+    if (i >= n) {{ return; }}
+    let key = resident_in[i].{field};
+    // The first message of each key in the batch leads its key; the others return here.
+    var j = 0u;
+    for (; j < i; j += 1u) {{
+        if (resident_in[j].{field} == key) {{ return; }}
+    }}
+    // A scan cut short (llvmpipe's loop cap) proves nothing: leave the key to its leader.
+    if (j < i) {{ return; }}
+    // The key's messages of this batch, in order, on this invocation, against a copy of the
+    // key's state stored back once (only the leader touches it in this batch).
+    var ks: KeyState = keys[key];
+    var k = i;
+    for (; k < n; k += 1u) {{
+        if (resident_in[k].{field} != key) {{ continue; }}
+        var out: ResidentOut;
+        let keep = {f}(&ks, resident_in[k], &out, resident_env[k]);
+        resident_out[k] = out;
+        resident_keep[k] = select(0u, 1u, keep);
+    }}
+    keys[key] = ks;
+    // Cut short: mark the leader's own message (only this invocation writes its flag); the
+    // host fails the kernel instead of losing the messages not reached.
+    if (k < n) {{ resident_keep[i] = {cut}u; }}
+}}
+"#,
+                wg = self.workgroup,
+                f = self.function,
+                cut = CUT_SHORT,
+            )
+        } else if self.in_order {
             format!(
                 r#"@compute @workgroup_size(1)
 fn resident_main(@builtin(global_invocation_id) gid: vec3<u32>) {{
@@ -662,6 +743,8 @@ struct RingPipeline {
     state_len: usize,
     workgroup: u32,
     in_order: bool,
+    /// A keyed handler: a leader cut short marks its own keep flag.
+    keyed: bool,
 }
 
 #[cfg(feature = "wgpu")]
@@ -758,6 +841,7 @@ impl RingPipeline {
             state_len,
             workgroup: handler.workgroup,
             in_order: handler.in_order,
+            keyed: handler.key_field.is_some(),
         })
     }
 
@@ -835,8 +919,9 @@ impl RingPipeline {
         }
         ctx.write(&bufs.env, scratch);
         ctx.write(&bufs.count, bytemuck::bytes_of(&[n as u32, 0, 0, 0]));
-        if self.in_order {
-            // Messages an in-order loop never reached must not show last batch's flags.
+        if self.in_order || self.keyed {
+            // Messages an in-order (or keyed) loop never reached must not show last batch's
+            // flags.
             enc.clear_buffer(&bufs.keep, 0, Some(n as u64 * 4));
         }
         {
@@ -870,6 +955,21 @@ impl RingPipeline {
 /// The keep flag an in-order entry point leaves on its batch's last message when the device
 /// cut its loop short.
 const CUT_SHORT: u32 = 0xffff_ffff;
+
+#[cfg(feature = "wgpu")]
+impl RingPipeline {
+    /// Whether the device stopped a loop of this batch before its end: the in-order loop
+    /// marks the last keep flag, a keyed leader its own message's.
+    fn cut_short(&self, view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
+        if self.keyed {
+            let at = geometry.keep_offset as usize;
+            return view[at..at + 4 * n]
+                .chunks_exact(4)
+                .any(|f| f == CUT_SHORT.to_le_bytes());
+        }
+        self.in_order && cut_short(view, geometry, n)
+    }
+}
 
 #[cfg(feature = "wgpu")]
 /// Whether the in-order batch of `n` messages whose staging buffer is `view` was cut short.
@@ -1191,8 +1291,9 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
             let bufs = &self.sets[f.set];
             match bufs.staging.get_mapped_range(..) {
                 Ok(view)
-                    if self.pipeline.in_order
-                        && cut_short(&view, &self.geometry, f.inputs.len()) =>
+                    if self
+                        .pipeline
+                        .cut_short(&view, &self.geometry, f.inputs.len()) =>
                 {
                     let n = f.inputs.len();
                     drop(view);
@@ -1492,7 +1593,7 @@ impl<In: Message, Out: Message> StatelessBatches<In, Out> {
         };
         {
             let view = self.bufs.staging.get_mapped_range(..).map_err(map_err)?;
-            if self.pipeline.in_order && cut_short(&view, &self.geometry, inputs.len()) {
+            if self.pipeline.cut_short(&view, &self.geometry, inputs.len()) {
                 drop(view);
                 self.bufs.staging.unmap();
                 self.state_staging.unmap();
