@@ -26,6 +26,9 @@ from .kernel import KernelSpec, _run_kernel, get_kernel
 
 __all__ = ["Runtime", "RingKernelRuntime", "Telemetry", "KernelReport"]
 
+# What the engine returns when no output came (any object, None included, is a message).
+_NOTHING = _resident.NOTHING
+
 
 @dataclass(frozen=True)
 class Telemetry:
@@ -462,9 +465,9 @@ class RingKernelRuntime:
         """The next output; ``ReceiveTimeoutError`` (an ``asyncio.TimeoutError``) after
         ``timeout`` seconds."""
         rt = self._rt
-        r = rt.try_receive(kernel_id, self.spin_wait)
-        if r is not None:
-            return r[0]
+        r = rt.take(kernel_id, self.spin_wait)
+        if r is not _NOTHING:
+            return r
         left = None if timeout is None else max(timeout - self.spin_wait, 0.0)
         return (await _off_loop(rt.receive, kernel_id, left))[0]
 
