@@ -37,9 +37,17 @@ mod workloads;
 /// How long one uninterrupted wait for a Python caller lasts before signals are checked.
 const SLICE: Duration = Duration::from_millis(20);
 
-/// Longest a thread spins, GIL released, to let the other side of a hand-off release the GIL
+/// How long a wait for a Python kernel's input or output (GIL released) looks again and again
+/// before it parks in the engine. Each look that finds nothing yields the core: on a machine
+/// with fewer free cores than busy threads the thread that produces what this one waits for
+/// often shares its core, and a pure spin would hold that core until the scheduler takes it
+/// away (measured on a shared 2-vCPU VM: an echo round trip of 25 us with the engine's spin,
+/// 7 us with this loop). With a free core, a yield returns at once and this is a spin.
+const POLL: Duration = Duration::from_micros(50);
+
+/// Longest a thread waits, GIL released, for the other side of a hand-off to release the GIL
 /// first (see `Handoff`).
-const HANDOFF_SPIN: Duration = Duration::from_micros(50);
+const HANDOFF_SPIN: Duration = Duration::from_micros(20);
 
 /// Envelopes of received messages a kernel's ctx keeps for replies matched by `correlation_id`.
 const PENDING_MAX: usize = 4096;
@@ -50,12 +58,12 @@ const PENDING_MAX: usize = 4096;
 /// Python now, so that each takes the GIL back when the other has let it go.
 ///
 /// Taking the GIL while another thread holds it puts the taker to sleep until that thread
-/// lets go, and waking it costs a scheduler round trip (about 10 us on a shared 2-vCPU VM),
-/// twice per request and reply. So a waiter whose output came spins, GIL released, for at
-/// most `HANDOFF_SPIN` while the kernel's thread is still in Python (it lets the GIL go in
-/// its next wait), and the kernel's thread, when a message came during its wait, spins as
-/// long while no waiter has let the GIL go yet (the sender is on its way to wait for the
-/// reply). Both are hints: a wrong guess costs at most one bounded spin, never a missed
+/// lets go, and waking it costs a scheduler round trip, twice per request and reply when the
+/// two threads run on two cores. So a waiter whose output came looks, GIL released, for at
+/// most `HANDOFF_SPIN` whether the kernel's thread is still in Python (it lets the GIL go in
+/// its next wait), and the kernel's thread, when a message came during its wait, looks as
+/// long whether a waiter has let the GIL go yet (the sender is on its way to wait for the
+/// reply). Both are hints: a wrong guess costs at most one bounded wait, never a missed
 /// message or wake-up (the engine's waits decide those).
 #[derive(Default)]
 struct Handoff {
@@ -65,27 +73,20 @@ struct Handoff {
     kernel_in_python: AtomicBool,
 }
 
-/// Spins (yielding the core now and then, as the engine's waits do) until `done()` or
-/// `limit` passed; returns `done()`.
-fn spin_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    if done() {
-        return true;
+/// Calls `f` until it returns something or `limit` passed, yielding the core between calls
+/// (see `POLL`).
+fn poll_for<R>(limit: Duration, mut f: impl FnMut() -> Option<R>) -> Option<R> {
+    if let Some(r) = f() {
+        return Some(r);
     }
     let start = Instant::now();
-    let mut rounds: u32 = 0;
     loop {
-        std::hint::spin_loop();
-        if done() {
-            return true;
+        std::thread::yield_now();
+        if let Some(r) = f() {
+            return Some(r);
         }
-        rounds = rounds.wrapping_add(1);
-        if rounds.is_multiple_of(64) {
-            if start.elapsed() >= limit {
-                return done();
-            }
-            if rounds >= 256 {
-                std::thread::yield_now();
-            }
+        if start.elapsed() >= limit {
+            return None;
         }
     }
 }
@@ -115,8 +116,8 @@ impl<'a> Waiter<'a> {
     /// Called inside the closure once the wait got something: lets the kernel's thread leave
     /// Python before this thread takes the GIL back.
     fn got(&self) {
-        spin_until(HANDOFF_SPIN, || {
-            !self.hand.kernel_in_python.load(Ordering::Acquire)
+        poll_for(HANDOFF_SPIN, || {
+            (!self.hand.kernel_in_python.load(Ordering::Acquire)).then_some(())
         });
     }
 }
@@ -344,11 +345,15 @@ impl KernelCtx {
             self.outside(py, move || {
                 let p = p;
                 // SAFETY: same thread, body running (see `CtxPtr`).
-                let got = unsafe { &mut *p.0 }.receive_envelope(t);
+                let c = unsafe { &mut *p.0 };
+                let got = poll_for(POLL.min(t), || c.receive_envelope(Duration::ZERO))
+                    .or_else(|| c.receive_envelope(t));
                 if got.is_some() {
                     // The sender is on its way to wait for the reply: take the GIL once it
                     // let it go (see `Handoff`).
-                    spin_until(HANDOFF_SPIN, || hand.waiting.load(Ordering::SeqCst) > 0);
+                    poll_for(HANDOFF_SPIN, || {
+                        (hand.waiting.load(Ordering::SeqCst) > 0).then_some(())
+                    });
                 }
                 got
             })
@@ -690,7 +695,10 @@ impl PyRuntime {
             let waiter = Waiter::new(&k.hand);
             r = py.detach(|| {
                 waiter.released();
-                let r = k.handle.receive_envelope(w);
+                let r = match poll_for(POLL.min(w), || k.handle.receive_envelope(Duration::ZERO).ok()) {
+                    Some(x) => Ok(x),
+                    None => k.handle.receive_envelope(w),
+                };
                 if r.is_ok() {
                     waiter.got();
                 }
@@ -877,6 +885,9 @@ impl PyRuntime {
         if let Some(n) = output_queue_size {
             k = k.output_queue_size(n);
         }
+        // The binding looks for inputs and outputs itself first (`POLL`); the engine's waits
+        // after that park at once instead of spinning again.
+        k = k.wait_strategy(WaitStrategy::Park);
         let k = k.run(move |lctx: &mut Lctx| {
             let outcome: PyResult<()> = Python::attach(|py| {
                 body_hand.kernel_in_python.store(true, Ordering::Release);
@@ -1405,7 +1416,9 @@ impl PendingCallPy {
             let mut g = pc.lock();
             match g.as_mut() {
                 None => Some(None),
-                Some(pc) => pc.wait(slice).map(Some),
+                Some(pc) => poll_for(POLL.min(slice), || pc.wait(Duration::ZERO))
+                    .or_else(|| pc.wait(slice))
+                    .map(Some),
             }
         })
         .map(Option::flatten)

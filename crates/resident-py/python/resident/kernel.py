@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Awaitable, Callable, Dict, Optional
 
 from . import _resident
@@ -113,16 +114,16 @@ class KernelContext:
         self._c = raw
         self.kernel_id: str = raw.kernel_id
 
-    @property
-    def should_terminate(self) -> bool:
-        """True once the kernel is asked to stop: leave the loop."""
-        return self._c.should_terminate
-
-    @property
-    def is_active(self) -> bool:
-        """True while the kernel is active (false before ``activate`` and after
-        ``deactivate``)."""
-        return self._c.is_active
+    # Read through C-level getters (no Python frame): handlers test these every message.
+    should_terminate = property(
+        attrgetter("_c.should_terminate"),
+        doc="True once the kernel is asked to stop: leave the loop.",
+    )
+    is_active = property(
+        attrgetter("_c.is_active"),
+        doc="True while the kernel is active (false before ``activate`` and after "
+        "``deactivate``).",
+    )
 
     async def wait_active(self, timeout: Optional[float] = None) -> bool:
         """Waits until the kernel is active or terminating; returns ``is_active``."""

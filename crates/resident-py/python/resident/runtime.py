@@ -459,7 +459,11 @@ class RingKernelRuntime:
     async def send(self, kernel_id: str, msg: Any, *, priority: Optional[int] = None) -> int:
         """Like ``Runtime.send``. Under ``backpressure="block"`` a send to a full lane waits
         for room (GIL released) on the loop's thread, at most the kernel's block timeout."""
-        return self._rt.send(kernel_id, msg, _priority(msg, priority))
+        if priority is None:
+            priority = getattr(msg, "priority", 128)
+        if priority.__class__ is not int or not 0 <= priority <= 255:
+            priority = _priority(msg, priority)  # checks it (raises when invalid)
+        return self._rt.send(kernel_id, msg, priority)
 
     async def receive(self, kernel_id: str, timeout: Optional[float] = None) -> Any:
         """The next output; ``ReceiveTimeoutError`` (an ``asyncio.TimeoutError``) after
