@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use numpy::{PyArray1, PyReadonlyArray1};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyTypeError, PyValueError};
-use pyo3::sync::PyOnceLock;
-use pyo3::prelude::*;
 use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList};
 use resident::prelude::*;
 
@@ -695,7 +695,9 @@ impl PyRuntime {
             let waiter = Waiter::new(&k.hand);
             r = py.detach(|| {
                 waiter.released();
-                let r = match poll_for(POLL.min(w), || k.handle.receive_envelope(Duration::ZERO).ok()) {
+                let r = match poll_for(POLL.min(w), || {
+                    k.handle.receive_envelope(Duration::ZERO).ok()
+                }) {
                     Some(x) => Ok(x),
                     None => k.handle.receive_envelope(w),
                 };
@@ -1046,9 +1048,11 @@ impl PyRuntime {
         let k = self.kern(py, kernel_id)?;
         let t = timeout.map(secs).transpose()?.unwrap_or(Duration::MAX);
         let h = k.handle.clone();
-        let got = Self::sliced(py, Some(&k.hand), t, |slice| match h.receive_envelope(slice) {
-            Err(Error::Timeout { .. }) => None,
-            other => Some(other),
+        let got = Self::sliced(py, Some(&k.hand), t, |slice| {
+            match h.receive_envelope(slice) {
+                Err(Error::Timeout { .. }) => None,
+                other => Some(other),
+            }
         })?;
         match got {
             Some(Ok((env, key))) => match k.store.take(key) {
