@@ -15,15 +15,17 @@
 //! terminates.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use numpy::{PyArray1, PyReadonlyArray1};
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList};
 use resident::prelude::*;
 
@@ -34,6 +36,111 @@ mod workloads;
 
 /// How long one uninterrupted wait for a Python caller lasts before signals are checked.
 const SLICE: Duration = Duration::from_millis(20);
+
+/// How long a wait for a Python kernel's input or output (GIL released) looks again and again
+/// before it parks in the engine. Each look that finds nothing yields the core: on a machine
+/// with fewer free cores than busy threads the thread that produces what this one waits for
+/// often shares its core, and a pure spin would hold that core until the scheduler takes it
+/// away (measured on a shared 2-vCPU VM: an echo round trip of 25 us with the engine's spin,
+/// 7 us with this loop). With a free core, a yield returns at once and this is a spin.
+const POLL: Duration = Duration::from_micros(50);
+
+/// Longest a thread waits, GIL released, for the other side of a hand-off to release the GIL
+/// first (see `Handoff`).
+const HANDOFF_SPIN: Duration = Duration::from_micros(20);
+
+/// Envelopes of received messages a kernel's ctx keeps for replies matched by `correlation_id`.
+const PENDING_MAX: usize = 4096;
+
+// ---- GIL hand-offs -----------------------------------------------------------------------
+
+/// Who of a Python kernel's thread and the Python threads waiting for its outputs is outside
+/// Python now, so that each takes the GIL back when the other has let it go.
+///
+/// Taking the GIL while another thread holds it puts the taker to sleep until that thread
+/// lets go, and waking it costs a scheduler round trip, twice per request and reply when the
+/// two threads run on two cores. So a waiter whose output came looks, GIL released, for at
+/// most `HANDOFF_SPIN` whether the kernel's thread is still in Python (it lets the GIL go in
+/// its next wait), and the kernel's thread, when a message came during its wait, looks as
+/// long whether a waiter has let the GIL go yet (the sender is on its way to wait for the
+/// reply). Both are hints: a wrong guess costs at most one bounded wait, never a missed
+/// message or wake-up (the engine's waits decide those).
+#[derive(Default)]
+struct Handoff {
+    /// Python threads now waiting, GIL released, for this kernel's outputs or call replies.
+    waiting: AtomicUsize,
+    /// Whether the kernel's thread is (or is about to be) running Python code.
+    kernel_in_python: AtomicBool,
+}
+
+/// Calls `f` until it returns something or `limit` passed, yielding the core between calls
+/// (see `POLL`).
+fn poll_for<R>(limit: Duration, mut f: impl FnMut() -> Option<R>) -> Option<R> {
+    if let Some(r) = f() {
+        return Some(r);
+    }
+    let start = Instant::now();
+    loop {
+        std::thread::yield_now();
+        if let Some(r) = f() {
+            return Some(r);
+        }
+        if start.elapsed() >= limit {
+            return None;
+        }
+    }
+}
+
+/// Counts a waiter in `Handoff::waiting` from inside its GIL-released wait until it holds the
+/// GIL again (dropped after `detach` returned).
+struct Waiter<'a> {
+    hand: &'a Handoff,
+    counted: AtomicBool,
+}
+
+impl<'a> Waiter<'a> {
+    fn new(hand: &'a Handoff) -> Self {
+        Waiter {
+            hand,
+            counted: AtomicBool::new(false),
+        }
+    }
+
+    /// Called inside the GIL-released closure: the GIL is free from here on.
+    fn released(&self) {
+        if !self.counted.swap(true, Ordering::Relaxed) {
+            self.hand.waiting.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Called inside the closure once the wait got something: lets the kernel's thread leave
+    /// Python before this thread takes the GIL back.
+    fn got(&self) {
+        poll_for(HANDOFF_SPIN, || {
+            (!self.hand.kernel_in_python.load(Ordering::Acquire)).then_some(())
+        });
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        if *self.counted.get_mut() {
+            self.hand.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The object `KernelCtx.recv` and `Runtime.take` return when there is no message (any Python
+/// object, `None` included, may be a message).
+static NOTHING: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn nothing(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    NOTHING
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("builtins")?.getattr("object")?.call0()?.unbind())
+        })
+        .map(|o| o.clone_ref(py))
+}
 
 // ---- the object store ------------------------------------------------------------------
 
@@ -185,7 +292,15 @@ struct KernelCtx {
     thread: ThreadId,
     store: Arc<Store>,
     kernel_id: String,
+    hand: Arc<Handoff>,
+    /// `message_id` of a received message -> its `Env`, for replies matched by
+    /// `correlation_id` (insertion order: the oldest goes first past `PENDING_MAX`).
+    pending: Py<PyDict>,
 }
+
+/// A received message's envelope, kept for its reply.
+#[pyclass(frozen, module = "resident._resident")]
+struct Env(Envelope);
 
 impl KernelCtx {
     fn with<R>(&self, f: impl FnOnce(&mut Lctx) -> R) -> PyResult<R> {
@@ -204,6 +319,68 @@ impl KernelCtx {
         }
         // SAFETY: see `CtxPtr`: same thread, body still running.
         Ok(f(unsafe { &mut *p }))
+    }
+
+    /// Runs `f` with the GIL released, telling waiters that this thread is out of Python
+    /// until `f` returned.
+    fn outside<R: Send>(&self, py: Python<'_>, f: impl FnOnce() -> R + Send) -> R {
+        let hand = &self.hand;
+        py.detach(move || {
+            hand.kernel_in_python.store(false, Ordering::Release);
+            let r = f();
+            hand.kernel_in_python.store(true, Ordering::Release);
+            r
+        })
+    }
+
+    /// The next message, waiting up to `t` (GIL released): `(envelope, handle)`.
+    fn next_message(&self, py: Python<'_>, t: Duration) -> PyResult<Option<(Envelope, u64)>> {
+        self.with(|c| {
+            let now = c.receive_envelope(Duration::ZERO);
+            if now.is_some() || t.is_zero() {
+                return now;
+            }
+            let p = SendPtr(c as *mut Lctx);
+            let hand = &*self.hand;
+            self.outside(py, move || {
+                let p = p;
+                // SAFETY: same thread, body running (see `CtxPtr`).
+                let c = unsafe { &mut *p.0 };
+                let got = poll_for(POLL.min(t), || c.receive_envelope(Duration::ZERO))
+                    .or_else(|| c.receive_envelope(t));
+                if got.is_some() {
+                    // The sender is on its way to wait for the reply: take the GIL once it
+                    // let it go (see `Handoff`).
+                    poll_for(HANDOFF_SPIN, || {
+                        (hand.waiting.load(Ordering::SeqCst) > 0).then_some(())
+                    });
+                }
+                got
+            })
+        })
+    }
+
+    /// Publishes `key` as the reply to `request` (or to the last message received).
+    fn publish(&self, py: Python<'_>, key: u64, request: Option<Envelope>) -> PyResult<()> {
+        self.with(|c| {
+            if c.output_has_room() {
+                // The kernel is its output's only producer: this send does not wait.
+                return match request {
+                    Some(env) => c.send_reply(&env, key),
+                    None => c.send(key),
+                };
+            }
+            let p = SendPtr(c as *mut Lctx);
+            self.outside(py, move || {
+                let p = p;
+                // SAFETY: same thread, body running (see `CtxPtr`).
+                let c = unsafe { &mut *p.0 };
+                match request {
+                    Some(env) => c.send_reply(&env, key),
+                    None => c.send(key),
+                }
+            })
+        })
     }
 }
 
@@ -245,19 +422,69 @@ impl KernelCtx {
     /// Next message within `timeout` seconds (GIL released while waiting): `(obj, envelope)`,
     /// or `None` on timeout, while inactive, or once terminating.
     fn receive(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<(Py<PyAny>, EnvTuple)>> {
-        let t = secs(timeout)?;
-        let got = self.with(|c| {
-            if t.is_zero() {
-                return c.receive_envelope(Duration::ZERO);
-            }
-            let p = SendPtr(c as *mut Lctx);
-            py.detach(move || {
-                let p = p;
-                // SAFETY: same thread, body running (see `CtxPtr`).
-                unsafe { &mut *p.0 }.receive_envelope(t)
-            })
-        })?;
+        let got = self.next_message(py, secs(timeout)?)?;
         Ok(got.and_then(|(env, key)| self.store.take(key).map(|obj| (obj, env_tuple(&env)))))
+    }
+
+    /// The next message within `timeout` seconds (GIL released while waiting), or
+    /// `NOTHING` on timeout, while inactive, or once terminating. Its envelope is kept under
+    /// its `message_id` (when it has a hashable one) for the reply `reply` matches to it.
+    fn recv(&self, py: Python<'_>, timeout: f64) -> PyResult<Py<PyAny>> {
+        let got = self.next_message(py, secs(timeout)?)?;
+        let Some((env, obj)) = got.and_then(|(env, key)| self.store.take(key).map(|o| (env, o)))
+        else {
+            return nothing(py);
+        };
+        let mid = match obj.bind(py).getattr(intern!(py, "message_id")) {
+            Ok(m) => m,
+            Err(e) if e.is_instance_of::<PyAttributeError>(py) => return Ok(obj),
+            Err(e) => return Err(e),
+        };
+        if mid.is_none() {
+            return Ok(obj);
+        }
+        let pending = self.pending.bind(py);
+        match pending.set_item(mid, Env(env)) {
+            Ok(()) => {
+                if pending.len() > PENDING_MAX {
+                    let oldest = pending.iter().next().map(|(k, _)| k);
+                    if let Some(k) = oldest {
+                        pending.del_item(k)?;
+                    }
+                }
+            }
+            // An unhashable id: its reply goes to the last message received.
+            Err(e) if e.is_instance_of::<PyTypeError>(py) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(obj)
+    }
+
+    /// Sends `obj` on the output queue: as the reply to the message whose `message_id` is
+    /// `obj.correlation_id` if this kernel received it (and has not answered it yet), else
+    /// as the reply to the last message received. May wait for room on a full output queue
+    /// (GIL released).
+    fn reply(&self, py: Python<'_>, obj: Py<PyAny>) -> PyResult<()> {
+        let mut request = None;
+        match obj.bind(py).getattr(intern!(py, "correlation_id")) {
+            Ok(cid) if !cid.is_none() => {
+                let pending = self.pending.bind(py);
+                match pending.get_item(&cid) {
+                    Ok(Some(env)) => {
+                        request = Some(env.cast::<Env>()?.get().0);
+                        pending.del_item(&cid)?;
+                    }
+                    Ok(None) => {}
+                    Err(e) if e.is_instance_of::<PyTypeError>(py) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(_) => {}
+            Err(e) if e.is_instance_of::<PyAttributeError>(py) => {}
+            Err(e) => return Err(e),
+        }
+        let key = self.store.put(obj);
+        self.publish(py, key, request)
     }
 
     /// Sends `obj` as the reply to `request` (an envelope from `receive`), or to the last
@@ -266,25 +493,7 @@ impl KernelCtx {
     #[pyo3(signature = (obj, request=None))]
     fn send(&self, py: Python<'_>, obj: Py<PyAny>, request: Option<EnvTuple>) -> PyResult<()> {
         let key = self.store.put(obj);
-        self.with(|c| {
-            if c.output_has_room() {
-                // The kernel is its output's only producer: this send does not wait.
-                return match request {
-                    Some(env) => c.send_reply(&env_from(env), key),
-                    None => c.send(key),
-                };
-            }
-            let p = SendPtr(c as *mut Lctx);
-            py.detach(move || {
-                let p = p;
-                // SAFETY: same thread, body running (see `CtxPtr`).
-                let c = unsafe { &mut *p.0 };
-                match request {
-                    Some(env) => c.send_reply(&env_from(env), key),
-                    None => c.send(key),
-                }
-            })
-        })
+        self.publish(py, key, request.map(env_from))
     }
 
     /// Waits (GIL released) up to `timeout` seconds until the kernel is active or
@@ -293,7 +502,7 @@ impl KernelCtx {
         let t = secs(timeout)?;
         self.with(|c| {
             let p = SendPtr(c as *mut Lctx);
-            py.detach(move || {
+            self.outside(py, move || {
                 let p = p;
                 // SAFETY: same thread, body running (see `CtxPtr`).
                 let c = unsafe { &mut *p.0 };
@@ -361,6 +570,7 @@ pub(crate) fn py_failure(py: Python<'_>, e: PyErr) -> String {
 struct Kern {
     handle: KernelHandle<u64, u64>,
     store: Arc<Store>,
+    hand: Arc<Handoff>,
     /// Sends under `Block` may wait (GIL released); the other policies never wait.
     blocks: bool,
 }
@@ -436,9 +646,11 @@ impl PyRuntime {
     }
 
     /// Runs a blocking engine wait in slices with the GIL released, checking for signals
-    /// between slices; `f(slice)` returns `None` to go on waiting.
+    /// between slices; `f(slice)` returns `None` to go on waiting. A wait for a Python
+    /// kernel's outputs passes its `Handoff` (counted as a waiter; see there).
     fn sliced<R: Send>(
         py: Python<'_>,
+        hand: Option<&Handoff>,
         timeout: Duration,
         mut f: impl FnMut(Duration) -> Option<R> + Send,
     ) -> PyResult<Option<R>> {
@@ -446,13 +658,59 @@ impl PyRuntime {
         loop {
             let left = deadline.map_or(SLICE, |d| d.saturating_duration_since(Instant::now()));
             let slice = left.min(SLICE);
-            if let Some(r) = py.detach(|| f(slice)) {
+            let got = match hand {
+                Some(hand) => {
+                    let w = Waiter::new(hand);
+                    py.detach(|| {
+                        w.released();
+                        let r = f(slice);
+                        if r.is_some() {
+                            w.got();
+                        }
+                        r
+                    })
+                }
+                None => py.detach(|| f(slice)),
+            };
+            if let Some(r) = got {
                 return Ok(Some(r));
             }
             py.check_signals()?;
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
+        }
+    }
+
+    /// The next output of a Python kernel if one is ready, or comes within `wait` (one
+    /// short wait, GIL released, at most a slice).
+    fn output_within(
+        py: Python<'_>,
+        k: &Kern,
+        wait: Duration,
+    ) -> PyResult<Option<(Envelope, Py<PyAny>)>> {
+        let w = wait.min(SLICE);
+        let mut r = k.handle.receive_envelope(Duration::ZERO);
+        if !w.is_zero() && matches!(r, Err(Error::Timeout { .. })) {
+            let waiter = Waiter::new(&k.hand);
+            r = py.detach(|| {
+                waiter.released();
+                let r = match poll_for(POLL.min(w), || {
+                    k.handle.receive_envelope(Duration::ZERO).ok()
+                }) {
+                    Some(x) => Ok(x),
+                    None => k.handle.receive_envelope(w),
+                };
+                if r.is_ok() {
+                    waiter.got();
+                }
+                r
+            });
+        }
+        match r {
+            Ok((env, key)) => Ok(k.store.take(key).map(|o| (env, o))),
+            Err(Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(engine_error(py, &e)),
         }
     }
 }
@@ -619,6 +877,8 @@ impl PyRuntime {
         }
         let store = Arc::new(Store::default());
         let body_store = store.clone();
+        let hand = Arc::new(Handoff::default());
+        let body_hand = hand.clone();
         let id = kernel_id.clone();
         let mut k = RingKernel::<u64, u64>::new(kernel_id.clone())
             .queue_size(queue_size)
@@ -627,17 +887,24 @@ impl PyRuntime {
         if let Some(n) = output_queue_size {
             k = k.output_queue_size(n);
         }
+        // The binding looks for inputs and outputs itself first (`POLL`); the engine's waits
+        // after that park at once instead of spinning again.
+        k = k.wait_strategy(WaitStrategy::Park);
         let k = k.run(move |lctx: &mut Lctx| {
             let outcome: PyResult<()> = Python::attach(|py| {
+                body_hand.kernel_in_python.store(true, Ordering::Release);
                 let ctx = KernelCtx {
                     ptr: Mutex::new(CtxPtr(lctx as *mut Lctx)),
                     thread: std::thread::current().id(),
                     store: body_store,
                     kernel_id: id.clone(),
+                    hand: body_hand.clone(),
+                    pending: PyDict::new(py).unbind(),
                 };
                 let ctx = Py::new(py, ctx)?;
                 let r = runner.call1(py, (func.clone_ref(py), ctx.clone_ref(py)));
                 ctx.get().ptr.lock().0 = std::ptr::null_mut();
+                body_hand.kernel_in_python.store(false, Ordering::Release);
                 r.map(|_| ())
             });
             if let Err(e) = outcome {
@@ -660,6 +927,7 @@ impl PyRuntime {
             Arc::new(Kern {
                 handle,
                 store,
+                hand,
                 blocks,
             }),
         );
@@ -760,18 +1028,16 @@ impl PyRuntime {
     /// or None.
     fn try_receive(&self, py: Python<'_>, kernel_id: &str, wait: f64) -> PyResult<Option<Output>> {
         let k = self.kern(py, kernel_id)?;
-        let w = secs(wait)?.min(SLICE);
-        let mut r = k.handle.receive_envelope(Duration::ZERO);
-        if !w.is_zero() && matches!(r, Err(Error::Timeout { .. })) {
-            r = py.detach(|| k.handle.receive_envelope(w));
-        }
-        match r {
-            Ok((env, key)) => Ok(k
-                .store
-                .take(key)
-                .map(|o| (o, (env.message_id, env.correlation_id)))),
-            Err(Error::Timeout { .. }) => Ok(None),
-            Err(e) => Err(engine_error(py, &e)),
+        let got = Self::output_within(py, &k, secs(wait)?)?;
+        Ok(got.map(|(env, o)| (o, (env.message_id, env.correlation_id))))
+    }
+
+    /// Like `try_receive`, the object alone, or `NOTHING` when no output came.
+    fn take(&self, py: Python<'_>, kernel_id: &str, wait: f64) -> PyResult<Py<PyAny>> {
+        let k = self.kern(py, kernel_id)?;
+        match Self::output_within(py, &k, secs(wait)?)? {
+            Some((_, o)) => Ok(o),
+            None => nothing(py),
         }
     }
 
@@ -782,9 +1048,11 @@ impl PyRuntime {
         let k = self.kern(py, kernel_id)?;
         let t = timeout.map(secs).transpose()?.unwrap_or(Duration::MAX);
         let h = k.handle.clone();
-        let got = Self::sliced(py, t, |slice| match h.receive_envelope(slice) {
-            Err(Error::Timeout { .. }) => None,
-            other => Some(other),
+        let got = Self::sliced(py, Some(&k.hand), t, |slice| {
+            match h.receive_envelope(slice) {
+                Err(Error::Timeout { .. }) => None,
+                other => Some(other),
+            }
         })?;
         match got {
             Some(Ok((env, key))) => match k.store.take(key) {
@@ -1038,7 +1306,7 @@ impl PyRuntime {
         if !first.is_empty() || t.is_zero() {
             return Ok(PyArray1::from_vec(py, first));
         }
-        let got = Self::sliced(py, t, |slice| match b.recv_bytes(max, slice) {
+        let got = Self::sliced(py, None, t, |slice| match b.recv_bytes(max, slice) {
             Ok(v) if v.is_empty() => None,
             other => Some(other),
         })?;
@@ -1128,7 +1396,7 @@ impl PendingCallPy {
     /// the call unless `timeout` is 0.
     fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Py<PyAny>>> {
         let t = secs(timeout)?;
-        let r = Self::sliced_wait(py, &self.pc, t)?;
+        let r = Self::sliced_wait(py, &self.kern.hand, &self.pc, t)?;
         match r {
             None => Ok(None),
             Some(r) => self.finish(py, r).map(Some),
@@ -1144,14 +1412,17 @@ impl PendingCallPy {
 impl PendingCallPy {
     fn sliced_wait(
         py: Python<'_>,
+        hand: &Handoff,
         pc: &Mutex<Option<PendingCall<u64, u64>>>,
         t: Duration,
     ) -> PyResult<Option<Result<u64, Error>>> {
-        PyRuntime::sliced(py, t, |slice| {
+        PyRuntime::sliced(py, Some(hand), t, |slice| {
             let mut g = pc.lock();
             match g.as_mut() {
                 None => Some(None),
-                Some(pc) => pc.wait(slice).map(Some),
+                Some(pc) => poll_for(POLL.min(slice), || pc.wait(Duration::ZERO))
+                    .or_else(|| pc.wait(slice))
+                    .map(Some),
             }
         })
         .map(Option::flatten)
@@ -1162,6 +1433,8 @@ impl PendingCallPy {
 fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRuntime>()?;
     m.add_class::<KernelCtx>()?;
+    m.add_class::<Env>()?;
+    m.add("NOTHING", nothing(m.py())?)?;
     m.add_class::<PendingCallPy>()?;
     buffer::register(m)?;
     device::register(m)?;

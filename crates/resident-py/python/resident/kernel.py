@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Awaitable, Callable, Dict, Optional
+
+from . import _resident
 
 __all__ = ["ring_kernel", "KernelSpec", "KernelContext", "get_kernel", "BACKPRESSURE"]
 
@@ -13,8 +16,8 @@ BACKPRESSURE = ("block", "reject", "drop_oldest", "drop_newest")
 
 # How long one wait of the kernel's coroutine lasts before other tasks of its loop get a turn.
 _SLICE = 0.01
-# Envelopes of received messages kept for replies matched by ``correlation_id``.
-_PENDING_MAX = 4096
+# What the engine returns when no message came (any object, None included, is a message).
+_NOTHING = _resident.NOTHING
 
 
 @dataclass(frozen=True)
@@ -105,23 +108,22 @@ class KernelContext:
     the GIL and give the loop's other tasks a turn every 10 ms.
     """
 
-    __slots__ = ("_c", "_pending", "kernel_id")
+    __slots__ = ("_c", "kernel_id")
 
     def __init__(self, raw: Any) -> None:
         self._c = raw
-        self._pending: Dict[Any, Any] = {}
         self.kernel_id: str = raw.kernel_id
 
-    @property
-    def should_terminate(self) -> bool:
-        """True once the kernel is asked to stop: leave the loop."""
-        return self._c.should_terminate
-
-    @property
-    def is_active(self) -> bool:
-        """True while the kernel is active (false before ``activate`` and after
-        ``deactivate``)."""
-        return self._c.is_active
+    # Read through C-level getters (no Python frame): handlers test these every message.
+    should_terminate = property(
+        attrgetter("_c.should_terminate"),
+        doc="True once the kernel is asked to stop: leave the loop.",
+    )
+    is_active = property(
+        attrgetter("_c.is_active"),
+        doc="True while the kernel is active (false before ``activate`` and after "
+        "``deactivate``).",
+    )
 
     async def wait_active(self, timeout: Optional[float] = None) -> bool:
         """Waits until the kernel is active or terminating; returns ``is_active``."""
@@ -140,49 +142,37 @@ class KernelContext:
         none comes within ``timeout`` seconds (None: wait without limit) or while the kernel
         is inactive, and ``asyncio.CancelledError`` once it is terminating (the runtime ends
         the coroutine cleanly then)."""
+        # One call into the engine when a message is ready (its envelope is kept there for
+        # the reply), a wait in slices otherwise.
+        r = self._c.recv(0.0)
+        if r is _NOTHING:
+            r = await self._wait(timeout)
+        return r
+
+    async def _wait(self, timeout: Optional[float]) -> Any:
         c = self._c
-        r = c.receive(0.0)
-        if r is None:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                if c.should_terminate:
-                    raise asyncio.CancelledError()
-                left = _SLICE
-                if deadline is not None:
-                    left = min(left, deadline - time.monotonic())
-                    if left <= 0:
-                        raise asyncio.TimeoutError()
-                if c.is_active:
-                    r = c.receive(left)
-                    if r is not None:
-                        break
-                else:
-                    c.wait_active(left)
-                await asyncio.sleep(0)
-        obj, env = r
-        mid = getattr(obj, "message_id", None)
-        if mid is not None:
-            try:
-                p = self._pending
-                p[mid] = env
-                if len(p) > _PENDING_MAX:
-                    del p[next(iter(p))]
-            except TypeError:  # unhashable id: replies go to the last message received
-                pass
-        return obj
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if c.should_terminate:
+                raise asyncio.CancelledError()
+            left = _SLICE
+            if deadline is not None:
+                left = min(left, deadline - time.monotonic())
+                if left <= 0:
+                    raise asyncio.TimeoutError()
+            if c.is_active:
+                r = c.recv(left)
+                if r is not _NOTHING:
+                    return r
+            else:
+                c.wait_active(left)
+            await asyncio.sleep(0)
 
     async def send(self, msg: Any) -> None:
         """Sends ``msg`` on the kernel's output queue. If ``msg.correlation_id`` is the
         ``message_id`` of a message this kernel received, ``msg`` is that message's reply
         (a ``call`` waiting for it gets it); otherwise it answers the last message received."""
-        env = None
-        cid = getattr(msg, "correlation_id", None)
-        if cid is not None:
-            try:
-                env = self._pending.pop(cid, None)
-            except TypeError:
-                env = None
-        self._c.send(msg, env)
+        self._c.reply(msg)
 
 
 async def _guard(func: Callable[[KernelContext], Awaitable[Any]], ctx: KernelContext) -> None:

@@ -26,6 +26,9 @@ from .kernel import KernelSpec, _run_kernel, get_kernel
 
 __all__ = ["Runtime", "RingKernelRuntime", "Telemetry", "KernelReport"]
 
+# What the engine returns when no output came (any object, None included, is a message).
+_NOTHING = _resident.NOTHING
+
 
 @dataclass(frozen=True)
 class Telemetry:
@@ -456,15 +459,19 @@ class RingKernelRuntime:
     async def send(self, kernel_id: str, msg: Any, *, priority: Optional[int] = None) -> int:
         """Like ``Runtime.send``. Under ``backpressure="block"`` a send to a full lane waits
         for room (GIL released) on the loop's thread, at most the kernel's block timeout."""
-        return self._rt.send(kernel_id, msg, _priority(msg, priority))
+        if priority is None:
+            priority = getattr(msg, "priority", 128)
+        if priority.__class__ is not int or not 0 <= priority <= 255:
+            priority = _priority(msg, priority)  # checks it (raises when invalid)
+        return self._rt.send(kernel_id, msg, priority)
 
     async def receive(self, kernel_id: str, timeout: Optional[float] = None) -> Any:
         """The next output; ``ReceiveTimeoutError`` (an ``asyncio.TimeoutError``) after
         ``timeout`` seconds."""
         rt = self._rt
-        r = rt.try_receive(kernel_id, self.spin_wait)
-        if r is not None:
-            return r[0]
+        r = rt.take(kernel_id, self.spin_wait)
+        if r is not _NOTHING:
+            return r
         left = None if timeout is None else max(timeout - self.spin_wait, 0.0)
         return (await _off_loop(rt.receive, kernel_id, left))[0]
 
