@@ -2,38 +2,18 @@
 //! runs, compiled by the host C++ compiler, one OS thread per CUDA thread): the handler gets its
 //! key's state (`KeyState* ks`), one thread per message, per-key order kept on the device (no
 //! host-side ticket), the states read back with `snapshot_key(s)`, 10^6 keys in one kernel, and
-//! terminate accounting racing producers. The same source compiles with NVRTC for sm_90.
-//! Without a host C++ compiler the CudaSim tests print `SKIP:` (and fail with
-//! `RESIDENT_REQUIRE_CUDASIM=1`); without NVRTC the NVRTC test prints `SKIP:` (and fails with
-//! `RESIDENT_REQUIRE_NVRTC=1`). Nothing here was run on a GPU (none was available).
+//! terminate accounting racing producers (the tests, shared with wgpu, are in `keyed_device/`).
+//! The same source compiles with NVRTC for sm_90. Without a host C++ compiler the CudaSim tests
+//! print `SKIP:` (and fail with `RESIDENT_REQUIRE_CUDASIM=1`); without NVRTC the NVRTC test
+//! prints `SKIP:` (and fails with `RESIDENT_REQUIRE_NVRTC=1`). Nothing here was run on a GPU
+//! (none was available).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread;
-use std::time::Duration;
+mod keyed_device;
 
+use keyed_device::{Engine, KMsg, KState};
 use resident::backend::DeviceError;
 use resident::cuda::persistent::PersistentError;
 use resident::prelude::*;
-
-device_message! {
-    /// The `seq`-th message `producer` sent to key `key`.
-    #[derive(PartialEq, Eq)]
-    pub struct KMsg { pub key: u32, pub producer: u32, pub seq: u32, pub value: u32 }
-}
-
-impl Keyed for KMsg {
-    fn key(&self) -> u32 {
-        self.key
-    }
-}
-
-device_message! {
-    /// Per-key state (32 bytes): next sequence number per producer, messages handled, order
-    /// violations seen, sum of values.
-    pub struct KState { pub next: [u32; 4], pub handled: u32, pub out_of_order: u32, pub sum: u32, pub pad: u32 }
-}
 
 /// No atomics: the template runs one key's messages one after another.
 const CUDA_SRC: &str = r#"
@@ -51,332 +31,47 @@ __device__ bool handle(KeyState* ks, const ResidentIn* in, ResidentOut* out, con
 }
 "#;
 
-const T: Duration = Duration::from_secs(120);
-const PRODUCERS: u32 = 4;
-
-fn zero() -> KState {
-    bytemuck::Zeroable::zeroed()
-}
-
 fn handler() -> CudaHandler<KMsg, KMsg> {
     CudaHandler::new(CUDA_SRC).keyed::<KState>("key")
 }
 
-fn kernel(id: &str, keys: u32) -> RingKernel<KMsg, KMsg, Keys<KState>> {
-    RingKernel::<KMsg, KMsg>::new(id)
-        .queue_size(4096)
-        .keyed(keys, zero())
-        .key_cuda(handler())
-}
+const CUDASIM: Engine = Engine {
+    file: "keyed_sim",
+    label: "CudaSim",
+    backend: Backend::CudaSim,
+    kind: resident::backend::BackendKind::CudaSim,
+    require: "RESIDENT_REQUIRE_CUDASIM",
+    keyed: |k| k.key_cuda(handler()),
+    plain: |k| k.cuda(CudaHandler::new(CUDA_SRC)),
+    // Many messages of one key in every batch run as many rounds, and CudaSim's barrier is a
+    // barrier of OS threads: small batches.
+    few_keys_batch: 64,
+};
 
-/// The CudaSim runtime, or `None` after a visible `SKIP:` line.
-fn cudasim(test: &str) -> Option<Runtime> {
-    match Runtime::builder().backend(Backend::CudaSim).build() {
-        Ok(rt) => Some(rt),
-        Err(e) => {
-            if std::env::var("RESIDENT_REQUIRE_CUDASIM").as_deref() == Ok("1") {
-                panic!("RESIDENT_REQUIRE_CUDASIM=1 but CudaSim is unavailable: {e}");
-            }
-            println!("SKIP: keyed_sim::{test}: CudaSim unavailable: {e}");
-            None
-        }
-    }
-}
-
-fn rng(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
-}
-
-/// `PRODUCERS` threads send `per` messages each to random keys of `0..keys`; returns per
-/// producer the messages it sent to each key.
-fn produce(h: &KernelHandle<KMsg, KMsg>, keys: u32, per: u32) -> Vec<HashMap<u32, u32>> {
-    let ps: Vec<_> = (0..PRODUCERS)
-        .map(|p| {
-            let h = h.clone();
-            thread::spawn(move || {
-                let mut r = rng(p as u64 + 3);
-                let mut next: HashMap<u32, u32> = HashMap::new();
-                for i in 0..per {
-                    let key = (r() % keys as u64) as u32;
-                    let seq = next.entry(key).or_insert(0);
-                    h.send(KMsg {
-                        key,
-                        producer: p,
-                        seq: *seq,
-                        value: i % 5,
-                    })
-                    .unwrap();
-                    *seq += 1;
-                }
-                next
-            })
-        })
-        .collect();
-    ps.into_iter().map(|p| p.join().unwrap()).collect()
-}
-
-fn order_case(rt: &Runtime, keys: u32, per: u32, batch: usize) {
-    let h = rt
-        .launch(
-            kernel(&format!("order-{keys}"), keys)
-                .batch_size(batch)
-                .backpressure(Backpressure::Block(T)),
-        )
-        .unwrap();
-    assert_eq!(
-        h.placement(),
-        Placement::Device(resident::backend::BackendKind::CudaSim)
-    );
-    h.activate().unwrap();
-    let total = (PRODUCERS * per) as usize;
-    let receiver = {
-        let h = h.clone();
-        thread::spawn(move || {
-            let mut got = Vec::with_capacity(total);
-            while got.len() < total {
-                got.push(h.receive(T).unwrap());
-                h.receive_batch(&mut got, 4096).unwrap();
-            }
-            got
-        })
-    };
-    let sent = produce(&h, keys, per);
-    let outs = receiver.join().unwrap();
-    // A key's outputs come out in its order: `value` counts the key's messages.
-    let mut last: HashMap<u32, u32> = HashMap::new();
-    for o in &outs {
-        let l = last.entry(o.key).or_insert(0);
-        assert_eq!(o.value, *l + 1, "key {}: outputs out of order", o.key);
-        *l = o.value;
-    }
-    let states: Vec<KState> = h.snapshot_keys(0..keys).unwrap();
-    let mut handled = 0u64;
-    for (k, st) in states.iter().enumerate() {
-        assert_eq!(
-            st.out_of_order, 0,
-            "key {k}: out of order on the device: {st:?}"
-        );
-        for (p, s) in sent.iter().enumerate() {
-            assert_eq!(
-                st.next[p],
-                s.get(&(k as u32)).copied().unwrap_or(0),
-                "key {k} producer {p}"
-            );
-        }
-        handled += st.handled as u64;
-    }
-    assert_eq!(handled, total as u64);
-    let report = h.terminate().unwrap();
-    assert!(report.failure.is_none(), "{:?}", report.failure);
-    assert_eq!(report.returned(), 0);
-}
-
-/// Few keys (many messages of one key in every batch: as many rounds; CudaSim's barrier is a
-/// barrier of OS threads, so that case runs small batches) and many keys (full batches).
+/// Few keys (many messages of one key in every batch: as many rounds) and many keys (full
+/// batches).
 #[test]
 fn per_key_order_on_the_device_with_many_producers() {
-    let Some(rt) = cudasim("per_key_order_on_the_device_with_many_producers") else {
-        return;
-    };
-    order_case(&rt, 3, 2000, 64);
-    order_case(&rt, 5000, 3000, 1024);
+    keyed_device::per_key_order_with_many_producers(
+        &CUDASIM,
+        "per_key_order_on_the_device_with_many_producers",
+    );
 }
 
 #[test]
 fn key_range_snapshots_and_bulk_init() {
-    let Some(rt) = cudasim("key_range_snapshots_and_bulk_init") else {
-        return;
-    };
-    let init: Vec<KState> = (0..100u32)
-        .map(|k| KState {
-            sum: k * 10,
-            ..zero()
-        })
-        .collect();
-    let h = rt
-        .launch(
-            RingKernel::<KMsg, KMsg>::new("range")
-                .keyed_from(init)
-                .key_cuda(handler()),
-        )
-        .unwrap();
-    h.activate().unwrap();
-    let m = KMsg {
-        key: 100,
-        producer: 0,
-        seq: 0,
-        value: 1,
-    };
-    let e = h.send(m).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::KeyOutOfRange {
-                key: 100,
-                keys: 100,
-                ..
-            }
-        ),
-        "{e:?}"
-    );
-    assert_eq!(e.into_message::<KMsg>(), Some(m));
-    let r = h.call(KMsg { key: 42, ..m }, T).unwrap();
-    assert_eq!((r.key, r.value), (42, 1));
-    assert_eq!(h.snapshot_key::<KState>(42).unwrap().sum, 421);
-    assert_eq!(h.snapshot_key::<KState>(41).unwrap().sum, 410);
-    let all: Vec<KState> = h.snapshot_keys(0..100).unwrap();
-    assert!(all
-        .iter()
-        .enumerate()
-        .all(|(k, s)| s.sum == k as u32 * 10 + u32::from(k == 42)));
-    assert!(matches!(
-        h.snapshot_key::<KState>(100),
-        Err(Error::KeyOutOfRange { .. })
-    ));
-    assert_eq!(
-        h.telemetry().messages_received,
-        1,
-        "the refused send queued nothing"
-    );
-    // A plain CUDA handler on a keyed kernel is refused at launch, typed.
-    let plain = RingKernel::<KMsg, KMsg>::new("plain")
-        .keyed(4, zero())
-        .cuda(CudaHandler::new(CUDA_SRC));
-    assert!(matches!(rt.launch(plain), Err(Error::InvalidConfig { .. })));
+    keyed_device::key_range_snapshots_and_bulk_init(&CUDASIM, "key_range_snapshots_and_bulk_init");
 }
 
-/// 10^6 keys of 32 bytes (32 MB of device state) in one kernel; every 97th key gets a message.
+/// 10^6 keys of 32 bytes (32 MB of device state) in one kernel.
 #[test]
 fn a_million_keys_on_the_device() {
-    let Some(rt) = cudasim("a_million_keys_on_the_device") else {
-        return;
-    };
-    let keys = 1_000_000u32;
-    let h = rt.launch(kernel("million", keys)).unwrap();
-    h.activate().unwrap();
-    let msgs: Vec<KMsg> = (0..keys)
-        .step_by(97)
-        .map(|k| KMsg {
-            key: k,
-            producer: 1,
-            seq: 0,
-            value: 3,
-        })
-        .collect();
-    let mut sent = 0;
-    while sent < msgs.len() {
-        sent += h.send_batch(&msgs[sent..]).unwrap();
-    }
-    let mut got = 0;
-    while got < msgs.len() {
-        h.receive(T).unwrap();
-        got += 1;
-    }
-    let st: Vec<KState> = h.snapshot_keys(0..keys).unwrap();
-    for (k, s) in st.iter().enumerate() {
-        let hit = k % 97 == 0;
-        assert_eq!(s.handled, u32::from(hit), "key {k}");
-        assert_eq!(s.sum, if hit { 3 } else { 0 }, "key {k}");
-    }
+    keyed_device::a_million_keys(&CUDASIM, "a_million_keys_on_the_device");
 }
 
-/// Terminate while producers send: every accepted message is received, in the report, or
-/// counted dropped.
 #[test]
 fn terminate_racing_producers_on_the_device() {
-    let Some(rt) = cudasim("terminate_racing_producers_on_the_device") else {
-        return;
-    };
-    for round in 0..3u32 {
-        let h = rt
-            .launch(
-                RingKernel::<KMsg, KMsg>::new(format!("race-{round}"))
-                    .queue_size(256)
-                    .backpressure(Backpressure::Block(Duration::from_millis(1)))
-                    .keyed(50, zero())
-                    .key_cuda(handler()),
-            )
-            .unwrap();
-        h.activate().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let producers: Vec<_> = (0..PRODUCERS)
-            .map(|p| {
-                let (h, stop) = (h.clone(), stop.clone());
-                thread::spawn(move || {
-                    let mut r = rng(p as u64 + 11 * round as u64);
-                    let mut ok = Vec::new();
-                    let mut seq = 0u32;
-                    while !stop.load(Ordering::Relaxed) && seq < 100_000 {
-                        let m = KMsg {
-                            key: (r() % 50) as u32,
-                            producer: p,
-                            seq,
-                            value: 1,
-                        };
-                        match h.send(m) {
-                            Ok(_) => ok.push(seq),
-                            Err(Error::NotAccepting { .. }) => break,
-                            Err(Error::QueueFull { .. } | Error::Timeout { .. }) => {}
-                            Err(e) => panic!("unexpected send error: {e}"),
-                        }
-                        seq += 1;
-                    }
-                    ok
-                })
-            })
-            .collect();
-        let receiver = {
-            let h = h.clone();
-            thread::spawn(move || {
-                let mut got = Vec::new();
-                loop {
-                    match h.receive(Duration::from_millis(20)) {
-                        Ok(m) => got.push(m),
-                        Err(Error::Timeout { .. }) => continue,
-                        Err(_) => break,
-                    }
-                }
-                got
-            })
-        };
-        thread::sleep(Duration::from_millis(200 + 100 * round as u64));
-        let report = h.terminate().unwrap();
-        stop.store(true, Ordering::Relaxed);
-        let sent: Vec<Vec<u32>> = producers.into_iter().map(|p| p.join().unwrap()).collect();
-        let received = receiver.join().unwrap();
-        let mut seen: HashSet<(u32, u32)> = HashSet::new();
-        for m in received
-            .iter()
-            .chain(report.unreceived.iter().map(|x| &x.1))
-            .chain(report.undelivered.iter().map(|x| &x.1))
-        {
-            assert!(
-                seen.insert((m.producer, m.seq)),
-                "round {round}: ({},{}) twice",
-                m.producer,
-                m.seq
-            );
-        }
-        let total: usize = sent.iter().map(Vec::len).sum();
-        let missing = sent
-            .iter()
-            .enumerate()
-            .flat_map(|(p, s)| s.iter().map(move |&q| (p as u32, q)))
-            .filter(|pq| !seen.contains(pq))
-            .count() as u64;
-        assert_eq!(
-            missing, report.dropped,
-            "round {round}: {missing} of {total} unaccounted"
-        );
-        assert!(report.failure.is_none(), "{:?}", report.failure);
-        assert!(total > 0);
-    }
+    keyed_device::terminate_racing_producers(&CUDASIM, "terminate_racing_producers_on_the_device");
 }
 
 #[test]
