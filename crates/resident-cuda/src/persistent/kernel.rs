@@ -687,8 +687,9 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
         // Otherwise the device side is freed under the residency rule (cuMemFree and
         // cuMemFreeHost may wait for the device): the other resident kernels park meanwhile.
         // The state and the bound buffers are not among these parts: they free themselves
-        // (under the residency rule too) when their last holder drops them, which may be
-        // inside this closure, where a nested quiesce would deadlock.
+        // under the residency rule when their last holder drops them (their field drops,
+        // after this), and dropping the last one inside this closure would nest a quiesce,
+        // which deadlocks.
         // Our own registration goes first so we are not asked to park. On a lost device the
         // context reset frees them; if the others do not park in time, the closure is dropped
         // unrun and the fields are freed right there anyway.
