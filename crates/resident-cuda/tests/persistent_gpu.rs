@@ -125,6 +125,52 @@ fn persistent_kernel_round_trip() {
     assert_eq!(c.processed, 1000);
 }
 
+/// `PersistentKernel::state` reads the state under the residency rule (the kernel parked
+/// between two batches): each read sees whole batches only (the count of the outputs received
+/// by then at least, never past what was sent), and it stays readable after terminate and
+/// after the kernel is dropped.
+#[test]
+fn state_reads_on_a_gpu_see_whole_batches_and_outlive_the_kernel() {
+    let Some(_turn) = gpu_turn("state_reads_on_a_gpu_see_whole_batches_and_outlive_the_kernel")
+    else {
+        return;
+    };
+    let t = Duration::from_secs(10);
+    let mut k = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts(1, 1024)).unwrap();
+    let state = k.state();
+    assert_eq!(state.len(), 8);
+    let n = |b: Vec<u8>| u64::from_le_bytes(b.try_into().unwrap());
+    assert_eq!(n(state.read(t).unwrap()), 0, "the initial state");
+    k.activate().unwrap();
+    let mut answered = 0u64;
+    let mut last = 0;
+    for i in 1..=600u64 {
+        while k.send(Envelope::new(i, 0, 0), 1).is_err() {
+            std::thread::yield_now();
+        }
+        while k.try_receive().is_some() {
+            answered += 1;
+        }
+        if i % 50 == 0 {
+            let now = n(state.read(t).unwrap());
+            assert!(
+                now >= last && now >= answered && now <= i,
+                "{last} {answered} {now} {i}"
+            );
+            last = now;
+        }
+    }
+    while answered < 600 {
+        k.receive(t).unwrap();
+        answered += 1;
+    }
+    assert_eq!(n(state.read(t).unwrap()), 600);
+    k.terminate(t).unwrap();
+    assert_eq!(n(state.read(t).unwrap()), 600, "the final state");
+    drop(k);
+    assert_eq!(n(state.read(t).unwrap()), 600, "kept by the handle");
+}
+
 #[test]
 fn residency_budget_holds_every_admitted_kernel_resident_and_refuses_one_more() {
     let Some(_turn) = gpu_turn("residency_budget") else {

@@ -562,3 +562,91 @@ fn launch_per_batch_kernel_covers_the_batch_with_a_grid_and_keeps_order() {
         .all(|s| s.env.correlation_id == s.payload + 1));
     assert_eq!(scan[0], blocks, "every block took a ticket");
 }
+
+/// Each message bumps `a`, sleeps, then bumps `b`: between two batches `a == b`, mid-batch
+/// (some handler between its two adds) `a > b`.
+const TWO_STEPS: &str = r#"
+__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) {
+    atomicAdd(&s->a, 1ull);
+    __nanosleep(1000000);
+    atomicAdd(&s->b, 1ull);
+    *out = *in;
+    return true;
+}
+"#;
+
+/// `SimKernel::state` reads the state with the block parked between two batches: read over and
+/// over while batches run, it never shows a batch half done (`a == b` in every read), it only
+/// grows, and after terminate it is the final state. An unsynchronized read of the same memory
+/// would catch handlers between their two adds (each sleeps 1 ms between them).
+#[test]
+fn state_reads_while_running_see_only_batch_boundaries() {
+    let u64_decl = MessageDecl::new("U64", "typedef unsigned long long U64;", 8);
+    let src = KernelSource::new(
+        "state_reads",
+        u64_decl.clone(),
+        u64_decl,
+        MessageDecl::new(
+            "Pair",
+            "typedef struct { unsigned long long a; unsigned long long b; } Pair;",
+            16,
+        ),
+        TWO_STEPS,
+        32,
+    );
+    let opts = SimLaunchOptions {
+        queues: cfg(1, 1024, 1024),
+        heartbeat_timeout: None,
+        ..SimLaunchOptions::default()
+    };
+    let mut q = SimKernel::<u64, u64>::launch(&src, &[0u8; 16], &opts).unwrap();
+    let state = q.state();
+    assert_eq!(state.len(), 16);
+    let pair = |b: Vec<u8>| {
+        (
+            u64::from_le_bytes(b[..8].try_into().unwrap()),
+            u64::from_le_bytes(b[8..].try_into().unwrap()),
+        )
+    };
+    assert_eq!(pair(state.read(T).unwrap()), (0, 0), "the initial state");
+    q.activate();
+    let n = 600u64;
+    let reader = {
+        let state = state.clone();
+        std::thread::spawn(move || {
+            let mut reads = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let (a, b) = pair(state.read(T).unwrap());
+                reads.push((a, b));
+                if a == n || Instant::now() > deadline {
+                    return reads;
+                }
+            }
+        })
+    };
+    for i in 0..n {
+        q.send(env(i + 1, 0), i).unwrap();
+    }
+    receive_n(&mut q, n as usize);
+    let reads = reader.join().unwrap();
+    assert!(
+        reads.len() > 2,
+        "reads happened while batches ran: {reads:?}"
+    );
+    for w in reads.windows(2) {
+        assert!(w[0].0 <= w[1].0, "the state only grows: {w:?}");
+    }
+    for &(a, b) in &reads {
+        assert_eq!(a, b, "a read saw a batch half done ({} reads)", reads.len());
+    }
+    assert_eq!(*reads.last().unwrap(), (n, n));
+    q.terminate(T).unwrap();
+    assert_eq!(pair(state.read(T).unwrap()), (n, n), "the final state");
+    drop(q);
+    assert_eq!(
+        pair(state.read(T).unwrap()),
+        (n, n),
+        "the handle keeps the state after the kernel is gone"
+    );
+}

@@ -1211,8 +1211,9 @@ impl PyRuntime {
     }
 
     /// The device state of a device kernel (`size` bytes, its padded layout), read back by
-    /// the engine: on wgpu its value after every batch submitted so far. The engine refuses
-    /// (`InvalidConfigError`) where it keeps no readable state (a CUDA handler's state).
+    /// the engine: on wgpu its value after every batch submitted so far, on CUDA and CudaSim
+    /// its value between two batches (the kernel parked for the copy). Waits with the GIL
+    /// released; a kernel that does not park in time is a typed engine error.
     fn snapshot_state<'py>(
         &self,
         py: Python<'py>,

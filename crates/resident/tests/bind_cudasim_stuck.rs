@@ -1,5 +1,5 @@
-//! A host read of a bound buffer while the CUDA handler never returns (CudaSim): the read is
-//! bounded (the engine's 10 s `BUFFER_SYNC_TIMEOUT`) and fails with a typed error, and the
+//! A host read of a bound buffer, and of the state (`snapshot_state`), while the CUDA handler
+//! never returns (CudaSim): each read is bounded (the engine's 10 s `BUFFER_SYNC_TIMEOUT`) and fails with a typed error, and the
 //! kernel still terminates within its bound. Its own test binary: a stuck block stays in the
 //! process until it is abandoned, and would time out other tests' launches meanwhile (the
 //! residency rule parks every CudaSim kernel of the process). Prints `SKIP:` without a host C++
@@ -74,6 +74,25 @@ fn a_read_while_the_handler_is_stuck_is_a_bounded_typed_error() {
         },
         Err(e) => panic!("expected a device timeout, got {e}"),
         Ok(_) => panic!("a stuck batch cannot be read around"),
+    }
+    let waited = t0.elapsed();
+    assert!(
+        waited >= BUFFER_SYNC_TIMEOUT && waited < BUFFER_SYNC_TIMEOUT + Duration::from_secs(5),
+        "{waited:?}"
+    );
+    // The state is read the same way (the kernel parked between two batches): bounded by the
+    // same timeout, the same typed error.
+    let t0 = Instant::now();
+    match k.snapshot_state::<u32>() {
+        Err(Error::Device {
+            op: "snapshot_state",
+            source,
+            ..
+        }) => match *source {
+            DeviceError::Cuda(PersistentError::Timeout { .. }) => {}
+            e => panic!("expected a timeout, got {e}"),
+        },
+        other => panic!("expected a device timeout, got {other:?}"),
     }
     let waited = t0.elapsed();
     assert!(

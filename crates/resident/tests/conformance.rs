@@ -829,8 +829,8 @@ impl Target for CudaSim {
     fn placement(&self) -> Placement {
         Placement::Device(BackendKind::CudaSim)
     }
-    fn handled(&self, _h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
-        Err("reading a CUDA handler's state back is not built yet (issue 18)")
+    fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
+        Ok(h.snapshot_state::<Handled>().unwrap().n as u64)
     }
 }
 

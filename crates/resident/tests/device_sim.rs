@@ -239,3 +239,84 @@ fn handler_assembles_to_hopper_machine_code_with_nvrtc() {
         Err(e) => panic!("compile failed: {e}"),
     }
 }
+
+device_message! {
+    /// Two counters a message bumps one after the other.
+    pub struct Steps { pub a: u32, pub b: u32 }
+}
+
+/// Bumps `a`, sleeps 1 ms, bumps `b`: between two batches `a == b`, mid-batch `a > b`.
+const STEPS_SRC: &str = r#"
+__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* env) {
+    atomicAdd(&s->a, 1u);
+    __nanosleep(1000000);
+    atomicAdd(&s->b, 1u);
+    out->value = in->price;
+    out->seq = (unsigned int)env->message_id;
+    return true;
+}
+"#;
+
+/// `snapshot_state` reads a CUDA handler's state with the kernel parked between two batches:
+/// read over and over while a stream of batches runs, no read shows a batch half done, the
+/// reads only grow, a wrong type is a typed error, and after terminate it is the final state.
+#[test]
+fn snapshot_state_reads_the_cuda_state_between_batches() {
+    let rt = runtime();
+    let k = rt
+        .launch(
+            RingKernel::<Tick, Notional>::new("steps")
+                .queue_size(1024)
+                .batch_size(32)
+                .cuda(CudaHandler::new(STEPS_SRC).state(Steps { a: 0, b: 0 })),
+        )
+        .unwrap();
+    let st = k.snapshot_state::<Steps>().unwrap();
+    assert_eq!((st.a, st.b), (0, 0), "the initial state");
+    match k.snapshot_state::<u32>() {
+        Err(Error::InvalidConfig { reason, .. }) => {
+            assert!(
+                reason.contains("4-byte") && reason.contains("8 bytes"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected InvalidConfig for a wrong-size type, got {other:?}"),
+    }
+    k.activate().unwrap();
+    const N: u32 = 400;
+    let reads = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut reads = Vec::new();
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let st = k.snapshot_state::<Steps>().unwrap();
+                reads.push((st.a, st.b));
+                if st.a == N || std::time::Instant::now() > deadline {
+                    return reads;
+                }
+            }
+        });
+        for i in 0..N {
+            k.send(Tick {
+                price: i as f32,
+                qty: 1,
+            })
+            .unwrap();
+        }
+        for _ in 0..N {
+            k.receive(T).unwrap();
+        }
+        reader.join().unwrap()
+    });
+    assert!(reads.len() > 2, "reads while batches ran: {reads:?}");
+    for w in reads.windows(2) {
+        assert!(w[0].0 <= w[1].0, "the state only grows: {w:?}");
+    }
+    for &(a, b) in &reads {
+        assert_eq!(a, b, "a read saw a batch half done ({} reads)", reads.len());
+    }
+    assert_eq!(*reads.last().unwrap(), (N, N));
+    k.terminate().unwrap();
+    let st = k.snapshot_state::<Steps>().unwrap();
+    assert_eq!((st.a, st.b), (N, N), "the final state, after terminate");
+}

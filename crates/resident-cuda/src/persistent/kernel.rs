@@ -15,12 +15,12 @@ use bytemuck::Pod;
 use resident_ring::spsc::RingMemory;
 use resident_ring::{Envelope, Slot};
 
+use super::check::{batch_scan_bytes, check_launch, check_sizes};
 use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::template::{
     compile_ptx, KernelSource, PersistentParams, BATCH_KERNEL_NAME, PERSISTENT_KERNEL_NAME,
 };
-use super::check::{batch_scan_bytes, check_launch, check_sizes};
 use super::{FaultCause, PersistentError, SharedMemory, Unavailable};
 use crate::{
     CacheKey, CudaError, Device, DeviceBuffer, Function, Graph, KernelCache, KernelParams,
@@ -205,7 +205,8 @@ pub struct PersistentKernel<In: Pod + Send, Out: Pod + Send> {
     // Fields are `Option` so `Drop` can leak them when the kernel would not exit (freeing memory
     // a running kernel still uses would be worse than a leak).
     queues: Option<PersistentQueues<In, Out>>,
-    state: Option<DeviceBuffer>,
+    /// The state (shared with whoever reads it through [`PersistentKernel::state`]).
+    state: Option<Arc<GpuState>>,
     /// Bound buffers (shared with whoever reads them through [`PersistentKernel::buffers`]).
     buffers: Option<Arc<GpuBuffers>>,
     stream: Option<Arc<Stream>>,
@@ -284,13 +285,25 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                         lanes + 2
                     )));
                 }
-                let mut state =
+                let mut state_mem =
                     DeviceBuffer::alloc(&device, initial_state.len().max(1)).map_err(cuda_error)?;
                 if !initial_state.is_empty() {
                     let mut bytes = initial_state.to_vec();
-                    bytes.resize(state.len(), 0);
-                    state.copy_from_host(&bytes).map_err(cuda_error)?;
+                    bytes.resize(state_mem.len(), 0);
+                    state_mem.copy_from_host(&bytes).map_err(cuda_error)?;
                 }
+                let state_ptr = state_mem.device_ptr();
+                // Host accesses (bound buffers, state) share one spacing between parks.
+                let access = Arc::new(GpuAccess {
+                    device: device.clone(),
+                    last_access: std::sync::Mutex::new(None),
+                });
+                let state = Arc::new(GpuState {
+                    access: access.clone(),
+                    len: initial_state.len(),
+                    memory: std::sync::Mutex::new(Some(state_mem)),
+                    free_quiesced: AtomicBool::new(false),
+                });
                 // Bound buffers: device memory each, initialized from the launch's values, and
                 // the `ResidentBuffers` table (device memory too) pointing at them; allocated
                 // here, under the residency rule, like the state.
@@ -314,14 +327,13 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     table.copy_from_host(&bytes).map_err(cuda_error)?;
                     Some(Arc::new(GpuBuffers {
                         name: source.name.clone(),
-                        device: device.clone(),
+                        access,
                         lens: dev_bufs.iter().map(|b| b.1).collect(),
                         memory: std::sync::Mutex::new(Some((
                             dev_bufs.into_iter().map(|b| b.0).collect(),
                             table,
                         ))),
                         free_quiesced: AtomicBool::new(false),
-                        last_access: std::sync::Mutex::new(None),
                     }))
                 };
                 let stream = Stream::new(&device).map_err(cuda_error)?;
@@ -330,7 +342,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     buffers: buffers.as_ref().map_or(0, |b| b.table_ptr()),
                     out: device_ptrs[lanes + 1],
                     control: device_ptrs[0],
-                    state: state.device_ptr(),
+                    state: state_ptr,
                     lane_count: lanes as u32,
                     lane_capacity: opts.queues.lane_capacity as u32,
                     out_capacity: opts.queues.out_capacity as u32,
@@ -384,6 +396,9 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             .map_err(cuda_error)??;
         if let Some(b) = &k.buffers {
             b.free_quiesced.store(true, Ordering::Release);
+        }
+        if let Some(s) = &k.state {
+            s.free_quiesced.store(true, Ordering::Release);
         }
         if let Some(r) = &k.resident {
             let weak: std::sync::Weak<dyn crate::device::Quiesce> =
@@ -440,6 +455,12 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     /// The kernel's bound buffers (`None` when it has none).
     pub fn buffers(&self) -> Option<Arc<GpuBuffers>> {
         self.buffers.clone()
+    }
+
+    /// The kernel's device state, readable between two batches ([`GpuState::read`]), also
+    /// after the kernel ended (the handle keeps the memory).
+    pub fn state(&self) -> Arc<GpuState> {
+        self.state.clone().expect("the state is only taken in Drop")
     }
 
     /// Polls the kernel's stream: `Err(DeviceFault)` after a trap / illegal address (in this
@@ -665,13 +686,16 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
         }
         // Otherwise the device side is freed under the residency rule (cuMemFree and
         // cuMemFreeHost may wait for the device): the other resident kernels park meanwhile.
+        // The state and the bound buffers are not among these parts: they free themselves
+        // under the residency rule when their last holder drops them (their field drops,
+        // after this), and dropping the last one inside this closure would nest a quiesce,
+        // which deadlocks.
         // Our own registration goes first so we are not asked to park. On a lost device the
         // context reset frees them; if the others do not park in time, the closure is dropped
         // unrun and the fields are freed right there anyway.
         self.resident.take();
         let parts = (
             self.queues.take(),
-            self.state.take(),
             self.stream.take(),
             self.function.take(),
             self.residency.take(),
@@ -698,7 +722,7 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
 /// other holder have dropped it.
 pub struct GpuBuffers {
     name: String,
-    device: Arc<Device>,
+    access: Arc<GpuAccess>,
     /// Byte length of each buffer.
     lens: Vec<usize>,
     /// The buffers and the table; `None` only while dropping.
@@ -707,9 +731,103 @@ pub struct GpuBuffers {
     /// then on the memory is freed under the residency rule. A launch that fails drops it
     /// inside its own quiesce, where a nested one would deadlock.
     free_quiesced: AtomicBool,
+}
+
+/// A kernel's parked host access on a GPU (bound buffers, state): the copy runs under the
+/// residency rule, and accesses are spaced so the kernels run between two of them.
+struct GpuAccess {
+    device: Arc<Device>,
     /// When the last access relaunched the kernels: the next one lets them run
     /// [`super::sim::MIN_RUN_BETWEEN_ACCESSES`] first, so back-to-back reads do not starve them.
     last_access: std::sync::Mutex<Option<Instant>>,
+}
+
+impl GpuAccess {
+    /// Runs `op` under the residency rule (every resident kernel of the device parked between
+    /// two batches, or gone), waiting up to `timeout` for them to park.
+    fn with_quiesced<R>(
+        &self,
+        timeout: Duration,
+        op: impl FnOnce() -> Result<R, CudaError>,
+    ) -> Result<R, PersistentError> {
+        let last = *self.last_access.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = last {
+            let until = at + super::sim::MIN_RUN_BETWEEN_ACCESSES;
+            let now = Instant::now();
+            if now < until {
+                std::thread::sleep(until - now);
+            }
+        }
+        let r = self
+            .device
+            .with_quiesced(timeout, op)
+            .map_err(cuda_error)?
+            .map_err(cuda_error);
+        *self.last_access.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        r
+    }
+}
+
+/// A GPU kernel's device state, readable by the host between two batches (see
+/// [`PersistentKernel::state`]).
+///
+/// # Synchronization
+/// As for [`GpuBuffers`] (and sharing their spacing between accesses): the copy runs under the
+/// residency rule, after the kernel's stream drained at a batch boundary and before its
+/// relaunch, so it never sees a batch half done. After the kernel ended, its final state.
+/// Freed (under the residency rule) when the kernel and every other holder have dropped it.
+pub struct GpuState {
+    access: Arc<GpuAccess>,
+    /// The state type's size (the allocation holds at least one byte).
+    len: usize,
+    /// `None` only while dropping.
+    memory: std::sync::Mutex<Option<DeviceBuffer>>,
+    /// As in [`GpuBuffers`]: set once the launch returned.
+    free_quiesced: AtomicBool,
+}
+
+impl GpuState {
+    /// The state's byte length (the state type's size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the state has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A copy of the state as of the end of the last batch; waits up to `timeout` for the
+    /// resident kernels to park ([`CudaError::QuiesceTimeout`], inside
+    /// [`PersistentError::Cuda`], past it).
+    pub fn read(&self, timeout: Duration) -> Result<Vec<u8>, PersistentError> {
+        if self.len == 0 {
+            return Ok(Vec::new());
+        }
+        self.access.with_quiesced(timeout, || {
+            let m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(b) = m.as_ref() else {
+                return Err(CudaError::invalid("kernel state", "freed".to_string()));
+            };
+            let mut out = vec![0u8; b.len()];
+            b.copy_to_host(&mut out)?;
+            out.truncate(self.len);
+            Ok(out)
+        })
+    }
+}
+
+impl Drop for GpuState {
+    fn drop(&mut self) {
+        // As for GpuBuffers: cuMemFree under the residency rule once the launch has returned.
+        let mem = self.memory.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if self.free_quiesced.load(Ordering::Acquire) {
+            let _ = self
+                .access
+                .device
+                .with_quiesced(QUIESCE_TIMEOUT, move || drop(mem));
+        }
+    }
 }
 
 impl GpuBuffers {
@@ -746,27 +864,13 @@ impl GpuBuffers {
         timeout: Duration,
         op: impl FnOnce(&mut DeviceBuffer) -> Result<R, CudaError>,
     ) -> Result<R, PersistentError> {
-        let last = *self.last_access.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(at) = last {
-            let until = at + super::sim::MIN_RUN_BETWEEN_ACCESSES;
-            let now = Instant::now();
-            if now < until {
-                std::thread::sleep(until - now);
+        self.access.with_quiesced(timeout, || {
+            let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+            match m.as_mut() {
+                Some((bufs, _)) => op(&mut bufs[index]),
+                None => Err(CudaError::invalid("bound buffer", "freed".to_string())),
             }
-        }
-        let r = self
-            .device
-            .with_quiesced(timeout, || {
-                let mut m = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-                match m.as_mut() {
-                    Some((bufs, _)) => op(&mut bufs[index]),
-                    None => Err(CudaError::invalid("bound buffer", "freed".to_string())),
-                }
-            })
-            .map_err(cuda_error)?
-            .map_err(cuda_error);
-        *self.last_access.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        r
+        })
     }
 
     /// Copies buffer `index` (exactly its byte length) into `out`, between two batches of
@@ -818,6 +922,7 @@ impl Drop for GpuBuffers {
         let parts = self.memory.lock().unwrap_or_else(|p| p.into_inner()).take();
         if self.free_quiesced.load(Ordering::Acquire) {
             let _ = self
+                .access
                 .device
                 .with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
         }

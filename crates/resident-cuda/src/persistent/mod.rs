@@ -33,15 +33,15 @@ pub mod kernel;
 pub mod sim;
 pub mod template;
 
+pub use check::batch_scan_bytes;
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use host::{Full, PersistentQueues, QueueConfig};
-pub use check::batch_scan_bytes;
 #[cfg(feature = "driver")]
 pub use kernel::{
-    bench_ring, BenchRow, GpuBuffers, LaunchOptions, PersistentKernel, MEASURES_BATCH,
+    bench_ring, BenchRow, GpuBuffers, GpuState, LaunchOptions, PersistentKernel, MEASURES_BATCH,
     MEASURES_MESSAGE, MEASURES_STREAMING,
 };
-pub use sim::{SimBuffers, SimKernel, SimLaunchOptions, MIN_RUN_BETWEEN_ACCESSES};
+pub use sim::{SimBuffers, SimKernel, SimLaunchOptions, SimState, MIN_RUN_BETWEEN_ACCESSES};
 pub use template::{
     buffer_table_bytes, compile_sim, compile_sim_with, is_c_identifier, parse_ptxas_report,
     BufferDecl, BufferInit, CompiledKernel, KernelSource, MessageDecl, SassReport,

@@ -17,9 +17,9 @@ use bytemuck::Pod;
 use resident_ring::spsc::{HeapMemory, RingMemory};
 use resident_ring::{Envelope, Slot};
 
+use super::check::check_launch;
 use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
-use super::check::check_launch;
 use super::template::{compile_sim, KernelSource, PersistentParams, PERSISTENT_KERNEL_NAME};
 use super::{FaultCause, PersistentError, SharedMemory};
 use crate::sim::{SimError, SimInstance};
@@ -234,6 +234,8 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
     _instance: Option<Arc<SimInstance>>,
     quiesce: Arc<QuiesceShared>,
     buffers: Option<Arc<SimBuffers>>,
+    /// The host's synchronized view of the state (see [`SimKernel::state`]).
+    state_access: Arc<SimState>,
 }
 
 /// A CudaSim kernel's bound buffers: host memory its block's threads read and write through
@@ -251,45 +253,38 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
 /// Between two accesses the relaunched kernel runs a batch, or at least
 /// [`MIN_RUN_BETWEEN_ACCESSES`], so back-to-back reads do not starve it.
 pub struct SimBuffers {
-    name: String,
     /// Each buffer's memory and byte length.
     mems: Vec<(SharedMemory, usize)>,
     _table: SharedMemory,
+    access: Arc<SimAccess>,
+}
+
+/// A CudaSim kernel's device state, readable by the host between two batches (see
+/// [`SimKernel::state`]): the same park as [`SimBuffers`], shared with them, so state reads
+/// and buffer accesses together still let the kernel run between two of them.
+pub struct SimState {
+    mem: SharedMemory,
+    len: usize,
+    access: Arc<SimAccess>,
+}
+
+/// One kernel's parked host access (bound buffers, state): parks it between two batches,
+/// runs the copy, relaunches it, and spaces accesses so the kernel is never starved.
+struct SimAccess {
+    name: String,
     quiesce: Arc<QuiesceShared>,
     /// When the last access relaunched the kernel, and its batch count then.
     last_resume: Mutex<Option<(Instant, u64)>>,
 }
 
-/// The least time a kernel runs between two buffer accesses (unless it finishes a batch
-/// sooner): back-to-back host reads must not starve it.
+/// The least time a kernel runs between two host accesses (bound buffers, state) unless it
+/// finishes a batch sooner: back-to-back host reads must not starve it.
 pub const MIN_RUN_BETWEEN_ACCESSES: Duration = Duration::from_millis(1);
 
 /// How long an access waits for the previous access's relaunch to start running.
 const RELAUNCH_WAIT: Duration = Duration::from_millis(100);
 
-impl SimBuffers {
-    /// Number of buffers.
-    pub fn count(&self) -> usize {
-        self.mems.len()
-    }
-
-    /// Byte length of buffer `index`.
-    pub fn byte_len(&self, index: usize) -> Option<usize> {
-        self.mems.get(index).map(|m| m.1)
-    }
-
-    fn check(&self, index: usize, bytes: usize) -> Result<&SharedMemory, PersistentError> {
-        match self.mems.get(index) {
-            Some((m, n)) if *n == bytes => Ok(m),
-            n => Err(PersistentError::BoundBuffer {
-                name: self.name.clone(),
-                index,
-                device_bytes: n.map(|(_, n)| *n),
-                host_bytes: bytes,
-            }),
-        }
-    }
-
+impl SimAccess {
     /// Waits (at most [`MIN_RUN_BETWEEN_ACCESSES`]) until the kernel relaunched by the last
     /// access has run a batch or had that long to run.
     fn let_it_run(&self) {
@@ -322,10 +317,12 @@ impl SimBuffers {
         }
     }
 
-    /// Runs `op` while this kernel's block is parked between two batches (or gone).
+    /// Runs `op` while this kernel's block is parked between two batches (or gone). `what`
+    /// names the access in errors ("access its bound buffers", "read its state").
     fn with_parked<R>(
         &self,
         timeout: Duration,
+        what: &'static str,
         op: impl FnOnce() -> R,
     ) -> Result<R, PersistentError> {
         self.let_it_run();
@@ -340,13 +337,13 @@ impl SimBuffers {
             return Err(if abandoned {
                 PersistentError::InvalidState {
                     name: self.name.clone(),
-                    op: "access its bound buffers",
+                    op: what,
                     state: "still running after it was dropped",
                 }
             } else {
                 PersistentError::Timeout {
                     name: self.name.clone(),
-                    what: "the kernel to park for a bound-buffer access",
+                    what: "the kernel to park between two batches for a host access",
                 }
             });
         }
@@ -356,6 +353,30 @@ impl SimBuffers {
         *self.last_resume.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((Instant::now(), batches));
         Ok(r)
+    }
+}
+
+impl SimBuffers {
+    /// Number of buffers.
+    pub fn count(&self) -> usize {
+        self.mems.len()
+    }
+
+    /// Byte length of buffer `index`.
+    pub fn byte_len(&self, index: usize) -> Option<usize> {
+        self.mems.get(index).map(|m| m.1)
+    }
+
+    fn check(&self, index: usize, bytes: usize) -> Result<&SharedMemory, PersistentError> {
+        match self.mems.get(index) {
+            Some((m, n)) if *n == bytes => Ok(m),
+            n => Err(PersistentError::BoundBuffer {
+                name: self.access.name.clone(),
+                index,
+                device_bytes: n.map(|(_, n)| *n),
+                host_bytes: bytes,
+            }),
+        }
     }
 
     /// Copies buffer `index` (exactly its byte length) into `out`, between two batches; waits
@@ -367,11 +388,14 @@ impl SimBuffers {
         timeout: Duration,
     ) -> Result<(), PersistentError> {
         let m = self.check(index, out.len())?;
-        self.with_parked(timeout, || {
-            // SAFETY: the block is parked or gone (see the type's docs), so nothing writes the
-            // buffer; it holds `out.len()` bytes (checked).
-            unsafe { core::ptr::copy_nonoverlapping(m.as_mut_ptr(), out.as_mut_ptr(), out.len()) }
-        })
+        self.access
+            .with_parked(timeout, "access its bound buffers", || {
+                // SAFETY: the block is parked or gone (see the type's docs), so nothing writes
+                // the buffer; it holds `out.len()` bytes (checked).
+                unsafe {
+                    core::ptr::copy_nonoverlapping(m.as_mut_ptr(), out.as_mut_ptr(), out.len())
+                }
+            })
     }
 
     /// Replaces buffer `index` (exactly its byte length) with `data`, between two batches: the
@@ -383,10 +407,40 @@ impl SimBuffers {
         timeout: Duration,
     ) -> Result<(), PersistentError> {
         let m = self.check(index, data.len())?;
-        self.with_parked(timeout, || {
-            // SAFETY: as in `read`: no block runs, the buffer holds `data.len()` bytes.
-            unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), m.as_mut_ptr(), data.len()) }
-        })
+        self.access
+            .with_parked(timeout, "access its bound buffers", || {
+                // SAFETY: as in `read`: no block runs, the buffer holds `data.len()` bytes.
+                unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), m.as_mut_ptr(), data.len()) }
+            })
+    }
+}
+
+impl SimState {
+    /// The state's byte length (the state type's size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the state has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A copy of the state as of the end of the last batch: the kernel is parked between two
+    /// batches for the copy (never mid-batch) and relaunched where it left off; waits up to
+    /// `timeout` for the batch in hand ([`PersistentError::Timeout`] past it). After the
+    /// kernel ended, its final state.
+    pub fn read(&self, timeout: Duration) -> Result<Vec<u8>, PersistentError> {
+        let mut out = vec![0u8; self.len];
+        self.access.with_parked(timeout, "read its state", || {
+            // SAFETY: the block is parked or gone (see `SimBuffers`' synchronization), so no
+            // thread writes the state; the memory holds at least `len` bytes (allocated at
+            // launch from the initial state) and lives as long as `self.mem`.
+            unsafe {
+                core::ptr::copy_nonoverlapping(self.mem.as_mut_ptr(), out.as_mut_ptr(), self.len)
+            }
+        })?;
+        Ok(out)
     }
 }
 
@@ -535,17 +589,26 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(Arc::downgrade(&quiesce));
+        let access = Arc::new(SimAccess {
+            name: source.name.clone(),
+            quiesce: quiesce.clone(),
+            last_resume: Mutex::new(None),
+        });
         let buffers = (!opts.buffers.is_empty()).then(|| {
             Arc::new(SimBuffers {
-                name: source.name.clone(),
                 mems: buffer_mems,
                 _table: table,
-                quiesce: quiesce.clone(),
-                last_resume: Mutex::new(None),
+                access: access.clone(),
             })
+        });
+        let state_access = Arc::new(SimState {
+            mem: state.clone(),
+            len: initial_state.len(),
+            access,
         });
         let mut k = SimKernel {
             buffers,
+            state_access,
             name: source.name.clone(),
             queues,
             state,
@@ -697,6 +760,12 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     /// The kernel's bound buffers (`None` when it has none).
     pub fn buffers(&self) -> Option<Arc<SimBuffers>> {
         self.buffers.clone()
+    }
+
+    /// The kernel's device state, readable between two batches ([`SimState::read`]), also
+    /// after the kernel ended (the handle keeps the memory).
+    pub fn state(&self) -> Arc<SimState> {
+        self.state_access.clone()
     }
 
     /// The host side of the queues.

@@ -276,9 +276,9 @@ class Runtime:
     def snapshot_state(self, kernel_id: str) -> np.ndarray:
         """A copy of a device kernel's state, one record of its ``state_dtype``: read back from
         the device when the handler runs there (on wgpu: its value after every batch
-        submitted so far; wait for the outputs you care about first), else a copy of the
-        CPU form's state. A CUDA handler's state is not read back by the engine yet
-        (``InvalidConfigError``)."""
+        submitted so far; on CUDA and CudaSim: its value between two batches, the kernel
+        parked for the copy; wait for the outputs you care about first), else a copy of the
+        CPU form's state."""
         spec = self._batch_spec(kernel_id)
         if not isinstance(spec, _device.DeviceKernelSpec) or spec.state_dtype is None:
             raise TypeError(f"kernel '{kernel_id}' is not a device kernel with a state")

@@ -10,17 +10,19 @@ use resident_cuda::persistent::{BufferDecl, BufferInit, KernelSource, MessageDec
 #[cfg(feature = "cuda")]
 use resident_cuda::persistent::{GpuBuffers, LaunchOptions, PersistentKernel};
 use resident_ring::message::{CField, LayoutError, StructLayout};
-use resident_ring::{DeviceMessage, Message};
 #[cfg(feature = "cuda")]
 use resident_ring::Slot;
+use resident_ring::{DeviceMessage, Message};
 
 use crate::backend::device_host::DeviceError;
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+use crate::backend::device_host::StateSnapshot;
 #[cfg(feature = "cuda")]
 use crate::backend::device_host::{DeviceRing, RingCounters};
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers, ElemDecl};
 
-/// How long a host read or write of a bound buffer waits for the kernel to park between two
-/// batches.
+/// How long a host read or write of a bound buffer, or a read of the state
+/// (`KernelHandle::snapshot_state`), waits for the kernel to park between two batches.
 pub const BUFFER_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A ring kernel's handler in CUDA C: `__device__ bool handle(ResidentState* state,
@@ -418,6 +420,22 @@ impl EngineBuffers for GpuBuffers {
     }
 }
 
+/// What a CUDA engine's launch hands the runtime: the engine, its bound buffers (if any) and
+/// its state.
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+pub(crate) type Launched<E> = (E, Option<Arc<dyn DeviceBuffers>>, Arc<dyn StateSnapshot>);
+
+/// The state of a kernel on a GPU, read between two batches under the residency rule.
+#[cfg(feature = "cuda")]
+impl StateSnapshot for resident_cuda::persistent::GpuState {
+    fn read(&self) -> Result<Vec<u8>, DeviceError> {
+        Ok(resident_cuda::persistent::GpuState::read(
+            self,
+            BUFFER_SYNC_TIMEOUT,
+        )?)
+    }
+}
+
 impl<B> BoundBuffers<B> {
     pub(crate) fn new(inner: Arc<B>, bindings: &[DeviceBinding]) -> Self {
         BoundBuffers {
@@ -462,7 +480,7 @@ impl<In: Message, Out: Message> GpuEngine<In, Out> {
         handler: &CudaHandler<In, Out>,
         g: &DeviceGeometry,
         bindings: &[DeviceBinding],
-    ) -> Result<(Self, Option<Arc<dyn DeviceBuffers>>), DeviceError> {
+    ) -> Result<Launched<Self>, DeviceError> {
         let (source, buffers) = handler.launch_source(id, g.batch_size, bindings)?;
         let opts = LaunchOptions {
             queues: g.queues(),
@@ -473,7 +491,8 @@ impl<In: Message, Out: Message> GpuEngine<In, Out> {
         let buffers = kernel
             .buffers()
             .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
-        Ok((GpuEngine { kernel }, buffers))
+        let state: Arc<dyn StateSnapshot> = kernel.state();
+        Ok((GpuEngine { kernel }, buffers, state))
     }
 }
 

@@ -12,15 +12,15 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use resident_cuda::persistent::sim::with_all_quiesced;
-use resident_cuda::persistent::{SimBuffers, SimKernel, SimLaunchOptions};
+use resident_cuda::persistent::{SimBuffers, SimKernel, SimLaunchOptions, SimState};
 use resident_cuda::sim::{SimInstance, SimModule, SimOptions};
 use resident_ring::{Message, Slot};
 
 use super::cpu::CpuDevice;
 use super::cuda_ring::{
-    BoundBuffers, CudaHandler, DeviceGeometry, EngineBuffers, BUFFER_SYNC_TIMEOUT,
+    BoundBuffers, CudaHandler, DeviceGeometry, EngineBuffers, Launched, BUFFER_SYNC_TIMEOUT,
 };
-use super::device_host::{DeviceError, DeviceRing, RingCounters};
+use super::device_host::{DeviceError, DeviceRing, RingCounters, StateSnapshot};
 use super::kernel::{Kernel, KernelArg};
 use super::storage::{DeviceMemory, HostMemory};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
@@ -49,13 +49,14 @@ impl<In: Message, Out: Message> SimEngine<In, Out> {
     /// (module load, allocations, the launch) and relaunched after it.
     /// Bound buffers (`bindings`) get host memory the block's threads use, initialized from
     /// their values at launch; the returned [`DeviceBuffers`] reads and writes them with this
-    /// kernel parked between two batches (see [`SimBuffers`]).
+    /// kernel parked between two batches (see [`SimBuffers`]), and the returned state is read
+    /// the same way (see [`SimState`]).
     pub fn launch(
         id: &str,
         handler: &CudaHandler<In, Out>,
         g: &DeviceGeometry,
         bindings: &[DeviceBinding],
-    ) -> std::result::Result<(Self, Option<Arc<dyn DeviceBuffers>>), DeviceError> {
+    ) -> std::result::Result<Launched<Self>, DeviceError> {
         let (source, buffers) = handler.launch_source(id, g.batch_size, bindings)?;
         let opts = SimLaunchOptions {
             queues: g.queues(),
@@ -70,7 +71,8 @@ impl<In: Message, Out: Message> SimEngine<In, Out> {
         let buffers = kernel
             .buffers()
             .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
-        Ok((SimEngine { kernel }, buffers))
+        let state: Arc<dyn StateSnapshot> = kernel.state();
+        Ok((SimEngine { kernel }, buffers, state))
     }
 }
 
@@ -80,6 +82,13 @@ impl EngineBuffers for SimBuffers {
     }
     fn write(&self, index: usize, data: &[u8]) -> std::result::Result<(), DeviceError> {
         Ok(SimBuffers::write(self, index, data, BUFFER_SYNC_TIMEOUT)?)
+    }
+}
+
+/// The state of a kernel on CudaSim, read with the kernel parked between two batches.
+impl StateSnapshot for SimState {
+    fn read(&self) -> std::result::Result<Vec<u8>, DeviceError> {
+        Ok(SimState::read(self, BUFFER_SYNC_TIMEOUT)?)
     }
 }
 

@@ -570,24 +570,25 @@ pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Messag
     let geometry = cuda_ring::DeviceGeometry::new(lanes, queue_size, batch_size);
     // CUDA and CudaSim take the bound buffers: device copies for the kernel's life, and the
     // synchronized host access the runtime routes `read_buffer` / `write_buffer` through.
-    let (ring, buffers): (Box<dyn device_host::DeviceRing<In, Out>>, _) = match backend {
+    // Both read the state back the same way: the kernel parked between two batches.
+    let (ring, buffers, state): (Box<dyn device_host::DeviceRing<In, Out>>, _, _) = match backend {
         #[cfg(feature = "cuda")]
         Backend::Cuda => {
-            let (e, b) =
+            let (e, b, s) =
                 cuda_ring::GpuEngine::launch(id, &handler, &geometry, bindings).map_err(fail)?;
-            (Box::new(e), b)
+            (Box::new(e), b, s)
         }
         #[cfg(feature = "cudasim")]
         Backend::CudaSim => {
-            let (e, b) =
+            let (e, b, s) =
                 cuda_sim::SimEngine::launch(id, &handler, &geometry, bindings).map_err(fail)?;
-            (Box::new(e), b)
+            (Box::new(e), b, s)
         }
         _ => return Ok(None),
     };
     Ok(Some((
         Box::new(device_host::DeviceHost::new(ring)),
-        None,
+        Some(state),
         buffers,
     )))
 }
@@ -674,7 +675,10 @@ mod tests {
                 continue;
             }
             match open(backend) {
-                Err(BackendError::NotCompiled { backend: b, feature }) => {
+                Err(BackendError::NotCompiled {
+                    backend: b,
+                    feature,
+                }) => {
                     assert_eq!(b, kind);
                     assert_eq!(Some(feature), kind.feature());
                 }
@@ -684,7 +688,10 @@ mod tests {
                 Err(crate::Error::BackendUnavailable { backend: b, source }) => {
                     assert_eq!(b, backend);
                     let msg = source.to_string();
-                    assert!(msg.contains(&format!("feature `{}`", kind.feature().unwrap())), "{msg}");
+                    assert!(
+                        msg.contains(&format!("feature `{}`", kind.feature().unwrap())),
+                        "{msg}"
+                    );
                 }
                 Err(other) => panic!("{backend:?}: expected BackendUnavailable, got {other}"),
                 Ok(_) => panic!("{backend:?}: opened although not compiled in"),

@@ -580,11 +580,15 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
 
     /// A copy of the kernel's state: a WGSL handler's `state` on wgpu (its value after every
     /// batch submitted before this call; the state stays on the device otherwise, this is the
-    /// only read-back), or a CPU handler's state on a host thread (read between two batches,
-    /// waiting at most the kernel's terminate timeout for the batch in hand). To see a
+    /// only read-back), a CUDA handler's state on a GPU or CudaSim (read with the kernel parked
+    /// between two batches, never mid-batch, waiting at most
+    /// [`BUFFER_SYNC_TIMEOUT`](crate::backend::cuda_ring::BUFFER_SYNC_TIMEOUT) for it to park;
+    /// each read costs a park and a relaunch, so it is for occasional reads), or a CPU
+    /// handler's state on a host thread (read between two batches, waiting at most the
+    /// kernel's terminate timeout for the batch in hand). To see a
     /// message's effect, wait for its output (`call`, `receive`) or `drain` first. Also works
     /// after `terminate` (the final state). `S` must be the state's type
-    /// (`WgslHandler::state`, or `RingKernel::state`).
+    /// (`WgslHandler::state`, `CudaHandler::state`, or `RingKernel::state`).
     ///
     /// ```
     /// use resident::prelude::*;
@@ -612,7 +616,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             return Err(Error::InvalidConfig {
                 id,
                 reason: "it keeps no state snapshot_state can read (a loop-form kernel's state \
-                         is its loop's; a CUDA handler's state is not read back yet)"
+                         is its loop's)"
                     .into(),
             });
         };
