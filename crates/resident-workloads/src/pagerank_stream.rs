@@ -736,9 +736,10 @@ pub struct StreamPageRank {
     totals: (u32, u32, u32, u32),
     computed: bool,
     kind: BackendKind,
-    /// Since the last recompute (whose residual is exact): (edge changes applied, pushes and
-    /// edges visited by refreshes, uniform pushes), for the rounding allowance of `verify`.
-    since: (u64, u64, u64),
+    /// Since the last recompute (whose residual is exact): edge changes applied, node pushes,
+    /// edges and nodes visited by refreshes, uniform pushes (the rounding allowance of
+    /// `verify` grows with them).
+    since: [u64; 4],
 }
 
 /// Round numbers wrap here, a multiple of 6, so a round's queue half (`k & 1`) and counter
@@ -799,7 +800,7 @@ impl StreamPageRank {
             totals: (0, 0, 0, 0),
             computed: false,
             kind: device.kind(),
-            since: (0, 0, 0),
+            since: [0; 4],
         })
     }
 
@@ -957,9 +958,10 @@ impl StreamPageRank {
             pending = answers.iter().map(|a| a.count).sum();
             out.work += answers.iter().map(|a| a.work).sum::<u64>() + self.n as u64;
         }
-        self.since.0 += out.applied;
-        self.since.1 += out.pushes + out.work;
-        self.since.2 += out.uniform_pushes as u64;
+        self.since[0] += out.applied;
+        self.since[1] += out.pushes;
+        self.since[2] += out.work;
+        self.since[3] += out.uniform_pushes as u64;
         Ok(out)
     }
 
@@ -1013,7 +1015,7 @@ impl StreamPageRank {
         let r = exchange(&self.k, &self.ranges(n, op::RESIDUAL, base))?;
         out.work += work(&s) + work(&r);
         self.computed = true;
-        self.since = (0, 0, 0);
+        self.since = [0; 4];
         Ok(out)
     }
 
@@ -1077,11 +1079,19 @@ impl StreamPageRank {
             .map(|v| v.abs())
             .reduce(|| 0.0, f64::max)
             .max(uniform.abs());
-        // Rounding allowance: 64 u (4 + D + 2 U + (A + W) x_max), u the handler's unit
-        // roundoff, D the largest in- or out-degree (the sums behind one residual), U uniform
-        // pushes (each moves every rank: u ||x||_1 = u per push, twice through I - d M), A
-        // changes applied and W pushes plus edges visited since the last exact residual (each
-        // moves one rank or residual by at most the largest rank x_max).
+        // Rounding allowance, u the handler's unit roundoff (a bound on the sum of every
+        // rounding error behind the two residuals; ranks sum to 1, so |x|_1 = 1):
+        // - computing a residual from ranks (the host's, and the kernel's exact one after a
+        //   recompute): (D + 3) u per node times the terms' sum, 2 (D + 3) u in L1 each, D the
+        //   largest in- or out-degree;
+        // - a node push rounds x[u] (<= x_max): (1 + d) u x_max through I - d M;
+        // - a uniform push rounds every rank: (1 + d) u |x|_1 <= 2 u;
+        // - residual additions (bumps) round r[w] + share; the mass they move is at most the
+        //   threshold per edge visited (2 eps W) plus what edge changes start, a change of u's
+        //   list moving d x[u] <= x_max to at most D + 1 nodes, each cascading at most
+        //   1 / (1 - d) times that.
+        // Four times that (wgpu also drops the residual's lowest mantissa bit, its queued
+        // flag). A wrong change moves the residual by >= 2 d (1 - d) / (N out(u)).
         let unit = match crate::Precision::of(self.kind) {
             crate::Precision::F64 => f64::EPSILON / 2.0,
             crate::Precision::F32 => f32::EPSILON as f64 / 2.0,
@@ -1094,10 +1104,15 @@ impl StreamPageRank {
             .max()
             .unwrap_or(0) as f64;
         let x_max = x.iter().fold(0.0f64, |a, &v| a.max(v.abs()));
-        let (applied, work, uniform_pushes) = self.since;
-        let mismatch_bound = 64.0
+        let eps = p.damping * p.tol;
+        let [applied, pushes, work, uniform_pushes] = self.since.map(|c| c as f64);
+        let mismatch_bound = 4.0
             * unit
-            * (4.0 + degree + 2.0 * uniform_pushes as f64 + (applied + work) as f64 * x_max);
+            * (4.0 * (degree + 3.0)
+                + 2.0 * uniform_pushes
+                + 2.0 * pushes * x_max
+                + applied * x_max * (degree + 1.0) * 2.0 / (1.0 - p.damping)
+                + 2.0 * eps * work);
         let check = StreamCheck {
             mismatch,
             mismatch_bound,

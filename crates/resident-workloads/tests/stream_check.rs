@@ -60,9 +60,21 @@ fn wrong_changes_fail(rt: &Runtime, d: &DeviceHandle) {
         ..Default::default()
     };
     let mut batch = pagerank::generate_updates(&g, 1, 30, 4).remove(0);
-    // An edge added and removed again in the same batch: present in neither graph.
-    let (u, w) = (5u32, 377u32);
-    assert!(!g.edges.contains(&(u, w)));
+    // An edge added and removed again in the same batch: present in neither graph. Its
+    // source is the node whose share x[u] / (out(u) + 1) is largest, so that the duplicate
+    // below moves the residual most (by 2 d x[u] / (out(u) + 1)).
+    let x = pagerank::reference(&g, p).unwrap().ranks;
+    let out = |u: u32| g.edges.iter().filter(|e| e.0 == u).count();
+    let u = (0..g.nodes() as u32)
+        .max_by(|&a, &b| {
+            let share = |v: u32| x[v as usize] / (out(v) + 1) as f64;
+            share(a).total_cmp(&share(b))
+        })
+        .unwrap();
+    let w = (0..g.nodes() as u32)
+        .rev()
+        .find(|&w| !g.edges.contains(&(u, w)))
+        .unwrap();
     batch.push(e(u, w, OP_ADD));
     batch.push(e(u, w, OP_REMOVE));
     // The first change removes an existing edge (generate_updates' even changes do).
