@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -97,6 +98,17 @@ def resident_pagerank(exe: str, graph: str, tol: float, threads: int | None, ran
     return float(m.group(1)), int(m.group(2)), p.stdout
 
 
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def stats(xs):
     return {
         "runs": xs,
@@ -118,6 +130,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--graph", default="target/bench-pagerank/graph.txt")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--note", default="", help="what else ran on the machine (recorded in the JSON)")
     a = ap.parse_args()
     if a.repeats < 3:
         ap.error("--repeats must be at least 3")
@@ -162,7 +175,7 @@ def main() -> int:
     ratios = [b / s for s, b in zip(sc, rs)]
     result = {
         "benchmark": "full PageRank seconds per iteration: resident CPU backend vs scipy CSR power iteration",
-        "command": " ".join([os.path.relpath(sys.executable)] + sys.argv),
+        "command": shlex.join([os.path.relpath(sys.executable)] + sys.argv),
         "graph": {
             "nodes": a.nodes,
             "edges": int(len(src)),
@@ -181,9 +194,11 @@ def main() -> int:
         "goal": "resident at most 0.5x scipy's time per iteration",
         "goal_met": statistics.median(rs) / statistics.median(sc) <= 0.5,
         "load_average_1min_samples": load,
+        "note": a.note,
         "machine": {
             "cores": os.cpu_count(),
             "arch": platform.machine(),
+            "cpu": cpu_model(),
             "os": platform.system().lower(),
             "python": platform.python_version(),
             "numpy": np.__version__,
