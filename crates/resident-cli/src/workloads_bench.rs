@@ -411,7 +411,8 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
                     "steps": steps.iter().map(|s| json!({
                         "incremental_s": s.incremental.as_secs_f64(), "pushes": s.pushes, "incremental_work": s.incremental_work,
                         "recompute_s": s.recompute.as_secs_f64(), "recompute_iterations": s.recompute_iterations, "recompute_work": s.recompute_work,
-                        "l1_diff": s.l1_diff, "applied": s.applied, "push_rounds": s.rounds,
+                        "l1_diff": s.l1_diff, "l1_bound": s.bound, "residual_mismatch": s.check.mismatch, "residual_mismatch_bound": s.check.mismatch_bound,
+                        "applied": s.applied, "push_rounds": s.rounds,
                     })).collect::<Vec<_>>(),
                 }));
             }

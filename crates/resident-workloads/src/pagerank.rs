@@ -29,9 +29,15 @@
 //! touches only the nodes whose residual an update made large, which for a small update batch
 //! on a large graph is a tiny fraction. Work is proportional to the residual an update batch
 //! creates, roughly `13 B / (N tol)` pushes for `B` edge changes.
-//! The check compares against recomputing from scratch (power iteration from
-//! `1/N` on the updated graph): both are within `d/(1-d) N tol` of the true ranks, so their
-//! L1 distance must be `<= 2 d/(1-d) N tol` ([`stream_tolerance`]).
+//! The check ([`run_stream`]) holds each kernel to the graph it should hold: the host
+//! recomputes, in f64, the residual of the kernel's ranks on that graph and the kernel's own
+//! residual must equal it within rounding ([`StreamPageRank::verify`]), which a dropped,
+//! repeated or misapplied edge change breaks by at least `2 d (1-d) / (N out(u))`. The
+//! residual then bounds the ranks' error, `||x - x*||_1 <= ||r||_1 / (1-d)`, and the
+//! incremental ranks must be within the sum of the two kernels' bounds of the ranks
+//! recomputed from scratch (power iteration from `1/N` on the updated graph). The worst case
+//! of that sum, `2 d/(1-d) N tol` ([`stream_tolerance`]), is only its ceiling: above 2 (the
+//! largest L1 distance two rank vectors can have) for `N tol > 0.18`.
 
 use std::time::Duration;
 
@@ -282,13 +288,33 @@ resident::ring::device_message! {
 }
 
 /// One step on the host (the CPU handler): see [`PageRankStep`]. Parallel over the range's
-/// nodes (rayon); `ok == 0` and nothing written when the range or the buffers are invalid.
+/// nodes (rayon: every core of the pool); `ok == 0` when the range or the buffers are invalid
+/// (nothing written, except for a source outside the graph, found while the range's new
+/// ranks are written: the old half is never touched). [`step_with`] with a scratch vector of
+/// its own.
 pub fn step(
     off: &[u64],
     src: &[u32],
     deg: &[u32],
     ranks: &mut [f64],
     m: &PageRankStep,
+) -> StepDone {
+    step_with(off, src, deg, ranks, m, &mut Vec::new())
+}
+
+/// [`step`] with the CPU handler's scratch vector: when the range covers at least half the
+/// graph, every source's share `old[u] / out_degree[u]` is computed once, in parallel, into
+/// `contrib` (one division per node instead of one per edge, and one gather per edge instead
+/// of two), then the range pulls from it. The shares are the same expression on the same
+/// operands, so the result is bit for bit the one of the per-edge form (which smaller ranges
+/// keep, as a device does).
+pub fn step_with(
+    off: &[u64],
+    src: &[u32],
+    deg: &[u32],
+    ranks: &mut [f64],
+    m: &PageRankStep,
+    contrib: &mut Vec<f64>,
 ) -> StepDone {
     let n = deg.len();
     let mut done = StepDone {
@@ -303,7 +329,9 @@ pub fn step(
     if lo > hi || hi > n || ranks.len() != 2 * n || off.len() != n + 1 {
         return done;
     }
-    if off.iter().any(|&o| o as usize > src.len()) {
+    // Offsets ascending and within `src`: otherwise a refusal (`ok == 0`), never a panic of
+    // the handler. A source outside the graph is found where it is read (below).
+    if off[n] as usize > src.len() || off.par_windows(2).any(|w| w[0] > w[1]) {
         return done;
     }
     let (first, second) = ranks.split_at_mut(n);
@@ -312,20 +340,50 @@ pub fn step(
     } else {
         (second, first)
     };
-    let (l1, dangling) = new[lo..hi]
+    let hoist = 2 * (hi - lo) >= n;
+    if hoist {
+        contrib.resize(n, 0.0);
+        contrib
+            .par_iter_mut()
+            .zip(old.par_iter().zip(deg.par_iter()))
+            .for_each(|(c, (&x, &k))| *c = x / k as f64);
+    }
+    let shares: &[f64] = contrib;
+    // (l1, dangling, a source outside the graph was met)
+    let (l1, dangling, bad) = new[lo..hi]
         .par_iter_mut()
         .enumerate()
+        .with_min_len(1024)
         .map(|(i, nv)| {
             let v = lo + i;
-            let s: f64 = src[off[v] as usize..off[v + 1] as usize]
-                .iter()
-                .map(|&u| old[u as usize] / deg[u as usize] as f64)
-                .sum();
+            let ins = &src[off[v] as usize..off[v + 1] as usize];
+            let (mut s, mut bad) = (0.0f64, false);
+            if hoist {
+                for &u in ins {
+                    match shares.get(u as usize) {
+                        Some(&c) => s += c,
+                        None => bad = true,
+                    }
+                }
+            } else {
+                for &u in ins {
+                    match old.get(u as usize) {
+                        Some(&x) => s += x / deg[u as usize] as f64,
+                        None => bad = true,
+                    }
+                }
+            }
             *nv = m.base + m.damping * s;
             let d = if deg[v] == 0 { *nv } else { 0.0 };
-            ((*nv - old[v]).abs(), d)
+            ((*nv - old[v]).abs(), d, bad)
         })
-        .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        .reduce(
+            || (0.0, 0.0, false),
+            |a, b| (a.0 + b.0, a.1 + b.1, a.2 || b.2),
+        );
+    if bad {
+        return done;
+    }
     done.l1 = l1;
     done.dangling = dangling;
     done.ok = 1;
@@ -336,9 +394,10 @@ pub fn step(
 /// `out_degree`) and the ranks (`ranks`, `2 N`: this iteration's and the next one's, by
 /// parity; starts at `1/N`) bound to it. A message is one [`PageRankStep`] over a node range;
 /// the host sends all ranges of an iteration, sums the answers, and sends the next iteration
-/// ([`run_full`]). The same definition runs on every backend: the CPU handler uses rayon
-/// over one range per iteration, a device gets many small ranges that its threads take in
-/// parallel.
+/// ([`run_full`]). The same definition (message, buffers, arithmetic) runs on every backend:
+/// the CPU gets one range per iteration, the whole graph, and its handler splits it over the
+/// rayon pool (every core; [`step_with`] computes the sources' shares once per step), a
+/// device gets many small ranges that its threads take in parallel.
 pub fn full_kernel(
     id: &str,
     device: &DeviceHandle,
@@ -348,6 +407,8 @@ pub fn full_kernel(
     let o = BufferOptions::default();
     let mut init = vec![0.0f64; 2 * n];
     init[..n].fill(1.0 / n.max(1) as f64);
+    // The CPU handler's scratch (the sources' shares, see `step_with`), kept across steps.
+    let mut contrib: Vec<f64> = Vec::new();
     let k = RingKernel::<PageRankStep, StepDone>::new(id)
         .queue_size(4096)
         .batch_size(crate::device::batch_size(device.kind(), 256))
@@ -366,7 +427,7 @@ pub fn full_kernel(
         .bind("ranks", UnifiedBuffer::from_slice(device, &init, o)?)
         .cuda(cuda::pagerank_handler())
         .wgsl(WgslHandler::new(wgsl::PAGERANK_WGSL).function("pagerank_step"))
-        .handler(|ctx: &mut Context<()>, m: PageRankStep| {
+        .handler(move |ctx: &mut Context<()>, m: PageRankStep| {
             let bad = StepDone {
                 l1: 0.0,
                 dangling: 0.0,
@@ -383,7 +444,7 @@ pub fn full_kernel(
             ) else {
                 return Some(bad);
             };
-            Some(step(&off, &src, &deg, &mut x, &m))
+            Some(step_with(&off, &src, &deg, &mut x, &m, &mut contrib))
         });
     Ok(k)
 }

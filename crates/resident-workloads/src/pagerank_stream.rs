@@ -736,6 +736,10 @@ pub struct StreamPageRank {
     totals: (u32, u32, u32, u32),
     computed: bool,
     kind: BackendKind,
+    /// Since the last recompute (whose residual is exact): edge changes applied, node pushes,
+    /// edges and nodes visited by refreshes, uniform pushes (the rounding allowance of
+    /// `verify` grows with them).
+    since: [u64; 4],
 }
 
 /// Round numbers wrap here, a multiple of 6, so a round's queue half (`k & 1`) and counter
@@ -796,6 +800,7 @@ impl StreamPageRank {
             totals: (0, 0, 0, 0),
             computed: false,
             kind: device.kind(),
+            since: [0; 4],
         })
     }
 
@@ -953,6 +958,10 @@ impl StreamPageRank {
             pending = answers.iter().map(|a| a.count).sum();
             out.work += answers.iter().map(|a| a.work).sum::<u64>() + self.n as u64;
         }
+        self.since[0] += out.applied;
+        self.since[1] += out.pushes;
+        self.since[2] += out.work;
+        self.since[3] += out.uniform_pushes as u64;
         Ok(out)
     }
 
@@ -1006,7 +1015,119 @@ impl StreamPageRank {
         let r = exchange(&self.k, &self.ranges(n, op::RESIDUAL, base))?;
         out.work += work(&s) + work(&r);
         self.computed = true;
+        self.since = [0; 4];
         Ok(out)
+    }
+
+    /// The kernel's residual: per node (`residual`, f32 bits with the queued flag in the
+    /// lowest bit on wgpu) and the uniform part owed to every node (a sync's answer).
+    fn residual(&self) -> Result<(Vec<f64>, f64), WorkloadError> {
+        let uniform = self.sync_call()?.sum;
+        let r = match self.kind {
+            BackendKind::Wgpu => self
+                .k
+                .read_buffer::<u32>("residual", LONG)?
+                .iter()
+                .map(|&b| f32::from_bits(b & 0xffff_fffe) as f64)
+                .collect(),
+            _ => self.k.read_buffer::<f64>("residual", LONG)?.to_vec(),
+        };
+        Ok((r, uniform))
+    }
+
+    /// Checks the kernel against `expected`, the graph it should hold (the launch graph with
+    /// every change sent so far applied, e.g. by [`apply_updates`]); call it after a
+    /// [`refresh`](Self::refresh) or [`recompute`](Self::recompute).
+    ///
+    /// The kernel keeps, beside its ranks `x`, the residual `r = b + d M x - x` of the
+    /// PageRank system (per node, plus a uniform part); every edge change, push and uniform
+    /// push updates both so that this stays true for the graph it holds. The host recomputes
+    /// the residual of the kernel's ranks on `expected` in f64 and compares: the L1 distance
+    /// must be within rounding ([`StreamCheck::mismatch_bound`]). A change the kernel dropped,
+    /// applied twice, or applied to the wrong edge moves the two apart by `d (M' - M) x`,
+    /// at least `2 d x[u] / out(u) >= 2 d (1 - d) / (N out(u))` in L1 for a change of `u`'s
+    /// list (every rank is at least `(1 - d) / N`), which the bound stays under (f64: by
+    /// many orders of magnitude at any size here; f32 on wgpu: see the bound's terms). With
+    /// the residual confirmed, `||x - x*||_1 <= ||r||_1 / (1 - d)` for the exact ranks `x*`
+    /// of `expected` (`M` is column-stochastic, so `(I - d M)^-1` has L1 norm `1 / (1 - d)`):
+    /// [`StreamCheck::error_bound`], a bound from the residual actually left, not from the
+    /// worst case.
+    pub fn verify(&self, expected: &DynGraph) -> Result<StreamCheck, WorkloadError> {
+        let bad = |detail: String| WorkloadError::Mismatch {
+            workload: "pagerank-stream",
+            detail,
+        };
+        if expected.nodes() != self.n {
+            return Err(bad(format!(
+                "expected graph has {} nodes, the kernel {}",
+                expected.nodes(),
+                self.n
+            )));
+        }
+        let x = self.ranks()?;
+        let (r, uniform) = self.residual()?;
+        let (p, n) = (self.p, self.n);
+        let host = residual_of(expected, &x, p);
+        let mismatch: f64 = host
+            .par_iter()
+            .zip(&r)
+            .map(|(h, k)| (h - (k + uniform)).abs())
+            .sum();
+        let residual_l1: f64 = host.par_iter().map(|h| h.abs()).sum();
+        let kernel_max = r
+            .par_iter()
+            .map(|v| v.abs())
+            .reduce(|| 0.0, f64::max)
+            .max(uniform.abs());
+        // Rounding allowance, u the handler's unit roundoff (a bound on the sum of every
+        // rounding error behind the two residuals; ranks sum to 1, so |x|_1 = 1):
+        // - computing a residual from ranks (the host's, and the kernel's exact one after a
+        //   recompute): (D + 3) u per node times the terms' sum, 2 (D + 3) u in L1 each, D the
+        //   largest in- or out-degree;
+        // - a node push rounds x[u] (<= x_max): (1 + d) u x_max through I - d M;
+        // - a uniform push rounds every rank: (1 + d) u |x|_1 <= 2 u;
+        // - residual additions (bumps) round r[w] + share; the mass they move is at most the
+        //   threshold per edge visited (2 eps W) plus what edge changes start, a change of u's
+        //   list moving d x[u] <= x_max to at most D + 1 nodes, each cascading at most
+        //   1 / (1 - d) times that.
+        // Four times that (wgpu also drops the residual's lowest mantissa bit, its queued
+        // flag). A wrong change moves the residual by >= 2 d (1 - d) / (N out(u)).
+        let unit = match crate::Precision::of(self.kind) {
+            crate::Precision::F64 => f64::EPSILON / 2.0,
+            crate::Precision::F32 => f32::EPSILON as f64 / 2.0,
+        };
+        let degree = expected
+            .out
+            .iter()
+            .chain(&expected.inn)
+            .map(|l| l.len())
+            .max()
+            .unwrap_or(0) as f64;
+        let x_max = x.iter().fold(0.0f64, |a, &v| a.max(v.abs()));
+        let eps = p.damping * p.tol;
+        let [applied, pushes, work, uniform_pushes] = self.since.map(|c| c as f64);
+        let mismatch_bound = 4.0
+            * unit
+            * (4.0 * (degree + 3.0)
+                + 2.0 * uniform_pushes
+                + 2.0 * pushes * x_max
+                + applied * x_max * (degree + 1.0) * 2.0 / (1.0 - p.damping)
+                + 2.0 * eps * work);
+        let check = StreamCheck {
+            mismatch,
+            mismatch_bound,
+            residual_l1,
+            kernel_residual_max: kernel_max,
+            error_bound: residual_l1 / (1.0 - p.damping),
+        };
+        if mismatch.is_nan() || mismatch > mismatch_bound {
+            return Err(bad(format!(
+                "the kernel's residual is not the residual of its ranks on the expected graph \
+                 ({n} nodes): L1 distance {mismatch:e} > {mismatch_bound:e} (a change \
+                 dropped, repeated or misapplied)"
+            )));
+        }
+        Ok(check)
     }
 
     /// The ranks (a synchronized read of the bound buffer; f32 on wgpu, widened).
@@ -1023,6 +1144,53 @@ impl StreamPageRank {
         self.k.terminate()?;
         Ok(())
     }
+}
+
+/// What [`StreamPageRank::verify`] found.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StreamCheck {
+    /// L1 distance between the kernel's residual (per node plus the uniform part) and the
+    /// residual of the kernel's ranks on the expected graph, computed on the host in f64.
+    pub mismatch: f64,
+    /// The most `mismatch` may be (rounding); more is an error.
+    pub mismatch_bound: f64,
+    /// L1 norm of the host's residual.
+    pub residual_l1: f64,
+    /// Largest residual the kernel holds for one node (per node or uniform part). After a
+    /// refresh it is at most the push threshold `d tol`.
+    pub kernel_residual_max: f64,
+    /// `residual_l1 / (1 - d)`: the most the ranks' L1 distance to the exact PageRank of the
+    /// expected graph can be.
+    pub error_bound: f64,
+}
+
+/// The residual `b + d M x - x` of ranks `x` on `g` (networkx's system: teleport `(1 - d) / N`,
+/// dangling nodes' mass spread uniformly), in f64, parallel over nodes.
+pub fn residual_of(g: &DynGraph, x: &[f64], p: Params) -> Vec<f64> {
+    let n = g.nodes();
+    let nf = n as f64;
+    let dangling: f64 = (0..n)
+        .into_par_iter()
+        .filter(|&u| g.out[u].is_empty())
+        .map(|u| x[u])
+        .sum();
+    let base = p.damping * dangling / nf + (1.0 - p.damping) / nf;
+    (0..n)
+        .into_par_iter()
+        .map(|v| {
+            let s: f64 = g.inn[v]
+                .iter()
+                .map(|&u| x[u as usize] / g.out[u as usize].len() as f64)
+                .sum();
+            base + p.damping * s - x[v]
+        })
+        .collect()
+}
+
+/// The certified L1 error of ranks `x` on `g`: `||b + d M x - x||_1 / (1 - d)` (see
+/// [`StreamPageRank::verify`]).
+pub fn error_bound(g: &DynGraph, x: &[f64], p: Params) -> f64 {
+    residual_of(g, x, p).iter().map(|r| r.abs()).sum::<f64>() / (1.0 - p.damping)
 }
 
 /// One update batch of a streaming run.
@@ -1044,11 +1212,21 @@ pub struct StreamStep {
     pub recompute_work: u64,
     /// L1 distance between the two rank vectors.
     pub l1_diff: f64,
+    /// The most `l1_diff` may be: the two kernels' certified errors
+    /// ([`StreamCheck::error_bound`]) added, at most [`stream_tolerance_with`].
+    pub bound: f64,
+    /// The incremental kernel's check against the graph it should hold
+    /// ([`StreamPageRank::verify`]).
+    pub check: StreamCheck,
     /// Updates applied (refused ones: duplicates, absent edges).
     pub applied: u64,
 }
 
-/// The L1 distance allowed between incremental and recomputed ranks: `2 d/(1-d) N tol`.
+/// The worst-case L1 distance between incremental and recomputed ranks: `2 d/(1-d) N tol`
+/// (each within `d/(1-d) N tol` of the exact ranks). Above 2, the largest L1 distance two
+/// rank vectors can have, once `N tol > 0.18` (networkx's `tol = 1e-6` from 180 000 nodes):
+/// the check of a streaming run uses the residual actually left instead
+/// ([`StreamPageRank::verify`], [`StreamStep::bound`]); this is its ceiling.
 pub fn stream_tolerance(nodes: usize, p: Params) -> f64 {
     2.0 * p.damping / (1.0 - p.damping) * nodes as f64 * p.tol
 }
@@ -1098,8 +1276,12 @@ pub fn generate_updates(
 }
 
 /// Streaming PageRank: an incremental kernel and a recompute-from-scratch kernel get the same
-/// update batches; after each batch both answer and their ranks are compared
-/// ([`stream_tolerance_with`] at the device's precision). `on_step` sees every step.
+/// update batches; after each batch both answer and are checked. Each kernel against the
+/// graph it should hold ([`StreamPageRank::verify`]: its residual is the residual of its
+/// ranks on that graph, within rounding, so a dropped, repeated or misapplied change fails);
+/// the incremental kernel's residual left by the refresh at most the push threshold per node;
+/// and the two rank vectors within the sum of their certified errors ([`StreamStep::bound`]).
+/// `on_step` sees every step.
 pub fn run_stream(
     rt: &Runtime,
     device: &DeviceHandle,
@@ -1118,7 +1300,10 @@ pub fn run_stream(
                 return Err(e);
             }
         };
+    let precision = crate::Precision::of(device.kind());
     let result = (|| {
+        // The graph both kernels should hold, kept on the host.
+        let mut truth = DynGraph::new(g);
         // Both start from the same from-scratch ranks.
         inc.recompute()?;
         full.recompute()?;
@@ -1132,9 +1317,15 @@ pub fn run_stream(
             let t = std::time::Instant::now();
             let b = full.recompute()?;
             let recompute_t = t.elapsed();
+            apply_to(&mut truth, ups);
+            let ca = inc.verify(&truth)?;
+            let cb = full.verify(&truth)?;
+            refreshed_below_threshold(&ca, p, precision)?;
             let xa = inc.ranks()?;
             let xb = full.ranks()?;
             let l1: f64 = xa.iter().zip(xb.iter()).map(|(a, b)| (a - b).abs()).sum();
+            let bound = (ca.error_bound + cb.error_bound + ca.mismatch_bound + cb.mismatch_bound)
+                .min(stream_tolerance_with(g.nodes(), p, precision));
             let step = StreamStep {
                 incremental,
                 pushes: a.pushes,
@@ -1144,14 +1335,15 @@ pub fn run_stream(
                 recompute_iterations: b.iterations,
                 recompute_work: b.work,
                 l1_diff: l1,
+                bound,
+                check: ca,
                 applied: a.applied,
             };
             on_step(&step);
-            let tol = stream_tolerance_with(g.nodes(), p, crate::Precision::of(device.kind()));
-            if l1.is_nan() || l1 > tol {
+            if l1.is_nan() || l1 > bound {
                 return Err(WorkloadError::Mismatch {
                     workload: "pagerank-stream",
-                    detail: format!("L1 distance to the recompute {l1:e} > {tol:e}"),
+                    detail: format!("L1 distance to the recompute {l1:e} > {bound:e}"),
                 });
             }
             steps.push(step);
@@ -1166,13 +1358,34 @@ pub fn run_stream(
     Ok(out)
 }
 
-/// The graph after `batches` of changes, applied as the kernel applies them (changes naming a
-/// node past the graph, duplicate adds, removals of absent edges and unknown ops change
-/// nothing): the input of an independent check of a streaming run's final ranks.
-pub fn apply_updates(g: &EdgeList, batches: &[Vec<EdgeUpdate>]) -> EdgeList {
-    let mut d = DynGraph::new(g);
-    let n = g.nodes();
-    for e in batches.iter().flatten() {
+/// After a refresh every node's residual, and the uniform part, is at most the push
+/// threshold `d tol` (at f32 the threshold as the handler holds it, rounded to f32).
+pub fn refreshed_below_threshold(
+    c: &StreamCheck,
+    p: Params,
+    precision: crate::Precision,
+) -> Result<(), WorkloadError> {
+    let eps = p.damping * p.tol;
+    let eps = match precision {
+        crate::Precision::F64 => eps,
+        crate::Precision::F32 => eps.max(eps as f32 as f64),
+    };
+    if c.kernel_residual_max.is_nan() || c.kernel_residual_max > eps * (1.0 + 1e-9) {
+        return Err(WorkloadError::Mismatch {
+            workload: "pagerank-stream",
+            detail: format!(
+                "the refresh left a residual of {:e}, above the push threshold {eps:e}",
+                c.kernel_residual_max
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Applies a batch of changes to `d` as the kernel applies them (see [`apply_updates`]).
+pub fn apply_to(d: &mut DynGraph, batch: &[EdgeUpdate]) {
+    let n = d.nodes();
+    for e in batch {
         if (e.src as usize) < n && (e.dst as usize) < n {
             match e.op {
                 OP_ADD => {
@@ -1184,6 +1397,16 @@ pub fn apply_updates(g: &EdgeList, batches: &[Vec<EdgeUpdate>]) -> EdgeList {
                 _ => {}
             }
         }
+    }
+}
+
+/// The graph after `batches` of changes, applied as the kernel applies them (changes naming a
+/// node past the graph, duplicate adds, removals of absent edges and unknown ops change
+/// nothing): the input of an independent check of a streaming run's final ranks.
+pub fn apply_updates(g: &EdgeList, batches: &[Vec<EdgeUpdate>]) -> EdgeList {
+    let mut d = DynGraph::new(g);
+    for batch in batches {
+        apply_to(&mut d, batch);
     }
     let mut edges: Vec<(u32, u32)> = d
         .out

@@ -82,6 +82,57 @@ fn pagerank_full_matches_the_networkx_style_reference() {
     }
 }
 
+/// The CPU step's two forms (shares computed once per step for a range of at least half the
+/// graph, per edge otherwise) write the same ranks bit for bit, and buffers that do not
+/// describe a graph are refused (`ok == 0`), never a handler panic.
+#[test]
+fn pagerank_step_forms_agree_and_bad_buffers_are_refused() {
+    let g = generate_graph(1000, 4, 3).unwrap();
+    let csr = pagerank::Csr::new(&g);
+    let n = g.nodes();
+    let start = || {
+        let mut x = vec![0.0; 2 * n];
+        x[..n].fill(1.0 / n as f64);
+        x
+    };
+    let msg = |lo: usize, hi: usize| pagerank::PageRankStep {
+        base: 0.15 / n as f64,
+        damping: 0.85,
+        iter: 0,
+        lo: lo as u32,
+        hi: hi as u32,
+        _pad: 0,
+    };
+    let (off, src, deg) = (&csr.in_offsets, &csr.in_sources, &csr.out_degree);
+    let mut whole = start();
+    let a = pagerank::step(off, src, deg, &mut whole, &msg(0, n));
+    // 0..499 per edge (under half the graph), 499..1000 with shares.
+    let mut split = start();
+    let b = pagerank::step(off, src, deg, &mut split, &msg(0, 499));
+    let c = pagerank::step(off, src, deg, &mut split, &msg(499, n));
+    assert_eq!((a.ok, b.ok, c.ok), (1, 1, 1));
+    assert!(whole == split, "the two forms of the step differ");
+    assert!((a.l1 - (b.l1 + c.l1)).abs() <= 1e-12 * a.l1, "{a:?} {b:?} {c:?}");
+
+    // A source outside the graph, offsets going backwards, offsets past the sources.
+    let mut bad_src = src.clone();
+    bad_src[17] = n as u32;
+    let mut back = off.clone();
+    back[500] = back[499] - 1;
+    let mut past = off.clone();
+    past[n] += 1;
+    for (o, s, what) in [
+        (off, &bad_src, "a source outside the graph"),
+        (&back, src, "offsets going backwards"),
+        (&past, src, "offsets past the sources"),
+    ] {
+        for (lo, hi) in [(0, n), (0, 100)] {
+            let r = pagerank::step(o, s, deg, &mut start(), &msg(lo, hi));
+            assert_eq!(r.ok, 0, "{what}, range {lo}..{hi}: {r:?}");
+        }
+    }
+}
+
 /// Values printed by networkx 3.6.1 (`networkx.algorithms.link_analysis.pagerank_alg.
 /// _pagerank_python`, the definition `pagerank` implements; the scipy path needs numpy).
 #[test]
