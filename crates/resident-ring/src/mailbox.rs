@@ -189,23 +189,6 @@ impl<T> Shared<T> {
     }
 }
 
-impl<T: Copy + Send> Shared<T> {
-    /// A lane at most this full wakes senders blocked on it (see `settle`).
-    #[inline]
-    fn refill_mark(&self) -> usize {
-        self.config.capacity / 2
-    }
-
-    /// After a pop: wakes blocked senders if a lane is down to the refill mark. Unfenced, so
-    /// a wake-up may be missed; senders wait in bounded slices and re-check.
-    #[inline]
-    fn wake_senders(&self) {
-        let mark = self.refill_mark();
-        self.not_full
-            .notify_unfenced_if(|| self.rings.iter().any(|r| r.len() <= mark));
-    }
-}
-
 /// What one send attempt decided, made while holding the lane's write exclusion (its lock,
 /// or the [`Writer`]'s flag).
 enum Step<T> {
@@ -299,15 +282,8 @@ impl<T: Copy + Send> Shared<T> {
         // Only an already-blocked sender pays for it.
         let slice =
             deadline_after(Duration::from_micros(200)).map(|sl| deadline.map_or(sl, |d| d.min(sl)));
-        // Hysteresis: a sender that found the lane full waits until it is at most half full
-        // (`refill_mark`), parked, not spinning. The receiver has half a lane of work queued,
-        // so nobody waits on the sender's wake-up latency; the sender then moves a run of
-        // messages per wake-up instead of one; and on a small machine a spinning sender would
-        // take the core the receiver needs. A slice that ends first still retries the send
-        // (the loop in the caller), so a free slot is never missed for longer than a slice.
-        let mark = self.refill_mark();
-        let ok = self.not_full.wait_until(WaitStrategy::Park, slice, || {
-            self.closed.load(Ordering::Acquire) || self.rings[lane].len() <= mark
+        let ok = self.not_full.wait_until(self.config.wait, slice, || {
+            self.closed.load(Ordering::Acquire) || self.rings[lane].len() < self.config.capacity
         });
         if !ok && deadline.is_some_and(|d| Instant::now() >= d) {
             self.refused.fetch_add(1, Ordering::Relaxed);
@@ -641,7 +617,7 @@ impl<T: Copy + Send> Mailbox<T> {
             got
         };
         if got.is_some() {
-            s.wake_senders();
+            s.not_full.notify_unfenced();
         }
         got
     }
@@ -675,7 +651,7 @@ impl<T: Copy + Send> Mailbox<T> {
             }
         }
         if n > 0 {
-            s.wake_senders();
+            s.not_full.notify_unfenced();
         }
         n
     }

@@ -79,17 +79,6 @@ impl Signal {
         }
     }
 
-    /// [`Signal::notify_unfenced`] only when `worth()` says a waiter's condition may now hold;
-    /// `worth` runs only when somebody is parked. For receivers waking blocked senders: a
-    /// wake-up that cannot satisfy the waiter costs a lock and a futex call for nothing.
-    /// Same caveat as `notify_unfenced`: waiters must wait in bounded slices and re-check.
-    pub fn notify_unfenced_if(&self, worth: impl FnOnce() -> bool) {
-        if self.waiters.load(Ordering::Relaxed) != 0 && worth() {
-            let _guard = self.lock.lock();
-            self.cv.notify_all();
-        }
-    }
-
     /// Waits until `ready()` is true (returns `true`) or `deadline` passes (returns `false`).
     /// `ready` must only read state that notifiers publish before calling [`Signal::notify`].
     pub fn wait_until(
