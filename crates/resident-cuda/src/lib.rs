@@ -45,6 +45,9 @@ pub mod stream;
 pub mod telemetry;
 
 pub use cache::{CacheKey, CacheOutcome, KernelCache};
+/// The driver's and NVRTC's result codes, as [`DriverFault::code`] and [`CudaError::Nvrtc`] hold them.
+#[cfg(feature = "driver")]
+pub use cudarc::{driver::sys::CUresult, nvrtc::sys::nvrtcResult};
 #[cfg(feature = "driver")]
 pub use device::{
     device_count, device_info, devices, Device, DeviceInfo, ResidencyBudget, ResidentSlot,
@@ -53,9 +56,6 @@ pub use device::{
 #[cfg(feature = "driver")]
 pub use error::DriverFault;
 pub use error::{CudaError, Result};
-/// The driver's and NVRTC's result codes, as [`DriverFault::code`] and [`CudaError::Nvrtc`] hold them.
-#[cfg(feature = "driver")]
-pub use cudarc::{driver::sys::CUresult, nvrtc::sys::nvrtcResult};
 pub use launch::LaunchConfig;
 #[cfg(feature = "driver")]
 pub use memory::DeviceBuffer;

@@ -14,10 +14,7 @@ pub fn nvrtc_present() -> bool {
 }
 
 fn nvrtc_err(call: &'static str) -> impl FnOnce(nr::NvrtcError) -> CudaError {
-    move |e| CudaError::Nvrtc {
-        call,
-        code: e.0,
-    }
+    move |e| CudaError::Nvrtc { call, code: e.0 }
 }
 
 /// NVRTC's version as (major, minor).

@@ -529,8 +529,7 @@ pub fn run_under_tsan(
     tu: &str,
     timeout: std::time::Duration,
 ) -> Result<TsanRun, TsanError> {
-    let (cxx, _) =
-        compiler().map_err(|e| TsanError::Unavailable(TsanUnavailable::Compiler(e)))?;
+    let (cxx, _) = compiler().map_err(|e| TsanError::Unavailable(TsanUnavailable::Compiler(e)))?;
     let src = dir.join(format!("{tag}.cpp"));
     let exe = dir.join(tag);
     std::fs::write(&src, tu)?;

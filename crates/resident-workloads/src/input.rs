@@ -196,12 +196,9 @@ pub fn parse_readings(path: &Path, r: impl BufRead) -> Result<Vec<SensorReading>
             });
         };
         let sensor = parse_id(s.trim(), "sensor")?;
-        let value: f64 = v
-            .trim()
-            .parse()
-            .map_err(|_| LineError::NotANumber {
-                value: v.trim().to_string(),
-            })?;
+        let value: f64 = v.trim().parse().map_err(|_| LineError::NotANumber {
+            value: v.trim().to_string(),
+        })?;
         if !value.is_finite() {
             return Err(LineError::NotFinite {
                 value: v.trim().to_string(),

@@ -112,7 +112,10 @@ fn pagerank_step_forms_agree_and_bad_buffers_are_refused() {
     let c = pagerank::step(off, src, deg, &mut split, &msg(499, n));
     assert_eq!((a.ok, b.ok, c.ok), (1, 1, 1));
     assert!(whole == split, "the two forms of the step differ");
-    assert!((a.l1 - (b.l1 + c.l1)).abs() <= 1e-12 * a.l1, "{a:?} {b:?} {c:?}");
+    assert!(
+        (a.l1 - (b.l1 + c.l1)).abs() <= 1e-12 * a.l1,
+        "{a:?} {b:?} {c:?}"
+    );
 
     // A source outside the graph, offsets going backwards, offsets past the sources.
     let mut bad_src = src.clone();

@@ -22,8 +22,7 @@ pub(crate) type HostFactory<In, Out, S> = Box<
         ) -> Result<
             Box<dyn crate::backend::host::RingHost<In, Out>>,
             crate::runtime::keyed::KeyedError,
-        >
-        + Send,
+        > + Send,
 >;
 
 pub(crate) enum Body<In, Out, S> {

@@ -419,7 +419,8 @@ pub(crate) type DeviceKeys<In, Out, S> = Box<
     dyn FnOnce(
             &S,
             &crate::backend::DeviceHandle,
-        ) -> std::result::Result<(PendingBinding, KeyStatesFactory<In, Out>), KeyedError>
+        )
+            -> std::result::Result<(PendingBinding, KeyStatesFactory<In, Out>), KeyedError>
         + Send,
 >;
 /// Registers a device keyed kernel's states for snapshots once its `KernelIo` exists.

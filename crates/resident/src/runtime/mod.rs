@@ -403,8 +403,7 @@ impl Runtime {
                     ));
                 };
                 let (binding, snapshots) =
-                    make(&kernel.state, &self.device()?)
-                        .map_err(|e| invalid(e.to_string()))?;
+                    make(&kernel.state, &self.device()?).map_err(|e| invalid(e.to_string()))?;
                 kernel.bindings.push(binding);
                 key_states = Some(snapshots);
             }
