@@ -1,7 +1,7 @@
 //! Device discovery and the owner of a device's primary context.
 
 use crate::error::{CudaError, DriverFault, Result};
-use crate::module::ModuleCache;
+use crate::loaded::ModuleCache;
 use crate::result as r;
 use cudarc::driver::sys::CUdevice_attribute as A;
 use std::sync::atomic::{AtomicUsize, Ordering};

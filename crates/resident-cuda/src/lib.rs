@@ -26,6 +26,8 @@ pub mod device;
 pub mod error;
 pub mod launch;
 #[cfg(feature = "driver")]
+mod loaded;
+#[cfg(feature = "driver")]
 pub mod memory;
 #[cfg(feature = "driver")]
 pub mod module;

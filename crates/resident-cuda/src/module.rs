@@ -7,63 +7,13 @@ use crate::cache::{CacheKey, KernelCache};
 use crate::device::Device;
 use crate::error::{CudaError, Result};
 use crate::launch::LaunchConfig;
+pub use crate::loaded::Module;
 use crate::nvrtc::{compile_ptx, CompileOptions};
 use crate::result as r;
 use crate::stream::Stream;
 use bytemuck::Pod;
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
-
-/// A loaded module, unloaded on drop. Lives inside its [`Device`] (which keeps the context
-/// alive longer than any module).
-pub struct Module {
-    raw: r::CUmodule,
-    /// The context it was loaded in; retained by the owning `Device`, which drops its module
-    /// cache before releasing the context, while every `Function` holds an `Arc<Device>`.
-    ctx: r::CUcontext,
-}
-
-// SAFETY: module handles may be used from any thread with the context current.
-unsafe impl Send for Module {}
-// SAFETY: loaded modules are immutable.
-unsafe impl Sync for Module {}
-
-impl Drop for Module {
-    fn drop(&mut self) {
-        // SAFETY: `ctx` is still retained (see the field's invariant).
-        let _ = unsafe { r::ctx_set_current(self.ctx) };
-        // SAFETY: loaded in `load`, unloaded once, here; no `Function` outlives its module (each
-        // holds an `Arc<Module>`).
-        let _ = unsafe { r::module_unload(self.raw) };
-    }
-}
-
-/// The in-memory module cache of one device: key -> loaded module.
-#[derive(Default)]
-pub(crate) struct ModuleCache(Mutex<HashMap<u128, Arc<Module>>>);
-
-impl ModuleCache {
-    pub(crate) fn clear(&self) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    }
-    fn get(&self, key: u128) -> Option<Arc<Module>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned()
-    }
-    fn insert(&self, key: u128, m: Arc<Module>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, m);
-    }
-    fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-}
+use std::sync::Arc;
 
 /// One kernel of a loaded module.
 #[derive(Clone)]

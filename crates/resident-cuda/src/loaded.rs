@@ -1,0 +1,57 @@
+//! Loaded modules and the per-device module cache: the lowest layer of [`crate::module`],
+//! below [`crate::device::Device`] (which owns a cache) and [`crate::module::Function`] (which
+//! holds its module), so that neither imports the other for them.
+
+use crate::result as r;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// A loaded module, unloaded on drop. Lives inside its [`Device`](crate::device::Device) (which keeps the context
+/// alive longer than any module).
+pub struct Module {
+    pub(crate) raw: r::CUmodule,
+    /// The context it was loaded in; retained by the owning `Device`, which drops its module
+    /// cache before releasing the context, while every `Function` holds an `Arc<Device>`.
+    pub(crate) ctx: r::CUcontext,
+}
+
+// SAFETY: module handles may be used from any thread with the context current.
+unsafe impl Send for Module {}
+// SAFETY: loaded modules are immutable.
+unsafe impl Sync for Module {}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: `ctx` is still retained (see the field's invariant).
+        let _ = unsafe { r::ctx_set_current(self.ctx) };
+        // SAFETY: loaded in `load`, unloaded once, here; no `Function` outlives its module (each
+        // holds an `Arc<Module>`).
+        let _ = unsafe { r::module_unload(self.raw) };
+    }
+}
+
+/// The in-memory module cache of one device: key -> loaded module.
+#[derive(Default)]
+pub(crate) struct ModuleCache(Mutex<HashMap<u128, Arc<Module>>>);
+
+impl ModuleCache {
+    pub(crate) fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+    pub(crate) fn get(&self, key: u128) -> Option<Arc<Module>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned()
+    }
+    pub(crate) fn insert(&self, key: u128, m: Arc<Module>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, m);
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
