@@ -17,11 +17,9 @@ impl CpuDevice {
     }
 }
 
-#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(unused_variables))]
 fn host_bytes<'a>(mem: &'a DeviceMemory, what: &'static str) -> Result<&'a HeapBytes> {
     match &mem.inner {
         DeviceMemoryInner::Host(h) => Ok(h),
-        #[cfg(any(feature = "cuda", feature = "wgpu"))]
         _ => Err(BackendError::WrongBackend {
             what,
             memory: mem.backend(),
@@ -81,7 +79,6 @@ impl ComputeDevice for CpuDevice {
                     h.as_bytes_mut().copy_from_slice(src)
                 })
             }
-            #[cfg(any(feature = "cuda", feature = "wgpu"))]
             _ => {
                 return Err(BackendError::WrongBackend {
                     what: "copy_to_device",

@@ -56,8 +56,23 @@ pub(crate) enum DeviceMemoryInner {
     Host(HeapBytes),
     #[cfg(feature = "cuda")]
     Cuda(resident_cuda::DeviceBuffer),
-    #[cfg(feature = "wgpu")]
-    Wgpu(super::wgpu::WgpuMemory),
+    /// An engine's memory that this module does not name (wgpu's): the engine downcasts it.
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+    Engine(Box<dyn EngineMemory>),
+}
+
+/// The memory of an engine, seen from here without naming the engine (so `storage` imports no
+/// engine module and an engine is added without editing this file).
+#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+pub(crate) trait EngineMemory: std::any::Any + Send + Sync {
+    /// Size in bytes.
+    fn len(&self) -> usize;
+    /// The engine it belongs to.
+    fn backend(&self) -> BackendKind;
+    /// The address a kernel of the engine uses.
+    fn address(&self) -> u64;
+    /// For the engine's own downcast.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Memory a kernel of its backend reads and writes (host memory on the CPU backend).
@@ -81,8 +96,7 @@ impl DeviceMemory {
             DeviceMemoryInner::Host(h) => h.len,
             #[cfg(feature = "cuda")]
             DeviceMemoryInner::Cuda(b) => b.len(),
-            #[cfg(feature = "wgpu")]
-            DeviceMemoryInner::Wgpu(w) => w.len,
+            DeviceMemoryInner::Engine(e) => e.len(),
         }
     }
     /// Whether the size is zero.
@@ -95,8 +109,7 @@ impl DeviceMemory {
             DeviceMemoryInner::Host(_) => BackendKind::Cpu,
             #[cfg(feature = "cuda")]
             DeviceMemoryInner::Cuda(_) => BackendKind::Cuda,
-            #[cfg(feature = "wgpu")]
-            DeviceMemoryInner::Wgpu(_) => BackendKind::Wgpu,
+            DeviceMemoryInner::Engine(e) => e.backend(),
         }
     }
     /// The address a kernel of the backend uses (a host address on the CPU backend; on wgpu,
@@ -106,8 +119,7 @@ impl DeviceMemory {
             DeviceMemoryInner::Host(h) => h.as_ptr() as u64,
             #[cfg(feature = "cuda")]
             DeviceMemoryInner::Cuda(b) => b.device_ptr(),
-            #[cfg(feature = "wgpu")]
-            DeviceMemoryInner::Wgpu(w) => w.address,
+            DeviceMemoryInner::Engine(e) => e.address(),
         }
     }
 }

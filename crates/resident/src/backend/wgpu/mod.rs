@@ -13,7 +13,7 @@ pub(crate) mod oneshot;
 pub mod ring;
 pub mod wgsl;
 
-use super::storage::{DeviceMemory, DeviceMemoryInner, HostMemory};
+use super::storage::{DeviceMemory, DeviceMemoryInner, EngineMemory, HostMemory};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
 use super::{Kernel, KernelArg};
 use parking_lot::Mutex;
@@ -557,6 +557,22 @@ pub(crate) struct WgpuMemory {
 }
 
 #[cfg(feature = "wgpu")]
+impl EngineMemory for WgpuMemory {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn backend(&self) -> BackendKind {
+        BackendKind::Wgpu
+    }
+    fn address(&self) -> u64 {
+        self.address
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[cfg(feature = "wgpu")]
 impl Drop for WgpuMemory {
     fn drop(&mut self) {
         self.ctx.buffers.lock().remove(&self.address);
@@ -594,7 +610,14 @@ impl WgpuDevice {
     }
     fn mem<'a>(&self, m: &'a DeviceMemory, what: &'static str) -> Result<&'a WgpuMemory> {
         match &m.inner {
-            DeviceMemoryInner::Wgpu(w) if Arc::ptr_eq(&w.ctx, &self.ctx) => Ok(w),
+            DeviceMemoryInner::Engine(e) => match e.as_any().downcast_ref::<WgpuMemory>() {
+                Some(w) if Arc::ptr_eq(&w.ctx, &self.ctx) => Ok(w),
+                _ => Err(BackendError::WrongBackend {
+                    what,
+                    memory: m.backend(),
+                    device: BackendKind::Wgpu,
+                }),
+            },
             _ => Err(BackendError::WrongBackend {
                 what,
                 memory: m.backend(),
@@ -652,12 +675,12 @@ impl ComputeDevice for WgpuDevice {
         )?;
         let address = self.ctx.register(buffer.clone());
         Ok(DeviceMemory {
-            inner: DeviceMemoryInner::Wgpu(WgpuMemory {
+            inner: DeviceMemoryInner::Engine(Box::new(WgpuMemory {
                 ctx: self.ctx.clone(),
                 buffer,
                 address,
                 len: bytes,
-            }),
+            })),
         })
     }
 
