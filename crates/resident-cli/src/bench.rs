@@ -17,23 +17,12 @@ use std::time::{Duration, Instant};
 
 use resident::prelude::*;
 use resident::ring::spsc::Ring;
+use resident_bench::provenance::{machine, today};
+use resident_bench::stats::latency_ns;
 use serde_json::{json, Value};
 
 pub struct Options {
     pub quick: bool,
-}
-
-fn percentile(sorted: &[u64], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn lat_json(mut v: Vec<u64>) -> Value {
-    v.sort_unstable();
-    json!({"samples": v.len(), "p50_ns": percentile(&v, 0.5), "p99_ns": percentile(&v, 0.99), "p999_ns": percentile(&v, 0.999), "max_ns": v.last().copied().unwrap_or(0)})
 }
 
 /// Best (lowest) ns per push+pop pair over `rounds` rounds of `n` pairs.
@@ -253,18 +242,6 @@ fn rtrb_throughput(total: usize) -> f64 {
     total as f64 / secs
 }
 
-pub fn machine() -> Value {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    json!({"cpu": cpu, "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "os": std::env::consts::OS, "arch": std::env::consts::ARCH})
-}
-
 /// Errors of the benchmark command (runtime errors, or results that cannot be written).
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -305,9 +282,9 @@ pub fn run(
         );
     }
 
-    let base = lat_json(rtrb_ping_pong(rt_n));
+    let base = latency_ns(rtrb_ping_pong(rt_n));
     let (sr, call) = kernel_round_trip(rt_n)?;
-    let (sr, call) = (lat_json(sr), lat_json(call));
+    let (sr, call) = (latency_ns(sr), latency_ns(call));
     let ratio = |a: &Value, k: &str| a[k].as_f64().unwrap() / base[k].as_f64().unwrap().max(1.0);
     let rt_json = json!({
         "in_flight": 1,
@@ -356,7 +333,7 @@ pub fn run(
     let report = json!({
         "benchmark": "cpu-backend",
         "command": command.join(" "),
-        "date": resident::cuda::bench::utc_date(std::time::SystemTime::now()),
+        "date": today(),
         "machine": machine(),
         "queue_push_pop": [q8, q64],
         "round_trip": rt_json,

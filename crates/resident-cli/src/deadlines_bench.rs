@@ -15,7 +15,10 @@ use serde_json::{json, Value};
 
 use resident::prelude::*;
 
-use crate::bench::{machine, BenchError};
+use resident_bench::provenance::{cargo_command, load, machine, today};
+use resident_bench::stats::{quantile, sorted};
+
+use crate::bench::BenchError;
 
 /// Options of `bench deadlines`.
 #[derive(Args, Debug)]
@@ -104,35 +107,18 @@ fn storm(o: &Options, check: bool, round: usize) -> Result<Value, BenchError> {
     }))
 }
 
-/// The command that reproduces this run, from the repository (the binary's own path left out).
-fn command() -> String {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let release = if cfg!(debug_assertions) {
-        ""
-    } else {
-        "--release "
-    };
-    format!("cargo run {release}-p resident-cli -- {}", args.join(" "))
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 fn summary(runs: &[Value]) -> Value {
-    let mut v: Vec<f64> = runs
+    let v: Vec<f64> = runs
         .iter()
         .filter_map(|r| r["fresh_call_s"].as_f64())
         .collect();
-    v.sort_by(f64::total_cmp);
-    json!({"fresh_call_s_median": v[v.len() / 2], "fresh_call_s_min": v[0], "fresh_call_s_max": v[v.len() - 1]})
+    let v = sorted(&v);
+    json!({"fresh_call_s_median": quantile(&v, 0.5), "fresh_call_s_min": v.first(), "fresh_call_s_max": v.last()})
 }
 
 /// Runs the benchmark and writes its JSON.
 pub fn run(o: &Options) -> Result<(), BenchError> {
-    let date = resident::cuda::bench::utc_date(std::time::SystemTime::now());
+    let date = today();
     let out = crate::paths::output(
         o.out.clone(),
         &format!("bench/results/deadlines-{date}.json"),
@@ -150,7 +136,7 @@ pub fn run(o: &Options) -> Result<(), BenchError> {
         / a["fresh_call_s_median"].as_f64().unwrap_or(f64::NAN);
     let doc = json!({
         "what": "issue 21's call storm: a CPU kernel whose handler sleeps handler_ms, one caller making `calls` sequential calls with timeout_ms timeouts, then a fresh call: the time until it is served. before = the deadline check turned off (timed-out requests still handled), after = on; alternated in one run",
-        "command": command(),
+        "command": cargo_command("resident-cli"),
         "build": if cfg!(debug_assertions) { "debug (the effect is milliseconds of handler time per queued call)" } else { "release" },
         "date": date,
         "machine": machine(),

@@ -7,28 +7,8 @@
 
 use std::path::Path;
 
+use resident_bench::provenance::{command, slug, today};
 use serde_json::json;
-
-fn slug(name: &str) -> String {
-    let s: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    s.split('-')
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join("-")
-}
-
-fn command_line() -> String {
-    std::env::args().collect::<Vec<_>>().join(" ")
-}
 
 fn write(dir: &Path, file: String, text: &str) -> Result<(), String> {
     // The folder must exist: the user names it (`--out-dir`); nothing is created for them.
@@ -39,11 +19,11 @@ fn write(dir: &Path, file: String, text: &str) -> Result<(), String> {
 }
 
 pub fn transfer(iterations: u32, out_dir: &Path) -> Result<(), String> {
-    let report = resident::cuda::bench::transfer(
+    let report = resident_bench::transfer::transfer(
         0,
-        &resident::cuda::bench::default_sizes(),
+        &resident_bench::transfer::default_sizes(),
         iterations,
-        &command_line(),
+        &command(),
     )
     .map_err(|e| format!("the transfer benchmark needs a CUDA device: {e}"))?;
     for r in &report.results {
@@ -51,8 +31,8 @@ pub fn transfer(iterations: u32, out_dir: &Path) -> Result<(), String> {
     }
     write(
         out_dir,
-        format!("transfer-{}-{}.json", slug(&report.device), report.date),
-        &report.to_json(),
+        format!("transfer-{}-{}.json", slug(&report.device, 8), report.date),
+        &serde_json::to_string_pretty(&report.to_json()).expect("json"),
     )
 }
 
@@ -61,7 +41,7 @@ pub fn ring(iters: usize, in_flight: usize, out_dir: &Path) -> Result<(), String
         .map_err(|e| format!("the ring benchmark needs a CUDA device: {e}"))?;
     let rows =
         resident::cuda::persistent::bench_ring(0, iters, in_flight).map_err(|e| e.to_string())?;
-    let date = resident::cuda::bench::utc_date(std::time::SystemTime::now());
+    let date = today();
     let results: Vec<_> = rows
         .iter()
         .map(|r| {
@@ -76,14 +56,14 @@ pub fn ring(iters: usize, in_flight: usize, out_dir: &Path) -> Result<(), String
         .collect();
     // Rows of the same in_flight measure the same quantity for every variant ("measures");
     // launch_per_batch and graph launch ceil(n / block_threads) blocks.
-    let doc = json!({"device": device.name, "date": date, "command": command_line(),
+    let doc = json!({"device": device.name, "date": date, "command": command(),
                      "measures": {"latency": resident::cuda::persistent::MEASURES_MESSAGE,
                                   "batch": resident::cuda::persistent::MEASURES_BATCH,
                                   "persistent_streaming": resident::cuda::persistent::MEASURES_STREAMING},
                      "results": results});
     write(
         out_dir,
-        format!("ring-{}-{}.json", slug(&device.name), date),
+        format!("ring-{}-{}.json", slug(&device.name, 8), date),
         &serde_json::to_string_pretty(&doc).expect("json"),
     )
 }

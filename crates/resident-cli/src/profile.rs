@@ -21,6 +21,7 @@ use resident::prelude::*;
 use resident::profile::tune::{parse_duration, tune, TuneOptions};
 use resident::profile::Report;
 use resident::{Kernel, KernelArg, LaunchConfig};
+use resident_bench::stats::{median_or_nan, spread};
 
 device_message! {
     /// A unit of arithmetic: `iters` dependent multiply-adds starting from `x`.
@@ -481,23 +482,6 @@ fn overhead_round_trip(mode: Mode, calls: usize) -> Result<f64, String> {
     Ok(ns)
 }
 
-fn stats(v: &[f64]) -> serde_json::Value {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    serde_json::json!({
-        "median": s[s.len() / 2],
-        "min": s[0],
-        "max": s[s.len() - 1],
-        "runs": v,
-    })
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
-}
-
 /// `resident profile --overhead`: the profiler's cost, off vs paused vs on, interleaved in one
 /// run, written as JSON.
 pub fn overhead(rounds: usize, out: &std::path::Path) -> Result<(), String> {
@@ -521,12 +505,12 @@ pub fn overhead(rounds: usize, out: &std::path::Path) -> Result<(), String> {
             rtt[i].push(overhead_round_trip(modes[i], calls)?);
         }
     }
-    let ratio = |v: &Vec<Vec<f64>>, i: usize| median(&v[i]) / median(&v[0]);
+    let ratio = |v: &Vec<Vec<f64>>, i: usize| median_or_nan(&v[i]) / median_or_nan(&v[0]);
     let mut doc = serde_json::json!({
         "benchmark": "profiler-overhead",
         "command": format!("./target/release/resident profile queue-bound --overhead --rounds {rounds} --out {}", out.display()),
-        "date": resident::cuda::bench::utc_date(std::time::SystemTime::now()),
-        "machine": crate::bench::machine(),
+        "date": resident_bench::provenance::today(),
+        "machine": resident_bench::provenance::machine(),
         "note": "shared, noisy 2-vCPU x86_64 VM (other builds running), no GPU; modes interleaved in one run",
         "throughput": {
             "what": "messages/s through a kernel with a trivial handler, 100000 messages sent with send_batch, batch_size 64",
@@ -541,10 +525,10 @@ pub fn overhead(rounds: usize, out: &std::path::Path) -> Result<(), String> {
     for (i, m) in modes.iter().enumerate() {
         let h64: Vec<f64> = hook.iter().map(|h| h[i]).collect();
         let h1: Vec<f64> = hook1.iter().map(|h| h[i]).collect();
-        doc["hook_ns_per_batch"]["batch_64"][m.name()] = stats(&h64);
-        doc["hook_ns_per_batch"]["batch_1"][m.name()] = stats(&h1);
-        doc["throughput"][m.name()] = stats(&thr[i]);
-        doc["round_trip"][m.name()] = stats(&rtt[i]);
+        doc["hook_ns_per_batch"]["batch_64"][m.name()] = spread(&h64);
+        doc["hook_ns_per_batch"]["batch_1"][m.name()] = spread(&h1);
+        doc["throughput"][m.name()] = spread(&thr[i]);
+        doc["round_trip"][m.name()] = spread(&rtt[i]);
     }
     doc["throughput"]["ratio_on_vs_off"] = serde_json::json!(ratio(&thr, 2));
     doc["throughput"]["ratio_paused_vs_off"] = serde_json::json!(ratio(&thr, 1));

@@ -14,6 +14,8 @@ use resident::backend::wgpu::ring::{ResidentBatches, StatelessBatches};
 use resident::backend::wgpu::WgpuContext;
 use resident::prelude::*;
 use resident::ring::Slot;
+use resident_bench::provenance::{machine, slug, today};
+use resident_bench::stats::{quantile, spread};
 use serde_json::{json, Value};
 
 device_message! {
@@ -78,14 +80,6 @@ fn msg(i: u64) -> Msg64 {
         *x = (i as u32).wrapping_mul(2654435761).wrapping_add(k as u32);
     }
     Msg64 { v }
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
 }
 
 struct Point {
@@ -186,8 +180,8 @@ fn resident_point<S: HistState>(
     rts.sort_by(|a, b| a.total_cmp(b));
     Ok(Point {
         msgs_per_s: total as f64 / secs,
-        p50_us: pct(&rts, 0.5),
-        p99_us: pct(&rts, 0.99),
+        p50_us: quantile(&rts, 0.5).unwrap_or(f64::NAN),
+        p99_us: quantile(&rts, 0.99).unwrap_or(f64::NAN),
         checksum,
     })
 }
@@ -293,8 +287,8 @@ fn engine_point<S: HistState>(batch: usize, iters: usize, total: usize) -> Resul
     rts.sort_by(|a, b| a.total_cmp(b));
     Ok(Point {
         msgs_per_s: total as f64 / secs,
-        p50_us: pct(&rts, 0.5),
-        p99_us: pct(&rts, 0.99),
+        p50_us: quantile(&rts, 0.5).unwrap_or(f64::NAN),
+        p99_us: quantile(&rts, 0.99).unwrap_or(f64::NAN),
         checksum,
     })
 }
@@ -335,16 +329,10 @@ fn stateless_point<S: HistState>(
     rts.sort_by(|a, b| a.total_cmp(b));
     Ok(Point {
         msgs_per_s: total as f64 / secs,
-        p50_us: pct(&rts, 0.5),
-        p99_us: pct(&rts, 0.99),
+        p50_us: quantile(&rts, 0.5).unwrap_or(f64::NAN),
+        p99_us: quantile(&rts, 0.99).unwrap_or(f64::NAN),
         checksum,
     })
-}
-
-fn spread(v: &[f64]) -> Value {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    json!({"runs": v, "median": s[s.len() / 2], "min": s[0], "max": s[s.len() - 1]})
 }
 
 fn point<S: HistState>(
@@ -464,13 +452,13 @@ pub fn run(repeats: usize, quick: bool, out_dir: &std::path::Path) -> Result<(),
             rows.push(row);
         }
     }
-    let date = resident::cuda::bench::utc_date(std::time::SystemTime::now());
+    let date = today();
     let command: Vec<String> = std::env::args().collect();
     let report = json!({
         "benchmark": "wgpu-ring-vs-stateless",
         "command": command.join(" "),
         "date": date,
-        "machine": crate::bench::machine(),
+        "machine": machine(),
         "adapter": {
             "name": a.name, "api": a.api, "device_type": a.kind.to_string(),
             "software": software, "driver": a.driver,
@@ -485,22 +473,7 @@ pub fn run(repeats: usize, quick: bool, out_dir: &std::path::Path) -> Result<(),
         "rows": rows,
     });
     std::fs::create_dir_all(out_dir).map_err(|e| e.to_string())?;
-    let slug: String = a
-        .name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect::<String>()
-        .split('-')
-        .filter(|s| !s.is_empty())
-        .take(2)
-        .collect::<Vec<_>>()
-        .join("-");
+    let slug = slug(&a.name, 2);
     let path = out_dir.join(format!("wgpu-{slug}-{date}.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&report).expect("json"))
         .map_err(|e| e.to_string())?;

@@ -17,6 +17,7 @@ use plotters::prelude::*;
 use serde_json::{json, Value};
 
 use resident::backend;
+use resident_bench::stats::{median_or_nan as median, quantile, spread};
 use resident_workloads::input;
 use resident_workloads::{anomaly, pagerank};
 
@@ -105,26 +106,6 @@ impl Sizes {
             sweep_sensors: d.sweep_sensors,
         }
     }
-}
-
-fn stats(v: &[f64]) -> Value {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let mean = s.iter().sum::<f64>() / s.len().max(1) as f64;
-    json!({"runs": s, "median": s.get(s.len() / 2), "min": s.first(), "max": s.last(), "mean": mean})
-}
-
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    sorted
-        .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
-        .copied()
-        .unwrap_or(0.0)
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s.get(s.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// One backend's anomaly figures.
@@ -331,8 +312,8 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
                 median(&row.stateless_rps) / 1e6,
                 median(&ratios),
                 ratios.iter().map(|r| (r * 10.0).round() / 10.0).collect::<Vec<_>>(),
-                quantile(&row.actor_lat, 0.5),
-                quantile(&row.stateless_lat, 0.5)
+                quantile(&row.actor_lat, 0.5).unwrap_or(f64::NAN),
+                quantile(&row.stateless_lat, 0.5).unwrap_or(f64::NAN)
             );
             run.anomaly.push(row);
         }
@@ -441,8 +422,8 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
     let report = json!({
         "benchmark": "workloads",
         "command": command.join(" "),
-        "date": resident::cuda::bench::utc_date(std::time::SystemTime::now()),
-        "machine": crate::bench::machine(),
+        "date": resident_bench::provenance::today(),
+        "machine": resident_bench::provenance::machine(),
         "note": "shared, noisy 2-vCPU x86_64 VM without a GPU; ratios are measured in the same run on the same backend; every run's results were checked against the sequential f64 reference at the backend's precision (f64 on cpu/cudasim/cuda, f32 in WGSL; tolerances in resident-workloads); wgpu ran on Mesa lavapipe (Vulkan on the CPU); cudasim runs every CUDA thread as an OS thread with futex barriers, so its figures measure the simulator, not a GPU, and its anomaly runs use the first sim_readings readings",
         "repeats": repeats,
         "quick": o.quick,
@@ -461,25 +442,25 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
                 let ratios: Vec<f64> = a.actor_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect();
                 json!({
                     "micro_batch": a.batch,
-                    "actor_readings_per_s": stats(&a.actor_rps),
-                    "actor_one_in_flight_readings_per_s": stats(&a.actor_sync_rps),
-                    "ratio_actor_one_in_flight_vs_stateless": stats(&a.actor_sync_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect::<Vec<_>>()),
-                    "stateless_readings_per_s": stats(&a.stateless_rps),
-                    "ratio_actor_vs_stateless": stats(&ratios),
+                    "actor_readings_per_s": spread(&a.actor_rps),
+                    "actor_one_in_flight_readings_per_s": spread(&a.actor_sync_rps),
+                    "ratio_actor_one_in_flight_vs_stateless": spread(&a.actor_sync_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect::<Vec<_>>()),
+                    "stateless_readings_per_s": spread(&a.stateless_rps),
+                    "ratio_actor_vs_stateless": spread(&ratios),
                     "actor_batch_latency_us_one_in_flight": {"p50": quantile(&a.actor_lat, 0.5), "p90": quantile(&a.actor_lat, 0.9), "p99": quantile(&a.actor_lat, 0.99), "max": quantile(&a.actor_lat, 1.0)},
                     "stateless_batch_latency_us": {"p50": quantile(&a.stateless_lat, 0.5), "p90": quantile(&a.stateless_lat, 0.9), "p99": quantile(&a.stateless_lat, 0.99), "max": quantile(&a.stateless_lat, 1.0)},
                 })
             }).collect::<Vec<_>>(),
             "anomaly_sensor_sweep_micro_batch_100": r.sweep.iter().map(|(ns, a, s)| {
                 let ratios: Vec<f64> = a.iter().zip(s).map(|(x, y)| x / y).collect();
-                json!({"sensors": ns, "actor_readings_per_s": stats(a), "stateless_readings_per_s": stats(s), "ratio_actor_vs_stateless": stats(&ratios)})
+                json!({"sensors": ns, "actor_readings_per_s": spread(a), "stateless_readings_per_s": spread(s), "ratio_actor_vs_stateless": spread(&ratios)})
             }).collect::<Vec<_>>(),
             "pagerank": r.pr.iter().map(|pr| json!({
                 "tol": pr.tol,
-                "full_s": stats(&pr.full_secs),
-                "full_kernel_s": stats(&pr.kernel_secs),
+                "full_s": spread(&pr.full_secs),
+                "full_kernel_s": spread(&pr.kernel_secs),
                 "full_iterations": pr.iterations,
-                "stream_ratio_recompute_vs_incremental": stats(&pr.stream_ratio),
+                "stream_ratio_recompute_vs_incremental": spread(&pr.stream_ratio),
                 "stream_worst_l1_distance": pr.worst_l1,
                 "stream_tolerance_l1": pr.stream_tol,
                 "stream_runs": pr.stream,

@@ -11,14 +11,12 @@
 //! * [`stream`]: [`Stream`] and [`Event`]; [`overlap`]: copy/compute double buffering.
 //! * [`nvrtc`], [`cache`], [`module`]: CUDA C -> PTX, the disk cache, loaded kernels.
 //! * [`launch`]: launch geometry shared with the CPU backend.
-//! * [`telemetry`]: NVML readings; [`bench`](mod@bench): the transfer benchmark.
+//! * [`telemetry`]: NVML readings (the transfer benchmark lives in `resident-bench`).
 #![deny(missing_docs)]
 
 // The driver layer (cudarc, NVML) is the `driver` feature (on by default). Without it the
 // crate is the part CudaSim and the CPU need: errors, launch geometry, the disk cache, the
 // persistent-kernel protocol and template, and CudaSim itself.
-#[cfg(feature = "driver")]
-pub mod bench;
 pub mod builtin;
 pub mod cache;
 #[cfg(feature = "driver")]

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, AckKind};
 use futures_util::{FutureExt, StreamExt};
 use resident::prelude::*;
+use resident_bench::stats::spread;
 use resident_nats::demo::{
     self, AnomalyReply, AnomalyRequest, DemoOptions, Pipeline, PipelineReply, PipelineRequest,
 };
@@ -43,15 +44,9 @@ fn arg(name: &str, default: &str) -> String {
         .unwrap_or_else(|| default.to_string())
 }
 
+/// The `p`-quantile of sorted samples (NaN when there are none: `null` in the JSON).
 fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn spread(xs: &[f64]) -> Value {
-    let mut s = xs.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    json!({"median": percentile(&s, 0.5), "min": s[0], "max": s[s.len() - 1]})
+    resident_bench::stats::quantile(sorted, p).unwrap_or(f64::NAN)
 }
 
 /// The serving layer with nothing behind it: answers in place (no kernel, no thread of its
@@ -94,7 +89,7 @@ async fn latency(
             return Err(format!("error reply on {subject}: {:?}", m.payload).into());
         }
     }
-    us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    us.sort_by(f64::total_cmp);
     Ok((percentile(&us, 0.5), percentile(&us, 0.99)))
 }
 
@@ -401,7 +396,7 @@ fn main() -> Result<(), BoxError> {
                     k.call(r, Duration::from_secs(5))?;
                     us.push(t.elapsed().as_secs_f64() * 1e6);
                 }
-                us.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                us.sort_by(f64::total_cmp);
                 Ok(percentile(&us, 0.5))
             })
             .await??;

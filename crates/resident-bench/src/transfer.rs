@@ -2,13 +2,13 @@
 //! device events, against a plain synchronous `cuMemcpy` of the same memory as the baseline.
 //! Results serialize to the JSON the project commits under `bench/results/`.
 
-use crate::device::Device;
-use crate::error::Result;
-use crate::memory::DeviceBuffer;
-use crate::pinned::PinnedMemory;
-use crate::stream::{Event, Stream};
+use resident_cuda::stream::{Event, Stream};
+use resident_cuda::{Device, DeviceBuffer, PinnedMemory, Result};
+use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
+
+use crate::provenance::utc_date;
 
 /// Copy direction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,84 +138,41 @@ fn timed_async(
     Ok(gb(host.len(), iterations, ms / 1e3))
 }
 
-/// `YYYY-MM-DD` of a time, in UTC.
-pub fn utc_date(t: std::time::SystemTime) -> String {
-    let days = t
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() / 86_400)
-        .unwrap_or(0) as i64;
-    // Days since 1970-01-01 to a civil date (proleptic Gregorian), by 400-year eras.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
-fn json_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 impl TransferReport {
     /// The report as JSON: `device`, `date`, `command`,
     /// `results: [{direction, memory, bytes, gbps, baseline_gbps}]`.
-    pub fn to_json(&self) -> String {
-        let rows: Vec<String> = self
+    pub fn to_json(&self) -> Value {
+        let rows: Vec<Value> = self
             .results
             .iter()
             .map(|r| {
-                format!(
-                    "    {{\"direction\": {}, \"memory\": {}, \"bytes\": {}, \"gbps\": {:.3}, \"baseline_gbps\": {:.3}}}",
-                    json_str(match r.direction {
+                json!({
+                    "direction": match r.direction {
                         Direction::HostToDevice => "h2d",
                         Direction::DeviceToHost => "d2h",
-                    }),
-                    json_str(match r.memory {
+                    },
+                    "memory": match r.memory {
                         HostMemoryKind::Pinned => "pinned",
                         HostMemoryKind::Pageable => "pageable",
-                    }),
-                    r.bytes,
-                    r.gbps,
-                    r.baseline_gbps
-                )
+                    },
+                    "bytes": r.bytes,
+                    "gbps": r.gbps,
+                    "baseline_gbps": r.baseline_gbps,
+                })
             })
             .collect();
-        format!(
-            "{{\n  \"device\": {},\n  \"date\": {},\n  \"command\": {},\n  \"results\": [\n{}\n  ]\n}}\n",
-            json_str(&self.device),
-            json_str(&self.date),
-            json_str(&self.command),
-            rows.join(",\n")
-        )
+        json!({
+            "device": self.device,
+            "date": self.date,
+            "command": self.command,
+            "results": rows,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dates() {
-        let at = |s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s);
-        assert_eq!(utc_date(at(0)), "1970-01-01");
-        assert_eq!(utc_date(at(951_782_400)), "2000-02-29");
-        assert_eq!(utc_date(at(1_763_683_200)), "2025-11-21");
-    }
 
     #[test]
     fn sizes_span_1k_to_256m() {
@@ -239,7 +196,13 @@ mod tests {
             }],
         };
         let j = r.to_json();
-        assert!(j.contains("\"device\": \"Test \\\"GPU\\\"\""));
-        assert!(j.contains("\"direction\": \"h2d\", \"memory\": \"pinned\", \"bytes\": 1024, \"gbps\": 1.500, \"baseline_gbps\": 1.000"));
+        assert_eq!(j["device"], "Test \"GPU\"");
+        assert_eq!(
+            j["results"][0],
+            json!({"direction": "h2d", "memory": "pinned", "bytes": 1024, "gbps": 1.5, "baseline_gbps": 1.0})
+        );
+        // Quotes survive the round trip through text.
+        let text = serde_json::to_string(&j).unwrap();
+        assert!(text.contains("\"device\":\"Test \\\"GPU\\\"\""));
     }
 }

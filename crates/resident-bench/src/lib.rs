@@ -1,0 +1,19 @@
+//! Benchmark support shared by every benchmark of the workspace (the CLI's `resident bench ...`
+//! commands, the NATS serving benchmark, the workloads' figures):
+//!
+//! * [`stats`]: the one statistics module: quantiles by nearest rank, median, the spread of
+//!   repeated runs and latency summaries, all total on empty input (no panic, `null` in JSON);
+//! * [`provenance`]: what every result file carries so that it can be reproduced and judged:
+//!   the command, the machine, its load, the UTC date, and the writing of the JSON itself;
+//! * [`transfer`]: the host <-> device transfer benchmark (pinned vs pageable against a plain
+//!   synchronous copy), which needs a CUDA device.
+//!
+//! Library crates hold no benchmark code: benchmarks live here or in the CLI, and the figures
+//! go to `bench/results/` as JSON with the command that produced them.
+
+#![deny(missing_docs)]
+
+pub mod provenance;
+pub mod stats;
+#[cfg(feature = "cuda")]
+pub mod transfer;
