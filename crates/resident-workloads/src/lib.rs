@@ -13,6 +13,11 @@
 //!
 //! Every workload also has the stateless baseline the issue compares against ([`anomaly::run_stateless`],
 //! [`pagerank::recompute`]).
+//!
+//! Each workload is one folder: its Rust, its CUDA C (`.cu`, run on a GPU through NVRTC and on
+//! CudaSim) and its WGSL (`.wgsl`), with the handler builders beside the message types they
+//! use. [`device`] is the index of every device source and handler, and holds what is shared:
+//! the batch size per device kind.
 #![deny(missing_docs)]
 
 pub mod anomaly;

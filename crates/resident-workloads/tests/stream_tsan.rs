@@ -1,4 +1,4 @@
-//! Streaming PageRank's CUDA handler (`src/device/pagerank_stream.cu`: ticket waits, atomic
+//! Streaming PageRank's CUDA handler (`src/pagerank/pagerank_stream.cu`: ticket waits, atomic
 //! residual pushes, queue flags and counters, the pool allocator) under ThreadSanitizer: the
 //! handler, compiled for CudaSim with g++ `-fsanitize=thread`, is driven by a C++ copy of the
 //! host's protocol (`tests/sim/stream_tsan_driver.cpp`) on 8 threads per phase, with 500

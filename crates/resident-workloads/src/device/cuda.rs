@@ -28,21 +28,18 @@ use crate::anomaly::{
     SlottedReadings,
 };
 use crate::error::WorkloadError;
-use crate::pagerank::{PageRankStep, StepDone, StreamAnswer, StreamCounters, StreamMsg};
-use crate::pipeline::{Normalized, Raw, Scored};
-use crate::vector_add::{AddRange, RangeDone};
 
-/// Vector add (`vector_add`).
-pub const VECTOR_ADD_CU: &str = include_str!("vector_add.cu");
-/// Its handler function.
-pub const VECTOR_ADD_FN: &str = "vector_add";
-/// The pipeline's two stages (`pipeline_normalize`, `pipeline_score`; templates, so each
-/// kernel instantiates only its own).
-pub const PIPELINE_CU: &str = include_str!("pipeline.cu");
-/// The normalizer's handler function.
-pub const NORMALIZE_FN: &str = "pipeline_normalize";
-/// The scorer's handler function.
-pub const SCORE_FN: &str = "pipeline_score";
+// The other workloads keep their sources and handlers in their own folders; named here too, so
+// that this module stays the index of every CUDA C handler.
+pub use crate::pagerank::{
+    pagerank_handler, pagerank_stream_handler, PAGERANK_CU, PAGERANK_FN, PAGERANK_STREAM_CU,
+    PAGERANK_STREAM_FN,
+};
+pub use crate::pipeline::{
+    normalizer_handler, scorer_handler, NORMALIZE_FN, PIPELINE_CU, SCORE_FN,
+};
+pub use crate::vector_add::{vector_add_handler, VECTOR_ADD_CU, VECTOR_ADD_FN};
+
 /// The anomaly detector (`anomaly_detect`).
 pub const ANOMALY_CU: &str = include_str!("anomaly.cu");
 /// Its handler function.
@@ -52,29 +49,6 @@ pub const ANOMALY_FN: &str = "anomaly_detect";
 pub const ANOMALY_STATELESS_CU: &str = include_str!("anomaly_stateless.cu");
 /// Its `extern "C"` entry.
 pub const ANOMALY_STATELESS_ENTRY: &str = "anomaly_stateless";
-/// Full PageRank, one step over a node range per message (`pagerank_step`).
-pub const PAGERANK_CU: &str = include_str!("pagerank.cu");
-/// Its handler function.
-pub const PAGERANK_FN: &str = "pagerank_step";
-
-/// The vector-add handler, buffers `a`, `b`, `c` (f32) declared.
-pub fn vector_add_handler() -> CudaHandler<AddRange, RangeDone> {
-    CudaHandler::new(VECTOR_ADD_CU)
-        .function(VECTOR_ADD_FN)
-        .buffer::<f32>("a")
-        .buffer::<f32>("b")
-        .buffer::<f32>("c")
-}
-
-/// The pipeline's normalizer.
-pub fn normalizer_handler() -> CudaHandler<Raw, Normalized> {
-    CudaHandler::new(PIPELINE_CU).function(NORMALIZE_FN)
-}
-
-/// The pipeline's scorer.
-pub fn scorer_handler() -> CudaHandler<Normalized, Scored> {
-    CudaHandler::new(PIPELINE_CU).function(SCORE_FN)
-}
 
 /// The anomaly detector: counters as device state (all zero), buffer `stats` declared.
 pub fn anomaly_handler() -> CudaHandler<ReadingMsg, AlertMsg> {
@@ -87,40 +61,6 @@ pub fn anomaly_handler() -> CudaHandler<ReadingMsg, AlertMsg> {
             _pad: 0,
         })
         .buffer::<SensorStats>("stats")
-}
-
-/// Streaming PageRank (`pagerank_stream`).
-pub const PAGERANK_STREAM_CU: &str = include_str!("pagerank_stream.cu");
-/// Its handler function.
-pub const PAGERANK_STREAM_FN: &str = "pagerank_stream";
-
-/// The streaming PageRank handler with its state `init`, buffers `ranks`, `residual`, `acc`
-/// (f64), `out_off`, `out_len`, `out_cap`, `pool`, `flags`, `frontier`, `src_seq` (u32)
-/// declared (see [`pagerank::stream_kernel`](crate::pagerank::stream_kernel)).
-pub fn pagerank_stream_handler(init: StreamCounters) -> CudaHandler<StreamMsg, StreamAnswer> {
-    let mut h = CudaHandler::new(PAGERANK_STREAM_CU)
-        .function(PAGERANK_STREAM_FN)
-        .state(init);
-    for name in ["ranks", "residual", "acc"] {
-        h = h.buffer::<f64>(name);
-    }
-    for name in [
-        "out_off", "out_len", "out_cap", "pool", "flags", "frontier", "src_seq",
-    ] {
-        h = h.buffer::<u32>(name);
-    }
-    h
-}
-
-/// The PageRank step handler, buffers `in_offsets` (u64), `in_sources` (u32), `out_degree`
-/// (u32), `ranks` (f64, 2N) declared.
-pub fn pagerank_handler() -> CudaHandler<PageRankStep, StepDone> {
-    CudaHandler::new(PAGERANK_CU)
-        .function(PAGERANK_FN)
-        .buffer::<u64>("in_offsets")
-        .buffer::<u32>("in_sources")
-        .buffer::<u32>("out_degree")
-        .buffer::<f64>("ranks")
 }
 
 /// The stateless baseline's full source: `SensorStats`' C declaration (from the Rust type)

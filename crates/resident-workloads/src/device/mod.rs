@@ -1,5 +1,6 @@
-//! Device handlers of the workloads, one module per device language: the sources, their
-//! handler builders and the stateless baselines' runners.
+//! Device handlers of the workloads, one module per device language: the index of every
+//! source and handler builder (each workload keeps its own in its folder), the anomaly
+//! detector's, and the stateless baselines' runners.
 
 pub mod cuda;
 pub mod wgsl;

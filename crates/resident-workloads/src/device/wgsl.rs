@@ -29,19 +29,16 @@ use resident::{Kernel, KernelArg, LaunchConfig, UnifiedBuffer};
 use crate::anomaly::{drive_stateless, RunReport, SlottedReadings};
 use crate::error::WorkloadError;
 
-/// Vector add: function `vector_add` (one message per invocation).
-pub const VECTOR_ADD_WGSL: &str = include_str!("vector_add.wgsl");
-/// The pipeline's normalizer (function `normalize`) and scorer (function `score`).
-pub const PIPELINE_WGSL: &str = include_str!("pipeline.wgsl");
+// The other workloads keep their sources in their own folders; named here too, so that this
+// module stays the index of every WGSL source.
+pub use crate::pagerank::{PAGERANK_STREAM_WGSL, PAGERANK_WGSL};
+pub use crate::pipeline::PIPELINE_WGSL;
+pub use crate::vector_add::VECTOR_ADD_WGSL;
+
 /// The anomaly detector actor: function `anomaly`, used with `WgslHandler::in_order`.
 pub const ANOMALY_WGSL: &str = include_str!("anomaly.wgsl");
 /// The anomaly detector's stateless baseline: a one-shot kernel, entry `anomaly_stateless`.
 pub const ANOMALY_STATELESS_WGSL: &str = include_str!("anomaly_stateless.wgsl");
-/// One PageRank power-iteration step over a node range: function `pagerank_step`.
-pub const PAGERANK_WGSL: &str = include_str!("pagerank.wgsl");
-/// Streaming PageRank: function `pagerank_stream` (state `WgslStreamCounters`, `residual`
-/// and `acc` declared atomic).
-pub const PAGERANK_STREAM_WGSL: &str = include_str!("pagerank_stream.wgsl");
 
 /// [`crate::anomaly::run_stateless`] on a wgpu device: per micro-batch of `batch` readings the
 /// statistics and the readings are uploaded into `UnifiedBuffer`s, one one-shot WGSL kernel

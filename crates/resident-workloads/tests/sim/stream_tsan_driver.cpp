@@ -1,4 +1,4 @@
-// The host's half of streaming PageRank's protocol (StreamPageRank in pagerank_stream.rs),
+// The host's half of streaming PageRank's protocol (StreamPageRank in pagerank/stream.rs),
 // played against the CUDA handler `pagerank_stream` on plain threads under ThreadSanitizer.
 // A phase's messages run on THREADS threads at once (thread t takes messages t, t + THREADS,
 // ..., in order, like a batch's device threads, each waiting for its tickets); phases are

@@ -13,7 +13,6 @@ use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
 
-use crate::device::{cuda, wgsl};
 use crate::error::WorkloadError;
 use crate::rng::SplitMix64;
 
@@ -53,8 +52,8 @@ pub fn kernel(
         .bind("a", a)
         .bind("b", b)
         .bind("c", c)
-        .cuda(cuda::vector_add_handler())
-        .wgsl(WgslHandler::new(wgsl::VECTOR_ADD_WGSL).function("vector_add"))
+        .cuda(vector_add_handler())
+        .wgsl(WgslHandler::new(VECTOR_ADD_WGSL).function("vector_add"))
         .handler(|ctx: &mut Context<()>, m: AddRange| {
             let done = |ok: bool| RangeDone {
                 offset: m.offset,
@@ -188,4 +187,20 @@ pub fn check(a: &[f32], b: &[f32], c: &[f32]) -> Result<(), WorkloadError> {
 fn unique() -> u64 {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Vector add (`vector_add`).
+pub const VECTOR_ADD_CU: &str = include_str!("vector_add.cu");
+/// Its handler function.
+pub const VECTOR_ADD_FN: &str = "vector_add";
+/// Its WGSL form: function `vector_add` (one message per invocation).
+pub const VECTOR_ADD_WGSL: &str = include_str!("vector_add.wgsl");
+
+/// The vector-add handler, buffers `a`, `b`, `c` (f32) declared.
+pub fn vector_add_handler() -> CudaHandler<AddRange, RangeDone> {
+    CudaHandler::new(VECTOR_ADD_CU)
+        .function(VECTOR_ADD_FN)
+        .buffer::<f32>("a")
+        .buffer::<f32>("b")
+        .buffer::<f32>("c")
 }

@@ -30,12 +30,12 @@
 //!   drains the whole queue in one message (sequential Gauss-Southwell with a FIFO queue and
 //!   the uniform part pushed through the in-lists), so a refresh is one message; the recompute
 //!   phases run over one range with rayon.
-//! - **CUDA and CudaSim** ([`cuda::pagerank_stream_handler`](crate::device::cuda::pagerank_stream_handler)):
+//! - **CUDA and CudaSim** ([`pagerank_stream_handler`](crate::pagerank::pagerank_stream_handler)):
 //!   the graph is bound as per-node out-lists in a pool with room to grow (`out_off`,
 //!   `out_len`, `out_cap`, `pool`); an add to a full list moves the list to twice the room at
 //!   the pool's end. Rounds run their ranges on parallel threads with atomic adds (`f64`
 //!   `atomicAdd`, sm_60 and later).
-//! - **wgpu** ([`wgsl::PAGERANK_STREAM_WGSL`](crate::device::wgsl::PAGERANK_STREAM_WGSL)):
+//! - **wgpu** ([`PAGERANK_STREAM_WGSL`](crate::pagerank::PAGERANK_STREAM_WGSL)):
 //!   the same layout and rounds in f32. WGSL has no floating-point atomics and no fence
 //!   between invocations, so `residual` and `acc` are f32 bits in atomic `u32` buffers
 //!   ([`WgslHandler::atomic`]) updated by compare-exchange loops, and a node's "queued" flag is
@@ -57,8 +57,8 @@ use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
 
+use super::{pagerank_stream_handler, PAGERANK_STREAM_WGSL};
 use super::{unique, DynGraph, Params, LONG};
-use crate::device::{cuda, wgsl};
 use crate::error::{InputError, WorkloadError};
 use crate::input::EdgeList;
 
@@ -634,7 +634,7 @@ pub fn stream_kernel_with_spare(
                 .bind("pool", u32s(&dg.pool)?)
                 .bind("frontier", zeros32(2 * n)?)
                 .wgsl(
-                    WgslHandler::new(wgsl::PAGERANK_STREAM_WGSL)
+                    WgslHandler::new(PAGERANK_STREAM_WGSL)
                         .function("pagerank_stream")
                         .atomic("residual")
                         .atomic("acc")
@@ -658,7 +658,7 @@ pub fn stream_kernel_with_spare(
                 .bind("flags", zeros32(n)?)
                 .bind("frontier", zeros32(2 * n)?)
                 .bind("src_seq", zeros32(n)?)
-                .cuda(cuda::pagerank_stream_handler(StreamCounters {
+                .cuda(pagerank_stream_handler(StreamCounters {
                     damping: p.damping,
                     eps: p.damping * p.tol,
                     pool_top: dg.top,

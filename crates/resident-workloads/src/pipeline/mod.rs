@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use resident::prelude::*;
 
-use crate::device::{cuda, wgsl};
 use crate::error::WorkloadError;
 
 resident::ring::device_message! {
@@ -111,9 +110,9 @@ pub fn normalizer(id: &str, scorer_id: &str) -> RingKernel<Raw, Normalized> {
         .queue_size(QUEUE)
         .batch_size(256)
         .forward_to(scorer_id)
-        .cuda(cuda::normalizer_handler())
+        .cuda(normalizer_handler())
         .wgsl(
-            WgslHandler::new(wgsl::PIPELINE_WGSL)
+            WgslHandler::new(PIPELINE_WGSL)
                 .function("normalize")
                 .declare::<Scored>(),
         )
@@ -130,9 +129,9 @@ pub fn scorer(id: &str) -> RingKernel<Normalized, Scored> {
     RingKernel::<Normalized, Scored>::new(id)
         .queue_size(QUEUE)
         .batch_size(256)
-        .cuda(cuda::scorer_handler())
+        .cuda(scorer_handler())
         .wgsl(
-            WgslHandler::new(wgsl::PIPELINE_WGSL)
+            WgslHandler::new(PIPELINE_WGSL)
                 .function("score")
                 .declare::<Raw>(),
         )
@@ -270,4 +269,24 @@ pub fn check_with(
 fn unique() -> u64 {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The pipeline's two stages (`pipeline_normalize`, `pipeline_score`; templates, so each
+/// kernel instantiates only its own).
+pub const PIPELINE_CU: &str = include_str!("pipeline.cu");
+/// The normalizer's handler function.
+pub const NORMALIZE_FN: &str = "pipeline_normalize";
+/// The scorer's handler function.
+pub const SCORE_FN: &str = "pipeline_score";
+/// The pipeline's normalizer (function `normalize`) and scorer (function `score`).
+pub const PIPELINE_WGSL: &str = include_str!("pipeline.wgsl");
+
+/// The pipeline's normalizer.
+pub fn normalizer_handler() -> CudaHandler<Raw, Normalized> {
+    CudaHandler::new(PIPELINE_CU).function(NORMALIZE_FN)
+}
+
+/// The pipeline's scorer.
+pub fn scorer_handler() -> CudaHandler<Normalized, Scored> {
+    CudaHandler::new(PIPELINE_CU).function(SCORE_FN)
 }

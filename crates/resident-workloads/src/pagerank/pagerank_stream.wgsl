@@ -1,6 +1,6 @@
 // Streaming PageRank as a WGSL ring-kernel handler (wgpu): `pagerank::StreamMsg ->
 // StreamAnswer`, state `WgslStreamCounters`, the same protocol and the same algorithm as the
-// CUDA handler (pagerank_stream.cu; see pagerank_stream.rs for the protocol), in f32.
+// CUDA handler (pagerank_stream.cu; see stream.rs for the protocol), in f32.
 //
 // Bound buffers (in order): ranks (f32[N]); residual, acc (f32 kept as bits in u32[N], declared
 // atomic: adds are compare-exchange loops); out_off, out_len, out_cap (u32[N]), pool (u32[P]);

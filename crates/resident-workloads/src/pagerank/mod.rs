@@ -47,7 +47,6 @@ use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
 
-use crate::device::{cuda, wgsl};
 use crate::error::WorkloadError;
 use crate::input::EdgeList;
 
@@ -425,8 +424,8 @@ pub fn full_kernel(
             UnifiedBuffer::from_slice(device, &csr.out_degree, o)?,
         )
         .bind("ranks", UnifiedBuffer::from_slice(device, &init, o)?)
-        .cuda(cuda::pagerank_handler())
-        .wgsl(WgslHandler::new(wgsl::PAGERANK_WGSL).function("pagerank_step"))
+        .cuda(pagerank_handler())
+        .wgsl(WgslHandler::new(PAGERANK_WGSL).function("pagerank_step"))
         .handler(move |ctx: &mut Context<()>, m: PageRankStep| {
             let bad = StepDone {
                 l1: 0.0,
@@ -707,7 +706,6 @@ impl DynGraph {
     }
 }
 
-#[path = "pagerank_stream.rs"]
 mod stream;
 pub use stream::*;
 
@@ -738,4 +736,48 @@ pub fn recompute(g: &EdgeList, p: Params) -> Result<Ranks, WorkloadError> {
 fn unique() -> u64 {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Full PageRank, one step over a node range per message (`pagerank_step`).
+pub const PAGERANK_CU: &str = include_str!("pagerank.cu");
+/// Its handler function.
+pub const PAGERANK_FN: &str = "pagerank_step";
+/// One PageRank power-iteration step over a node range: function `pagerank_step`.
+pub const PAGERANK_WGSL: &str = include_str!("pagerank.wgsl");
+
+/// The PageRank step handler, buffers `in_offsets` (u64), `in_sources` (u32), `out_degree`
+/// (u32), `ranks` (f64, 2N) declared.
+pub fn pagerank_handler() -> CudaHandler<PageRankStep, StepDone> {
+    CudaHandler::new(PAGERANK_CU)
+        .function(PAGERANK_FN)
+        .buffer::<u64>("in_offsets")
+        .buffer::<u32>("in_sources")
+        .buffer::<u32>("out_degree")
+        .buffer::<f64>("ranks")
+}
+
+/// Streaming PageRank (`pagerank_stream`).
+pub const PAGERANK_STREAM_CU: &str = include_str!("pagerank_stream.cu");
+/// Its handler function.
+pub const PAGERANK_STREAM_FN: &str = "pagerank_stream";
+/// Streaming PageRank: function `pagerank_stream` (state `WgslStreamCounters`, `residual`
+/// and `acc` declared atomic).
+pub const PAGERANK_STREAM_WGSL: &str = include_str!("pagerank_stream.wgsl");
+
+/// The streaming PageRank handler with its state `init`, buffers `ranks`, `residual`, `acc`
+/// (f64), `out_off`, `out_len`, `out_cap`, `pool`, `flags`, `frontier`, `src_seq` (u32)
+/// declared (see [`pagerank::stream_kernel`](crate::pagerank::stream_kernel)).
+pub fn pagerank_stream_handler(init: StreamCounters) -> CudaHandler<StreamMsg, StreamAnswer> {
+    let mut h = CudaHandler::new(PAGERANK_STREAM_CU)
+        .function(PAGERANK_STREAM_FN)
+        .state(init);
+    for name in ["ranks", "residual", "acc"] {
+        h = h.buffer::<f64>(name);
+    }
+    for name in [
+        "out_off", "out_len", "out_cap", "pool", "flags", "frontier", "src_seq",
+    ] {
+        h = h.buffer::<u32>(name);
+    }
+    h
 }
