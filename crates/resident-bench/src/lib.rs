@@ -5,14 +5,21 @@
 //!   repeated runs and latency summaries, all total on empty input (no panic, `null` in JSON);
 //! * [`provenance`]: what every result file carries so that it can be reproduced and judged:
 //!   the command, the machine, its load, the UTC date, and the writing of the JSON itself;
+//! * [`cpu`]: the CPU backend against `rtrb` and `crossbeam` (`resident bench`);
+//! * [`deadlines`]: the call storm, before and after call deadlines (`resident bench deadlines`);
 //! * [`transfer`]: the host <-> device transfer benchmark (pinned vs pageable against a plain
 //!   synchronous copy), which needs a CUDA device.
 //!
-//! Library crates hold no benchmark code: benchmarks live here or in the CLI, and the figures
-//! go to `bench/results/` as JSON with the command that produced them.
+//! The CLI parses the arguments, prints and writes the files; the measuring is here. The
+//! figures go to `bench/results/` as JSON with the command that produced them.
 
 #![deny(missing_docs)]
 
+pub use error::BenchError;
+
+pub mod cpu;
+pub mod deadlines;
+mod error;
 pub mod provenance;
 pub mod stats;
 #[cfg(feature = "cuda")]

@@ -1,7 +1,6 @@
 //! The `resident` command-line tool: demos and benchmarks of ring kernels.
 
 mod bench;
-mod deadlines_bench;
 mod demo;
 mod gpu_bench;
 mod info;
@@ -113,7 +112,7 @@ enum BenchCommand {
     Workloads(workloads_bench::Options),
     /// Call deadlines: a storm of short calls against a slow handler, then the time until a
     /// fresh call is served, with the deadline check off (before) and on (after).
-    Deadlines(deadlines_bench::Options),
+    Deadlines(bench::DeadlinesArgs),
 }
 
 #[derive(clap::Args)]
@@ -237,7 +236,7 @@ fn main() -> ExitCode {
                 .map_err(bench::BenchError::from)
                 .and_then(|_| {
                     println!();
-                    bench::run(&bench::Options { quick: true }, Some(&out)).map(|_| ())
+                    bench::cpu(true, Some(&out)).map(|_| ())
                 })
         }
         Command::Demo {
@@ -263,14 +262,14 @@ fn main() -> ExitCode {
         Command::Bench {
             which: Some(BenchCommand::Deadlines(o)),
             ..
-        } => deadlines_bench::run(&o),
+        } => bench::deadlines(&o),
         Command::Bench {
             which: None,
             quick,
             out,
         } => paths::output(out, "bench/results/cpu-latest.json", "--out")
             .map_err(bench::BenchError::from)
-            .and_then(|out| bench::run(&bench::Options { quick }, Some(&out)).map(|_| ())),
+            .and_then(|out| bench::cpu(quick, Some(&out)).map(|_| ())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,4 @@
-//! `resident bench deadlines`: the call storm of issue 21 before and after call deadlines.
+//! The call storm of `resident bench deadlines`: issue 21 of issue 21 before and after call deadlines.
 //!
 //! A CPU kernel whose handler takes `--handler-ms`; one caller makes `--calls` calls one after
 //! the other, each with a `--timeout-ms` timeout (almost all time out, their requests still
@@ -7,41 +7,36 @@
 //! handled, as before deadlines existed), "after" with it on; the two alternate in one run,
 //! `--repeats` times each. Results go to JSON with the command, the machine and its load.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use serde_json::{json, Value};
 
 use resident::prelude::*;
 
-use resident_bench::provenance::{cargo_command, load, machine, today};
-use resident_bench::stats::{quantile, sorted};
+use crate::error::BenchError;
+use crate::provenance::{cargo_command, load, machine, today};
+use crate::stats::{quantile, sorted};
 
-use crate::bench::BenchError;
-
-/// Options of `bench deadlines`.
-#[derive(Args, Debug)]
+/// The storm's parameters.
+#[derive(Clone, Copy, Debug)]
 pub struct Options {
     /// Calls in the storm.
-    #[arg(long, default_value_t = 2400)]
     pub calls: u32,
     /// Timeout of each storm call, in milliseconds.
-    #[arg(long, default_value_t = 1)]
     pub timeout_ms: u64,
     /// Time the handler takes per message, in milliseconds.
-    #[arg(long, default_value_t = 2)]
     pub handler_ms: u64,
     /// Storms per variant (before, after alternate).
-    #[arg(long, default_value_t = 3)]
     pub repeats: usize,
-    /// Where the JSON goes [default: bench/results/deadlines-<date>.json in the repository].
-    #[arg(long)]
-    pub out: Option<PathBuf>,
 }
 
 /// One storm, then the fresh call.
-fn storm(o: &Options, check: bool, round: usize) -> Result<Value, BenchError> {
+fn storm(
+    o: &Options,
+    check: bool,
+    round: usize,
+    say: &mut dyn FnMut(String),
+) -> Result<Value, BenchError> {
     let rt = Runtime::builder()
         .backend(Backend::Cpu)
         .enable_telemetry(true)
@@ -74,16 +69,21 @@ fn storm(o: &Options, check: bool, round: usize) -> Result<Value, BenchError> {
     let fresh = h.call(u64::MAX - 1, Duration::from_secs(600))?;
     let fresh_s = t.elapsed().as_secs_f64();
     if fresh != u64::MAX {
-        return Err(format!("the fresh call returned {fresh}, not {}", u64::MAX).into());
+        return Err(BenchError::WrongOutput {
+            index: u64::MAX - 1,
+            got: fresh,
+            want: u64::MAX,
+        });
     }
     h.drain(Duration::from_secs(600))?;
     let tm = h.telemetry();
     let r = h.terminate()?;
     let accepted = tm.messages_received;
-    if r.processed + r.expired + r.returned() as u64 != accepted {
-        return Err(format!("accounting: {r:?} against {accepted} accepted").into());
+    let reported = r.processed + r.expired + r.returned() as u64;
+    if reported != accepted {
+        return Err(BenchError::Accounting { accepted, reported });
     }
-    println!(
+    say(format!(
         "{:>6} round {round}: fresh call served after {:>9.3} ms; storm {:.2} s, {} queued \
          when it ended, {} handled, {} expired, {} served in time",
         if check { "after" } else { "before" },
@@ -93,7 +93,7 @@ fn storm(o: &Options, check: bool, round: usize) -> Result<Value, BenchError> {
         r.processed,
         r.expired,
         served
-    );
+    ));
     Ok(json!({
         "fresh_call_s": fresh_s,
         "storm_s": storm_s,
@@ -116,43 +116,33 @@ fn summary(runs: &[Value]) -> Value {
     json!({"fresh_call_s_median": quantile(&v, 0.5), "fresh_call_s_min": v.first(), "fresh_call_s_max": v.last()})
 }
 
-/// Runs the benchmark and writes its JSON.
-pub fn run(o: &Options) -> Result<(), BenchError> {
-    let date = today();
-    let out = crate::paths::output(
-        o.out.clone(),
-        &format!("bench/results/deadlines-{date}.json"),
-        "--out",
-    )?;
-    crate::paths::check_parent(&out, "--out")?;
+/// Runs the storms, `before` and `after` alternated, and returns the report. `say` gets one
+/// line per storm and the summary.
+pub fn run(o: &Options, say: &mut dyn FnMut(String)) -> Result<Value, BenchError> {
     let load_before = load();
     let (mut before, mut after) = (Vec::new(), Vec::new());
     for round in 0..o.repeats.max(1) {
-        before.push(storm(o, false, round)?);
-        after.push(storm(o, true, round)?);
+        before.push(storm(o, false, round, say)?);
+        after.push(storm(o, true, round, say)?);
     }
     let (b, a) = (summary(&before), summary(&after));
-    let ratio = b["fresh_call_s_median"].as_f64().unwrap_or(0.0)
-        / a["fresh_call_s_median"].as_f64().unwrap_or(f64::NAN);
-    let doc = json!({
+    let median = |v: &Value| v["fresh_call_s_median"].as_f64().unwrap_or(f64::NAN);
+    let ratio = median(&b) / median(&a);
+    say(format!(
+        "fresh call after the storm: before {:.3} ms, after {:.3} ms (medians, x{ratio:.1})",
+        median(&b) * 1e3,
+        median(&a) * 1e3,
+    ));
+    Ok(json!({
         "what": "issue 21's call storm: a CPU kernel whose handler sleeps handler_ms, one caller making `calls` sequential calls with timeout_ms timeouts, then a fresh call: the time until it is served. before = the deadline check turned off (timed-out requests still handled), after = on; alternated in one run",
         "command": cargo_command("resident-cli"),
         "build": if cfg!(debug_assertions) { "debug (the effect is milliseconds of handler time per queued call)" } else { "release" },
-        "date": date,
+        "date": today(),
         "machine": machine(),
         "load_before": load_before,
         "load_after": load(),
         "params": {"calls": o.calls, "timeout_ms": o.timeout_ms, "handler_ms": o.handler_ms, "repeats": o.repeats},
         "runs": {"before": before, "after": after},
         "summary": {"before": b, "after": a, "fresh_call_before_over_after_median": ratio},
-    });
-    std::fs::write(&out, serde_json::to_string_pretty(&doc)? + "\n")
-        .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
-    println!(
-        "fresh call after the storm: before {:.3} ms, after {:.3} ms (medians, x{ratio:.1}); wrote {}",
-        b["fresh_call_s_median"].as_f64().unwrap_or(0.0) * 1e3,
-        a["fresh_call_s_median"].as_f64().unwrap_or(0.0) * 1e3,
-        out.display()
-    );
-    Ok(())
+    }))
 }
