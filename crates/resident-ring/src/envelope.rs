@@ -67,7 +67,13 @@ impl Envelope {
     /// (longer TTLs are capped there). The wire layout does not change; only the host reads
     /// these bits.
     pub fn set_ttl(&mut self, ttl: Duration) {
-        let us = ttl.as_nanos().div_ceil(1000).clamp(1, MAX_TTL_US as u128) as u64;
+        // In u64 (no 128-bit division on every `call`): whole seconds are whole microseconds,
+        // so only the sub-second part rounds up; saturation then the cap as before.
+        let us = ttl
+            .as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add((ttl.subsec_nanos() as u64).div_ceil(1000))
+            .clamp(1, MAX_TTL_US);
         self.reserved0 = (us >> 32) as u16;
         self.reserved1 = us as u32;
     }
@@ -167,6 +173,18 @@ mod tests {
         assert_eq!(e.ttl(), Some(Duration::from_micros(1)));
         e.set_ttl(Duration::from_nanos(1_500));
         assert_eq!(e.ttl(), Some(Duration::from_micros(2)));
+        // Seconds and the sub-second part together, as the exact ceil(nanoseconds / 1000).
+        for d in [
+            Duration::new(1, 1),
+            Duration::new(1, 999_999_999),
+            Duration::new(59, 1_000),
+            Duration::new(86_400, 123_456_789),
+            Duration::new(u64::MAX / 1_000_000, 999_999_001),
+        ] {
+            e.set_ttl(d);
+            let want = d.as_nanos().div_ceil(1000).clamp(1, MAX_TTL_US as u128) as u64;
+            assert_eq!(e.ttl(), Some(Duration::from_micros(want)), "{d:?}");
+        }
 
         // Both reserved words carry it; longer TTLs are capped, and a late clock saturates.
         e.set_ttl(Duration::from_secs(3 * 86_400 * 365));

@@ -49,10 +49,13 @@ fn run_handler<In: Message, Out: Message, S>(
 ) {
     let mut batch: Vec<Slot<In>> = Vec::with_capacity(io.batch_size);
     let prof = io.profile.get();
+    // The batch's clock reading, if the deadline check made one (`KernelIo::take_inputs`).
+    let mut taken_at: Option<u64> = None;
     loop {
         let next = io.next_batch(None, || {
-            io.in_hand
-                .take(&mut batch, |b| io.take_inputs(b, io.batch_size))
+            io.in_hand.take(&mut batch, |b| {
+                io.take_inputs(b, io.batch_size, &mut taken_at)
+            })
         });
         let (n, gate) = match next {
             Ok(Next::Batch(n, gate)) => {
@@ -67,7 +70,9 @@ fn run_handler<In: Message, Out: Message, S>(
             Ok(Next::Terminating) | Ok(Next::Empty) | Err(_) => return,
         };
         let scope = crate::profile::batch_start(prof, &io.id, n);
-        let batch_now = io.ids.now_ns();
+        // One clock read per batch: the deadline check's, if it made one (a `call` carries its
+        // timeout), else this one.
+        let batch_now = taken_at.unwrap_or_else(|| io.ids.now_ns());
         // Bound buffers are the batch's for its whole length (a host read waits for its end).
         ctx.bound.begin();
         // The result of the previous message, published once the next claim (or the end of

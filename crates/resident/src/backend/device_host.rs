@@ -190,8 +190,10 @@ fn pump<In: Message, Out: Message>(
             // Re-check under the gate: `deactivate` flips the flag, then takes the gate.
             if c.active.load(Ordering::Acquire) {
                 if carry.is_empty() {
-                    io.take_inputs(&mut carry, io.batch_size * 4);
-                    carry_deadline = io.deadline_near(&carry);
+                    // One clock read for both checks, and none without a deadline.
+                    let mut now = None;
+                    io.take_inputs(&mut carry, io.batch_size * 4, &mut now);
+                    carry_deadline = io.deadline_near(&carry, &mut now);
                 }
                 // The device's queues cannot check a deadline: a message whose deadline is near
                 // waits here until the device has handled everything before it, and its
@@ -202,8 +204,10 @@ fn pump<In: Message, Out: Message>(
                 } else {
                     if held {
                         held = false;
-                        io.expire(&mut carry, 0);
-                        carry_deadline = io.deadline_near(&carry);
+                        // Time has passed while held: a fresh reading, once for both checks.
+                        let mut now = None;
+                        io.expire(&mut carry, 0, &mut now);
+                        carry_deadline = io.deadline_near(&carry, &mut now);
                     }
                     let t = crate::profile::now(prof);
                     let n = ring.push(&carry);

@@ -253,7 +253,7 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
     ) -> usize {
         let io = &self.io;
         let next = io.next_batch(deadline_after(timeout), || {
-            Ok::<_, std::convert::Infallible>(io.take_inputs(out, max))
+            Ok::<_, std::convert::Infallible>(io.take_inputs(out, max, &mut None))
         });
         match next {
             Ok(Next::Batch(n, _gate)) => {

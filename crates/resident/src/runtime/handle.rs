@@ -327,12 +327,15 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// handled, only counted as expired, so calls that timed out do not keep the kernel busy.
     pub fn call(&self, msg: In, timeout: Duration) -> Result<Out> {
         let io = &self.io;
-        let deadline = deadline_after(timeout);
+        // One clock read for the caller's deadline and the request's send time. The caller's
+        // deadline is `now + timeout` on the `Instant` clock; the request's is `now + timeout`
+        // rounded up to the microsecond on the runtime's clock (the same reading): never
+        // earlier than the caller's.
+        let now = io.ids.now_ns();
+        let deadline = io.ids.instant_at(now).checked_add(timeout);
         let id = io.ids.next();
         let slot = io.register_call(id);
-        // Stamped after the caller's own deadline was set: the request's deadline is never
-        // earlier than the caller's.
-        let mut env = Envelope::new(id, DEFAULT_PRIORITY, io.ids.now_ns());
+        let mut env = Envelope::new(id, DEFAULT_PRIORITY, now);
         env.flags = FLAG_CALL;
         if timeout < resident_ring::envelope::MAX_TTL {
             env.set_ttl(timeout);

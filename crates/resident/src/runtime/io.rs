@@ -511,18 +511,24 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     /// device pump): appends up to `max` inputs to `out`, highest lane first, FIFO within a
     /// lane, leaving out every input whose deadline has passed ([`KernelIo::expire`]). Returns
     /// how many it appended; 0 only when the input is empty.
-    pub fn take_inputs(&self, out: &mut Vec<Slot<In>>, max: usize) -> usize {
+    ///
+    /// `now` is the batch's clock: it is cleared first, and holds the reading the deadline
+    /// check made if it made one, so a host that needs the time for the batch (publish stamps)
+    /// reuses it instead of reading the clock again (at most one read per batch; none here for
+    /// a batch without deadlines).
+    pub fn take_inputs(&self, out: &mut Vec<Slot<In>>, max: usize, now: &mut Option<u64>) -> usize {
+        *now = None;
         loop {
             let start = out.len();
             if self.input.recv_batch(out, max) == 0 {
                 return 0;
             }
-            let kept = self.expire(out, start);
+            let kept = self.expire(out, start, now);
             if kept > 0 {
                 return kept;
             }
             // Everything taken had expired: take again rather than wait on a queue that may
-            // still hold live messages.
+            // still hold live messages (the same clock reading serves: this is the same take).
         }
     }
 
@@ -530,16 +536,18 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     /// of the rest, and returns how many remain there. Each one removed is counted as expired
     /// (`messages_expired`); a `call` whose caller still waits gets `Error::Timeout` at once.
     ///
-    /// The clock is read once, and only when a message in the range carries a deadline: a
-    /// batch without deadlines costs one pass over its envelopes.
-    pub fn expire(&self, batch: &mut Vec<Slot<In>>, from: usize) -> usize {
+    /// The deadline bits of the envelopes are looked at first; the clock is read only when a
+    /// message in the range carries a deadline, and only if `now` holds no reading yet (the
+    /// reading is left there for the caller): a batch without deadlines costs one pass over
+    /// its envelopes and no clock read.
+    pub fn expire(&self, batch: &mut Vec<Slot<In>>, from: usize, now: &mut Option<u64>) -> usize {
         let live = batch.len() - from;
         if !batch[from..].iter().any(|s| s.env.has_deadline())
             || !self.expiry_on.load(Ordering::Relaxed)
         {
             return live;
         }
-        let now = self.ids.now_ns();
+        let now = *now.get_or_insert_with(|| self.ids.now_ns());
         let mut expired = 0u64;
         let mut keep = from;
         for i in from..batch.len() {
@@ -583,14 +591,14 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     /// the device pump must hold the batch until the device has caught up (its queues cannot
     /// check a deadline). Farther deadlines go to the device at once: holding every `call`
     /// with a long timeout would serialize the device's batches for nothing. The clock is read
-    /// only when a message carries a deadline.
-    pub fn deadline_near(&self, batch: &[Slot<In>]) -> bool {
+    /// only when a message carries a deadline and `now` holds no reading of this batch yet
+    /// (see [`KernelIo::take_inputs`]).
+    pub fn deadline_near(&self, batch: &[Slot<In>], now: &mut Option<u64>) -> bool {
         if !self.expires() || !batch.iter().any(|s| s.env.has_deadline()) {
             return false;
         }
-        let horizon = self
-            .ids
-            .now_ns()
+        let horizon = now
+            .get_or_insert_with(|| self.ids.now_ns())
             .saturating_add(DEVICE_HOLD_WINDOW.as_nanos() as u64);
         batch
             .iter()

@@ -574,10 +574,13 @@ fn run_batches<In: Message + Keyed, Out: Message, S: Send>(
     let mut batch: Vec<Slot<In>> = Vec::with_capacity(io.batch_size);
     let mut works: Vec<Option<Work<In, Out>>> = (0..w).map(|s| Some(Work::new(s))).collect();
     let prof = io.profile.get();
+    // The batch's clock reading, if the deadline check made one (`KernelIo::take_inputs`).
+    let mut taken_at: Option<u64> = None;
     loop {
         let next = io.next_batch(None, || {
-            io.in_hand
-                .take(&mut batch, |b| io.input.recv_batch(b, io.batch_size))
+            io.in_hand.take(&mut batch, |b| {
+                io.take_inputs(b, io.batch_size, &mut taken_at)
+            })
         });
         let (n, gate) = match next {
             Ok(Next::Batch(n, gate)) => {
@@ -591,7 +594,7 @@ fn run_batches<In: Message + Keyed, Out: Message, S: Send>(
             Ok(Next::Terminating) | Ok(Next::Empty) | Err(_) => return,
         };
         let scope = crate::profile::batch_start(prof, &io.id, n);
-        let batch_now = io.ids.now_ns();
+        let batch_now = taken_at.unwrap_or_else(|| io.ids.now_ns());
         // Split by shard, keeping the batch's order within each shard (so within each key).
         for wk in works.iter_mut().flatten() {
             wk.items.clear();

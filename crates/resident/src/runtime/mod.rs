@@ -54,6 +54,11 @@ impl Ids {
     pub fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }
+    /// The `Instant` of a reading of [`Ids::now_ns`] (never later than the moment it was
+    /// read: `now_ns` truncates), so a caller needs one clock read for both clocks.
+    pub fn instant_at(&self, ns: u64) -> Instant {
+        self.epoch + Duration::from_nanos(ns)
+    }
 }
 
 /// Type-erased view of a kernel, for the registry.
