@@ -1,5 +1,6 @@
-//! Real-time anomaly detection over sensor readings, as one ring kernel whose per-sensor
-//! statistics live in a bound buffer for the kernel's whole life.
+//! Real-time anomaly detection over sensor readings, as one keyed ring kernel: the sensor is
+//! the key, and each sensor's statistics ([`SensorStats`]) are its key's state, kept where the
+//! kernel runs for the kernel's whole life.
 //!
 //! The definition (issue 11): per sensor an exponentially weighted mean `m` and variance `v`
 //! with `a = 0.01`. A sensor's first reading sets `m = x, v = 0`. Every later reading `x` is
@@ -7,9 +8,10 @@
 //! `d = x - m; m += a d; v = (1 - a)(v + a d^2)`. A reading is an anomaly when `z > 4.0` and its
 //! sensor had already seen at least 100 readings before it.
 //!
-//! Readings travel as messages in input order; the kernel handles a batch's messages in order,
-//! so the readings of one sensor are applied in order even when one batch holds many of them.
-//! A micro-batch ends with a flush marker, answered once every reading before it is folded.
+//! Readings travel as messages keyed by their sensor's dense slot; the keyed kernel handles a
+//! sensor's readings in the order sent (sharded over every core on the CPU, one device thread
+//! per reading on CUDA/CudaSim and one leader per sensor and batch on wgpu) and different
+//! sensors in parallel. See [`run_actor`] for how the host knows a micro-batch is done.
 //!
 //! Tolerance against [`reference()`]: the same alerts (index and sensor), and `z` and the final
 //! statistics within relative `1e-9` (the CPU kernel does the same f64 operations in the same
@@ -89,7 +91,9 @@ pub struct SlottedReadings {
     pub values: Vec<f64>,
     /// Original sensor id of each slot.
     pub sensor_ids: Vec<u64>,
-    /// Each reading's ticket: how many readings of its slot come before it (mod 2^32).
+    /// Each reading's ticket: how many readings of its slot come before it (mod 2^32). Only
+    /// the stateless CUDA baseline's one-shot kernel uses them (it folds a micro-batch's
+    /// readings in parallel); the detector actor, a keyed kernel, keeps per-sensor order itself.
     pub tickets: Vec<u32>,
 }
 
@@ -142,34 +146,38 @@ pub fn reference(r: &SlottedReadings) -> (Vec<Alert>, Vec<SensorStats>) {
 }
 
 resident::ring::device_message! {
-    /// A reading for the kernel. `ticket` is the number of earlier readings of the same slot
-    /// in the stream (mod 2^32): a device kernel that folds a batch's readings in parallel
-    /// folds this one once the slot's count `n` reaches it, so the readings of one sensor are
-    /// applied in order. `slot == FLUSH` marks the end of a micro-batch; its `index` is the
-    /// micro-batch number and its `ticket` the count of all readings sent before it
-    /// (mod 2^32): it is answered once that many readings have been handled.
+    /// A reading for the detector, a keyed kernel whose key is `slot` (the sensor's dense
+    /// slot, see [`slot()`]): the kernel keeps each slot's readings in the order sent and folds
+    /// them into that slot's [`SensorStats`]. `flush != 0` marks a barrier instead of a
+    /// reading: it leaves the statistics alone and is answered with an [`AlertMsg`] whose
+    /// `slot` is [`FLUSH`] and whose `index` is the marker's (see [`run_actor`]).
     pub struct ReadingMsg {
-        /// Position in the stream (for a flush: the micro-batch number).
+        /// Position in the stream (for a flush marker: any tag the answer repeats).
         pub index: u64,
         /// The reading.
         pub value: f64,
-        /// Dense sensor slot, or `FLUSH`.
+        /// Dense sensor slot: the key (`0..sensors`; a flush marker names any valid slot).
         pub slot: u32,
-        /// Earlier readings of this slot (for a flush: of all slots), mod 2^32.
-        pub ticket: u32,
+        /// Non-zero for a flush marker.
+        pub flush: u32,
+    }
+}
+
+impl Keyed for ReadingMsg {
+    fn key(&self) -> u32 {
+        self.slot
     }
 }
 
 resident::ring::device_message! {
-    /// An anomaly. `slot == FLUSH` answers a flush: micro-batch `index` is handled; `z` holds
-    /// the kernel's total alert count so far and `value` its total refused readings (slot past
-    /// the statistics, or a ticket that never came due).
+    /// An anomaly, or (`slot == FLUSH`) the answer to a flush marker (`index` repeats the
+    /// marker's, `value` and `z` are zero).
     pub struct AlertMsg {
-        /// The reading's position (for a flush: the micro-batch number).
+        /// The reading's position (for a flush answer: the marker's `index`).
         pub index: u64,
-        /// The reading (for a flush: total refused readings).
+        /// The reading.
         pub value: f64,
-        /// Its z-score (for a flush: total alerts).
+        /// Its z-score.
         pub z: f64,
         /// The sensor slot, or `FLUSH`.
         pub slot: u32,
@@ -178,87 +186,79 @@ resident::ring::device_message! {
     }
 }
 
-resident::ring::device_message! {
-    /// The detector's counters on a device (mod 2^32): readings handled, alerts, refused.
-    #[derive(Default)]
-    pub struct DetectorCounters {
-        /// Readings handled.
-        pub processed: u32,
-        /// Alerts raised.
-        pub alerts: u32,
-        /// Readings refused.
-        pub refused: u32,
-        /// Padding (zero).
-        pub _pad: u32,
+/// The slot of a flush marker's answer.
+pub const FLUSH: u32 = u32::MAX;
+
+/// A flush marker (a barrier: see [`run_actor`]) tagged `index`, sent on slot 0.
+pub fn flush_marker(index: u64) -> ReadingMsg {
+    ReadingMsg {
+        index,
+        value: 0.0,
+        slot: 0,
+        flush: 1,
     }
 }
 
-/// The flush marker's slot.
-pub const FLUSH: u32 = u32::MAX;
-
-/// The kernel's own counters (its state on the CPU; [`DetectorCounters`] on a device).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DetectorState {
-    /// Alerts so far.
-    pub alerts: u64,
-    /// Readings refused so far (a slot past the buffer).
-    pub refused: u64,
-}
-
-/// The anomaly detector: one ring kernel with the statistics of `sensors` sensors bound as
-/// `stats` (zeroed: no sensor seen yet).
+/// The anomaly detector: one keyed ring kernel with one key per sensor slot (`sensors` keys,
+/// at least one), each key's state its [`SensorStats`] (zeroed: no sensor seen yet; 24 bytes
+/// per sensor). On the CPU the sensors are sharded over every core (the kernel's worker
+/// threads); on CUDA and CudaSim the CUDA C key handler ([`cuda::anomaly_handler`]) and on
+/// wgpu the WGSL key handler ([`wgsl::ANOMALY_WGSL`]) get the state of their reading's sensor,
+/// kept in device memory for the kernel's life. Each sensor's readings are folded in the order
+/// sent on every backend (the keyed kernel's per-key order: no tickets from the host). A
+/// reading whose slot is not below `sensors` is refused at `send` (`Error::KeyOutOfRange`,
+/// nothing queued).
 pub fn kernel(
     id: &str,
     device: &DeviceHandle,
     sensors: usize,
-) -> Result<RingKernel<ReadingMsg, AlertMsg, DetectorState>, WorkloadError> {
-    let mut stats = UnifiedBuffer::<SensorStats>::new(device, sensors, BufferOptions::default())?;
-    stats.host_mut()?; // zeroed: n = 0 means "not seen yet"
+) -> Result<RingKernel<ReadingMsg, AlertMsg, Keys<SensorStats>>, WorkloadError> {
+    let keys = u32::try_from(sensors.max(1)).map_err(|_| WorkloadError::OutOfRange {
+        workload: "anomaly",
+        detail: format!(
+            "{sensors} sensors; a keyed kernel holds at most {} keys",
+            u32::MAX
+        ),
+    })?;
+    let batch = match device.kind() {
+        BackendKind::Cpu => resident::runtime::keyed::KEYED_BATCH,
+        kind => crate::device::batch_size(kind, 1024),
+    };
     Ok(RingKernel::<ReadingMsg, AlertMsg>::new(id)
-        .queue_size(4096)
-        .batch_size(crate::device::batch_size(device.kind(), 1024))
+        .queue_size(QUEUE)
+        .keyed(keys, SensorStats::default())
+        .batch_size(batch)
         .backpressure(Backpressure::Block(Duration::from_secs(10)))
-        .state(DetectorState::default())
-        .bind("stats", stats)
-        .cuda(cuda::anomaly_handler())
-        .wgsl(
+        .key_cuda(cuda::anomaly_handler())
+        .key_wgsl(
             WgslHandler::new(wgsl::ANOMALY_WGSL)
                 .function("anomaly")
-                .state(DetectorCounters::default())
-                .in_order(),
+                .keyed("slot"),
         )
-        .handler(|ctx: &mut Context<DetectorState>, r: ReadingMsg| {
-            let (state, buffers) = ctx.state_and_buffers();
-            if r.slot == FLUSH {
-                // Every reading before the flush is handled (this handler runs in order):
-                // answer with the totals so far.
+        .key_handler(|ks: &mut KeyContext<SensorStats>, r: ReadingMsg| {
+            if r.flush != 0 {
+                // Handled after everything taken before it: see `run_actor`.
                 return Some(AlertMsg {
                     index: r.index,
-                    value: state.refused as f64,
-                    z: state.alerts as f64,
+                    value: 0.0,
+                    z: 0.0,
                     slot: FLUSH,
                     _pad: 0,
                 });
             }
-            let Ok(mut stats) = buffers.buffer_mut::<SensorStats>("stats") else {
-                state.refused += 1;
-                return None;
-            };
-            let Some(s) = stats.get_mut(r.slot as usize) else {
-                state.refused += 1; // a slot past the buffer: counted, reported at the flush
-                return None;
-            };
-            let z = observe(s, r.value)?; // scored before it is folded in
-            state.alerts += 1;
+            let z = observe(ks.state_mut(), r.value)?; // scored before it is folded in
             Some(AlertMsg {
                 index: r.index,
                 value: r.value,
                 z,
-                slot: r.slot,
+                slot: ks.key(),
                 _pad: 0,
             })
         }))
 }
+
+/// The detector's input queue (per priority lane).
+const QUEUE: usize = 8192;
 
 /// What one run produced and how long each micro-batch took.
 #[derive(Clone, Debug, Default)]
@@ -275,17 +275,35 @@ pub struct RunReport {
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Micro-batches the actor keeps in flight by default: the host sends micro-batch `k` once the
-/// results of micro-batch `k - 16` are back, so sending, the kernel and receiving overlap while
-/// queueing stays bounded (at micro-batch 100, at most 1600 readings, well inside the 4096-slot
-/// lane). The statistics stay in the kernel, so micro-batch `k + 1` never waits for `k`'s
-/// results; a stateless batch must (it needs `k`'s statistics back first).
+/// How often the host looks at the kernel's processed count while nothing else happens.
+const POLL: Duration = Duration::from_micros(50);
+
+/// Micro-batches the actor keeps in flight by default: the host sends micro-batch `k` once
+/// micro-batch `k - 16` is processed, so sending, the kernel and receiving overlap while
+/// queueing stays bounded (at micro-batch 100, at most 1600 readings, well inside the
+/// 8192-slot lane). The statistics stay in the kernel, so micro-batch `k + 1` never waits for
+/// `k`'s results; a stateless batch must (it needs `k`'s statistics back first).
 pub const IN_FLIGHT: usize = 16;
 
 /// Runs `readings` through a detector kernel launched on `rt` in micro-batches of `batch`, at
-/// most `in_flight` micro-batches outstanding (1 = send, wait for the results, repeat), calling
-/// `progress(done)` as micro-batches complete. A micro-batch's latency runs from sending its
-/// first reading to receiving its flush answer.
+/// most `in_flight` micro-batches outstanding (1 = send, wait until processed, repeat), calling
+/// `progress(n)` with each micro-batch's size as it completes.
+///
+/// How the end of a micro-batch is known without tickets: all readings go in one priority
+/// lane, which the kernel takes in the order sent, so micro-batch `k` (readings `..hi`) is
+/// handled once the kernel's processed count (`telemetry().messages_processed`) reaches `hi`
+/// (on a device, whose processed count moves per message within a batch, this is the count,
+/// not a proof that each of those readings is done; it is used for the window and the
+/// latency only). A micro-batch's latency runs from sending its first reading to the host
+/// seeing that count, polled every 50 us while nothing else happens. The processed count
+/// moves before a batch's outputs are published, so the count alone does not say every
+/// alert is in the output queue: at the end of the stream the host sends one flush marker as
+/// a `call` (a barrier), once every reading is processed. It is therefore taken in a later
+/// batch than every reading, and a batch's outputs are published before the next batch runs
+/// (the CPU host publishes under the batch gate; a device runs batches one after another and
+/// the pump delivers its outputs in order), so when its answer is back every alert is queued.
+/// Alerts come in completion order (per sensor in input order) and are sorted by index.
+/// The final statistics are read with `snapshot_keys`.
 pub fn run_actor(
     rt: &Runtime,
     device: &DeviceHandle,
@@ -297,68 +315,26 @@ pub fn run_actor(
     let batch = batch.max(1);
     let in_flight = in_flight.max(1);
     let id = format!("anomaly-{}", unique());
-    let k = rt.launch(kernel(&id, device, r.sensor_ids.len())?)?;
+    let sensors = r.sensor_ids.len();
+    let k = rt.launch(kernel(&id, device, sensors)?)?;
     k.activate()?;
+    let timeout = || WorkloadError::Timeout {
+        workload: "anomaly",
+        waited: WAIT,
+    };
     let result = (|| {
         let mut report = RunReport::default();
-        let total = r.slots.len().div_ceil(batch);
+        let n = r.slots.len();
+        let total = n.div_ceil(batch);
+        let hi_of = |b: usize| ((b + 1) * batch).min(n) as u64;
         let mut sent_at: Vec<Instant> = Vec::with_capacity(total);
-        let mut msgs: Vec<ReadingMsg> = Vec::with_capacity(batch + 1);
+        let mut msgs: Vec<ReadingMsg> = Vec::with_capacity(batch);
         let mut got: Vec<AlertMsg> = Vec::with_capacity(256);
         let mut done = 0usize;
         let start = Instant::now();
-        while done < total {
-            // Send while the window has room.
-            while sent_at.len() < total && sent_at.len() - done < in_flight {
-                let b = sent_at.len();
-                let lo = b * batch;
-                let hi = (lo + batch).min(r.slots.len());
-                msgs.clear();
-                msgs.extend((lo..hi).map(|i| ReadingMsg {
-                    index: i as u64,
-                    value: r.values[i],
-                    slot: r.slots[i],
-                    ticket: r.tickets[i],
-                }));
-                msgs.push(ReadingMsg {
-                    index: b as u64,
-                    value: 0.0,
-                    slot: FLUSH,
-                    ticket: hi as u32,
-                });
-                sent_at.push(Instant::now());
-                let mut sent = 0;
-                while sent < msgs.len() {
-                    sent += k.send_batch(&msgs[sent..])?;
-                }
-            }
-            got.clear();
-            if k.receive_batch(&mut got, 256)? == 0 {
-                let one = k.receive(WAIT).map_err(|e| match e {
-                    resident::Error::Timeout { .. } => WorkloadError::Timeout {
-                        workload: "anomaly",
-                        waited: WAIT,
-                    },
-                    e => e.into(),
-                })?;
-                got.push(one);
-            }
-            for a in &got {
-                if a.slot == FLUSH {
-                    if a.value != 0.0 {
-                        return Err(WorkloadError::OutOfRange {
-                            workload: "anomaly",
-                            detail: format!("the kernel refused {} readings of micro-batch {} (sensor slot past its statistics)", a.value, a.index),
-                        });
-                    }
-                    report
-                        .batch_latency
-                        .push(sent_at[a.index as usize].elapsed());
-                    let lo = a.index as usize * batch;
-                    progress((lo + batch).min(r.slots.len()) - lo);
-                    done += 1;
-                    continue;
-                }
+        let mut last_progress = Instant::now();
+        let collect = |got: &mut Vec<AlertMsg>, report: &mut RunReport| {
+            for a in got.drain(..) {
                 report.alerts.push(Alert {
                     index: a.index,
                     sensor: r.sensor_ids[a.slot as usize],
@@ -366,13 +342,85 @@ pub fn run_actor(
                     z: a.z,
                 });
             }
+        };
+        while done < total {
+            // Send while the window has room.
+            while sent_at.len() < total && sent_at.len() - done < in_flight {
+                let b = sent_at.len();
+                let lo = b * batch;
+                let hi = hi_of(b) as usize;
+                msgs.clear();
+                msgs.extend((lo..hi).map(|i| ReadingMsg {
+                    index: i as u64,
+                    value: r.values[i],
+                    slot: r.slots[i],
+                    flush: 0,
+                }));
+                sent_at.push(Instant::now());
+                let mut sent = 0;
+                while sent < msgs.len() {
+                    sent += k.send_batch(&msgs[sent..])?;
+                }
+            }
+            let alerts = k.receive_batch(&mut got, 256)?;
+            collect(&mut got, &mut report);
+            let processed = k.telemetry().messages_processed;
+            let before = done;
+            while done < sent_at.len() && processed >= hi_of(done) {
+                report.batch_latency.push(sent_at[done].elapsed());
+                progress(hi_of(done) as usize - done * batch);
+                done += 1;
+            }
+            if done > before || alerts > 0 {
+                last_progress = Instant::now();
+            } else if last_progress.elapsed() > WAIT {
+                return Err(timeout());
+            } else {
+                std::thread::sleep(POLL);
+            }
+        }
+        // The barrier: every reading is processed, so the marker runs in a later batch, after
+        // every alert was published.
+        let f = k
+            .call(flush_marker(total as u64), WAIT)
+            .map_err(|e| match e {
+                resident::Error::Timeout { .. } => timeout(),
+                e => e.into(),
+            })?;
+        if (f.slot, f.index) != (FLUSH, total as u64) {
+            return Err(WorkloadError::Mismatch {
+                workload: "anomaly",
+                detail: format!("the flush marker was answered with {f:?}"),
+            });
+        }
+        while k.receive_batch(&mut got, 4096)? > 0 {
+            collect(&mut got, &mut report);
         }
         report.elapsed = start.elapsed();
-        report.stats = k.read_buffer::<SensorStats>("stats", WAIT)?.to_vec();
+        report.alerts.sort_by_key(|a| a.index);
+        report.stats = read_stats(&k, sensors)?;
         Ok(report)
     })();
     k.terminate()?;
     result
+}
+
+/// The final statistics of the first `sensors` keys of a detector kernel, read with
+/// `snapshot_keys` in ranges of at most `MAX_SNAPSHOT_KEYS`.
+pub fn read_stats(
+    k: &KernelHandle<ReadingMsg, AlertMsg>,
+    sensors: usize,
+) -> Result<Vec<SensorStats>, WorkloadError> {
+    let sensors = sensors as u64;
+    let step = resident::runtime::keyed::MAX_SNAPSHOT_KEYS as u64;
+    let mut out = Vec::with_capacity(sensors as usize);
+    let mut lo = 0u64;
+    while lo < sensors {
+        let hi = (lo + step).min(sensors);
+        out.extend(k.snapshot_keys::<SensorStats>(lo as u32..hi as u32)?);
+        lo = hi;
+    }
+    Ok(out)
 }
 
 /// The stateless baseline on `device`'s backend: the statistics live on the host between

@@ -12,9 +12,7 @@ use resident::cuda::persistent::PersistentError;
 use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
-use resident_workloads::anomaly::{
-    self, AlertMsg, ReadingMsg, RunReport, SensorStats, SlottedReadings, FLUSH,
-};
+use resident_workloads::anomaly::{self, AlertMsg, ReadingMsg, RunReport, SlottedReadings, FLUSH};
 use resident_workloads::device::cuda;
 use resident_workloads::input::{generate_graph, generate_readings, SensorReading};
 use resident_workloads::pagerank::{self, Csr, PageRankStep, Params, Ranks, StepDone};
@@ -162,62 +160,20 @@ fn pipeline_stages_on_cudasim_match_the_reference() {
     score.terminate().unwrap();
 }
 
-fn anomaly_kernel(id: &str, d: &DeviceHandle, sensors: usize) -> RingKernel<ReadingMsg, AlertMsg> {
-    RingKernel::<ReadingMsg, AlertMsg>::new(id)
-        .queue_size(4096)
-        .batch_size(1024)
-        .bind("stats", buf(d, &vec![SensorStats::default(); sensors]))
-        .cuda(cuda::anomaly_handler())
-}
-
-/// Sends `r` in micro-batches of `batch` (each followed by a flush), waits for each flush's
-/// answer before the next micro-batch, and collects alerts and the final statistics.
-fn run_anomaly(
-    k: &KernelHandle<ReadingMsg, AlertMsg>,
-    r: &SlottedReadings,
-    batch: usize,
-) -> (RunReport, f64) {
-    let mut report = RunReport::default();
-    let mut refused = 0.0;
-    for (b, lo) in (0..r.slots.len()).step_by(batch).enumerate() {
-        let hi = (lo + batch).min(r.slots.len());
-        let mut msgs: Vec<ReadingMsg> = (lo..hi)
-            .map(|i| ReadingMsg {
-                index: i as u64,
-                value: r.values[i],
-                slot: r.slots[i],
-                ticket: r.tickets[i],
-            })
-            .collect();
-        msgs.push(ReadingMsg {
-            index: b as u64,
-            value: 0.0,
-            slot: FLUSH,
-            ticket: hi as u32,
-        });
-        let mut sent = 0;
-        while sent < msgs.len() {
-            sent += k.send_batch(&msgs[sent..]).unwrap();
-        }
-        loop {
-            let a = k.receive(T).unwrap();
-            if a.slot == FLUSH {
-                assert_eq!(a.index, b as u64, "flushes answer in order");
-                refused = a.value;
-                break;
-            }
-            report.alerts.push(anomaly::Alert {
-                index: a.index,
-                sensor: r.sensor_ids[a.slot as usize],
-                value: a.value,
-                z: a.z,
-            });
-        }
-    }
-    // Alerts of one micro-batch come in completion order: the reference's is input order.
-    report.alerts.sort_by_key(|a| a.index);
-    report.stats = k.read_buffer::<SensorStats>("stats", T).unwrap().to_vec();
-    (report, refused)
+/// The detector (the workload's keyed kernel) launched on CudaSim for `sensors` sensors,
+/// checked to run its CUDA C key handler on the device.
+fn anomaly_kernel(
+    rt: &Runtime,
+    id: &str,
+    d: &DeviceHandle,
+    sensors: usize,
+) -> KernelHandle<ReadingMsg, AlertMsg> {
+    let k = rt.launch(anomaly::kernel(id, d, sensors).unwrap()).unwrap();
+    assert_eq!(
+        k.placement(),
+        Placement::Device(resident::backend::BackendKind::CudaSim)
+    );
+    k
 }
 
 /// Largest relative differences of a run to the reference (z of matching alerts; m and v).
@@ -259,24 +215,16 @@ fn anomaly_actor_on_cudasim_matches_the_reference() {
         "the input has spikes the reference flags"
     );
     for batch in [100, 1000] {
-        let k = rt
-            .launch(anomaly_kernel(
-                &format!("anomaly-cuda-{batch}"),
-                &d,
-                r.sensor_ids.len(),
-            ))
-            .unwrap();
-        k.activate().unwrap();
-        let (report, refused) = run_anomaly(&k, &r, batch);
-        assert_eq!(refused, 0.0);
-        anomaly::check(&report, &r).unwrap();
-        assert_eq!(report.alerts.len(), want.len());
-        let (z, st) = max_rel(&report, &r);
-        println!(
-            "anomaly actor on CudaSim, micro-batch {batch}: {} alerts, max relative error z {z:e}, m/v {st:e}",
-            report.alerts.len()
-        );
-        k.terminate().unwrap();
+        for in_flight in [1, anomaly::IN_FLIGHT] {
+            let report = anomaly::run_actor(&rt, &d, &r, batch, in_flight, |_| {}).unwrap();
+            anomaly::check(&report, &r).unwrap();
+            assert_eq!(report.alerts.len(), want.len());
+            let (z, st) = max_rel(&report, &r);
+            println!(
+                "anomaly actor on CudaSim, micro-batch {batch}, {in_flight} in flight: {} alerts, max relative error z {z:e}, m/v {st:e}",
+                report.alerts.len()
+            );
+        }
     }
 }
 
@@ -301,34 +249,39 @@ fn anomaly_folds_many_readings_of_one_sensor_in_one_batch_in_order() {
     let r = anomaly::slot(&readings);
     let (want, _) = anomaly::reference(&r);
     assert!(want.len() >= 5, "the spikes are anomalies in the reference");
-    let k = rt
-        .launch(anomaly_kernel("anomaly-one-sensor", &d, 1))
-        .unwrap();
-    k.activate().unwrap();
-    let (report, refused) = run_anomaly(&k, &r, 1000);
-    assert_eq!(refused, 0.0);
+    let report = anomaly::run_actor(&rt, &d, &r, 1000, 2, |_| {}).unwrap();
     anomaly::check(&report, &r).unwrap();
-    // A slot past the statistics is refused and counted, never folded.
-    let a = {
-        k.send(ReadingMsg {
-            index: 0,
+    assert_eq!(report.alerts.len(), want.len());
+    // A slot past the statistics is refused (at send, typed), never folded.
+    let k = anomaly_kernel(&rt, "anomaly-one-sensor", &d, 1);
+    k.activate().unwrap();
+    k.send(ReadingMsg {
+        index: 0,
+        value: 1.0,
+        slot: 0,
+        flush: 0,
+    })
+    .unwrap();
+    let e = k
+        .send(ReadingMsg {
+            index: 1,
             value: 1.0,
             slot: 7,
-            ticket: 0,
+            flush: 0,
         })
-        .unwrap();
-        k.call(
-            ReadingMsg {
-                index: 99,
-                value: 0.0,
-                slot: FLUSH,
-                ticket: 3001,
-            },
-            T,
-        )
-        .unwrap()
-    };
-    assert_eq!((a.slot, a.value), (FLUSH, 1.0), "one refused reading");
+        .unwrap_err();
+    assert!(
+        matches!(e, resident::Error::KeyOutOfRange { key: 7, .. }),
+        "{e}"
+    );
+    let a = k.call(anomaly::flush_marker(99), T).unwrap();
+    assert_eq!((a.slot, a.index, a.value), (FLUSH, 99, 0.0));
+    let s = anomaly::read_stats(&k, 1).unwrap();
+    assert_eq!(
+        (s[0].n, s[0].m),
+        (1, 1.0),
+        "one reading folded, the refused one not"
+    );
     k.terminate().unwrap();
 }
 
@@ -605,18 +558,11 @@ fn the_workload_definitions_with_cuda_handlers_attached() {
     // Anomaly detector.
     let (readings, _) = generate_readings(3000, 20, 61, 8).unwrap();
     let r = anomaly::slot(&readings);
-    let k = rt
-        .launch(
-            anomaly::kernel("anomaly-def", &d, r.sensor_ids.len())
-                .unwrap()
-                .cuda(cuda::anomaly_handler()),
-        )
-        .unwrap();
-    k.activate().unwrap();
-    let (report, refused) = run_anomaly(&k, &r, 500);
-    assert_eq!(refused, 0.0);
-    anomaly::check(&report, &r).unwrap();
+    // The definition carries its CUDA key handler already (`key_cuda`).
+    let k = anomaly_kernel(&rt, "anomaly-def", &d, r.sensor_ids.len());
     k.terminate().unwrap();
+    let report = anomaly::run_actor(&rt, &d, &r, 500, 1, |_| {}).unwrap();
+    anomaly::check(&report, &r).unwrap();
 
     // PageRank, full mode, step by step.
     let g = generate_graph(300, 3, 4).unwrap();

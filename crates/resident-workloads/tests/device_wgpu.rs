@@ -10,10 +10,9 @@ use resident::backend::{self, DeviceHandle};
 use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::UnifiedBuffer;
-use resident_workloads::anomaly::{self, AlertMsg, DetectorCounters, ReadingMsg, SensorStats};
+use resident_workloads::anomaly::{self, AlertMsg, ReadingMsg, SensorStats};
 use resident_workloads::device::wgsl::{
-    run_stateless_wgpu, ANOMALY_STATELESS_WGSL, ANOMALY_WGSL, PAGERANK_WGSL, PIPELINE_WGSL,
-    VECTOR_ADD_WGSL,
+    run_stateless_wgpu, ANOMALY_STATELESS_WGSL, PAGERANK_WGSL, PIPELINE_WGSL, VECTOR_ADD_WGSL,
 };
 use resident_workloads::input::{generate_graph, generate_readings, EdgeList};
 use resident_workloads::pagerank::{self, Csr, PageRankStep, StepDone};
@@ -283,136 +282,64 @@ fn anomaly_actor_wgsl_matches_the_reference() {
     };
     let r = readings();
     let sensors = r.sensor_ids.len();
-    let mut stats =
-        UnifiedBuffer::<SensorStats>::new(&d, sensors, BufferOptions::default()).unwrap();
-    stats.host_mut().unwrap();
+    // The workload's keyed kernel runs its WGSL key handler on the device.
     let k = rt
-        .launch(
-            RingKernel::<ReadingMsg, AlertMsg>::new("anomaly-wgsl")
-                .queue_size(4096)
-                .batch_size(1024)
-                .backpressure(Backpressure::Block(T))
-                .bind("stats", stats)
-                .wgsl(
-                    WgslHandler::new(ANOMALY_WGSL)
-                        .function("anomaly")
-                        .state(DetectorCounters {
-                            processed: 0,
-                            alerts: 0,
-                            refused: 0,
-                            _pad: 0,
-                        })
-                        .in_order(),
-                ),
-        )
+        .launch(anomaly::kernel("anomaly-wgsl", &d, sensors).unwrap())
+        .unwrap();
+    assert_eq!(k.placement(), Placement::Device(backend::BackendKind::Wgpu));
+    k.terminate().unwrap();
+    for in_flight in [1, anomaly::IN_FLIGHT] {
+        let report = anomaly::run_actor(&rt, &d, &r, 100, in_flight, |_| {}).unwrap();
+        let (z, m, v) = check_anomaly(&report, &r, ANOMALY_TOL);
+        println!(
+            "anomaly actor ({in_flight} in flight): {} alerts, max relative error z {z:e}, m {m:e}, v {v:e}",
+            report.alerts.len()
+        );
+    }
+    // Every reading is processed once; a slot past the statistics is refused at send (typed,
+    // nothing queued) and the statistics are untouched.
+    let k = rt
+        .launch(anomaly::kernel("anomaly-wgsl-refuse", &d, sensors).unwrap())
         .unwrap();
     k.activate().unwrap();
-    let batch = 100;
-    let mut report = anomaly::RunReport::default();
-    let mut flushes = 0;
-    for (b, lo) in (0..r.slots.len()).step_by(batch).enumerate() {
-        let hi = (lo + batch).min(r.slots.len());
-        let mut msgs: Vec<ReadingMsg> = (lo..hi)
-            .map(|i| ReadingMsg {
-                index: i as u64,
-                value: r.values[i],
-                slot: r.slots[i],
-                ticket: r.tickets[i],
-            })
-            .collect();
-        msgs.push(ReadingMsg {
-            index: b as u64,
-            value: 0.0,
-            slot: anomaly::FLUSH,
-            ticket: hi as u32,
-        });
-        let mut sent = 0;
-        while sent < msgs.len() {
-            sent += k.send_batch(&msgs[sent..]).unwrap();
-        }
-        // Receive while sending: the output queue must not fill.
-        let mut got = Vec::new();
-        k.receive_batch(&mut got, 4096).unwrap();
-        for a in got {
-            if a.slot == anomaly::FLUSH {
-                assert_eq!(a.value, 0.0, "no reading refused");
-                flushes += 1;
-            } else {
-                report.alerts.push(anomaly::Alert {
-                    index: a.index,
-                    sensor: r.sensor_ids[a.slot as usize],
-                    value: a.value,
-                    z: a.z,
-                });
-            }
-        }
+    let msgs: Vec<ReadingMsg> = (0..r.slots.len())
+        .map(|i| ReadingMsg {
+            index: i as u64,
+            value: r.values[i],
+            slot: r.slots[i],
+            flush: 0,
+        })
+        .collect();
+    let mut sent = 0;
+    while sent < msgs.len() {
+        sent += k.send_batch(&msgs[sent..]).unwrap();
+        let mut got: Vec<AlertMsg> = Vec::new();
+        k.receive_batch(&mut got, 4096).unwrap(); // the output queue must not fill
     }
-    let total = r.slots.len().div_ceil(batch);
-    let mut last = None;
-    while flushes < total {
-        let a = k.receive(T).unwrap();
-        if a.slot == anomaly::FLUSH {
-            flushes += 1;
-            last = Some(a);
-        } else {
-            report.alerts.push(anomaly::Alert {
-                index: a.index,
-                sensor: r.sensor_ids[a.slot as usize],
-                value: a.value,
-                z: a.z,
-            });
-        }
+    let t0 = std::time::Instant::now();
+    while k.telemetry().messages_processed < msgs.len() as u64 {
+        assert!(t0.elapsed() < T, "readings not processed within {T:?}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    report.stats = k.read_buffer::<SensorStats>("stats", T).unwrap().to_vec();
-    let (z, m, v) = check_anomaly(&report, &r, ANOMALY_TOL);
-    let last = last.expect("the last flush answer");
-    assert_eq!(
-        last.z,
-        report.alerts.len() as f64,
-        "the flush reports the alert total"
-    );
-    println!(
-        "anomaly actor: {} alerts, max relative error z {z:e}, m {m:e}, v {v:e}",
-        report.alerts.len()
-    );
-    let c = k.snapshot_state::<DetectorCounters>().unwrap();
-    assert_eq!(
-        (c.processed as usize, c.alerts as usize, c.refused),
-        (r.slots.len(), report.alerts.len(), 0)
-    );
-    // Refusals: a slot past the statistics and a ticket that is not due are counted, answered
-    // by nobody, and reported at the next flush; the statistics are untouched.
-    let before = k.read_buffer::<SensorStats>("stats", T).unwrap().to_vec();
-    let bad = [
-        ReadingMsg {
+    let a = k.call(anomaly::flush_marker(99), T).unwrap();
+    assert_eq!((a.slot, a.index, a.value), (anomaly::FLUSH, 99, 0.0));
+    assert_eq!(k.telemetry().messages_processed, msgs.len() as u64 + 1);
+    let before = anomaly::read_stats(&k, sensors).unwrap();
+    let e = k
+        .send(ReadingMsg {
             index: 0,
             value: 1e6,
             slot: sensors as u32,
-            ticket: 0,
-        },
-        ReadingMsg {
-            index: 1,
-            value: 1e6,
-            slot: 0,
-            ticket: 5,
-        },
-        ReadingMsg {
-            index: 99,
-            value: 0.0,
-            slot: anomaly::FLUSH,
-            ticket: r.slots.len() as u32 + 2,
-        },
-    ];
-    let mut sent = 0;
-    while sent < bad.len() {
-        sent += k.send_batch(&bad[sent..]).unwrap();
-    }
-    let a = k.receive(T).unwrap();
-    assert_eq!((a.slot, a.index, a.value), (anomaly::FLUSH, 99, 2.0));
-    assert_eq!(
-        k.read_buffer::<SensorStats>("stats", T).unwrap().to_vec(),
-        before
+            flush: 0,
+        })
+        .unwrap_err();
+    assert!(
+        matches!(e, resident::Error::KeyOutOfRange { key, .. } if key == sensors as u64),
+        "{e}"
     );
+    let a = k.call(anomaly::flush_marker(100), T).unwrap();
+    assert_eq!((a.slot, a.index), (anomaly::FLUSH, 100));
+    assert_eq!(anomaly::read_stats(&k, sensors).unwrap(), before);
     k.terminate().unwrap();
 }
 
@@ -614,81 +541,7 @@ fn actor_run(
     batch: usize,
     in_flight: usize,
 ) -> anomaly::RunReport {
-    let sensors = r.sensor_ids.len();
-    let mut stats =
-        UnifiedBuffer::<SensorStats>::new(d, sensors, BufferOptions::default()).unwrap();
-    stats.host_mut().unwrap();
-    let k = rt
-        .launch(
-            RingKernel::<ReadingMsg, AlertMsg>::new(format!("anomaly-timing-{batch}"))
-                .queue_size(4096)
-                .batch_size(1024)
-                .backpressure(Backpressure::Block(T))
-                .bind("stats", stats)
-                .wgsl(
-                    WgslHandler::new(ANOMALY_WGSL)
-                        .function("anomaly")
-                        .state(DetectorCounters {
-                            processed: 0,
-                            alerts: 0,
-                            refused: 0,
-                            _pad: 0,
-                        })
-                        .in_order(),
-                ),
-        )
-        .unwrap();
-    k.activate().unwrap();
-    let total = r.slots.len().div_ceil(batch);
-    let mut report = anomaly::RunReport::default();
-    let start = std::time::Instant::now();
-    let (mut sent_batches, mut done) = (0, 0);
-    let mut got = Vec::new();
-    while done < total {
-        while sent_batches < total && sent_batches - done < in_flight {
-            let lo = sent_batches * batch;
-            let hi = (lo + batch).min(r.slots.len());
-            let mut msgs: Vec<ReadingMsg> = (lo..hi)
-                .map(|i| ReadingMsg {
-                    index: i as u64,
-                    value: r.values[i],
-                    slot: r.slots[i],
-                    ticket: r.tickets[i],
-                })
-                .collect();
-            msgs.push(ReadingMsg {
-                index: sent_batches as u64,
-                value: 0.0,
-                slot: anomaly::FLUSH,
-                ticket: hi as u32,
-            });
-            let mut sent = 0;
-            while sent < msgs.len() {
-                sent += k.send_batch(&msgs[sent..]).unwrap();
-            }
-            sent_batches += 1;
-        }
-        got.clear();
-        if k.receive_batch(&mut got, 256).unwrap() == 0 {
-            got.push(k.receive(T).unwrap());
-        }
-        for a in &got {
-            if a.slot == anomaly::FLUSH {
-                done += 1;
-            } else {
-                report.alerts.push(anomaly::Alert {
-                    index: a.index,
-                    sensor: r.sensor_ids[a.slot as usize],
-                    value: a.value,
-                    z: a.z,
-                });
-            }
-        }
-    }
-    report.elapsed = start.elapsed();
-    report.stats = k.read_buffer::<SensorStats>("stats", T).unwrap().to_vec();
-    k.terminate().unwrap();
-    report
+    anomaly::run_actor(rt, d, r, batch, in_flight, |_| {}).unwrap()
 }
 
 /// A rough timing of the actor against the stateless baseline on this adapter (not the

@@ -353,6 +353,8 @@ fn anomaly_follows_the_definition_on_one_sensor_in_one_batch() {
 
 #[test]
 fn anomaly_kernel_counts_and_reports_readings_it_cannot_place() {
+    // A keyed kernel: a reading for a slot past the sensors is refused at send with a typed
+    // error (the reading handed back, nothing queued); the statistics show it never folded.
     let (rt, d) = cpu();
     let k = rt
         .launch(anomaly::kernel("an-small", &d, 2).unwrap())
@@ -363,33 +365,41 @@ fn anomaly_kernel_counts_and_reports_readings_it_cannot_place() {
         index: 0,
         value: 1.0,
         slot: 1,
-        ticket: 0,
+        flush: 0,
     })
     .unwrap();
-    k.send(anomaly::ReadingMsg {
-        index: 1,
-        value: 1.0,
-        slot: 9,
-        ticket: 0,
-    })
-    .unwrap();
-    let f = k
-        .call(
-            anomaly::ReadingMsg {
-                index: 0,
-                value: 0.0,
-                slot: anomaly::FLUSH,
-                ticket: 2,
-            },
-            t,
-        )
-        .unwrap();
-    assert_eq!((f.slot, f.value, f.z), (anomaly::FLUSH, 1.0, 0.0));
-    let s = k.read_buffer::<anomaly::SensorStats>("stats", t).unwrap();
+    let e = k
+        .send(anomaly::ReadingMsg {
+            index: 1,
+            value: 1.0,
+            slot: 9,
+            flush: 0,
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            resident::Error::KeyOutOfRange {
+                key: 9,
+                keys: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        e.into_message::<anomaly::ReadingMsg>().map(|r| r.index),
+        Some(1)
+    );
+    let f = k.call(anomaly::flush_marker(0), t).unwrap();
+    assert_eq!((f.slot, f.value, f.z), (anomaly::FLUSH, 0.0, 0.0));
+    let s = anomaly::read_stats(&k, 2).unwrap();
     assert_eq!(s[1].n, 1);
     assert_eq!(s[0].n, 0);
-    drop(s);
-    k.terminate().unwrap();
+    let tel = k.telemetry();
+    assert_eq!((tel.messages_processed, tel.messages_refused), (2, 0));
+    let report = k.terminate().unwrap();
+    assert_eq!(report.processed, 2, "the reading and the flush marker");
 }
 
 /// The f32 checks accept what f32 arithmetic can change and nothing more.

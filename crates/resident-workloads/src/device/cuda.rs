@@ -10,12 +10,12 @@
 //! | [`vector_add_handler`] (`vector_add`) | `AddRange -> RangeDone` | none | `a`, `b`, `c`: f32 |
 //! | [`normalizer_handler`] (`pipeline_normalize`) | `Raw -> Normalized` | none | none |
 //! | [`scorer_handler`] (`pipeline_score`) | `Normalized -> Scored` | none | none |
-//! | [`anomaly_handler`] (`anomaly_detect`) | `ReadingMsg -> AlertMsg` | `DetectorCounters` | `stats`: SensorStats |
+//! | [`anomaly_handler`] (`anomaly_detect`, keyed on `slot`) | `ReadingMsg -> AlertMsg` | per key: `SensorStats` (`KeyState* ks`) | `keys`: SensorStats (the keyed kernel's own) |
 //! | [`pagerank_handler`] (`pagerank_step`) | `PageRankStep -> StepDone` | none | `in_offsets`: u64, `in_sources`: u32, `out_degree`: u32, `ranks`: f64 |
 //! | [`pagerank_stream_handler`] (`pagerank_stream`) | `StreamMsg -> StreamAnswer` | `StreamCounters` | `ranks`, `residual`, `acc`: f64; `out_off`, `out_len`, `out_cap`, `pool`, `flags`, `frontier`, `src_seq`: u32 |
 //!
-//! The anomaly handler's flush answer carries the kernel's totals since launch (mod 2^32):
-//! `value` = readings refused, `z` = alerts.
+//! The anomaly handler is a keyed handler (`CudaHandler::keyed`): it gets the state of its
+//! reading's sensor, and the keyed template keeps each sensor's readings in order.
 
 use resident::backend::{DeviceHandle, Kernel, KernelArg, LaunchConfig};
 use resident::memory::BufferOptions;
@@ -24,8 +24,7 @@ use resident::ring::DeviceMessage;
 use resident::UnifiedBuffer;
 
 use crate::anomaly::{
-    drive_stateless, AlertMsg, DetectorCounters, ReadingMsg, RunReport, SensorStats,
-    SlottedReadings,
+    drive_stateless, AlertMsg, ReadingMsg, RunReport, SensorStats, SlottedReadings,
 };
 use crate::error::WorkloadError;
 
@@ -50,17 +49,12 @@ pub const ANOMALY_STATELESS_CU: &str = include_str!("anomaly_stateless.cu");
 /// Its `extern "C"` entry.
 pub const ANOMALY_STATELESS_ENTRY: &str = "anomaly_stateless";
 
-/// The anomaly detector: counters as device state (all zero), buffer `stats` declared.
+/// The anomaly detector as a keyed handler: key = `ReadingMsg::slot`, per-key state
+/// [`SensorStats`] (the keyed kernel's buffer `keys`); launch it with `RingKernel::key_cuda`.
 pub fn anomaly_handler() -> CudaHandler<ReadingMsg, AlertMsg> {
     CudaHandler::new(ANOMALY_CU)
         .function(ANOMALY_FN)
-        .state(DetectorCounters {
-            processed: 0,
-            alerts: 0,
-            refused: 0,
-            _pad: 0,
-        })
-        .buffer::<SensorStats>("stats")
+        .keyed::<SensorStats>("slot")
 }
 
 /// The stateless baseline's full source: `SensorStats`' C declaration (from the Rust type)

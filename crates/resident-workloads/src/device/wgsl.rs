@@ -13,7 +13,7 @@
 //! | [`VECTOR_ADD_WGSL`] | `vector_add` | `AddRange -> RangeDone`, bound `a`, `b`, `c` (f32) | `WgslHandler::new(VECTOR_ADD_WGSL).function("vector_add")` |
 //! | [`PIPELINE_WGSL`] | `normalize` | `Raw -> Normalized` | `.function("normalize").declare::<Scored>()` |
 //! | [`PIPELINE_WGSL`] | `score` | `Normalized -> Scored` | `.function("score").declare::<Raw>()` |
-//! | [`ANOMALY_WGSL`] | `anomaly` | `ReadingMsg -> AlertMsg`, bound `stats`, state `DetectorCounters` | `.function("anomaly").state(DetectorCounters::default()).in_order()` |
+//! | [`ANOMALY_WGSL`] | `anomaly` | `ReadingMsg -> AlertMsg`, keyed on `slot`, per-key state `SensorStats` | `.function("anomaly").keyed("slot")` with `RingKernel::key_wgsl` |
 //! | [`PAGERANK_WGSL`] | `pagerank_step` | `PageRankStep -> StepDone`, bound `in_offsets`, `in_sources`, `out_degree`, `ranks` (f64\[2N\]) | `.function("pagerank_step")` |
 //! | [`PAGERANK_STREAM_WGSL`] | `pagerank_stream` | `StreamMsg -> StreamAnswer`, bound `ranks` (f32), `residual`, `acc` (atomic u32: f32 bits), `out_off`, `out_len`, `out_cap`, `pool`, `frontier` (u32), state `WgslStreamCounters` | see `pagerank::stream_kernel` |
 //! | [`ANOMALY_STATELESS_WGSL`] | `anomaly_stateless` (entry point) | one-shot kernel | `Kernel::new(..).wgsl(ANOMALY_STATELESS_WGSL, "anomaly_stateless")` |
@@ -35,7 +35,7 @@ pub use crate::pagerank::{PAGERANK_STREAM_WGSL, PAGERANK_WGSL};
 pub use crate::pipeline::PIPELINE_WGSL;
 pub use crate::vector_add::VECTOR_ADD_WGSL;
 
-/// The anomaly detector actor: function `anomaly`, used with `WgslHandler::in_order`.
+/// The anomaly detector actor: keyed handler `anomaly` (used with `WgslHandler::keyed("slot")`).
 pub const ANOMALY_WGSL: &str = include_str!("anomaly.wgsl");
 /// The anomaly detector's stateless baseline: a one-shot kernel, entry `anomaly_stateless`.
 pub const ANOMALY_STATELESS_WGSL: &str = include_str!("anomaly_stateless.wgsl");
