@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod forwarding_bench;
 mod gpu_bench;
 mod info;
 mod paths;
@@ -113,6 +114,9 @@ enum BenchCommand {
     /// Call deadlines: a storm of short calls against a slow handler, then the time until a
     /// fresh call is served, with the deadline check off (before) and on (after).
     Deadlines(bench::DeadlinesArgs),
+    /// Device-side forwarding: the pipeline workload forwarded on the device against the same
+    /// run relayed by the host (`ForwardPath::HostRelay`), alternating, on CudaSim by default.
+    Forwarding(forwarding_bench::Options),
 }
 
 #[derive(clap::Args)]
@@ -263,6 +267,10 @@ fn main() -> ExitCode {
             which: Some(BenchCommand::Deadlines(o)),
             ..
         } => bench::deadlines(&o),
+        Command::Bench {
+            which: Some(BenchCommand::Forwarding(o)),
+            ..
+        } => forwarding_bench::run(&o),
         Command::Bench {
             which: None,
             quick,

@@ -16,6 +16,13 @@
 //   read; queue memory is never read through __ldg or const __restrict__.
 // * One thread (thread 0) owns every index and the control block; the other threads only copy
 //   slots and run the handler, ordered against thread 0 by __syncthreads().
+// * Device-side forwarding: the control block's peer-input slot may name another kernel's
+//   OUTPUT ring (its producer is that kernel's thread 0). While the slot names it, this kernel's
+//   thread 0 is that ring's consumer (the host's consumer has stepped back): it reads the ring's
+//   tail with acquire, publishes its head with release, exactly as the host does. Peer slots are
+//   gathered after the own lanes (see resident_persistent). A change of the slot is adopted only
+//   between batches and acknowledged in peer_ack with a release store that follows the last
+//   release of the old ring's head, so the host owns that head again once it sees the ack.
 
 #define RESIDENT_CMD_RUN 0u
 #define RESIDENT_CMD_IDLE 1u
@@ -25,6 +32,8 @@
 // (persistent::control::c_state_defines) and prepended when the template is rendered.
 
 #define RESIDENT_MIN_BACKOFF_NS 32u
+// Index of the peer ring in the gather tables (s_take / s_head): after the 8 lanes.
+#define RESIDENT_PEER 8u
 
 static_assert(RESIDENT_BATCH % 32 == 0 && RESIDENT_BATCH >= 32 && RESIDENT_BATCH <= 1024,
               "RESIDENT_BATCH must be a multiple of 32 in 32..=1024");
@@ -182,6 +191,11 @@ struct ResidentOwner {
     unsigned long long processed, batches, busy_cycles, undelivered;
     unsigned long long hb_value, hb_time_ns, last_check_ns;
     unsigned int run_state, shown_state, backoff_ns;
+    // Device-side forwarding: the peer ring (0 = none), its capacity, our head in it (exact
+    // while we own it), its producer's tail as last read, messages taken from peers, the
+    // peer_seq adopted, and whether we stopped at a call reply at its head.
+    unsigned long long peer, peer_head, peer_cached_tail, peer_taken;
+    unsigned int peer_cap, peer_seq, peer_blocked;
 };
 
 // Device counters: relaxed stores (the device is their only writer); the release store of
@@ -191,6 +205,39 @@ __device__ void resident_publish_counters(ControlBlock* ctl, const ResidentOwner
     resident_st_relaxed_u64(&ctl->batches, o->batches);
     resident_st_relaxed_u64(&ctl->busy_cycles, o->busy_cycles);
     resident_st_relaxed_u64(&ctl->undelivered, o->undelivered);
+    resident_st_relaxed_u64(&ctl->peer_taken, o->peer_taken);
+}
+
+__device__ __forceinline__ bool resident_is_pow2(unsigned int v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// Adopts a new peer-input slot (thread 0, between batches only: every head of a taken peer
+// batch is already published). Called with the control checks.
+__device__ void resident_check_peer(ControlBlock* ctl, ResidentOwner* o) {
+    // Acquire: pairs with the host's release store of peer_seq, which follows its stores of
+    // peer_ring / peer_capacity and its own last release of that ring's head.
+    unsigned int seq = resident_ld_acquire_u32(&ctl->peer_seq);
+    if (seq == o->peer_seq) return;
+    // Ordered after the acquire above; the host changes them only after our ack of the
+    // previous seq (or never again, when that ack did not come).
+    unsigned long long ring = resident_ld_relaxed_u64(&ctl->peer_ring);
+    unsigned int cap = resident_ld_acquire_u32(&ctl->peer_capacity);
+    if (ring != 0 && resident_is_pow2(cap)) {
+        RingHeader* r = (RingHeader*)ring;
+        // Acquire: the head was last released by the host's consumer (or by this kernel before a
+        // quiesce); the tail pairs with the producing kernel's release store of it.
+        o->peer_head = resident_ld_acquire_u64(&r->head);
+        o->peer_cached_tail = resident_ld_acquire_u64(&r->tail);
+        o->peer = ring;
+        o->peer_cap = cap;
+    } else {
+        o->peer = 0;
+        o->peer_cap = 0;
+    }
+    o->peer_blocked = 0;
+    o->peer_seq = seq;
+    // Release: after our last release of the old ring's head (published with its batch, before
+    // this gather), so the host that acquires the ack owns that head again.
+    resident_st_release_u32(&ctl->peer_ack, seq);
 }
 
 // Reads the host line of the control block. Returns 0, or the exit state when the kernel must
@@ -238,19 +285,20 @@ __device__ __forceinline__ void resident_backoff(ResidentOwner* o, unsigned int 
 }
 
 // Which lane and which position in its run of the batch gathered slot `i` is (slots are
-// gathered highest lane first).
+// gathered highest lane first, then the peer ring (RESIDENT_PEER) last).
 __device__ __forceinline__ void resident_locate(const PersistentParams* p, const unsigned int* take, unsigned int i,
                                                 unsigned int* lane, unsigned int* rem) {
-    int l = (int)p->lane_count - 1;
-    for (; l > 0; --l) {
-        if (i < take[l]) break;
+    for (int l = (int)p->lane_count - 1; l >= 0; --l) {
+        if (i < take[l]) {
+            *lane = (unsigned int)l;
+            *rem = i;
+            return;
+        }
         i -= take[l];
     }
-    *lane = (unsigned int)l;
+    *lane = RESIDENT_PEER;
     *rem = i;
 }
-
-__device__ __forceinline__ bool resident_is_pow2(unsigned int v) { return v != 0 && (v & (v - 1)) == 0; }
 
 // One block of RESIDENT_BATCH threads, launched once; runs until terminate, heartbeat timeout or a
 // parameter error. Batch output order: gathered order (highest lane first, FIFO within a lane),
@@ -259,8 +307,11 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     __shared__ unsigned int s_cmd;
     __shared__ unsigned int s_start;  // written once, before the first barrier (never reused)
     __shared__ unsigned int s_count;
-    __shared__ unsigned int s_take[8];
-    __shared__ unsigned long long s_head[8];
+    __shared__ unsigned int s_take[9];           // per lane, then the peer ring (RESIDENT_PEER)
+    __shared__ unsigned long long s_head[9];
+    __shared__ unsigned long long s_peer_ring;   // the peer ring of this batch (0: none)
+    __shared__ unsigned int s_peer_cap;
+    __shared__ unsigned int s_peer_stop;         // peer slots of the batch before the first call reply
     __shared__ unsigned int s_warp_base[RESIDENT_BATCH / 32];
     __shared__ unsigned long long s_stage[RESIDENT_BATCH / 32][32];  // per-warp copy staging
     __shared__ unsigned int s_abandon;
@@ -280,6 +331,10 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     ResidentOwner o;
     unsigned int exit_state = 0;
     unsigned long long batch_start = 0;
+    unsigned int handled = 0;  // thread 0: messages of the batch handed to the handler
+// The ring and capacity of gather index l (a lane, or the peer ring).
+#define RESIDENT_RING_OF(l) ((l) == RESIDENT_PEER ? s_peer_ring : p.lanes[(l)])
+#define RESIDENT_CAP_OF(l) ((l) == RESIDENT_PEER ? s_peer_cap : p.lane_capacity)
 
     if (tid == 0) {
         s_start = RESIDENT_CMD_RUN;
@@ -315,6 +370,14 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             o.batches = resident_ld_relaxed_u64(&ctl->batches);
             o.busy_cycles = resident_ld_relaxed_u64(&ctl->busy_cycles);
             o.undelivered = resident_ld_relaxed_u64(&ctl->undelivered);
+            o.peer_taken = resident_ld_relaxed_u64(&ctl->peer_taken);
+            // No peer until the first control check adopts the slot (also after a relaunch).
+            o.peer = 0;
+            o.peer_head = 0;
+            o.peer_cached_tail = 0;
+            o.peer_cap = 0;
+            o.peer_seq = 0;
+            o.peer_blocked = 0;
             o.hb_value = resident_ld_acquire_u64(&ctl->heartbeat);
             o.hb_time_ns = resident_now_ns();
             o.last_check_ns = 0;
@@ -344,8 +407,10 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                 // of an idle kernel costs the lane tails, not the control line.
                 if (o.run_state != RESIDENT_RUN_ACTIVE || now - o.last_check_ns >= p.control_poll_ns) {
                     exit_state = resident_check_control(ctl, &o, now);
-                    if (exit_state == 0)
+                    if (exit_state == 0) {
+                        resident_check_peer(ctl, &o);
                         resident_show_state(ctl, &o, o.run_state == RESIDENT_RUN_ACTIVE ? RESIDENT_DEV_RUNNING : RESIDENT_DEV_IDLE);
+                    }
                 }
                 if (exit_state != 0) {
                     cmd = RESIDENT_CMD_EXIT;
@@ -362,6 +427,14 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                             o.cached_tail[l] = t;
                         }
                     }
+                    const bool peer_on = o.peer != 0 && !o.peer_blocked;
+                    if (peer_on && o.peer_cached_tail == o.peer_head) {
+                        // The producing kernel's tail: relaxed, made acquire by the fence below
+                        // (pairs with its release store of the tail after its slot writes).
+                        unsigned long long t = resident_ld_tail(&((RingHeader*)o.peer)->tail);
+                        fresh |= t != o.peer_cached_tail;
+                        o.peer_cached_tail = t;
+                    }
                     // ... then one acquire fence: pairs with the host's release stores of those
                     // tails, so the slots up to them are visible to this thread and, via barrier
                     // A, to all.
@@ -373,6 +446,18 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                         s_take[l] = t;
                         total += t;
                     }
+                    // The peer ring fills what room the own lanes leave: inputs sent to this
+                    // kernel directly come first, as a higher lane would; forwarded ones keep
+                    // their ring's FIFO order, and wait (their producer backpressured) while the
+                    // own lanes keep the batch full.
+                    unsigned int pt = 0;
+                    if (peer_on) {
+                        unsigned long long avail = o.peer_cached_tail - o.peer_head;
+                        unsigned int room = RESIDENT_BATCH - total;
+                        pt = avail < room ? (unsigned int)avail : room;
+                    }
+                    s_take[RESIDENT_PEER] = pt;
+                    total += pt;
                     if (total > 0) {
                         cmd = RESIDENT_CMD_RUN;
                         break;
@@ -385,6 +470,10 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                     if (l >= p.lane_count) s_take[l] = 0;
                     s_head[l] = o.head[l];
                 }
+                s_head[RESIDENT_PEER] = o.peer_head;
+                s_peer_ring = o.peer;
+                s_peer_cap = o.peer_cap;
+                s_peer_stop = s_take[RESIDENT_PEER];
             }
             s_count = total;
             s_cmd = cmd;
@@ -414,10 +503,11 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             unsigned int l0, r0, l1, r1;
             resident_locate(&p, s_take, w_first, &l0, &r0);
             resident_locate(&p, s_take, w_first + w_count - 1u, &l1, &r1);
-            const unsigned long long pos0 = (s_head[l0] + r0) & (unsigned long long)(p.lane_capacity - 1);
-            if (l0 == l1 && pos0 + w_count <= p.lane_capacity) {
+            const unsigned int cap0 = RESIDENT_CAP_OF(l0);
+            const unsigned long long pos0 = (s_head[l0] + r0) & (unsigned long long)(cap0 - 1);
+            if (l0 == l1 && pos0 + w_count <= cap0) {
                 const unsigned int W = (unsigned int)(sizeof(InSlot) / 8);
-                const unsigned long long* src = (const unsigned long long*)(resident_in_slots(p.lanes[l0]) + pos0);
+                const unsigned long long* src = (const unsigned long long*)(resident_in_slots(RESIDENT_RING_OF(l0)) + pos0);
                 unsigned long long* mine = (unsigned long long*)&in;
                 const unsigned int words = w_count * W;
                 for (unsigned int base = 0; base < words; base += 32u) {
@@ -434,9 +524,27 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             } else if (tid < n) {
                 unsigned int l, rem;
                 resident_locate(&p, s_take, tid, &l, &rem);
-                const InSlot* src = resident_in_slots(p.lanes[l]) + ((s_head[l] + rem) & (unsigned long long)(p.lane_capacity - 1));
+                const InSlot* src = resident_in_slots(RESIDENT_RING_OF(l)) + ((s_head[l] + rem) & (unsigned long long)(RESIDENT_CAP_OF(l) - 1));
                 resident_copy_in(&in, src);
             }
+        }
+
+        // ---- a call reply met in the peer ring: stop there ----
+        // A `call` to the producing kernel is answered to its caller, never forwarded (as on the
+        // host). Its reply is not handled here: the batch ends before the first one (the peer's
+        // slots are last in gathered order, so what stays is a suffix), and thread 0 stops
+        // taking from the peer and tells the host, which takes the ring back (unlink) and
+        // routes the reply. s_take[RESIDENT_PEER] is the same for every thread (shared, written
+        // before barrier A), so the barrier below is taken by all or none.
+        bool live = tid < n;
+        if (s_take[RESIDENT_PEER] != 0) {
+            unsigned int pl = 0, prem = 0;
+            if (tid < n) {
+                resident_locate(&p, s_take, tid, &pl, &prem);
+                if (pl == RESIDENT_PEER && (in.env.flags & 1u) != 0u) atomicMin(&s_peer_stop, prem);
+            }
+            __syncthreads();  // P: s_peer_stop final
+            if (tid < n && pl == RESIDENT_PEER && prem >= s_peer_stop) live = false;
         }
 
         // ---- all threads: handle ----
@@ -449,12 +557,12 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
         // every thread takes the same number of barriers.
         unsigned int rank = 0u;
         {
-            const unsigned int key = tid < n ? RESIDENT_KEY_OF(&in.payload) : 0u;
+            const unsigned int key = live ? RESIDENT_KEY_OF(&in.payload) : 0u;
             if (tid < n) s_key[tid] = key;
             // s_rounds was last read before barrier D of the previous batch.
             if (tid == 0) s_rounds = 0u;
             __syncthreads();  // K1: keys and the reset visible
-            if (tid < n) {
+            if (live) {
                 for (unsigned int j = 0; j < tid; ++j) rank += s_key[j] == key ? 1u : 0u;
                 atomicMax(&s_rounds, rank + 1u);
             }
@@ -462,7 +570,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
         }
         const unsigned int rounds = s_rounds;
         for (unsigned int r = 0; r < rounds; ++r) {
-            if (tid < n && rank == r) {
+            if (live && rank == r) {
                 out.payload = ResidentOut{};
                 out.env = resident_reply_env(&in.env);
                 produced = RESIDENT_CALL(state, &in.payload, &out.payload, &in.env, buffers);
@@ -470,7 +578,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             __syncthreads();  // R: this round's key-state writes visible to the next round
         }
 #else
-        if (tid < n) {
+        if (live) {
             out.payload = ResidentOut{};
             out.env = resident_reply_env(&in.env);
             produced = RESIDENT_CALL(state, &in.payload, &out.payload, &in.env, buffers);
@@ -492,6 +600,23 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                     // Release: our reads of the slots (ordered by barrier D) happen before the
                     // host's acquire of head lets it overwrite them.
                     resident_st_release_u64(&((RingHeader*)p.lanes[l])->head, o.head[l]);
+                }
+            }
+            // The peer ring likewise, up to the first call reply (s_peer_stop); the producing
+            // kernel's acquire of its output head then lets it reuse those slots.
+            handled = n;
+            if (s_take[RESIDENT_PEER] != 0) {
+                const unsigned int used = s_peer_stop;
+                handled = n - (s_take[RESIDENT_PEER] - used);
+                if (used != 0) {
+                    o.peer_head += used;
+                    o.peer_taken += used;
+                    resident_st_release_u64(&((RingHeader*)o.peer)->head, o.peer_head);
+                }
+                if (used < s_take[RESIDENT_PEER]) {
+                    o.peer_blocked = 1;
+                    // Release: after the head above; the host that sees it takes the ring back.
+                    resident_st_release_u32(&ctl->peer_call_seen, o.peer_seq);
                 }
             }
             unsigned int sum = 0;
@@ -566,7 +691,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             // Count the batch first and publish the counters before the outputs: the release
             // store of tail below orders these relaxed stores too, so a host that sees an
             // output also sees it counted in `processed`.
-            o.processed += n;
+            o.processed += handled;
             o.batches += 1;
             o.busy_cycles += (unsigned long long)(clock64() - (long long)batch_start);
             if (abandon) {
@@ -591,6 +716,9 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
         resident_st_release_u32(&ctl->device_state, exit_state);
     }
 }
+
+#undef RESIDENT_RING_OF
+#undef RESIDENT_CAP_OF
 
 // Launch-per-batch baseline (handlers without bound buffers only: it passes no table, and the
 // runner refuses a source with buffers): the same handler over `n` slots in device memory, on a grid that

@@ -44,9 +44,9 @@ pub mod prelude {
     };
     pub use crate::runtime::context::{Context, LoopContext};
     pub use crate::runtime::handle::{
-        KernelHandle, PendingCall, Placement, SendOutcome, TerminateReport,
+        ForwardingStats, KernelHandle, PendingCall, Placement, SendOutcome, TerminateReport,
     };
-    pub use crate::runtime::kernel::RingKernel;
+    pub use crate::runtime::kernel::{ForwardPath, RingKernel};
     pub use crate::runtime::keyed::{KeyContext, Keyed, Keys};
     pub use crate::runtime::report::KernelReport;
     pub use crate::runtime::state::{Error, Failure, KernelState, Result};

@@ -147,6 +147,14 @@ pub(crate) struct KernelMetrics {
     pub lost_in_device: AtomicU64,
     /// Inputs not handled because their deadline had passed when the kernel took them.
     pub expired: AtomicU64,
+    /// Outputs of this kernel its forward target's kernel took straight from this kernel's
+    /// device output ring (device-side forwarding).
+    pub forwarded_device: AtomicU64,
+    /// Outputs this kernel's host thread relayed into its forward target's input queue.
+    pub forwarded_host: AtomicU64,
+    /// Inputs this kernel's device took straight from a producer's output ring (they never
+    /// entered its input queue): part of `messages_received`.
+    pub peer_received: AtomicU64,
     pub latency: LatencyHistogram,
     /// (time, processed) samples for the throughput window; oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
@@ -167,6 +175,9 @@ impl KernelMetrics {
             late_outputs: AtomicU64::new(0),
             lost_in_device: AtomicU64::new(0),
             expired: AtomicU64::new(0),
+            forwarded_device: AtomicU64::new(0),
+            forwarded_host: AtomicU64::new(0),
+            peer_received: AtomicU64::new(0),
             latency: LatencyHistogram::default(),
             samples: Mutex::new(VecDeque::from([(started, 0)])),
             last_sample_ns: AtomicU64::new(0),

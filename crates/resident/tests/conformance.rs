@@ -110,6 +110,11 @@ pub trait Target: Sync {
     /// How many messages the standard kernel's state says it handled (`snapshot_state`), or
     /// why this backend cannot read its state back yet.
     fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str>;
+    /// Whether `forward_to` between two of its kernels moves messages on the device (no host
+    /// hop), as `KernelHandle::forwarding().on_device` must then show.
+    fn forwards_on_device(&self) -> bool {
+        false
+    }
 }
 
 /// The standard kernel, defined once for every backend.
@@ -786,6 +791,283 @@ fn deadlines(t: &dyn Target) {
     );
 }
 
+// ---- forwarding (issue 21) -----------------------------------------------------------------
+
+/// `forward_to` between two standard kernels: on the CPU and wgpu the producer's host thread
+/// relays; on CudaSim the consumer's kernel takes the producer's output ring on the device
+/// (`KernelHandle::forwarding` tells the two apart, and the cases check it).
+mod forwarding {
+    use super::*;
+
+    fn chain(
+        t: &dyn Target,
+        tag: &str,
+    ) -> (Runtime, KernelHandle<Msg, Msg>, KernelHandle<Msg, Msg>) {
+        let rt = rt(t);
+        // The producer first: its target is found (and linked) once it exists.
+        let p = rt
+            .launch(
+                standard(&format!("{tag}-p"))
+                    .queue_size(4096)
+                    .forward_to(format!("{tag}-c")),
+            )
+            .unwrap();
+        let c = rt
+            .launch(standard(&format!("{tag}-c")).queue_size(4096))
+            .unwrap();
+        (rt, p, c)
+    }
+
+    fn twice(m: Msg) -> Msg {
+        expected(expected(m))
+    }
+
+    /// N messages through producer -> consumer arrive once each, in order, with the right
+    /// values; telemetry counts them on both kernels; on a device-forwarding engine most of
+    /// them went on the device.
+    pub fn chain_in_order(t: &dyn Target) {
+        let (_rt, p, c) = chain(t, "fwd-chain");
+        p.activate().unwrap();
+        c.activate().unwrap();
+        let n = 3000u32;
+        let mut sum_sent = 0u64;
+        let mut got = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let m = msg(0, i, i.wrapping_mul(2654435761) >> 8);
+            sum_sent += twice(m).value as u64;
+            p.send(m).unwrap();
+            // Receive as we go, so neither queue fills.
+            while let Ok(Some(o)) = c.try_receive() {
+                got.push(o);
+            }
+        }
+        while got.len() < n as usize {
+            got.push(c.receive(T).unwrap());
+        }
+        assert!(
+            c.try_receive().unwrap().is_none(),
+            "nothing more than was sent"
+        );
+        let sum_got: u64 = got.iter().map(|m| m.value as u64).sum();
+        assert_eq!(sum_got, sum_sent, "checksum of the values");
+        for (i, m) in got.iter().enumerate() {
+            assert_eq!(m.seq, i as u32, "in order");
+            assert_eq!(
+                *m,
+                twice(msg(0, i as u32, (i as u32).wrapping_mul(2654435761) >> 8))
+            );
+        }
+        let f = p.forwarding();
+        assert_eq!(
+            f.on_device + f.via_host,
+            n as u64,
+            "every output forwarded once: {f:?}"
+        );
+        assert_eq!(
+            c.forwarding(),
+            ForwardingStats::default(),
+            "the consumer forwards nothing"
+        );
+        if t.forwards_on_device() {
+            assert!(
+                f.on_device >= n as u64 / 2,
+                "{}: most messages must go on the device: {f:?}",
+                t.name()
+            );
+        } else {
+            assert_eq!(f.on_device, 0, "{f:?}");
+        }
+        let (tp, tc) = (p.telemetry(), c.telemetry());
+        assert_eq!(tp.messages_received, n as u64);
+        assert_eq!(tp.messages_processed, n as u64);
+        assert_eq!(
+            tc.messages_received, n as u64,
+            "forwarded inputs are received: {tc:?}"
+        );
+        assert_eq!(tc.messages_processed, n as u64);
+        assert_eq!(tp.messages_dropped + tc.messages_dropped, 0);
+        let (rp, rc) = (p.terminate().unwrap(), c.terminate().unwrap());
+        assert_eq!(rp.returned() + rc.returned(), 0, "{rp:?} {rc:?}");
+    }
+
+    /// A consumer that does not take (inactive, then slow) makes the producer wait: nothing
+    /// is dropped, everything arrives in order once it runs.
+    pub fn backpressure_drops_nothing(t: &dyn Target) {
+        let rt = rt(t);
+        let p = rt
+            .launch(
+                standard("fwd-bp-p")
+                    .queue_size(4096)
+                    .batch_size(32)
+                    .forward_to("fwd-bp-c"),
+            )
+            .unwrap();
+        let c = rt
+            .launch(standard("fwd-bp-c").queue_size(32).batch_size(32))
+            .unwrap();
+        p.activate().unwrap();
+        let n = 2000u32;
+        for i in 0..n {
+            p.send(msg(0, i, i)).unwrap();
+        }
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            c.telemetry().messages_processed,
+            0,
+            "the consumer is not active"
+        );
+        assert!(c.try_receive().unwrap().is_none());
+        let held = p.telemetry();
+        assert!(
+            held.messages_processed < n as u64 || held.queue_depth > 0 || t.forwards_on_device(),
+            "the producer is held back somewhere: {held:?}"
+        );
+        c.activate().unwrap();
+        for i in 0..n {
+            let o = c.receive(T).unwrap();
+            assert_eq!(
+                o,
+                twice(msg(0, i, i)),
+                "message {i}: in order, none dropped"
+            );
+        }
+        assert_eq!(
+            p.telemetry().messages_dropped + c.telemetry().messages_dropped,
+            0
+        );
+        let f = p.forwarding();
+        assert_eq!(f.on_device + f.via_host, n as u64, "{f:?}");
+        if t.forwards_on_device() {
+            assert!(f.on_device > 0, "{f:?}");
+        }
+    }
+
+    /// A sender feeds the producer, a receiver drains the consumer, and the two kernels are
+    /// terminated by two threads racing each other and the messages in flight (on CudaSim: in
+    /// the producer's output ring that the consumer's kernel reads). Every accepted message is
+    /// received, or in exactly one of the two reports, or counted as dropped.
+    pub fn terminate_races(t: &dyn Target, rounds: u32) {
+        let mut on_device = 0u64;
+        for round in 0..rounds {
+            on_device += race_once(t, round);
+        }
+        if t.forwards_on_device() {
+            assert!(on_device > 0, "the races must forward on the device");
+        }
+    }
+
+    fn race_once(t: &dyn Target, round: u32) -> u64 {
+        let rt = t
+            .builder()
+            .enable_telemetry(true)
+            .shutdown_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let (pid, cid) = (format!("fwd-race-p{round}"), format!("fwd-race-c{round}"));
+        let p = rt
+            .launch(
+                standard(&pid)
+                    .queue_size(64)
+                    .batch_size(32)
+                    .forward_to(cid.clone()),
+            )
+            .unwrap();
+        let c = rt
+            .launch(standard(&cid).queue_size(64).batch_size(32))
+            .unwrap();
+        p.activate().unwrap();
+        c.activate().unwrap();
+        let sender = {
+            let p = p.clone();
+            thread::spawn(move || {
+                let mut ok = Vec::new();
+                for i in 0..100_000u32 {
+                    match p.send(msg(7, i, i % 1000)) {
+                        Ok(_) => ok.push(i),
+                        Err(Error::QueueFull { .. } | Error::Timeout { .. }) => {}
+                        Err(Error::NotAccepting { .. }) => break,
+                        Err(e) => panic!("unexpected send error: {e}"),
+                    }
+                }
+                ok
+            })
+        };
+        let receiver = {
+            let c = c.clone();
+            thread::spawn(move || {
+                let mut got = Vec::new();
+                loop {
+                    match c.receive(Duration::from_millis(20)) {
+                        Ok(m) => got.push(m),
+                        Err(Error::Timeout { .. }) => continue,
+                        Err(_) => break,
+                    }
+                }
+                got
+            })
+        };
+        thread::sleep(Duration::from_millis(5 + (round % 7) as u64 * 4));
+        // Who is told first alternates; the other follows at once, from another thread.
+        let (first, second) = if round % 2 == 0 {
+            (c.clone(), p.clone())
+        } else {
+            (p.clone(), c.clone())
+        };
+        let other = thread::spawn(move || {
+            thread::sleep(Duration::from_micros(200));
+            second.terminate().unwrap()
+        });
+        let r1 = first.terminate().unwrap();
+        let r2 = other.join().unwrap();
+        let (rp, rc) = if round % 2 == 0 { (r2, r1) } else { (r1, r2) };
+        let sent = sender.join().unwrap();
+        let received = receiver.join().unwrap();
+        let mut seen: HashSet<u32> = HashSet::new();
+        let mut once = |s: u32, what: &str| {
+            assert!(
+                seen.insert(s),
+                "round {round}: message {s} accounted twice ({what})"
+            );
+        };
+        for m in &received {
+            assert_eq!(*m, twice(msg(7, m.seq, m.seq % 1000)), "round {round}");
+            once(m.seq, "received");
+        }
+        for (_, m) in &rc.unreceived {
+            once(m.seq, "consumer unreceived");
+        }
+        for (_, m) in &rc.undelivered {
+            once(m.seq, "consumer undelivered");
+        }
+        for (_, m) in &rp.unreceived {
+            once(m.seq, "producer unreceived");
+        }
+        for (_, m) in &rp.undelivered {
+            once(m.seq, "producer undelivered");
+        }
+        for r in [&rp, &rc] {
+            assert!(r.failure.is_none(), "round {round}: {:?}", r.failure);
+        }
+        let missing = sent.iter().filter(|s| !seen.contains(s)).count() as u64;
+        assert_eq!(
+            missing,
+            rp.dropped + rc.dropped,
+            "round {round}: {missing} of {} accepted messages are neither received, nor in a \
+             report, nor counted as dropped (producer {rp:?}, consumer dropped {})",
+            sent.len(),
+            rc.dropped
+        );
+        assert_eq!(
+            seen.len() as u64 + missing,
+            sent.len() as u64,
+            "only accepted messages appear"
+        );
+        let f = p.forwarding();
+        drop(rt);
+        f.on_device
+    }
+}
+
 // ---- backends ------------------------------------------------------------------------------
 
 struct Cpu;
@@ -828,6 +1110,9 @@ impl Target for CudaSim {
     }
     fn placement(&self) -> Placement {
         Placement::Device(BackendKind::CudaSim)
+    }
+    fn forwards_on_device(&self) -> bool {
+        true
     }
     fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
         Ok(h.snapshot_state::<Handled>().unwrap().n as u64)
@@ -1030,6 +1315,9 @@ macro_rules! backends {
             #[test] fn telemetry() { run(&$target, "telemetry", telemetry_counts) }
             #[test] fn deadlines() { run(&$target, "deadlines", super::deadlines) }
             #[test] fn keyed() { run(&$target, "keyed", keyed_kernels) }
+            #[test] fn forwarding_chain() { run(&$target, "forwarding_chain", forwarding::chain_in_order) }
+            #[test] fn forwarding_backpressure() { run(&$target, "forwarding_backpressure", forwarding::backpressure_drops_nothing) }
+            #[test] fn forwarding_terminate_races() { run(&$target, "forwarding_terminate_races", |t| forwarding::terminate_races(t, rounds(if t.name() == "cpu" { 100 } else { 8 }))) }
         }
     )*};
 }

@@ -3,8 +3,14 @@
 //!
 //! Two 128-byte lines, each written by exactly one side, so no line ever bounces between writers
 //! and no read-modify-write atomic ever crosses PCIe:
-//! * line 0 (offset 0): written only by the host (`run_state`, `heartbeat`, `heartbeat_timeout_ns`);
-//! * line 1 (offset 128): written only by the device (`device_state`, counters, error code).
+//! * line 0 (offset 0): written only by the host (`run_state`, `heartbeat`, `heartbeat_timeout_ns`,
+//!   the peer-input slot `peer_ring` / `peer_capacity` / `peer_seq`);
+//! * line 1 (offset 128): written only by the device (`device_state`, counters, error code,
+//!   `peer_ack`, `peer_taken`, `peer_call_seen`).
+//!
+//! The *peer-input slot* is device-side forwarding (`RingKernel::forward_to` between two kernels
+//! of one CUDA-family engine): the host stores another kernel's **output** ring there and the
+//! kernel consumes it as one more input (see [`super::peer`]).
 //!
 //! Every field is a plain 32- or 64-bit value read with an acquire load and written with a
 //! release store by its one writer; [`CONTROL_BLOCK_C_DECL`] is the same layout for CUDA C.
@@ -186,7 +192,16 @@ pub struct ControlBlock {
     heartbeat: AtomicU64,
     /// Heartbeat timeout in nanoseconds of device time; 0 disables the timeout.
     heartbeat_timeout_ns: AtomicU64,
-    _host_pad1: [u8; 104],
+    /// Device address of the peer ring (a producer kernel's output ring), 0 for none. Host:
+    /// relaxed store before the release store of `peer_seq`.
+    peer_ring: AtomicU64,
+    /// Slots in the peer ring (power of two). Host: relaxed store before `peer_seq`.
+    peer_capacity: AtomicU32,
+    /// Bumped by the host on every link and unlink, written last with a release store; the
+    /// device adopts `peer_ring` / `peer_capacity` when it sees a new value and acknowledges it
+    /// in `peer_ack`.
+    peer_seq: AtomicU32,
+    _host_pad1: [u8; 88],
     // ---- line 1: device-written ----
     /// A [`DeviceState`] value. Device: release store *after* the counters, so an acquire load
     /// of it here sees counters at least as new as the state.
@@ -204,7 +219,16 @@ pub struct ControlBlock {
     /// Outputs produced but never published because the kernel was told to exit (terminate or
     /// heartbeat timeout) while the output ring stayed full. Counted, never silent.
     undelivered: AtomicU64,
-    _dev_pad: [u8; 80],
+    /// The `peer_seq` the device has adopted. Device: release store *after* its last release of
+    /// the old peer ring's head, so a host that acquires it owns that head again.
+    peer_ack: AtomicU32,
+    /// The `peer_seq` at which the device met a `call` reply at the head of the peer ring and
+    /// stopped taking from it (a call's reply goes back to its caller, through the host); 0
+    /// when not stopped.
+    peer_call_seen: AtomicU32,
+    /// Messages taken from peer rings over the kernel's life (they are in `processed` too).
+    peer_taken: AtomicU64,
+    _dev_pad: [u8; 64],
 }
 
 const _: () = assert!(core::mem::size_of::<ControlBlock>() == CONTROL_BLOCK_BYTES);
@@ -216,7 +240,10 @@ pub const CONTROL_BLOCK_C_DECL: &str = "typedef struct __attribute__((aligned(12
     unsigned int _host_pad0;
     unsigned long long heartbeat;
     unsigned long long heartbeat_timeout_ns;
-    unsigned char _host_pad1[104];
+    unsigned long long peer_ring;
+    unsigned int peer_capacity;
+    unsigned int peer_seq;
+    unsigned char _host_pad1[88];
     unsigned int device_state;
     unsigned int error_code;
     unsigned long long processed;
@@ -224,7 +251,10 @@ pub const CONTROL_BLOCK_C_DECL: &str = "typedef struct __attribute__((aligned(12
     unsigned long long busy_cycles;
     unsigned long long last_heartbeat_seen;
     unsigned long long undelivered;
-    unsigned char _dev_pad[80];
+    unsigned int peer_ack;
+    unsigned int peer_call_seen;
+    unsigned long long peer_taken;
+    unsigned char _dev_pad[64];
 } ControlBlock;
 ";
 
@@ -245,6 +275,8 @@ pub struct DeviceCounters {
     pub last_heartbeat_seen: u64,
     /// Outputs lost because the kernel had to exit with a full output ring.
     pub undelivered: u64,
+    /// Messages taken from peer rings (device-side forwarding), included in `processed`.
+    pub peer_taken: u64,
 }
 
 impl ControlBlock {
@@ -261,7 +293,31 @@ impl ControlBlock {
             busy_cycles: self.busy_cycles.load(Ordering::Acquire),
             last_heartbeat_seen: self.last_heartbeat_seen.load(Ordering::Acquire),
             undelivered: self.undelivered.load(Ordering::Acquire),
+            peer_taken: self.peer_taken.load(Ordering::Acquire),
         }
+    }
+
+    /// Host side: stores a new peer-input slot (`ring` = 0 for none) under sequence number
+    /// `seq`. The caller is the slot's one writer (the kernel's [`super::peer::PeerInput`]).
+    pub(crate) fn set_peer(&self, ring: u64, capacity: u32, seq: u32) {
+        // Relaxed: published by the release store of `peer_seq` below.
+        self.peer_ring.store(ring, Ordering::Relaxed);
+        self.peer_capacity.store(capacity, Ordering::Relaxed);
+        // Release: pairs with the device's acquire load of `peer_seq`; the ring address, its
+        // capacity and everything the host did to the ring before (its last release of the
+        // ring's head when it popped from it) are visible to the device once it sees `seq`.
+        self.peer_seq.store(seq, Ordering::Release);
+    }
+
+    /// Host side: the `peer_seq` the device has adopted. Acquire: pairs with the device's release
+    /// store, which follows its last release of the old ring's head.
+    pub fn peer_ack(&self) -> u32 {
+        self.peer_ack.load(Ordering::Acquire)
+    }
+
+    /// Host side: the `peer_seq` at which the device stopped at a `call` reply (0: not stopped).
+    pub fn peer_call_seen(&self) -> u32 {
+        self.peer_call_seen.load(Ordering::Acquire)
     }
 
     /// Host side: sets the run state. Release pairs with the device's acquire load, so anything
@@ -310,13 +366,19 @@ mod tests {
         assert_eq!(offset_of!(ControlBlock, busy_cycles), 152);
         assert_eq!(offset_of!(ControlBlock, last_heartbeat_seen), 160);
         assert_eq!(offset_of!(ControlBlock, undelivered), 168);
+        assert_eq!(offset_of!(ControlBlock, peer_ring), 24);
+        assert_eq!(offset_of!(ControlBlock, peer_capacity), 32);
+        assert_eq!(offset_of!(ControlBlock, peer_seq), 36);
+        assert_eq!(offset_of!(ControlBlock, peer_ack), 176);
+        assert_eq!(offset_of!(ControlBlock, peer_call_seen), 180);
+        assert_eq!(offset_of!(ControlBlock, peer_taken), 184);
         // The C declaration's byte sizes add up to the same total, line for line.
-        let host_line = 4 + 4 + 8 + 8 + 104;
-        let dev_line = 4 + 4 + 8 * 5 + 80;
+        let host_line = 4 + 4 + 8 + 8 + 8 + 4 + 4 + 88;
+        let dev_line = 4 + 4 + 8 * 5 + 4 + 4 + 8 + 64;
         assert_eq!(host_line, 128);
         assert_eq!(dev_line, 128);
-        assert!(CONTROL_BLOCK_C_DECL.contains("unsigned char _host_pad1[104];"));
-        assert!(CONTROL_BLOCK_C_DECL.contains("unsigned char _dev_pad[80];"));
+        assert!(CONTROL_BLOCK_C_DECL.contains("unsigned char _host_pad1[88];"));
+        assert!(CONTROL_BLOCK_C_DECL.contains("unsigned char _dev_pad[64];"));
     }
 
     #[test]

@@ -242,6 +242,31 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
         self.out.pop_into(out, max)
     }
 
+    /// The output ring's memory and capacity, for device-side forwarding
+    /// ([`super::peer::PeerRing`]).
+    pub fn output_memory(&self) -> (SharedMemory, usize) {
+        (self.view.out.clone(), self.view.config.out_capacity)
+    }
+
+    /// Takes the output ring's consumer index back after another consumer (a kernel it was
+    /// forwarded to) popped it: the host's consumer restarts at the index as published.
+    ///
+    /// # Safety
+    /// Nobody else may pop the output ring from now on (the other consumer acknowledged the
+    /// unlink, or has exited for good).
+    pub unsafe fn resync_output(&mut self) -> Result<(), PersistentError> {
+        // SAFETY: this function's contract: the host is again the ring's only consumer; the
+        // producer half of this view is dropped unused (the device is the producer).
+        let (_device_half, out) = unsafe {
+            Ring::<Slot<Out>>::with_memory(
+                self.view.config.out_capacity,
+                Box::new(self.view.out.clone()),
+            )?
+        };
+        self.out = out;
+        Ok(())
+    }
+
     /// Messages sent but not yet taken by the device, over all lanes.
     pub fn pending_input(&self) -> usize {
         self.lanes.iter().map(|p| p.ring().len()).sum()

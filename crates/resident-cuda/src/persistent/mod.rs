@@ -30,6 +30,7 @@ pub mod control;
 pub mod host;
 #[cfg(feature = "driver")]
 pub mod kernel;
+pub mod peer;
 pub mod sim;
 pub mod template;
 
@@ -41,6 +42,7 @@ pub use kernel::{
     bench_ring, BenchRow, GpuBuffers, GpuState, LaunchOptions, PersistentKernel, MEASURES_BATCH,
     MEASURES_MESSAGE, MEASURES_STREAMING,
 };
+pub use peer::{LinkRefused, PeerInput, PeerPhase, PeerRing, UnlinkTimeout};
 pub use sim::{SimBuffers, SimKernel, SimLaunchOptions, SimState, MIN_RUN_BETWEEN_ACCESSES};
 pub use template::{
     buffer_table_bytes, compile_sim, compile_sim_with, is_c_identifier, parse_ptxas_report,

@@ -236,7 +236,13 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
     buffers: Option<Arc<SimBuffers>>,
     /// The host's synchronized view of the state (see [`SimKernel::state`]).
     state_access: Arc<SimState>,
+    /// The peer-input slot, made on first use ([`SimKernel::peer_input`]).
+    peer: std::sync::OnceLock<Arc<super::peer::PeerInput>>,
 }
+
+/// The engine tag of CudaSim rings ([`super::peer::PeerRing::engine`]): every CudaSim kernel of
+/// the process addresses host memory, so any two can link.
+pub const SIM_ENGINE: u64 = 1;
 
 /// A CudaSim kernel's bound buffers: host memory its block's threads read and write through
 /// the `ResidentBuffers` table, kept alive by the kernel's launcher thread and by this value
@@ -618,6 +624,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             exit: None,
             _instance: Some(instance),
             quiesce,
+            peer: std::sync::OnceLock::new(),
         };
         // `launch` returns once the kernel reports it is resident, or with its error.
         let deadline = Instant::now() + opts.start_timeout;
@@ -766,6 +773,32 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     /// after the kernel ended (the handle keeps the memory).
     pub fn state(&self) -> Arc<SimState> {
         self.state_access.clone()
+    }
+
+    /// This kernel's peer-input slot (device-side forwarding: another CudaSim kernel's output
+    /// ring consumed as one more input), made once.
+    pub fn peer_input(&self) -> Arc<super::peer::PeerInput> {
+        self.peer
+            .get_or_init(|| {
+                Arc::new(super::peer::PeerInput::new(
+                    self.quiesce.control.clone(),
+                    core::mem::size_of::<resident_ring::Slot<In>>(),
+                    SIM_ENGINE,
+                ))
+            })
+            .clone()
+    }
+
+    /// This kernel's output ring as another CudaSim kernel would consume it.
+    pub fn output_peer_ring(&self) -> super::peer::PeerRing {
+        let (mem, capacity) = self.queues.output_memory();
+        super::peer::PeerRing {
+            device_addr: resident_ring::spsc::RingMemory::as_mut_ptr(&mem) as u64,
+            mem,
+            capacity: capacity as u32,
+            slot_bytes: core::mem::size_of::<resident_ring::Slot<Out>>(),
+            engine: SIM_ENGINE,
+        }
     }
 
     /// The host side of the queues.

@@ -154,19 +154,33 @@ pub struct Report {
     pub scored: Vec<Scored>,
     /// Whole run.
     pub elapsed: Duration,
+    /// How the normalizer's outputs reached the scorer (on the device, or relayed by the
+    /// host).
+    pub forwarding: resident::prelude::ForwardingStats,
 }
 
 /// Runs `values` through the two kernels launched on `rt`.
 pub fn run(
     rt: &Runtime,
     values: &[f64],
+    progress: impl FnMut(usize),
+) -> Result<Report, WorkloadError> {
+    run_with(rt, values, resident::prelude::ForwardPath::Device, progress)
+}
+
+/// [`run`] with the normalizer's outputs forwarded along `path` (`ForwardPath::HostRelay`
+/// forces the host relay, the baseline of device-side forwarding).
+pub fn run_with(
+    rt: &Runtime,
+    values: &[f64],
+    path: resident::prelude::ForwardPath,
     mut progress: impl FnMut(usize),
 ) -> Result<Report, WorkloadError> {
     let tag = unique();
     let (nid, sid) = (format!("normalizer-{tag}"), format!("scorer-{tag}"));
     let batch = crate::device::batch_size(crate::device::kind_of(rt.backend()), 256);
     let s = rt.launch(scorer(&sid).batch_size(batch))?;
-    let n = rt.launch(normalizer(&nid, &sid).batch_size(batch))?;
+    let n = rt.launch(normalizer(&nid, &sid).batch_size(batch).forward_path(path))?;
     s.activate()?;
     n.activate()?;
     let t = Instant::now();
@@ -213,6 +227,7 @@ pub fn run(
         Ok(Report {
             scored,
             elapsed: t.elapsed(),
+            forwarding: n.forwarding(),
         })
     })();
     n.terminate()?;

@@ -121,6 +121,20 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for SimEngine<In, Out> {
             lost: c.undelivered,
         }
     }
+    fn peer_taken(&self) -> u64 {
+        self.kernel.device_counters().peer_taken
+    }
+    fn output_peer(&self) -> Option<resident_cuda::persistent::PeerRing> {
+        Some(self.kernel.output_peer_ring())
+    }
+    fn peer_input(&self) -> Option<Arc<resident_cuda::persistent::PeerInput>> {
+        Some(self.kernel.peer_input())
+    }
+    fn resync_output(&mut self) -> std::result::Result<(), DeviceError> {
+        // SAFETY: called only once the link's phase is Free: the consumer kernel acknowledged
+        // the unlink (or ended for good), so the host is the ring's only consumer again.
+        Ok(unsafe { self.kernel.queues().resync_output() }?)
+    }
     fn stop(&mut self, timeout: Duration) -> std::result::Result<(), DeviceError> {
         Ok(self.kernel.terminate(timeout)?)
     }

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use resident_ring::wait::deadline_after;
 use resident_ring::{Envelope, Message, Slot};
 
+use resident_cuda::persistent::{PeerInput, PeerPhase, PeerRing};
+
 use crate::backend::host::RingHost;
 use crate::runtime::io::KernelIo;
 use crate::runtime::publisher::Publisher;
@@ -97,6 +99,179 @@ pub(crate) trait DeviceRing<In, Out>: Send {
     /// Envelopes of `call` requests the handler answered with no output, so their callers get
     /// `NoReply` at once. Rings that cannot tell leave this empty; such callers time out.
     fn take_unanswered_calls(&mut self, _out: &mut Vec<Envelope>) {}
+    /// Device-side forwarding, producer side: this kernel's output ring as another kernel of
+    /// the same engine would consume it (`None`: this engine cannot forward on the device).
+    fn output_peer(&self) -> Option<PeerRing> {
+        None
+    }
+    /// Device-side forwarding, consumer side: this kernel's peer-input slot.
+    fn peer_input(&self) -> Option<Arc<PeerInput>> {
+        None
+    }
+    /// The host pops the output ring again after a link ended (its consumer index as the
+    /// linked kernel left it). Called only once the link's phase is `Free`.
+    fn resync_output(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    /// Inputs taken straight from another kernel's output ring (device-side forwarding); they
+    /// are in `counters().processed` too once handled.
+    fn peer_taken(&self) -> u64 {
+        0
+    }
+}
+
+/// Pause between two link attempts of a producer (after a refusal, a cancelled request or a
+/// `call` reply that took the ring back).
+const RELINK_PAUSE: Duration = Duration::from_millis(20);
+
+/// A producer's device-side link to its forward target (`RingKernel::forward_to` between two
+/// kernels of one CUDA-family engine; see `resident_cuda::persistent::peer`).
+struct Link {
+    peer: Arc<PeerInput>,
+    ring: PeerRing,
+    /// The ring's consumer index when the request was made: what the linked kernel took
+    /// since is `ring.head() - head0`.
+    head0: u64,
+}
+
+/// The producer side of device forwarding, driven by the pump.
+struct DeviceForward {
+    owner: u64,
+    enabled: bool,
+    cur: Option<Link>,
+    next_try: Instant,
+    /// Messages the linked kernels took in links that ended.
+    base: u64,
+    /// An unlink was not acknowledged: the ring stays with the other kernel for good.
+    broken: bool,
+}
+
+impl DeviceForward {
+    fn new<In: Message, Out: Message>(io: &Arc<KernelIo<In, Out>>) -> Self {
+        let enabled = io
+            .forward
+            .get()
+            .is_some_and(|f| f.path() == crate::runtime::kernel::ForwardPath::Device);
+        DeviceForward {
+            owner: Arc::as_ptr(io) as *const () as u64,
+            enabled,
+            cur: None,
+            next_try: Instant::now(),
+            base: 0,
+            broken: false,
+        }
+    }
+
+    fn publish_count<In: Message, Out: Message>(&self, io: &KernelIo<In, Out>) {
+        let now = self
+            .cur
+            .as_ref()
+            .map_or(0, |l| l.ring.head().saturating_sub(l.head0));
+        io.metrics
+            .forwarded_device
+            .store(self.base + now, Ordering::Relaxed);
+    }
+
+    /// The link ended (phase Free): the host pops the ring again.
+    fn finish<In: Message, Out: Message>(
+        &mut self,
+        io: &KernelIo<In, Out>,
+        ring: &mut dyn DeviceRing<In, Out>,
+    ) -> Result<(), DeviceError> {
+        if let Some(l) = self.cur.take() {
+            self.base += l.ring.head().saturating_sub(l.head0);
+            io.metrics
+                .forwarded_device
+                .store(self.base, Ordering::Relaxed);
+            self.next_try = Instant::now() + RELINK_PAUSE;
+            ring.resync_output()?;
+        }
+        Ok(())
+    }
+
+    /// One round: `Ok(true)` when the host owns the output ring (pulls it), `Ok(false)` while
+    /// another kernel does (or is about to).
+    fn step<In: Message, Out: Message>(
+        &mut self,
+        io: &KernelIo<In, Out>,
+        ring: &mut dyn DeviceRing<In, Out>,
+        unlink_timeout: Duration,
+    ) -> Result<bool, DeviceError> {
+        if self.broken {
+            return Ok(false);
+        }
+        if let Some(l) = &self.cur {
+            match l.peer.phase(self.owner) {
+                PeerPhase::Requested => return Ok(false),
+                PeerPhase::Linked => {
+                    self.publish_count(io);
+                    // A call's reply reached the head of the ring: the linked kernel stopped
+                    // there; take the ring back so the host routes the reply to its caller.
+                    if !l.peer.stopped_at_call() {
+                        return Ok(false);
+                    }
+                    return self.unlink(io, ring, unlink_timeout);
+                }
+                PeerPhase::Broken => {
+                    self.broken = true;
+                    return Ok(false);
+                }
+                PeerPhase::Free => {
+                    self.finish(io, ring)?;
+                    return Ok(true);
+                }
+            }
+        }
+        if !self.enabled || Instant::now() < self.next_try {
+            return Ok(true);
+        }
+        self.next_try = Instant::now() + RELINK_PAUSE;
+        let Some(f) = io.forward.get() else {
+            return Ok(true);
+        };
+        let Ok(port) = f.port() else {
+            return Ok(true);
+        };
+        // A keyed target checks each message's key on the host: it stays host-relayed.
+        if port.keys.is_some() {
+            return Ok(true);
+        }
+        let (Some(peer), Some(r)) = (port.device_peer.get().cloned(), ring.output_peer()) else {
+            return Ok(true);
+        };
+        // Every output this pump pulled so far has been delivered (deliver runs in the round
+        // that pulled it): from here on nobody pops until the consumer takes the ring or the
+        // request is cancelled.
+        let head0 = r.head();
+        if peer.request(r.clone(), self.owner).is_err() {
+            return Ok(true);
+        }
+        self.cur = Some(Link {
+            peer,
+            ring: r,
+            head0,
+        });
+        Ok(false)
+    }
+
+    /// Takes the ring back (bounded); `Ok(true)` when the host owns it again.
+    fn unlink<In: Message, Out: Message>(
+        &mut self,
+        io: &KernelIo<In, Out>,
+        ring: &mut dyn DeviceRing<In, Out>,
+        timeout: Duration,
+    ) -> Result<bool, DeviceError> {
+        let Some(l) = &self.cur else {
+            return Ok(!self.broken);
+        };
+        if l.peer.unlink(self.owner, timeout).is_err() {
+            self.publish_count(io);
+            self.broken = true;
+            return Ok(false);
+        }
+        self.finish(io, ring)?;
+        Ok(true)
+    }
 }
 
 /// Read access to a device kernel's state (`KernelHandle::snapshot_state`).
@@ -133,6 +308,9 @@ fn store_counters<In: Message, Out: Message>(
     io.metrics
         .device_undelivered
         .store(c.lost, Ordering::Relaxed);
+    io.metrics
+        .peer_received
+        .store(ring.peer_taken(), Ordering::Relaxed);
 }
 
 /// Device outputs carry the request's id as `correlation_id`: turn them back into
@@ -166,6 +344,14 @@ fn pump<In: Message, Out: Message>(
     let mut idle: u32 = 0;
     let mut pushed: u64 = 0;
     let mut unanswered: Vec<Envelope> = Vec::new();
+    // Device-side forwarding: this kernel as a consumer (its peer-input slot, published on its
+    // input port for producers to find) and as a producer (its link to its forward target).
+    let my_peer = ring.peer_input();
+    if let Some(p) = &my_peer {
+        let _ = io.port.device_peer.set(p.clone());
+    }
+    let mut fwd = DeviceForward::new(io);
+    let unlink_timeout = io.terminate_timeout.mul_f64(0.15);
     let mut answer_none = |ring: &mut Box<dyn DeviceRing<In, Out>>, out: &Publisher<In, Out>| {
         unanswered.clear();
         ring.take_unanswered_calls(&mut unanswered);
@@ -218,13 +404,26 @@ fn pump<In: Message, Out: Message>(
                 }
             }
         }
+        // Link a requested peer ring once everything accepted before is in the device lanes.
+        if let Some(p) = &my_peer {
+            p.service(carry.is_empty() && io.input.is_empty());
+        }
+        let owns_output = match fwd.step(io, &mut *ring, unlink_timeout) {
+            Ok(v) => v,
+            Err(e) => break Some(e),
+        };
         outs.clear();
         let t = crate::profile::now(prof);
-        let n = ring.pull(&mut outs, 4096);
+        let n = if owns_output {
+            ring.pull(&mut outs, 4096)
+        } else {
+            0
+        };
         crate::profile::device_pull(prof, t, &outs);
         // Counters first: whoever sees an output also sees it counted.
         store_counters(io, &*ring);
-        let in_device = pushed.saturating_sub(ring.counters().processed) + carry.len() as u64;
+        let processed = ring.counters().processed;
+        let in_device = (pushed + ring.peer_taken()).saturating_sub(processed) + carry.len() as u64;
         io.in_flight.store(in_device, Ordering::Release);
         if n > 0 {
             deliver(&mut out, &mut outs);
@@ -258,13 +457,34 @@ fn pump<In: Message, Out: Message>(
     // Leave `terminate` (which waits `terminate_timeout` for this thread) time to collect
     // what the pump hands back.
     let stop = ring.stop(io.terminate_timeout.mul_f64(0.75));
-    loop {
-        outs.clear();
-        if ring.pull(&mut outs, 4096) == 0 {
-            break;
+    // As a consumer: once the block has ended for good, a linked producer owns its ring again.
+    if let Some(p) = &my_peer {
+        if stop.is_ok() {
+            p.close();
         }
-        deliver(&mut out, &mut outs);
     }
+    // As a producer: take the output ring back from the kernel it was forwarded to (bounded);
+    // what is left in it is relayed by the host (or reported) like any output.
+    let owns_output = match fwd.unlink(io, &mut *ring, unlink_timeout) {
+        Ok(v) => v,
+        Err(_) => false,
+    };
+    if owns_output {
+        loop {
+            outs.clear();
+            if ring.pull(&mut outs, 4096) == 0 {
+                break;
+            }
+            deliver(&mut out, &mut outs);
+        }
+    } else if let Some(l) = &fwd.cur {
+        // The ring stays with a kernel that did not let go: what is left in it is counted,
+        // never silently lost.
+        io.metrics
+            .late_outputs
+            .fetch_add(l.ring.len(), Ordering::Relaxed);
+    }
+    fwd.publish_count(io);
     answer_none(&mut ring, &out);
     store_counters(io, &*ring);
     // Inputs the device never consumed were sent before those still in `carry`.

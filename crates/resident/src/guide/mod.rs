@@ -10,7 +10,7 @@
 //! 1. [`intro`]: what a ring kernel is, the first program, the crates.
 //! 2. [`ring_kernels`]: messages, handlers, state, `call`, kernel to kernel.
 //! 3. [`lifecycle`]: launch, activate, deactivate, terminate; what comes back; failures.
-//!    [`keyed`]: millions of small per-key actors in one kernel.
+//!    [`keyed`]: millions of small per-key actors in one kernel, and forwarding on the device.
 //! 4. [`backpressure`]: priorities, lanes, queue sizes and the four full-queue policies.
 //! 5. [`backends`]: CPU, CUDA, CudaSim, wgpu; one definition for all of them.
 //! 6. [`cuda_handlers`]: handlers in CUDA C, device state, checking them without a GPU.

@@ -731,6 +731,18 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         self.io.placement.get().copied().unwrap_or(Placement::Host)
     }
 
+    /// How this kernel's forwarded outputs (`RingKernel::forward_to`) travelled so far: taken
+    /// by the target's kernel straight from this kernel's device output ring
+    /// (`on_device`), or relayed by this kernel's host thread into the target's input queue
+    /// (`via_host`). Both 0 for a kernel that does not forward.
+    pub fn forwarding(&self) -> ForwardingStats {
+        let m = &self.io.metrics;
+        ForwardingStats {
+            on_device: m.forwarded_device.load(Ordering::Relaxed),
+            via_host: m.forwarded_host.load(Ordering::Relaxed),
+        }
+    }
+
     /// A snapshot of the kernel's telemetry. `latency` is send to response available (output
     /// queued or reply handed to the caller), for every backend alike; inputs that produce no
     /// response are not in it.
@@ -741,7 +753,9 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         Telemetry {
             kernel_id: io.id.to_string(),
             state: self.state(),
-            messages_received: input.accepted,
+            // Plus what the device took straight from a producer's output ring (device-side
+            // forwarding), which never entered the input queue.
+            messages_received: input.accepted + m.peer_received.load(Ordering::Relaxed),
             // Acquire, and before `batches`: see `KernelMetrics::messages_done`.
             messages_processed: m.processed.load(Ordering::Acquire),
             messages_dropped: io.dropped(),
@@ -760,4 +774,14 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             uptime: m.started.elapsed(),
         }
     }
+}
+
+/// How a kernel's forwarded outputs travelled (`KernelHandle::forwarding`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ForwardingStats {
+    /// Outputs the target's kernel took straight from this kernel's device output ring (device
+    /// forwarding: CudaSim with CudaSim), with no host hop.
+    pub on_device: u64,
+    /// Outputs this kernel's host thread relayed into the target's input queue.
+    pub via_host: u64,
 }

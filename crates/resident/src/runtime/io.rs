@@ -61,6 +61,9 @@ pub(crate) struct InputPort<In> {
     calls: Weak<dyn DroppedCalls>,
     /// A keyed kernel's key range: a message naming a key outside it is refused at send.
     pub keys: Option<crate::runtime::keyed::KeyCheck<In>>,
+    /// The kernel's peer-input slot when its engine can forward on the device (set by its
+    /// device pump at start): a producer forwarding here links its output ring to it.
+    pub device_peer: Arc<std::sync::OnceLock<Arc<resident_cuda::persistent::PeerInput>>>,
 }
 
 impl<In> Clone for InputPort<In> {
@@ -72,6 +75,7 @@ impl<In> Clone for InputPort<In> {
             state: self.state.clone(),
             calls: self.calls.clone(),
             keys: self.keys,
+            device_peer: self.device_peer.clone(),
         }
     }
 }
@@ -86,15 +90,26 @@ pub(crate) struct Forward<T> {
     target: String,
     core: Weak<crate::runtime::RuntimeCore>,
     port: Mutex<Option<InputPort<T>>>,
+    path: crate::runtime::kernel::ForwardPath,
 }
 
 impl<T: Message> Forward<T> {
-    pub fn new(target: String, core: Weak<crate::runtime::RuntimeCore>) -> Self {
+    pub fn new(
+        target: String,
+        core: Weak<crate::runtime::RuntimeCore>,
+        path: crate::runtime::kernel::ForwardPath,
+    ) -> Self {
         Forward {
             target,
             core,
             port: Mutex::new(None),
+            path,
         }
+    }
+
+    /// How the outputs should travel (`RingKernel::forward_path`).
+    pub(crate) fn path(&self) -> crate::runtime::kernel::ForwardPath {
+        self.path
     }
 
     /// The target's input port (cached).
@@ -344,6 +359,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
                 state: state.clone(),
                 calls,
                 keys,
+                device_peer: Arc::new(std::sync::OnceLock::new()),
             },
             id,
             input,

@@ -66,6 +66,8 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) wgsl: Option<WgslHandler<In, Out>>,
     pub(crate) bindings: Vec<PendingBinding>,
     pub(crate) forward: Option<String>,
+    /// How forwarded outputs travel (`RingKernel::forward_path`).
+    pub(crate) forward_path: ForwardPath,
     /// A keyed kernel's key range (`RingKernel::keyed`), checked at every send.
     pub(crate) keys: Option<crate::runtime::keyed::KeyCheck<In>>,
     /// A host built from the state at launch instead of `body` (`RingKernel::key_handler`).
@@ -74,6 +76,21 @@ pub struct RingKernel<In, Out, S = ()> {
     /// (`RingKernel::key_cuda`).
     pub(crate) device_keys: Option<crate::runtime::keyed::DeviceKeys<In, Out, S>>,
     _types: PhantomData<fn(In) -> Out>,
+}
+
+/// How a kernel's forwarded outputs (`RingKernel::forward_to`) travel to their target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ForwardPath {
+    /// On the device when producer and target are ring kernels of one CUDA-family engine
+    /// (CudaSim with CudaSim) and the target is not keyed: the target's persistent kernel
+    /// consumes the producer's output ring directly. Otherwise (CPU, wgpu, mixed engines, a
+    /// keyed target, or while a `call` reply must go back to its caller) the producer's host
+    /// thread relays them. `KernelHandle::forwarding` says which path each message took.
+    #[default]
+    Device,
+    /// Always relayed by the producer's host thread (from its output ring into the target's
+    /// input queue).
+    HostRelay,
 }
 
 impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
@@ -96,6 +113,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             wgsl: None,
             bindings: Vec::new(),
             forward: None,
+            forward_path: ForwardPath::Device,
             keys: None,
             host: None,
             device_keys: None,
@@ -123,6 +141,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             wgsl: self.wgsl,
             bindings: self.bindings,
             forward: self.forward,
+            forward_path: self.forward_path,
             keys: self.keys,
             host: None,
             device_keys: None,
@@ -227,8 +246,20 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// target is looked up by id when the first output is ready, so it may be launched after
     /// this kernel, and its input type must be `Out`. Outputs that cannot be delivered because
     /// the target is gone end in this kernel's terminate report.
+    ///
+    /// Between two ring kernels of one CUDA-family engine (CudaSim with CudaSim) the outputs
+    /// move on the device, with no host hop (see [`ForwardPath`] and the guide's chapter on
+    /// forwarding); elsewhere the producer's host thread relays them.
     pub fn forward_to(mut self, id: impl Into<String>) -> Self {
         self.forward = Some(id.into());
+        self
+    }
+
+    /// How this kernel's forwarded outputs travel (default [`ForwardPath::Device`]: on the
+    /// device where the engine can, else relayed by the host). [`ForwardPath::HostRelay`]
+    /// forces the host relay, e.g. to measure what device forwarding saves.
+    pub fn forward_path(mut self, path: ForwardPath) -> Self {
+        self.forward_path = path;
         self
     }
 

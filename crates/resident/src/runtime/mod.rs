@@ -492,9 +492,11 @@ impl Runtime {
             if let Err(e @ Error::TypeMismatch { .. }) = self.core.input_port::<Out>(&target) {
                 return Err(invalid(format!("forward_to('{target}'): {e}")));
             }
-            let _ = io
-                .forward
-                .set(io::Forward::new(target, Arc::downgrade(&self.core)));
+            let _ = io.forward.set(io::Forward::new(
+                target,
+                Arc::downgrade(&self.core),
+                kernel.forward_path,
+            ));
         }
         let has_cuda = kernel.cuda.is_some();
         let has_wgsl = kernel.wgsl.is_some();

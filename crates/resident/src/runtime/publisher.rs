@@ -223,6 +223,7 @@ fn forward_outputs<In: Message, Out: Message>(
             Ok(port) => match port.mailbox.send(outputs[done]) {
                 Ok(Sent::Queued) => {
                     done += 1;
+                    io.metrics.forwarded_host.fetch_add(1, Ordering::Relaxed);
                     missing_since = None;
                     continue;
                 }
@@ -230,6 +231,7 @@ fn forward_outputs<In: Message, Out: Message>(
                     crate::profile::dropped(&port.id, "forward", "DropOldest");
                     port.dropped(&old.env);
                     done += 1;
+                    io.metrics.forwarded_host.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 Ok(Sent::DroppedNewest) => {
