@@ -29,7 +29,61 @@ pub mod profile;
 pub mod runtime;
 pub mod telemetry;
 
-pub use resident_cuda as cuda;
+/// The CUDA layer underneath the CUDA and CudaSim engines (`resident-cuda`), narrowed to what
+/// a user of `resident` names: the errors the engines return (to match on), whether NVRTC and
+/// the driver are here, the built-in CUDA C kernels, and NVRTC compilation. The driver layer
+/// itself (devices, streams, modules, pinned memory, the persistent-kernel protocol) stays
+/// inside the engines.
+pub mod cuda {
+    #[cfg(feature = "cuda")]
+    pub use resident_cuda::{
+        compile_ptx, device_info, driver_present, driver_version, nvrtc_present, nvrtc_version,
+        unavailable_reason, CUresult, CompileOptions, DeviceInfo, DriverFault,
+    };
+    pub use resident_cuda::{CudaError, LaunchConfig};
+
+    /// CUDA C kernels that ship with resident (for [`Kernel::cuda`](crate::Kernel::cuda)).
+    pub mod builtin {
+        pub use resident_cuda::builtin::{Source, ALL, ELEMENTWISE, SPIN};
+    }
+
+    /// The persistent ring kernel's errors (what [`DeviceError::Cuda`] holds).
+    ///
+    /// [`DeviceError::Cuda`]: crate::backend::DeviceError::Cuda
+    pub mod persistent {
+        pub use resident_cuda::persistent::{FaultCause, PersistentError, SassReport, Unavailable};
+        // For `resident bench --gpu` (the CLI), until benchmarks leave the library crates
+        // (issue 18, item 1: a resident-bench crate); not part of the API.
+        #[cfg(feature = "cuda")]
+        #[doc(hidden)]
+        pub use resident_cuda::persistent::{
+            bench_ring, MEASURES_BATCH, MEASURES_MESSAGE, MEASURES_STREAMING,
+        };
+
+        /// CudaSim's persistent kernels.
+        #[doc(hidden)]
+        pub mod sim {
+            // For tests that check a kernel was relaunched after a quiesce (or was not).
+            pub use resident_cuda::persistent::sim::relaunch_count;
+        }
+    }
+
+    /// CudaSim: the same CUDA C on host threads, built by the host's C++ compiler.
+    pub mod sim {
+        pub use resident_cuda::sim::{compiler, CompilerFault, SimError};
+        // For resident-workloads' ThreadSanitizer test of its CUDA C handlers.
+        #[doc(hidden)]
+        pub use resident_cuda::sim::{run_under_tsan, translation_unit, TsanError};
+    }
+
+    // For the CLI's benchmarks (their JSON's date, `resident bench --gpu`), until benchmarks
+    // leave the library crates (issue 18, item 1); not part of the API.
+    #[cfg(feature = "cuda")]
+    #[doc(hidden)]
+    pub mod bench {
+        pub use resident_cuda::bench::{default_sizes, transfer, utc_date};
+    }
+}
 pub use resident_ring as ring;
 pub use runtime::state::{Error, Failure, KernelState, Result};
 

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use resident::backend::{self, cuda_ring::BUFFER_SYNC_TIMEOUT, DeviceError};
+use resident::backend::{self, DeviceError, BUFFER_SYNC_TIMEOUT};
 use resident::cuda::persistent::PersistentError;
 use resident::memory::BufferOptions;
 use resident::prelude::*;

@@ -1334,3 +1334,7 @@ backends! {
 backends! {
     wgpu => Wgpu, rounds 4;
 }
+
+// Bound buffers on every backend (its own file and its own `backends!` lines).
+#[path = "conformance/bound_buffers.rs"]
+mod bound_buffers;

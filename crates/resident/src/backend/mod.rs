@@ -1,7 +1,7 @@
 //! Backends: where memory lives and kernels run. Everything above this folder talks to a
 //! [`ComputeDevice`] and never names CUDA types.
 //!
-//! * [`cpu`]: threads and rayon; always available. Its "device memory" is host memory.
+//! * `cpu`: threads and rayon; always available. Its "device memory" is host memory.
 //! * `cuda` (cargo feature `cuda`): `resident-cuda`, loaded at run time; available when a
 //!   driver and device work.
 //! * `wgpu` (cargo feature `wgpu`): Vulkan / Metal / DX12 through wgpu (lavapipe in CI); WGSL
@@ -15,20 +15,22 @@
 //! why a backend is missing; [`compiled_in`] lists the engines of this build (the three
 //! features are on by default; an engine not compiled in is [`BackendError::NotCompiled`]).
 
-pub mod cpu;
+// The engines are reached through `open`, `Backend` and the handler types, not by module:
+// their modules are the crate's own.
+pub(crate) mod cpu;
 pub(crate) mod cpu_host;
 #[cfg(feature = "cuda")]
-pub mod cuda;
+pub(crate) mod cuda;
 // The handler is plain data (CUDA C source and declarations), kept in every build so a kernel
 // definition compiles whichever engines are in; its engine parts follow the features.
 #[cfg_attr(
     not(any(feature = "cuda", feature = "cudasim")),
     allow(dead_code, unused_imports)
 )]
-pub mod cuda_ring;
+pub(crate) mod cuda_ring;
 #[cfg(feature = "cudasim")]
-pub mod cuda_sim;
-pub mod device_host;
+pub(crate) mod cuda_sim;
+pub(crate) mod device_host;
 pub(crate) mod host;
 mod kernel;
 mod storage;
@@ -37,6 +39,7 @@ mod storage;
 #[cfg_attr(not(feature = "wgpu"), allow(dead_code, unused_imports))]
 pub mod wgpu;
 
+pub use cuda_ring::{CudaHandler, BUFFER_SYNC_TIMEOUT};
 pub use device_host::DeviceError;
 
 pub use kernel::{launch_cpu, CpuKernelFn, CpuThread, Kernel, KernelArg, Output};
