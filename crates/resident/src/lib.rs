@@ -52,8 +52,8 @@ pub mod cuda {
     /// [`DeviceError::Cuda`]: crate::backend::DeviceError::Cuda
     pub mod persistent {
         pub use resident_cuda::persistent::{FaultCause, PersistentError, SassReport, Unavailable};
-        // For `resident bench --gpu` (the CLI), until benchmarks leave the library crates
-        // (issue 18, item 1: a resident-bench crate); not part of the API.
+        // For `resident bench-ring` (the CLI), until the persistent-vs-launch-per-batch
+        // benchmark leaves resident-cuda for resident-bench; not part of the API.
         #[cfg(feature = "cuda")]
         #[doc(hidden)]
         pub use resident_cuda::persistent::{
@@ -74,14 +74,6 @@ pub mod cuda {
         // For resident-workloads' ThreadSanitizer test of its CUDA C handlers.
         #[doc(hidden)]
         pub use resident_cuda::sim::{run_under_tsan, translation_unit, TsanError};
-    }
-
-    // For the CLI's benchmarks (their JSON's date, `resident bench --gpu`), until benchmarks
-    // leave the library crates (issue 18, item 1); not part of the API.
-    #[cfg(feature = "cuda")]
-    #[doc(hidden)]
-    pub mod bench {
-        pub use resident_cuda::bench::{default_sizes, transfer, utc_date};
     }
 }
 pub use resident_ring as ring;
