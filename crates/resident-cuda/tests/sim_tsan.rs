@@ -13,6 +13,7 @@ use resident_cuda::persistent::{KernelSource, MessageDecl};
 use resident_cuda::sim::TsanError;
 
 const DRIVER: &str = include_str!("sim/tsan_driver.cpp");
+const PEER_DRIVER: &str = include_str!("sim/tsan_peer_driver.cpp");
 
 /// The batch sizes the crates use: 32 (smallest), 64 (`RingKernel` default), 96 (not a power of
 /// two), 256 (bench baseline), 1024 (bench persistent kernel, largest).
@@ -58,9 +59,18 @@ fn build_and_run(
     tag: &str,
     rendered: &str,
 ) -> Option<(bool, String, String)> {
+    build_and_run_with(dir, tag, rendered, DRIVER)
+}
+
+fn build_and_run_with(
+    dir: &std::path::Path,
+    tag: &str,
+    rendered: &str,
+    driver: &str,
+) -> Option<(bool, String, String)> {
     let tu = resident_cuda::sim::translation_unit(tag, rendered, &[])
         + "\n#line 1 \"tsan_driver.cpp\"\n"
-        + DRIVER;
+        + driver;
     match resident_cuda::sim::run_under_tsan(dir, tag, &tu, Duration::from_secs(600)) {
         Ok(r) => Some((r.success, r.stdout, r.stderr)),
         Err(TsanError::Unavailable(why)) => {
@@ -136,4 +146,27 @@ fn thread_sanitizer_reports_the_old_s_cmd_race() {
         last = format!("{stdout}\n{stderr}");
     }
     panic!("expected a data race report in one of 4 runs:\n{last}");
+}
+
+/// Device-side forwarding under TSan: two blocks, the consumer taking the producer's output
+/// ring through its peer-input slot, linked and unlinked over and over while messages flow
+/// (with `call` replies the consumer must stop at), the host popping the ring between links.
+/// Every message exactly once, FIFO on both paths, and no race report on the handoff.
+#[test]
+fn device_forwarding_handoff_is_clean_under_thread_sanitizer() {
+    let dir = work_dir("peer");
+    for &batch in &[32u32, 256] {
+        let rendered = source(batch).render().unwrap();
+        let Some((ok, stdout, stderr)) =
+            build_and_run_with(&dir, &format!("tsan_peer_{batch}"), &rendered, PEER_DRIVER)
+        else {
+            return;
+        };
+        assert!(
+            ok && !stderr.contains("ThreadSanitizer"),
+            "batch {batch}:\n{stdout}\n{stderr}"
+        );
+        println!("batch {batch}: {}", stdout.trim());
+    }
+    finish(&dir);
 }

@@ -147,9 +147,10 @@ pub(crate) struct KernelMetrics {
     pub lost_in_device: AtomicU64,
     /// Inputs not handled because their deadline had passed when the kernel took them.
     pub expired: AtomicU64,
-    /// Outputs of this kernel its forward target's kernel took straight from this kernel's
-    /// device output ring (device-side forwarding).
-    pub forwarded_device: AtomicU64,
+    /// Device-side forwarding: outputs the forward target's kernel took in links that ended,
+    /// and the current link's ring with its consumer index when the link was requested (what
+    /// it took since is the ring's head minus that), so `KernelHandle::forwarding` is exact.
+    pub forwarded_device: Mutex<(u64, Option<(resident_cuda::persistent::PeerRing, u64)>)>,
     /// Outputs this kernel's host thread relayed into its forward target's input queue.
     pub forwarded_host: AtomicU64,
     /// Inputs this kernel's device took straight from a producer's output ring (they never
@@ -175,7 +176,7 @@ impl KernelMetrics {
             late_outputs: AtomicU64::new(0),
             lost_in_device: AtomicU64::new(0),
             expired: AtomicU64::new(0),
-            forwarded_device: AtomicU64::new(0),
+            forwarded_device: Mutex::new((0, None)),
             forwarded_host: AtomicU64::new(0),
             peer_received: AtomicU64::new(0),
             latency: LatencyHistogram::default(),

@@ -162,14 +162,12 @@ impl DeviceForward {
         }
     }
 
+    /// What `KernelHandle::forwarding` reads: the links that ended and the current one.
     fn publish_count<In: Message, Out: Message>(&self, io: &KernelIo<In, Out>) {
-        let now = self
-            .cur
-            .as_ref()
-            .map_or(0, |l| l.ring.head().saturating_sub(l.head0));
-        io.metrics
-            .forwarded_device
-            .store(self.base + now, Ordering::Relaxed);
+        *io.metrics.forwarded_device.lock() = (
+            self.base,
+            self.cur.as_ref().map(|l| (l.ring.clone(), l.head0)),
+        );
     }
 
     /// The link ended (phase Free): the host pops the ring again.
@@ -180,9 +178,7 @@ impl DeviceForward {
     ) -> Result<(), DeviceError> {
         if let Some(l) = self.cur.take() {
             self.base += l.ring.head().saturating_sub(l.head0);
-            io.metrics
-                .forwarded_device
-                .store(self.base, Ordering::Relaxed);
+            self.publish_count(io);
             self.next_try = Instant::now() + RELINK_PAUSE;
             ring.resync_output()?;
         }
@@ -204,7 +200,6 @@ impl DeviceForward {
             match l.peer.phase(self.owner) {
                 PeerPhase::Requested => return Ok(false),
                 PeerPhase::Linked => {
-                    self.publish_count(io);
                     // A call's reply reached the head of the ring: the linked kernel stopped
                     // there; take the ring back so the host routes the reply to its caller.
                     if !l.peer.stopped_at_call() {
@@ -251,6 +246,7 @@ impl DeviceForward {
             ring: r,
             head0,
         });
+        self.publish_count(io);
         Ok(false)
     }
 

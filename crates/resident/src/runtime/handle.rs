@@ -738,7 +738,13 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     pub fn forwarding(&self) -> ForwardingStats {
         let m = &self.io.metrics;
         ForwardingStats {
-            on_device: m.forwarded_device.load(Ordering::Relaxed),
+            on_device: {
+                let g = m.forwarded_device.lock();
+                g.0 + g
+                    .1
+                    .as_ref()
+                    .map_or(0, |(ring, head0)| ring.head().saturating_sub(*head0))
+            },
             via_host: m.forwarded_host.load(Ordering::Relaxed),
         }
     }
