@@ -219,9 +219,55 @@ pub struct PersistentKernel<In: Pod + Send, Out: Pod + Send> {
     heartbeat_timeout: Duration,
     exited: bool,
     fault: Option<FaultCause>,
+    /// The peer-input slot, made on first use ([`PersistentKernel::peer_input`]).
+    peer: std::sync::OnceLock<Arc<super::peer::PeerInput>>,
 }
 
 impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
+    /// The engine tag of this kernel's rings ([`super::peer::PeerRing::engine`]): kernels on
+    /// the same device handle (one context) can link.
+    fn engine_tag(&self) -> u64 {
+        Arc::as_ptr(&self.device) as *const () as u64
+    }
+
+    /// This kernel's peer-input slot (device-side forwarding: another kernel's output ring on
+    /// the same device consumed as one more input), made once.
+    pub fn peer_input(&self) -> Arc<super::peer::PeerInput> {
+        self.peer
+            .get_or_init(|| {
+                Arc::new(super::peer::PeerInput::new(
+                    self.q().device_view().control,
+                    core::mem::size_of::<resident_ring::Slot<In>>(),
+                    self.engine_tag(),
+                ))
+            })
+            .clone()
+    }
+
+    /// This kernel's output ring as another kernel on the same device would consume it (its
+    /// device address is the one this kernel was launched with). `None` after the kernel's
+    /// resources were given up.
+    pub fn output_peer_ring(&self) -> Option<super::peer::PeerRing> {
+        let r = self.resident.as_ref()?;
+        let (mem, capacity) = self.q().output_memory();
+        Some(super::peer::PeerRing {
+            mem,
+            device_addr: r.params.out,
+            capacity: capacity as u32,
+            slot_bytes: core::mem::size_of::<resident_ring::Slot<Out>>(),
+            engine: self.engine_tag(),
+        })
+    }
+
+    /// The host pops the output ring again after a link ended.
+    ///
+    /// # Safety
+    /// As [`PersistentQueues::resync_output`]: nobody else pops the output ring any more.
+    pub unsafe fn resync_output(&mut self) -> Result<(), PersistentError> {
+        // SAFETY: this function's contract.
+        unsafe { self.q_mut().resync_output() }
+    }
+
     /// Compiles `source`, allocates the queues and the state (initialized from `initial_state`,
     /// which must be `source.state.size` bytes), launches the kernel once and waits until it
     /// reports it is resident. The kernel starts `Launched` (not processing): call
@@ -379,6 +425,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     heartbeat_timeout: opts.heartbeat_timeout,
                     exited: false,
                     fault: None,
+                    peer: std::sync::OnceLock::new(),
                 };
                 let stream = Arc::new(stream);
                 k.stream = Some(stream.clone());

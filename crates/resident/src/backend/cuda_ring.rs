@@ -532,6 +532,20 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
     fn reclaim(&mut self) -> Vec<Slot<In>> {
         self.kernel.reclaim_input().unwrap_or_default()
     }
+    fn output_peer(&self) -> Option<resident_cuda::persistent::PeerRing> {
+        self.kernel.output_peer_ring()
+    }
+    fn peer_input(&self) -> Option<Arc<resident_cuda::persistent::PeerInput>> {
+        Some(self.kernel.peer_input())
+    }
+    fn resync_output(&mut self) -> Result<(), DeviceError> {
+        // SAFETY: called only once the link's phase is Free: the consumer kernel acknowledged
+        // the unlink (or ended for good), so the host is the ring's only consumer again.
+        Ok(unsafe { self.kernel.resync_output() }?)
+    }
+    fn peer_taken(&self) -> u64 {
+        self.kernel.device_counters().peer_taken
+    }
 }
 
 #[cfg(test)]

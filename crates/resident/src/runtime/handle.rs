@@ -786,7 +786,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ForwardingStats {
     /// Outputs the target's kernel took straight from this kernel's device output ring (device
-    /// forwarding: CudaSim with CudaSim), with no host hop.
+    /// forwarding: CudaSim with CudaSim, CUDA with CUDA), with no host hop.
     pub on_device: u64,
     /// Outputs this kernel's host thread relayed into the target's input queue.
     pub via_host: u64,

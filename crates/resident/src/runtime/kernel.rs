@@ -82,7 +82,7 @@ pub struct RingKernel<In, Out, S = ()> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ForwardPath {
     /// On the device when producer and target are ring kernels of one CUDA-family engine
-    /// (CudaSim with CudaSim) and the target is not keyed: the target's persistent kernel
+    /// (CudaSim with CudaSim, CUDA with CUDA on one device) and the target is not keyed: the target's persistent kernel
     /// consumes the producer's output ring directly. Otherwise (CPU, wgpu, mixed engines, a
     /// keyed target, or while a `call` reply must go back to its caller) the producer's host
     /// thread relays them. `KernelHandle::forwarding` says which path each message took.
