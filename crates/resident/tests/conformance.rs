@@ -863,6 +863,25 @@ mod forwarding {
             n as u64,
             "every output forwarded once: {f:?}"
         );
+        // A call to the producer is answered to its caller, not forwarded (on the device the
+        // consumer's kernel stops at the reply and the host takes the ring back), and the
+        // chain goes on in order after it.
+        for k in 0..3u32 {
+            let m = msg(1, k, 40 + k);
+            assert_eq!(p.call(m, T).unwrap(), expected(m), "call {k}");
+            for i in 0..100u32 {
+                p.send(msg(2, k * 100 + i, i)).unwrap();
+            }
+            for i in 0..100u32 {
+                assert_eq!(c.receive(T).unwrap(), twice(msg(2, k * 100 + i, i)));
+            }
+        }
+        assert!(
+            c.try_receive().unwrap().is_none(),
+            "no call reply forwarded"
+        );
+        let f2 = p.forwarding();
+        assert_eq!(f2.on_device + f2.via_host, n as u64 + 300, "{f2:?}");
         assert_eq!(
             c.forwarding(),
             ForwardingStats::default(),
@@ -878,13 +897,14 @@ mod forwarding {
             assert_eq!(f.on_device, 0, "{f:?}");
         }
         let (tp, tc) = (p.telemetry(), c.telemetry());
-        assert_eq!(tp.messages_received, n as u64);
-        assert_eq!(tp.messages_processed, n as u64);
+        assert_eq!(tp.messages_received, n as u64 + 303);
+        assert_eq!(tp.messages_processed, n as u64 + 303);
         assert_eq!(
-            tc.messages_received, n as u64,
+            tc.messages_received,
+            n as u64 + 300,
             "forwarded inputs are received: {tc:?}"
         );
-        assert_eq!(tc.messages_processed, n as u64);
+        assert_eq!(tc.messages_processed, n as u64 + 300);
         assert_eq!(tp.messages_dropped + tc.messages_dropped, 0);
         let (rp, rc) = (p.terminate().unwrap(), c.terminate().unwrap());
         assert_eq!(rp.returned() + rc.returned(), 0, "{rp:?} {rc:?}");
