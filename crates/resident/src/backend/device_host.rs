@@ -461,10 +461,11 @@ fn pump<In: Message, Out: Message>(
     }
     // As a producer: take the output ring back from the kernel it was forwarded to (bounded);
     // what is left in it is relayed by the host (or reported) like any output.
-    let owns_output = match fwd.unlink(io, &mut *ring, unlink_timeout) {
-        Ok(v) => v,
-        Err(_) => false,
-    };
+    // (An `Err` here is a view of the ring that could not be rebuilt: not popped, as if the
+    // link had not let go.)
+    let owns_output = fwd
+        .unlink(io, &mut *ring, unlink_timeout)
+        .unwrap_or_default();
     if owns_output {
         loop {
             outs.clear();
