@@ -173,6 +173,11 @@ pub trait Quiesce: Send + Sync {
     fn park(&self, deadline: std::time::Instant) -> bool;
     /// Relaunches it where it left off, with the run state the host last asked for.
     fn resume(&self);
+    /// Device-side forwarding: (its output ring's device address, the peer ring its slot names
+    /// now or 0), so a quiesce parks producers before their consumers.
+    fn forward_edge(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 /// Per ordinal: the shared state of the live `Device`s, and whether the context must be reset
@@ -417,7 +422,7 @@ impl Device {
             .quiesce_turn
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let live: Vec<Arc<dyn Quiesce>> = {
+        let mut live: Vec<Arc<dyn Quiesce>> = {
             let mut v = self
                 .shared
                 .quiescers
@@ -426,6 +431,7 @@ impl Device {
             v.retain(|w| w.strong_count() > 0);
             v.iter().filter_map(|w| w.upgrade()).collect()
         };
+        crate::persistent::peer::upstream_first(&mut live, |k| k.forward_edge());
         let deadline = std::time::Instant::now() + timeout;
         let mut parked = 0;
         let mut ok = true;

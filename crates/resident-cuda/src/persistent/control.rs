@@ -309,6 +309,12 @@ impl ControlBlock {
         self.peer_seq.store(seq, Ordering::Release);
     }
 
+    /// Host side: the peer ring the slot names now (0 for none). The host is its only writer.
+    pub fn peer_ring(&self) -> u64 {
+        // Relaxed: the host reads what a host thread wrote; used only to order quiesces.
+        self.peer_ring.load(Ordering::Relaxed)
+    }
+
     /// Host side: the `peer_seq` the device has adopted. Acquire: pairs with the device's release
     /// store, which follows its last release of the old ring's head.
     pub fn peer_ack(&self) -> u32 {

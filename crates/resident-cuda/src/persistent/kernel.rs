@@ -1027,6 +1027,13 @@ impl GpuResident {
 }
 
 impl crate::device::Quiesce for GpuResident {
+    fn forward_edge(&self) -> (u64, u64) {
+        // SAFETY: the control memory (CONTROL_BLOCK_BYTES, 128-aligned, checked by
+        // PersistentQueues) lives as long as `self.control`; atomics only.
+        let ctl = unsafe { &*(self.control.as_mut_ptr() as *const ControlBlock) };
+        (self.params.out, ctl.peer_ring())
+    }
+
     fn park(&self, deadline: Instant) -> bool {
         {
             let mut g = self.lock();

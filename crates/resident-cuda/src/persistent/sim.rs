@@ -69,6 +69,8 @@ type Exit = Result<(), SimError>;
 /// process-wide registry that [`with_all_quiesced`] walks.
 struct QuiesceShared {
     control: SharedMemory,
+    /// The address of the kernel's output ring (what a consumer's peer slot names).
+    out: u64,
     state: Mutex<QState>,
     cv: Condvar,
 }
@@ -191,11 +193,12 @@ pub fn with_all_quiesced<R>(
     op: impl FnOnce() -> R,
 ) -> Result<R, PersistentError> {
     let _serial = QUIESCE_SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let live: Vec<Arc<QuiesceShared>> = {
+    let mut live: Vec<Arc<QuiesceShared>> = {
         let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
         r.retain(|w| w.strong_count() > 0);
         r.iter().filter_map(|w| w.upgrade()).collect()
     };
+    super::peer::upstream_first(&mut live, |k| (k.out, k.control().peer_ring()));
     let mut parked = Vec::with_capacity(live.len());
     let mut failed = false;
     let deadline = Instant::now() + timeout;
@@ -539,6 +542,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         let block = source.batch_size;
         let quiesce = Arc::new(QuiesceShared {
             control: view.control.clone(),
+            out: view.out.as_mut_ptr() as u64,
             state: Mutex::new(QState::default()),
             cv: Condvar::new(),
         });
