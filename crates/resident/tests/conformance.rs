@@ -984,6 +984,12 @@ mod forwarding {
             .build()
             .unwrap();
         let (pid, cid) = (format!("fwd-race-p{round}"), format!("fwd-race-c{round}"));
+        // Either launch order: every third round the target runs before its producer.
+        let launch_c = || {
+            rt.launch(standard(&cid).queue_size(64).batch_size(32))
+                .unwrap()
+        };
+        let early_c = (round % 3 == 2).then(launch_c);
         let p = rt
             .launch(
                 standard(&pid)
@@ -992,9 +998,7 @@ mod forwarding {
                     .forward_to(cid.clone()),
             )
             .unwrap();
-        let c = rt
-            .launch(standard(&cid).queue_size(64).batch_size(32))
-            .unwrap();
+        let c = early_c.unwrap_or_else(launch_c);
         p.activate().unwrap();
         c.activate().unwrap();
         let sender = {
