@@ -156,7 +156,19 @@ fn run(t: &dyn Target, case: &str, f: impl FnOnce(&dyn Target)) {
         );
         return;
     }
-    f(t)
+    // A handler that never returns (`stuck_handler`) keeps a device-wide quiesce waiting until
+    // its terminate bound: on CudaSim (as on a GPU) every launch parks every resident kernel of
+    // the device first, so another case launching meanwhile waits too, and on the shared 2-core
+    // machine its own timeouts could expire (a documented limit, ARCHITECTURE.md). The stuck
+    // case runs alone; the others share.
+    static DEVICE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+    if case == "stuck_handler" {
+        let _alone = DEVICE.write().unwrap_or_else(|p| p.into_inner());
+        f(t)
+    } else {
+        let _shared = DEVICE.read().unwrap_or_else(|p| p.into_inner());
+        f(t)
+    }
 }
 
 fn rt(t: &dyn Target) -> Runtime {
@@ -1236,7 +1248,16 @@ fn keyed_standard(id: &str, keys: u32) -> RingKernel<KeyMsg, KeyMsg, Keys<KeyTra
 fn keyed_kernels(t: &dyn Target) {
     let rt = rt(t);
     let keys = 40u32;
-    let h = rt.launch(keyed_standard("keyed", keys)).unwrap();
+    // Senders block while the queue is full, up to 30 s rather than the default 1 s: on
+    // CudaSim every launch of the other cases parks every kernel of the device (this one too)
+    // for the time a quiesce takes, over a second on the shared 2-core machine under load.
+    // A send that times out returns its message (typed); this case checks order, not speed.
+    let h = rt
+        .launch(
+            keyed_standard("keyed", keys)
+                .backpressure(Backpressure::Block(Duration::from_secs(30))),
+        )
+        .unwrap();
     assert_eq!(h.placement(), t.placement());
     h.activate().unwrap();
     let bad = KeyMsg {
