@@ -245,7 +245,7 @@ pub(crate) fn build(py: Python<'_>, d: Described, returned: Option<Py<PyAny>>) -
 }
 
 /// The Python exception for an engine error that carries no Python object.
-fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
+pub(crate) fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
     build(py, describe(e, false), None)
 }
 
@@ -995,23 +995,32 @@ impl PyRuntime {
         }
     }
 
-    /// Starts a `call`: the request is queued, the reply waited for with `PendingCall`.
+    /// Starts a `call`: the request is queued, the reply waited for with `PendingCall`. With
+    /// `timeout` (seconds) the request carries that deadline, as Rust's `call` does: a request
+    /// the kernel has not taken by then is not handled but counted (`messages_expired`).
+    #[pyo3(signature = (kernel_id, obj, priority, timeout=None))]
     fn call_start(
         &self,
         py: Python<'_>,
         kernel_id: &str,
         obj: Py<PyAny>,
         priority: u8,
+        timeout: Option<f64>,
     ) -> PyResult<PendingCallPy> {
         let k = self.kern(py, kernel_id)?;
+        let timeout = timeout.map(secs).transpose()?;
         let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
+        let start = |h: &KernelHandle<u64, u64>| match timeout {
+            Some(t) => h.call_start_with_timeout(key, priority, t),
+            None => h.call_start(key, priority),
+        };
         // Under `Block` a send to a full lane waits, so the GIL is released then; with room
         // it cannot wait (only GIL holders send to a Python kernel, the kernel only takes).
         let r = if k.blocks && !k.handle.input_has_room() {
-            py.detach(|| k.handle.call_start(key, priority))
+            py.detach(|| start(&k.handle))
         } else {
-            k.handle.call_start(key, priority)
+            start(&k.handle)
         };
         match r {
             Ok(pc) => Ok(PendingCallPy {

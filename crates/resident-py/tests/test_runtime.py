@@ -179,6 +179,50 @@ def test_call_matched_by_correlation_from_threads(rt):
     assert rt.get_telemetry(kid).messages_processed == 800
 
 
+def test_call_sends_its_deadline_so_stale_calls_expire_unhandled(rt):
+    """A storm of calls that give up after 1 ms against a 50 ms handler: the requests carry
+    their deadline, so the kernel skips the stale ones (counted as expired) and a fresh call is
+    served at once instead of after every stale one (up to 40 x 50 ms = 2 s, past its 1 s
+    timeout)."""
+
+    @message
+    class Req:
+        v: int = 0
+
+    handled = []
+
+    async def slow(ctx):
+        while not ctx.should_terminate:
+            try:
+                m = await ctx.receive(timeout=0.05)
+            except asyncio.TimeoutError:
+                continue
+            handled.append(m.v)
+            time.sleep(0.05)  # 50 ms of work on the kernel's thread
+            await ctx.send(m.reply(v=m.v))
+
+    kid = fresh("slow")
+    rt.launch(kid, slow)
+    rt.activate(kid)
+    timed_out = 0
+    for i in range(40):
+        # On a loaded machine this thread may sleep past a reply: count, do not insist.
+        try:
+            rt.call(kid, Req(v=i), timeout=0.001)
+        except resident.CallTimeoutError:
+            timed_out += 1
+    assert timed_out >= 30, timed_out
+    assert rt.call(kid, Req(v=1000), timeout=1.0).v == 1000
+    tel = rt.get_telemetry(kid)
+    # Every storm call was handled or expired; a handled one takes 50 ms, in which the calls
+    # sent meanwhile expire, so most of them do.
+    assert tel.messages_expired + len(handled) == 41, (tel, handled)
+    assert tel.messages_expired >= 20, (tel, handled)
+    assert handled[-1] == 1000, handled
+    # A call without a timeout carries no deadline: it waits its turn and is served.
+    assert rt.call(kid, Req(v=7)).v == 7
+
+
 def test_call_from_asyncio_tasks():
     @message
     class Req:

@@ -41,8 +41,8 @@ class Telemetry:
     messages_dropped: int
     messages_refused: int
     messages_expired: int
-    """Messages not handled because their deadline passed before the kernel took them (sends
-    from Python carry no deadline yet, so 0 for Python senders)."""
+    """Messages not handled because their deadline passed before the kernel took them (a
+    ``call`` with a ``timeout`` carries that deadline; plain sends from Python carry none)."""
     errors: int
     queue_depth: int
     output_depth: int
@@ -364,8 +364,11 @@ class Runtime:
         priority: Optional[int] = None,
     ) -> Any:
         """Sends ``msg`` and waits for the reply matched by correlation id (safe from many
-        threads at once). ``CallTimeoutError`` after ``timeout`` seconds."""
-        pc = self._rt.call_start(kernel_id, msg, _priority(msg, priority))
+        threads at once). ``CallTimeoutError`` after ``timeout`` seconds. The request carries
+        that deadline: if the kernel has not taken it by then it is not handled but counted
+        (``messages_expired`` in the telemetry), so timed-out calls do not keep the kernel
+        busy."""
+        pc = self._rt.call_start(kernel_id, msg, _priority(msg, priority), timeout)
         t = 1e9 if timeout is None else timeout
         r = pc.wait(t)
         if r is None:
@@ -484,8 +487,10 @@ class RingKernelRuntime:
         priority: Optional[int] = None,
     ) -> Any:
         """Sends ``msg`` and awaits the reply matched by correlation id; safe from many tasks
-        at once. ``CallTimeoutError`` (an ``asyncio.TimeoutError``) after ``timeout``."""
-        pc = self._rt.call_start(kernel_id, msg, _priority(msg, priority))
+        at once. ``CallTimeoutError`` (an ``asyncio.TimeoutError``) after ``timeout``. The
+        request carries that deadline: not taken by then, it is not handled but counted
+        (``messages_expired``)."""
+        pc = self._rt.call_start(kernel_id, msg, _priority(msg, priority), timeout)
         r = pc.wait(self.spin_wait)
         if r is not None:
             return r

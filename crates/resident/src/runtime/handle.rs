@@ -368,11 +368,38 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// binding that must go back to an event loop or check for interrupts between slices).
     /// Dropping the [`PendingCall`] gives up: a reply that comes later is counted as dropped.
     pub fn call_start(&self, msg: In, priority: u8) -> Result<PendingCall<In, Out>> {
+        self.call_start_inner(msg, priority, None)
+    }
+
+    /// [`call_start`](Self::call_start) for a caller that gives up after `timeout`: the request
+    /// carries that deadline (as [`call`](Self::call)'s does, and a send's TTL: see
+    /// [`KernelHandle::send_with_ttl`]), so a request the kernel has not taken by then is never
+    /// handled, only counted as expired (`messages_expired`), and calls that timed out do not
+    /// keep the kernel busy. Stamped when the request is sent, so it never outlives a caller
+    /// whose own wait starts after this returns.
+    pub fn call_start_with_timeout(
+        &self,
+        msg: In,
+        priority: u8,
+        timeout: Duration,
+    ) -> Result<PendingCall<In, Out>> {
+        self.call_start_inner(msg, priority, Some(timeout))
+    }
+
+    fn call_start_inner(
+        &self,
+        msg: In,
+        priority: u8,
+        timeout: Option<Duration>,
+    ) -> Result<PendingCall<In, Out>> {
         let io = &self.io;
         let id = io.ids.next();
         let slot = io.register_call(id);
         let mut env = Envelope::new(id, priority, io.ids.now_ns());
         env.flags = FLAG_CALL;
+        if let Some(t) = timeout.filter(|&t| t < resident_ring::envelope::MAX_TTL) {
+            env.set_ttl(t);
+        }
         if let Err(e) = io.port.send_slot(Slot::new(env, msg), "call") {
             io.unregister_call(id);
             return Err(e);
