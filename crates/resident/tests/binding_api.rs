@@ -84,6 +84,38 @@ fn pending_call_waits_in_slices_and_counts_an_abandoned_reply() {
 }
 
 #[test]
+fn call_start_with_timeout_carries_its_deadline() {
+    // The kernel is inactive while the requests wait: one with a 20 ms deadline expires
+    // unhandled (counted), one without a deadline and one with a long one are served.
+    let rt = rt();
+    let k = rt
+        .launch(RingKernel::<u64, u64>::new("ttl").handler(|_: &mut Context<()>, x| Some(x + 1)))
+        .unwrap();
+    let stale = k
+        .call_start_with_timeout(1, 128, Duration::from_millis(20))
+        .unwrap();
+    let mut plain = k.call_start(10, 128).unwrap();
+    let mut long = k
+        .call_start_with_timeout(100, 128, Duration::from_secs(60))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    k.activate().unwrap();
+    let wait = |pc: &mut PendingCall<u64, u64>| {
+        for _ in 0..500 {
+            if let Some(r) = pc.wait(Duration::from_millis(10)) {
+                return Some(r.unwrap());
+            }
+        }
+        None
+    };
+    assert_eq!(wait(&mut plain), Some(11));
+    assert_eq!(wait(&mut long), Some(101));
+    drop(stale);
+    let t = k.telemetry();
+    assert_eq!((t.messages_expired, t.messages_processed), (1, 2));
+}
+
+#[test]
 fn send_all_publishes_every_output() {
     let rt = rt();
     let k = rt
