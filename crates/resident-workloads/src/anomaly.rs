@@ -275,11 +275,11 @@ pub struct RunReport {
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// How often the host looks at the kernel's processed count while nothing else happens.
-const POLL: Duration = Duration::from_micros(50);
+/// How often the host looks at the kernel's processed count while only that is behind.
+const POLL: Duration = Duration::from_micros(20);
 
 /// Micro-batches the actor keeps in flight by default: the host sends micro-batch `k` once
-/// micro-batch `k - 16` is processed, so sending, the kernel and receiving overlap while
+/// micro-batch `k - 16` is handled, so sending, the kernel and receiving overlap while
 /// queueing stays bounded (at micro-batch 100, at most 1600 readings, well inside the
 /// 8192-slot lane). The statistics stay in the kernel, so micro-batch `k + 1` never waits for
 /// `k`'s results; a stateless batch must (it needs `k`'s statistics back first).
@@ -289,21 +289,25 @@ pub const IN_FLIGHT: usize = 16;
 /// most `in_flight` micro-batches outstanding (1 = send, wait until processed, repeat), calling
 /// `progress(n)` with each micro-batch's size as it completes.
 ///
-/// How the end of a micro-batch is known without tickets: all readings go in one priority
-/// lane, which the kernel takes in the order sent, so micro-batch `k` (readings `..hi`) is
-/// handled once the kernel's processed count (`telemetry().messages_processed`) reaches `hi`
-/// (on a device, whose processed count moves per message within a batch, this is the count,
-/// not a proof that each of those readings is done; it is used for the window and the
-/// latency only). A micro-batch's latency runs from sending its first reading to the host
-/// seeing that count, polled every 50 us while nothing else happens. The processed count
-/// moves before a batch's outputs are published, so the count alone does not say every
-/// alert is in the output queue: at the end of the stream the host sends one flush marker as
-/// a `call` (a barrier), once every reading is processed. It is therefore taken in a later
-/// batch than every reading, and a batch's outputs are published before the next batch runs
-/// (the CPU host publishes under the batch gate; a device runs batches one after another and
-/// the pump delivers its outputs in order), so when its answer is back every alert is queued.
-/// Alerts come in completion order (per sensor in input order) and are sorted by index.
-/// The final statistics are read with `snapshot_keys`.
+/// How the end of a micro-batch is known without tickets: every micro-batch is followed by a
+/// flush marker ([`flush_marker`], on slot 0), answered with `slot == FLUSH`. All messages go
+/// in one priority lane, which the kernel takes in the order sent, so the marker runs in the
+/// same batch as the micro-batch's last reading or a later one, and on the CPU a batch's
+/// outputs are published once every shard finished it: when the answer is back, the
+/// micro-batch is handled. On a device, whose threads finish a batch's messages in any order,
+/// the host also waits for the kernel's processed count (`telemetry().messages_processed`) to
+/// reach everything sent up to the marker. The host blocks on the output queue meanwhile (a
+/// marker's answer or an alert wakes it), so no polling sets the latency: a micro-batch's
+/// latency runs from sending its first reading to receiving its marker's answer.
+///
+/// The marker answers only say that the readings are handled, not that every alert of the
+/// marker's batch is queued yet (on the CPU, shards publish one after another). So the
+/// stream ends with one more flush marker sent as a `call` (a barrier) once every reading is
+/// processed: it is taken in a later batch than every reading, and a batch's outputs are
+/// published before the next batch runs (the CPU host publishes under the batch gate; a device
+/// runs batches one after another and the pump delivers its outputs in order), so when its
+/// answer is back every alert is queued. Alerts come in completion order (per sensor in input
+/// order) and are sorted by index. The final statistics are read with `snapshot_keys`.
 pub fn run_actor(
     rt: &Runtime,
     device: &DeviceHandle,
@@ -326,15 +330,56 @@ pub fn run_actor(
         let mut report = RunReport::default();
         let n = r.slots.len();
         let total = n.div_ceil(batch);
-        let hi_of = |b: usize| ((b + 1) * batch).min(n) as u64;
+        let hi_of = |b: usize| ((b + 1) * batch).min(n);
+        // Messages sent up to and including micro-batch `b`'s marker (readings and markers).
+        let upto = |b: usize| (hi_of(b) + b + 1) as u64;
         let mut sent_at: Vec<Instant> = Vec::with_capacity(total);
-        let mut msgs: Vec<ReadingMsg> = Vec::with_capacity(batch);
+        let mut msgs: Vec<ReadingMsg> = Vec::with_capacity(batch + 1);
         let mut got: Vec<AlertMsg> = Vec::with_capacity(256);
         let mut done = 0usize;
+        let mut answered = 0usize; // markers answered (they answer in order)
         let start = Instant::now();
         let mut last_progress = Instant::now();
-        let collect = |got: &mut Vec<AlertMsg>, report: &mut RunReport| {
-            for a in got.drain(..) {
+        while done < total {
+            // Send while the window has room.
+            while sent_at.len() < total && sent_at.len() - done < in_flight {
+                let b = sent_at.len();
+                let lo = b * batch;
+                msgs.clear();
+                msgs.extend((lo..hi_of(b)).map(|i| ReadingMsg {
+                    index: i as u64,
+                    value: r.values[i],
+                    slot: r.slots[i],
+                    flush: 0,
+                }));
+                msgs.push(flush_marker(b as u64));
+                sent_at.push(Instant::now());
+                let mut sent = 0;
+                while sent < msgs.len() {
+                    sent += k.send_batch(&msgs[sent..])?;
+                }
+            }
+            got.clear();
+            if k.receive_batch(&mut got, 256)? == 0 {
+                if answered > done {
+                    // Only the processed count is behind (a device's batch still finishing).
+                    if last_progress.elapsed() > WAIT {
+                        return Err(timeout());
+                    }
+                    std::thread::sleep(POLL);
+                } else {
+                    match k.receive(WAIT) {
+                        Ok(a) => got.push(a),
+                        Err(resident::Error::Timeout { .. }) => return Err(timeout()),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            for a in &got {
+                if a.slot == FLUSH {
+                    answered = answered.max(a.index as usize + 1);
+                    continue;
+                }
                 report.alerts.push(Alert {
                     index: a.index,
                     sensor: r.sensor_ids[a.slot as usize],
@@ -342,41 +387,14 @@ pub fn run_actor(
                     z: a.z,
                 });
             }
-        };
-        while done < total {
-            // Send while the window has room.
-            while sent_at.len() < total && sent_at.len() - done < in_flight {
-                let b = sent_at.len();
-                let lo = b * batch;
-                let hi = hi_of(b) as usize;
-                msgs.clear();
-                msgs.extend((lo..hi).map(|i| ReadingMsg {
-                    index: i as u64,
-                    value: r.values[i],
-                    slot: r.slots[i],
-                    flush: 0,
-                }));
-                sent_at.push(Instant::now());
-                let mut sent = 0;
-                while sent < msgs.len() {
-                    sent += k.send_batch(&msgs[sent..])?;
+            if answered > done {
+                let processed = k.telemetry().messages_processed;
+                while done < answered && processed >= upto(done) {
+                    report.batch_latency.push(sent_at[done].elapsed());
+                    progress(hi_of(done) - done * batch);
+                    done += 1;
+                    last_progress = Instant::now();
                 }
-            }
-            let alerts = k.receive_batch(&mut got, 256)?;
-            collect(&mut got, &mut report);
-            let processed = k.telemetry().messages_processed;
-            let before = done;
-            while done < sent_at.len() && processed >= hi_of(done) {
-                report.batch_latency.push(sent_at[done].elapsed());
-                progress(hi_of(done) as usize - done * batch);
-                done += 1;
-            }
-            if done > before || alerts > 0 {
-                last_progress = Instant::now();
-            } else if last_progress.elapsed() > WAIT {
-                return Err(timeout());
-            } else {
-                std::thread::sleep(POLL);
             }
         }
         // The barrier: every reading is processed, so the marker runs in a later batch, after
@@ -393,9 +411,16 @@ pub fn run_actor(
                 detail: format!("the flush marker was answered with {f:?}"),
             });
         }
-        while k.receive_batch(&mut got, 4096)? > 0 {
-            collect(&mut got, &mut report);
-        }
+        got.clear();
+        while k.receive_batch(&mut got, 4096)? > 0 {}
+        report
+            .alerts
+            .extend(got.iter().filter(|a| a.slot != FLUSH).map(|a| Alert {
+                index: a.index,
+                sensor: r.sensor_ids[a.slot as usize],
+                value: a.value,
+                z: a.z,
+            }));
         report.elapsed = start.elapsed();
         report.alerts.sort_by_key(|a| a.index);
         report.stats = read_stats(&k, sensors)?;

@@ -9,7 +9,7 @@
 //! | [`vector_add`] | actor over bound `a`, `b`, `c`; messages carry offset/length | `|c - (a + b)| <= f32::EPSILON * |a + b|` per element (f32 add is correctly rounded) |
 //! | [`pagerank`] | full: graph in CSR bound to the kernel, one power-iteration step over a node range per message; streaming: edge changes applied to the graph kept on the device (growable out-lists in a bound pool), ranks and residual resident, refreshed by residual push in parallel rounds ([`pagerank::StreamPageRank`]) | full: same iteration count and per-node relative error `<= 1e-9`; streaming vs recompute: L1 `<= 2 d/(1-d) N tol`, final ranks vs the reference on the final graph likewise (f32 on wgpu: `+ 1e-4`) |
 //! | [`pipeline`] | normalizer -> scorer, kernel to kernel (`ctx.send_to`) | exact (same f64 operations), compared with `1e-12` |
-//! | [`anomaly`] | per-sensor EWMA statistics in a bound buffer resident for the kernel's life | same alerts (index, sensor), `z` and final statistics within relative `1e-9` |
+//! | [`anomaly`] | a keyed kernel: sensor = key, its EWMA statistics the key's state, resident for the kernel's life; per-sensor order kept by the keyed kernel (no tickets) | same alerts (index, sensor), `z` and final statistics within relative `1e-9` |
 //!
 //! Every workload also has the stateless baseline the issue compares against ([`anomaly::run_stateless`],
 //! [`pagerank::recompute`]).
