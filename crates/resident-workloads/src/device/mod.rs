@@ -1,6 +1,6 @@
 //! Device handlers of the workloads, one module per device language: the index of every
-//! source and handler builder (each workload keeps its own in its folder), the anomaly
-//! detector's, and the stateless baselines' runners.
+//! source, handler builder and stateless baseline runner (each workload keeps its own in its
+//! folder), and what they share: the batch size per device kind.
 
 pub mod cuda;
 pub mod wgsl;

@@ -25,9 +25,11 @@ use resident::memory::BufferOptions;
 use resident::prelude::*;
 use resident::{Kernel, KernelArg, LaunchConfig, UnifiedBuffer};
 
-use crate::device::{cuda, wgsl};
 use crate::error::WorkloadError;
 use crate::input::SensorReading;
+
+mod stateless;
+pub use stateless::*;
 
 /// EWMA weight.
 pub const ALPHA: f64 = 0.01;
@@ -202,8 +204,8 @@ pub fn flush_marker(index: u64) -> ReadingMsg {
 /// The anomaly detector: one keyed ring kernel with one key per sensor slot (`sensors` keys,
 /// at least one), each key's state its [`SensorStats`] (zeroed: no sensor seen yet; 24 bytes
 /// per sensor). On the CPU the sensors are sharded over every core (the kernel's worker
-/// threads); on CUDA and CudaSim the CUDA C key handler ([`cuda::anomaly_handler`]) and on
-/// wgpu the WGSL key handler ([`wgsl::ANOMALY_WGSL`]) get the state of their reading's sensor,
+/// threads); on CUDA and CudaSim the CUDA C key handler ([`anomaly_handler`]) and on
+/// wgpu the WGSL key handler ([`ANOMALY_WGSL`]) get the state of their reading's sensor,
 /// kept in device memory for the kernel's life. Each sensor's readings are folded in the order
 /// sent on every backend (the keyed kernel's per-key order: no tickets from the host). A
 /// reading whose slot is not below `sensors` is refused at `send` (`Error::KeyOutOfRange`,
@@ -229,9 +231,9 @@ pub fn kernel(
         .keyed(keys, SensorStats::default())
         .batch_size(batch)
         .backpressure(Backpressure::Block(Duration::from_secs(10)))
-        .key_cuda(cuda::anomaly_handler())
+        .key_cuda(anomaly_handler())
         .key_wgsl(
-            WgslHandler::new(wgsl::ANOMALY_WGSL)
+            WgslHandler::new(ANOMALY_WGSL)
                 .function("anomaly")
                 .keyed("slot"),
         )
@@ -460,10 +462,8 @@ pub fn run_stateless(
     progress: impl FnMut(usize),
 ) -> Result<RunReport, WorkloadError> {
     match device.kind() {
-        BackendKind::Wgpu => crate::device::wgsl::run_stateless_wgpu(device, r, batch, progress),
-        BackendKind::Cuda | BackendKind::CudaSim => {
-            crate::device::cuda::run_stateless_cuda(device, r, batch, progress)
-        }
+        BackendKind::Wgpu => run_stateless_wgpu(device, r, batch, progress),
+        BackendKind::Cuda | BackendKind::CudaSim => run_stateless_cuda(device, r, batch, progress),
         BackendKind::Cpu => run_stateless_cpu(device, r, batch, progress),
     }
 }
@@ -724,3 +724,18 @@ fn unique() -> u64 {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
+
+/// The anomaly detector (`anomaly_detect`).
+pub const ANOMALY_CU: &str = include_str!("anomaly.cu");
+/// Its handler function.
+pub const ANOMALY_FN: &str = "anomaly_detect";
+/// The anomaly detector as a keyed handler: key = `ReadingMsg::slot`, per-key state
+/// [`SensorStats`] (the keyed kernel's buffer `keys`); launch it with `RingKernel::key_cuda`.
+pub fn anomaly_handler() -> CudaHandler<ReadingMsg, AlertMsg> {
+    CudaHandler::new(ANOMALY_CU)
+        .function(ANOMALY_FN)
+        .keyed::<SensorStats>("slot")
+}
+
+/// The anomaly detector actor: keyed handler `anomaly` (used with `WgslHandler::keyed("slot")`).
+pub const ANOMALY_WGSL: &str = include_str!("anomaly.wgsl");
