@@ -1244,8 +1244,21 @@ fn keyed_standard(id: &str, keys: u32) -> RingKernel<KeyMsg, KeyMsg, Keys<KeyTra
         .key_wgsl(WgslHandler::new(KEYED_WGSL).keyed("key"))
 }
 
+/// Keeps the keyed case and the bound-buffer cases apart on CudaSim. A keyed CudaSim kernel
+/// was seen to stall there (no output for 20 s, its senders blocked) while the bound-buffer
+/// cases ran beside it in the same process: 5 failures in 5 runs of the whole suite under load,
+/// none in 3 runs without those cases; the keyed case alone passes. Those cases allocate
+/// buffers and launch and read kernels, which quiesce and relaunch every resident CudaSim
+/// kernel (the residency rule), so a keyed kernel's relaunch is the suspect. Not understood
+/// yet: this lock keeps the two verdicts apart until it is, and goes with the fix.
+pub(crate) fn cudasim_exclusive(t: &dyn Target) -> Option<std::sync::MutexGuard<'static, ()>> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    (t.name() == "cudasim").then(|| LOCK.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// Per-key order with 4 producers, the key range at send, snapshots, terminate accounting.
 fn keyed_kernels(t: &dyn Target) {
+    let _apart = cudasim_exclusive(t);
     let rt = rt(t);
     let keys = 40u32;
     // Senders block while the queue is full, up to 30 s rather than the default 1 s: on

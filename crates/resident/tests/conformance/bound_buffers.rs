@@ -112,6 +112,8 @@ fn src_values() -> Vec<u32> {
 /// a buffer's length bounds it; the buffers come from the runtime's own device and nothing
 /// holds them once the kernel is terminated and its handle dropped.
 fn read_write(t: &dyn Target) {
+    // Not beside the keyed case on CudaSim (see `cudasim_exclusive`).
+    let _apart = cudasim_exclusive(t);
     let rt = rt(t);
     let d = rt.device().unwrap();
     assert!(
@@ -225,6 +227,8 @@ fn read_write(t: &dyn Target) {
 
 /// Bindings that do not match are typed errors, on the host side and at launch.
 fn mismatches(t: &dyn Target) {
+    // Not beside the keyed case on CudaSim (see `cudasim_exclusive`).
+    let _apart = cudasim_exclusive(t);
     let rt = rt(t);
     let d = rt.device().unwrap();
     let k = rt
