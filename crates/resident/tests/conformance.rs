@@ -1244,13 +1244,15 @@ fn keyed_standard(id: &str, keys: u32) -> RingKernel<KeyMsg, KeyMsg, Keys<KeyTra
         .key_wgsl(WgslHandler::new(KEYED_WGSL).keyed("key"))
 }
 
-/// Keeps the keyed case and the bound-buffer cases apart on CudaSim. A keyed CudaSim kernel
-/// was seen to stall there (no output for 20 s, its senders blocked) while the bound-buffer
-/// cases ran beside it in the same process: 5 failures in 5 runs of the whole suite under load,
-/// none in 3 runs without those cases; the keyed case alone passes. Those cases allocate
-/// buffers and launch and read kernels, which quiesce and relaunch every resident CudaSim
-/// kernel (the residency rule), so a keyed kernel's relaunch is the suspect. Not understood
-/// yet: this lock keeps the two verdicts apart until it is, and goes with the fix.
+/// Keeps the keyed case and the bound-buffer cases apart on CudaSim. The keyed case was seen to
+/// fail beside them (a send blocked past the default 1 s, then no output for 20 s: 5 of 5
+/// whole-suite runs under load). Those cases allocate buffers and launch and read kernels, and
+/// each of those parks and relaunches every resident CudaSim kernel (the residency rule). A
+/// keyed kernel survives that (`keyed_sim::keyed_kernel_survives_relaunches_while_it_works`
+/// parks one again and again while it works, order and states checked); what ran out was the
+/// time: under a load of 40-60 on 2 cores a storm of quiesces keeps a kernel parked longer than
+/// a 1 s send block. The keyed case now blocks up to 30 s, and this lock keeps the storm away
+/// from it so that the suite's time stays bounded.
 pub(crate) fn cudasim_exclusive(t: &dyn Target) -> Option<std::sync::MutexGuard<'static, ()>> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     (t.name() == "cudasim").then(|| LOCK.lock().unwrap_or_else(|e| e.into_inner()))

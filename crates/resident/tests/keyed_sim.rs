@@ -101,3 +101,126 @@ fn keyed_handler_compiles_with_nvrtc_for_sm_90() {
         other => panic!("a wrong key field must be a typed compile error: {other:?}"),
     }
 }
+
+/// A keyed kernel survives being parked and relaunched again and again while it works: every
+/// CudaSim launch parks every resident kernel of the device first (the residency rule) and
+/// relaunches it where it left off. Another thread launches and terminates kernels while the
+/// producers send (they go on until it has done so 5 times); every message still comes out
+/// once, in its key's order, and the states on the device agree.
+#[test]
+fn keyed_kernel_survives_relaunches_while_it_works() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let Some(rt) =
+        keyed_device::runtime(&CUDASIM, "keyed_kernel_survives_relaunches_while_it_works")
+    else {
+        return;
+    };
+    let rt = Arc::new(rt);
+    let (keys, producers, relaunches_wanted) = (16u32, 4u32, 5u32);
+    let h = rt
+        .launch(
+            keyed_device::kernel(&CUDASIM, "parked-often", keys)
+                .batch_size(64)
+                .backpressure(Backpressure::Block(keyed_device::T)),
+        )
+        .unwrap();
+    h.activate().unwrap();
+    let relaunched_before = resident::cuda::persistent::sim::relaunch_count();
+    let done = Arc::new(AtomicBool::new(false));
+    let relaunches = Arc::new(AtomicU32::new(0));
+    let disturber = {
+        let (rt, done, relaunches) = (rt.clone(), done.clone(), relaunches.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !done.load(Ordering::Acquire) {
+                let k = rt
+                    .launch(keyed_device::kernel(&CUDASIM, &format!("disturb-{i}"), 4))
+                    .unwrap();
+                k.terminate().unwrap();
+                relaunches.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+        })
+    };
+    // The receiver takes outputs until it has as many as the producers sent (known once they
+    // have all finished).
+    let total = Arc::new(AtomicUsize::new(usize::MAX));
+    let receiver = {
+        let (h, total) = (h.clone(), total.clone());
+        std::thread::spawn(move || {
+            let mut outs = Vec::new();
+            let mut longest_gap = std::time::Duration::ZERO;
+            while outs.len() < total.load(Ordering::Acquire) {
+                let t = std::time::Instant::now();
+                match h.receive(std::time::Duration::from_millis(200)) {
+                    Ok(m) => {
+                        outs.push(m);
+                        longest_gap = longest_gap.max(t.elapsed());
+                    }
+                    Err(Error::Timeout { .. }) => {}
+                    Err(e) => panic!("receive: {e}"),
+                }
+            }
+            (outs, longest_gap)
+        })
+    };
+    let senders: Vec<_> = (0..producers)
+        .map(|p| {
+            let (h, relaunches) = (h.clone(), relaunches.clone());
+            std::thread::spawn(move || {
+                let mut next = vec![0u32; keys as usize];
+                let mut i = 0u32;
+                while i < 1000 || relaunches.load(Ordering::Relaxed) < relaunches_wanted {
+                    let key = (i * 7 + p * 5) % keys;
+                    h.send(KMsg {
+                        key,
+                        producer: p,
+                        seq: next[key as usize],
+                        value: 1,
+                    })
+                    .unwrap();
+                    next[key as usize] += 1;
+                    i += 1;
+                }
+                next
+            })
+        })
+        .collect();
+    let sent: Vec<Vec<u32>> = senders.into_iter().map(|s| s.join().unwrap()).collect();
+    let n = relaunches.load(Ordering::Relaxed);
+    done.store(true, Ordering::Release);
+    disturber.join().unwrap();
+    let sum: usize = sent.iter().flatten().map(|&c| c as usize).sum();
+    total.store(sum, Ordering::Release);
+    let (outs, longest_gap) = receiver.join().unwrap();
+    assert_eq!(outs.len(), sum);
+    let mut last: HashMap<u32, u32> = HashMap::new();
+    for o in &outs {
+        let l = last.entry(o.key).or_insert(0);
+        assert_eq!(o.value, *l + 1, "key {}: outputs out of order", o.key);
+        *l = o.value;
+    }
+    let states: Vec<KState> = h.snapshot_keys(0..keys).unwrap();
+    for (k, st) in states.iter().enumerate() {
+        assert_eq!(st.out_of_order, 0, "key {k}: {st:?}");
+        for (p, s) in sent.iter().enumerate() {
+            assert_eq!(st.next[p], s[k], "key {k} producer {p}");
+        }
+    }
+    let report = h.terminate().unwrap();
+    assert!(report.failure.is_none(), "{:?}", report.failure);
+    assert_eq!(report.returned(), 0);
+    println!(
+        "keyed kernel parked and relaunched by {n} launches of other kernels while it handled \
+         {sum} messages; longest wait for one output {longest_gap:?}"
+    );
+    assert!(n >= relaunches_wanted);
+    // Each of those launches parked and relaunched this kernel (at least).
+    let relaunched = resident::cuda::persistent::sim::relaunch_count() - relaunched_before;
+    assert!(
+        relaunched >= n as u64,
+        "{relaunched} relaunches for {n} launches"
+    );
+}
