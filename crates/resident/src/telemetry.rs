@@ -147,6 +147,8 @@ pub(crate) struct KernelMetrics {
     pub lost_in_device: AtomicU64,
     /// Inputs not handled because their deadline had passed when the kernel took them.
     pub expired: AtomicU64,
+    /// Inputs a producer handed over on the device (see `Telemetry::forwarded_on_device`).
+    pub forwarded_on_device: AtomicU64,
     pub latency: LatencyHistogram,
     /// (time, processed) samples for the throughput window; oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
@@ -167,6 +169,7 @@ impl KernelMetrics {
             late_outputs: AtomicU64::new(0),
             lost_in_device: AtomicU64::new(0),
             expired: AtomicU64::new(0),
+            forwarded_on_device: AtomicU64::new(0),
             latency: LatencyHistogram::default(),
             samples: Mutex::new(VecDeque::from([(started, 0)])),
             last_sample_ns: AtomicU64::new(0),
@@ -256,6 +259,12 @@ pub struct Telemetry {
     /// Messages not handled because their deadline (a `call`'s timeout, a send's TTL) had
     /// passed when the kernel took them; a `call`'s caller got `Error::Timeout`.
     pub messages_expired: u64,
+    /// Messages this kernel received straight from a producer on the device
+    /// (`RingKernel::forward_to` between two kernels of one device engine, counted at the
+    /// consumer): they never passed through the input queue, so they are not in
+    /// `messages_received`, and they are in `messages_processed` once handled. 0 for
+    /// messages forwarded through the host (CPU kernels, `RingKernel::forward_via_host`).
+    pub forwarded_on_device: u64,
     /// Handler failures (panics).
     pub errors: u64,
     /// Messages waiting in the input queue now.

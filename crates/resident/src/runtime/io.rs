@@ -61,7 +61,16 @@ pub(crate) struct InputPort<In> {
     calls: Weak<dyn DroppedCalls>,
     /// A keyed kernel's key range: a message naming a key outside it is refused at send.
     pub keys: Option<crate::runtime::keyed::KeyCheck<In>>,
+    /// Where a device kernel offers producers on its device to hand it their outputs there
+    /// (`RingKernel::forward_to` without a host hop); set by the kernel's device host while it
+    /// runs, empty otherwise.
+    pub device_link: DeviceLinkSlot,
 }
+
+/// A kernel's device-side forwarding endpoint, type-erased (the wgpu engine's
+/// `link::Inbox<In>`), shared by the kernel's port and its device host.
+pub(crate) type DeviceLinkSlot =
+    Arc<Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>>;
 
 impl<In> Clone for InputPort<In> {
     fn clone(&self) -> Self {
@@ -72,6 +81,7 @@ impl<In> Clone for InputPort<In> {
             state: self.state.clone(),
             calls: self.calls.clone(),
             keys: self.keys,
+            device_link: self.device_link.clone(),
         }
     }
 }
@@ -86,15 +96,24 @@ pub(crate) struct Forward<T> {
     target: String,
     core: Weak<crate::runtime::RuntimeCore>,
     port: Mutex<Option<InputPort<T>>>,
+    /// `RingKernel::forward_via_host`: never hand outputs over on the device.
+    via_host: bool,
 }
 
 impl<T: Message> Forward<T> {
-    pub fn new(target: String, core: Weak<crate::runtime::RuntimeCore>) -> Self {
+    pub fn new(target: String, core: Weak<crate::runtime::RuntimeCore>, via_host: bool) -> Self {
         Forward {
             target,
             core,
             port: Mutex::new(None),
+            via_host,
         }
+    }
+
+    /// Whether outputs must go through the host even when the target could take them on
+    /// the device (`RingKernel::forward_via_host`).
+    pub(crate) fn via_host(&self) -> bool {
+        self.via_host
     }
 
     /// The target's input port (cached).
@@ -344,6 +363,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
                 state: state.clone(),
                 calls,
                 keys,
+                device_link: Arc::new(Mutex::new(None)),
             },
             id,
             input,

@@ -66,6 +66,8 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) wgsl: Option<WgslHandler<In, Out>>,
     pub(crate) bindings: Vec<PendingBinding>,
     pub(crate) forward: Option<String>,
+    /// `forward_via_host`: forwarded outputs always pass through the host.
+    pub(crate) forward_via_host: bool,
     /// A keyed kernel's key range (`RingKernel::keyed`), checked at every send.
     pub(crate) keys: Option<crate::runtime::keyed::KeyCheck<In>>,
     /// A host built from the state at launch instead of `body` (`RingKernel::key_handler`).
@@ -96,6 +98,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             wgsl: None,
             bindings: Vec::new(),
             forward: None,
+            forward_via_host: false,
             keys: None,
             host: None,
             device_keys: None,
@@ -123,6 +126,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             wgsl: self.wgsl,
             bindings: self.bindings,
             forward: self.forward,
+            forward_via_host: self.forward_via_host,
             keys: self.keys,
             host: None,
             device_keys: None,
@@ -227,8 +231,27 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// target is looked up by id when the first output is ready, so it may be launched after
     /// this kernel, and its input type must be `Out`. Outputs that cannot be delivered because
     /// the target is gone end in this kernel's terminate report.
+    ///
+    /// On wgpu, when this kernel and the target are both WGSL ring kernels of the runtime's
+    /// device (see the guide's forwarding chapter for which handlers qualify), the outputs do
+    /// not come back to the host: each batch of this kernel and the target's dispatch over its
+    /// outputs go to the device in one command submission, and the target counts them in
+    /// `Telemetry::forwarded_on_device`. Backpressure, order and terminate accounting are the
+    /// same as through the host; [`RingKernel::forward_via_host`] turns this off.
     pub fn forward_to(mut self, id: impl Into<String>) -> Self {
         self.forward = Some(id.into());
+        self
+    }
+
+    /// Forwards through the host even when this kernel and the [`forward_to`] target share a
+    /// device engine: every output is read back to the host and sent into the target's input
+    /// queue, as between CPU kernels. For comparisons (the forwarding benchmark's baseline)
+    /// and for targets that must see forwarded messages in their input queue (telemetry's
+    /// `messages_received`, `queue_depth`). No effect without `forward_to`.
+    ///
+    /// [`forward_to`]: RingKernel::forward_to
+    pub fn forward_via_host(mut self) -> Self {
+        self.forward_via_host = true;
         self
     }
 

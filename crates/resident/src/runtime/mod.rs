@@ -489,7 +489,11 @@ impl Runtime {
             }
             let _ = io
                 .forward
-                .set(io::Forward::new(target, Arc::downgrade(&self.core)));
+                .set(io::Forward::new(
+                    target,
+                    Arc::downgrade(&self.core),
+                    kernel.forward_via_host,
+                ));
         }
         let has_cuda = kernel.cuda.is_some();
         let has_wgsl = kernel.wgsl.is_some();
