@@ -2,6 +2,7 @@
 
 mod bench;
 mod deadlines_bench;
+mod forwarding_bench;
 mod demo;
 mod gpu_bench;
 mod info;
@@ -114,6 +115,9 @@ enum BenchCommand {
     /// Call deadlines: a storm of short calls against a slow handler, then the time until a
     /// fresh call is served, with the deadline check off (before) and on (after).
     Deadlines(deadlines_bench::Options),
+    /// Forwarding: the pipeline workload with forward_to on the device against the same
+    /// kernels relayed through the host (forward_via_host), alternated, per backend.
+    Forwarding(forwarding_bench::Options),
 }
 
 #[derive(clap::Args)]
@@ -264,6 +268,10 @@ fn main() -> ExitCode {
             which: Some(BenchCommand::Deadlines(o)),
             ..
         } => deadlines_bench::run(&o),
+        Command::Bench {
+            which: Some(BenchCommand::Forwarding(o)),
+            ..
+        } => forwarding_bench::run(&o),
         Command::Bench {
             which: None,
             quick,

@@ -155,19 +155,46 @@ pub struct Report {
     pub scored: Vec<Scored>,
     /// Whole run.
     pub elapsed: Duration,
+    /// Messages the scorer took from the normalizer on the device
+    /// (`Telemetry::forwarded_on_device`).
+    pub forwarded_on_device: u64,
 }
 
 /// Runs `values` through the two kernels launched on `rt`.
 pub fn run(
     rt: &Runtime,
     values: &[f64],
+    progress: impl FnMut(usize),
+) -> Result<Report, WorkloadError> {
+    run_with(rt, values, Forwarding::Default, progress)
+}
+
+/// How the normalizer's outputs reach the scorer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forwarding {
+    /// `forward_to` as is: on the device where the engine links the two kernels (wgpu), else
+    /// through the host.
+    Default,
+    /// `forward_to` with `forward_via_host`: every output read back and relayed by the host.
+    ViaHost,
+}
+
+/// [`run`] with the forwarding route chosen (the forwarding benchmark measures both).
+pub fn run_with(
+    rt: &Runtime,
+    values: &[f64],
+    forwarding: Forwarding,
     mut progress: impl FnMut(usize),
 ) -> Result<Report, WorkloadError> {
     let tag = unique();
     let (nid, sid) = (format!("normalizer-{tag}"), format!("scorer-{tag}"));
     let batch = crate::device::batch_size(crate::device::kind_of(rt.backend()), 256);
     let s = rt.launch(scorer(&sid).batch_size(batch))?;
-    let n = rt.launch(normalizer(&nid, &sid).batch_size(batch))?;
+    let mut normalizer = normalizer(&nid, &sid).batch_size(batch);
+    if forwarding == Forwarding::ViaHost {
+        normalizer = normalizer.forward_via_host();
+    }
+    let n = rt.launch(normalizer)?;
     s.activate()?;
     n.activate()?;
     let t = Instant::now();
@@ -211,9 +238,11 @@ pub fn run(
                 scored.push(s.receive(wait).map_err(timeout)?);
             }
         }
+        let elapsed = t.elapsed();
         Ok(Report {
             scored,
-            elapsed: t.elapsed(),
+            elapsed,
+            forwarded_on_device: s.telemetry().forwarded_on_device,
         })
     })();
     n.terminate()?;

@@ -56,7 +56,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use resident_ring::{Envelope, Message, Mailbox, Slot};
 
 use super::{BatchBuffers, BatchGeometry, RingPipeline, WgpuFault};
@@ -340,8 +340,9 @@ impl Counts {
 
 /// What producer and consumer share about a link.
 pub(super) struct LinkShared<PIn> {
-    /// Free fused sets.
+    /// Free fused sets, and the condition a producer without one waits on.
     free: Mutex<Vec<usize>>,
+    freed: Condvar,
     /// The producer's counts.
     counts: Arc<Counts>,
     /// Batches handed to the inbox and neither finished, returned nor failed.
@@ -401,6 +402,7 @@ impl<PIn: Message, POut: Message> ProducerDone for Done<PIn, POut> {
     fn finish(self: Box<Self>) {
         self.shared.free.lock().push(self.set);
         self.shared.outstanding.fetch_sub(1, Ordering::AcqRel);
+        self.shared.freed.notify_all();
     }
 
     fn returned(self: Box<Self>) {
@@ -414,6 +416,7 @@ impl<PIn: Message, POut: Message> ProducerDone for Done<PIn, POut> {
         shared.returned.lock().push((seq, inputs));
         shared.free.lock().push(set);
         shared.outstanding.fetch_sub(1, Ordering::AcqRel);
+        shared.freed.notify_all();
     }
 
     fn failed(self: Box<Self>, fault: WgpuFault) {
@@ -430,6 +433,7 @@ impl<PIn: Message, POut: Message> ProducerDone for Done<PIn, POut> {
         }
         shared.free.lock().push(set);
         shared.outstanding.fetch_sub(1, Ordering::AcqRel);
+        shared.freed.notify_all();
     }
 }
 
@@ -527,6 +531,7 @@ impl<PIn: Message, POut: Message> ProducerLink<PIn, POut> {
         }
         let shared = Arc::new(LinkShared {
             free: Mutex::new((0..depth).rev().collect()),
+            freed: Condvar::new(),
             counts,
             outstanding: AtomicUsize::new(0),
             returned: Mutex::new(Vec::new()),
@@ -667,6 +672,15 @@ impl<PIn: Message, POut: Message> ProducerLink<PIn, POut> {
     /// Inputs of batches the device never completed, and the fault (taken once).
     pub(super) fn take_failed(&self) -> (Vec<Slot<PIn>>, Option<WgpuFault>) {
         std::mem::take(&mut *self.shared.failed.lock())
+    }
+
+    /// Waits (at most `max`) until a fused set is free or nothing is out; a producer whose
+    /// consumer is behind waits here rather than spinning on its full input queue.
+    pub(super) fn wait_free(&self, max: std::time::Duration) {
+        let mut free = self.shared.free.lock();
+        if free.is_empty() && !self.closing {
+            self.shared.freed.wait_for(&mut free, max);
+        }
     }
 
     pub(super) fn outstanding(&self) -> usize {

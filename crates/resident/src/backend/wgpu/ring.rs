@@ -681,8 +681,9 @@ type MapResult = Arc<Mutex<Option<Result<(), ::wgpu::BufferAsyncError>>>>;
 struct InFlight<In> {
     set: usize,
     inputs: Vec<Slot<In>>,
-    /// A batch a producer handed over on the device (`set` and `inputs` unused).
-    fused: Option<link::FusedBatch<In>>,
+    /// A batch a producer handed over on the device (`set` and `inputs` unused), and its
+    /// submission (the consumer's pump waits on it briefly rather than sleeping blind).
+    fused: Option<(link::FusedBatch<In>, ::wgpu::SubmissionIndex)>,
     mapped: MapResult,
     submitted: Instant,
 }
@@ -1362,7 +1363,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 Some(Ok(())) => {}
             }
             let mut f = self.in_flight.pop_front().expect("front exists");
-            if let Some(mut b) = f.fused.take() {
+            if let Some((mut b, index)) = f.fused.take() {
                 // A producer's batch and this kernel's dispatch over its outputs.
                 match b.staging.get_mapped_range(..) {
                     Ok(view) => {
@@ -1375,7 +1376,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                         self.forwarded += handled;
                     }
                     Err(e) => {
-                        f.fused = Some(b);
+                        f.fused = Some((b, index));
                         self.in_flight.push_front(f);
                         return Err(WgpuFault::MapRange(e));
                     }
@@ -1609,6 +1610,11 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
 const PROBE_EVERY: Duration = Duration::from_millis(20);
 
 #[cfg(feature = "wgpu")]
+/// How long a consumer's pump waits for the producer's batch at the front of its in-flight
+/// list before it goes on with its loop (new inputs, lifecycle flags).
+const FUSED_WAIT: Duration = Duration::from_micros(500);
+
+#[cfg(feature = "wgpu")]
 /// Fused batches a consumer keeps in flight besides its own batch sets.
 const FUSED_IN_FLIGHT: usize = 4;
 
@@ -1641,16 +1647,39 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
 
     fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
         if self.ready.is_empty() && !self.in_flight.is_empty() && self.failure.is_none() {
-            // Never blocks: runs the map callbacks of whatever has completed.
-            if let Err(e) = self.ctx.device.poll(::wgpu::PollType::Poll) {
-                self.fail(WgpuFault::Poll(Arc::new(e)));
+            // Runs the map callbacks of whatever has completed. A producer's batch at the
+            // front is waited for briefly (bounded by `FUSED_WAIT`): nothing but this pump
+            // polls for it, and its producer waits for the batch set it frees, so sleeping
+            // blind (the pump's idle backoff) would add that sleep to every forwarded batch.
+            let poll = match self.in_flight.front().and_then(|f| f.fused.as_ref()) {
+                Some((_, index)) if self.io.as_ref().is_none_or(|io| io.input.is_empty()) => {
+                    ::wgpu::PollType::Wait {
+                        submission_index: Some(index.clone()),
+                        timeout: Some(FUSED_WAIT),
+                    }
+                }
+                _ => ::wgpu::PollType::Poll,
+            };
+            match self.ctx.device.poll(poll) {
+                Ok(_) | Err(::wgpu::PollError::Timeout) => {}
+                Err(e) => self.fail(WgpuFault::Poll(Arc::new(e))),
             }
             if let Err(e) = self.collect() {
                 self.fail(e);
             }
         }
-        if self.link.is_some() || !self.backlog.is_empty() || self.idle() {
+        // A partial batch goes only when nothing of this kernel is on the device (linked or
+        // not), as in `push`; batches a link gave back go as soon as they can.
+        self.absorb_link();
+        if !self.backlog.is_empty() || self.idle() {
             self.flush();
+        }
+        if let Some(l) = &self.link {
+            // A whole batch waits for a fused set the consumer has not freed yet: wait for
+            // it (bounded) instead of spinning on the full input queue.
+            if self.pending.len() >= self.geometry.batch && self.ready.is_empty() {
+                l.wait_free(FUSED_WAIT);
+            }
         }
         let n = self.ready.len().min(max);
         out.extend(self.ready.drain(..n));
@@ -1762,7 +1791,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         let mut v: Vec<Slot<In>> = std::mem::take(&mut self.link_failed);
         for mut f in self.in_flight.drain(..) {
             match f.fused.take() {
-                Some(b) => b.done.failed(fault.clone()),
+                Some((b, _)) => b.done.failed(fault.clone()),
                 None => v.append(&mut f.inputs),
             }
         }
@@ -1807,7 +1836,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
                 break;
             };
             let commands = b.commands.take().expect("a fused batch is submitted once");
-            self.ctx.queue.submit([commands]);
+            let index = self.ctx.queue.submit([commands]);
             let mapped: MapResult = Arc::new(Mutex::new(None));
             let m = mapped.clone();
             b.staging
@@ -1816,7 +1845,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
             self.in_flight.push_back(InFlight {
                 set: usize::MAX,
                 inputs: Vec::new(),
-                fused: Some(b),
+                fused: Some((b, index)),
                 mapped,
                 submitted: Instant::now(),
             });
