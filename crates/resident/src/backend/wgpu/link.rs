@@ -218,7 +218,9 @@ impl<CIn: Message> Inbox<CIn> {
         self.queue.lock().closed
     }
 
-    /// Queues a batch; `Err` gives it back when the consumer has closed the inbox.
+    /// Queues a batch; `Err` gives it back when the consumer has closed the inbox (moved
+    /// back whole, once per closed link: no reason to box it).
+    #[allow(clippy::result_large_err)]
     fn offer(&self, batch: FusedBatch<CIn>) -> Result<(), FusedBatch<CIn>> {
         {
             let mut q = self.queue.lock();
@@ -455,6 +457,7 @@ impl<PIn: Message, POut: Message> ProducerLink<PIn, POut> {
     /// Links to `inbox`: builds `depth` fused batch sets over the producer's `pipeline` and
     /// the consumer's linked pipeline. `barrier`: the consumer's input queue's accepted count
     /// now.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         ctx: &WgpuContext,
         pipeline: &RingPipeline,

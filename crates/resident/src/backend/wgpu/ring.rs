@@ -681,9 +681,8 @@ type MapResult = Arc<Mutex<Option<Result<(), ::wgpu::BufferAsyncError>>>>;
 struct InFlight<In> {
     set: usize,
     inputs: Vec<Slot<In>>,
-    /// A batch a producer handed over on the device (`set` and `inputs` unused), and its
-    /// submission (the consumer's pump waits on it briefly rather than sleeping blind).
-    fused: Option<(link::FusedBatch<In>, ::wgpu::SubmissionIndex)>,
+    /// A batch a producer handed over on the device (`set` and `inputs` unused).
+    fused: Option<link::FusedBatch<In>>,
     mapped: MapResult,
     submitted: Instant,
 }
@@ -1363,7 +1362,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 Some(Ok(())) => {}
             }
             let mut f = self.in_flight.pop_front().expect("front exists");
-            if let Some((mut b, index)) = f.fused.take() {
+            if let Some(mut b) = f.fused.take() {
                 // A producer's batch and this kernel's dispatch over its outputs.
                 match b.staging.get_mapped_range(..) {
                     Ok(view) => {
@@ -1376,7 +1375,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                         self.forwarded += handled;
                     }
                     Err(e) => {
-                        f.fused = Some((b, index));
+                        f.fused = Some(b);
                         self.in_flight.push_front(f);
                         return Err(WgpuFault::MapRange(e));
                     }
@@ -1651,14 +1650,17 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
             // front is waited for briefly (bounded by `FUSED_WAIT`): nothing but this pump
             // polls for it, and its producer waits for the batch set it frees, so sleeping
             // blind (the pump's idle backoff) would add that sleep to every forwarded batch.
-            let poll = match self.in_flight.front().and_then(|f| f.fused.as_ref()) {
-                Some((_, index)) if self.io.as_ref().is_none_or(|io| io.input.is_empty()) => {
-                    ::wgpu::PollType::Wait {
-                        submission_index: Some(index.clone()),
-                        timeout: Some(FUSED_WAIT),
-                    }
+            // The wait names no submission: wgpu-core 30 can panic when a thread waits on an
+            // index another thread's submission has not finished publishing (seen here with
+            // several pumps submitting), and the bound keeps the wait short anyway.
+            let fused_front = self.in_flight.front().is_some_and(|f| f.fused.is_some());
+            let poll = if fused_front && self.io.as_ref().is_none_or(|io| io.input.is_empty()) {
+                ::wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: Some(FUSED_WAIT),
                 }
-                _ => ::wgpu::PollType::Poll,
+            } else {
+                ::wgpu::PollType::Poll
             };
             match self.ctx.device.poll(poll) {
                 Ok(_) | Err(::wgpu::PollError::Timeout) => {}
@@ -1791,7 +1793,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         let mut v: Vec<Slot<In>> = std::mem::take(&mut self.link_failed);
         for mut f in self.in_flight.drain(..) {
             match f.fused.take() {
-                Some((b, _)) => b.done.failed(fault.clone()),
+                Some(b) => b.done.failed(fault.clone()),
                 None => v.append(&mut f.inputs),
             }
         }
@@ -1836,7 +1838,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
                 break;
             };
             let commands = b.commands.take().expect("a fused batch is submitted once");
-            let index = self.ctx.queue.submit([commands]);
+            self.ctx.queue.submit([commands]);
             let mapped: MapResult = Arc::new(Mutex::new(None));
             let m = mapped.clone();
             b.staging
@@ -1845,7 +1847,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
             self.in_flight.push_back(InFlight {
                 set: usize::MAX,
                 inputs: Vec::new(),
-                fused: Some((b, index)),
+                fused: Some(b),
                 mapped,
                 submitted: Instant::now(),
             });
