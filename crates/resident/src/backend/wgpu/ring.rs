@@ -1650,21 +1650,26 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
             // front is waited for briefly (bounded by `FUSED_WAIT`): nothing but this pump
             // polls for it, and its producer waits for the batch set it frees, so sleeping
             // blind (the pump's idle backoff) would add that sleep to every forwarded batch.
-            // The wait names no submission: wgpu-core 30 can panic when a thread waits on an
-            // index another thread's submission has not finished publishing (seen here with
-            // several pumps submitting), and the bound keeps the wait short anyway.
+            //
+            // Polled, not `PollType::Wait` with a timeout: wgpu-core 30 asserts (panics) when
+            // a wait that timed out meets another thread's submission half published (seen
+            // here with several pumps submitting at once).
             let fused_front = self.in_flight.front().is_some_and(|f| f.fused.is_some());
-            let poll = if fused_front && self.io.as_ref().is_none_or(|io| io.input.is_empty()) {
-                ::wgpu::PollType::Wait {
-                    submission_index: None,
-                    timeout: Some(FUSED_WAIT),
+            let wait = fused_front && self.io.as_ref().is_none_or(|io| io.input.is_empty());
+            let until = Instant::now() + FUSED_WAIT;
+            loop {
+                if let Err(e) = self.ctx.device.poll(::wgpu::PollType::Poll) {
+                    self.fail(WgpuFault::Poll(Arc::new(e)));
+                    break;
                 }
-            } else {
-                ::wgpu::PollType::Poll
-            };
-            match self.ctx.device.poll(poll) {
-                Ok(_) | Err(::wgpu::PollError::Timeout) => {}
-                Err(e) => self.fail(WgpuFault::Poll(Arc::new(e))),
+                let done = self
+                    .in_flight
+                    .front()
+                    .is_none_or(|f| f.mapped.lock().is_some());
+                if !wait || done || Instant::now() >= until {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(20));
             }
             if let Err(e) = self.collect() {
                 self.fail(e);
