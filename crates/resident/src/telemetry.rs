@@ -469,6 +469,7 @@ mod tests {
             messages_dropped: 1,
             messages_refused: 0,
             messages_expired: 4,
+            forwarded_on_device: 0,
             errors: 0,
             queue_depth: 1,
             output_depth: 0,

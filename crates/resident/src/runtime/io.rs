@@ -97,6 +97,7 @@ pub(crate) struct Forward<T> {
     core: Weak<crate::runtime::RuntimeCore>,
     port: Mutex<Option<InputPort<T>>>,
     /// `RingKernel::forward_via_host`: never hand outputs over on the device.
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
     via_host: bool,
 }
 
@@ -112,6 +113,7 @@ impl<T: Message> Forward<T> {
 
     /// Whether outputs must go through the host even when the target could take them on
     /// the device (`RingKernel::forward_via_host`).
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
     pub(crate) fn via_host(&self) -> bool {
         self.via_host
     }
