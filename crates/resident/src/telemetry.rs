@@ -268,6 +268,12 @@ pub struct Telemetry {
     /// Messages not handled because their deadline (a `call`'s timeout, a send's TTL) had
     /// passed when the kernel took them; a `call`'s caller got `Error::Timeout`.
     pub messages_expired: u64,
+    /// Messages this kernel received straight from a producer on the device
+    /// (`RingKernel::forward_to` between two kernels of one device engine, counted at the
+    /// consumer): they never passed through the input queue, and they are counted in
+    /// `messages_received` (and in `messages_processed` once handled). 0 for messages
+    /// forwarded through the host (CPU kernels, `ForwardPath::HostRelay`).
+    pub forwarded_on_device: u64,
     /// Handler failures (panics).
     pub errors: u64,
     /// Messages waiting in the input queue now.
@@ -472,6 +478,7 @@ mod tests {
             messages_dropped: 1,
             messages_refused: 0,
             messages_expired: 4,
+            forwarded_on_device: 0,
             errors: 0,
             queue_depth: 1,
             output_depth: 0,

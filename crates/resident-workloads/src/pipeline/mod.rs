@@ -224,9 +224,10 @@ pub fn run_with(
                 scored.push(s.receive(wait).map_err(timeout)?);
             }
         }
+        let elapsed = t.elapsed();
         Ok(Report {
             scored,
-            elapsed: t.elapsed(),
+            elapsed,
             forwarding: n.forwarding(),
         })
     })();

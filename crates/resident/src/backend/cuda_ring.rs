@@ -523,6 +523,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
             processed: c.processed,
             batches: c.batches,
             lost: c.undelivered,
+            forwarded: 0,
         }
     }
     fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError> {

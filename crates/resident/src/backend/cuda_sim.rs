@@ -119,6 +119,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for SimEngine<In, Out> {
             processed: c.processed,
             batches: c.batches,
             lost: c.undelivered,
+            forwarded: 0,
         }
     }
     fn peer_taken(&self) -> u64 {

@@ -77,6 +77,8 @@ pub(crate) struct RingCounters {
     pub batches: u64,
     /// Outputs lost because the device had to exit with its output ring full.
     pub lost: u64,
+    /// Of `processed`: inputs a producer handed over on the device (never pushed by the pump).
+    pub forwarded: u64,
 }
 
 /// What the pump needs from a device-side kernel. Outputs come back carrying their request's
@@ -99,6 +101,19 @@ pub(crate) trait DeviceRing<In, Out>: Send {
     /// Envelopes of `call` requests the handler answered with no output, so their callers get
     /// `NoReply` at once. Rings that cannot tell leave this empty; such callers time out.
     fn take_unanswered_calls(&mut self, _out: &mut Vec<Envelope>) {}
+    /// Called once by the pump before anything else: the kernel's io, for rings that forward
+    /// on the device (the producer side finds its target through `io.forward`, the consumer
+    /// side offers itself through `io.port.device_link`).
+    fn attach(&mut self, _io: &Arc<KernelIo<In, Out>>) {}
+    /// Takes batches producers handed over on the device; `unpushed`: messages the pump took
+    /// from the input queue and has not pushed yet. Returns how many messages.
+    fn take_forwarded(&mut self, _unpushed: usize) -> usize {
+        0
+    }
+    /// Whether producers have handed over batches not yet taken (wakes an idle pump).
+    fn forwarded_waiting(&self) -> bool {
+        false
+    }
     /// Device-side forwarding, producer side: this kernel's output ring as another kernel of
     /// the same engine would consume it (`None`: this engine cannot forward on the device).
     fn output_peer(&self) -> Option<PeerRing> {
@@ -298,15 +313,28 @@ fn store_counters<In: Message, Out: Message>(
     ring: &dyn DeviceRing<In, Out>,
 ) {
     let c = ring.counters();
-    // Batches first: a reader that sees a message processed sees its batch counted.
-    io.metrics.batches.store(c.batches, Ordering::Relaxed);
-    io.metrics.processed.store(c.processed, Ordering::Release);
+    // Batches first: a reader that sees a message processed sees its batch counted. Raised,
+    // never lowered: a consumer's pump that ran a producer's batch on the device counts it
+    // in the producer's metrics at once (`wgpu::ring::link`), possibly past what this pump
+    // read a moment ago.
+    io.metrics.batches.fetch_max(c.batches, Ordering::Relaxed);
+    io.metrics
+        .processed
+        .fetch_max(c.processed, Ordering::Release);
     io.metrics
         .device_undelivered
         .store(c.lost, Ordering::Relaxed);
     io.metrics
         .peer_received
-        .store(ring.peer_taken(), Ordering::Relaxed);
+        .store(ring.peer_taken() + c.forwarded, Ordering::Relaxed);
+}
+
+/// Inputs the pump pushed that the device has not handled yet. Inputs the device took from a
+/// producer on the device (CUDA's peer ring: `peer_taken`; wgpu's handed-over batches:
+/// `forwarded`) are processed without having been pushed.
+fn in_device<In, Out>(pushed: u64, ring: &dyn DeviceRing<In, Out>) -> u64 {
+    let c = ring.counters();
+    (pushed + ring.peer_taken() + c.forwarded).saturating_sub(c.processed)
 }
 
 /// Device outputs carry the request's id as `correlation_id`: turn them back into
@@ -327,6 +355,7 @@ fn pump<In: Message, Out: Message>(
     mut out: Publisher<In, Out>,
     mut ring: Box<dyn DeviceRing<In, Out>>,
 ) {
+    ring.attach(io);
     let c = io.control.clone();
     let prof = io.profile.get();
     let mut carry: Vec<Slot<In>> = Vec::with_capacity(io.batch_size * 4);
@@ -381,7 +410,7 @@ fn pump<In: Message, Out: Message>(
                 // waits here until the device has handled everything before it, and its
                 // deadline is checked again when it goes (so it does not expire unseen in a
                 // device queue). Far deadlines (long `call` timeouts) go at once.
-                if carry_deadline && io.expires() && pushed > ring.counters().processed {
+                if carry_deadline && io.expires() && in_device(pushed, &*ring) > 0 {
                     held = true;
                 } else {
                     if held {
@@ -398,6 +427,7 @@ fn pump<In: Message, Out: Message>(
                     moved += n;
                     pushed += n as u64;
                 }
+                moved += ring.take_forwarded(carry.len());
             }
         }
         // Link a requested peer ring once everything accepted before is in the device lanes.
@@ -418,8 +448,7 @@ fn pump<In: Message, Out: Message>(
         crate::profile::device_pull(prof, t, &outs);
         // Counters first: whoever sees an output also sees it counted.
         store_counters(io, &*ring);
-        let processed = ring.counters().processed;
-        let in_device = (pushed + ring.peer_taken()).saturating_sub(processed) + carry.len() as u64;
+        let in_device = in_device(pushed, &*ring) + carry.len() as u64;
         io.in_flight.store(in_device, Ordering::Release);
         if n > 0 {
             deliver(&mut out, &mut outs);
@@ -447,6 +476,7 @@ fn pump<In: Message, Out: Message>(
             io.input.wait_nonempty(deadline_after(backoff), || {
                 c.terminate.load(Ordering::Acquire)
                     || c.active.load(Ordering::Acquire) != device_active
+                    || (device_active && ring.forwarded_waiting())
             });
         }
     };
@@ -489,9 +519,7 @@ fn pump<In: Message, Out: Message>(
     if stop.is_err() {
         // A device that did not stop keeps what it took: neither handled nor returnable.
         // Count it (as dropped), never lose it silently.
-        let lost = pushed
-            .saturating_sub(ring.counters().processed)
-            .saturating_sub(stranded.len() as u64);
+        let lost = in_device(pushed, &*ring).saturating_sub(stranded.len() as u64);
         io.metrics.lost_in_device.store(lost, Ordering::Relaxed);
     }
     stranded.append(&mut carry);

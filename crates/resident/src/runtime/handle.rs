@@ -794,6 +794,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             messages_dropped: io.dropped(),
             messages_refused: input.refused,
             messages_expired: m.expired.load(Ordering::Relaxed),
+            forwarded_on_device: m.peer_received.load(Ordering::Relaxed),
             errors: m.errors.load(Ordering::Relaxed),
             queue_depth: io.input.len(),
             output_depth: io.output.len(),

@@ -64,7 +64,15 @@ pub(crate) struct InputPort<In> {
     /// The kernel's peer-input slot when its engine can forward on the device (set by its
     /// device pump at start): a producer forwarding here links its output ring to it.
     pub device_peer: Arc<std::sync::OnceLock<Arc<resident_cuda::persistent::PeerInput>>>,
+    /// Where a device kernel offers producers on its device to hand it their outputs there
+    /// (`RingKernel::forward_to` without a host hop); set by the kernel's device host while it
+    /// runs, empty otherwise.
+    pub device_link: DeviceLinkSlot,
 }
+
+/// A kernel's device-side forwarding endpoint, type-erased (the wgpu engine's
+/// `link::Inbox<In>`), shared by the kernel's port and its device host.
+pub(crate) type DeviceLinkSlot = Arc<Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>>;
 
 impl<In> Clone for InputPort<In> {
     fn clone(&self) -> Self {
@@ -76,6 +84,7 @@ impl<In> Clone for InputPort<In> {
             calls: self.calls.clone(),
             keys: self.keys,
             device_peer: self.device_peer.clone(),
+            device_link: self.device_link.clone(),
         }
     }
 }
@@ -360,6 +369,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
                 calls,
                 keys,
                 device_peer: Arc::new(std::sync::OnceLock::new()),
+                device_link: Arc::new(Mutex::new(None)),
             },
             id,
             input,

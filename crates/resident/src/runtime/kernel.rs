@@ -247,9 +247,12 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// this kernel, and its input type must be `Out`. Outputs that cannot be delivered because
     /// the target is gone end in this kernel's terminate report.
     ///
-    /// Between two ring kernels of one CUDA-family engine (CudaSim with CudaSim) the outputs
-    /// move on the device, with no host hop (see [`ForwardPath`] and the guide's chapter on
-    /// forwarding); elsewhere the producer's host thread relays them.
+    /// Between two ring kernels of one device engine the outputs move on the device, with no
+    /// host hop: on CUDA and CudaSim the target's persistent kernel consumes this kernel's
+    /// output ring; on wgpu each batch of this kernel and the target's dispatch over its
+    /// outputs go to the device in one command submission (see [`ForwardPath`] and the guide's
+    /// chapters on forwarding for which handlers qualify); elsewhere the producer's host thread
+    /// relays them. Backpressure, order and terminate accounting are the same either way.
     pub fn forward_to(mut self, id: impl Into<String>) -> Self {
         self.forward = Some(id.into());
         self

@@ -83,6 +83,10 @@
 //! kernel instead of hanging it.
 
 #[cfg(feature = "wgpu")]
+#[path = "link.rs"]
+pub(crate) mod link;
+
+#[cfg(feature = "wgpu")]
 use super::oneshot::{check_grid, check_workgroup};
 #[cfg(feature = "wgpu")]
 use super::wgsl::compile;
@@ -98,6 +102,8 @@ use resident_ring::{DeviceMessage, Envelope, Message, Slot};
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
+#[cfg(feature = "wgpu")]
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -675,6 +681,8 @@ type MapResult = Arc<Mutex<Option<Result<(), ::wgpu::BufferAsyncError>>>>;
 struct InFlight<In> {
     set: usize,
     inputs: Vec<Slot<In>>,
+    /// A batch a producer handed over on the device (`set` and `inputs` unused).
+    fused: Option<link::FusedBatch<In>>,
     mapped: MapResult,
     submitted: Instant,
 }
@@ -702,10 +710,32 @@ pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     /// `call` requests the handler answered with `false`, for the pump to fail with NoReply.
     unanswered: Vec<Envelope>,
     geometry: BatchGeometry,
-    processed: u64,
-    batches: u64,
+    /// Messages handled and batches run, shared with the links of a producer (the consumer's
+    /// pump counts a producer's batches it ran there).
+    counts: Arc<link::Counts>,
     failure: Option<WgpuFault>,
     scratch: Vec<u8>,
+    /// The state buffer (a producer's fused batch sets bind it).
+    state_buf: ::wgpu::Buffer,
+    /// The kernel's io (`DeviceRing::attach`); `None` when driven by hand.
+    io: Option<Arc<crate::runtime::io::KernelIo<In, Out>>>,
+    /// As a consumer: what producers need to dispatch this kernel over their outputs
+    /// (plain handlers only), and the inbox offered while the pump runs.
+    consumer: Option<link::ConsumerSide>,
+    inbox: Option<Arc<link::Inbox<In>>>,
+    /// Of `processed`: messages producers handed over on the device.
+    forwarded: u64,
+    /// As a producer: the link to the `forward_to` target's inbox, while linked.
+    link: Option<link::ProducerLink<In, Out>>,
+    /// Batches a link gave back, oldest first: they run here before `pending`.
+    backlog: VecDeque<Vec<Slot<In>>>,
+    /// When the target was last looked for, and an inbox that could not be linked.
+    last_probe: Option<Instant>,
+    refused: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// `stop` began: no new link.
+    stopping: bool,
+    /// Inputs of linked batches the device never completed (for the terminate report).
+    link_failed: Vec<Slot<In>>,
     _t: PhantomData<fn() -> Out>,
 }
 
@@ -907,6 +937,30 @@ impl RingPipeline {
         chunk: &[Slot<In>],
         scratch: &mut Vec<u8>,
     ) {
+        self.upload_and_dispatch(ctx, enc, bufs, chunk, scratch);
+        let n = chunk.len();
+        let out_bytes = n as u64 * geometry.out_size;
+        if out_bytes > 0 {
+            enc.copy_buffer_to_buffer(&bufs.out, 0, &bufs.staging, 0, padded(out_bytes));
+        }
+        enc.copy_buffer_to_buffer(
+            &bufs.keep,
+            0,
+            &bufs.staging,
+            geometry.keep_offset,
+            n as u64 * 4,
+        );
+    }
+
+    /// Uploads a batch into `bufs` and records its dispatch on `enc`.
+    fn upload_and_dispatch<In: Message>(
+        &self,
+        ctx: &WgpuContext,
+        enc: &mut ::wgpu::CommandEncoder,
+        bufs: &BatchBuffers,
+        chunk: &[Slot<In>],
+        scratch: &mut Vec<u8>,
+    ) {
         let n = chunk.len();
         scratch.clear();
         for s in chunk {
@@ -938,17 +992,6 @@ impl RingPipeline {
             };
             pass.dispatch_workgroups(groups, 1, 1);
         }
-        let out_bytes = n as u64 * geometry.out_size;
-        if out_bytes > 0 {
-            enc.copy_buffer_to_buffer(&bufs.out, 0, &bufs.staging, 0, padded(out_bytes));
-        }
-        enc.copy_buffer_to_buffer(
-            &bufs.keep,
-            0,
-            &bufs.staging,
-            geometry.keep_offset,
-            n as u64 * 4,
-        );
     }
 }
 
@@ -958,6 +1001,11 @@ const CUT_SHORT: u32 = 0xffff_ffff;
 
 #[cfg(feature = "wgpu")]
 impl RingPipeline {
+    /// One invocation per message (neither in order nor keyed): what device forwarding links.
+    fn plain(&self) -> bool {
+        !self.in_order && !self.keyed
+    }
+
     /// Whether the device stopped a loop of this batch before its end: the in-order loop
     /// marks the last keep flag, a keyed leader its own message's.
     fn cut_short(&self, view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
@@ -1101,13 +1149,28 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
             ::wgpu::BufferUsages::empty(),
         )?;
         ctx.write(&state_buf, &handler.state);
+        let consumer = if p.plain() {
+            let source = handler.module_source_with(bindings)?
+                + &link::linked_entry(handler.workgroup, &handler.function);
+            Some(link::ConsumerSide {
+                source,
+                state: state_buf.clone(),
+                bound_layout: p.bound_layout.clone(),
+                bound: p.bound.clone(),
+                workgroup: handler.workgroup,
+                bound_count: bindings.len(),
+                out_size: std::mem::size_of::<Out>() as u64,
+            })
+        } else {
+            None
+        };
         let mut sets = Vec::with_capacity(handler.in_flight);
         for _ in 0..handler.in_flight {
             sets.push(p.batch_buffers(&ctx, id, &state_buf, &geometry)?);
         }
         let state = Arc::new(DeviceState {
             ctx: ctx.clone(),
-            buffer: state_buf,
+            buffer: state_buf.clone(),
             len: p.state_len,
         });
         let free = (0..sets.len()).rev().collect();
@@ -1122,10 +1185,20 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 ready: VecDeque::new(),
                 unanswered: Vec::new(),
                 geometry,
-                processed: 0,
-                batches: 0,
+                counts: Arc::default(),
                 failure: None,
                 scratch: Vec::new(),
+                state_buf,
+                io: None,
+                consumer,
+                inbox: None,
+                forwarded: 0,
+                link: None,
+                backlog: VecDeque::new(),
+                last_probe: None,
+                refused: None,
+                stopping: false,
+                link_failed: Vec::new(),
                 _t: PhantomData,
             },
             state,
@@ -1266,6 +1339,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
         self.in_flight.push_back(InFlight {
             set,
             inputs: chunk,
+            fused: None,
             mapped,
             submitted: Instant::now(),
         });
@@ -1287,7 +1361,28 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 Some(Err(e)) => return Err(WgpuFault::ReadBack(e)),
                 Some(Ok(())) => {}
             }
-            let f = self.in_flight.pop_front().expect("front exists");
+            let mut f = self.in_flight.pop_front().expect("front exists");
+            if let Some(mut b) = f.fused.take() {
+                // A producer's batch and this kernel's dispatch over its outputs.
+                match b.staging.get_mapped_range(..) {
+                    Ok(view) => {
+                        let handled = link::decode_fused(&view, b.layout, &b.envs, &mut self.ready);
+                        b.done.ran(&view, b.layout);
+                        // Counted before the outputs become visible (the pump stores
+                        // counters first).
+                        self.counts.add(handled);
+                        self.forwarded += handled;
+                    }
+                    Err(e) => {
+                        f.fused = Some(b);
+                        self.in_flight.push_front(f);
+                        return Err(WgpuFault::MapRange(e));
+                    }
+                }
+                b.staging.unmap();
+                b.done.finish();
+                continue;
+            }
             let bufs = &self.sets[f.set];
             match bufs.staging.get_mapped_range(..) {
                 Ok(view)
@@ -1304,8 +1399,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 Ok(view) => {
                     // Counted before the outputs become visible (the pump stores counters
                     // first).
-                    self.processed += f.inputs.len() as u64;
-                    self.batches += 1;
+                    self.counts.add(f.inputs.len() as u64);
                     decode(
                         &view,
                         &self.geometry,
@@ -1326,27 +1420,179 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
         Ok(())
     }
 
-    /// Submits the pending inputs when a batch set is free; `false` when none is (or the
-    /// submission failed, then the inputs stay pending for `reclaim`).
+    /// Batches of this kernel handed to a consumer and not yet run or given back.
+    fn link_outstanding(&self) -> usize {
+        self.link.as_ref().map_or(0, |l| l.outstanding())
+    }
+
+    /// Nothing of this kernel on the device: a partial batch may go.
+    fn idle(&self) -> bool {
+        self.in_flight.is_empty() && self.link_outstanding() == 0
+    }
+
+    /// Submits the pending inputs (after any batches a link gave back): handed to the linked
+    /// consumer, or on this kernel's own batch sets. `false` when they cannot go now (no
+    /// free set, or the other route still has batches of this kernel on the device: the two
+    /// never run batches of one kernel at once, so its state sees them in order), or the
+    /// submission failed (then the inputs stay for `reclaim`).
     fn flush(&mut self) -> bool {
+        self.absorb_link();
+        if self.failure.is_some() {
+            return self.pending.is_empty() && self.backlog.is_empty();
+        }
+        while !self.backlog.is_empty() {
+            if self.link_outstanding() > 0 {
+                return false;
+            }
+            let Some(set) = self.free.pop() else {
+                return false;
+            };
+            let chunk = self.backlog.pop_front().expect("not empty");
+            if !self.submit_own(set, chunk, true) {
+                return false;
+            }
+        }
         if self.pending.is_empty() {
             return true;
         }
-        if self.failure.is_some() {
-            return false;
+        if self.link.is_none() && self.in_flight.is_empty() && self.ready.is_empty() {
+            self.probe_link();
+        }
+        if let Some(l) = self.link.as_mut() {
+            if l.closing {
+                // Unlinked once its batches are back or done (`absorb_link`).
+                return false;
+            }
+            if !self.in_flight.is_empty() {
+                return false;
+            }
+            let chunk =
+                std::mem::replace(&mut self.pending, Vec::with_capacity(self.geometry.batch));
+            return match l.hand_over(
+                &self.ctx,
+                &self.pipeline,
+                &self.geometry,
+                chunk,
+                &mut self.scratch,
+            ) {
+                Ok(()) => true,
+                Err(chunk) => {
+                    // No free fused set (the consumer is behind), or the inbox closed (then
+                    // the chunk is in the link's returned batches, empty here).
+                    if !chunk.is_empty() {
+                        self.pending = chunk;
+                    }
+                    false
+                }
+            };
         }
         let Some(set) = self.free.pop() else {
             return false;
         };
         let chunk = std::mem::replace(&mut self.pending, Vec::with_capacity(self.geometry.batch));
+        self.submit_own(set, chunk, false)
+    }
+
+    /// Submits `chunk` on batch set `set`; on failure the chunk goes back where it came from.
+    fn submit_own(&mut self, set: usize, chunk: Vec<Slot<In>>, from_backlog: bool) -> bool {
         match self.submit(set, chunk) {
             Ok(()) => true,
             Err((e, chunk)) => {
                 self.free.push(set);
-                self.pending = chunk;
+                if from_backlog {
+                    self.backlog.push_front(chunk);
+                } else {
+                    self.pending = chunk;
+                }
                 self.fail(WgpuFault::Device(Arc::new(e)));
                 false
             }
+        }
+    }
+
+    /// Links to the `forward_to` target's inbox when there is one this kernel can hand its
+    /// batches to (see `link`'s docs); looked for at most every `PROBE_EVERY`.
+    fn probe_link(&mut self) {
+        if self.stopping || self.link.is_some() || self.failure.is_some() || !self.pipeline.plain()
+        {
+            return;
+        }
+        let Some(io) = &self.io else {
+            return;
+        };
+        let Some(f) = io.forward.get() else {
+            return;
+        };
+        if f.path() == crate::runtime::kernel::ForwardPath::HostRelay {
+            return;
+        }
+        if self.last_probe.is_some_and(|t| t.elapsed() < PROBE_EVERY) {
+            return;
+        }
+        self.last_probe = Some(Instant::now());
+        let Ok(port) = f.port() else {
+            return;
+        };
+        let Some(any) = port.device_link.lock().clone() else {
+            return;
+        };
+        if self.refused.as_ref().is_some_and(|r| Arc::ptr_eq(r, &any)) {
+            return;
+        }
+        let Ok(inbox) = any.clone().downcast::<link::Inbox<Out>>() else {
+            return;
+        };
+        if inbox.is_closed() {
+            // The target is terminating; a relaunched one is looked up anew.
+            f.forget();
+            return;
+        }
+        if !Arc::ptr_eq(&inbox.ctx, &self.ctx) {
+            return;
+        }
+        // Outputs relayed before now are in the target's queue: they go first (barrier).
+        let barrier = port.mailbox.counters().accepted;
+        match link::ProducerLink::new(
+            &self.ctx,
+            &self.pipeline,
+            &self.state_buf,
+            &self.geometry,
+            inbox,
+            io.clone(),
+            self.counts.clone(),
+            self.sets.len(),
+            barrier,
+        ) {
+            Ok(l) => self.link = Some(l),
+            Err(_) => self.refused = Some(any),
+        }
+    }
+
+    /// Takes back what the link returned (batches the consumer gave back, into `backlog`;
+    /// inputs of batches the device never completed, with the fault), and unlinks once the
+    /// inbox closed and no batch of this kernel is out.
+    fn absorb_link(&mut self) {
+        let Some(l) = self.link.as_mut() else {
+            return;
+        };
+        if !l.closing && l.inbox_closed() {
+            l.closing = true;
+        }
+        self.backlog.extend(l.take_returned());
+        let (mut failed, fault) = l.take_failed();
+        self.link_failed.append(&mut failed);
+        if l.closing && l.outstanding() == 0 {
+            // Late returns (a batch given back while we looked) are taken before unlinking.
+            self.backlog.extend(l.take_returned());
+            let (mut failed, _) = l.take_failed();
+            self.link_failed.append(&mut failed);
+            self.link = None;
+            if let Some(f) = self.io.as_ref().and_then(|io| io.forward.get()) {
+                f.forget();
+            }
+        }
+        if let Some(fault) = fault {
+            self.fail(fault);
         }
     }
 
@@ -1356,6 +1602,19 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
         }
     }
 }
+
+#[cfg(feature = "wgpu")]
+/// How often a producer whose target has no inbox (yet) looks again.
+const PROBE_EVERY: Duration = Duration::from_millis(20);
+
+#[cfg(feature = "wgpu")]
+/// How long a consumer's pump waits for the producer's batch at the front of its in-flight
+/// list before it goes on with its loop (new inputs, lifecycle flags).
+const FUSED_WAIT: Duration = Duration::from_micros(500);
+
+#[cfg(feature = "wgpu")]
+/// Fused batches a consumer keeps in flight besides its own batch sets.
+const FUSED_IN_FLIGHT: usize = 4;
 
 #[cfg(feature = "wgpu")]
 impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
@@ -1378,7 +1637,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
             self.pending.extend_from_slice(&slots[taken..taken + n]);
             taken += n;
         }
-        if self.in_flight.is_empty() {
+        if self.idle() {
             self.flush();
         }
         taken
@@ -1386,16 +1645,47 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
 
     fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
         if self.ready.is_empty() && !self.in_flight.is_empty() && self.failure.is_none() {
-            // Never blocks: runs the map callbacks of whatever has completed.
-            if let Err(e) = self.ctx.device.poll(::wgpu::PollType::Poll) {
-                self.fail(WgpuFault::Poll(Arc::new(e)));
+            // Runs the map callbacks of whatever has completed. A producer's batch at the
+            // front is waited for briefly (bounded by `FUSED_WAIT`): nothing but this pump
+            // polls for it, and its producer waits for the batch set it frees, so sleeping
+            // blind (the pump's idle backoff) would add that sleep to every forwarded batch.
+            //
+            // Polled, not `PollType::Wait` with a timeout: wgpu-core 30 asserts (panics) when
+            // a wait that timed out meets another thread's submission half published (seen
+            // here with several pumps submitting at once).
+            let fused_front = self.in_flight.front().is_some_and(|f| f.fused.is_some());
+            let wait = fused_front && self.io.as_ref().is_none_or(|io| io.input.is_empty());
+            let until = Instant::now() + FUSED_WAIT;
+            loop {
+                if let Err(e) = self.ctx.device.poll(::wgpu::PollType::Poll) {
+                    self.fail(WgpuFault::Poll(Arc::new(e)));
+                    break;
+                }
+                let done = self
+                    .in_flight
+                    .front()
+                    .is_none_or(|f| f.mapped.lock().is_some());
+                if !wait || done || Instant::now() >= until {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(20));
             }
             if let Err(e) = self.collect() {
                 self.fail(e);
             }
         }
-        if self.in_flight.is_empty() {
+        // A partial batch goes only when nothing of this kernel is on the device (linked or
+        // not), as in `push`; batches a link gave back go as soon as they can.
+        self.absorb_link();
+        if !self.backlog.is_empty() || self.idle() {
             self.flush();
+        }
+        if let Some(l) = &self.link {
+            // A whole batch waits for a fused set the consumer has not freed yet: wait for
+            // it (bounded) instead of spinning on the full input queue.
+            if self.pending.len() >= self.geometry.batch && self.ready.is_empty() {
+                l.wait_free(FUSED_WAIT);
+            }
         }
         let n = self.ready.len().min(max);
         out.extend(self.ready.drain(..n));
@@ -1413,6 +1703,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         if let Err(e) = self.ctx.check() {
             self.fail(WgpuFault::Device(Arc::new(e)));
         }
+        self.absorb_link();
         match &self.failure {
             Some(f) => Err(DeviceError::Fault(f.clone())),
             None => Ok(()),
@@ -1421,30 +1712,59 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
 
     fn counters(&self) -> RingCounters {
         RingCounters {
-            processed: self.processed,
-            batches: self.batches,
+            // Batches first: see `store_counters`.
+            batches: self.counts.batches.load(Ordering::Relaxed),
+            processed: self.counts.processed.load(Ordering::Acquire),
             lost: 0,
+            forwarded: self.forwarded,
         }
     }
 
     fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError> {
         // Finish the batches in flight so their outputs are published (bounded).
         let deadline = Instant::now() + timeout.min(WAIT_TIMEOUT);
+        self.stopping = true;
+        // As a consumer: no more batches from producers; those not taken go back to them.
+        if let Some(inbox) = self.inbox.take() {
+            if let Some(io) = &self.io {
+                let mut slot = io.port.device_link.lock();
+                let ours = link::erase(inbox.clone());
+                if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &ours)) {
+                    *slot = None;
+                }
+            }
+            inbox.close();
+            self.inbox = Some(inbox);
+        }
+        // As a producer: batches the consumer has not taken come back and run here.
+        if let Some(l) = self.link.as_mut() {
+            l.withdraw();
+        }
         // The pending partial batch is "in hand": it runs too.
         self.flush();
-        while (!self.in_flight.is_empty() || !self.pending.is_empty()) && self.failure.is_none() {
+        while (!self.in_flight.is_empty()
+            || !self.pending.is_empty()
+            || !self.backlog.is_empty()
+            || self.link.is_some())
+            && self.failure.is_none()
+        {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 self.fail(WgpuFault::StopTimeout(timeout));
                 break;
             }
-            let r = self.ctx.device.poll(::wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: Some(left.min(Duration::from_millis(100))),
-            });
-            if let Err(e) = r {
-                if !matches!(e, ::wgpu::PollError::Timeout) {
-                    self.fail(WgpuFault::Poll(Arc::new(e)));
+            if self.in_flight.is_empty() {
+                // Only the consumer's pump completes this kernel's linked batches.
+                std::thread::sleep(Duration::from_micros(200));
+            } else {
+                let r = self.ctx.device.poll(::wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: Some(left.min(Duration::from_millis(100))),
+                });
+                if let Err(e) = r {
+                    if !matches!(e, ::wgpu::PollError::Timeout) {
+                        self.fail(WgpuFault::Poll(Arc::new(e)));
+                    }
                 }
             }
             if let Err(e) = self.ctx.check() {
@@ -1467,10 +1787,84 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
 
     fn reclaim(&mut self) -> Vec<Slot<In>> {
         // Batches that never completed (device lost or timed out) and inputs never submitted:
-        // they come back, in the order they were taken.
-        let mut v: Vec<Slot<In>> = self.in_flight.drain(..).flat_map(|f| f.inputs).collect();
+        // they come back, in the order they were taken. A producer's batch this kernel
+        // submitted goes back to that producer's report (and fails it with this fault).
+        self.absorb_link();
+        let fault = self
+            .failure
+            .clone()
+            .unwrap_or(WgpuFault::StopTimeout(Duration::ZERO));
+        let mut v: Vec<Slot<In>> = std::mem::take(&mut self.link_failed);
+        for mut f in self.in_flight.drain(..) {
+            match f.fused.take() {
+                Some(b) => b.done.failed(fault.clone()),
+                None => v.append(&mut f.inputs),
+            }
+        }
+        v.extend(self.backlog.drain(..).flatten());
         v.append(&mut self.pending);
         v
+    }
+
+    fn attach(&mut self, io: &Arc<crate::runtime::io::KernelIo<In, Out>>) {
+        self.io = Some(io.clone());
+        // A kernel whose own outputs are forwarded takes no batches on the device: its
+        // outputs would otherwise leave by two routes (see `link`).
+        if io.forward.get().is_none() {
+            if let Some(side) = self.consumer.take() {
+                let inbox = Arc::new(link::Inbox::new(self.ctx.clone(), side, io.input.clone()));
+                *io.port.device_link.lock() = Some(link::erase(inbox.clone()));
+                self.inbox = Some(inbox);
+            }
+        }
+    }
+
+    fn take_forwarded(&mut self, unpushed: usize) -> usize {
+        let Some(inbox) = self.inbox.clone() else {
+            return 0;
+        };
+        if self.failure.is_some() || self.stopping {
+            return 0;
+        }
+        // This kernel's pending inputs first (the barrier counts them as submitted).
+        if !self.pending.is_empty() && (!self.flush() || !self.pending.is_empty()) {
+            return 0;
+        }
+        // Messages taken from the queue and submitted (or dropped by its policy): a batch's
+        // barrier is passed once everything accepted before it was linked is among them.
+        let taken = self.io.as_ref().map_or(u64::MAX, |io| {
+            let c = io.input.counters();
+            (c.delivered + c.dropped).saturating_sub(unpushed as u64)
+        });
+        let mut n = 0;
+        while self.in_flight.len() < self.sets.len() + FUSED_IN_FLIGHT {
+            let Some(mut b) = inbox.next(taken) else {
+                break;
+            };
+            let commands = b.commands.take().expect("a fused batch is submitted once");
+            self.ctx.queue.submit([commands]);
+            let mapped: MapResult = Arc::new(Mutex::new(None));
+            let m = mapped.clone();
+            b.staging
+                .map_async(::wgpu::MapMode::Read, .., move |r| *m.lock() = Some(r));
+            n += b.envs.len();
+            self.in_flight.push_back(InFlight {
+                set: usize::MAX,
+                inputs: Vec::new(),
+                fused: Some(b),
+                mapped,
+                submitted: Instant::now(),
+            });
+            if let Err(e) = self.ctx.check() {
+                self.fail(WgpuFault::Device(Arc::new(e)));
+                break;
+            }
+        }
+        n
+    }
+
+    fn forwarded_waiting(&self) -> bool {
+        self.inbox.as_ref().is_some_and(|i| i.waiting())
     }
 }
 
