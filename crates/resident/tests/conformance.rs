@@ -905,7 +905,8 @@ mod forwarding {
                 "{}: most messages must go on the device: {f:?}",
                 t.name()
             );
-        } else {
+        } else if t.placement() == Placement::Host {
+            // Host kernels have no device to forward on.
             assert_eq!(f.on_device, 0, "{f:?}");
         }
         let (tp, tc) = (p.telemetry(), c.telemetry());
@@ -1175,6 +1176,11 @@ impl Target for Wgpu {
     fn placement(&self) -> Placement {
         Placement::Device(BackendKind::Wgpu)
     }
+    // wgpu hands a producer's batches to its target on the device once the link is made and
+    // batches are more than a trickle; this suite's chains send one message at a time and its
+    // races last milliseconds, so most of their messages are relayed by the host, and the
+    // suite checks order and accounting on both paths. `tests/forward_wgpu.rs` asserts the
+    // device path (every message of a chain counted there).
     fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
         Ok(h.snapshot_state::<Handled>().unwrap().n as u64)
     }
