@@ -219,13 +219,20 @@ int main() {
         }
         if (resident_sim::now_ns() > dl) fail("timed out", host_count, device_count.load());
         link();
-        // Linked for a while, or until C stops at a call reply.
-        unsigned long long until = resident_sim::now_ns() + (1 + round % 5) * 1000000ull;
+        // Linked for a while, or until C stops at a call reply. A block of RESIDENT_BATCH OS
+        // threads under TSan takes milliseconds per barrier, and C adopts a link only between
+        // batches: the window grows with the block, so that C works through a good part of the
+        // ring (and so meets call replies) in each link, not one batch at most.
+        const unsigned long long scale = RESIDENT_BATCH / 32 > 0 ? RESIDENT_BATCH / 32 : 1;
+        unsigned long long until = resident_sim::now_ns() + (1 + round % 5) * 1000000ull * scale;
         while (resident_sim::now_ns() < until && load_acq(&C.ctl->peer_call_seen) != seq)
             std::this_thread::yield();
         if (load_acq(&C.ctl->peer_call_seen) == seq) ++call_stops;
         unlink();
-        host_pop((round % 3) * 300000ull);
+        // Until C has stopped at a call reply once, the host leaves the ring to C (it pops
+        // nothing, so C must come to a reply: every 97th message is one), and the stop path is
+        // exercised in every run whatever the scheduling; from then on both share the ring.
+        if (call_stops > 0) host_pop((round % 3) * 300000ull);
     }
     producer.join();
     done.store(true, std::memory_order_release);
