@@ -510,29 +510,16 @@ fn main() -> Result<(), BoxError> {
         }))
     });
     let mut v = result?;
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
-    let date = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
     let cmd: Vec<String> = std::env::args().skip(1).collect();
     v["command"] = json!(format!(
         "cargo run --release -p resident-nats --example bench_nats -- {}",
         cmd.join(" ")
     ));
-    v["machine"] = json!(format!(
-        "{cpu}, {} vCPUs (shared, noisy VM, no GPU); server, workers and client on one machine over 127.0.0.1",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
-    ));
-    v["date"] = json!(date);
+    v["machine"] = resident_bench::provenance::machine();
+    v["setup"] =
+        json!("shared, noisy VM, no GPU; server, workers and client on one machine over 127.0.0.1");
+    v["date"] = json!(resident_bench::provenance::today());
+    v["load"] = json!(resident_bench::provenance::load());
     v["nats_server"] = json!(String::from_utf8_lossy(&version.stdout).trim());
     v["backend"] = json!("cpu");
     v["kernel_wait"] = json!(wait);

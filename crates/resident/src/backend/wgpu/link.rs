@@ -152,27 +152,10 @@ impl<CIn: Message> Inbox<CIn> {
                         "the linked entry point needs {storage} storage buffers, the adapter binds {max}"
                     ));
                 }
-                let buffer = |binding: u32, ty| ::wgpu::BindGroupLayoutEntry {
-                    binding,
-                    visibility: ::wgpu::ShaderStages::COMPUTE,
-                    ty: ::wgpu::BindingType::Buffer {
-                        ty,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    count: None,
-                };
                 let read = ::wgpu::BufferBindingType::Storage { read_only: true };
-                let write = ::wgpu::BufferBindingType::Storage { read_only: false };
-                let entries = [
-                    buffer(0, read),
-                    buffer(1, read),
-                    buffer(2, write),
-                    buffer(3, write),
-                    buffer(4, write),
-                    buffer(5, ::wgpu::BufferBindingType::Uniform),
-                    buffer(6, read),
-                ];
+                let mut entries = super::batch_layout_entries().to_vec();
+                // The producer's outputs, read by the consumer's dispatch.
+                entries.push(super::buffer_entry(6, read));
                 ctx.scoped("create linked pipeline", || {
                     let module = ctx
                         .device

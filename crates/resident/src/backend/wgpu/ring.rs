@@ -801,28 +801,14 @@ impl RingPipeline {
             ctx,
             (batch.div_ceil(handler.workgroup as usize) as u32, 1, 1),
         )?;
-        let buffer = |binding: u32, ty| ::wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: ::wgpu::ShaderStages::COMPUTE,
-            ty: ::wgpu::BindingType::Buffer {
-                ty,
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        };
-        let read = ::wgpu::BufferBindingType::Storage { read_only: true };
-        let write = ::wgpu::BufferBindingType::Storage { read_only: false };
-        let entries = [
-            buffer(0, read),
-            buffer(1, read),
-            buffer(2, write),
-            buffer(3, write),
-            buffer(4, write),
-            buffer(5, ::wgpu::BufferBindingType::Uniform),
-        ];
+        let entries = batch_layout_entries();
         let bound_entries: Vec<_> = (0..bindings.len())
-            .map(|i| buffer(i as u32, write))
+            .map(|i| {
+                buffer_entry(
+                    i as u32,
+                    ::wgpu::BufferBindingType::Storage { read_only: false },
+                )
+            })
             .collect();
         let (pipeline, layout, bound_layout) = ctx.scoped("create ring-kernel pipeline", || {
             let module = ctx
@@ -2057,4 +2043,37 @@ impl<In: Message, Out: Message> ResidentBatches<In, Out> {
     pub fn snapshot_state(&self) -> Result<Vec<u8>, BackendError> {
         self.state.read()
     }
+}
+
+/// One compute-visible buffer binding of a batch pipeline's layout.
+pub(super) fn buffer_entry(
+    binding: u32,
+    ty: ::wgpu::BufferBindingType,
+) -> ::wgpu::BindGroupLayoutEntry {
+    ::wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: ::wgpu::ShaderStages::COMPUTE,
+        ty: ::wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+/// The fixed bindings 0-5 of a ring kernel's batch pipeline (inputs and envelopes read;
+/// outputs, keep flags and state written; the batch parameters as a uniform), shared by the
+/// plain pipeline and the linked one (`link.rs`, which adds the producer's outputs as 6).
+pub(super) fn batch_layout_entries() -> [::wgpu::BindGroupLayoutEntry; 6] {
+    let read = ::wgpu::BufferBindingType::Storage { read_only: true };
+    let write = ::wgpu::BufferBindingType::Storage { read_only: false };
+    [
+        buffer_entry(0, read),
+        buffer_entry(1, read),
+        buffer_entry(2, write),
+        buffer_entry(3, write),
+        buffer_entry(4, write),
+        buffer_entry(5, ::wgpu::BufferBindingType::Uniform),
+    ]
 }
