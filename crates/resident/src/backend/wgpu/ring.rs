@@ -2046,6 +2046,7 @@ impl<In: Message, Out: Message> ResidentBatches<In, Out> {
 }
 
 /// One compute-visible buffer binding of a batch pipeline's layout.
+#[cfg(feature = "wgpu")]
 pub(super) fn buffer_entry(
     binding: u32,
     ty: ::wgpu::BufferBindingType,
@@ -2065,6 +2066,7 @@ pub(super) fn buffer_entry(
 /// The fixed bindings 0-5 of a ring kernel's batch pipeline (inputs and envelopes read;
 /// outputs, keep flags and state written; the batch parameters as a uniform), shared by the
 /// plain pipeline and the linked one (`link.rs`, which adds the producer's outputs as 6).
+#[cfg(feature = "wgpu")]
 pub(super) fn batch_layout_entries() -> [::wgpu::BindGroupLayoutEntry; 6] {
     let read = ::wgpu::BufferBindingType::Storage { read_only: true };
     let write = ::wgpu::BufferBindingType::Storage { read_only: false };
