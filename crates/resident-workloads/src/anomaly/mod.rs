@@ -224,6 +224,9 @@ pub fn kernel(
     })?;
     let batch = match device.kind() {
         BackendKind::Cpu => resident::runtime::keyed::KEYED_BATCH,
+        // The keyed WGSL entry point scans the batch per invocation (work grows with the
+        // square of the batch; the guide's keyed chapter): small batches on wgpu.
+        BackendKind::Wgpu => 128,
         kind => crate::device::batch_size(kind, 1024),
     };
     Ok(RingKernel::<ReadingMsg, AlertMsg>::new(id)
