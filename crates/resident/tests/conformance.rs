@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-#[cfg(any(feature = "cudasim", feature = "wgpu"))]
+#[cfg(any(feature = "cuda", feature = "cudasim", feature = "wgpu"))]
 use resident::backend::BackendKind;
 use resident::prelude::*;
 
@@ -1156,6 +1156,33 @@ impl Target for CudaSim {
     }
 }
 
+/// The CUDA handler on an NVIDIA GPU (the persistent kernel, NVRTC): skipped with a visible
+/// reason where no GPU works (every machine of this project); `scripts/gpu-run.sh` runs it with
+/// `RESIDENT_REQUIRE_GPU=1`, so that there a missing GPU fails instead.
+#[cfg(feature = "cuda")]
+struct Gpu;
+#[cfg(feature = "cuda")]
+impl Target for Gpu {
+    fn name(&self) -> &'static str {
+        "gpu"
+    }
+    fn builder(&self) -> RuntimeBuilder {
+        Runtime::builder().backend(Backend::Cuda)
+    }
+    fn fault_names_message(&self) -> bool {
+        false
+    }
+    fn placement(&self) -> Placement {
+        Placement::Device(BackendKind::Cuda)
+    }
+    fn forwards_on_device(&self) -> bool {
+        true
+    }
+    fn handled(&self, h: &KernelHandle<Msg, Msg>) -> std::result::Result<u64, &'static str> {
+        Ok(h.snapshot_state::<Handled>().unwrap().n as u64)
+    }
+}
+
 /// The WGSL handler on a wgpu adapter (lavapipe in CI).
 #[cfg(feature = "wgpu")]
 struct Wgpu;
@@ -1399,6 +1426,10 @@ backends! {
 #[cfg(feature = "wgpu")]
 backends! {
     wgpu => Wgpu, rounds 4;
+}
+#[cfg(feature = "cuda")]
+backends! {
+    gpu => Gpu, rounds 4;
 }
 
 // Bound buffers on every backend (its own file and its own `backends!` lines).

@@ -386,3 +386,7 @@ backends! {
 backends! {
     wgpu => Wgpu;
 }
+#[cfg(feature = "cuda")]
+backends! {
+    gpu => Gpu;
+}
