@@ -61,7 +61,25 @@ use resident_ring::{Envelope, Mailbox, Message, Slot};
 
 use super::{BatchBuffers, BatchGeometry, RingPipeline, WgpuFault};
 use crate::backend::wgpu::{padded, WgpuContext};
+use crate::backend::BackendError;
 use crate::runtime::io::KernelIo;
+
+/// Why a producer could not link to its target on the device (it then forwards through the
+/// host, which needs none of this).
+#[derive(Clone, Debug, thiserror::Error)]
+pub(super) enum LinkError {
+    /// The linked entry point binds more storage buffers than the adapter allows.
+    #[error("the linked entry point needs {needed} storage buffers, the adapter binds {max}")]
+    StorageBuffers {
+        /// Needed.
+        needed: u64,
+        /// The adapter's limit.
+        max: u64,
+    },
+    /// The device refused a pipeline or a buffer.
+    #[error(transparent)]
+    Device(Arc<BackendError>),
+}
 
 /// The consumer's linked entry point: the plain entry point gated by the producer's keep
 /// flags (binding 6) and by the envelope (message id 0: the slot answered a `call` to the
@@ -114,7 +132,7 @@ pub(super) struct LinkedPipeline {
 pub(crate) struct Inbox<CIn> {
     pub(super) ctx: Arc<WgpuContext>,
     pub(super) side: ConsumerSide,
-    linked: OnceLock<Result<LinkedPipeline, String>>,
+    linked: OnceLock<Result<LinkedPipeline, LinkError>>,
     queue: Mutex<InboxQueue<CIn>>,
     /// The consumer's input queue: its pump sleeps on it, so a hand-over wakes it there.
     wake: Mailbox<CIn>,
@@ -141,16 +159,17 @@ impl<CIn: Message> Inbox<CIn> {
 
     /// The consumer's linked pipeline, built by the first producer that links (`Err` with
     /// the reason when the device refuses it: the producer then forwards through the host).
-    pub(super) fn pipeline(&self) -> Result<LinkedPipeline, String> {
+    pub(super) fn pipeline(&self) -> Result<LinkedPipeline, LinkError> {
         self.linked
             .get_or_init(|| {
                 let ctx = &self.ctx;
                 let storage = 6 + self.side.bound_count as u64;
                 let max = ctx.limits.max_storage_buffers_per_shader_stage as u64;
                 if storage > max {
-                    return Err(format!(
-                        "the linked entry point needs {storage} storage buffers, the adapter binds {max}"
-                    ));
+                    return Err(LinkError::StorageBuffers {
+                        needed: storage,
+                        max,
+                    });
                 }
                 let read = ::wgpu::BufferBindingType::Storage { read_only: true };
                 let mut entries = super::batch_layout_entries().to_vec();
@@ -173,10 +192,7 @@ impl<CIn: Message> Inbox<CIn> {
                         .device
                         .create_pipeline_layout(&::wgpu::PipelineLayoutDescriptor {
                             label: Some("resident linked"),
-                            bind_group_layouts: &[
-                                Some(&layout),
-                                self.side.bound_layout.as_ref(),
-                            ],
+                            bind_group_layouts: &[Some(&layout), self.side.bound_layout.as_ref()],
                             immediate_size: 0,
                         });
                     let pipeline =
@@ -191,7 +207,7 @@ impl<CIn: Message> Inbox<CIn> {
                             });
                     LinkedPipeline { pipeline, layout }
                 })
-                .map_err(|e| e.to_string())
+                .map_err(|e| LinkError::Device(Arc::new(e)))
             })
             .clone()
     }
@@ -459,7 +475,7 @@ impl<PIn: Message, POut: Message> ProducerLink<PIn, POut> {
         counts: Arc<Counts>,
         depth: usize,
         barrier: u64,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, LinkError> {
         let linked = inbox.pipeline()?;
         let b = geometry.batch as u64;
         let none = ::wgpu::BufferUsages::empty();
@@ -469,17 +485,20 @@ impl<PIn: Message, POut: Message> ProducerLink<PIn, POut> {
         for _ in 0..depth {
             let p = pipeline
                 .batch_buffers(ctx, "resident fused", p_state, geometry)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| LinkError::Device(Arc::new(e)))?;
             let mk = |label, bytes| ctx.storage_buffer(label, bytes, none);
-            let c_env = mk("resident fused env", b * 32).map_err(|e| e.to_string())?;
-            let c_out = mk("resident fused out", b * co).map_err(|e| e.to_string())?;
-            let c_keep = mk("resident fused keep", b * 4).map_err(|e| e.to_string())?;
+            let c_env =
+                mk("resident fused env", b * 32).map_err(|e| LinkError::Device(Arc::new(e)))?;
+            let c_out =
+                mk("resident fused out", b * co).map_err(|e| LinkError::Device(Arc::new(e)))?;
+            let c_keep =
+                mk("resident fused keep", b * 4).map_err(|e| LinkError::Device(Arc::new(e)))?;
             let staging = ctx
                 .readback_buffer(
                     "resident fused staging",
                     layout.p_out + b * geometry.out_size,
                 )
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| LinkError::Device(Arc::new(e)))?;
             let c_count = ctx
                 .scoped("create uniform", || {
                     ctx.device.create_buffer(&::wgpu::BufferDescriptor {
@@ -489,7 +508,7 @@ impl<PIn: Message, POut: Message> ProducerLink<PIn, POut> {
                         mapped_at_creation: false,
                     })
                 })
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| LinkError::Device(Arc::new(e)))?;
             let c_group = ctx
                 .scoped("create linked bind group", || {
                     let bufs = [
@@ -515,7 +534,7 @@ impl<PIn: Message, POut: Message> ProducerLink<PIn, POut> {
                         entries: &entries,
                     })
                 })
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| LinkError::Device(Arc::new(e)))?;
             sets.push(FusedSet {
                 p,
                 c_env,
