@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+mod engine;
 pub mod guide;
 pub mod memory;
 pub mod profile;

@@ -1,7 +1,7 @@
 //! CUDA ring kernels: the user's [`CudaHandler`] and the persistent kernel on a GPU that runs
 //! it (a `DeviceRing`, with the `cuda` feature); the same kernel source runs on CudaSim in
 //! `cuda_sim` (the `cudasim` feature). The pump that drives them is
-//! [`device_host`](super::device_host).
+//! [`device_host`](crate::runtime::host::device).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,12 +14,12 @@ use resident_ring::message::{CField, LayoutError, StructLayout};
 use resident_ring::Slot;
 use resident_ring::{DeviceMessage, Message};
 
-use crate::backend::device_host::DeviceError;
-#[cfg(any(feature = "cuda", feature = "cudasim"))]
-use crate::backend::device_host::StateSnapshot;
-#[cfg(feature = "cuda")]
-use crate::backend::device_host::{DeviceRing, RingCounters};
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers, ElemDecl};
+use crate::runtime::host::device::DeviceError;
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+use crate::runtime::host::device::StateSnapshot;
+#[cfg(feature = "cuda")]
+use crate::runtime::host::device::{DeviceRing, RingCounters};
 
 /// How long a host read or write of a bound buffer, or a read of the state
 /// (`KernelHandle::snapshot_state`), waits for the kernel to park between two batches.

@@ -18,11 +18,11 @@
 // The engines are reached through `open`, `Backend` and the handler types, not by module:
 // their modules are the crate's own.
 pub(crate) mod cpu;
-pub(crate) mod cpu_host;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 // The handler is plain data (CUDA C source and declarations), kept in every build so a kernel
 // definition compiles whichever engines are in; its engine parts follow the features.
+mod cuda_launch;
 #[cfg_attr(
     not(any(feature = "cuda", feature = "cudasim")),
     allow(dead_code, unused_imports)
@@ -30,8 +30,6 @@ pub(crate) mod cuda;
 pub(crate) mod cuda_ring;
 #[cfg(feature = "cudasim")]
 pub(crate) mod cuda_sim;
-pub(crate) mod device_host;
-pub(crate) mod host;
 mod kernel;
 mod storage;
 // Like `cuda_ring`: `WgslHandler` and the WGSL error types are in every build, the wgpu engine
@@ -39,8 +37,8 @@ mod storage;
 #[cfg_attr(not(feature = "wgpu"), allow(dead_code, unused_imports))]
 pub mod wgpu;
 
+pub use crate::runtime::host::device::DeviceError;
 pub use cuda_ring::{CudaHandler, BUFFER_SYNC_TIMEOUT};
-pub use device_host::DeviceError;
 
 pub use kernel::{launch_cpu, CpuKernelFn, CpuThread, Kernel, KernelArg, Output};
 pub use resident_cuda::launch::{block_size_for, LaunchConfig};
@@ -118,11 +116,7 @@ pub fn compiled_in() -> Vec<BackendKind> {
 }
 
 /// [`BackendError::NotCompiled`] for `backend`.
-#[cfg_attr(
-    all(feature = "cuda", feature = "cudasim", feature = "wgpu"),
-    allow(dead_code)
-)]
-fn not_compiled(backend: BackendKind) -> BackendError {
+pub(crate) fn not_compiled(backend: BackendKind) -> BackendError {
     BackendError::NotCompiled {
         backend,
         feature: backend.feature().unwrap_or("default"),
@@ -513,87 +507,6 @@ pub(crate) fn resolve(
             Err(_) => (Backend::Cpu, None),
         }),
     }
-}
-
-/// Why no device host was built for a kernel: the device refused it.
-pub(crate) struct HostChoice(pub DeviceError);
-
-/// A device-hosted kernel: its host, and its state if the device keeps one readable.
-pub(crate) type DeviceHosted<In, Out> = (
-    Box<dyn host::RingHost<In, Out>>,
-    Option<std::sync::Arc<dyn device_host::StateSnapshot>>,
-    Option<std::sync::Arc<dyn crate::runtime::bind::DeviceBuffers>>,
-);
-
-/// The device handlers a kernel definition carries.
-pub(crate) struct DeviceHandlers<In, Out> {
-    pub cuda: Option<cuda_ring::CudaHandler<In, Out>>,
-    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
-    pub wgsl: Option<wgpu::ring::WgslHandler<In, Out>>,
-}
-
-/// The device host for a kernel with a handler for this runtime's device (a CUDA GPU, CudaSim,
-/// a wgpu adapter); `Ok(None)` when the kernel runs on the CPU host. A runtime is only ever on
-/// an engine compiled in (`resolve` refuses the others), so the arms of the others are absent.
-#[cfg_attr(
-    not(any(feature = "cuda", feature = "cudasim")),
-    allow(unreachable_code, unused_variables)
-)]
-pub(crate) fn device_host<In: resident_ring::Message, Out: resident_ring::Message>(
-    backend: Backend,
-    id: &str,
-    handlers: DeviceHandlers<In, Out>,
-    lanes: usize,
-    queue_size: usize,
-    batch_size: usize,
-    bindings: &[crate::runtime::bind::DeviceBinding],
-) -> std::result::Result<Option<DeviceHosted<In, Out>>, HostChoice> {
-    let fail = |e: DeviceError| HostChoice(e);
-    #[cfg(feature = "wgpu")]
-    if backend == Backend::Wgpu {
-        let Some(w) = handlers.wgsl else {
-            return Ok(None);
-        };
-        let ctx = wgpu::WgpuContext::shared(false).map_err(|e| fail(e.into()))?;
-        wgpu::ring::check_bindings(&ctx, bindings).map_err(fail)?;
-        let (engine, state, bound) =
-            wgpu::ring::WgpuEngine::launch(ctx, id, &w, batch_size, bindings)
-                .map_err(|e| fail(e.into()))?;
-        let state: std::sync::Arc<dyn device_host::StateSnapshot> = state;
-        let bound = bound.map(|b| b as std::sync::Arc<dyn crate::runtime::bind::DeviceBuffers>);
-        return Ok(Some((
-            Box::new(device_host::DeviceHost::new(Box::new(engine))),
-            Some(state),
-            bound,
-        )));
-    }
-    let Some(handler) = handlers.cuda else {
-        return Ok(None);
-    };
-    let geometry = cuda_ring::DeviceGeometry::new(lanes, queue_size, batch_size);
-    // CUDA and CudaSim take the bound buffers: device copies for the kernel's life, and the
-    // synchronized host access the runtime routes `read_buffer` / `write_buffer` through.
-    // Both read the state back the same way: the kernel parked between two batches.
-    let (ring, buffers, state): (Box<dyn device_host::DeviceRing<In, Out>>, _, _) = match backend {
-        #[cfg(feature = "cuda")]
-        Backend::Cuda => {
-            let (e, b, s) =
-                cuda_ring::GpuEngine::launch(id, &handler, &geometry, bindings).map_err(fail)?;
-            (Box::new(e), b, s)
-        }
-        #[cfg(feature = "cudasim")]
-        Backend::CudaSim => {
-            let (e, b, s) =
-                cuda_sim::SimEngine::launch(id, &handler, &geometry, bindings).map_err(fail)?;
-            (Box::new(e), b, s)
-        }
-        _ => return Ok(None),
-    };
-    Ok(Some((
-        Box::new(device_host::DeviceHost::new(ring)),
-        Some(state),
-        buffers,
-    )))
 }
 
 #[cfg(test)]

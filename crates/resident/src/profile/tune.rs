@@ -181,7 +181,7 @@ where
         .find(|r| r.backend == BackendKind::Cuda);
     match cuda.and_then(|r| r.unavailable) {
         Some(reason) => absent.push(("cuda".to_string(), reason)),
-        None if kernel(1, 64).cuda.is_none() => absent.push((
+        None if !kernel(1, 64).device.runs_on(BackendKind::Cuda) => absent.push((
             "cuda".to_string(),
             "a device is present but the kernel has no device handler (.cuda(..))".to_string(),
         )),

@@ -1,6 +1,6 @@
 //! `KernelIo`: everything a message passes through on the host, in one place, for every
 //! backend. Senders enqueue into the input mailbox (priority lanes, backpressure); a backend's
-//! [`RingHost`](crate::backend::host::RingHost) takes batches out, runs the handler wherever it
+//! [`RingHost`](crate::runtime::host::RingHost) takes batches out, runs the handler wherever it
 //! lives, and gives the results back through its [`Publisher`](super::publisher::Publisher) —
 //! the one path by which outputs are stamped (one envelope convention), routed (call replies by
 //! correlation id, the rest to the output mailbox) and measured (one meaning per metric).
@@ -329,7 +329,7 @@ pub(crate) struct KernelIo<In, Out> {
     /// A keyed kernel's per-key states, readable on request (`KernelHandle::snapshot_key`).
     pub keyed: std::sync::OnceLock<Arc<dyn crate::runtime::keyed::KeyStates>>,
     /// A device kernel's state, readable on request (`KernelHandle::snapshot_state`).
-    pub device_state: Mutex<Option<Arc<dyn crate::backend::device_host::StateSnapshot>>>,
+    pub device_state: Mutex<Option<Arc<dyn crate::runtime::host::device::StateSnapshot>>>,
 }
 
 impl<In: Message, Out: Message> DroppedCalls for KernelIo<In, Out> {

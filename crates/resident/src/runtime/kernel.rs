@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use resident_ring::{Backpressure, Message, WaitStrategy};
 
-use crate::backend::cuda_ring::CudaHandler;
-use crate::backend::wgpu::ring::WgslHandler;
 use crate::runtime::bind::PendingBinding;
 use crate::runtime::context::{Context, LoopContext};
 
@@ -20,7 +18,7 @@ pub(crate) type HostFactory<In, Out, S> = Box<
             S,
             &std::sync::Arc<crate::runtime::io::KernelIo<In, Out>>,
         ) -> Result<
-            Box<dyn crate::backend::host::RingHost<In, Out>>,
+            Box<dyn crate::runtime::host::RingHost<In, Out>>,
             crate::runtime::keyed::KeyedError,
         > + Send,
 >;
@@ -62,8 +60,9 @@ pub struct RingKernel<In, Out, S = ()> {
     /// so it runs with a unit context while the state is kept (order does not matter).
     pub(crate) unit_body: Option<Body<In, Out, ()>>,
     pub(crate) terminate_timeout: Option<Duration>,
-    pub(crate) cuda: Option<CudaHandler<In, Out>>,
-    pub(crate) wgsl: Option<WgslHandler<In, Out>>,
+    /// Its device handlers (`.cuda(..)`, `.wgsl(..)`: each engine's module adds its own),
+    /// at most one per language; the runtime launches the one that runs on its engine.
+    pub(crate) device: crate::engine::DeviceHandlers<In, Out>,
     pub(crate) bindings: Vec<PendingBinding>,
     pub(crate) forward: Option<String>,
     /// How forwarded outputs travel (`RingKernel::forward_path`).
@@ -109,8 +108,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             body: None,
             unit_body: None,
             terminate_timeout: None,
-            cuda: None,
-            wgsl: None,
+            device: Default::default(),
             bindings: Vec::new(),
             forward: None,
             forward_path: ForwardPath::Device,
@@ -137,8 +135,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             body: None,
             unit_body: self.body.or(self.unit_body),
             terminate_timeout: self.terminate_timeout,
-            cuda: self.cuda,
-            wgsl: self.wgsl,
+            device: self.device,
             bindings: self.bindings,
             forward: self.forward,
             forward_path: self.forward_path,
@@ -216,26 +213,6 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
         F: FnOnce(&mut LoopContext<In, Out, S>) + Send + 'static,
     {
         self.body = Some(Body::Loop(Box::new(f)));
-        self
-    }
-
-    /// Runs the kernel's handler on the GPU: on a CUDA runtime, `launch` compiles `handler`
-    /// into a persistent kernel, launched once, fed through pinned device-mapped queues, and
-    /// the same [`KernelHandle`](crate::prelude::KernelHandle) API drives it. On
-    /// `Backend::CudaSim` the same source runs on host threads (compiled by the host C++
-    /// compiler). On the CPU backend the kernel uses its CPU `handler`/`run`.
-    pub fn cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
-        self.cuda = Some(handler);
-        self
-    }
-
-    /// Runs the kernel's handler on a wgpu device: on a `Backend::Wgpu` runtime, `launch`
-    /// compiles `handler` (WGSL), keeps its state in a device buffer for the kernel's life and
-    /// feeds it pipelined batches behind the same
-    /// [`KernelHandle`](crate::prelude::KernelHandle). On other backends the kernel uses its
-    /// CPU `handler`/`run` (or its CUDA handler on CUDA).
-    pub fn wgsl(mut self, handler: WgslHandler<In, Out>) -> Self {
-        self.wgsl = Some(handler);
         self
     }
 

@@ -50,11 +50,9 @@ use resident_ring::{Envelope, Message, Slot};
 use bytemuck::Pod;
 use resident_ring::message::CField;
 
-use crate::backend::cuda_ring::CudaHandler;
-use crate::backend::host::{panic_text, RingHost};
-use crate::backend::wgpu::ring::WgslHandler;
 use crate::memory::{BufferOptions, MemoryError, UnifiedBuffer};
 use crate::runtime::bind::{BindError, PendingBinding};
+use crate::runtime::host::{panic_text, RingHost};
 use crate::runtime::io::{KernelIo, Next};
 use crate::runtime::kernel::RingKernel;
 use crate::runtime::publisher::Publisher;
@@ -427,7 +425,7 @@ pub(crate) type DeviceKeys<In, Out, S> = Box<
 pub(crate) type KeyStatesFactory<In, Out> =
     Box<dyn FnOnce(&Arc<KernelIo<In, Out>>) -> Arc<dyn KeyStates> + Send>;
 
-fn device_keys<In: Message, Out: Message, S: Pod + CField + Send + 'static>(
+pub(crate) fn device_keys<In: Message, Out: Message, S: Pod + CField + Send + 'static>(
 ) -> DeviceKeys<In, Out, Keys<S>> {
     Box::new(|keys: &Keys<S>, dev: &crate::backend::DeviceHandle| {
         let n = keys.states.len();
@@ -445,33 +443,6 @@ fn device_keys<In: Message, Out: Message, S: Pod + CField + Send + 'static>(
         });
         Ok((PendingBinding::new(KEYS_BUFFER.into(), buf), snap))
     })
-}
-
-impl<In: Message + Keyed, Out: Message, S: Pod + CField + Clone + Send + 'static>
-    RingKernel<In, Out, Keys<S>>
-{
-    /// The CUDA handler of a keyed kernel, made with [`CudaHandler::keyed`]: on a CUDA or
-    /// CudaSim runtime the per-key states live in device memory for the kernel's life (bound
-    /// as the buffer `keys`, `size_of::<S>()` bytes per key) and the handler gets its key's
-    /// state; `snapshot_key(s)` read them back (the kernel parks between two batches for it).
-    /// Other runtimes run the [`key_handler`](RingKernel::key_handler).
-    pub fn key_cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
-        self.cuda = Some(handler);
-        self.device_keys = Some(device_keys::<In, Out, S>());
-        self
-    }
-
-    /// The WGSL handler of a keyed kernel, made with [`WgslHandler::keyed`]: on a wgpu
-    /// runtime the per-key states live in a storage buffer for the kernel's life (bound as
-    /// `keys`, `size_of::<S>()` bytes per key) and the handler gets its key's state as
-    /// `ptr<function, KeyState>`; `snapshot_key(s)` read them back (a copy behind
-    /// the batches already submitted). Other runtimes run the
-    /// [`key_handler`](RingKernel::key_handler) (or the CUDA handler on CUDA and CudaSim).
-    pub fn key_wgsl(mut self, handler: WgslHandler<In, Out>) -> Self {
-        self.wgsl = Some(handler);
-        self.device_keys = Some(device_keys::<In, Out, S>());
-        self
-    }
 }
 
 /// Part of a batch for one shard, moved to the thread that runs it and back.

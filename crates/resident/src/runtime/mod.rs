@@ -4,6 +4,7 @@
 pub mod bind;
 pub mod context;
 pub mod handle;
+pub(crate) mod host;
 pub(crate) mod io;
 pub mod kernel;
 pub mod keyed;
@@ -21,11 +22,11 @@ use crossbeam_utils::CachePadded;
 use parking_lot::RwLock;
 use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy};
 
-use crate::backend::host::RingHost;
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendKind};
 use crate::telemetry::{RuntimeTelemetry, Telemetry};
 use context::Context;
 use handle::{Begin, KernelHandle};
+use host::RingHost;
 use io::InputPort;
 use kernel::RingKernel;
 use report::KernelReport;
@@ -378,11 +379,10 @@ impl Runtime {
             )));
         }
         self.check_duplicate(&id)?;
-        let runs_on_device = match self.backend {
-            Backend::Cuda | Backend::CudaSim => kernel.cuda.is_some(),
-            Backend::Wgpu => kernel.wgsl.is_some(),
-            _ => false,
-        };
+        // The engine this runtime runs on, and the kernel's handler for it, if it has one.
+        let engine = engine_of(self.backend);
+        let device_handler = kernel.device.take_for(engine);
+        let runs_on_device = device_handler.is_some();
         // A keyed kernel on a device keeps its states in the bound buffer `keys`.
         let mut key_states = None;
         if kernel.keys.is_some() {
@@ -392,13 +392,7 @@ impl Runtime {
                 ));
             }
             if runs_on_device {
-                let keyed_handler = match self.backend {
-                    Backend::Cuda | Backend::CudaSim => {
-                        kernel.cuda.as_ref().is_some_and(|h| h.key_field.is_some())
-                    }
-                    Backend::Wgpu => kernel.wgsl.as_ref().is_some_and(|h| h.key_field.is_some()),
-                    _ => false,
-                };
+                let keyed_handler = device_handler.as_ref().is_some_and(|h| h.keyed());
                 let Some(make) = kernel.device_keys.take().filter(|_| keyed_handler) else {
                     return Err(invalid(
                         "a keyed kernel runs on a device through .key_cuda(CudaHandler::keyed::<S>(field)) \
@@ -498,8 +492,6 @@ impl Runtime {
                 kernel.forward_path,
             ));
         }
-        let has_cuda = kernel.cuda.is_some();
-        let has_wgsl = kernel.wgsl.is_some();
         // A device handler gets the bound buffers' declarations and initial values; the engine
         // keeps their device copies and serves the host's reads and writes.
         let device_bindings = match &bound {
@@ -511,23 +503,26 @@ impl Runtime {
             }
             _ => Vec::new(),
         };
-        let device = crate::backend::device_host::<In, Out>(
-            self.backend,
-            &id,
-            crate::backend::DeviceHandlers {
-                cuda: kernel.cuda,
-                wgsl: kernel.wgsl,
-            },
-            kernel.lanes,
-            kernel.queue_size,
-            kernel.batch_size,
-            &device_bindings,
-        )
-        .map_err(|crate::backend::HostChoice(source)| Error::Device {
-            id: id.clone(),
-            op: "launch",
-            source: Box::new(source),
-        })?;
+        let device = match device_handler {
+            None => None,
+            Some(h) => Some(
+                h.launch(
+                    engine,
+                    &crate::engine::RingSpec {
+                        id: &id,
+                        lanes: kernel.lanes,
+                        queue_size: kernel.queue_size,
+                        batch_size: kernel.batch_size,
+                        bindings: &device_bindings,
+                    },
+                )
+                .map_err(|source| Error::Device {
+                    id: id.clone(),
+                    op: "launch",
+                    source: Box::new(source),
+                })?,
+            ),
+        };
         // A keyed kernel builds its own host from its states (`RingKernel::key_handler`).
         let own_host = if device.is_none() {
             kernel.host.take()
@@ -539,19 +534,14 @@ impl Runtime {
                 let make = own_host.expect("checked by the guard");
                 make(kernel.state, &io).map_err(|e| invalid(e.to_string()))?
             }
-            (Some((device, state, buffers)), _, _) => {
-                let kind = match self.backend {
-                    Backend::Wgpu => crate::backend::BackendKind::Wgpu,
-                    Backend::CudaSim => crate::backend::BackendKind::CudaSim,
-                    _ => crate::backend::BackendKind::Cuda,
-                };
-                let _ = io.placement.set(handle::Placement::Device(kind));
-                *io.device_state.lock() = state;
-                if let (Some(t), Some(b)) = (bound, buffers) {
+            (Some(hosted), _, _) => {
+                let _ = io.placement.set(handle::Placement::Device(engine));
+                *io.device_state.lock() = hosted.state;
+                if let (Some(t), Some(b)) = (bound, hosted.buffers) {
                     bind::attach_device(&t, b);
                     let _ = io.bound.set(t);
                 }
-                device
+                hosted.host
             }
             (None, Some(body), _) => {
                 let mut ctx = Context::new(
@@ -569,39 +559,31 @@ impl Runtime {
                     ctx.bound = bind::BatchBinding::new(Some(t.clone()));
                     let _ = io.bound.set(t);
                 }
-                Box::new(crate::backend::cpu_host::CpuHost::new(ctx, body))
+                Box::new(host::cpu::CpuHost::new(ctx, body))
             }
             (None, None, Some(body)) => {
                 // A handler given before `.state(..)`: it runs with a unit context; the state
                 // is kept with the kernel until it ends.
                 let state = kernel.state;
-                let mut ctx = Context::new(
-                    (),
-                    id_arc,
-                    io.control.clone(),
-                    Arc::downgrade(&self.core),
-                );
+                let mut ctx =
+                    Context::new((), id_arc, io.control.clone(), Arc::downgrade(&self.core));
                 if let Some(t) = bound {
                     ctx.bound = bind::BatchBinding::new(Some(t.clone()));
                     let _ = io.bound.set(t);
                 }
-                Box::new(crate::backend::cpu_host::KeepState::new(
-                    crate::backend::cpu_host::CpuHost::new(ctx, body),
+                Box::new(host::cpu::KeepState::new(
+                    host::cpu::CpuHost::new(ctx, body),
                     state,
                 ))
             }
-            (None, None, None) if has_wgsl && !has_cuda => {
-                return Err(invalid(
-                    "it has only a WGSL handler and this runtime is not on the wgpu backend: add .handler(..) for the CPU"
-                        .into(),
-                ))
-            }
-            (None, None, None) if has_cuda => {
-                return Err(invalid(
-                    "it has only a CUDA handler and this runtime has no CUDA device: add .handler(..) for the CPU, \
-                     or run it on Backend::CudaSim (the same CUDA source on host threads)"
-                        .into(),
-                ))
+            (None, None, None) if kernel.device.first().is_some() => {
+                let h = kernel.device.first().expect("checked by the guard");
+                return Err(invalid(format!(
+                    "it has only a {} handler and this runtime ({engine}) does not run it: add \
+                     .handler(..) for the CPU{}",
+                    h.language(),
+                    h.elsewhere_hint()
+                )));
             }
             (None, None, None) => {
                 return Err(invalid(
@@ -627,7 +609,7 @@ impl Runtime {
             self.core.ids.epoch,
             t_launch,
         );
-        crate::backend::host::spawn(io.clone(), host, writer)?;
+        host::spawn(io.clone(), host, writer)?;
         let handle = KernelHandle { io: io.clone() };
         kernels.insert(
             id,
@@ -739,5 +721,15 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         self.shutdown_all();
         self.core.kernels.write().clear();
+    }
+}
+
+/// The engine a resolved runtime runs on (a runtime is never on `Auto`).
+fn engine_of(backend: Backend) -> BackendKind {
+    match backend {
+        Backend::Cuda => BackendKind::Cuda,
+        Backend::Wgpu => BackendKind::Wgpu,
+        Backend::CudaSim => BackendKind::CudaSim,
+        Backend::Cpu | Backend::Auto => BackendKind::Cpu,
     }
 }

@@ -8,6 +8,7 @@
 //! error wgpu reports outside an error scope is recorded on the `WgpuContext` and turned
 //! into a typed error by the next operation, never a panic.
 
+mod launch;
 #[cfg(feature = "wgpu")]
 pub(crate) mod oneshot;
 pub mod ring;

@@ -93,9 +93,9 @@ use super::wgsl::compile;
 use super::wgsl::WgslError;
 #[cfg(feature = "wgpu")]
 use super::{padded, WgpuContext, WAIT_TIMEOUT};
-use crate::backend::device_host::{DeviceError, DeviceRing, RingCounters};
 use crate::backend::BackendError;
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
+use crate::runtime::host::device::{DeviceError, DeviceRing, RingCounters};
 use parking_lot::Mutex;
 use resident_ring::message::{LayoutError, StructLayout, WgslLayoutError};
 use resident_ring::{DeviceMessage, Envelope, Message, Slot};
@@ -657,7 +657,7 @@ impl DeviceState {
 }
 
 #[cfg(feature = "wgpu")]
-impl crate::backend::device_host::StateSnapshot for DeviceState {
+impl crate::runtime::host::device::StateSnapshot for DeviceState {
     fn read(&self) -> Result<Vec<u8>, DeviceError> {
         DeviceState::read(self).map_err(DeviceError::from)
     }

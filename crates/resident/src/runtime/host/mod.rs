@@ -8,9 +8,12 @@
 //! faults. Lifecycle flags, lane mapping, envelope stamping, wait-for-exit and terminate
 //! accounting live above this seam, once.
 //!
-//! Hosts: [`cpu_host`](super::cpu_host) (the handler on a host thread) and
-//! [`device_host`](super::device_host) (a pump feeding a [`DeviceRing`](super::device_host::DeviceRing):
-//! a persistent CUDA kernel, CudaSim, or wgpu).
+//! Hosts: [`cpu`] (the handler on a host thread) and [`device`] (a pump feeding a
+//! [`DeviceRing`](device::DeviceRing): a persistent CUDA kernel, CudaSim, or wgpu; the
+//! engines launch theirs through [`crate::engine`]).
+
+pub(crate) mod cpu;
+pub(crate) mod device;
 
 use std::sync::Arc;
 

@@ -16,7 +16,7 @@ use resident_ring::{Envelope, Message, Slot};
 
 use resident_cuda::persistent::{PeerInput, PeerPhase, PeerRing};
 
-use crate::backend::host::RingHost;
+use crate::runtime::host::RingHost;
 use crate::runtime::io::KernelIo;
 use crate::runtime::publisher::Publisher;
 use crate::runtime::state::Failure;

@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use resident_ring::{Envelope, Message, Slot};
 
-use crate::backend::host::{panic_text, RingHost};
 use crate::runtime::context::{Context, LoopContext};
+use crate::runtime::host::{panic_text, RingHost};
 use crate::runtime::io::{KernelIo, Next};
 use crate::runtime::kernel::{Body, HandlerFn, LoopFn};
 use crate::runtime::publisher::Publisher;
