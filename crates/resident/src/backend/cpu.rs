@@ -1,9 +1,9 @@
 //! The CPU backend: device memory is host memory, streams run work as it is queued, kernels
 //! are Rust closures run over the index space on the rayon pool. Always available.
 
-use super::kernel::{run_cpu, Kernel, KernelArg};
 use super::storage::{DeviceMemory, DeviceMemoryInner, HeapBytes, HostMemory};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use crate::engine::kernel::{run_cpu, Kernel, KernelArg};
 use crate::profile::Direction::{ToDevice, ToHost};
 
 /// The host as a device.

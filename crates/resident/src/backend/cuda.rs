@@ -1,8 +1,8 @@
 //! The CUDA backend over `resident-cuda`.
 
-use super::kernel::{Kernel, KernelArg};
 use super::storage::{DeviceMemory, DeviceMemoryInner, HostMemory, HostMemoryInner};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use crate::engine::kernel::{Kernel, KernelArg};
 use crate::profile::Direction::{ToDevice, ToHost};
 use resident_cuda::{Device, DeviceBuffer, KernelParams, PinnedMemory};
 use std::sync::Arc;

@@ -9,8 +9,9 @@ use resident_ring::Message;
 
 use crate::backend::cuda_ring::{CudaHandler, DeviceGeometry};
 use crate::backend::BackendKind;
-use crate::engine::{DeviceHandler, DeviceHosted, RingSpec};
-use crate::runtime::host::device::{DeviceError, DeviceHost, DeviceRing};
+use crate::engine::error::DeviceError;
+use crate::engine::ring::{DeviceHandler, DeviceHosted, RingSpec};
+use crate::runtime::host::device::{DeviceHost, DeviceRing};
 use crate::runtime::kernel::RingKernel;
 use crate::runtime::keyed::{device_keys, Keyed, Keys};
 
@@ -20,11 +21,8 @@ impl<In: Message, Out: Message> DeviceHandler<In, Out> for CudaHandler<In, Out> 
     }
 
     fn runs_on(&self, engine: BackendKind) -> bool {
-        match engine {
-            BackendKind::Cuda => cfg!(feature = "cuda"),
-            BackendKind::CudaSim => cfg!(feature = "cudasim"),
-            _ => false,
-        }
+        (engine == BackendKind::Cuda && cfg!(feature = "cuda"))
+            || (engine == BackendKind::CudaSim && cfg!(feature = "cudasim"))
     }
 
     fn keyed(&self) -> bool {

@@ -4,6 +4,7 @@
 //! [`device_host`](crate::runtime::host::device).
 
 use std::sync::Arc;
+#[cfg(feature = "cuda")]
 use std::time::Duration;
 
 use resident_cuda::persistent::{BufferDecl, BufferInit, KernelSource, MessageDecl, QueueConfig};
@@ -14,16 +15,14 @@ use resident_ring::message::{CField, LayoutError, StructLayout};
 use resident_ring::Slot;
 use resident_ring::{DeviceMessage, Message};
 
+use crate::engine::error::DeviceError;
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers, ElemDecl};
-use crate::runtime::host::device::DeviceError;
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 use crate::runtime::host::device::StateSnapshot;
 #[cfg(feature = "cuda")]
 use crate::runtime::host::device::{DeviceRing, RingCounters};
 
-/// How long a host read or write of a bound buffer, or a read of the state
-/// (`KernelHandle::snapshot_state`), waits for the kernel to park between two batches.
-pub const BUFFER_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::engine::BUFFER_SYNC_TIMEOUT;
 
 /// A ring kernel's handler in CUDA C: `__device__ bool handle(ResidentState* state,
 /// const ResidentIn* in, ResidentOut* out, const Envelope* env)`, returning `false` for "no

@@ -20,11 +20,12 @@ use super::cpu::CpuDevice;
 use super::cuda_ring::{
     BoundBuffers, CudaHandler, DeviceGeometry, EngineBuffers, Launched, BUFFER_SYNC_TIMEOUT,
 };
-use super::kernel::{Kernel, KernelArg};
 use super::storage::{DeviceMemory, HostMemory};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use crate::engine::error::DeviceError;
+use crate::engine::kernel::{Kernel, KernelArg};
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
-use crate::runtime::host::device::{DeviceError, DeviceRing, RingCounters, StateSnapshot};
+use crate::runtime::host::device::{DeviceRing, RingCounters, StateSnapshot};
 
 /// How long the kernel outlives a silent host (the pump beats every 50 ms).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);

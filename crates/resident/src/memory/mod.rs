@@ -10,7 +10,7 @@ pub use unified::{
     BufferOptions, BufferState, DeviceView, DeviceViewMut, TransferStats, UnifiedBuffer,
 };
 
-use crate::backend::BackendError;
+use crate::engine::BackendError;
 
 /// Errors of the memory layer.
 #[derive(Debug, thiserror::Error)]

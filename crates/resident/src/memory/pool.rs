@@ -8,7 +8,7 @@
 //! device kind on CUDA as well; this one works the same on every backend.
 
 use super::MemoryError;
-use crate::backend::{DeviceHandle, DeviceMemory, HostMemory};
+use crate::engine::{DeviceHandle, DeviceMemory, HostMemory};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -13,7 +13,7 @@
 //! | `DeviceDirty`  | stale      | newer       |
 
 use super::MemoryError;
-use crate::backend::{BackendError, DeviceHandle, DeviceMemory, HostMemory, KernelArg, Stream};
+use crate::engine::{BackendError, DeviceHandle, DeviceMemory, HostMemory, KernelArg, Stream};
 use bytemuck::Pod;
 use std::marker::PhantomData;
 

@@ -427,8 +427,8 @@ fn track_report(t: &Track) -> TrackReport {
 
 #[cfg(not(feature = "cuda"))]
 fn gpu_telemetry() -> (Vec<GpuTelemetry>, Option<String>) {
-    let why = crate::backend::BackendError::NotCompiled {
-        backend: crate::backend::BackendKind::Cuda,
+    let why = crate::engine::BackendError::NotCompiled {
+        backend: crate::engine::BackendKind::Cuda,
         feature: "cuda",
     };
     (Vec::new(), Some(format!("no GPU telemetry: {why}")))

@@ -144,7 +144,7 @@ pub enum BindError {
         name: String,
         /// The device error.
         #[source]
-        source: Box<crate::backend::DeviceError>,
+        source: Box<crate::engine::error::DeviceError>,
     },
     /// The buffer's state machine failed (a copy or an allocation).
     #[error("bound buffer '{name}' of kernel '{kernel}': {source}")]
@@ -304,9 +304,9 @@ pub(crate) struct DeviceBinding {
 /// started after has begun), and what `write` stores is seen whole by the next batch.
 pub(crate) trait DeviceBuffers: Send + Sync {
     /// Copies binding `index`'s device values into `out` (exactly its byte length).
-    fn read(&self, index: usize, out: &mut [u8]) -> Result<(), crate::backend::DeviceError>;
+    fn read(&self, index: usize, out: &mut [u8]) -> Result<(), crate::engine::error::DeviceError>;
     /// Replaces binding `index`'s device values with `data` (exactly its byte length).
-    fn write(&self, index: usize, data: &[u8]) -> Result<(), crate::backend::DeviceError>;
+    fn write(&self, index: usize, data: &[u8]) -> Result<(), crate::engine::error::DeviceError>;
 }
 
 /// The table shared by the kernel thread and its handles.

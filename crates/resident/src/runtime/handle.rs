@@ -35,7 +35,7 @@ pub enum Placement {
     /// A host thread runs the CPU closure.
     Host,
     /// The device of this backend runs the device handler.
-    Device(crate::backend::BackendKind),
+    Device(crate::engine::BackendKind),
 }
 
 /// What `terminate` found: counts, and every message that was not delivered, so nothing is
@@ -612,7 +612,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// batch submitted before this call; the state stays on the device otherwise, this is the
     /// only read-back), a CUDA handler's state on a GPU or CudaSim (read with the kernel parked
     /// between two batches, never mid-batch, waiting at most
-    /// [`BUFFER_SYNC_TIMEOUT`](crate::backend::BUFFER_SYNC_TIMEOUT) for it to park;
+    /// [`BUFFER_SYNC_TIMEOUT`](crate::engine::BUFFER_SYNC_TIMEOUT) for it to park;
     /// each read costs a park and a relaunch, so it is for occasional reads), or a CPU
     /// handler's state on a host thread (read between two batches, waiting at most the
     /// kernel's terminate timeout for the batch in hand). To see a

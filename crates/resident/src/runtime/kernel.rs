@@ -62,7 +62,7 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) terminate_timeout: Option<Duration>,
     /// Its device handlers (`.cuda(..)`, `.wgsl(..)`: each engine's module adds its own),
     /// at most one per language; the runtime launches the one that runs on its engine.
-    pub(crate) device: crate::engine::DeviceHandlers<In, Out>,
+    pub(crate) device: crate::engine::ring::DeviceHandlers<In, Out>,
     pub(crate) bindings: Vec<PendingBinding>,
     pub(crate) forward: Option<String>,
     /// How forwarded outputs travel (`RingKernel::forward_path`).

@@ -416,7 +416,7 @@ pub(crate) const KEYS_BUFFER: &str = "keys";
 pub(crate) type DeviceKeys<In, Out, S> = Box<
     dyn FnOnce(
             &S,
-            &crate::backend::DeviceHandle,
+            &crate::engine::DeviceHandle,
         )
             -> std::result::Result<(PendingBinding, KeyStatesFactory<In, Out>), KeyedError>
         + Send,
@@ -427,7 +427,7 @@ pub(crate) type KeyStatesFactory<In, Out> =
 
 pub(crate) fn device_keys<In: Message, Out: Message, S: Pod + CField + Send + 'static>(
 ) -> DeviceKeys<In, Out, Keys<S>> {
-    Box::new(|keys: &Keys<S>, dev: &crate::backend::DeviceHandle| {
+    Box::new(|keys: &Keys<S>, dev: &crate::engine::DeviceHandle| {
         let n = keys.states.len();
         if n == 0 || n > u32::MAX as usize {
             return Err(KeyedError::KeyCount(n));

@@ -22,7 +22,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::RwLock;
 use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy};
 
-use crate::backend::{Backend, BackendKind};
+use crate::engine::{Backend, BackendKind, DeviceHandle};
 use crate::telemetry::{RuntimeTelemetry, Telemetry};
 use context::Context;
 use handle::{Begin, KernelHandle};
@@ -258,10 +258,21 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Builds the runtime.
-    pub fn build(self) -> Result<Runtime> {
-        let (backend, device) = crate::backend::resolve(self.backend)?;
-        Ok(Runtime {
+    /// The backend asked for (the engines resolve it when they build the runtime: `build` is
+    /// defined with them, in `backend/`, so the runtime names no engine).
+    pub(crate) fn requested(&self) -> Backend {
+        self.backend
+    }
+
+    /// The runtime on `backend` (resolved, never `Auto`), with its device when resolving it
+    /// opened one; `open` opens it on first use ([`Runtime::device`]).
+    pub(crate) fn build_on(
+        self,
+        backend: Backend,
+        device: Option<DeviceHandle>,
+        open: Opener,
+    ) -> Runtime {
+        Runtime {
             core: Arc::new(RuntimeCore {
                 ids: Arc::new(Ids {
                     epoch: Instant::now(),
@@ -275,18 +286,25 @@ impl RuntimeBuilder {
             }),
             backend,
             device: parking_lot::Mutex::new(device),
+            open,
             shutdown_timeout: self.shutdown_timeout,
             profiler: self.profiler,
-        })
+        }
     }
 }
+
+/// Opens the device of a backend (the engines' `open`, handed down when a runtime is built).
+pub(crate) type Opener =
+    fn(Backend) -> std::result::Result<DeviceHandle, crate::engine::BackendError>;
 
 /// Hosts ring kernels. Dropping it drains and terminates every kernel.
 pub struct Runtime {
     core: Arc<RuntimeCore>,
     backend: Backend,
     /// The runtime's device, opened when the backend was chosen or on first use.
-    device: parking_lot::Mutex<Option<crate::backend::DeviceHandle>>,
+    device: parking_lot::Mutex<Option<DeviceHandle>>,
+    /// Opens the device on first use.
+    open: Opener,
     shutdown_timeout: Duration,
     profiler: Option<crate::profile::Profiler>,
 }
@@ -331,12 +349,12 @@ impl Runtime {
     /// assert_eq!(k.call(1, std::time::Duration::from_secs(5))?, 2.0);
     /// # Ok::<(), resident::Error>(())
     /// ```
-    pub fn device(&self) -> Result<crate::backend::DeviceHandle> {
+    pub fn device(&self) -> Result<crate::engine::DeviceHandle> {
         let mut d = self.device.lock();
         if let Some(d) = d.as_ref() {
             return Ok(d.clone());
         }
-        let opened = crate::backend::open(self.backend).map_err(|e| Error::BackendUnavailable {
+        let opened = (self.open)(self.backend).map_err(|e| Error::BackendUnavailable {
             backend: self.backend,
             source: Box::new(e),
         })?;
@@ -508,7 +526,7 @@ impl Runtime {
             Some(h) => Some(
                 h.launch(
                     engine,
-                    &crate::engine::RingSpec {
+                    &crate::engine::ring::RingSpec {
                         id: &id,
                         lanes: kernel.lanes,
                         queue_size: kernel.queue_size,

@@ -66,7 +66,7 @@ pub enum Failure {
     /// The kernel's device side failed (a fault, a device lost, a device that did not stop
     /// or exited on its own); the engine's own error is the source.
     #[error("device kernel failed: {0}")]
-    Device(#[source] std::sync::Arc<crate::runtime::host::device::DeviceError>),
+    Device(#[source] std::sync::Arc<crate::engine::error::DeviceError>),
     /// A task that was calling the kernel on a caller's behalf ended abnormally (panicked or
     /// was cancelled), e.g. a serving task; its own error is the source.
     #[error("a task calling the kernel ended abnormally: {0}")]
@@ -84,7 +84,7 @@ fn abandoned_text(timeout: Duration, message_id: Option<u64>) -> String {
 
 impl Failure {
     /// The device's error, for a device failure.
-    pub fn device_error(&self) -> Option<&crate::runtime::host::device::DeviceError> {
+    pub fn device_error(&self) -> Option<&crate::engine::error::DeviceError> {
         match self {
             Failure::Device(e) => Some(e),
             _ => None,
@@ -250,10 +250,10 @@ pub enum Error {
     #[error("backend {backend:?} unavailable: {source}")]
     BackendUnavailable {
         /// The backend asked for.
-        backend: crate::backend::Backend,
+        backend: crate::engine::Backend,
         /// Why it cannot be opened.
         #[source]
-        source: Box<crate::backend::BackendError>,
+        source: Box<crate::engine::BackendError>,
     },
     /// The kernel's device refused an operation (`op`: "launch", "snapshot_state"): a
     /// handler that does not compile (the compiler's message and line inside), a layout the
@@ -268,7 +268,7 @@ pub enum Error {
         op: &'static str,
         /// The device's error.
         #[source]
-        source: Box<crate::runtime::host::device::DeviceError>,
+        source: Box<crate::engine::error::DeviceError>,
     },
     /// A queue or buffer is too large for this machine's memory.
     #[error("kernel '{id}': cannot allocate {bytes} bytes for its {what}")]
@@ -343,7 +343,7 @@ impl Error {
     }
 
     /// The device error underneath a device operation that failed, if any.
-    pub fn device_error(&self) -> Option<&crate::runtime::host::device::DeviceError> {
+    pub fn device_error(&self) -> Option<&crate::engine::error::DeviceError> {
         match self {
             Error::Device { source, .. } => Some(source),
             _ => None,

@@ -9,8 +9,8 @@ use resident_ring::Message;
 
 use crate::backend::wgpu::ring::WgslHandler;
 use crate::backend::BackendKind;
-use crate::engine::{DeviceHandler, DeviceHosted, RingSpec};
-use crate::runtime::host::device::DeviceError;
+use crate::engine::error::DeviceError;
+use crate::engine::ring::{DeviceHandler, DeviceHosted, RingSpec};
 use crate::runtime::kernel::RingKernel;
 use crate::runtime::keyed::{device_keys, Keyed, Keys};
 

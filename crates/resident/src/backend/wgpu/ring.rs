@@ -94,8 +94,12 @@ use super::wgsl::WgslError;
 #[cfg(feature = "wgpu")]
 use super::{padded, WgpuContext, WAIT_TIMEOUT};
 use crate::backend::BackendError;
+use crate::engine::error::DeviceError;
+#[cfg(feature = "wgpu")]
+pub use crate::engine::error::WgpuFault;
+pub use crate::engine::error::WgslLaunchError;
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
-use crate::runtime::host::device::{DeviceError, DeviceRing, RingCounters};
+use crate::runtime::host::device::{DeviceRing, RingCounters};
 use parking_lot::Mutex;
 use resident_ring::message::{LayoutError, StructLayout, WgslLayoutError};
 use resident_ring::{DeviceMessage, Envelope, Message, Slot};
@@ -525,49 +529,6 @@ fn resident_flags(env: Envelope) -> u32 { return (env.priority_flags >> 8u) & 0x
         s.push_str(super::wgsl::HELPERS_64);
         Ok(s)
     }
-}
-
-/// Why a WGSL ring kernel could not be launched.
-#[derive(Debug, thiserror::Error)]
-pub enum WgslLaunchError {
-    /// A message or state type has no byte-identical WGSL declaration.
-    #[error(transparent)]
-    Layout(#[from] WgslLayoutError),
-    /// The handler (with the generated code) did not compile.
-    #[error(transparent)]
-    Compile(#[from] WgslError),
-    /// WGSL lays a type out with another size than Rust.
-    #[error("type `{ty}` is {wgsl} bytes in WGSL but {rust} bytes in Rust")]
-    LayoutMismatch {
-        /// The type.
-        ty: String,
-        /// WGSL size.
-        wgsl: u32,
-        /// Rust size.
-        rust: usize,
-    },
-    /// The device refused (limits, memory, loss).
-    #[error(transparent)]
-    Device(#[from] BackendError),
-    /// [`WgslHandler::atomic`] named a buffer that is not bound, or whose elements are not
-    /// `u32`/`i32`.
-    #[error("atomic bound buffer '{name}': {reason}")]
-    Atomic {
-        /// The name given to `atomic`.
-        name: String,
-        /// Why it cannot be atomic.
-        reason: String,
-    },
-    /// The device refused a bound buffer (for example past `max_storage_buffer_binding_size`,
-    /// named in the [`BackendError::WgpuLimit`] underneath).
-    #[error("bound buffer '{name}': {source}")]
-    BoundBuffer {
-        /// The buffer's name.
-        name: String,
-        /// What the device said.
-        #[source]
-        source: BackendError,
-    },
 }
 
 #[cfg(feature = "wgpu")]
@@ -1010,37 +971,6 @@ impl RingPipeline {
 fn cut_short(view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
     let at = geometry.keep_offset as usize + 4 * n.saturating_sub(1);
     n > 0 && view[at..at + 4] == CUT_SHORT.to_le_bytes()
-}
-
-#[cfg(feature = "wgpu")]
-/// Why a WGSL ring kernel failed after launch ([`DeviceError::Fault`]). `Clone` (sources are
-/// shared): the engine keeps its first failure and answers it to every later check.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum WgpuFault {
-    /// The device stopped an in-order batch before its end (see the module docs).
-    #[error("the device stopped an in-order batch of {messages} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message")]
-    CutShort {
-        /// Messages in the batch.
-        messages: usize,
-    },
-    /// A submitted batch was not read back within the engine's bound.
-    #[error("a batch did not complete within {0:?}")]
-    BatchTimeout(Duration),
-    /// Stopping: the batches in flight did not complete within the terminate timeout.
-    #[error("batches in flight did not complete within {0:?}")]
-    StopTimeout(Duration),
-    /// Mapping a batch's staging buffer for reading failed.
-    #[error("reading a batch back failed: {0}")]
-    ReadBack(#[source] ::wgpu::BufferAsyncError),
-    /// The mapped staging buffer could not be viewed.
-    #[error("mapping a batch failed: {0}")]
-    MapRange(#[source] ::wgpu::MapRangeError),
-    /// Polling the device failed.
-    #[error("device poll failed: {0}")]
-    Poll(#[source] Arc<::wgpu::PollError>),
-    /// The device layer failed (device lost, a validation error, a refused submission).
-    #[error(transparent)]
-    Device(Arc<BackendError>),
 }
 
 #[cfg(feature = "wgpu")]

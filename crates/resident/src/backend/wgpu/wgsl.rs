@@ -2,6 +2,7 @@
 //! does not parse or validate is a [`WgslError`] with naga's message and the line, before any
 //! pipeline is built.
 
+pub use crate::engine::error::WgslError;
 #[cfg(feature = "wgpu")]
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
@@ -31,20 +32,6 @@ pub(crate) fn with_helpers(source: &str) -> String {
     s.push('\n');
     s.push_str(HELPERS_64);
     s
-}
-
-/// A WGSL source that naga refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("WGSL {stage} error{}: {message}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
-pub struct WgslError {
-    /// `parse` or `validation`.
-    pub stage: &'static str,
-    /// naga's message, with the source excerpt it points at.
-    pub message: String,
-    /// 1-based line in the source that was compiled, when naga gives one.
-    pub line: Option<u32>,
-    /// 1-based column, when naga gives one.
-    pub column: Option<u32>,
 }
 
 #[cfg(feature = "wgpu")]

@@ -16,59 +16,11 @@ use resident_ring::{Envelope, Message, Slot};
 
 use resident_cuda::persistent::{PeerInput, PeerPhase, PeerRing};
 
+use crate::engine::error::DeviceError;
 use crate::runtime::host::RingHost;
 use crate::runtime::io::KernelIo;
 use crate::runtime::publisher::Publisher;
 use crate::runtime::state::Failure;
-
-/// Why a device-side kernel could not be launched or stopped, or why it failed. Keeps the
-/// backend's own error as its source, so callers can match e.g.
-/// `resident_cuda::CudaError::ResidencyExceeded`.
-#[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
-    /// The persistent CUDA kernel layer reported an error.
-    #[error(transparent)]
-    Cuda(#[from] resident_cuda::persistent::PersistentError),
-    /// The device side exited without being asked to.
-    #[error("the device kernel exited on its own ({state})")]
-    ExitedOnItsOwn {
-        /// The state it reported.
-        state: String,
-    },
-    #[cfg(feature = "wgpu")]
-    /// The device side of a WGSL ring kernel failed after launch (a batch cut short, not read
-    /// back in time, the device lost); the engine's error is the source.
-    #[error("the device kernel faulted: {0}")]
-    Fault(#[source] crate::backend::wgpu::ring::WgpuFault),
-    /// The device side did not stop within the timeout.
-    #[error("the device kernel did not stop within {0:?}")]
-    StopTimeout(Duration),
-    /// A WGSL ring kernel could not be launched (compile error with line, layout, limits).
-    #[error(transparent)]
-    Wgsl(#[from] crate::backend::wgpu::ring::WgslLaunchError),
-    /// The backend's device layer failed (wgpu validation, memory, device lost).
-    #[error(transparent)]
-    Backend(#[from] crate::backend::BackendError),
-    /// A bound buffer cannot be used by this device handler (no device type for its element,
-    /// a name that is not an identifier, a host write of the wrong size, a kernel that ended).
-    #[error("bound buffer '{name}': {reason}")]
-    Binding {
-        /// The buffer's name.
-        name: String,
-        /// Why.
-        reason: String,
-    },
-}
-
-impl DeviceError {
-    /// The CUDA error underneath, if this came from the CUDA driver.
-    pub fn cuda(&self) -> Option<&resident_cuda::CudaError> {
-        match self {
-            DeviceError::Cuda(resident_cuda::persistent::PersistentError::Cuda(e)) => Some(e),
-            _ => None,
-        }
-    }
-}
 
 /// Counters a device kernel keeps about itself.
 #[derive(Clone, Copy, Debug, Default)]

@@ -10,9 +10,10 @@
 
 use std::sync::Arc;
 
-use crate::backend::BackendKind;
+use crate::engine::error::DeviceError;
+use crate::engine::BackendKind;
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
-use crate::runtime::host::device::{DeviceError, StateSnapshot};
+use crate::runtime::host::device::StateSnapshot;
 use crate::runtime::host::RingHost;
 
 /// What the runtime asks of an engine when it launches a ring kernel on it.
