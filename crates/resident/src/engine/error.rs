@@ -2,7 +2,6 @@
 //! (`Error::Device`, `KernelFailure::Device`) while naming no engine module: what a device-side
 //! kernel reports ([`DeviceError`]), and the wgpu engine's launch and fault causes.
 
-#[cfg(feature = "wgpu")]
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,11 +23,10 @@ pub enum DeviceError {
         /// The state it reported.
         state: String,
     },
-    #[cfg(feature = "wgpu")]
-    /// The device side of a WGSL ring kernel failed after launch (a batch cut short, not read
-    /// back in time, the device lost); the engine's error is the source.
+    /// The device side failed after launch (on wgpu: a batch cut short, not read back in time,
+    /// the device lost, a `WgpuFault`); the engine's own error is the source, to downcast.
     #[error("the device kernel faulted: {0}")]
-    Fault(#[source] WgpuFault),
+    Fault(#[source] Arc<dyn std::error::Error + Send + Sync>),
     /// The device side did not stop within the timeout.
     #[error("the device kernel did not stop within {0:?}")]
     StopTimeout(Duration),
@@ -114,35 +112,4 @@ pub struct WgslError {
     pub line: Option<u32>,
     /// 1-based column, when naga gives one.
     pub column: Option<u32>,
-}
-
-#[cfg(feature = "wgpu")]
-/// Why a WGSL ring kernel failed after launch ([`DeviceError::Fault`]). `Clone` (sources are
-/// shared): the engine keeps its first failure and answers it to every later check.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum WgpuFault {
-    /// The device stopped an in-order batch before its end (see the module docs).
-    #[error("the device stopped an in-order batch of {messages} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message")]
-    CutShort {
-        /// Messages in the batch.
-        messages: usize,
-    },
-    /// A submitted batch was not read back within the engine's bound.
-    #[error("a batch did not complete within {0:?}")]
-    BatchTimeout(Duration),
-    /// Stopping: the batches in flight did not complete within the terminate timeout.
-    #[error("batches in flight did not complete within {0:?}")]
-    StopTimeout(Duration),
-    /// Mapping a batch's staging buffer for reading failed.
-    #[error("reading a batch back failed: {0}")]
-    ReadBack(#[source] ::wgpu::BufferAsyncError),
-    /// The mapped staging buffer could not be viewed.
-    #[error("mapping a batch failed: {0}")]
-    MapRange(#[source] ::wgpu::MapRangeError),
-    /// Polling the device failed.
-    #[error("device poll failed: {0}")]
-    Poll(#[source] Arc<::wgpu::PollError>),
-    /// The device layer failed (device lost, a validation error, a refused submission).
-    #[error(transparent)]
-    Device(Arc<BackendError>),
 }

@@ -95,8 +95,6 @@ use super::wgsl::WgslError;
 use super::{padded, WgpuContext, WAIT_TIMEOUT};
 use crate::backend::BackendError;
 use crate::engine::error::DeviceError;
-#[cfg(feature = "wgpu")]
-pub use crate::engine::error::WgpuFault;
 pub use crate::engine::error::WgslLaunchError;
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
 use crate::runtime::host::device::{DeviceRing, RingCounters};
@@ -974,6 +972,37 @@ fn cut_short(view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
 }
 
 #[cfg(feature = "wgpu")]
+/// Why a WGSL ring kernel failed after launch (the source of [`DeviceError::Fault`]). `Clone` (sources are
+/// shared): the engine keeps its first failure and answers it to every later check.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WgpuFault {
+    /// The device stopped an in-order batch before its end (see the module docs).
+    #[error("the device stopped an in-order batch of {messages} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message")]
+    CutShort {
+        /// Messages in the batch.
+        messages: usize,
+    },
+    /// A submitted batch was not read back within the engine's bound.
+    #[error("a batch did not complete within {0:?}")]
+    BatchTimeout(Duration),
+    /// Stopping: the batches in flight did not complete within the terminate timeout.
+    #[error("batches in flight did not complete within {0:?}")]
+    StopTimeout(Duration),
+    /// Mapping a batch's staging buffer for reading failed.
+    #[error("reading a batch back failed: {0}")]
+    ReadBack(#[source] ::wgpu::BufferAsyncError),
+    /// The mapped staging buffer could not be viewed.
+    #[error("mapping a batch failed: {0}")]
+    MapRange(#[source] ::wgpu::MapRangeError),
+    /// Polling the device failed.
+    #[error("device poll failed: {0}")]
+    Poll(#[source] Arc<::wgpu::PollError>),
+    /// The device layer failed (device lost, a validation error, a refused submission).
+    #[error(transparent)]
+    Device(Arc<BackendError>),
+}
+
+#[cfg(feature = "wgpu")]
 /// Sizes of one batch set.
 struct BatchGeometry {
     batch: usize,
@@ -1621,7 +1650,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         }
         self.absorb_link();
         match &self.failure {
-            Some(f) => Err(DeviceError::Fault(f.clone())),
+            Some(f) => Err(DeviceError::Fault(Arc::new(f.clone()))),
             None => Ok(()),
         }
     }
@@ -1692,7 +1721,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
             self.flush();
         }
         match &self.failure {
-            Some(f) => Err(DeviceError::Fault(f.clone())),
+            Some(f) => Err(DeviceError::Fault(Arc::new(f.clone()))),
             None => Ok(()),
         }
     }
