@@ -1,6 +1,8 @@
 //! The CUDA backend over `resident-cuda`.
 
-use super::storage::{DeviceMemory, DeviceMemoryInner, HostMemory, HostMemoryInner};
+use super::storage::{
+    DeviceMemory, DeviceMemoryInner, EngineHostMemory, EngineMemory, HostMemory, HostMemoryInner,
+};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
 use crate::engine::kernel::{Kernel, KernelArg};
 use crate::profile::Direction::{ToDevice, ToHost};
@@ -44,33 +46,65 @@ pub fn device_infos() -> Result<Vec<DeviceInfo>> {
     Ok(list.iter().map(info_of).collect())
 }
 
+/// A CUDA buffer as the seam's engine memory.
+struct CudaMemory(DeviceBuffer);
+
+impl EngineMemory for CudaMemory {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn backend(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+    fn address(&self) -> u64 {
+        self.0.device_ptr()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// Pinned, device-mapped host memory as the seam's engine host memory.
+struct CudaPinned(PinnedMemory);
+
+impl EngineHostMemory for CudaPinned {
+    fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.0.as_bytes_mut()
+    }
+}
+
+fn wrong(m: &DeviceMemory, what: &'static str) -> BackendError {
+    BackendError::WrongBackend {
+        what,
+        memory: m.backend(),
+        device: BackendKind::Cuda,
+    }
+}
+
 fn cuda_mem<'a>(m: &'a DeviceMemory, what: &'static str) -> Result<&'a DeviceBuffer> {
     match &m.inner {
-        DeviceMemoryInner::Cuda(b) => Ok(b),
-        other => Err(BackendError::WrongBackend {
-            what,
-            memory: if matches!(other, DeviceMemoryInner::Host(_)) {
-                BackendKind::Cpu
-            } else {
-                BackendKind::Wgpu
-            },
-            device: BackendKind::Cuda,
-        }),
+        DeviceMemoryInner::Engine(e) => match e.as_any().downcast_ref::<CudaMemory>() {
+            Some(c) => Ok(&c.0),
+            None => Err(wrong(m, what)),
+        },
+        _ => Err(wrong(m, what)),
     }
 }
 
 fn cuda_mem_mut<'a>(m: &'a mut DeviceMemory, what: &'static str) -> Result<&'a mut DeviceBuffer> {
+    let refused = wrong(m, what);
     match &mut m.inner {
-        DeviceMemoryInner::Cuda(b) => Ok(b),
-        other => Err(BackendError::WrongBackend {
-            what,
-            memory: if matches!(other, DeviceMemoryInner::Host(_)) {
-                BackendKind::Cpu
-            } else {
-                BackendKind::Wgpu
-            },
-            device: BackendKind::Cuda,
-        }),
+        DeviceMemoryInner::Engine(e) => match e.as_any_mut().downcast_mut::<CudaMemory>() {
+            Some(c) => Ok(&mut c.0),
+            None => Err(refused),
+        },
+        _ => Err(refused),
     }
 }
 
@@ -86,7 +120,8 @@ impl CudaDevice {
     }
 
     fn stream<'a>(&'a self, s: Option<&'a Stream>) -> &'a resident_cuda::Stream {
-        s.and_then(|s| s.cuda.as_deref())
+        s.and_then(|s| s.engine.as_deref())
+            .and_then(|a| a.downcast_ref::<resident_cuda::Stream>())
             .unwrap_or(&self.default_stream)
     }
 }
@@ -112,7 +147,7 @@ impl ComputeDevice for CudaDevice {
             .device
             .with_quiesced(q, || DeviceBuffer::zeroed(&self.device, bytes))??;
         Ok(DeviceMemory {
-            inner: DeviceMemoryInner::Cuda(buf),
+            inner: DeviceMemoryInner::Engine(Box::new(CudaMemory(buf))),
         })
     }
 
@@ -125,7 +160,7 @@ impl ComputeDevice for CudaDevice {
             .device
             .with_quiesced(q, || PinnedMemory::new(&self.device, bytes.max(1)))??;
         Ok(HostMemory {
-            inner: HostMemoryInner::Pinned(mem),
+            inner: HostMemoryInner::Pinned(Box::new(CudaPinned(mem))),
             len: bytes,
         })
     }
@@ -180,7 +215,7 @@ impl ComputeDevice for CudaDevice {
 
     fn create_stream(&self) -> Result<Stream> {
         Ok(Stream {
-            cuda: Some(Arc::new(resident_cuda::Stream::new(&self.device)?)),
+            engine: Some(Arc::new(resident_cuda::Stream::new(&self.device)?)),
         })
     }
 

@@ -3,7 +3,7 @@
 
 use super::{BackendError, BackendKind, Result};
 use std::alloc::Layout;
-#[cfg(feature = "cuda")]
+use std::any::Any;
 use std::sync::Arc;
 
 /// Alignment of host allocations: a cache line pair, enough for any `Pod` we move and for
@@ -54,17 +54,16 @@ impl Drop for HeapBytes {
 
 pub(crate) enum DeviceMemoryInner {
     Host(HeapBytes),
-    #[cfg(feature = "cuda")]
-    Cuda(resident_cuda::DeviceBuffer),
-    /// An engine's memory that this module does not name (wgpu's): the engine downcasts it.
-    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+    /// An engine's memory that this module does not name (CUDA's, wgpu's): the engine
+    /// downcasts it.
+    #[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
     Engine(Box<dyn EngineMemory>),
 }
 
 /// The memory of an engine, seen from here without naming the engine (so `storage` imports no
 /// engine module and an engine is added without editing this file).
-#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
-pub(crate) trait EngineMemory: std::any::Any + Send + Sync {
+#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
+pub(crate) trait EngineMemory: Any + Send + Sync {
     /// Size in bytes.
     fn len(&self) -> usize;
     /// The engine it belongs to.
@@ -72,7 +71,20 @@ pub(crate) trait EngineMemory: std::any::Any + Send + Sync {
     /// The address a kernel of the engine uses.
     fn address(&self) -> u64;
     /// For the engine's own downcast.
-    fn as_any(&self) -> &dyn std::any::Any;
+    fn as_any(&self) -> &dyn Any;
+    /// For the engine's own downcast, mutably.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// Host memory an engine allocated (CUDA's pinned, device-mapped memory), seen from here
+/// without naming the engine.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) trait EngineHostMemory: Send + Sync {
+    /// The bytes (at least the `HostMemory`'s length).
+    fn as_bytes(&self) -> &[u8];
+    /// The bytes, mutably.
+    fn as_bytes_mut(&mut self) -> &mut [u8];
 }
 
 /// Memory a kernel of its backend reads and writes (host memory on the CPU backend).
@@ -94,8 +106,6 @@ impl DeviceMemory {
     pub fn len(&self) -> usize {
         match &self.inner {
             DeviceMemoryInner::Host(h) => h.len,
-            #[cfg(feature = "cuda")]
-            DeviceMemoryInner::Cuda(b) => b.len(),
             DeviceMemoryInner::Engine(e) => e.len(),
         }
     }
@@ -107,8 +117,6 @@ impl DeviceMemory {
     pub fn backend(&self) -> BackendKind {
         match &self.inner {
             DeviceMemoryInner::Host(_) => BackendKind::Cpu,
-            #[cfg(feature = "cuda")]
-            DeviceMemoryInner::Cuda(_) => BackendKind::Cuda,
             DeviceMemoryInner::Engine(e) => e.backend(),
         }
     }
@@ -117,8 +125,6 @@ impl DeviceMemory {
     pub fn address(&self) -> u64 {
         match &self.inner {
             DeviceMemoryInner::Host(h) => h.as_ptr() as u64,
-            #[cfg(feature = "cuda")]
-            DeviceMemoryInner::Cuda(b) => b.device_ptr(),
             DeviceMemoryInner::Engine(e) => e.address(),
         }
     }
@@ -126,8 +132,9 @@ impl DeviceMemory {
 
 pub(crate) enum HostMemoryInner {
     Heap(HeapBytes),
-    #[cfg(feature = "cuda")]
-    Pinned(resident_cuda::PinnedMemory),
+    /// Pinned memory of an engine (CUDA's).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Pinned(Box<dyn EngineHostMemory>),
 }
 
 /// Host memory, pinned and device-mapped when the backend provides it.
@@ -164,7 +171,6 @@ impl HostMemory {
     pub fn is_pinned(&self) -> bool {
         match self.inner {
             HostMemoryInner::Heap(_) => false,
-            #[cfg(feature = "cuda")]
             HostMemoryInner::Pinned(_) => true,
         }
     }
@@ -172,7 +178,6 @@ impl HostMemory {
     pub fn as_bytes(&self) -> &[u8] {
         match &self.inner {
             HostMemoryInner::Heap(h) => h.as_bytes(),
-            #[cfg(feature = "cuda")]
             HostMemoryInner::Pinned(p) => &p.as_bytes()[..self.len],
         }
     }
@@ -180,7 +185,6 @@ impl HostMemory {
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         match &mut self.inner {
             HostMemoryInner::Heap(h) => h.as_bytes_mut(),
-            #[cfg(feature = "cuda")]
             HostMemoryInner::Pinned(p) => &mut p.as_bytes_mut()[..self.len],
         }
     }
@@ -188,8 +192,18 @@ impl HostMemory {
 
 /// An ordered queue of device work. On the CPU backend work runs when queued, so a stream
 /// there is only a token.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Stream {
-    #[cfg(feature = "cuda")]
-    pub(crate) cuda: Option<Arc<resident_cuda::Stream>>,
+    /// The engine's own stream (CUDA's), which the engine downcasts; `None` on engines whose
+    /// work runs when queued.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) engine: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("engine", &self.engine.is_some())
+            .finish()
+    }
 }

@@ -568,6 +568,9 @@ impl EngineMemory for WgpuMemory {
     fn address(&self) -> u64 {
         self.address
     }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
