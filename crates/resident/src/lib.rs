@@ -23,12 +23,28 @@
 #![deny(missing_docs)]
 
 pub mod backend;
-mod engine;
 pub mod guide;
-pub mod memory;
-pub mod profile;
-pub mod runtime;
-pub mod telemetry;
+
+// The engine-neutral layers live in `resident-core`; they are re-exported here at the paths
+// users know, with the runtime named on every engine of this build.
+pub use resident_core::{engine, memory, telemetry};
+
+/// Ring kernels and the runtime that hosts them (`resident-core`'s, on every engine of this
+/// build: [`backend::AllEngines`]).
+pub mod runtime {
+    pub use resident_core::runtime::*;
+    /// Hosts ring kernels on every engine of this build. Dropping it drains and terminates
+    /// every kernel.
+    pub type Runtime = resident_core::runtime::Runtime<crate::backend::AllEngines>;
+    /// Configures and builds a [`Runtime`].
+    pub type RuntimeBuilder = resident_core::runtime::RuntimeBuilder<crate::backend::AllEngines>;
+}
+
+/// Profiling: spans, traces, the report naming the bottleneck, and tuning.
+pub mod profile {
+    pub use resident_core::profile::*;
+    pub mod tune;
+}
 
 /// The CUDA layer underneath the CUDA and CudaSim engines (`resident-cuda`), narrowed to what
 /// a user of `resident` names: the errors the engines return (to match on), whether NVRTC and

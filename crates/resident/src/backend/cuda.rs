@@ -4,8 +4,8 @@ use super::storage::{
     DeviceMemory, DeviceMemoryInner, EngineHostMemory, EngineMemory, HostMemory, HostMemoryInner,
 };
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
-use crate::engine::kernel::{Kernel, KernelArg};
-use crate::profile::Direction::{ToDevice, ToHost};
+use resident_core::engine::kernel::{Kernel, KernelArg};
+use resident_core::profile::Direction::{ToDevice, ToHost};
 use resident_cuda::{Device, DeviceBuffer, KernelParams, PinnedMemory};
 use std::sync::Arc;
 
@@ -167,7 +167,7 @@ impl ComputeDevice for CudaDevice {
 
     fn copy_to_device(&self, dst: &mut DeviceMemory, src: &[u8]) -> Result<()> {
         let dst = cuda_mem_mut(dst, "copy_to_device")?;
-        Ok(crate::profile::transfer(
+        Ok(resident_core::profile::transfer(
             "cuda",
             ToDevice,
             src.len(),
@@ -177,9 +177,12 @@ impl ComputeDevice for CudaDevice {
 
     fn copy_to_host(&self, dst: &mut [u8], src: &DeviceMemory) -> Result<()> {
         let src = cuda_mem(src, "copy_to_host")?;
-        Ok(crate::profile::transfer("cuda", ToHost, dst.len(), || {
-            src.copy_to_host(dst)
-        })?)
+        Ok(resident_core::profile::transfer(
+            "cuda",
+            ToHost,
+            dst.len(),
+            || src.copy_to_host(dst),
+        )?)
     }
 
     unsafe fn copy_to_device_async(
@@ -191,7 +194,7 @@ impl ComputeDevice for CudaDevice {
         let s = self.stream(Some(stream));
         let dst = cuda_mem_mut(dst, "copy_to_device_async")?;
         // Async: the span covers the enqueue only.
-        Ok(crate::profile::transfer(
+        Ok(resident_core::profile::transfer(
             "cuda",
             ToDevice,
             src.len(),
@@ -208,9 +211,12 @@ impl ComputeDevice for CudaDevice {
         let s = self.stream(Some(stream));
         let src = cuda_mem(src, "copy_to_host_async")?;
         // Async: the span covers the enqueue only.
-        Ok(crate::profile::transfer("cuda", ToHost, dst.len(), || {
-            src.copy_to_host_async(dst, s)
-        })?)
+        Ok(resident_core::profile::transfer(
+            "cuda",
+            ToHost,
+            dst.len(),
+            || src.copy_to_host_async(dst, s),
+        )?)
     }
 
     fn create_stream(&self) -> Result<Stream> {
@@ -257,7 +263,13 @@ impl ComputeDevice for CudaDevice {
         unsafe { f.launch(cfg, s, &mut params)? };
         let t1 = std::time::Instant::now();
         s.synchronize()?;
-        crate::profile::device_launch("cuda", cfg.index_space(), t0, t1, std::time::Instant::now());
+        resident_core::profile::device_launch(
+            "cuda",
+            cfg.index_space(),
+            t0,
+            t1,
+            std::time::Instant::now(),
+        );
         Ok(())
     }
 }

@@ -1,19 +1,16 @@
-//! The CUDA family's side of the seam ([`crate::engine`]): a kernel's [`CudaHandler`] runs on
+//! The CUDA family's side of the seam ([`resident_core::engine`]): a kernel's [`CudaHandler`] runs on
 //! two launchers of one engine, the persistent kernel on a GPU (`cuda` feature) and the same
 //! source on CudaSim's host threads (`cudasim` feature), both pumped by the one device host.
-//! The `RingKernel` builder methods that add a CUDA handler live here, with the handler.
+//! The `RingKernel` builder methods `.cuda(..)` and `.key_cuda(..)` take it as a
+//! [`CudaSource`].
 
-use bytemuck::Pod;
-use resident_ring::message::CField;
 use resident_ring::Message;
 
 use crate::backend::cuda_ring::{CudaHandler, DeviceGeometry};
 use crate::backend::BackendKind;
-use crate::engine::error::DeviceError;
-use crate::engine::ring::{DeviceHandler, DeviceHosted, RingSpec};
-use crate::runtime::host::device::{DeviceHost, DeviceRing};
-use crate::runtime::kernel::RingKernel;
-use crate::runtime::keyed::{device_keys, Keyed, Keys};
+use resident_core::engine::error::DeviceError;
+use resident_core::engine::ring::{CudaSource, DeviceHandler, DeviceHosted, RingSpec};
+use resident_core::runtime::host::device::{DeviceHost, DeviceRing};
 
 impl<In: Message, Out: Message> DeviceHandler<In, Out> for CudaHandler<In, Out> {
     fn language(&self) -> &'static str {
@@ -77,29 +74,4 @@ impl<In: Message, Out: Message> DeviceHandler<In, Out> for CudaHandler<In, Out> 
     }
 }
 
-impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
-    /// Runs the kernel's handler on the GPU: on a CUDA runtime, `launch` compiles `handler`
-    /// into a persistent kernel, launched once, fed through pinned device-mapped queues, and
-    /// the same [`KernelHandle`](crate::prelude::KernelHandle) API drives it. On
-    /// `Backend::CudaSim` the same source runs on host threads (compiled by the host C++
-    /// compiler). On the CPU backend the kernel uses its CPU `handler`/`run`.
-    pub fn cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
-        self.device.set(Box::new(handler));
-        self
-    }
-}
-
-impl<In: Message + Keyed, Out: Message, S: Pod + CField + Clone + Send + 'static>
-    RingKernel<In, Out, Keys<S>>
-{
-    /// The CUDA handler of a keyed kernel, made with [`CudaHandler::keyed`]: on a CUDA or
-    /// CudaSim runtime the per-key states live in device memory for the kernel's life (bound
-    /// as the buffer `keys`, `size_of::<S>()` bytes per key) and the handler gets its key's
-    /// state; `snapshot_key(s)` read them back (the kernel parks between two batches for it).
-    /// Other runtimes run the [`key_handler`](RingKernel::key_handler).
-    pub fn key_cuda(mut self, handler: CudaHandler<In, Out>) -> Self {
-        self.device.set(Box::new(handler));
-        self.device_keys = Some(device_keys::<In, Out, S>());
-        self
-    }
-}
+impl<In: Message, Out: Message> CudaSource<In, Out> for CudaHandler<In, Out> {}

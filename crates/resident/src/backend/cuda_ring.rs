@@ -1,7 +1,7 @@
 //! CUDA ring kernels: the user's [`CudaHandler`] and the persistent kernel on a GPU that runs
 //! it (a `DeviceRing`, with the `cuda` feature); the same kernel source runs on CudaSim in
 //! `cuda_sim` (the `cudasim` feature). The pump that drives them is
-//! [`device_host`](crate::runtime::host::device).
+//! [`device_host`](resident_core::runtime::host::device).
 
 use std::sync::Arc;
 #[cfg(feature = "cuda")]
@@ -15,14 +15,14 @@ use resident_ring::message::{CField, LayoutError, StructLayout};
 use resident_ring::Slot;
 use resident_ring::{DeviceMessage, Message};
 
-use crate::engine::error::DeviceError;
-use crate::runtime::bind::{DeviceBinding, DeviceBuffers, ElemDecl};
+use resident_core::engine::error::DeviceError;
+use resident_core::runtime::bind::{DeviceBinding, DeviceBuffers, ElemDecl};
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
-use crate::runtime::host::device::StateSnapshot;
+use resident_core::runtime::host::device::StateSnapshot;
 #[cfg(feature = "cuda")]
-use crate::runtime::host::device::{DeviceRing, RingCounters};
+use resident_core::runtime::host::device::{DeviceRing, RingCounters};
 
-pub use crate::engine::BUFFER_SYNC_TIMEOUT;
+pub use resident_core::engine::BUFFER_SYNC_TIMEOUT;
 
 /// A ring kernel's handler in CUDA C: `__device__ bool handle(ResidentState* state,
 /// const ResidentIn* in, ResidentOut* out, const Envelope* env)`, returning `false` for "no
@@ -426,12 +426,12 @@ pub(crate) type Launched<E> = (E, Option<Arc<dyn DeviceBuffers>>, Arc<dyn StateS
 
 /// The state of a kernel on a GPU, read between two batches under the residency rule.
 #[cfg(feature = "cuda")]
-impl StateSnapshot for resident_cuda::persistent::GpuState {
+struct GpuStateRead(Arc<resident_cuda::persistent::GpuState>);
+
+#[cfg(feature = "cuda")]
+impl StateSnapshot for GpuStateRead {
     fn read(&self) -> Result<Vec<u8>, DeviceError> {
-        Ok(resident_cuda::persistent::GpuState::read(
-            self,
-            BUFFER_SYNC_TIMEOUT,
-        )?)
+        Ok(self.0.read(BUFFER_SYNC_TIMEOUT)?)
     }
 }
 
@@ -490,7 +490,7 @@ impl<In: Message, Out: Message> GpuEngine<In, Out> {
         let buffers = kernel
             .buffers()
             .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
-        let state: Arc<dyn StateSnapshot> = kernel.state();
+        let state: Arc<dyn StateSnapshot> = Arc::new(GpuStateRead(kernel.state()));
         Ok((GpuEngine { kernel }, buffers, state))
     }
 }
@@ -551,7 +551,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::bind::BufferId;
+    use resident_core::runtime::bind::BufferId;
 
     resident_ring::device_message! {
         /// A test message.

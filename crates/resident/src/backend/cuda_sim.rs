@@ -22,10 +22,10 @@ use super::cuda_ring::{
 };
 use super::storage::{DeviceMemory, HostMemory};
 use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
-use crate::engine::error::DeviceError;
-use crate::engine::kernel::{Kernel, KernelArg};
-use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
-use crate::runtime::host::device::{DeviceRing, RingCounters, StateSnapshot};
+use resident_core::engine::error::DeviceError;
+use resident_core::engine::kernel::{Kernel, KernelArg};
+use resident_core::runtime::bind::{DeviceBinding, DeviceBuffers};
+use resident_core::runtime::host::device::{DeviceRing, RingCounters, StateSnapshot};
 
 /// How long the kernel outlives a silent host (the pump beats every 50 ms).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,7 +72,7 @@ impl<In: Message, Out: Message> SimEngine<In, Out> {
         let buffers = kernel
             .buffers()
             .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
-        let state: Arc<dyn StateSnapshot> = kernel.state();
+        let state: Arc<dyn StateSnapshot> = Arc::new(SimStateRead(kernel.state()));
         Ok((SimEngine { kernel }, buffers, state))
     }
 }
@@ -87,9 +87,11 @@ impl EngineBuffers for SimBuffers {
 }
 
 /// The state of a kernel on CudaSim, read with the kernel parked between two batches.
-impl StateSnapshot for SimState {
+struct SimStateRead(Arc<SimState>);
+
+impl StateSnapshot for SimStateRead {
     fn read(&self) -> std::result::Result<Vec<u8>, DeviceError> {
-        Ok(SimState::read(self, BUFFER_SYNC_TIMEOUT)?)
+        Ok(self.0.read(BUFFER_SYNC_TIMEOUT)?)
     }
 }
 

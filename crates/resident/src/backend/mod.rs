@@ -17,7 +17,7 @@
 
 // The engines are reached through `open`, `Backend` and the handler types, not by module:
 // their modules are the crate's own.
-pub(crate) mod cpu;
+pub use resident_core::engine::cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 // The handler is plain data (CUDA C source and declarations), kept in every build so a kernel
@@ -36,15 +36,18 @@ pub(crate) mod cuda_sim;
 pub mod wgpu;
 
 // The seam's types, where they were (the engines below and users name them here).
-pub use crate::engine::error::DeviceError;
-pub use crate::engine::kernel::{launch_cpu, CpuKernelFn, CpuThread, Kernel, KernelArg, Output};
-pub use crate::engine::storage::{DeviceMemory, HostMemory, Stream};
-pub use crate::engine::{
+pub use cuda_ring::CudaHandler;
+pub use resident_core::engine::error::DeviceError;
+pub use resident_core::engine::kernel::{
+    launch_cpu, CpuKernelFn, CpuThread, Kernel, KernelArg, Output,
+};
+pub use resident_core::engine::storage::{DeviceMemory, HostMemory, Stream};
+use resident_core::engine::Engines;
+pub use resident_core::engine::{
     block_size_for, compiled_in, Backend, BackendError, BackendKind, ComputeDevice, DeviceHandle,
     DeviceInfo, LaunchConfig, Result, BUFFER_SYNC_TIMEOUT,
 };
-pub(crate) use crate::engine::{not_compiled, storage};
-pub use cuda_ring::CudaHandler;
+pub(crate) use resident_core::engine::{not_compiled, storage};
 #[cfg(feature = "cuda")]
 pub use resident_cuda::telemetry::DeviceTelemetry;
 
@@ -177,43 +180,42 @@ pub fn device_telemetry() -> Result<Vec<DeviceTelemetry>, resident_cuda::CudaErr
     resident_cuda::telemetry::read_all()
 }
 
-/// Resolves a runtime's backend request: `Auto` becomes CUDA when a device opens, else the CPU;
-/// an explicit `Cuda` request that cannot be met is a typed error saying why.
-/// The backend a runtime runs on, and its device when choosing it opened one (the runtime
-/// keeps it for [`Runtime::device`](crate::runtime::Runtime::device)).
-pub(crate) fn resolve(
-    b: Backend,
-) -> crate::runtime::state::Result<(Backend, Option<DeviceHandle>)> {
-    use crate::runtime::state::Error;
-    let opened = |backend: Backend| {
+/// Every engine this build has (the cargo features `cuda`, `cudasim`, `wgpu`, and the CPU):
+/// the engines of [`crate::runtime::Runtime`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllEngines;
+
+impl Engines for AllEngines {
+    /// `Auto` becomes CUDA when a device opens, else a hardware wgpu adapter, else the CPU
+    /// (only the engines compiled in); an explicit request that cannot be met says why.
+    fn resolve(request: Backend) -> Result<(Backend, Option<DeviceHandle>)> {
+        match request {
+            Backend::Cpu => Ok((Backend::Cpu, None)),
+            Backend::Cuda | Backend::Wgpu | Backend::CudaSim => {
+                open(request).map(|d| (request, Some(d)))
+            }
+            // `open` of an engine not compiled in is an error, like no device.
+            Backend::Auto => Ok(match open(Backend::Cuda) {
+                Ok(d) => (Backend::Cuda, Some(d)),
+                #[cfg(feature = "wgpu")]
+                Err(_) if wgpu::hardware_adapter_present() => (Backend::Wgpu, None),
+                Err(_) => (Backend::Cpu, None),
+            }),
+        }
+    }
+
+    fn open(backend: Backend) -> Result<DeviceHandle> {
         open(backend)
-            .map(|d| (backend, Some(d)))
-            .map_err(|e| Error::BackendUnavailable {
-                backend,
-                source: Box::new(e),
-            })
-    };
-    match b {
-        Backend::Cpu => Ok((Backend::Cpu, None)),
-        Backend::Cuda | Backend::Wgpu | Backend::CudaSim => opened(b),
-        // Only the engines compiled in: `open` of one that is not is an error, like no device.
-        Backend::Auto => Ok(match open(Backend::Cuda) {
-            Ok(d) => (Backend::Cuda, Some(d)),
-            #[cfg(feature = "wgpu")]
-            Err(_) if wgpu::hardware_adapter_present() => (Backend::Wgpu, None),
-            Err(_) => (Backend::Cpu, None),
-        }),
     }
 }
 
-impl crate::runtime::RuntimeBuilder {
-    /// Builds the runtime on the backend asked for (`Auto`: CUDA when a device opens, else a hardware wgpu adapter, else the CPU); a
-    /// backend that cannot be used is [`Error::BackendUnavailable`](crate::Error::BackendUnavailable)
-    /// saying why.
-    pub fn build(self) -> crate::runtime::state::Result<crate::runtime::Runtime> {
-        let (backend, device) = resolve(self.requested())?;
-        Ok(self.build_on(backend, device, open))
-    }
+/// What a runtime built on `b` runs on, as [`crate::RuntimeBuilder::build`] reports it.
+#[cfg(test)]
+fn resolve(b: Backend) -> resident_core::Result<(Backend, Option<DeviceHandle>)> {
+    AllEngines::resolve(b).map_err(|source| resident_core::Error::BackendUnavailable {
+        backend: b,
+        source: Box::new(source),
+    })
 }
 
 #[cfg(test)]

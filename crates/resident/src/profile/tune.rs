@@ -9,9 +9,9 @@ use resident_ring::Message;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{Backend, BackendKind};
-use crate::runtime::kernel::RingKernel;
-use crate::runtime::state::{Error, Result};
 use crate::runtime::Runtime;
+use resident_core::runtime::kernel::RingKernel;
+use resident_core::runtime::state::{Error, Result};
 
 /// What to try.
 #[derive(Clone, Debug)]
@@ -181,7 +181,7 @@ where
         .find(|r| r.backend == BackendKind::Cuda);
     match cuda.and_then(|r| r.unavailable) {
         Some(reason) => absent.push(("cuda".to_string(), reason)),
-        None if !kernel(1, 64).device.runs_on(BackendKind::Cuda) => absent.push((
+        None if !kernel(1, 64).has_device_handler_for(BackendKind::Cuda) => absent.push((
             "cuda".to_string(),
             "a device is present but the kernel has no device handler (.cuda(..))".to_string(),
         )),

@@ -62,7 +62,7 @@ use resident_ring::{Envelope, Mailbox, Message, Slot};
 use super::{BatchBuffers, BatchGeometry, RingPipeline, WgpuFault};
 use crate::backend::wgpu::{padded, WgpuContext};
 use crate::backend::BackendError;
-use crate::runtime::io::KernelIo;
+use resident_core::runtime::io::KernelIo;
 
 /// Why a producer could not link to its target on the device (it then forwards through the
 /// host, which needs none of this).

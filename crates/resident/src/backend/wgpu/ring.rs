@@ -30,7 +30,7 @@
 //! The state buffer lives as long as the kernel (and as long as a snapshot handle); it is
 //! never copied to the host unless [`KernelHandle::snapshot_state`] asks.
 //!
-//! [`KernelHandle::snapshot_state`]: crate::runtime::handle::KernelHandle::snapshot_state
+//! [`KernelHandle::snapshot_state`]: resident_core::runtime::handle::KernelHandle::snapshot_state
 //!
 //! # Bound buffers
 //!
@@ -94,11 +94,11 @@ use super::wgsl::WgslError;
 #[cfg(feature = "wgpu")]
 use super::{padded, WgpuContext, WAIT_TIMEOUT};
 use crate::backend::BackendError;
-use crate::engine::error::DeviceError;
-pub use crate::engine::error::WgslLaunchError;
-use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
-use crate::runtime::host::device::{DeviceRing, RingCounters};
 use parking_lot::Mutex;
+use resident_core::engine::error::DeviceError;
+pub use resident_core::engine::error::WgslLaunchError;
+use resident_core::runtime::bind::{DeviceBinding, DeviceBuffers};
+use resident_core::runtime::host::device::{DeviceRing, RingCounters};
 use resident_ring::message::{LayoutError, StructLayout, WgslLayoutError};
 use resident_ring::{DeviceMessage, Envelope, Message, Slot};
 use std::borrow::Cow;
@@ -420,7 +420,7 @@ impl<In, Out> WgslHandler<In, Out> {
             Some(field) => {
                 let ty = bindings
                     .iter()
-                    .find(|b| b.name == crate::runtime::keyed::KEYS_BUFFER)
+                    .find(|b| b.name == resident_core::runtime::keyed::KEYS_BUFFER)
                     .map(|b| b.elem.wgsl_type.clone());
                 match ty {
                     Some(t) => s.push_str(&format!("alias KeyState = {};\n", t?)),
@@ -616,7 +616,7 @@ impl DeviceState {
 }
 
 #[cfg(feature = "wgpu")]
-impl crate::runtime::host::device::StateSnapshot for DeviceState {
+impl resident_core::runtime::host::device::StateSnapshot for DeviceState {
     fn read(&self) -> Result<Vec<u8>, DeviceError> {
         DeviceState::read(self).map_err(DeviceError::from)
     }
@@ -677,7 +677,7 @@ pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     /// The state buffer (a producer's fused batch sets bind it).
     state_buf: ::wgpu::Buffer,
     /// The kernel's io (`DeviceRing::attach`); `None` when driven by hand.
-    io: Option<Arc<crate::runtime::io::KernelIo<In, Out>>>,
+    io: Option<Arc<resident_core::runtime::io::KernelIo<In, Out>>>,
     /// As a consumer: what producers need to dispatch this kernel over their outputs
     /// (plain handlers only), and the inbox offered while the pump runs.
     consumer: Option<link::ConsumerSide>,
@@ -1468,7 +1468,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
         let Some(f) = io.forward.get() else {
             return;
         };
-        if f.path() == crate::runtime::kernel::ForwardPath::HostRelay {
+        if f.path() == resident_core::runtime::kernel::ForwardPath::HostRelay {
             return;
         }
         if self.last_probe.is_some_and(|t| t.elapsed() < PROBE_EVERY) {
@@ -1751,7 +1751,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         v
     }
 
-    fn attach(&mut self, io: &Arc<crate::runtime::io::KernelIo<In, Out>>) {
+    fn attach(&mut self, io: &Arc<resident_core::runtime::io::KernelIo<In, Out>>) {
         self.io = Some(io.clone());
         // A kernel whose own outputs are forwarded takes no batches on the device: its
         // outputs would otherwise leave by two routes (see `link`).

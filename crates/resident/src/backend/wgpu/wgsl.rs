@@ -2,9 +2,9 @@
 //! does not parse or validate is a [`WgslError`] with naga's message and the line, before any
 //! pipeline is built.
 
-pub use crate::engine::error::WgslError;
 #[cfg(feature = "wgpu")]
 use naga::valid::{Capabilities, ValidationFlags, Validator};
+pub use resident_core::engine::error::WgslError;
 
 /// WGSL helpers for 64-bit values, appended to every WGSL module the runtime compiles (ring
 /// kernels and one-shot kernels alike, after the user's source so line numbers stay the

@@ -4,8 +4,10 @@
 pub mod bind;
 pub mod context;
 pub mod handle;
-pub(crate) mod host;
-pub(crate) mod io;
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub mod host;
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub mod io;
 pub mod kernel;
 pub mod keyed;
 pub(crate) mod publisher;
@@ -22,7 +24,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::RwLock;
 use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy};
 
-use crate::engine::{Backend, BackendKind, DeviceHandle};
+use crate::engine::{Backend, BackendKind, CpuOnly, DeviceHandle, Engines};
 use crate::telemetry::{RuntimeTelemetry, Telemetry};
 use context::Context;
 use handle::{Begin, KernelHandle};
@@ -31,9 +33,11 @@ use io::InputPort;
 use kernel::RingKernel;
 use report::KernelReport;
 use state::{Error, Failure, KernelState, Result};
+use std::marker::PhantomData;
 
 /// Message ids and the clock of a runtime.
-pub(crate) struct Ids {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct Ids {
     epoch: Instant,
     /// Bumped by every send: on its own line so readers of `epoch` (every clock read) do not
     /// pull the line away from senders.
@@ -199,18 +203,20 @@ impl RuntimeCore {
     }
 }
 
-/// Configures and builds a [`Runtime`].
+/// Configures and builds a [`Runtime`] on the engines `E` (`resident::RuntimeBuilder` has every
+/// engine of the build; [`crate::engine::CpuOnly`] is the CPU alone).
 #[derive(Clone, Debug)]
-pub struct RuntimeBuilder {
+pub struct RuntimeBuilder<E: Engines = CpuOnly> {
     profiler: Option<crate::profile::Profiler>,
     backend: Backend,
     telemetry: bool,
     wait: WaitStrategy,
     shutdown_timeout: Duration,
     terminate_timeout: Duration,
+    engines: PhantomData<fn() -> E>,
 }
 
-impl RuntimeBuilder {
+impl<E: Engines> RuntimeBuilder<E> {
     /// Records every kernel of the runtime into `profiler` (see [`crate::profile`]).
     pub fn profiler(mut self, profiler: crate::profile::Profiler) -> Self {
         self.profiler = Some(profiler);
@@ -258,21 +264,16 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The backend asked for (the engines resolve it when they build the runtime: `build` is
-    /// defined with them, in `backend/`, so the runtime names no engine).
-    pub(crate) fn requested(&self) -> Backend {
-        self.backend
-    }
-
-    /// The runtime on `backend` (resolved, never `Auto`), with its device when resolving it
-    /// opened one; `open` opens it on first use ([`Runtime::device`]).
-    pub(crate) fn build_on(
-        self,
-        backend: Backend,
-        device: Option<DeviceHandle>,
-        open: Opener,
-    ) -> Runtime {
-        Runtime {
+    /// Builds the runtime on the backend asked for: `Auto` becomes CUDA when a device opens,
+    /// else a hardware wgpu adapter, else the CPU (the engines `E` has); a backend that cannot
+    /// be used is [`Error::BackendUnavailable`] saying why.
+    pub fn build(self) -> Result<Runtime<E>> {
+        let (backend, device) =
+            E::resolve(self.backend).map_err(|source| Error::BackendUnavailable {
+                backend: self.backend,
+                source: Box::new(source),
+            })?;
+        Ok(Runtime {
             core: Arc::new(RuntimeCore {
                 ids: Arc::new(Ids {
                     epoch: Instant::now(),
@@ -286,33 +287,30 @@ impl RuntimeBuilder {
             }),
             backend,
             device: parking_lot::Mutex::new(device),
-            open,
             shutdown_timeout: self.shutdown_timeout,
             profiler: self.profiler,
-        }
+            engines: PhantomData,
+        })
     }
 }
 
-/// Opens the device of a backend (the engines' `open`, handed down when a runtime is built).
-pub(crate) type Opener =
-    fn(Backend) -> std::result::Result<DeviceHandle, crate::engine::BackendError>;
-
-/// Hosts ring kernels. Dropping it drains and terminates every kernel.
-pub struct Runtime {
+/// Hosts ring kernels on the engines `E` (`resident::Runtime` has every engine of the build).
+/// Dropping it drains and terminates every kernel.
+pub struct Runtime<E: Engines = CpuOnly> {
     core: Arc<RuntimeCore>,
     backend: Backend,
     /// The runtime's device, opened when the backend was chosen or on first use.
     device: parking_lot::Mutex<Option<DeviceHandle>>,
-    /// Opens the device on first use.
-    open: Opener,
     shutdown_timeout: Duration,
     profiler: Option<crate::profile::Profiler>,
+    engines: PhantomData<fn() -> E>,
 }
 
-impl Runtime {
+impl<E: Engines> Runtime<E> {
     /// A builder with defaults: `Backend::Auto`, telemetry off, spin-then-park waiting.
-    pub fn builder() -> RuntimeBuilder {
+    pub fn builder() -> RuntimeBuilder<E> {
         RuntimeBuilder {
+            engines: PhantomData,
             profiler: None,
             backend: Backend::Auto,
             telemetry: false,
@@ -354,7 +352,7 @@ impl Runtime {
         if let Some(d) = d.as_ref() {
             return Ok(d.clone());
         }
-        let opened = (self.open)(self.backend).map_err(|e| Error::BackendUnavailable {
+        let opened = E::open(self.backend).map_err(|e| Error::BackendUnavailable {
             backend: self.backend,
             source: Box::new(e),
         })?;
@@ -735,7 +733,7 @@ impl Runtime {
     }
 }
 
-impl Drop for Runtime {
+impl<E: Engines> Drop for Runtime<E> {
     fn drop(&mut self) {
         self.shutdown_all();
         self.core.kernels.write().clear();

@@ -254,7 +254,8 @@ impl PendingBinding {
 
 /// How a bound buffer's element type is declared on a device (from its [`CField`] impl).
 #[derive(Clone, Debug)]
-pub(crate) struct ElemDecl {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct ElemDecl {
     /// Element size in bytes.
     pub size: usize,
     /// The C type name (`double`, `SensorStats`).
@@ -268,7 +269,8 @@ pub(crate) struct ElemDecl {
 }
 
 impl ElemDecl {
-    pub(crate) fn of<T: Pod + CField>() -> Self {
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub fn of<T: Pod + CField>() -> Self {
         let mut c_deps = Vec::new();
         T::c_dependencies(&mut c_deps);
         let mut w = Vec::new();
@@ -285,7 +287,8 @@ impl ElemDecl {
 
 /// What a device backend needs of one bound buffer at launch.
 #[derive(Clone, Debug)]
-pub(crate) struct DeviceBinding {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct DeviceBinding {
     /// The name the handler uses.
     pub name: String,
     /// Registry id (what a message carries to name it).
@@ -302,7 +305,8 @@ pub(crate) struct DeviceBinding {
 /// copies. Both calls are **synchronized** with the kernel: what `read` returns is the buffer
 /// between two batches (every batch started before the call has finished writing it, none
 /// started after has begun), and what `write` stores is seen whole by the next batch.
-pub(crate) trait DeviceBuffers: Send + Sync {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub trait DeviceBuffers: Send + Sync {
     /// Copies binding `index`'s device values into `out` (exactly its byte length).
     fn read(&self, index: usize, out: &mut [u8]) -> Result<(), crate::engine::error::DeviceError>;
     /// Replaces binding `index`'s device values with `data` (exactly its byte length).

@@ -21,7 +21,7 @@ use crate::runtime::host::RingHost;
     not(any(feature = "cuda", feature = "cudasim", feature = "wgpu")),
     allow(dead_code)
 )]
-pub(crate) struct RingSpec<'a> {
+pub struct RingSpec<'a> {
     /// The kernel's id.
     pub id: &'a str,
     /// Priority lanes.
@@ -36,14 +36,17 @@ pub(crate) struct RingSpec<'a> {
 
 /// A kernel launched on a device: the host side the runtime's host thread runs, the device
 /// state's snapshot access and the bound buffers' device side, when the engine has them.
-pub(crate) struct DeviceHosted<In, Out> {
+pub struct DeviceHosted<In, Out> {
+    /// What the kernel's host thread runs (the engine's `DeviceRing` in a `DeviceHost`).
     pub host: Box<dyn RingHost<In, Out>>,
+    /// The device state's snapshot access (`KernelHandle::snapshot_state`).
     pub state: Option<Arc<dyn StateSnapshot>>,
+    /// The bound buffers' device side.
     pub buffers: Option<Arc<dyn DeviceBuffers>>,
 }
 
 /// A kernel's handler for one family of engines, carried type-erased by `RingKernel`.
-pub(crate) trait DeviceHandler<In, Out>: Send + 'static {
+pub trait DeviceHandler<In, Out>: Send + 'static {
     /// The handler's language, for messages ("CUDA", "WGSL"). A kernel has at most one
     /// handler per language: adding a second replaces the first.
     fn language(&self) -> &'static str;
@@ -62,6 +65,18 @@ pub(crate) trait DeviceHandler<In, Out>: Send + 'static {
         spec: &RingSpec<'_>,
     ) -> Result<DeviceHosted<In, Out>, DeviceError>;
 }
+
+/// A handler in CUDA C (`resident::prelude::CudaHandler`), for [`RingKernel::cuda`] and
+/// [`RingKernel::key_cuda`](crate::runtime::kernel::RingKernel::key_cuda).
+///
+/// [`RingKernel::cuda`]: crate::runtime::kernel::RingKernel::cuda
+pub trait CudaSource<In, Out>: DeviceHandler<In, Out> {}
+
+/// A handler in WGSL (`resident::prelude::WgslHandler`), for [`RingKernel::wgsl`] and
+/// [`RingKernel::key_wgsl`](crate::runtime::kernel::RingKernel::key_wgsl).
+///
+/// [`RingKernel::wgsl`]: crate::runtime::kernel::RingKernel::wgsl
+pub trait WgslSource<In, Out>: DeviceHandler<In, Out> {}
 
 /// A kernel definition's device handlers, at most one per language.
 pub(crate) struct DeviceHandlers<In, Out>(Vec<Box<dyn DeviceHandler<In, Out>>>);

@@ -11,7 +11,8 @@ use std::sync::Arc;
 pub(crate) const HOST_ALIGN: usize = 128;
 
 /// Zeroed, 128-byte aligned heap bytes.
-pub(crate) struct HeapBytes {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct HeapBytes {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
     layout: Layout,
@@ -52,7 +53,8 @@ impl Drop for HeapBytes {
     }
 }
 
-pub(crate) enum DeviceMemoryInner {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub enum DeviceMemoryInner {
     Host(HeapBytes),
     /// An engine's memory that this module does not name (CUDA's, wgpu's): the engine
     /// downcasts it.
@@ -63,7 +65,8 @@ pub(crate) enum DeviceMemoryInner {
 /// The memory of an engine, seen from here without naming the engine (so `storage` imports no
 /// engine module and an engine is added without editing this file).
 #[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
-pub(crate) trait EngineMemory: Any + Send + Sync {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub trait EngineMemory: Any + Send + Sync {
     /// Size in bytes.
     fn len(&self) -> usize;
     /// The engine it belongs to.
@@ -80,7 +83,8 @@ pub(crate) trait EngineMemory: Any + Send + Sync {
 /// Host memory an engine allocated (CUDA's pinned, device-mapped memory), seen from here
 /// without naming the engine.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) trait EngineHostMemory: Send + Sync {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub trait EngineHostMemory: Send + Sync {
     /// The bytes (at least the `HostMemory`'s length).
     fn as_bytes(&self) -> &[u8];
     /// The bytes, mutably.
@@ -89,7 +93,8 @@ pub(crate) trait EngineHostMemory: Send + Sync {
 
 /// Memory a kernel of its backend reads and writes (host memory on the CPU backend).
 pub struct DeviceMemory {
-    pub(crate) inner: DeviceMemoryInner,
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub inner: DeviceMemoryInner,
 }
 
 impl std::fmt::Debug for DeviceMemory {
@@ -130,7 +135,8 @@ impl DeviceMemory {
     }
 }
 
-pub(crate) enum HostMemoryInner {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub enum HostMemoryInner {
     Heap(HeapBytes),
     /// Pinned memory of an engine (CUDA's).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -139,8 +145,10 @@ pub(crate) enum HostMemoryInner {
 
 /// Host memory, pinned and device-mapped when the backend provides it.
 pub struct HostMemory {
-    pub(crate) inner: HostMemoryInner,
-    pub(crate) len: usize,
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub inner: HostMemoryInner,
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub len: usize,
 }
 
 impl std::fmt::Debug for HostMemory {
@@ -153,7 +161,8 @@ impl std::fmt::Debug for HostMemory {
 }
 
 impl HostMemory {
-    pub(crate) fn heap(len: usize) -> Result<Self> {
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub fn heap(len: usize) -> Result<Self> {
         Ok(HostMemory {
             inner: HostMemoryInner::Heap(HeapBytes::zeroed(len)?),
             len,
@@ -197,7 +206,8 @@ pub struct Stream {
     /// The engine's own stream (CUDA's), which the engine downcasts; `None` on engines whose
     /// work runs when queued.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) engine: Option<Arc<dyn Any + Send + Sync>>,
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub engine: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Stream {

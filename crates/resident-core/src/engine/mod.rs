@@ -1,11 +1,13 @@
 //! The seam between the runtime and the engines: what a device is ([`ComputeDevice`], its
 //! memory and streams in [`storage`], one-shot kernels in [`kernel`]), how a ring kernel is
-//! launched on one ([`ring`]), and the errors engines report ([`error`]). The runtime, memory
-//! and profiling layers above name only this; the engines below (`backend/`) implement it.
+//! launched on one ([`ring`]), the errors engines report ([`error`]) and which engines a
+//! runtime has ([`Engines`]). The runtime, memory and profiling layers name only this; the
+//! engines (the CPU's in [`cpu`], the device engines in the crate `resident`) implement it.
 
+pub mod cpu;
 pub mod error;
 pub mod kernel;
-pub(crate) mod ring;
+pub mod ring;
 pub mod storage;
 
 use std::sync::Arc;
@@ -14,6 +16,40 @@ use std::time::Duration;
 pub use kernel::{Kernel, KernelArg};
 pub use resident_cuda::launch::{block_size_for, LaunchConfig};
 pub use storage::{DeviceMemory, HostMemory, Stream};
+
+/// The engines a runtime can run on: how it resolves a [`Backend`] request and opens a device.
+/// A type, so a runtime's engines are fixed when it is named (`resident::Runtime` is
+/// `Runtime<resident::backend::AllEngines>`), with no registry to fill at start-up.
+pub trait Engines: Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// The backend `request` resolves to (never `Auto`) and its device when resolving opened
+    /// one; an explicit request that cannot be met is the reason.
+    fn resolve(request: Backend) -> Result<(Backend, Option<DeviceHandle>)>;
+    /// Opens device 0 of `backend`.
+    fn open(backend: Backend) -> Result<DeviceHandle>;
+}
+
+/// The CPU engine alone (`resident-core` on its own): `Auto` is the CPU, every other engine is
+/// [`BackendError::NotCompiled`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuOnly;
+
+impl Engines for CpuOnly {
+    fn resolve(request: Backend) -> Result<(Backend, Option<DeviceHandle>)> {
+        match request {
+            Backend::Cpu | Backend::Auto => Ok((Backend::Cpu, None)),
+            other => Self::open(other).map(|d| (other, Some(d))),
+        }
+    }
+
+    fn open(backend: Backend) -> Result<DeviceHandle> {
+        match backend {
+            Backend::Cpu | Backend::Auto => Ok(Arc::new(cpu::CpuDevice::new())),
+            Backend::Cuda => Err(not_compiled(BackendKind::Cuda)),
+            Backend::Wgpu => Err(not_compiled(BackendKind::Wgpu)),
+            Backend::CudaSim => Err(not_compiled(BackendKind::CudaSim)),
+        }
+    }
+}
 
 /// How long a host read or write of a bound buffer, or a read of the state
 /// (`KernelHandle::snapshot_state`), waits for the kernel to park between two batches.
@@ -86,8 +122,8 @@ pub fn compiled_in() -> Vec<BackendKind> {
     .collect()
 }
 
-/// [`BackendError::NotCompiled`] for `backend`.
-pub(crate) fn not_compiled(backend: BackendKind) -> BackendError {
+/// [`BackendError::NotCompiled`] for `backend` (an engine this build does not have).
+pub fn not_compiled(backend: BackendKind) -> BackendError {
     BackendError::NotCompiled {
         backend,
         feature: backend.feature().unwrap_or("default"),

@@ -24,7 +24,8 @@ use crate::runtime::state::Failure;
 
 /// Counters a device kernel keeps about itself.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct RingCounters {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct RingCounters {
     pub processed: u64,
     pub batches: u64,
     /// Outputs lost because the device had to exit with its output ring full.
@@ -36,7 +37,8 @@ pub(crate) struct RingCounters {
 /// What the pump needs from a device-side kernel. Outputs come back carrying their request's
 /// envelope convention: `correlation_id` = the request's `message_id`, the request's flags,
 /// priority and send time.
-pub(crate) trait DeviceRing<In, Out>: Send {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub trait DeviceRing<In, Out>: Send {
     /// Moves the longest prefix of `slots` that fits into the device's lanes.
     fn push(&mut self, slots: &[Slot<In>]) -> usize;
     /// Moves up to `max` outputs to `out`.
@@ -238,13 +240,15 @@ impl DeviceForward {
 }
 
 /// Read access to a device kernel's state (`KernelHandle::snapshot_state`).
-pub(crate) trait StateSnapshot: Send + Sync {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub trait StateSnapshot: Send + Sync {
     /// The state's bytes as of every batch submitted before the call (bounded wait).
     fn read(&self) -> Result<Vec<u8>, DeviceError>;
 }
 
 /// Hosts a kernel whose handler runs on a device.
-pub(crate) struct DeviceHost<In, Out> {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct DeviceHost<In, Out> {
     ring: Box<dyn DeviceRing<In, Out>>,
 }
 

@@ -15,8 +15,10 @@ pub type CpuKernelFn = dyn Fn(&CpuThread<'_>) -> Result<()> + Send + Sync;
 #[derive(Clone)]
 pub struct Kernel {
     name: String,
-    pub(crate) cuda: Option<(String, String, Vec<String>)>,
-    pub(crate) wgsl: Option<(String, String)>,
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub cuda: Option<(String, String, Vec<String>)>,
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub wgsl: Option<(String, String)>,
     pub(crate) cpu: Option<Arc<CpuKernelFn>>,
 }
 

@@ -22,7 +22,8 @@ use crate::runtime::io::{Forward, KernelIo, FORWARD_PATIENCE};
 use crate::runtime::Ids;
 
 /// The one writer of a kernel's outputs (see the module docs).
-pub(crate) struct Publisher<In, Out> {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct Publisher<In, Out> {
     io: Arc<KernelIo<In, Out>>,
     out: Writer<Out>,
     /// Output ids: the current block `[next_id, end_id)`, taken from the runtime's counter in

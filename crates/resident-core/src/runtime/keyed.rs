@@ -50,6 +50,7 @@ use resident_ring::{Envelope, Message, Slot};
 use bytemuck::Pod;
 use resident_ring::message::CField;
 
+use crate::engine::ring::{CudaSource, WgslSource};
 use crate::memory::{BufferOptions, MemoryError, UnifiedBuffer};
 use crate::runtime::bind::{BindError, PendingBinding};
 use crate::runtime::host::{panic_text, RingHost};
@@ -75,7 +76,7 @@ pub trait Keyed {
     fn key(&self) -> u32;
 }
 
-/// The most keys one [`KernelHandle::snapshot_keys`](crate::prelude::KernelHandle::snapshot_keys)
+/// The most keys one [`KernelHandle::snapshot_keys`](crate::runtime::handle::KernelHandle::snapshot_keys)
 /// reads (it holds the kernel's batch gate while it copies them): 2^20.
 pub const MAX_SNAPSHOT_KEYS: u32 = 1 << 20;
 
@@ -409,7 +410,8 @@ pub(crate) enum KeyedError {
 }
 
 /// The bound buffer a device keyed kernel keeps its states in.
-pub(crate) const KEYS_BUFFER: &str = "keys";
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub const KEYS_BUFFER: &str = "keys";
 
 /// Builds, at launch on a device runtime, the `keys` binding from a keyed kernel's states and
 /// the snapshot access to it.
@@ -425,7 +427,7 @@ pub(crate) type DeviceKeys<In, Out, S> = Box<
 pub(crate) type KeyStatesFactory<In, Out> =
     Box<dyn FnOnce(&Arc<KernelIo<In, Out>>) -> Arc<dyn KeyStates> + Send>;
 
-pub(crate) fn device_keys<In: Message, Out: Message, S: Pod + CField + Send + 'static>(
+fn device_keys<In: Message, Out: Message, S: Pod + CField + Send + 'static>(
 ) -> DeviceKeys<In, Out, Keys<S>> {
     Box::new(|keys: &Keys<S>, dev: &crate::engine::DeviceHandle| {
         let n = keys.states.len();
@@ -443,6 +445,33 @@ pub(crate) fn device_keys<In: Message, Out: Message, S: Pod + CField + Send + 's
         });
         Ok((PendingBinding::new(KEYS_BUFFER.into(), buf), snap))
     })
+}
+
+impl<In: Message + Keyed, Out: Message, S: Pod + CField + Clone + Send + 'static>
+    RingKernel<In, Out, Keys<S>>
+{
+    /// The CUDA handler of a keyed kernel, made with `CudaHandler::keyed`: on a CUDA or
+    /// CudaSim runtime the per-key states live in device memory for the kernel's life (bound
+    /// as the buffer `keys`, `size_of::<S>()` bytes per key) and the handler gets its key's
+    /// state; `snapshot_key(s)` read them back (the kernel parks between two batches for it).
+    /// Other runtimes run the [`key_handler`](RingKernel::key_handler).
+    pub fn key_cuda(mut self, handler: impl CudaSource<In, Out>) -> Self {
+        self.device.set(Box::new(handler));
+        self.device_keys = Some(device_keys::<In, Out, S>());
+        self
+    }
+
+    /// The WGSL handler of a keyed kernel, made with `WgslHandler::keyed`: on a wgpu
+    /// runtime the per-key states live in a storage buffer for the kernel's life (bound as
+    /// `keys`, `size_of::<S>()` bytes per key) and the handler gets its key's state as
+    /// `ptr<function, KeyState>`; `snapshot_key(s)` read them back (a copy behind
+    /// the batches already submitted). Other runtimes run the
+    /// [`key_handler`](RingKernel::key_handler) (or the CUDA handler on CUDA and CudaSim).
+    pub fn key_wgsl(mut self, handler: impl WgslSource<In, Out>) -> Self {
+        self.device.set(Box::new(handler));
+        self.device_keys = Some(device_keys::<In, Out, S>());
+        self
+    }
 }
 
 /// Part of a batch for one shard, moved to the thread that runs it and back.

@@ -131,7 +131,8 @@ pub struct LatencySummary {
 pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(1);
 
 /// The live counters of one kernel, written by its thread and its senders.
-pub(crate) struct KernelMetrics {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct KernelMetrics {
     pub enabled: bool,
     pub started: Instant,
     pub processed: AtomicU64,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use resident_ring::{Backpressure, Message, WaitStrategy};
 
+use crate::engine::ring::{CudaSource, WgslSource};
 use crate::runtime::bind::PendingBinding;
 use crate::runtime::context::{Context, LoopContext};
 
@@ -214,6 +215,31 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     {
         self.body = Some(Body::Loop(Box::new(f)));
         self
+    }
+
+    /// Runs the kernel's handler on the GPU: on a CUDA runtime, `launch` compiles `handler`
+    /// (a `CudaHandler`) into a persistent kernel, launched once, fed through pinned
+    /// device-mapped queues, and the same [`KernelHandle`](crate::runtime::handle::KernelHandle)
+    /// API drives it. On `Backend::CudaSim` the same source runs on host threads (compiled by
+    /// the host C++ compiler). On the CPU backend the kernel uses its CPU `handler`/`run`.
+    pub fn cuda(mut self, handler: impl CudaSource<In, Out>) -> Self {
+        self.device.set(Box::new(handler));
+        self
+    }
+
+    /// Runs the kernel's handler on a wgpu device: on a `Backend::Wgpu` runtime, `launch`
+    /// compiles `handler` (a `WgslHandler`), keeps its state in a device buffer for the
+    /// kernel's life and feeds it pipelined batches behind the same
+    /// [`KernelHandle`](crate::runtime::handle::KernelHandle). On other backends the kernel
+    /// uses its CPU `handler`/`run` (or its CUDA handler on CUDA).
+    pub fn wgsl(mut self, handler: impl WgslSource<In, Out>) -> Self {
+        self.device.set(Box::new(handler));
+        self
+    }
+
+    /// Whether the kernel has a device handler that runs on `engine`.
+    pub fn has_device_handler_for(&self, engine: crate::engine::BackendKind) -> bool {
+        self.device.runs_on(engine)
     }
 
     /// Forwards every output (except `call` replies, which go to their callers) into the

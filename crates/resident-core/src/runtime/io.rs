@@ -1,7 +1,7 @@
 //! `KernelIo`: everything a message passes through on the host, in one place, for every
 //! backend. Senders enqueue into the input mailbox (priority lanes, backpressure); a backend's
 //! [`RingHost`](crate::runtime::host::RingHost) takes batches out, runs the handler wherever it
-//! lives, and gives the results back through its [`Publisher`](super::publisher::Publisher) —
+//! lives, and gives the results back through its `Publisher` —
 //! the one path by which outputs are stamped (one envelope convention), routed (call replies by
 //! correlation id, the rest to the output mailbox) and measured (one meaning per metric).
 //!
@@ -53,14 +53,15 @@ pub(crate) trait DroppedCalls: Send + Sync {
 }
 
 /// The sending side of a kernel's input: what handles and other kernels send through.
-pub(crate) struct InputPort<In> {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct InputPort<In> {
     pub id: Arc<str>,
     pub mailbox: Mailbox<In>,
     pub ids: Arc<Ids>,
     pub state: Arc<Mutex<KernelState>>,
     calls: Weak<dyn DroppedCalls>,
     /// A keyed kernel's key range: a message naming a key outside it is refused at send.
-    pub keys: Option<crate::runtime::keyed::KeyCheck<In>>,
+    pub(crate) keys: Option<crate::runtime::keyed::KeyCheck<In>>,
     /// The kernel's peer-input slot when its engine can forward on the device (set by its
     /// device pump at start): a producer forwarding here links its output ring to it.
     pub device_peer: Arc<std::sync::OnceLock<Arc<resident_cuda::persistent::PeerInput>>>,
@@ -95,7 +96,8 @@ pub(crate) const FORWARD_PATIENCE: Duration = Duration::from_secs(2);
 
 /// The kernel a kernel's outputs are forwarded to (`RingKernel::forward_to`): looked up by id
 /// when first needed (so it may be launched after this kernel) and again after it went away.
-pub(crate) struct Forward<T> {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct Forward<T> {
     target: String,
     core: Weak<crate::runtime::RuntimeCore>,
     port: Mutex<Option<InputPort<T>>>,
@@ -103,7 +105,7 @@ pub(crate) struct Forward<T> {
 }
 
 impl<T: Message> Forward<T> {
-    pub fn new(
+    pub(crate) fn new(
         target: String,
         core: Weak<crate::runtime::RuntimeCore>,
         path: crate::runtime::kernel::ForwardPath,
@@ -117,12 +119,14 @@ impl<T: Message> Forward<T> {
     }
 
     /// How the outputs should travel (`RingKernel::forward_path`).
-    pub(crate) fn path(&self) -> crate::runtime::kernel::ForwardPath {
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub fn path(&self) -> crate::runtime::kernel::ForwardPath {
         self.path
     }
 
     /// The target's input port (cached).
-    pub(crate) fn port(&self) -> Result<InputPort<T>> {
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub fn port(&self) -> Result<InputPort<T>> {
         let mut p = self.port.lock();
         if let Some(p) = p.as_ref() {
             return Ok(p.clone());
@@ -135,7 +139,8 @@ impl<T: Message> Forward<T> {
         Ok(port)
     }
 
-    pub(crate) fn forget(&self) {
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub fn forget(&self) {
         *self.port.lock() = None;
     }
 }
@@ -260,7 +265,8 @@ pub(crate) trait HostState: Send + Sync {
 }
 
 /// What [`KernelIo::next_batch`] found.
-pub(crate) enum Next<'a> {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub enum Next<'a> {
     /// `n` messages were taken; the batch gate is held until this guard drops, so
     /// `deactivate` and `drain` wait for the batch to be done.
     Batch(usize, parking_lot::MutexGuard<'a, ()>),
@@ -273,28 +279,29 @@ pub(crate) enum Next<'a> {
 }
 
 /// Everything a kernel's host side and its handles share.
-pub(crate) struct KernelIo<In, Out> {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub struct KernelIo<In, Out> {
     pub id: Arc<str>,
     pub port: InputPort<In>,
     pub input: Mailbox<In>,
-    pub output: Mailbox<Out>,
-    pub state: Arc<Mutex<KernelState>>,
-    pub control: Arc<Control>,
+    pub(crate) output: Mailbox<Out>,
+    pub(crate) state: Arc<Mutex<KernelState>>,
+    pub(crate) control: Arc<Control>,
     /// Held by the host thread while it takes and processes a batch, so `deactivate` and
     /// `drain` can wait (bounded) for the batch in hand to finish.
-    pub batch_gate: CachePadded<Mutex<()>>,
+    pub(crate) batch_gate: CachePadded<Mutex<()>>,
     pending: Mutex<CallTable<Out>>,
     pub metrics: KernelMetrics,
     pub ids: Arc<Ids>,
-    pub wait: WaitStrategy,
-    pub batch_size: usize,
+    pub(crate) wait: WaitStrategy,
+    pub(crate) batch_size: usize,
     /// How long `terminate` (and `deactivate`) wait for the host thread before giving up.
-    pub terminate_timeout: Duration,
+    pub(crate) terminate_timeout: Duration,
     /// Who owns each message of the batch in hand (`resident_ring::handoff`).
-    pub in_hand: InHand<Slot<In>>,
+    pub(crate) in_hand: InHand<Slot<In>>,
     /// Inputs handed to a device and not yet handled there (the device host keeps it; 0 on
     /// the CPU host), so `drain` waits for the device too.
-    pub in_flight: AtomicU64,
+    pub(crate) in_flight: AtomicU64,
     /// Whether [`KernelIo::take_inputs`] leaves out inputs whose deadline passed (always, but
     /// for the benchmark that measures what it saves).
     expiry_on: AtomicBool,
@@ -309,27 +316,27 @@ pub(crate) struct KernelIo<In, Out> {
     /// launch.
     pub forward: std::sync::OnceLock<Forward<Out>>,
     /// Where the handler runs, set once at launch.
-    pub placement: std::sync::OnceLock<crate::runtime::handle::Placement>,
+    pub(crate) placement: std::sync::OnceLock<crate::runtime::handle::Placement>,
     exited: AtomicBool,
     exit_signal: Signal,
-    pub thread: Mutex<Option<JoinHandle<()>>>,
-    pub thread_id: Mutex<Option<ThreadId>>,
+    pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
+    pub(crate) thread_id: Mutex<Option<ThreadId>>,
     /// The report, once terminated, kept for handles that ask after a runtime shutdown.
-    pub report: Mutex<Option<TerminateReport<In, Out>>>,
+    pub(crate) report: Mutex<Option<TerminateReport<In, Out>>>,
     /// Buffers bound at launch (`runtime::bind`), set once by `launch`.
-    pub bound: std::sync::OnceLock<crate::runtime::bind::SharedTable>,
+    pub(crate) bound: std::sync::OnceLock<crate::runtime::bind::SharedTable>,
     /// Set at launch when the runtime profiles.
-    pub profile: std::sync::OnceLock<crate::profile::KernelProbe>,
+    pub(crate) profile: std::sync::OnceLock<crate::profile::KernelProbe>,
     /// The runtime that launched the kernel: told once the kernel is terminated, so that it
     /// forgets the kernel (its id is free again; memory stays flat over any number of
     /// launches).
-    pub core: Weak<crate::runtime::RuntimeCore>,
+    pub(crate) core: Weak<crate::runtime::RuntimeCore>,
     /// A CPU handler's state, readable on request (`KernelHandle::snapshot_state`).
-    pub host_state: std::sync::OnceLock<Arc<dyn HostState>>,
+    pub(crate) host_state: std::sync::OnceLock<Arc<dyn HostState>>,
     /// A keyed kernel's per-key states, readable on request (`KernelHandle::snapshot_key`).
-    pub keyed: std::sync::OnceLock<Arc<dyn crate::runtime::keyed::KeyStates>>,
+    pub(crate) keyed: std::sync::OnceLock<Arc<dyn crate::runtime::keyed::KeyStates>>,
     /// A device kernel's state, readable on request (`KernelHandle::snapshot_state`).
-    pub device_state: Mutex<Option<Arc<dyn crate::runtime::host::device::StateSnapshot>>>,
+    pub(crate) device_state: Mutex<Option<Arc<dyn crate::runtime::host::device::StateSnapshot>>>,
 }
 
 impl<In: Message, Out: Message> DroppedCalls for KernelIo<In, Out> {
@@ -435,7 +442,8 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     // ---- call replies --------------------------------------------------------------------
 
     /// Hands a `call`'s result to its waiting caller.
-    pub(crate) fn reply(&self, req: Envelope, out: Option<Out>) {
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub fn reply(&self, req: Envelope, out: Option<Out>) {
         match self.pending.lock().remove(&req.message_id) {
             Some(slot) => slot.complete(out.ok_or(Error::NoReply {
                 id: self.id.to_string(),

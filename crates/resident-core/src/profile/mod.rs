@@ -48,7 +48,6 @@
 pub mod report;
 mod ring;
 pub mod trace;
-pub mod tune;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -4,16 +4,17 @@
 //! [`KernelIo`]: mailbox lanes, the call table, stranded and unreceived messages, metrics, and
 //! the one publish path for outputs. A backend implements [`RingHost`]: on the kernel's host
 //! thread it takes batches from `KernelIo`, runs the handler (on this thread, or on a device it
-//! drives), gives the results back through its one [`Publisher`], and reports counters and
+//! drives), gives the results back through its one `Publisher`, and reports counters and
 //! faults. Lifecycle flags, lane mapping, envelope stamping, wait-for-exit and terminate
 //! accounting live above this seam, once.
 //!
-//! Hosts: [`cpu`] (the handler on a host thread) and [`device`] (a pump feeding a
+//! Hosts: `cpu` (the handler on a host thread) and [`device`] (a pump feeding a
 //! [`DeviceRing`](device::DeviceRing): a persistent CUDA kernel, CudaSim, or wgpu; the
 //! engines launch theirs through [`crate::engine`]).
 
 pub(crate) mod cpu;
-pub(crate) mod device;
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub mod device;
 
 use std::sync::Arc;
 
@@ -28,7 +29,8 @@ use crate::runtime::state::{Error, Result};
 /// (having called [`KernelIo::fail`] for a failure). It must see `io.terminating()` promptly,
 /// publish only through its `Publisher`, and hand every input it took but did not handle back
 /// with [`KernelIo::strand`] or [`KernelIo::fail`].
-pub(crate) trait RingHost<In: Message, Out: Message>: Send + 'static {
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub trait RingHost<In: Message, Out: Message>: Send + 'static {
     fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>, out: Publisher<In, Out>);
 }
 
