@@ -59,6 +59,15 @@ pub enum BenchError {
     /// A call of the CUDA layer failed.
     #[error(transparent)]
     Cuda(#[from] resident_cuda::CudaError),
+    /// A backend could not be opened, or one of its calls failed.
+    #[error(transparent)]
+    Backend(#[from] resident::backend::BackendError),
+    /// A device-hosted kernel's device side failed.
+    #[error(transparent)]
+    Device(#[from] resident::backend::DeviceError),
+    /// A WGSL ring kernel's device side could not be built.
+    #[error(transparent)]
+    WgslLaunch(#[from] resident::backend::wgpu::ring::WgslLaunchError),
     /// A thread of the benchmark panicked (named).
     #[error("the benchmark's {0} thread panicked")]
     ThreadPanicked(&'static str),

@@ -10,7 +10,9 @@
 //! * [`transfer`]: the host <-> device transfer benchmark (pinned vs pageable against a plain
 //!   synchronous copy), which needs a CUDA device;
 //! * [`ring_gpu`]: the persistent ring kernel against launch-per-batch and a CUDA graph of the
-//!   same template (`resident bench-ring`), which needs a CUDA device.
+//!   same template (`resident bench-ring`), which needs a CUDA device;
+//! * [`wgpu_ring`]: a WGSL ring kernel with its state on the device against the same handler
+//!   run stateless (`resident bench-wgpu`).
 //!
 //! The CLI parses the arguments, prints and writes the files; the measuring is here. The
 //! figures go to `bench/results/` as JSON with the command that produced them.
@@ -28,3 +30,4 @@ pub mod ring_gpu;
 pub mod stats;
 #[cfg(feature = "cuda")]
 pub mod transfer;
+pub mod wgpu_ring;
