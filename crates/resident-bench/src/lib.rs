@@ -11,6 +11,8 @@
 //!   synchronous copy), which needs a CUDA device;
 //! * [`ring_gpu`]: the persistent ring kernel against launch-per-batch and a CUDA graph of the
 //!   same template (`resident bench-ring`), which needs a CUDA device;
+//! * [`profile_overhead`]: the profiler's own cost, off vs paused vs on (`resident profile
+//!   --overhead`);
 //! * [`wgpu_ring`]: a WGSL ring kernel with its state on the device against the same handler
 //!   run stateless (`resident bench-wgpu`).
 //!
@@ -24,6 +26,7 @@ pub use error::{BenchError, OutputCheck};
 pub mod cpu;
 pub mod deadlines;
 mod error;
+pub mod profile_overhead;
 pub mod provenance;
 #[cfg(feature = "cuda")]
 pub mod ring_gpu;
