@@ -68,6 +68,12 @@ pub enum BenchError {
     /// A WGSL ring kernel's device side could not be built.
     #[error(transparent)]
     WgslLaunch(#[from] resident::backend::wgpu::ring::WgslLaunchError),
+    /// A workload refused its input or its results differ from the reference.
+    #[error(transparent)]
+    Workload(#[from] resident_workloads::WorkloadError),
+    /// A workload's input could not be generated.
+    #[error(transparent)]
+    Input(#[from] resident_workloads::InputError),
     /// A thread of the benchmark panicked (named).
     #[error("the benchmark's {0} thread panicked")]
     ThreadPanicked(&'static str),
@@ -120,6 +126,12 @@ pub enum OutputCheck {
         got: u64,
         /// The first variant's.
         want: u64,
+    },
+    /// A reading the input was built to make anomalous raised no alert.
+    #[error("the spike injected at reading {reading} raised no alert")]
+    MissedAlert {
+        /// The reading's index in the stream.
+        reading: u64,
     },
     /// A latency run (one message in flight) found the input lane full.
     #[error("the input lane was full with one message in flight")]

@@ -14,7 +14,9 @@
 //! * [`profile_overhead`]: the profiler's own cost, off vs paused vs on (`resident profile
 //!   --overhead`);
 //! * [`wgpu_ring`]: a WGSL ring kernel with its state on the device against the same handler
-//!   run stateless (`resident bench-wgpu`).
+//!   run stateless (`resident bench-wgpu`);
+//! * [`workloads`]: the reference workloads against their baselines (`resident bench
+//!   workloads`).
 //!
 //! The CLI parses the arguments, prints and writes the files; the measuring is here. The
 //! figures go to `bench/results/` as JSON with the command that produced them.
@@ -34,3 +36,4 @@ pub mod stats;
 #[cfg(feature = "cuda")]
 pub mod transfer;
 pub mod wgpu_ring;
+pub mod workloads;
