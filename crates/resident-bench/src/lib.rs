@@ -11,6 +11,8 @@
 //!   synchronous copy), which needs a CUDA device;
 //! * [`ring_gpu`]: the persistent ring kernel against launch-per-batch and a CUDA graph of the
 //!   same template (`resident bench-ring`), which needs a CUDA device;
+//! * [`forwarding`]: device-side forwarding against the host relay on the pipeline workload
+//!   (`resident bench forwarding`);
 //! * [`profile_overhead`]: the profiler's own cost, off vs paused vs on (`resident profile
 //!   --overhead`);
 //! * [`wgpu_ring`]: a WGSL ring kernel with its state on the device against the same handler
@@ -28,6 +30,7 @@ pub use error::{BenchError, OutputCheck};
 pub mod cpu;
 pub mod deadlines;
 mod error;
+pub mod forwarding;
 pub mod profile_overhead;
 pub mod provenance;
 #[cfg(feature = "cuda")]
