@@ -74,6 +74,15 @@ pub enum BenchError {
     /// A workload's input could not be generated.
     #[error(transparent)]
     Input(#[from] resident_workloads::InputError),
+    /// A thread of the benchmark could not be started.
+    #[error("cannot spawn {what}: {source}")]
+    Spawn {
+        /// The thread.
+        what: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A thread of the benchmark panicked (named).
     #[error("the benchmark's {0} thread panicked")]
     ThreadPanicked(&'static str),

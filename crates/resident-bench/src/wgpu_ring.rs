@@ -462,7 +462,29 @@ fn point<S: HistState>(
 /// `command`, `date`, `machine`, `adapter: {name, api, device_type, software, driver}`,
 /// `note`, `method`, `repeats`, `rows`). `say` gets the adapter line first, then one line per
 /// point as it is measured.
-pub fn run(o: &Options, say: &mut dyn FnMut(String)) -> Result<Value, BenchError> {
+///
+/// The measuring runs on a thread of its own with a 64 MiB stack: the 1 MiB state type goes
+/// into [`WgslHandler::state`] and comes out of `snapshot_state` by value, and an unoptimized
+/// build keeps enough copies of it on the stack to overflow a main thread's 8 MiB.
+pub fn run(o: &Options, say: &mut (dyn FnMut(String) + Send)) -> Result<Value, BenchError> {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("bench-wgpu".into())
+            .stack_size(STACK)
+            .spawn_scoped(s, || measure(o, say))
+            .map_err(|source| BenchError::Spawn {
+                what: "the measuring thread",
+                source,
+            })?
+            .join()
+            .map_err(|_| BenchError::ThreadPanicked("measuring"))?
+    })
+}
+
+/// The measuring thread's stack (16 MiB was measured to be enough for a debug build).
+const STACK: usize = 64 << 20;
+
+fn measure(o: &Options, say: &mut (dyn FnMut(String) + Send)) -> Result<Value, BenchError> {
     let repeats = o.repeats.max(1);
     let ctx = WgpuContext::shared(false)?;
     let a = ctx.properties().clone();
