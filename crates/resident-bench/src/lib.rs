@@ -8,19 +8,35 @@
 //! * [`cpu`]: the CPU backend against `rtrb` and `crossbeam` (`resident bench`);
 //! * [`deadlines`]: the call storm, before and after call deadlines (`resident bench deadlines`);
 //! * [`transfer`]: the host <-> device transfer benchmark (pinned vs pageable against a plain
-//!   synchronous copy), which needs a CUDA device.
+//!   synchronous copy), which needs a CUDA device;
+//! * [`ring_gpu`]: the persistent ring kernel against launch-per-batch and a CUDA graph of the
+//!   same template (`resident bench-ring`), which needs a CUDA device;
+//! * [`forwarding`]: device-side forwarding against the host relay on the pipeline workload
+//!   (`resident bench forwarding`);
+//! * [`profile_overhead`]: the profiler's own cost, off vs paused vs on (`resident profile
+//!   --overhead`);
+//! * [`wgpu_ring`]: a WGSL ring kernel with its state on the device against the same handler
+//!   run stateless (`resident bench-wgpu`);
+//! * [`workloads`]: the reference workloads against their baselines (`resident bench
+//!   workloads`).
 //!
 //! The CLI parses the arguments, prints and writes the files; the measuring is here. The
 //! figures go to `bench/results/` as JSON with the command that produced them.
 
 #![deny(missing_docs)]
 
-pub use error::BenchError;
+pub use error::{BenchError, OutputCheck};
 
 pub mod cpu;
 pub mod deadlines;
 mod error;
+pub mod forwarding;
+pub mod profile_overhead;
 pub mod provenance;
+#[cfg(feature = "cuda")]
+pub mod ring_gpu;
 pub mod stats;
 #[cfg(feature = "cuda")]
 pub mod transfer;
+pub mod wgpu_ring;
+pub mod workloads;

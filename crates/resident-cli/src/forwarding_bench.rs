@@ -2,19 +2,13 @@
 //! `RingKernel::forward_to`) with the normalizer's outputs forwarded on the device against the
 //! same run relayed by the host (`ForwardPath::HostRelay`), alternating in one run, on one
 //! backend (CudaSim by default: the device link is the scorer's persistent kernel consuming
-//! the normalizer's output ring). Every run's results are checked against the reference.
-//! Results go to JSON with the command, the machine and its load.
+//! the normalizer's output ring). The measuring is `resident_bench::forwarding`; here are the
+//! arguments, the output path, the file and the printing.
 
 use std::path::PathBuf;
 
 use clap::Args;
-use serde_json::{json, Value};
-
-use resident::prelude::*;
-use resident_workloads::{pipeline, Precision};
-
-use resident_bench::provenance::{cargo_command, load, machine, today, write_json};
-use resident_bench::stats::{quantile, sorted};
+use resident_bench::provenance::{today, write_json};
 
 use crate::bench::BenchError;
 use crate::workloads::BackendChoice;
@@ -36,51 +30,6 @@ pub struct Options {
     pub out: Option<PathBuf>,
 }
 
-fn one(
-    rt: &Runtime,
-    kind: resident::backend::BackendKind,
-    values: &[f64],
-    path: ForwardPath,
-    round: usize,
-) -> Result<Value, BenchError> {
-    let r = pipeline::run_with(rt, values, path, |_| {}).map_err(|e| e.to_string())?;
-    pipeline::check_with(&r.scored, values, Precision::of(kind)).map_err(|e| e.to_string())?;
-    let s = r.elapsed.as_secs_f64();
-    let rate = values.len() as f64 / s;
-    println!(
-        "{:>10} round {round}: {:>10.0} readings/s ({:.3} s); forwarded on the device {}, by the host {}",
-        match path {
-            ForwardPath::Device => "device",
-            ForwardPath::HostRelay => "host relay",
-        },
-        rate,
-        s,
-        r.forwarding.on_device,
-        r.forwarding.via_host
-    );
-    Ok(json!({
-        "seconds": s,
-        "readings_per_s": rate,
-        "forwarded_on_device": r.forwarding.on_device,
-        "forwarded_via_host": r.forwarding.via_host,
-    }))
-}
-
-fn summary(runs: &[Value]) -> Value {
-    let v: Vec<f64> = runs
-        .iter()
-        .filter_map(|r| r["readings_per_s"].as_f64())
-        .collect();
-    let v = sorted(&v);
-    let (min, max) = (v.first().copied(), v.last().copied());
-    json!({
-        "readings_per_s_median": quantile(&v, 0.5),
-        "readings_per_s_min": min,
-        "readings_per_s_max": max,
-        "spread_max_over_min": max.zip(min).map(|(hi, lo)| hi / lo),
-    })
-}
-
 /// Runs the benchmark and writes its JSON.
 pub fn run(o: &Options) -> Result<(), BenchError> {
     let (rt, d) = o.backend.open().map_err(|e| e.to_string())?;
@@ -93,40 +42,19 @@ pub fn run(o: &Options) -> Result<(), BenchError> {
         "--out",
     )?;
     crate::paths::check_parent(&out, "--out")?;
-    let mut rng = resident_workloads::rng::SplitMix64::new(5);
-    let values: Vec<f64> = (0..o.messages.max(1))
-        .map(|_| rng.unit() * 140.0 - 20.0)
-        .collect();
-    let load_before = load();
-    // One untimed warm-up run (compiles or loads the kernels' sources once).
-    one(
+    let doc = resident_bench::forwarding::run(
         &rt,
         kind,
-        &values[..values.len().min(2000)],
-        ForwardPath::Device,
-        0,
+        &resident_bench::forwarding::Options {
+            messages: o.messages,
+            repeats: o.repeats,
+        },
+        &mut |line| println!("{line}"),
     )?;
-    let (mut host, mut device) = (Vec::new(), Vec::new());
-    for round in 0..o.repeats.max(1) {
-        host.push(one(&rt, kind, &values, ForwardPath::HostRelay, round)?);
-        device.push(one(&rt, kind, &values, ForwardPath::Device, round)?);
-    }
-    let (h, dv) = (summary(&host), summary(&device));
-    let ratio = dv["readings_per_s_median"].as_f64().unwrap_or(0.0)
-        / h["readings_per_s_median"].as_f64().unwrap_or(f64::NAN);
-    let doc = json!({
-        "what": "the pipeline workload (normalizer -> scorer by RingKernel::forward_to), readings through both kernels per second: device = ForwardPath::Device (on CudaSim the scorer's persistent kernel takes the normalizer's output ring, no host hop), host_relay = ForwardPath::HostRelay (the normalizer's host pump relays every output into the scorer's input queue); alternated in one run, each run checked against the reference",
-        "command": cargo_command("resident-cli"),
-        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
-        "backend": format!("{kind:?}"),
-        "date": date,
-        "machine": machine(),
-        "load_before": load_before,
-        "load_after": load(),
-        "params": {"messages": values.len(), "repeats": o.repeats},
-        "runs": {"host_relay": host, "device": device},
-        "summary": {"host_relay": h, "device": dv, "device_over_host_relay_median": ratio},
-    });
+    let (h, dv) = (&doc["summary"]["host_relay"], &doc["summary"]["device"]);
+    let ratio = doc["summary"]["device_over_host_relay_median"]
+        .as_f64()
+        .unwrap_or(f64::NAN);
     write_json(&out, &doc)?;
     println!(
         "pipeline on {kind:?}: device {:.0}/s, host relay {:.0}/s (medians, device/host x{ratio:.2}); wrote {}",

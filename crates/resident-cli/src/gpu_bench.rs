@@ -8,7 +8,6 @@
 use std::path::Path;
 
 use resident_bench::provenance::{command, slug, today};
-use serde_json::json;
 
 fn write(dir: &Path, file: String, text: &str) -> Result<(), String> {
     // The folder must exist: the user names it (`--out-dir`); nothing is created for them.
@@ -40,27 +39,15 @@ pub fn ring(iters: usize, in_flight: usize, out_dir: &Path) -> Result<(), String
     let device = resident::cuda::device_info(0)
         .map_err(|e| format!("the ring benchmark needs a CUDA device: {e}"))?;
     let rows =
-        resident::cuda::persistent::bench_ring(0, iters, in_flight).map_err(|e| e.to_string())?;
+        resident_bench::ring_gpu::bench_ring(0, iters, in_flight).map_err(|e| e.to_string())?;
+    for r in &rows {
+        println!(
+            "{:<20} {:>4} B in_flight {:>6}: p50 {:>8} ns p99 {:>8} ns p99.9 {:>8} ns {:>12.0} msg/s",
+            r.variant, r.payload_bytes, r.in_flight, r.p50_ns, r.p99_ns, r.p999_ns, r.msgs_per_s
+        );
+    }
     let date = today();
-    let results: Vec<_> = rows
-        .iter()
-        .map(|r| {
-            println!(
-                "{:<20} {:>4} B in_flight {:>6}: p50 {:>8} ns p99 {:>8} ns p99.9 {:>8} ns {:>12.0} msg/s",
-                r.variant, r.payload_bytes, r.in_flight, r.p50_ns, r.p99_ns, r.p999_ns, r.msgs_per_s
-            );
-            json!({"variant": r.variant, "payload_bytes": r.payload_bytes, "in_flight": r.in_flight,
-                   "p50_ns": r.p50_ns, "p99_ns": r.p99_ns, "p999_ns": r.p999_ns, "msgs_per_s": r.msgs_per_s,
-                   "block_threads": r.block_threads, "measures": r.measures})
-        })
-        .collect();
-    // Rows of the same in_flight measure the same quantity for every variant ("measures");
-    // launch_per_batch and graph launch ceil(n / block_threads) blocks.
-    let doc = json!({"device": device.name, "date": date, "command": command(),
-                     "measures": {"latency": resident::cuda::persistent::MEASURES_MESSAGE,
-                                  "batch": resident::cuda::persistent::MEASURES_BATCH,
-                                  "persistent_streaming": resident::cuda::persistent::MEASURES_STREAMING},
-                     "results": results});
+    let doc = resident_bench::ring_gpu::to_json(&device.name, &date, &command(), &rows);
     write(
         out_dir,
         format!("ring-{}-{}.json", slug(&device.name, 8), date),

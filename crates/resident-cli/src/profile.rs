@@ -21,7 +21,6 @@ use resident::prelude::*;
 use resident::profile::tune::{parse_duration, tune, TuneOptions};
 use resident::profile::Report;
 use resident::{Kernel, KernelArg, LaunchConfig};
-use resident_bench::stats::{median_or_nan, spread};
 
 device_message! {
     /// A unit of arithmetic: `iters` dependent multiply-adds starting from `x`.
@@ -401,139 +400,14 @@ pub fn run(o: &Options) -> Result<(), String> {
     Ok(())
 }
 
-/// How a measured run profiles.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mode {
-    /// No profiler attached (the default): one `None` check per batch.
-    Off,
-    /// A profiler attached but paused: one relaxed load per batch.
-    Paused,
-    /// Recording.
-    On,
-}
-
-impl Mode {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Off => "off",
-            Mode::Paused => "paused",
-            Mode::On => "on",
-        }
-    }
-}
-
-fn mode_runtime(mode: Mode) -> Result<Runtime, String> {
-    let b = Runtime::builder().backend(Backend::Cpu);
-    let b = match mode {
-        Mode::Off => b,
-        Mode::Paused => {
-            let p = Profiler::new();
-            p.set_enabled(false);
-            b.profiler(p)
-        }
-        Mode::On => b.profiler(Profiler::new()),
-    };
-    b.build().map_err(err)
-}
-
-/// Messages per second through a kernel with a trivial handler, sent as fast as it takes them.
-fn overhead_throughput(mode: Mode, messages: usize) -> Result<f64, String> {
-    let rt = mode_runtime(mode)?;
-    let k = rt
-        .launch(
-            RingKernel::<u64, u64>::new("overhead")
-                .queue_size(4096)
-                .priority_lanes(1)
-                .batch_size(64)
-                .handler(|_, x: u64| {
-                    std::hint::black_box(x);
-                    None
-                }),
-        )
-        .map_err(err)?;
-    k.activate().map_err(err)?;
-    let msgs: Vec<u64> = (0..messages as u64).collect();
-    let t = std::time::Instant::now();
-    let mut sent = 0;
-    while sent < msgs.len() {
-        sent += k
-            .send_batch(&msgs[sent..(sent + 256).min(msgs.len())])
-            .map_err(err)?;
-    }
-    k.drain(Duration::from_secs(60)).map_err(err)?;
-    let rate = messages as f64 / t.elapsed().as_secs_f64();
-    k.terminate().map_err(err)?;
-    Ok(rate)
-}
-
-/// Mean round trip of `call` (a batch per message: the per-batch cost at its largest share).
-fn overhead_round_trip(mode: Mode, calls: usize) -> Result<f64, String> {
-    let rt = mode_runtime(mode)?;
-    let k = rt
-        .launch(RingKernel::<u64, u64>::new("overhead-rt").handler(|_, x: u64| Some(x)))
-        .map_err(err)?;
-    k.activate().map_err(err)?;
-    let t = std::time::Instant::now();
-    for i in 0..calls as u64 {
-        k.call(i, Duration::from_secs(10)).map_err(err)?;
-    }
-    let ns = t.elapsed().as_nanos() as f64 / calls as f64;
-    k.terminate().map_err(err)?;
-    Ok(ns)
-}
-
 /// `resident profile --overhead`: the profiler's cost, off vs paused vs on, interleaved in one
-/// run, written as JSON.
+/// run (measured by `resident_bench::profile_overhead`), written as JSON and printed.
 pub fn overhead(rounds: usize, out: &std::path::Path) -> Result<(), String> {
-    let modes = [Mode::Off, Mode::Paused, Mode::On];
-    let (messages, calls) = (100_000, 5_000);
-    // The hooks alone, per batch of 64 and of 1: best of the rounds (least disturbed).
-    let mut hook: Vec<[f64; 3]> = Vec::new();
-    let mut hook1: Vec<[f64; 3]> = Vec::new();
-    for _ in 0..rounds {
-        hook.push(resident::profile::hook_cost_per_batch(20_000, 64));
-        hook1.push(resident::profile::hook_cost_per_batch(200_000, 1));
-    }
-    let mut thr: Vec<Vec<f64>> = vec![Vec::new(); 3];
-    let mut rtt: Vec<Vec<f64>> = vec![Vec::new(); 3];
-    overhead_throughput(Mode::Off, messages / 4)?; // warm-up
-    for r in 0..rounds {
-        // Rotate the order each round so drift on the shared machine hits every mode alike.
-        for j in 0..3 {
-            let i = (j + r) % 3;
-            thr[i].push(overhead_throughput(modes[i], messages)?);
-            rtt[i].push(overhead_round_trip(modes[i], calls)?);
-        }
-    }
-    let ratio = |v: &Vec<Vec<f64>>, i: usize| median_or_nan(&v[i]) / median_or_nan(&v[0]);
-    let mut doc = serde_json::json!({
-        "benchmark": "profiler-overhead",
-        "command": format!("./target/release/resident profile queue-bound --overhead --rounds {rounds} --out {}", out.display()),
-        "date": resident_bench::provenance::today(),
-        "machine": resident_bench::provenance::machine(),
-        "note": "shared, noisy 2-vCPU x86_64 VM (other builds running), no GPU; modes interleaved in one run",
-        "throughput": {
-            "what": "messages/s through a kernel with a trivial handler, 100000 messages sent with send_batch, batch_size 64",
-        },
-        "round_trip": {
-            "what": "mean ns per call() (one message per batch, so per-batch profiler cost at its largest share), 5000 calls",
-        },
-    });
-    doc["hook_ns_per_batch"] = serde_json::json!({
-        "what": "ns per batch spent in the profiler's batch hooks (plus the tracing batch span, no subscriber), measured alone on one thread",
-    });
-    for (i, m) in modes.iter().enumerate() {
-        let h64: Vec<f64> = hook.iter().map(|h| h[i]).collect();
-        let h1: Vec<f64> = hook1.iter().map(|h| h[i]).collect();
-        doc["hook_ns_per_batch"]["batch_64"][m.name()] = spread(&h64);
-        doc["hook_ns_per_batch"]["batch_1"][m.name()] = spread(&h1);
-        doc["throughput"][m.name()] = spread(&thr[i]);
-        doc["round_trip"][m.name()] = spread(&rtt[i]);
-    }
-    doc["throughput"]["ratio_on_vs_off"] = serde_json::json!(ratio(&thr, 2));
-    doc["throughput"]["ratio_paused_vs_off"] = serde_json::json!(ratio(&thr, 1));
-    doc["round_trip"]["ratio_on_vs_off"] = serde_json::json!(ratio(&rtt, 2));
-    doc["round_trip"]["ratio_paused_vs_off"] = serde_json::json!(ratio(&rtt, 1));
+    let command = format!(
+        "./target/release/resident profile queue-bound --overhead --rounds {rounds} --out {}",
+        out.display()
+    );
+    let doc = resident_bench::profile_overhead::run(rounds, &command).map_err(err)?;
     let text = serde_json::to_string_pretty(&doc).map_err(err)?;
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).map_err(err)?;

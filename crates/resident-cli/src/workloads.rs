@@ -43,6 +43,9 @@ pub enum DemoError {
     /// Options that do not go together.
     #[error("{0}")]
     Usage(String),
+    /// A benchmark failed (`bench workloads`: a workload, its input, or a result check).
+    #[error(transparent)]
+    Bench(Box<resident_bench::BenchError>),
 }
 
 impl From<resident_workloads::InputError> for DemoError {

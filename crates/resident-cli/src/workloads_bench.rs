@@ -7,19 +7,21 @@
 //!   same backend, micro-batches 100 / 500 / 1000;
 //! - streaming PageRank: incremental refresh vs recompute from scratch per update batch;
 //! - full PageRank on the large graph: seconds per backend.
+//!
+//! The measuring is `resident_bench::workloads`; here are the arguments, the progress bars,
+//! the files and the pictures.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use clap::Args;
+use indicatif::ProgressBar;
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use serde_json::{json, Value};
 
-use resident::backend;
-use resident_bench::stats::{median_or_nan as median, quantile, spread};
-use resident_workloads::input;
-use resident_workloads::{anomaly, pagerank};
+use resident_bench::stats::median_or_nan as median;
+use resident_bench::workloads::{AnomalyRow, BackendRun, Sizes};
+use resident_workloads::anomaly;
 
 use crate::workloads::{bar, BackendChoice, DemoError};
 
@@ -68,84 +70,35 @@ pub struct Options {
 }
 
 /// The sizes a run uses: the full defaults, or the quick ones; a flag given overrides either.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Sizes {
-    nodes: usize,
-    readings: usize,
-    sensors: usize,
-    sim_readings: usize,
-    sweep_sensors: [usize; 2],
-}
-
-impl Sizes {
-    const FULL: Sizes = Sizes {
-        nodes: 1_000_000,
-        readings: 2_000_000,
-        sensors: 10_000,
-        sim_readings: 20_000,
-        sweep_sensors: [1000, 100_000],
-    };
-    /// Measured on the shared 2-vCPU VM: at the former quick sizes (20000 nodes, 20000
-    /// readings on every backend) CudaSim took most of the 170-200 s, its anomaly runs
-    /// alone about 70 s at a few thousand readings/s and its PageRank runs about 2 s each.
-    const QUICK: Sizes = Sizes {
-        nodes: 5_000,
-        readings: 20_000,
-        sensors: 1000,
-        sim_readings: 2000,
-        sweep_sensors: [100, 10_000],
-    };
-
-    fn of(o: &Options) -> Sizes {
-        let d = if o.quick { Self::QUICK } else { Self::FULL };
-        Sizes {
-            nodes: o.nodes.unwrap_or(d.nodes),
-            readings: o.readings.unwrap_or(d.readings),
-            sensors: o.sensors.unwrap_or(d.sensors),
-            sim_readings: o.sim_readings.unwrap_or(d.sim_readings),
-            sweep_sensors: d.sweep_sensors,
-        }
+fn sizes(o: &Options) -> Sizes {
+    let d = if o.quick { Sizes::QUICK } else { Sizes::FULL };
+    Sizes {
+        nodes: o.nodes.unwrap_or(d.nodes),
+        readings: o.readings.unwrap_or(d.readings),
+        sensors: o.sensors.unwrap_or(d.sensors),
+        sim_readings: o.sim_readings.unwrap_or(d.sim_readings),
+        sweep_sensors: d.sweep_sensors,
     }
 }
 
-/// One backend's anomaly figures.
-struct AnomalyRow {
-    batch: usize,
-    actor_rps: Vec<f64>,
-    /// The actor with one micro-batch in flight (send, wait for its results, repeat).
-    actor_sync_rps: Vec<f64>,
-    stateless_rps: Vec<f64>,
-    /// Micro-batch latencies in microseconds of the last repetition, sorted.
-    actor_lat: Vec<f64>,
-    stateless_lat: Vec<f64>,
-}
+/// The measuring's progress as bars on a terminal (hidden otherwise).
+#[derive(Default)]
+struct Bars(RefCell<Option<ProgressBar>>);
 
-struct BackendRun {
-    name: String,
-    /// Anomaly readings per run on this backend.
-    readings: usize,
-    /// Micro-batch 100 across sensor counts: (sensors, actor, stateless readings/s).
-    sweep: Vec<(usize, Vec<f64>, Vec<f64>)>,
-    anomaly: Vec<AnomalyRow>,
-    pr: Vec<PrRun>,
-    /// Wall seconds of this backend's parts: anomaly, sensor sweep, PageRank (full and
-    /// streaming), each including set-up and the checks against the reference.
-    secs: [f64; 3],
-}
-
-/// PageRank figures at one tolerance.
-struct PrRun {
-    tol: f64,
-    /// The L1 distance allowed between incremental and recomputed ranks here.
-    stream_tol: f64,
-    /// Graph to ranks: CSR build, buffers bound, launch, iteration, ranks read back.
-    full_secs: Vec<f64>,
-    /// The iteration alone (the run message's round trip).
-    kernel_secs: Vec<f64>,
-    iterations: u32,
-    stream_ratio: Vec<f64>,
-    stream: Vec<Value>,
-    worst_l1: f64,
+impl resident_bench::workloads::Progress for Bars {
+    fn start(&self, len: u64, what: &str) {
+        *self.0.borrow_mut() = Some(bar(len, what));
+    }
+    fn advance(&self, steps: u64) {
+        if let Some(b) = self.0.borrow().as_ref() {
+            b.inc(steps);
+        }
+    }
+    fn finish(&self) {
+        if let Some(b) = self.0.borrow_mut().take() {
+            b.finish_and_clear();
+        }
+    }
 }
 
 pub fn run(o: &Options) -> Result<(), DemoError> {
@@ -176,308 +129,32 @@ pub fn run(o: &Options) -> Result<(), DemoError> {
             }
         }
     };
-    let repeats = o.repeats.max(1);
-    let sizes = Sizes::of(o);
-    let (nodes, readings, sensors) = (sizes.nodes, sizes.readings, sizes.sensors);
-    let (stream_batches, updates) = (5, 100);
-    println!(
-        "== bench workloads ({} sizes): {repeats} repeats; PageRank {nodes} nodes x 5 edges; anomaly {readings} readings over {sensors} sensors ({} on CudaSim), sensor sweep {:?} ==",
-        if o.quick { "quick" } else { "full" },
-        sizes.sim_readings.min(readings),
-        sizes.sweep_sensors
-    );
-    let started = Instant::now();
-    let t = Instant::now();
-    let graph = input::generate_graph(nodes, 5, 42)?;
-    println!(
-        "graph: {} nodes, {} edges ({:.1} s to generate)",
-        graph.nodes(),
-        graph.edges.len(),
-        t.elapsed().as_secs_f64()
-    );
-    let (rs, spikes) = input::generate_readings(readings, sensors, 997, 7)?;
-    let slotted = anomaly::slot(&rs);
-    let p = pagerank::Params::default();
-    // networkx's tol, and a tight one: at N = 1M networkx's rule (L1 change < N x 1e-6 = 1)
-    // stops after one iteration, so the tight tolerance is what shows real iteration work.
-    let mut references = Vec::new();
-    for tol in [pagerank::TOL, o.tight_tol] {
-        let t = Instant::now();
-        let r = pagerank::reference(
-            &graph,
-            pagerank::Params {
-                tol,
-                ..Default::default()
-            },
-        )?;
-        references.push((tol, r, t.elapsed().as_secs_f64()));
-    }
-    let sweep_sensors = sizes.sweep_sensors;
-    let update_batches = pagerank::generate_updates(&graph, stream_batches, updates, 9);
-
-    let mut runs: Vec<BackendRun> = Vec::new();
-    let mut absent: Vec<Value> = Vec::new();
-    for &b in &o.backends {
-        let name = format!("{b:?}").to_lowercase();
-        let (rt, d) = match b.open() {
-            Ok(x) => x,
-            Err(e) => {
-                println!("{name}: SKIP: {e}");
-                absent.push(json!({"backend": name, "reason": e.to_string()}));
-                continue;
-            }
-        };
-        println!("-- {name} --");
-        let t_backend = Instant::now();
-        let prec = resident_workloads::Precision::of(d.kind());
-        // CudaSim: the first `sim_readings` of the same stream.
-        let full_readings = readings;
-        let (readings, slotted, spikes, sweep_readings) =
-            if d.kind() == backend::BackendKind::CudaSim && sizes.sim_readings < full_readings {
-                let k = sizes.sim_readings.max(1);
-                let sub = anomaly::slot(&rs[..k]);
-                let sp: Vec<usize> = spikes.iter().copied().filter(|&i| i < k).collect();
-                (k, sub, sp, k)
-            } else {
-                (
-                    full_readings,
-                    slotted.clone(),
-                    spikes.clone(),
-                    full_readings,
-                )
-            };
-        let mut run = BackendRun {
-            name: name.clone(),
-            readings,
-            sweep: vec![],
-            anomaly: vec![],
-            pr: vec![],
-            secs: [0.0; 3],
-        };
-        for batch in [100usize, 500, 1000] {
-            let mut row = AnomalyRow {
-                batch,
-                actor_rps: vec![],
-                actor_sync_rps: vec![],
-                stateless_rps: vec![],
-                actor_lat: vec![],
-                stateless_lat: vec![],
-            };
-            let pb = bar((3 * repeats * readings) as u64, &format!("anomaly/{batch}"));
-            for _ in 0..repeats {
-                // Latency: one micro-batch in flight, like the stateless batch.
-                let one = anomaly::run_actor(&rt, &d, &slotted, batch, 1, |k| pb.inc(k as u64))?;
-                anomaly::check_with(&one, &slotted, prec)?;
-                row.actor_sync_rps
-                    .push(readings as f64 / one.elapsed.as_secs_f64());
-                // Throughput: micro-batches pipelined (the statistics stay in the kernel, so
-                // micro-batch k+1 need not wait for k's results; a stateless batch must).
-                let a = anomaly::run_actor(&rt, &d, &slotted, batch, anomaly::IN_FLIGHT, |k| {
-                    pb.inc(k as u64)
-                })?;
-                anomaly::check_with(&a, &slotted, prec)?;
-                let alerted: std::collections::HashSet<u64> =
-                    a.alerts.iter().map(|x| x.index).collect();
-                if let Some(i) = spikes.iter().find(|&&i| !alerted.contains(&(i as u64))) {
-                    return Err(DemoError::Usage(format!(
-                        "injected spike at {i} not alerted"
-                    )));
-                }
-                let s = anomaly::run_stateless(&d, &slotted, batch, |k| pb.inc(k as u64))?;
-                anomaly::check_with(&s, &slotted, prec)?;
-                row.actor_rps
-                    .push(readings as f64 / a.elapsed.as_secs_f64());
-                row.stateless_rps
-                    .push(readings as f64 / s.elapsed.as_secs_f64());
-                let us = |v: &[Duration]| {
-                    let mut x: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-                    x.sort_by(f64::total_cmp);
-                    x
-                };
-                row.actor_lat = us(&one.batch_latency);
-                row.stateless_lat = us(&s.batch_latency);
-            }
-            pb.finish_and_clear();
-            let ratios: Vec<f64> = row
-                .actor_rps
-                .iter()
-                .zip(&row.stateless_rps)
-                .map(|(a, s)| a / s)
-                .collect();
-            println!(
-                "anomaly micro-batch {batch:>4}: actor {:.2} M/s ({} in flight; {:.2} M/s with 1), stateless {:.3} M/s, actor/stateless x{:.1} (runs {:?}); latency p50 actor {:.1} us, stateless {:.1} us",
-                median(&row.actor_rps) / 1e6,
-                anomaly::IN_FLIGHT,
-                median(&row.actor_sync_rps) / 1e6,
-                median(&row.stateless_rps) / 1e6,
-                median(&ratios),
-                ratios.iter().map(|r| (r * 10.0).round() / 10.0).collect::<Vec<_>>(),
-                quantile(&row.actor_lat, 0.5).unwrap_or(f64::NAN),
-                quantile(&row.stateless_lat, 0.5).unwrap_or(f64::NAN)
-            );
-            run.anomaly.push(row);
-        }
-        run.secs[0] = t_backend.elapsed().as_secs_f64();
-        for &ns in &sweep_sensors {
-            let (rs2, _) = input::generate_readings(sweep_readings, ns, 0, 3)?;
-            let sl = anomaly::slot(&rs2);
-            let (mut ar, mut sr) = (vec![], vec![]);
-            let pb = bar((2 * repeats * readings) as u64, &format!("sensors/{ns}"));
-            for _ in 0..repeats {
-                let a = anomaly::run_actor(&rt, &d, &sl, 100, anomaly::IN_FLIGHT, |k| {
-                    pb.inc(k as u64)
-                })?;
-                anomaly::check_with(&a, &sl, prec)?;
-                let s = anomaly::run_stateless(&d, &sl, 100, |k| pb.inc(k as u64))?;
-                anomaly::check_with(&s, &sl, prec)?;
-                ar.push(readings as f64 / a.elapsed.as_secs_f64());
-                sr.push(readings as f64 / s.elapsed.as_secs_f64());
-            }
-            pb.finish_and_clear();
-            let ratios: Vec<f64> = ar.iter().zip(&sr).map(|(a, s)| a / s).collect();
-            println!(
-                "anomaly micro-batch 100, {ns:>6} sensors: actor {:.2} M/s, stateless {:.3} M/s, x{:.1} (runs {:?})",
-                median(&ar) / 1e6, median(&sr) / 1e6, median(&ratios),
-                ratios.iter().map(|r| (r * 10.0).round() / 10.0).collect::<Vec<_>>()
-            );
-            run.sweep.push((ns, ar, sr));
-        }
-        run.secs[1] = t_backend.elapsed().as_secs_f64() - run.secs[0];
-        for (tol, reference, reference_secs) in &references {
-            let p = pagerank::Params {
-                tol: *tol,
-                ..Default::default()
-            };
-            let mut pr = PrRun {
-                tol: *tol,
-                stream_tol: pagerank::stream_tolerance_with(graph.nodes(), p, prec),
-                full_secs: vec![],
-                kernel_secs: vec![],
-                iterations: 0,
-                stream_ratio: vec![],
-                stream: vec![],
-                worst_l1: 0.0,
-            };
-            let pb = bar(repeats as u64, "pagerank");
-            for _ in 0..repeats {
-                let t = Instant::now();
-                let got = pagerank::run_full(&rt, &d, &graph, p)?;
-                pr.full_secs.push(t.elapsed().as_secs_f64());
-                pr.kernel_secs.push(got.kernel_time.as_secs_f64());
-                pagerank::check_full_with(&got, reference, prec)?;
-                pr.iterations = got.iterations;
-                pb.inc(1);
-            }
-            pb.finish_and_clear();
-            println!(
-                "full PageRank, tol {tol:e}: {:.3} s median end to end, {:.3} s in the kernel ({} iterations; sequential reference {:.2} s), runs {:?}",
-                median(&pr.full_secs),
-                median(&pr.kernel_secs),
-                pr.iterations,
-                reference_secs,
-                pr.full_secs.iter().map(|s| (s * 1000.0).round() / 1000.0).collect::<Vec<_>>()
-            );
-            // Streaming PageRank: the same definition on every backend (the graph in bound
-            // buffers on a device, the handler's state on the CPU).
-            let pb = bar((repeats * stream_batches) as u64, "stream");
-            for _ in 0..repeats {
-                let (steps, _) =
-                    pagerank::run_stream(&rt, &d, &graph, p, &update_batches, |_| pb.inc(1))?;
-                let inc: f64 = steps.iter().map(|s| s.incremental.as_secs_f64()).sum();
-                let full: f64 = steps.iter().map(|s| s.recompute.as_secs_f64()).sum();
-                pr.stream_ratio.push(full / inc);
-                pr.worst_l1 = steps.iter().map(|s| s.l1_diff).fold(pr.worst_l1, f64::max);
-                pr.stream.push(json!({
-                    "incremental_s": inc, "recompute_s": full,
-                    "steps": steps.iter().map(|s| json!({
-                        "incremental_s": s.incremental.as_secs_f64(), "pushes": s.pushes, "incremental_work": s.incremental_work,
-                        "recompute_s": s.recompute.as_secs_f64(), "recompute_iterations": s.recompute_iterations, "recompute_work": s.recompute_work,
-                        "l1_diff": s.l1_diff, "l1_bound": s.bound, "residual_mismatch": s.check.mismatch, "residual_mismatch_bound": s.check.mismatch_bound,
-                        "applied": s.applied, "push_rounds": s.rounds,
-                    })).collect::<Vec<_>>(),
-                }));
-            }
-            pb.finish_and_clear();
-            println!(
-                "streaming PageRank, tol {tol:e} ({stream_batches} batches x {updates} updates): recompute/incremental x{:.1} median (runs {:?}); worst L1 distance {:.2e} <= {:.2e}",
-                median(&pr.stream_ratio),
-                pr.stream_ratio.iter().map(|r| r.round()).collect::<Vec<_>>(),
-                pr.worst_l1,
-                pagerank::stream_tolerance_with(graph.nodes(), p, prec)
-            );
-            run.pr.push(pr);
-        }
-        run.secs[2] = t_backend.elapsed().as_secs_f64() - run.secs[0] - run.secs[1];
-        println!(
-            "{name}: {:.1} s (anomaly {:.1} s, sensor sweep {:.1} s, PageRank {:.1} s)",
-            run.secs.iter().sum::<f64>(),
-            run.secs[0],
-            run.secs[1],
-            run.secs[2]
-        );
-        runs.push(run);
-    }
-
-    let command: Vec<String> = std::env::args().collect();
-    let report = json!({
-        "benchmark": "workloads",
-        "command": command.join(" "),
-        "date": resident_bench::provenance::today(),
-        "machine": resident_bench::provenance::machine(),
-        "note": "shared, noisy 2-vCPU x86_64 VM without a GPU; ratios are measured in the same run on the same backend; every run's results were checked against the sequential f64 reference at the backend's precision (f64 on cpu/cudasim/cuda, f32 in WGSL; tolerances in resident-workloads); wgpu ran on Mesa lavapipe (Vulkan on the CPU); cudasim runs every CUDA thread as an OS thread with futex barriers, so its figures measure the simulator, not a GPU, and its anomaly runs use the first sim_readings readings",
-        "repeats": repeats,
-        "quick": o.quick,
-        "sizes": {"nodes": nodes, "readings": readings, "sensors": sensors, "cudasim_readings": sizes.sim_readings.min(readings), "sensor_sweep": sizes.sweep_sensors, "stream_batches": stream_batches, "updates_per_batch": updates},
-        "total_s": started.elapsed().as_secs_f64(),
-        "absent_backends": absent,
-        "pagerank_graph": {"nodes": graph.nodes(), "edges": graph.edges.len(), "generator": "--nodes N --edges-per-node 5 --seed 42", "params": {"damping": p.damping, "tols": references.iter().map(|r| r.0).collect::<Vec<_>>(), "max_iter": p.max_iter}, "sequential_reference_s": references.iter().map(|r| r.2).collect::<Vec<_>>()},
-        "pagerank_stream": {"batches": stream_batches, "updates_per_batch": updates},
-        "anomaly_input": {"readings": readings, "sensors": sensors, "spikes_injected": spikes.len(), "spike_every": 997, "actor_micro_batches_in_flight": anomaly::IN_FLIGHT},
-        "targets": {"anomaly_actor_vs_stateless_at_100": 5.0, "stream_pagerank_incremental_vs_recompute": 10.0},
-        "backends": runs.iter().map(|r| json!({
-            "backend": r.name,
-            "anomaly_readings": r.readings,
-            "seconds": {"anomaly": r.secs[0], "sensor_sweep": r.secs[1], "pagerank": r.secs[2]},
-            "anomaly": r.anomaly.iter().map(|a| {
-                let ratios: Vec<f64> = a.actor_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect();
-                json!({
-                    "micro_batch": a.batch,
-                    "actor_readings_per_s": spread(&a.actor_rps),
-                    "actor_one_in_flight_readings_per_s": spread(&a.actor_sync_rps),
-                    "ratio_actor_one_in_flight_vs_stateless": spread(&a.actor_sync_rps.iter().zip(&a.stateless_rps).map(|(x, y)| x / y).collect::<Vec<_>>()),
-                    "stateless_readings_per_s": spread(&a.stateless_rps),
-                    "ratio_actor_vs_stateless": spread(&ratios),
-                    "actor_batch_latency_us_one_in_flight": {"p50": quantile(&a.actor_lat, 0.5), "p90": quantile(&a.actor_lat, 0.9), "p99": quantile(&a.actor_lat, 0.99), "max": quantile(&a.actor_lat, 1.0)},
-                    "stateless_batch_latency_us": {"p50": quantile(&a.stateless_lat, 0.5), "p90": quantile(&a.stateless_lat, 0.9), "p99": quantile(&a.stateless_lat, 0.99), "max": quantile(&a.stateless_lat, 1.0)},
-                })
-            }).collect::<Vec<_>>(),
-            "anomaly_sensor_sweep_micro_batch_100": r.sweep.iter().map(|(ns, a, s)| {
-                let ratios: Vec<f64> = a.iter().zip(s).map(|(x, y)| x / y).collect();
-                json!({"sensors": ns, "actor_readings_per_s": spread(a), "stateless_readings_per_s": spread(s), "ratio_actor_vs_stateless": spread(&ratios)})
-            }).collect::<Vec<_>>(),
-            "pagerank": r.pr.iter().map(|pr| json!({
-                "tol": pr.tol,
-                "full_s": spread(&pr.full_secs),
-                "full_kernel_s": spread(&pr.kernel_secs),
-                "full_iterations": pr.iterations,
-                "stream_ratio_recompute_vs_incremental": spread(&pr.stream_ratio),
-                "stream_worst_l1_distance": pr.worst_l1,
-                "stream_tolerance_l1": pr.stream_tol,
-                "stream_runs": pr.stream,
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-    });
+    let options = resident_bench::workloads::Options {
+        quick: o.quick,
+        sizes: sizes(o),
+        repeats: o.repeats,
+        tight_tol: o.tight_tol,
+    };
+    let report = resident_bench::workloads::run(
+        &options,
+        &o.backends,
+        |b| format!("{b:?}").to_lowercase(),
+        BackendChoice::open,
+        &Bars::default(),
+        &mut |line| println!("{line}"),
+    )
+    .map_err(|e| DemoError::Bench(Box::new(e)))?;
     let json_path = out_dir.join(format!("{prefix}.json"));
     std::fs::write(
         &json_path,
-        serde_json::to_string_pretty(&report).expect("json"),
+        serde_json::to_string_pretty(&report.json).expect("json"),
     )
     .map_err(|source| DemoError::Write {
         path: json_path.clone(),
         source,
     })?;
     println!("wrote {}", json_path.display());
-    draw_all(&out_dir, &prefix, &runs, sensors)?;
+    draw_all(&out_dir, &prefix, &report.runs, report.sensors)?;
     Ok(())
 }
 
@@ -915,26 +592,19 @@ where
     let mut bars: Vec<(String, Vec<f64>, f64)> = Vec::new();
     for r in runs {
         for a in &r.anomaly {
-            let ratios: Vec<f64> = a
-                .actor_rps
-                .iter()
-                .zip(&a.stateless_rps)
-                .map(|(x, y)| x / y)
-                .collect();
             bars.push((
                 format!(
                     "{}: anomaly, batch {}, {} sensors",
                     r.name, a.batch, sensors
                 ),
-                ratios,
+                a.ratios(),
                 if a.batch == 100 { 5.0 } else { 0.0 },
             ));
         }
-        for (ns, a, s) in &r.sweep {
-            let ratios: Vec<f64> = a.iter().zip(s).map(|(x, y)| x / y).collect();
+        for p in &r.sweep {
             bars.push((
-                format!("{}: anomaly, batch 100, {ns} sensors", r.name),
-                ratios,
+                format!("{}: anomaly, batch 100, {} sensors", r.name, p.sensors),
+                p.ratios(),
                 5.0,
             ));
         }

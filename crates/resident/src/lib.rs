@@ -69,13 +69,6 @@ pub mod cuda {
     /// [`DeviceError::Cuda`]: crate::backend::DeviceError::Cuda
     pub mod persistent {
         pub use resident_cuda::persistent::{FaultCause, PersistentError, SassReport, Unavailable};
-        // For `resident bench-ring` (the CLI), until the persistent-vs-launch-per-batch
-        // benchmark leaves resident-cuda for resident-bench; not part of the API.
-        #[cfg(feature = "cuda")]
-        #[doc(hidden)]
-        pub use resident_cuda::persistent::{
-            bench_ring, MEASURES_BATCH, MEASURES_MESSAGE, MEASURES_STREAMING,
-        };
 
         /// CudaSim's persistent kernels.
         #[doc(hidden)]

@@ -1,7 +1,7 @@
 //! The GPU launch path: [`PersistentKernel`] (queues and control block in pinned device-mapped
 //! host memory, state in device memory, the template compiled with NVRTC, one resident block on
-//! its own stream) and the benchmark [`bench_ring`] comparing it with launch-per-batch and
-//! CUDA-graph baselines built from the same template.
+//! its own stream), and the same template's launch-per-batch kernel ([`load_batch_kernel`]),
+//! which resident-bench's ring benchmark measures the persistent kernel against.
 //!
 //! Nothing here runs without a GPU: every entry point returns
 //! [`PersistentError::DriverUnavailable`] / [`PersistentError::NvrtcUnavailable`] instead.
@@ -15,7 +15,7 @@ use bytemuck::Pod;
 use resident_ring::spsc::RingMemory;
 use resident_ring::{Envelope, Slot};
 
-use super::check::{batch_scan_bytes, check_launch, check_sizes};
+use super::check::{check_launch, check_sizes};
 use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::template::{
@@ -23,8 +23,8 @@ use super::template::{
 };
 use super::{FaultCause, PersistentError, SharedMemory, Unavailable};
 use crate::{
-    CacheKey, CudaError, Device, DeviceBuffer, Function, Graph, KernelCache, KernelParams,
-    LaunchConfig, PinnedMemory, ResidentSlot, Stream,
+    CacheKey, CudaError, Device, DeviceBuffer, Function, KernelCache, KernelParams, LaunchConfig,
+    PinnedMemory, ResidentSlot, Stream,
 };
 
 /// How to launch a persistent kernel.
@@ -86,8 +86,9 @@ pub(crate) fn cuda_error(e: CudaError) -> PersistentError {
     }
 }
 
-/// Opens device `ordinal` for persistent kernels (it must map host memory).
-fn open_device(ordinal: usize) -> Result<Arc<Device>, PersistentError> {
+/// Opens device `ordinal` for persistent kernels (it must map host memory). A missing driver or
+/// device is [`PersistentError::DriverUnavailable`], as from [`PersistentKernel::launch`].
+pub fn open_device(ordinal: usize) -> Result<Arc<Device>, PersistentError> {
     let device = Device::open(ordinal).map_err(cuda_error)?;
     if !device.info().can_map_host_memory {
         return Err(PersistentError::DriverUnavailable(
@@ -1115,515 +1116,27 @@ fn spawn_heartbeat(
     Ok((stop, t))
 }
 
-/// The launch-per-batch baseline (and, with `graph`, its CUDA-graph variant): inputs staged in
-/// pinned memory, copied to device memory, one launch of `resident_batch`, outputs copied back,
-/// stream synchronized.
-struct BatchRunner<In, Out> {
-    f: Function,
-    stream: Stream,
-    d_in: DeviceBuffer,
-    d_out: DeviceBuffer,
-    d_count: DeviceBuffer,
-    d_state: DeviceBuffer,
-    /// The grid's block ticket and chained-scan cells (zeroed before every launch).
-    d_scan: DeviceBuffer,
-    h_in: PinnedMemory,
-    h_out: PinnedMemory,
-    h_count: PinnedMemory,
-    max_n: usize,
-    block: u32,
-    graphs: Vec<(usize, Graph)>,
-    _t: core::marker::PhantomData<fn(In) -> Out>,
-}
-
-impl<In: Pod, Out: Pod> BatchRunner<In, Out> {
-    fn new(
-        device: &Arc<Device>,
-        source: &KernelSource,
-        state: &[u8],
-        max_n: usize,
-    ) -> Result<Self, PersistentError> {
-        check_sizes::<In, Out>(source)?;
-        if !source.buffers.is_empty() {
-            return Err(PersistentError::config(format!(
-                "kernel `{}`: the launch-per-batch baseline does not bind buffers",
-                source.name
-            )));
-        }
-        let f = load(device, source, None, BATCH_KERNEL_NAME)?;
-        let in_bytes = max_n * core::mem::size_of::<Slot<In>>();
-        let out_bytes = max_n * core::mem::size_of::<Slot<Out>>();
-        let c = cuda_error;
-        let mut d_state = DeviceBuffer::alloc(device, state.len()).map_err(c)?;
-        d_state.copy_from_host(state).map_err(c)?;
-        Ok(BatchRunner {
-            f,
-            stream: Stream::new(device).map_err(c)?,
-            d_in: DeviceBuffer::alloc(device, in_bytes).map_err(c)?,
-            d_out: DeviceBuffer::alloc(device, out_bytes).map_err(c)?,
-            d_count: DeviceBuffer::alloc(device, 4).map_err(c)?,
-            d_state,
-            d_scan: DeviceBuffer::alloc(device, batch_scan_bytes(max_n, source.batch_size))
-                .map_err(c)?,
-            h_in: PinnedMemory::new(device, in_bytes).map_err(c)?,
-            h_out: PinnedMemory::new(device, out_bytes).map_err(c)?,
-            h_count: PinnedMemory::new(device, 4).map_err(c)?,
-            max_n,
-            block: source.batch_size,
-            graphs: Vec::new(),
-            _t: core::marker::PhantomData,
-        })
-    }
-
-    /// Enqueues copy-in, launch and copy-out of `n` staged inputs on `stream`.
-    fn enqueue(
-        f: &Function,
-        bufs: (
-            &mut DeviceBuffer,
-            &mut DeviceBuffer,
-            &mut DeviceBuffer,
-            &DeviceBuffer,
-            &mut DeviceBuffer,
-        ),
-        host: (&PinnedMemory, &PinnedMemory, &PinnedMemory),
-        n: usize,
-        block: u32,
-        stream: &Stream,
-    ) -> Result<(), CudaError> {
-        let (d_in, d_out, d_count, d_state, d_scan) = bufs;
-        let (h_in, h_out, h_count) = host;
-        let in_bytes = n * core::mem::size_of::<Slot<In>>();
-        let out_bytes = n * core::mem::size_of::<Slot<Out>>();
-        // SAFETY: the staging memory is pinned and lives as long as the runner; the caller
-        // synchronizes the stream before touching it again; in_bytes <= its length.
-        let src = unsafe { core::slice::from_raw_parts(h_in.as_ptr(), in_bytes) };
-        // SAFETY: as above.
-        unsafe { d_in.copy_prefix_from_host_async(src, stream)? };
-        let blocks = n.div_ceil(block as usize) as u32;
-        d_scan.memset_zero_async(stream)?;
-        let mut args = KernelParams::new();
-        args.push_ptr(d_in.device_ptr())
-            .push(n as u32)?
-            .push_ptr(d_out.device_ptr())
-            .push_ptr(d_count.device_ptr())
-            .push_ptr(d_state.device_ptr())
-            .push_ptr(d_scan.device_ptr());
-        // SAFETY: matches `resident_batch(const InSlot*, unsigned, OutSlot*, unsigned*,
-        // State*, unsigned*)`; the buffers hold max_n >= n slots, the scan cells
-        // batch_scan_bytes(max_n) >= what `blocks` use, and all live as long as the runner.
-        // A grid that covers the batch: ceil(n / block) blocks.
-        unsafe { f.launch(LaunchConfig::new(blocks, block), stream, &mut args)? };
-        // SAFETY: pinned destinations that nothing reads before the stream is synchronized.
-        let count = unsafe { core::slice::from_raw_parts_mut(h_count.as_ptr(), 4) };
-        // SAFETY: as above.
-        unsafe { d_count.copy_prefix_to_host_async(count, stream)? };
-        // SAFETY: as above; out_bytes <= h_out's length.
-        let out = unsafe { core::slice::from_raw_parts_mut(h_out.as_ptr(), out_bytes) };
-        // SAFETY: as above.
-        unsafe { d_out.copy_prefix_to_host_async(out, stream) }
-    }
-
-    /// Runs one batch; appends the outputs to `out`.
-    fn run(
-        &mut self,
-        inputs: &[Slot<In>],
-        out: &mut Vec<Slot<Out>>,
-        graph: bool,
-    ) -> Result<(), PersistentError> {
-        let n = inputs.len();
-        if n == 0 || n > self.max_n {
-            return Err(PersistentError::config(format!(
-                "batch of {n} outside 1..={}",
-                self.max_n
-            )));
-        }
-        // SAFETY: h_in holds max_n >= n slots and no copy is in flight (the stream was synced).
-        unsafe {
-            core::ptr::copy_nonoverlapping(inputs.as_ptr(), self.h_in.as_ptr() as *mut Slot<In>, n)
-        };
-        let c = cuda_error;
-        let bufs = (
-            &mut self.d_in,
-            &mut self.d_out,
-            &mut self.d_count,
-            &self.d_state,
-            &mut self.d_scan,
-        );
-        let host = (&self.h_in, &self.h_out, &self.h_count);
-        if graph {
-            if !self.graphs.iter().any(|(k, _)| *k == n) {
-                let (f, block) = (&self.f, self.block);
-                let g = self
-                    .stream
-                    .capture(|s| Self::enqueue(f, bufs, host, n, block, s))
-                    .map_err(c)?;
-                self.graphs.push((n, g));
-            }
-            let (_, g) = self
-                .graphs
-                .iter()
-                .find(|(k, _)| *k == n)
-                .expect("inserted above");
-            g.launch(&self.stream).map_err(c)?;
-        } else {
-            Self::enqueue(&self.f, bufs, host, n, self.block, &self.stream).map_err(c)?;
-        }
-        self.stream.synchronize().map_err(c)?;
-        // SAFETY: the stream is synchronized: the copies into h_count and h_out are complete.
-        let count = unsafe { (self.h_count.as_ptr() as *const u32).read() } as usize;
-        let count = count.min(n);
-        let base = self.h_out.as_ptr() as *const Slot<Out>;
-        for i in 0..count {
-            // SAFETY: `count <= n` slots were copied back into page-aligned pinned memory.
-            out.push(unsafe { base.add(i).read() });
-        }
-        Ok(())
-    }
-}
-
-/// One benchmark measurement.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BenchRow {
-    /// `persistent`, `persistent_streaming`, `launch_per_batch` or `graph`.
-    pub variant: &'static str,
-    /// What p50/p99/p99.9 measure, identical for every variant of the same `in_flight`:
-    /// [`MEASURES_MESSAGE`] (in_flight 1), [`MEASURES_BATCH`] (a closed-loop batch of
-    /// `in_flight` messages), or [`MEASURES_STREAMING`] (the `persistent_streaming` row only).
-    pub measures: &'static str,
-    /// Payload size in bytes (the envelope's 32 bytes come on top).
-    pub payload_bytes: usize,
-    /// Messages in flight (1 = latency run).
-    pub in_flight: usize,
-    /// Round-trip median, ns (latency runs; throughput runs report the per-batch round trip).
-    pub p50_ns: u64,
-    /// 99th percentile, ns.
-    pub p99_ns: u64,
-    /// 99.9th percentile, ns.
-    pub p999_ns: u64,
-    /// Messages per second.
-    pub msgs_per_s: f64,
-    /// Threads per block of the kernel measured (the most messages one batch handles).
-    pub block_threads: u32,
-}
-
-/// Latency rows: one message's round trip, from send to its output received.
-pub const MEASURES_MESSAGE: &str = "round trip of one message: send to its output received";
-/// Batch rows: a batch of `in_flight` messages, from the first send to the last output
-/// received (the launch-per-batch variants' `run()`, the persistent kernel fed the same batch).
-pub const MEASURES_BATCH: &str =
-    "round trip of a batch of in_flight messages: first send to last output received";
-/// The streaming row: each message's send-to-receive time while `in_flight` stay outstanding.
-pub const MEASURES_STREAMING: &str =
-    "per message, send to output received, with in_flight messages kept outstanding (queueing included)";
-
-fn percentile(sorted: &[u64], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn row(
-    (variant, block_threads): (&'static str, u32),
-    payload_bytes: usize,
-    in_flight: usize,
-    mut rtts: Vec<u64>,
-    msgs: u64,
-    elapsed: Duration,
-) -> BenchRow {
-    rtts.sort_unstable();
-    BenchRow {
-        variant,
-        measures: if variant == "persistent_streaming" {
-            MEASURES_STREAMING
-        } else if in_flight == 1 {
-            MEASURES_MESSAGE
-        } else {
-            MEASURES_BATCH
-        },
-        payload_bytes,
-        in_flight,
-        p50_ns: percentile(&rtts, 0.5),
-        p99_ns: percentile(&rtts, 0.99),
-        p999_ns: percentile(&rtts, 0.999),
-        msgs_per_s: msgs as f64 / elapsed.as_secs_f64().max(1e-9),
-        block_threads,
-    }
-}
-
-fn bench_source(words: usize, batch: u32) -> KernelSource {
-    use super::template::MessageDecl;
-    let decl = |n: &str| format!("typedef struct {{ unsigned long long w[{words}]; }} {n};");
-    KernelSource::new(
-        format!("bench{}", words * 8),
-        MessageDecl::new("BenchIn", decl("BenchIn"), words * 8),
-        MessageDecl::new("BenchOut", decl("BenchOut"), words * 8),
-        MessageDecl::new("BenchState", "typedef struct { unsigned long long unused; } BenchState;", 8),
-        "__device__ bool handle(BenchState* s, const BenchIn* in, BenchOut* out, const Envelope* env) {\n\
-         for (int i = 0; i < (int)(sizeof(in->w) / 8); ++i) out->w[i] = in->w[i] + 1ull;\n\
-         return true;\n}\n",
-        batch,
-    )
-}
-
-fn bench_payload<const W: usize>(
-    device: usize,
-    iters: usize,
-    in_flight: usize,
-    rows: &mut Vec<BenchRow>,
-) -> Result<(), PersistentError>
-where
-    [u64; W]: Pod,
-{
-    let bytes = W * 8;
-    // Each variant at the block size that suits it: the persistent kernel drains up to 1024
-    // messages per poll; the baseline kernel is built at 256 threads, where it never spills
-    // (at 1024 its 64-register cap spills 256-byte payloads; see the sm_90 report test).
-    let (persistent_block, baseline_block) = (1024u32, 256u32);
-    let source = bench_source(W, persistent_block);
-    let base_source = bench_source(W, baseline_block);
-    // The handler adds 1 to every word: outputs are checked, not just counted.
-    let check = |s: &Slot<[u64; W]>, variant: &'static str| -> Result<(), PersistentError> {
-        let want = s.env.correlation_id; // input word = id - 1, output = id
-        if s.payload.iter().all(|&w| w == want) {
-            Ok(())
-        } else {
-            Err(PersistentError::BenchCheck {
-                variant,
-                reason: format!(
-                    "wrong output for message {want}: {:?}",
-                    &s.payload[..W.min(4)]
-                ),
-            })
-        }
-    };
-    let opts = LaunchOptions {
-        device,
-        queues: QueueConfig {
-            lanes: 1,
-            lane_capacity: in_flight.next_power_of_two().max(1024),
-            out_capacity: in_flight.next_power_of_two().max(1024),
-        },
-        ..Default::default()
-    };
-    let epoch = Instant::now();
-    let now_ns = || epoch.elapsed().as_nanos() as u64;
-    let timeout = Duration::from_secs(5);
-
-    // ---- persistent ----
-    {
-        let mut k = PersistentKernel::<[u64; W], [u64; W]>::launch(&source, &[0u8; 8], &opts)?;
-        k.activate()?;
-        let mut rtts = Vec::with_capacity(iters);
-        let start = Instant::now();
-        for i in 0..iters + iters / 10 {
-            let t0 = now_ns();
-            if k.send(Envelope::new(i as u64 + 1, 128, t0), [i as u64; W])
-                .is_err()
-            {
-                return Err(PersistentError::BenchCheck {
-                    variant: "persistent",
-                    reason: "latency run: lane unexpectedly full".into(),
-                });
-            }
-            let r = k.receive(timeout)?;
-            check(&r, "persistent")?;
-            if i >= iters / 10 {
-                rtts.push(now_ns() - r.env.timestamp_ns);
-            }
-        }
-        let el = start.elapsed();
-        rows.push(row(
-            ("persistent", persistent_block),
-            bytes,
-            1,
-            rtts,
-            (iters + iters / 10) as u64,
-            el,
-        ));
-
-        // Throughput: keep `in_flight` messages outstanding.
-        let total = (iters * 16) as u64;
-        let (mut sent, mut got) = (0u64, 0u64);
-        let mut buf = Vec::with_capacity(4096);
-        let mut stage: Vec<Slot<[u64; W]>> = Vec::with_capacity(1024);
-        let mut rtts = Vec::new();
-        let start = Instant::now();
-        let mut spins = 0u32;
-        while got < total {
-            // Refill in chunks (one release of the lane's tail per chunk), as a streaming
-            // producer would.
-            let room = (in_flight as u64 - (sent - got))
-                .min(total - sent)
-                .min(1024);
-            if room > 0 {
-                stage.clear();
-                let t = now_ns();
-                stage.extend(
-                    (sent..sent + room).map(|i| Slot::new(Envelope::new(i + 1, 128, t), [i; W])),
-                );
-                sent += k.send_batch(&stage) as u64;
-            }
-            buf.clear();
-            let n = k.receive_into(&mut buf, 4096);
-            let t = now_ns();
-            for (j, s) in buf.iter().enumerate() {
-                if s.env.correlation_id != got + j as u64 + 1 {
-                    return Err(PersistentError::BenchCheck {
-                        variant: "persistent",
-                        reason: format!(
-                            "output {} out of order (id {})",
-                            got + j as u64 + 1,
-                            s.env.correlation_id
-                        ),
-                    });
-                }
-                check(s, "persistent")?;
-                if rtts.len() < 1_000_000 {
-                    rtts.push(t - s.env.timestamp_ns);
-                }
-            }
-            got += n as u64;
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(1024) {
-                k.check()?;
-                if start.elapsed() > timeout * 10 {
-                    return Err(PersistentError::Timeout {
-                        name: k.name().into(),
-                        what: "throughput run",
-                    });
-                }
-            }
-        }
-        rows.push(row(
-            ("persistent_streaming", persistent_block),
-            bytes,
-            in_flight,
-            rtts,
-            total,
-            start.elapsed(),
-        ));
-
-        // The baselines' quantity: a closed-loop batch of `in_flight` messages, first send to
-        // last output received.
-        let reps = (iters * 16 / in_flight).max(10);
-        let mut rtts = Vec::with_capacity(reps);
-        let mut next = got;
-        let start = Instant::now();
-        for r in 0..reps + reps / 10 {
-            let t0 = Instant::now();
-            let first = next;
-            let (mut sent_b, mut got_b) = (0u64, 0u64);
-            while got_b < in_flight as u64 {
-                if sent_b < in_flight as u64 {
-                    let room = (in_flight as u64 - sent_b).min(1024);
-                    stage.clear();
-                    let t = now_ns();
-                    stage.extend((0..room).map(|j| {
-                        let i = first + sent_b + j;
-                        Slot::new(Envelope::new(i + 1, 128, t), [i; W])
-                    }));
-                    sent_b += k.send_batch(&stage) as u64;
-                }
-                buf.clear();
-                got_b += k.receive_into(&mut buf, 4096) as u64;
-                for s in &buf {
-                    check(s, "persistent")?;
-                }
-                if t0.elapsed() > timeout {
-                    return Err(PersistentError::Timeout {
-                        name: k.name().into(),
-                        what: "batch round trip",
-                    });
-                }
-            }
-            next += in_flight as u64;
-            if r >= reps / 10 {
-                rtts.push(t0.elapsed().as_nanos() as u64);
-            }
-        }
-        rows.push(row(
-            ("persistent", persistent_block),
-            bytes,
-            in_flight,
-            rtts,
-            ((reps + reps / 10) * in_flight) as u64,
-            start.elapsed(),
-        ));
-        k.terminate(timeout)?;
-    }
-
-    // ---- launch per batch and graph ----
-    let dev = open_device(device)?;
-    let mut runner =
-        BatchRunner::<[u64; W], [u64; W]>::new(&dev, &base_source, &[0u8; 8], in_flight.max(1))?;
-    for (variant, graph) in [("launch_per_batch", false), ("graph", true)] {
-        for n in [1usize, in_flight] {
-            let inputs: Vec<Slot<[u64; W]>> = (0..n)
-                .map(|i| Slot::new(Envelope::new(i as u64 + 1, 128, 0), [i as u64; W]))
-                .collect();
-            let mut out = Vec::with_capacity(n);
-            let reps = if n == 1 {
-                iters
-            } else {
-                (iters * 16 / n).max(10)
-            };
-            let mut rtts = Vec::with_capacity(reps);
-            let start = Instant::now();
-            for r in 0..reps + reps / 10 {
-                out.clear();
-                let t0 = Instant::now();
-                runner.run(&inputs, &mut out, graph)?;
-                if r >= reps / 10 {
-                    rtts.push(t0.elapsed().as_nanos() as u64);
-                }
-                if out.len() != n {
-                    return Err(PersistentError::BenchCheck {
-                        variant,
-                        reason: format!("{} outputs for {n} inputs", out.len()),
-                    });
-                }
-                if r == 0 {
-                    for s in &out {
-                        check(s, variant)?;
-                    }
-                }
-            }
-            rows.push(row(
-                (variant, baseline_block),
-                bytes,
-                n,
-                rtts,
-                ((reps + reps / 10) * n) as u64,
-                start.elapsed(),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Measures, for 16 / 64 / 256-byte payloads, round-trip latency at 1 in flight (p50 / p99 /
-/// p99.9) and throughput with `in_flight` messages outstanding, for the `persistent`,
-/// `launch_per_batch` and `graph` variants of the same kernel template. `iters` latency
-/// samples per configuration (throughput runs move `16 * iters` messages).
+/// The template's launch-per-batch kernel, [`BATCH_KERNEL_NAME`]
+/// (`resident_batch(in, n, out, out_count, state, scan)`, see [`template`](super::template)),
+/// loaded on `device`: `source` checked against the Rust message types, compiled for the
+/// device's own architecture through the same caches as [`PersistentKernel::launch`], and
+/// checked to fit one block of `source.batch_size` threads on an SM. The caller launches it on
+/// `ceil(n / source.batch_size)` blocks with [`batch_scan_bytes`](super::batch_scan_bytes) of
+/// zeroed scan cells. A source with bound buffers is refused: the batch kernel takes none.
 ///
-/// Needs a GPU, the driver and NVRTC; returns their absence as a typed error.
-pub fn bench_ring(
-    device: usize,
-    iters: usize,
-    in_flight: usize,
-) -> Result<Vec<BenchRow>, PersistentError> {
-    if iters == 0 || in_flight == 0 || in_flight > 1 << 20 {
+/// The one-shot form of a ring kernel, which the launch-per-batch and CUDA-graph baselines of
+/// resident-bench's ring benchmark launch (their figures are only comparable if both variants
+/// come from the same template, compiled the same way).
+pub fn load_batch_kernel<In, Out>(
+    device: &Arc<Device>,
+    source: &KernelSource,
+) -> Result<Function, PersistentError> {
+    check_sizes::<In, Out>(source)?;
+    if !source.buffers.is_empty() {
         return Err(PersistentError::config(format!(
-            "bench_ring: iters {iters} must be > 0 and in_flight {in_flight} in 1..=2^20"
+            "kernel `{}`: the launch-per-batch kernel does not bind buffers",
+            source.name
         )));
     }
-    open_device(device)?;
-    super::template::nvrtc_available()?;
-    let mut rows = Vec::new();
-    bench_payload::<2>(device, iters, in_flight, &mut rows)?;
-    bench_payload::<8>(device, iters, in_flight, &mut rows)?;
-    bench_payload::<32>(device, iters, in_flight, &mut rows)?;
-    Ok(rows)
+    load(device, source, None, BATCH_KERNEL_NAME)
 }

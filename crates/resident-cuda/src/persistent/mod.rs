@@ -10,7 +10,8 @@
 //!   the kernel source and the whole protocol run without a GPU;
 //! * [`template`]: the CUDA C translation unit (persistent, launch-per-batch) generated around a
 //!   user handler, and [`compile`](template::compile_ptx) through NVRTC;
-//! * [`kernel`]: [`PersistentKernel`] (the real GPU launch path) and [`bench`](kernel::bench_ring).
+//! * [`kernel`]: [`PersistentKernel`] (the real GPU launch path) and the template's
+//!   launch-per-batch kernel ([`load_batch_kernel`]).
 //!
 //! # Priority lanes
 //! Input is `N` lanes (`1 ..= 8`), one ring each. Priority `p` goes to lane `(p * N) >> 8`
@@ -39,8 +40,7 @@ pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use host::{Full, PersistentQueues, QueueConfig};
 #[cfg(feature = "driver")]
 pub use kernel::{
-    bench_ring, BenchRow, GpuBuffers, GpuState, LaunchOptions, PersistentKernel, MEASURES_BATCH,
-    MEASURES_MESSAGE, MEASURES_STREAMING,
+    load_batch_kernel, open_device, GpuBuffers, GpuState, LaunchOptions, PersistentKernel,
 };
 pub use peer::{LinkRefused, PeerInput, PeerPhase, PeerRing, UnlinkTimeout};
 pub use sim::{SimBuffers, SimKernel, SimLaunchOptions, SimState, MIN_RUN_BETWEEN_ACCESSES};
@@ -104,14 +104,6 @@ pub enum PersistentError {
         /// The operating system's error.
         #[source]
         source: std::io::Error,
-    },
-    /// A benchmark's own check of the kernel's outputs failed (wrong value, order or count).
-    #[error("benchmark {variant}: {reason}")]
-    BenchCheck {
-        /// The benchmark variant.
-        variant: &'static str,
-        /// What was wrong.
-        reason: String,
     },
     /// Building a ring failed.
     #[error("ring: {0}")]
