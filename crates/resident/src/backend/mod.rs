@@ -15,21 +15,14 @@
 //! why a backend is missing; [`compiled_in`] lists the engines of this build (the three
 //! features are on by default; an engine not compiled in is [`BackendError::NotCompiled`]).
 
-// The engines are reached through `open`, `Backend` and the handler types, not by module:
-// their modules are the crate's own.
 pub use resident_core::engine::cpu;
+// The engines: the CUDA family's crate (GPU and CudaSim launchers) under its old module names,
+// and wgpu's module.
 #[cfg(feature = "cuda")]
-pub(crate) mod cuda;
-// The handler is plain data (CUDA C source and declarations), kept in every build so a kernel
-// definition compiles whichever engines are in; its engine parts follow the features.
-mod cuda_launch;
-#[cfg_attr(
-    not(any(feature = "cuda", feature = "cudasim")),
-    allow(dead_code, unused_imports)
-)]
-pub(crate) mod cuda_ring;
+pub(crate) use resident_engine_cuda::device as cuda;
+pub(crate) use resident_engine_cuda::ring as cuda_ring;
 #[cfg(feature = "cudasim")]
-pub(crate) mod cuda_sim;
+pub(crate) use resident_engine_cuda::sim as cuda_sim;
 // Like `cuda_ring`: `WgslHandler` and the WGSL error types are in every build, the wgpu engine
 // (adapters, pipelines, naga) only with the `wgpu` feature.
 #[cfg_attr(not(feature = "wgpu"), allow(dead_code, unused_imports))]

@@ -16,14 +16,16 @@ use resident_cuda::persistent::{SimBuffers, SimKernel, SimLaunchOptions, SimStat
 use resident_cuda::sim::{SimInstance, SimModule, SimOptions};
 use resident_ring::{Message, Slot};
 
-use super::cpu::CpuDevice;
-use super::cuda_ring::{
+use crate::ring::{
     BoundBuffers, CudaHandler, DeviceGeometry, EngineBuffers, Launched, BUFFER_SYNC_TIMEOUT,
 };
-use super::storage::{DeviceMemory, HostMemory};
-use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use resident_core::engine::cpu::CpuDevice;
 use resident_core::engine::error::DeviceError;
 use resident_core::engine::kernel::{Kernel, KernelArg};
+use resident_core::engine::storage::{DeviceMemory, HostMemory};
+use resident_core::engine::{
+    BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream,
+};
 use resident_core::runtime::bind::{DeviceBinding, DeviceBuffers};
 use resident_core::runtime::host::device::{DeviceRing, RingCounters, StateSnapshot};
 

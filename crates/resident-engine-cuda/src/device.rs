@@ -1,10 +1,12 @@
 //! The CUDA backend over `resident-cuda`.
 
-use super::storage::{
+use resident_core::engine::kernel::{Kernel, KernelArg};
+use resident_core::engine::storage::{
     DeviceMemory, DeviceMemoryInner, EngineHostMemory, EngineMemory, HostMemory, HostMemoryInner,
 };
-use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
-use resident_core::engine::kernel::{Kernel, KernelArg};
+use resident_core::engine::{
+    BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream,
+};
 use resident_core::profile::Direction::{ToDevice, ToHost};
 use resident_cuda::{Device, DeviceBuffer, KernelParams, PinnedMemory};
 use std::sync::Arc;

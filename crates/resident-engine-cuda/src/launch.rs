@@ -6,10 +6,10 @@
 
 use resident_ring::Message;
 
-use crate::backend::cuda_ring::{CudaHandler, DeviceGeometry};
-use crate::backend::BackendKind;
+use crate::ring::{CudaHandler, DeviceGeometry};
 use resident_core::engine::error::DeviceError;
 use resident_core::engine::ring::{CudaSource, DeviceHandler, DeviceHosted, RingSpec};
+use resident_core::engine::BackendKind;
 use resident_core::runtime::host::device::{DeviceHost, DeviceRing};
 
 impl<In: Message, Out: Message> DeviceHandler<In, Out> for CudaHandler<In, Out> {
@@ -46,25 +46,21 @@ impl<In: Message, Out: Message> DeviceHandler<In, Out> for CudaHandler<In, Out> 
         let (ring, buffers, state): (Box<dyn DeviceRing<In, Out>>, _, _) = match engine {
             #[cfg(feature = "cuda")]
             BackendKind::Cuda => {
-                let (e, b, s) = crate::backend::cuda_ring::GpuEngine::launch(
-                    spec.id,
-                    &self,
-                    &geometry,
-                    spec.bindings,
-                )?;
+                let (e, b, s) =
+                    crate::ring::GpuEngine::launch(spec.id, &self, &geometry, spec.bindings)?;
                 (Box::new(e), b, s)
             }
             #[cfg(feature = "cudasim")]
             BackendKind::CudaSim => {
-                let (e, b, s) = crate::backend::cuda_sim::SimEngine::launch(
-                    spec.id,
-                    &self,
-                    &geometry,
-                    spec.bindings,
-                )?;
+                let (e, b, s) =
+                    crate::sim::SimEngine::launch(spec.id, &self, &geometry, spec.bindings)?;
                 (Box::new(e), b, s)
             }
-            other => return Err(DeviceError::Backend(crate::backend::not_compiled(other))),
+            other => {
+                return Err(DeviceError::Backend(resident_core::engine::not_compiled(
+                    other,
+                )))
+            }
         };
         Ok(DeviceHosted {
             host: Box::new(DeviceHost::new(ring)),

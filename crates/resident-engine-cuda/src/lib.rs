@@ -1,0 +1,25 @@
+//! # resident-engine-cuda
+//!
+//! resident's CUDA engine: one engine, two launchers. A ring kernel's [`CudaHandler`] (CUDA C
+//! source and its declarations, in every build) runs as the persistent ring-kernel template of
+//! `resident-cuda` on an NVIDIA GPU (feature `cuda`: [`ring`]'s GPU launcher, [`device`]'s
+//! memory, streams and one-shot kernels) or on CudaSim, the same source compiled by the host
+//! C++ compiler and run on host threads (feature `cudasim`: [`sim`]). Both are pumped by the
+//! one device host of `resident-core` and plug in through its seam
+//! ([`resident_core::engine::ring::DeviceHandler`], in [`launch`]).
+//!
+//! Applications use it through the facade `resident` (`resident::prelude::CudaHandler`).
+
+#[cfg(feature = "cuda")]
+pub mod device;
+pub mod launch;
+// The handler is plain data, kept in every build; its GPU parts follow the `cuda` feature.
+#[cfg_attr(
+    not(any(feature = "cuda", feature = "cudasim")),
+    allow(dead_code, unused_imports)
+)]
+pub mod ring;
+#[cfg(feature = "cudasim")]
+pub mod sim;
+
+pub use ring::{CudaHandler, BUFFER_SYNC_TIMEOUT};
