@@ -23,10 +23,9 @@ pub(crate) use resident_engine_cuda::device as cuda;
 pub(crate) use resident_engine_cuda::ring as cuda_ring;
 #[cfg(feature = "cudasim")]
 pub(crate) use resident_engine_cuda::sim as cuda_sim;
-// Like `cuda_ring`: `WgslHandler` and the WGSL error types are in every build, the wgpu engine
-// (adapters, pipelines, naga) only with the `wgpu` feature.
-#[cfg_attr(not(feature = "wgpu"), allow(dead_code, unused_imports))]
-pub mod wgpu;
+// wgpu's engine crate (WgslHandler and the WGSL errors in every build, the engine with the
+// `wgpu` feature), under its old module path.
+pub use resident_engine_wgpu as wgpu;
 
 // The seam's types, where they were (the engines below and users name them here).
 pub use cuda_ring::CudaHandler;
@@ -34,13 +33,13 @@ pub use resident_core::engine::error::DeviceError;
 pub use resident_core::engine::kernel::{
     launch_cpu, CpuKernelFn, CpuThread, Kernel, KernelArg, Output,
 };
+pub(crate) use resident_core::engine::not_compiled;
 pub use resident_core::engine::storage::{DeviceMemory, HostMemory, Stream};
 use resident_core::engine::Engines;
 pub use resident_core::engine::{
     block_size_for, compiled_in, Backend, BackendError, BackendKind, ComputeDevice, DeviceHandle,
     DeviceInfo, LaunchConfig, Result, BUFFER_SYNC_TIMEOUT,
 };
-pub(crate) use resident_core::engine::{not_compiled, storage};
 #[cfg(feature = "cuda")]
 pub use resident_cuda::telemetry::DeviceTelemetry;
 

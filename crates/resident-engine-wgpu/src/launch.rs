@@ -5,10 +5,10 @@
 
 use resident_ring::Message;
 
-use crate::backend::wgpu::ring::WgslHandler;
-use crate::backend::BackendKind;
+use crate::ring::WgslHandler;
 use resident_core::engine::error::DeviceError;
 use resident_core::engine::ring::{DeviceHandler, DeviceHosted, RingSpec, WgslSource};
+use resident_core::engine::BackendKind;
 
 impl<In: Message, Out: Message> DeviceHandler<In, Out> for WgslHandler<In, Out> {
     fn language(&self) -> &'static str {
@@ -29,7 +29,7 @@ impl<In: Message, Out: Message> DeviceHandler<In, Out> for WgslHandler<In, Out> 
         _engine: BackendKind,
         spec: &RingSpec<'_>,
     ) -> Result<DeviceHosted<In, Out>, DeviceError> {
-        use crate::backend::wgpu::{ring, WgpuContext};
+        use crate::{ring, WgpuContext};
         use resident_core::runtime::bind::DeviceBuffers;
         use resident_core::runtime::host::device::{DeviceHost, StateSnapshot};
         use std::sync::Arc;
@@ -50,7 +50,9 @@ impl<In: Message, Out: Message> DeviceHandler<In, Out> for WgslHandler<In, Out> 
         engine: BackendKind,
         _spec: &RingSpec<'_>,
     ) -> Result<DeviceHosted<In, Out>, DeviceError> {
-        Err(DeviceError::Backend(crate::backend::not_compiled(engine)))
+        Err(DeviceError::Backend(resident_core::engine::not_compiled(
+            engine,
+        )))
     }
 }
 

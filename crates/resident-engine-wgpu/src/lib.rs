@@ -7,6 +7,13 @@
 //! Every wait on the device has a bound (`WAIT_TIMEOUT`); a lost device or a validation
 //! error wgpu reports outside an error scope is recorded on the `WgpuContext` and turned
 //! into a typed error by the next operation, never a panic.
+//!
+//! `WgslHandler` and the WGSL error types are in every build, so a kernel definition compiles
+//! whichever engines are in; the engine itself (adapters, pipelines, naga) is the `wgpu`
+//! feature. Applications use it through the facade `resident`.
+
+// Without the `wgpu` feature only the handler and the errors are compiled.
+#![cfg_attr(not(feature = "wgpu"), allow(dead_code, unused_imports))]
 
 mod launch;
 #[cfg(feature = "wgpu")]
@@ -14,10 +21,12 @@ pub(crate) mod oneshot;
 pub mod ring;
 pub mod wgsl;
 
-use super::storage::{DeviceMemory, DeviceMemoryInner, EngineMemory, HostMemory};
-use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
-use super::{Kernel, KernelArg};
 use parking_lot::Mutex;
+use resident_core::engine::storage::{DeviceMemory, DeviceMemoryInner, EngineMemory, HostMemory};
+use resident_core::engine::{
+    BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream,
+};
+use resident_core::engine::{Kernel, KernelArg};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -633,7 +642,7 @@ impl WgpuDevice {
 
 #[cfg(feature = "wgpu")]
 /// Properties of one adapter in backend-neutral terms.
-pub(crate) fn info_of(p: &AdapterProperties) -> DeviceInfo {
+pub fn info_of(p: &AdapterProperties) -> DeviceInfo {
     DeviceInfo {
         backend: BackendKind::Wgpu,
         ordinal: p.ordinal,

@@ -93,10 +93,10 @@ use super::wgsl::compile;
 use super::wgsl::WgslError;
 #[cfg(feature = "wgpu")]
 use super::{padded, WgpuContext, WAIT_TIMEOUT};
-use crate::backend::BackendError;
 use parking_lot::Mutex;
 use resident_core::engine::error::DeviceError;
 pub use resident_core::engine::error::WgslLaunchError;
+use resident_core::engine::BackendError;
 use resident_core::runtime::bind::{DeviceBinding, DeviceBuffers};
 use resident_core::runtime::host::device::{DeviceRing, RingCounters};
 use resident_ring::message::{LayoutError, StructLayout, WgslLayoutError};

@@ -12,7 +12,7 @@
 
 use super::wgsl::{compile, BindingKind, WgslError};
 use super::WgpuContext;
-use crate::backend::{BackendError, Kernel, KernelArg, LaunchConfig, Result};
+use resident_core::engine::{BackendError, Kernel, KernelArg, LaunchConfig, Result};
 use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;

@@ -60,8 +60,8 @@ use parking_lot::{Condvar, Mutex};
 use resident_ring::{Envelope, Mailbox, Message, Slot};
 
 use super::{BatchBuffers, BatchGeometry, RingPipeline, WgpuFault};
-use crate::backend::wgpu::{padded, WgpuContext};
-use crate::backend::BackendError;
+use crate::{padded, WgpuContext};
+use resident_core::engine::BackendError;
 use resident_core::runtime::io::KernelIo;
 
 /// Why a producer could not link to its target on the device (it then forwards through the
