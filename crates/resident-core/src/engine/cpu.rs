@@ -2,9 +2,35 @@
 //! are Rust closures run over the index space on the rayon pool. Always available.
 
 use super::storage::{DeviceMemory, DeviceMemoryInner, HeapBytes, HostMemory};
-use super::{BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream};
+use super::{
+    not_compiled, Backend, BackendError, BackendKind, ComputeDevice, DeviceHandle, DeviceInfo,
+    Engines, LaunchConfig, Result, Stream,
+};
 use crate::engine::kernel::{run_cpu, Kernel, KernelArg};
 use crate::profile::Direction::{ToDevice, ToHost};
+
+/// The CPU engine alone (`resident-core` on its own): `Auto` is the CPU, every other engine is
+/// [`BackendError::NotCompiled`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuOnly;
+
+impl Engines for CpuOnly {
+    fn resolve(request: Backend) -> Result<(Backend, Option<DeviceHandle>)> {
+        match request {
+            Backend::Cpu | Backend::Auto => Ok((Backend::Cpu, None)),
+            other => Self::open(other).map(|d| (other, Some(d))),
+        }
+    }
+
+    fn open(backend: Backend) -> Result<DeviceHandle> {
+        match backend {
+            Backend::Cpu | Backend::Auto => Ok(std::sync::Arc::new(CpuDevice::new())),
+            Backend::Cuda => Err(not_compiled(BackendKind::Cuda)),
+            Backend::Wgpu => Err(not_compiled(BackendKind::Wgpu)),
+            Backend::CudaSim => Err(not_compiled(BackendKind::CudaSim)),
+        }
+    }
+}
 
 /// The host as a device.
 #[derive(Debug, Default)]

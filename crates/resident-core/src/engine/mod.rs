@@ -28,29 +28,6 @@ pub trait Engines: Clone + std::fmt::Debug + Send + Sync + 'static {
     fn open(backend: Backend) -> Result<DeviceHandle>;
 }
 
-/// The CPU engine alone (`resident-core` on its own): `Auto` is the CPU, every other engine is
-/// [`BackendError::NotCompiled`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuOnly;
-
-impl Engines for CpuOnly {
-    fn resolve(request: Backend) -> Result<(Backend, Option<DeviceHandle>)> {
-        match request {
-            Backend::Cpu | Backend::Auto => Ok((Backend::Cpu, None)),
-            other => Self::open(other).map(|d| (other, Some(d))),
-        }
-    }
-
-    fn open(backend: Backend) -> Result<DeviceHandle> {
-        match backend {
-            Backend::Cpu | Backend::Auto => Ok(Arc::new(cpu::CpuDevice::new())),
-            Backend::Cuda => Err(not_compiled(BackendKind::Cuda)),
-            Backend::Wgpu => Err(not_compiled(BackendKind::Wgpu)),
-            Backend::CudaSim => Err(not_compiled(BackendKind::CudaSim)),
-        }
-    }
-}
-
 /// How long a host read or write of a bound buffer, or a read of the state
 /// (`KernelHandle::snapshot_state`), waits for the kernel to park between two batches.
 pub const BUFFER_SYNC_TIMEOUT: Duration = Duration::from_secs(10);

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use crate::engine::error::DeviceError;
 use crate::engine::BackendKind;
 use crate::runtime::bind::{DeviceBinding, DeviceBuffers};
-use crate::runtime::host::device::StateSnapshot;
 use crate::runtime::host::RingHost;
+use crate::runtime::io::StateSnapshot;
 
 /// What the runtime asks of an engine when it launches a ring kernel on it.
 #[cfg_attr(

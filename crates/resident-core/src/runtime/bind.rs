@@ -5,11 +5,11 @@
 //! # Who may touch a bound buffer when
 //! The kernel owns its bound buffers. Its thread locks the kernel's buffer table for the batch
 //! in hand (taken when the batch starts, released when the batch's outputs are queued), and a
-//! handler borrows buffers from that table through [`Context::buffer`] and
-//! [`Context::buffer_mut`] with `RefCell`-like rules (any number of shared borrows of a buffer,
+//! handler borrows buffers from that table through [`Context::buffer`](crate::runtime::context::Context::buffer) and
+//! [`Context::buffer_mut`](crate::runtime::context::Context::buffer_mut) with `RefCell`-like rules (any number of shared borrows of a buffer,
 //! or one mutable borrow; a conflict is [`BindError::AlreadyBorrowed`], never a panic).
 //!
-//! A host read **is synchronized, not refused**: [`KernelHandle::read_buffer`] waits (up to its
+//! A host read **is synchronized, not refused**: [`KernelHandle::read_buffer`](crate::runtime::handle::KernelHandle::read_buffer) waits (up to its
 //! timeout) for the batch in hand to finish, then holds the table so the kernel cannot start its
 //! next batch until the guard is dropped. The data read is therefore always the state between
 //! two batches, never a torn one. Hold guards briefly: a kernel waits for them. A timeout gives
@@ -34,7 +34,7 @@
 //!
 //! # Buffers by id
 //! Every binding gets a process-wide [`BufferId`] (a `u64`), so a message can name a buffer:
-//! [`KernelHandle::buffer_id`] on the host, [`Context::buffer_by_id`] in the handler.
+//! [`KernelHandle::buffer_id`](crate::runtime::handle::KernelHandle::buffer_id) on the host, [`Context::buffer_by_id`](crate::runtime::context::Context::buffer_by_id) in the handler.
 
 use std::any::TypeId;
 use std::cell::Cell;
@@ -46,11 +46,8 @@ use std::time::Duration;
 use bytemuck::Pod;
 use parking_lot::{Mutex, RawMutex};
 use resident_ring::message::{CField, WgslLayoutError};
-use resident_ring::Message;
 
 use crate::memory::{MemoryError, UnifiedBuffer};
-use crate::runtime::context::Context;
-use crate::runtime::handle::KernelHandle;
 
 /// Process-wide id of a bound buffer, small enough to travel in a message (`u64`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -536,7 +533,7 @@ enum Key<'k> {
 }
 
 /// The bound buffers of the batch in hand, detached from the context so a handler can hold
-/// buffers and its state at once ([`Context::state_and_buffers`]).
+/// buffers and its state at once ([`Context::state_and_buffers`](crate::runtime::context::Context::state_and_buffers)).
 pub struct Bindings<'a> {
     kernel: &'a str,
     bound: &'a BatchBinding,
@@ -646,31 +643,6 @@ impl<'a> Bindings<'a> {
     }
 }
 
-impl<S> Context<S> {
-    /// The bound buffer `name` as `&[T]` (a device read). Several buffers, or several shared
-    /// borrows of one, may be held at once.
-    pub fn buffer<T: Pod>(&self, name: &str) -> Result<BufRef<'_, T>, BindError> {
-        self.buffers().buffer(name)
-    }
-
-    /// The bound buffer `name` as `&mut [T]` (a device write: the buffer becomes
-    /// `DeviceDirty`). Takes `&self` so a handler can hold several buffers at once; a second
-    /// borrow of the same buffer is [`BindError::AlreadyBorrowed`].
-    pub fn buffer_mut<T: Pod>(&self, name: &str) -> Result<BufMut<'_, T>, BindError> {
-        self.buffers().buffer_mut(name)
-    }
-
-    /// [`Context::buffer`] by registry id (as carried in a message).
-    pub fn buffer_by_id<T: Pod>(&self, id: BufferId) -> Result<BufRef<'_, T>, BindError> {
-        self.buffers().buffer_by_id(id)
-    }
-
-    /// [`Context::buffer_mut`] by registry id (as carried in a message).
-    pub fn buffer_mut_by_id<T: Pod>(&self, id: BufferId) -> Result<BufMut<'_, T>, BindError> {
-        self.buffers().buffer_mut_by_id(id)
-    }
-}
-
 /// The host's view of a bound buffer: the kernel cannot start a batch while it lives.
 pub struct BufferReadGuard<'a, T> {
     _lock: parking_lot::MutexGuard<'a, BoundTable>,
@@ -755,10 +727,17 @@ impl<T: Pod> std::ops::DerefMut for BufferWriteGuard<'_, T> {
     }
 }
 
-impl<In: Message, Out: Message> KernelHandle<In, Out> {
-    fn bound_table(&self) -> Result<&SharedTable, BindError> {
-        self.io.bound.get().ok_or_else(|| BindError::NoBindings {
-            kernel: self.id().to_string(),
+/// The host side of a kernel's bound buffers (what `KernelHandle::buffer_id`, `read_buffer`
+/// and `write_buffer` do): `table` is the kernel's, `None` when it binds no buffers.
+pub(crate) struct HostAccess<'a> {
+    pub table: Option<&'a SharedTable>,
+    pub kernel: &'a str,
+}
+
+impl<'a> HostAccess<'a> {
+    fn bound_table(&self) -> Result<&'a SharedTable, BindError> {
+        self.table.ok_or_else(|| BindError::NoBindings {
+            kernel: self.kernel.to_string(),
         })
     }
 
@@ -770,7 +749,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             .find(|e| e.name == name)
             .map(|e| e.id)
             .ok_or_else(|| BindError::UnknownBuffer {
-                kernel: self.id().to_string(),
+                kernel: self.kernel.to_string(),
                 name: name.to_string(),
             })
     }
@@ -780,8 +759,8 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         name: &str,
         timeout: Duration,
         write: bool,
-    ) -> Result<HostView<'_>, BindError> {
-        let kernel = self.id().to_string();
+    ) -> Result<HostView<'a>, BindError> {
+        let kernel = self.kernel.to_string();
         let mut t = self
             .bound_table()?
             .try_lock_for(timeout)
@@ -841,7 +820,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         &self,
         name: &str,
         timeout: Duration,
-    ) -> Result<BufferReadGuard<'_, T>, BindError> {
+    ) -> Result<BufferReadGuard<'a, T>, BindError> {
         let v = self.host_view::<T>(name, timeout, false)?;
         Ok(BufferReadGuard {
             _lock: v.lock,
@@ -851,14 +830,14 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     }
 
     /// Writes the bound buffer `name` on the host (same waiting rules as
-    /// [`KernelHandle::read_buffer`]); the kernel sees the values from its next batch on. On a
+    /// `KernelHandle::read_buffer`); the kernel sees the values from its next batch on. On a
     /// device backend the guard starts as the device's values and is stored back to the device
     /// by [`BufferWriteGuard::commit`] (or, with errors only traced, when it is dropped).
     pub fn write_buffer<T: Pod>(
         &self,
         name: &str,
         timeout: Duration,
-    ) -> Result<BufferWriteGuard<'_, T>, BindError> {
+    ) -> Result<BufferWriteGuard<'a, T>, BindError> {
         let v = self.host_view::<T>(name, timeout, true)?;
         Ok(BufferWriteGuard {
             ptr: v.ptr as *mut T,

@@ -11,10 +11,12 @@ use std::time::Duration;
 use resident_ring::wait::deadline_after;
 use resident_ring::{Envelope, Message, MessageId, DEFAULT_PRIORITY};
 
+use crate::runtime::bind::{BindError, BufMut, BufRef, BufferId};
 use crate::runtime::io::{Control, InputPort, KernelIo, Next};
 use crate::runtime::publisher::Publisher;
+use crate::runtime::registry::RuntimeCore;
 use crate::runtime::state::{Error, KernelState, Result};
-use crate::runtime::RuntimeCore;
+use bytemuck::Pod;
 
 /// A CPU kernel's state, shared between its host thread and `KernelHandle::snapshot_state`.
 pub(crate) struct StateCell<S> {
@@ -299,5 +301,30 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
     /// The kernel's state as the runtime sees it.
     pub fn kernel_state(&self) -> KernelState {
         self.io.state.lock().clone()
+    }
+}
+
+impl<S> Context<S> {
+    /// The bound buffer `name` as `&[T]` (a device read). Several buffers, or several shared
+    /// borrows of one, may be held at once.
+    pub fn buffer<T: Pod>(&self, name: &str) -> Result<BufRef<'_, T>, BindError> {
+        self.buffers().buffer(name)
+    }
+
+    /// The bound buffer `name` as `&mut [T]` (a device write: the buffer becomes
+    /// `DeviceDirty`). Takes `&self` so a handler can hold several buffers at once; a second
+    /// borrow of the same buffer is [`BindError::AlreadyBorrowed`].
+    pub fn buffer_mut<T: Pod>(&self, name: &str) -> Result<BufMut<'_, T>, BindError> {
+        self.buffers().buffer_mut(name)
+    }
+
+    /// [`Context::buffer`] by registry id (as carried in a message).
+    pub fn buffer_by_id<T: Pod>(&self, id: BufferId) -> Result<BufRef<'_, T>, BindError> {
+        self.buffers().buffer_by_id(id)
+    }
+
+    /// [`Context::buffer_mut`] by registry id (as carried in a message).
+    pub fn buffer_mut_by_id<T: Pod>(&self, id: BufferId) -> Result<BufMut<'_, T>, BindError> {
+        self.buffers().buffer_mut_by_id(id)
     }
 }

@@ -25,55 +25,11 @@ use resident_ring::{
     Envelope, Message, MessageId, Slot, WaitStrategy, DEFAULT_PRIORITY, FLAG_CALL,
 };
 
+use crate::runtime::bind::{BindError, BufferId, BufferReadGuard, BufferWriteGuard};
 use crate::runtime::io::KernelIo;
+pub use crate::runtime::report::{Placement, TerminateReport};
 use crate::runtime::state::{Error, Failure, KernelState, Result};
 use crate::telemetry::Telemetry;
-
-/// Where a kernel's handler runs ([`KernelHandle::placement`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Placement {
-    /// A host thread runs the CPU closure.
-    Host,
-    /// The device of this backend runs the device handler.
-    Device(crate::engine::BackendKind),
-}
-
-/// What `terminate` found: counts, and every message that was not delivered, so nothing is
-/// lost silently.
-#[derive(Debug, Clone)]
-pub struct TerminateReport<In, Out> {
-    /// Kernel id.
-    pub kernel_id: String,
-    /// Messages the handler finished.
-    pub processed: u64,
-    /// Messages discarded by a drop policy, late replies and outputs of an abandoned handler
-    /// (counted, as in telemetry).
-    pub dropped: u64,
-    /// Inputs not handled because their deadline (a `call`'s timeout, a send's TTL) had passed
-    /// when the kernel took them (counted, as `messages_expired` in telemetry).
-    pub expired: u64,
-    /// Inputs accepted but never handled (still queued, or stranded by a failure), with their
-    /// envelopes: stranded ones first, then the queue highest priority first.
-    pub undelivered: Vec<(Envelope, In)>,
-    /// Outputs produced but never received.
-    pub unreceived: Vec<(Envelope, Out)>,
-    /// The failure, if the kernel failed (a panic, a device fault, a handler that did not
-    /// return in time), and the message whose handling failed.
-    pub failure: Option<(Failure, Option<(Envelope, In)>)>,
-}
-
-impl<In, Out> TerminateReport<In, Out> {
-    /// Messages this report hands back (undelivered inputs, unreceived outputs, the failed
-    /// message).
-    pub fn returned(&self) -> usize {
-        self.undelivered.len()
-            + self.unreceived.len()
-            + self
-                .failure
-                .as_ref()
-                .map_or(0, |(_, m)| usize::from(m.is_some()))
-    }
-}
 
 /// A `call` whose reply has not been taken yet ([`KernelHandle::call_start`]).
 pub struct PendingCall<In: Message, Out: Message> {
@@ -717,12 +673,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// # Ok::<(), resident::Error>(())
     /// ```
     pub fn snapshot_key<S: Clone + 'static>(&self, key: u32) -> Result<S> {
-        let mut v = crate::runtime::keyed::snapshot::<In, Out, S>(
-            &self.io,
-            key as u64,
-            key as u64 + 1,
-            "snapshot_key",
-        )?;
+        let mut v = snapshot::<In, Out, S>(&self.io, key as u64, key as u64 + 1, "snapshot_key")?;
         v.pop().ok_or_else(|| Error::KeyOutOfRange {
             id: self.io.id.to_string(),
             op: "snapshot_key",
@@ -737,7 +688,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// else [`Error::KeyRangeTooLarge`]; a range outside the keys is
     /// [`Error::KeyOutOfRange`]).
     pub fn snapshot_keys<S: Clone + 'static>(&self, range: std::ops::Range<u32>) -> Result<Vec<S>> {
-        crate::runtime::keyed::snapshot::<In, Out, S>(
+        snapshot::<In, Out, S>(
             &self.io,
             range.start as u64,
             range.end as u64,
@@ -818,4 +769,106 @@ pub struct ForwardingStats {
     pub on_device: u64,
     /// Outputs this kernel's host thread relayed into the target's input queue.
     pub via_host: u64,
+}
+
+/// `KernelHandle::snapshot_key(s)`: clones of the states of keys `start..end` (u64, so that
+/// `u32::MAX + 1` is an end), read under the batch gate.
+fn snapshot<In: Message, Out: Message, S: Clone + 'static>(
+    io: &KernelIo<In, Out>,
+    start: u64,
+    end: u64,
+    op: &'static str,
+) -> Result<Vec<S>> {
+    let id = || io.id.to_string();
+    let Some(states) = io.keyed.get() else {
+        return Err(Error::InvalidConfig {
+            id: id(),
+            reason: format!("{op}: not a keyed kernel (built with RingKernel::keyed)"),
+        });
+    };
+    let keys = states.keys();
+    if start >= keys as u64 || end > keys as u64 || start > end {
+        let key = if start >= keys as u64 { start } else { end - 1 };
+        return Err(Error::KeyOutOfRange {
+            id: id(),
+            op,
+            key,
+            keys,
+            message: None,
+        });
+    }
+    if end - start > crate::runtime::keys::MAX_SNAPSHOT_KEYS as u64 {
+        return Err(Error::KeyRangeTooLarge {
+            id: id(),
+            len: end - start,
+            max: crate::runtime::keys::MAX_SNAPSHOT_KEYS,
+        });
+    }
+    let t = io.terminate_timeout;
+    let _gate = if states.needs_gate() {
+        let Some(g) = io.batch_gate.try_lock_for(t) else {
+            return Err(Error::Timeout {
+                id: id(),
+                op,
+                timeout: t,
+                message: None,
+            });
+        };
+        Some(g)
+    } else {
+        None
+    };
+    let mut out: Vec<S> = Vec::new();
+    // SAFETY: the range was checked against `keys` above; the gate is held if needed.
+    if unsafe { states.read(start as u32..end as u32, &mut out, t)? } {
+        Ok(out)
+    } else {
+        Err(Error::InvalidConfig {
+            id: id(),
+            reason: format!(
+                "{op}::<{}>, but the kernel's key state is {}",
+                std::any::type_name::<S>(),
+                states.type_name()
+            ),
+        })
+    }
+}
+
+impl<In: Message, Out: Message> KernelHandle<In, Out> {
+    fn bound(&self) -> crate::runtime::bind::HostAccess<'_> {
+        crate::runtime::bind::HostAccess {
+            table: self.io.bound.get(),
+            kernel: self.id(),
+        }
+    }
+
+    /// The registry id of the bound buffer `name` (to put in messages).
+    pub fn buffer_id(&self, name: &str) -> std::result::Result<BufferId, BindError> {
+        self.bound().buffer_id(name)
+    }
+
+    /// Reads the bound buffer `name` on the host. **Synchronized, not refused:** on the CPU
+    /// backend it waits up to `timeout` for the kernel's batch in hand, then copies back if the
+    /// device copy is newer, and while the guard lives the kernel does not start another batch.
+    /// On a device backend the device copy is fetched as it stands between two batches (the
+    /// engine synchronizes with the kernel, see `runtime::bind`) and the guard holds that copy.
+    pub fn read_buffer<T: bytemuck::Pod>(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> std::result::Result<BufferReadGuard<'_, T>, BindError> {
+        self.bound().read_buffer(name, timeout)
+    }
+
+    /// Writes the bound buffer `name` on the host (same waiting rules as
+    /// [`KernelHandle::read_buffer`]); the kernel sees the values from its next batch on. On a
+    /// device backend the guard starts as the device's values and is stored back to the device
+    /// by [`BufferWriteGuard::commit`] (or, with errors only traced, when it is dropped).
+    pub fn write_buffer<T: bytemuck::Pod>(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> std::result::Result<BufferWriteGuard<'_, T>, BindError> {
+        self.bound().write_buffer(name, timeout)
+    }
 }

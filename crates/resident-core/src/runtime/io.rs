@@ -25,13 +25,15 @@ use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use resident_ring::call::CallSlot;
 use resident_ring::handoff::InHand;
-use resident_ring::mailbox::{SendError, Sent};
 use resident_ring::wait::Signal;
-use resident_ring::{Backpressure, Envelope, Mailbox, Message, MessageId, Slot, WaitStrategy};
+use resident_ring::{Envelope, Mailbox, Message, Slot, WaitStrategy};
 
-use crate::runtime::handle::TerminateReport;
-use crate::runtime::state::{Error, Failure, KernelState, Result, Returned};
-use crate::runtime::Ids;
+use crate::runtime::ids::Ids;
+use crate::runtime::port::DroppedCalls;
+pub use crate::runtime::port::InputPort;
+use crate::runtime::registry::RuntimeCore;
+use crate::runtime::report::TerminateReport;
+use crate::runtime::state::{Error, Failure, KernelState, Result};
 use crate::telemetry::KernelMetrics;
 
 /// A message whose deadline is nearer than this is held by a device pump until the device has
@@ -47,49 +49,6 @@ pub(crate) struct Control {
     pub signal: Signal,
 }
 
-/// What the input side needs to tell a kernel about a `call` its policy dropped.
-pub(crate) trait DroppedCalls: Send + Sync {
-    fn call_dropped(&self, request: &Envelope);
-}
-
-/// The sending side of a kernel's input: what handles and other kernels send through.
-#[doc(hidden)] // for the engines in the crate `resident`, not the API
-pub struct InputPort<In> {
-    pub id: Arc<str>,
-    pub mailbox: Mailbox<In>,
-    pub ids: Arc<Ids>,
-    pub state: Arc<Mutex<KernelState>>,
-    calls: Weak<dyn DroppedCalls>,
-    /// A keyed kernel's key range: a message naming a key outside it is refused at send.
-    pub(crate) keys: Option<crate::runtime::keyed::KeyCheck<In>>,
-    /// The kernel's peer-input slot when its engine can forward on the device (set by its
-    /// device pump at start): a producer forwarding here links its output ring to it.
-    pub device_peer: Arc<std::sync::OnceLock<Arc<resident_cuda::persistent::PeerInput>>>,
-    /// Where a device kernel offers producers on its device to hand it their outputs there
-    /// (`RingKernel::forward_to` without a host hop); set by the kernel's device host while it
-    /// runs, empty otherwise.
-    pub device_link: DeviceLinkSlot,
-}
-
-/// A kernel's device-side forwarding endpoint, type-erased (the wgpu engine's
-/// `link::Inbox<In>`), shared by the kernel's port and its device host.
-pub(crate) type DeviceLinkSlot = Arc<Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>>;
-
-impl<In> Clone for InputPort<In> {
-    fn clone(&self) -> Self {
-        InputPort {
-            id: self.id.clone(),
-            mailbox: self.mailbox.clone(),
-            ids: self.ids.clone(),
-            state: self.state.clone(),
-            calls: self.calls.clone(),
-            keys: self.keys,
-            device_peer: self.device_peer.clone(),
-            device_link: self.device_link.clone(),
-        }
-    }
-}
-
 /// How long forwarded outputs wait for a target kernel that is missing or not accepting
 /// before they go to the terminate report.
 pub(crate) const FORWARD_PATIENCE: Duration = Duration::from_secs(2);
@@ -99,17 +58,13 @@ pub(crate) const FORWARD_PATIENCE: Duration = Duration::from_secs(2);
 #[doc(hidden)] // for the engines in the crate `resident`, not the API
 pub struct Forward<T> {
     target: String,
-    core: Weak<crate::runtime::RuntimeCore>,
+    core: Weak<RuntimeCore>,
     port: Mutex<Option<InputPort<T>>>,
-    path: crate::runtime::kernel::ForwardPath,
+    path: ForwardPath,
 }
 
 impl<T: Message> Forward<T> {
-    pub(crate) fn new(
-        target: String,
-        core: Weak<crate::runtime::RuntimeCore>,
-        path: crate::runtime::kernel::ForwardPath,
-    ) -> Self {
+    pub(crate) fn new(target: String, core: Weak<RuntimeCore>, path: ForwardPath) -> Self {
         Forward {
             target,
             core,
@@ -120,7 +75,7 @@ impl<T: Message> Forward<T> {
 
     /// How the outputs should travel (`RingKernel::forward_path`).
     #[doc(hidden)] // for the engines in the crate `resident`, not the API
-    pub fn path(&self) -> crate::runtime::kernel::ForwardPath {
+    pub fn path(&self) -> ForwardPath {
         self.path
     }
 
@@ -142,95 +97,6 @@ impl<T: Message> Forward<T> {
     #[doc(hidden)] // for the engines in the crate `resident`, not the API
     pub fn forget(&self) {
         *self.port.lock() = None;
-    }
-}
-
-impl<In: Message> InputPort<In> {
-    pub fn send(&self, msg: In, priority: u8, flags: u8, op: &'static str) -> Result<MessageId> {
-        let id = self.ids.next();
-        let mut env = Envelope::new(id, priority, self.ids.now_ns());
-        env.flags = flags;
-        self.send_slot(Slot::new(env, msg), op).map(|_| id)
-    }
-
-    /// Enqueues one message; `Ok(false)` when the `DropNewest` policy dropped it (counted).
-    pub fn send_slot(&self, slot: Slot<In>, op: &'static str) -> Result<bool> {
-        self.send_slot_outcome(slot, op)
-            .map(|o| !matches!(o, Sent::DroppedNewest))
-    }
-
-    /// Enqueues one message and says what the drop policy did, handing back the slot a
-    /// `DropOldest` send discarded (counted).
-    pub fn send_slot_outcome(&self, slot: Slot<In>, op: &'static str) -> Result<Sent<Slot<In>>> {
-        self.check_key(&slot.payload, op)?;
-        match self.mailbox.send(slot) {
-            Ok(Sent::Queued) => Ok(Sent::Queued),
-            Ok(Sent::QueuedDroppedOldest(old)) => {
-                crate::profile::dropped(&self.id, op, "DropOldest");
-                self.dropped(&old.env);
-                Ok(Sent::QueuedDroppedOldest(old))
-            }
-            Ok(Sent::DroppedNewest) => {
-                crate::profile::dropped(&self.id, op, "DropNewest");
-                self.dropped(&slot.env);
-                Ok(Sent::DroppedNewest)
-            }
-            Err(e) => Err(self.refused(e, op)),
-        }
-    }
-
-    /// A keyed kernel refuses a message naming a key it does not have (nothing is queued).
-    #[inline]
-    pub fn check_key(&self, msg: &In, op: &'static str) -> Result<()> {
-        match self.keys {
-            Some(k) => k.check(msg).map_err(|key| Error::KeyOutOfRange {
-                id: self.id.to_string(),
-                op,
-                key: key as u64,
-                keys: k.keys,
-                message: Some(Returned::new(*msg)),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// A message the policy dropped: if it was a `call`, its caller learns at once.
-    pub fn dropped(&self, env: &Envelope) {
-        if env.is_call() {
-            if let Some(c) = self.calls.upgrade() {
-                c.call_dropped(env);
-            }
-        }
-    }
-
-    pub fn refused(&self, e: SendError<Slot<In>>, op: &'static str) -> Error {
-        crate::profile::refused(&self.id, op, &e);
-        let id = self.id.to_string();
-        match e {
-            SendError::Full(s) => Error::QueueFull {
-                id,
-                op,
-                message: Returned::new(s.payload),
-            },
-            SendError::Timeout(s) => {
-                let timeout = match self.mailbox.config().backpressure {
-                    Backpressure::Block(t) => t,
-                    _ => Duration::ZERO,
-                };
-                Error::Timeout {
-                    id,
-                    op,
-                    timeout,
-                    message: Some(Returned::new(s.payload)),
-                }
-            }
-            SendError::Closed(s) => Error::NotAccepting {
-                id,
-                op,
-                state: self.state.lock().clone(),
-                message: Returned::new(s.payload),
-            },
-        }
     }
 }
 
@@ -316,7 +182,7 @@ pub struct KernelIo<In, Out> {
     /// launch.
     pub forward: std::sync::OnceLock<Forward<Out>>,
     /// Where the handler runs, set once at launch.
-    pub(crate) placement: std::sync::OnceLock<crate::runtime::handle::Placement>,
+    pub(crate) placement: std::sync::OnceLock<crate::runtime::report::Placement>,
     exited: AtomicBool,
     exit_signal: Signal,
     pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
@@ -330,13 +196,13 @@ pub struct KernelIo<In, Out> {
     /// The runtime that launched the kernel: told once the kernel is terminated, so that it
     /// forgets the kernel (its id is free again; memory stays flat over any number of
     /// launches).
-    pub(crate) core: Weak<crate::runtime::RuntimeCore>,
+    pub(crate) core: Weak<RuntimeCore>,
     /// A CPU handler's state, readable on request (`KernelHandle::snapshot_state`).
     pub(crate) host_state: std::sync::OnceLock<Arc<dyn HostState>>,
     /// A keyed kernel's per-key states, readable on request (`KernelHandle::snapshot_key`).
-    pub(crate) keyed: std::sync::OnceLock<Arc<dyn crate::runtime::keyed::KeyStates>>,
+    pub(crate) keyed: std::sync::OnceLock<Arc<dyn crate::runtime::keys::KeyStates>>,
     /// A device kernel's state, readable on request (`KernelHandle::snapshot_state`).
-    pub(crate) device_state: Mutex<Option<Arc<dyn crate::runtime::host::device::StateSnapshot>>>,
+    pub(crate) device_state: Mutex<Option<Arc<dyn StateSnapshot>>>,
 }
 
 impl<In: Message, Out: Message> DroppedCalls for KernelIo<In, Out> {
@@ -361,8 +227,8 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
     batch_size: usize,
     telemetry: bool,
     terminate_timeout: Duration,
-    core: Weak<crate::runtime::RuntimeCore>,
-    keys: Option<crate::runtime::keyed::KeyCheck<In>>,
+    core: Weak<RuntimeCore>,
+    keys: Option<crate::runtime::keys::KeyCheck<In>>,
 ) -> Arc<KernelIo<In, Out>> {
     Arc::new_cyclic(|me: &Weak<KernelIo<In, Out>>| {
         let state = Arc::new(Mutex::new(KernelState::Launched));
@@ -737,4 +603,26 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             + m.lost_in_device.load(Ordering::Relaxed)
             + m.device_undelivered.load(Ordering::Relaxed)
     }
+}
+
+/// How a kernel's forwarded outputs (`RingKernel::forward_to`) travel to their target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ForwardPath {
+    /// On the device when producer and target are ring kernels of one CUDA-family engine
+    /// (CudaSim with CudaSim, CUDA with CUDA on one device) and the target is not keyed: the target's persistent kernel
+    /// consumes the producer's output ring directly. Otherwise (CPU, wgpu, mixed engines, a
+    /// keyed target, or while a `call` reply must go back to its caller) the producer's host
+    /// thread relays them. `KernelHandle::forwarding` says which path each message took.
+    #[default]
+    Device,
+    /// Always relayed by the producer's host thread (from its output ring into the target's
+    /// input queue).
+    HostRelay,
+}
+
+/// Read access to a device kernel's state (`KernelHandle::snapshot_state`).
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub trait StateSnapshot: Send + Sync {
+    /// The state's bytes as of every batch submitted before the call (bounded wait).
+    fn read(&self) -> Result<Vec<u8>, crate::engine::error::DeviceError>;
 }

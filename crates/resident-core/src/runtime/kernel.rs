@@ -9,6 +9,7 @@ use resident_ring::{Backpressure, Message, WaitStrategy};
 use crate::engine::ring::{CudaSource, WgslSource};
 use crate::runtime::bind::PendingBinding;
 use crate::runtime::context::{Context, LoopContext};
+pub use crate::runtime::io::ForwardPath;
 
 pub(crate) type HandlerFn<In, Out, S> = Box<dyn FnMut(&mut Context<S>, In) -> Option<Out> + Send>;
 pub(crate) type LoopFn<In, Out, S> = Box<dyn FnOnce(&mut LoopContext<In, Out, S>) + Send>;
@@ -20,7 +21,7 @@ pub(crate) type HostFactory<In, Out, S> = Box<
             &std::sync::Arc<crate::runtime::io::KernelIo<In, Out>>,
         ) -> Result<
             Box<dyn crate::runtime::host::RingHost<In, Out>>,
-            crate::runtime::keyed::KeyedError,
+            crate::runtime::keys::KeyedError,
         > + Send,
 >;
 
@@ -69,28 +70,13 @@ pub struct RingKernel<In, Out, S = ()> {
     /// How forwarded outputs travel (`RingKernel::forward_path`).
     pub(crate) forward_path: ForwardPath,
     /// A keyed kernel's key range (`RingKernel::keyed`), checked at every send.
-    pub(crate) keys: Option<crate::runtime::keyed::KeyCheck<In>>,
+    pub(crate) keys: Option<crate::runtime::keys::KeyCheck<In>>,
     /// A host built from the state at launch instead of `body` (`RingKernel::key_handler`).
     pub(crate) host: Option<HostFactory<In, Out, S>>,
     /// A keyed kernel's states as a device buffer, built at launch on a device runtime
     /// (`RingKernel::key_cuda`).
-    pub(crate) device_keys: Option<crate::runtime::keyed::DeviceKeys<In, Out, S>>,
+    pub(crate) device_keys: Option<DeviceKeys<In, Out, S>>,
     _types: PhantomData<fn(In) -> Out>,
-}
-
-/// How a kernel's forwarded outputs (`RingKernel::forward_to`) travel to their target.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum ForwardPath {
-    /// On the device when producer and target are ring kernels of one CUDA-family engine
-    /// (CudaSim with CudaSim, CUDA with CUDA on one device) and the target is not keyed: the target's persistent kernel
-    /// consumes the producer's output ring directly. Otherwise (CPU, wgpu, mixed engines, a
-    /// keyed target, or while a `call` reply must go back to its caller) the producer's host
-    /// thread relays them. `KernelHandle::forwarding` says which path each message took.
-    #[default]
-    Device,
-    /// Always relayed by the producer's host thread (from its output ring into the target's
-    /// input queue).
-    HostRelay,
 }
 
 impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
@@ -289,3 +275,25 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
 
 /// How long `terminate` waits for a kernel's thread to stop, unless configured.
 pub(crate) const TERMINATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Builds, at launch on a device runtime, the `keys` binding from a keyed kernel's states and
+/// the snapshot access to it.
+pub(crate) type DeviceKeys<In, Out, S> = Box<
+    dyn FnOnce(
+            &S,
+            &crate::engine::DeviceHandle,
+        ) -> std::result::Result<
+            (
+                crate::runtime::bind::PendingBinding,
+                KeyStatesFactory<In, Out>,
+            ),
+            crate::runtime::keys::KeyedError,
+        > + Send,
+>;
+/// Registers a device keyed kernel's states for snapshots once its `KernelIo` exists.
+pub(crate) type KeyStatesFactory<In, Out> = Box<
+    dyn FnOnce(
+            &std::sync::Arc<crate::runtime::io::KernelIo<In, Out>>,
+        ) -> std::sync::Arc<dyn crate::runtime::keys::KeyStates>
+        + Send,
+>;

@@ -51,63 +51,16 @@ use bytemuck::Pod;
 use resident_ring::message::CField;
 
 use crate::engine::ring::{CudaSource, WgslSource};
-use crate::memory::{BufferOptions, MemoryError, UnifiedBuffer};
+use crate::memory::{BufferOptions, UnifiedBuffer};
 use crate::runtime::bind::{BindError, PendingBinding};
 use crate::runtime::host::{panic_text, RingHost};
 use crate::runtime::io::{KernelIo, Next};
 use crate::runtime::kernel::RingKernel;
+use crate::runtime::kernel::{DeviceKeys, KeyStatesFactory};
+use crate::runtime::keys::{KeyCheck, KeyStates, KeyedError};
+pub use crate::runtime::keys::{Keyed, KEYED_BATCH, KEYS_BUFFER, MAX_SNAPSHOT_KEYS};
 use crate::runtime::publisher::Publisher;
 use crate::runtime::state::{Error, Failure, Result};
-
-/// A message that names the key it is for.
-///
-/// ```
-/// use resident::prelude::*;
-/// #[repr(C)]
-/// #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-/// struct Reading { sensor: u32, value: f32 }
-/// impl Keyed for Reading {
-///     fn key(&self) -> u32 { self.sensor }
-/// }
-/// assert_eq!(Reading { sensor: 7, value: 1.0 }.key(), 7);
-/// ```
-pub trait Keyed {
-    /// The key this message is for (`0..keys` of the kernel it is sent to).
-    fn key(&self) -> u32;
-}
-
-/// The most keys one [`KernelHandle::snapshot_keys`](crate::runtime::handle::KernelHandle::snapshot_keys)
-/// reads (it holds the kernel's batch gate while it copies them): 2^20.
-pub const MAX_SNAPSHOT_KEYS: u32 = 1 << 20;
-
-/// Default batch of a keyed kernel (split over its workers).
-pub const KEYED_BATCH: usize = 4096;
-
-/// A keyed kernel's key range and how to read a message's key, checked at every send.
-pub(crate) struct KeyCheck<In> {
-    pub keys: u32,
-    key_of: fn(&In) -> u32,
-}
-
-impl<In> Clone for KeyCheck<In> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<In> Copy for KeyCheck<In> {}
-
-impl<In> KeyCheck<In> {
-    /// `Err(key)` when `msg` names a key outside `0..keys`.
-    #[inline]
-    pub fn check(&self, msg: &In) -> std::result::Result<(), u32> {
-        let k = (self.key_of)(msg);
-        if k < self.keys {
-            Ok(())
-        } else {
-            Err(k)
-        }
-    }
-}
 
 /// The per-key states of a keyed kernel being built (the `S` of `RingKernel<In, Out, Keys<S>>`).
 pub struct Keys<S> {
@@ -279,28 +232,6 @@ impl<S> Shards<S> {
     }
 }
 
-/// Read access to a keyed kernel's states for `KernelHandle::snapshot_key(s)`.
-pub(crate) trait KeyStates: Send + Sync {
-    /// How many keys.
-    fn keys(&self) -> u32;
-    /// The state type, for errors.
-    fn type_name(&self) -> &'static str;
-    /// Whether reads must hold the kernel's batch gate (host states); a device's states
-    /// synchronize with the kernel themselves.
-    fn needs_gate(&self) -> bool;
-    /// Appends clones of the states of keys `range` to `out` (a `Vec<S>`), waiting at most
-    /// `timeout` for a device; `Ok(false)` when `out` is not a `Vec` of the state type.
-    ///
-    /// # Safety
-    /// `range` is within `0..keys`, and when `needs_gate` the caller holds the batch gate.
-    unsafe fn read(
-        &self,
-        range: Range<u32>,
-        out: &mut dyn Any,
-        timeout: std::time::Duration,
-    ) -> Result<bool>;
-}
-
 impl<S: Clone + Send + 'static> KeyStates for Shards<S> {
     fn keys(&self) -> u32 {
         self.keys
@@ -387,45 +318,6 @@ impl<In: Message, Out: Message, S: Pod + 'static> KeyStates for DeviceKeyStates<
         Ok(true)
     }
 }
-
-/// Why a keyed kernel's host or its device states could not be built at launch (reported as
-/// `Error::InvalidConfig` with this text).
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum KeyedError {
-    /// No keys, or more than a `u32` key names.
-    #[error("a keyed kernel needs 1 to {max} keys, not {0}", max = u32::MAX)]
-    KeyCount(usize),
-    /// `.workers(0)`.
-    #[error("workers must be at least 1")]
-    ZeroWorkers,
-    /// The device buffer for the states could not be made.
-    #[error("the key states ({keys} keys): {source}")]
-    KeyStates {
-        /// Keys.
-        keys: usize,
-        /// The memory error.
-        #[source]
-        source: MemoryError,
-    },
-}
-
-/// The bound buffer a device keyed kernel keeps its states in.
-#[doc(hidden)] // for the engines in the crate `resident`, not the API
-pub const KEYS_BUFFER: &str = "keys";
-
-/// Builds, at launch on a device runtime, the `keys` binding from a keyed kernel's states and
-/// the snapshot access to it.
-pub(crate) type DeviceKeys<In, Out, S> = Box<
-    dyn FnOnce(
-            &S,
-            &crate::engine::DeviceHandle,
-        )
-            -> std::result::Result<(PendingBinding, KeyStatesFactory<In, Out>), KeyedError>
-        + Send,
->;
-/// Registers a device keyed kernel's states for snapshots once its `KernelIo` exists.
-pub(crate) type KeyStatesFactory<In, Out> =
-    Box<dyn FnOnce(&Arc<KernelIo<In, Out>>) -> Arc<dyn KeyStates> + Send>;
 
 fn device_keys<In: Message, Out: Message, S: Pod + CField + Send + 'static>(
 ) -> DeviceKeys<In, Out, Keys<S>> {
@@ -679,68 +571,5 @@ fn run_batches<In: Message + Keyed, Out: Message, S: Send>(
         }
         crate::profile::batch_end(prof, scope, &batch[..n]);
         drop(gate);
-    }
-}
-
-/// `KernelHandle::snapshot_key(s)`: clones of the states of keys `start..end` (u64, so that
-/// `u32::MAX + 1` is an end), read under the batch gate.
-pub(crate) fn snapshot<In: Message, Out: Message, S: Clone + 'static>(
-    io: &KernelIo<In, Out>,
-    start: u64,
-    end: u64,
-    op: &'static str,
-) -> Result<Vec<S>> {
-    let id = || io.id.to_string();
-    let Some(states) = io.keyed.get() else {
-        return Err(Error::InvalidConfig {
-            id: id(),
-            reason: format!("{op}: not a keyed kernel (built with RingKernel::keyed)"),
-        });
-    };
-    let keys = states.keys();
-    if start >= keys as u64 || end > keys as u64 || start > end {
-        let key = if start >= keys as u64 { start } else { end - 1 };
-        return Err(Error::KeyOutOfRange {
-            id: id(),
-            op,
-            key,
-            keys,
-            message: None,
-        });
-    }
-    if end - start > MAX_SNAPSHOT_KEYS as u64 {
-        return Err(Error::KeyRangeTooLarge {
-            id: id(),
-            len: end - start,
-            max: MAX_SNAPSHOT_KEYS,
-        });
-    }
-    let t = io.terminate_timeout;
-    let _gate = if states.needs_gate() {
-        let Some(g) = io.batch_gate.try_lock_for(t) else {
-            return Err(Error::Timeout {
-                id: id(),
-                op,
-                timeout: t,
-                message: None,
-            });
-        };
-        Some(g)
-    } else {
-        None
-    };
-    let mut out: Vec<S> = Vec::new();
-    // SAFETY: the range was checked against `keys` above; the gate is held if needed.
-    if unsafe { states.read(start as u32..end as u32, &mut out, t)? } {
-        Ok(out)
-    } else {
-        Err(Error::InvalidConfig {
-            id: id(),
-            reason: format!(
-                "{op}::<{}>, but the kernel's key state is {}",
-                std::any::type_name::<S>(),
-                states.type_name()
-            ),
-        })
     }
 }

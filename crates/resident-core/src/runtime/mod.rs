@@ -6,17 +6,21 @@ pub mod context;
 pub mod handle;
 #[doc(hidden)] // for the engines in the crate `resident`, not the API
 pub mod host;
+pub(crate) mod ids;
 #[doc(hidden)] // for the engines in the crate `resident`, not the API
 pub mod io;
 pub mod kernel;
 pub mod keyed;
+pub(crate) mod keys;
+pub(crate) mod port;
 pub(crate) mod publisher;
+pub(crate) mod registry;
 pub mod report;
 pub mod state;
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,70 +28,20 @@ use crossbeam_utils::CachePadded;
 use parking_lot::RwLock;
 use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy};
 
-use crate::engine::{Backend, BackendKind, CpuOnly, DeviceHandle, Engines};
+use crate::engine::cpu::CpuOnly;
+use crate::engine::{Backend, BackendKind, DeviceHandle, Engines};
 use crate::telemetry::{RuntimeTelemetry, Telemetry};
 use context::Context;
 use handle::{Begin, KernelHandle};
 use host::RingHost;
-use io::InputPort;
+pub use ids::Ids;
 use kernel::RingKernel;
+use port::InputPort;
+pub use registry::RECENT_KERNELS;
+use registry::{KernelEntry, RuntimeCore};
 use report::KernelReport;
 use state::{Error, Failure, KernelState, Result};
 use std::marker::PhantomData;
-
-/// Message ids and the clock of a runtime.
-#[doc(hidden)] // for the engines in the crate `resident`, not the API
-pub struct Ids {
-    epoch: Instant,
-    /// Bumped by every send: on its own line so readers of `epoch` (every clock read) do not
-    /// pull the line away from senders.
-    next: CachePadded<AtomicU64>,
-}
-
-impl Ids {
-    pub fn next(&self) -> u64 {
-        self.next.fetch_add(1, Ordering::Relaxed)
-    }
-    /// Size of the id blocks a kernel reserves for its outputs, so its thread and the senders
-    /// do not bounce the shared counter's cache line on every message.
-    pub const BLOCK: u64 = 4096;
-    /// The first of `n` consecutive ids.
-    pub fn next_n(&self, n: u64) -> u64 {
-        self.next.fetch_add(n.max(1), Ordering::Relaxed)
-    }
-    /// Nanoseconds since the runtime started (monotonic).
-    pub fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
-    }
-    /// The `Instant` of a reading of [`Ids::now_ns`] (never later than the moment it was
-    /// read: `now_ns` truncates), so a caller needs one clock read for both clocks.
-    pub fn instant_at(&self, ns: u64) -> Instant {
-        self.epoch + Duration::from_nanos(ns)
-    }
-}
-
-/// Type-erased view of a kernel, for the registry.
-trait KernelEntry: Send + Sync {
-    fn state(&self) -> KernelState;
-    fn telemetry(&self) -> Telemetry;
-    fn types(&self) -> (TypeId, TypeId, String);
-    fn handle_any(&self) -> &(dyn Any + Send + Sync);
-    /// The kernel's `KernelIo`, as an address: tells a relaunched id from the kernel before.
-    fn io_addr(&self) -> usize;
-    fn port_any(&self) -> &(dyn Any + Send + Sync);
-    /// Drains, if active, until `deadline`.
-    fn drain_until(&self, deadline: Instant);
-    /// First half of terminate; `None` when already terminated (the kept report comes from
-    /// `finish`).
-    fn begin(&self) -> Option<Option<Failure>>;
-    /// Second half of terminate (or the kept report).
-    fn finish(
-        &self,
-        begun: Option<Option<Failure>>,
-        deadline: Option<Instant>,
-        timeout: Duration,
-    ) -> Option<KernelReport>;
-}
 
 struct Entry<In, Out> {
     handle: KernelHandle<In, Out>,
@@ -151,60 +105,8 @@ fn type_names<In, Out>() -> String {
     )
 }
 
-/// How many terminated kernels' ids and final states a runtime remembers
-/// ([`Runtime::recently_terminated`]).
-pub const RECENT_KERNELS: usize = 256;
-
-/// The part of a runtime that kernels reach by id.
-pub(crate) struct RuntimeCore {
-    ids: Arc<Ids>,
-    /// Live kernels (launched, not yet terminated) by id. A terminated kernel leaves at once:
-    /// its handles keep its report, the runtime only its id and final state in `recent`.
-    kernels: RwLock<HashMap<String, Arc<dyn KernelEntry>>>,
-    /// Ids and final states of the last [`RECENT_KERNELS`] terminated kernels, oldest first.
-    recent: parking_lot::Mutex<std::collections::VecDeque<(String, KernelState)>>,
-    telemetry: bool,
-    wait: WaitStrategy,
-    terminate_timeout: Duration,
-}
-
-impl RuntimeCore {
-    /// Forgets a terminated kernel: removes it from the live map (if the entry under its id is
-    /// still this kernel, `io_addr`, and not a later launch of the same id) and keeps a
-    /// bounded record of its id and final state.
-    pub(crate) fn retire(&self, id: &str, io_addr: usize, state: KernelState) {
-        {
-            let mut kernels = self.kernels.write();
-            if kernels.get(id).is_some_and(|e| e.io_addr() == io_addr) {
-                kernels.remove(id);
-            }
-        }
-        let mut recent = self.recent.lock();
-        if recent.len() == RECENT_KERNELS {
-            recent.pop_front();
-        }
-        recent.push_back((id.to_string(), state));
-    }
-
-    pub(crate) fn input_port<T: Message>(&self, id: &str) -> Result<InputPort<T>> {
-        let kernels = self.kernels.read();
-        let entry = kernels
-            .get(id)
-            .ok_or_else(|| Error::UnknownKernel { id: id.to_string() })?;
-        entry
-            .port_any()
-            .downcast_ref::<InputPort<T>>()
-            .cloned()
-            .ok_or_else(|| Error::TypeMismatch {
-                id: id.to_string(),
-                expected: format!("{}, _", std::any::type_name::<T>()),
-                actual: entry.types().2,
-            })
-    }
-}
-
 /// Configures and builds a [`Runtime`] on the engines `E` (`resident::RuntimeBuilder` has every
-/// engine of the build; [`crate::engine::CpuOnly`] is the CPU alone).
+/// engine of the build; [`crate::engine::cpu::CpuOnly`] is the CPU alone).
 #[derive(Clone, Debug)]
 pub struct RuntimeBuilder<E: Engines = CpuOnly> {
     profiler: Option<crate::profile::Profiler>,

@@ -18,8 +18,8 @@ use std::time::Duration;
 use resident_ring::mailbox::{SendError, Sent};
 use resident_ring::{Envelope, Message, Slot, Writer};
 
+use crate::runtime::ids::Ids;
 use crate::runtime::io::{Forward, KernelIo, FORWARD_PATIENCE};
-use crate::runtime::Ids;
 
 /// The one writer of a kernel's outputs (see the module docs).
 #[doc(hidden)] // for the engines in the crate `resident`, not the API

@@ -3,9 +3,55 @@
 
 use std::any::Any;
 
-use resident_ring::Message;
+use resident_ring::{Envelope, Message};
 
-use crate::runtime::handle::TerminateReport;
+use crate::runtime::state::Failure;
+
+/// Where a kernel's handler runs ([`KernelHandle::placement`](crate::runtime::handle::KernelHandle::placement)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// A host thread runs the CPU closure.
+    Host,
+    /// The device of this backend runs the device handler.
+    Device(crate::engine::BackendKind),
+}
+
+/// What `terminate` found: counts, and every message that was not delivered, so nothing is
+/// lost silently.
+#[derive(Debug, Clone)]
+pub struct TerminateReport<In, Out> {
+    /// Kernel id.
+    pub kernel_id: String,
+    /// Messages the handler finished.
+    pub processed: u64,
+    /// Messages discarded by a drop policy, late replies and outputs of an abandoned handler
+    /// (counted, as in telemetry).
+    pub dropped: u64,
+    /// Inputs not handled because their deadline (a `call`'s timeout, a send's TTL) had passed
+    /// when the kernel took them (counted, as `messages_expired` in telemetry).
+    pub expired: u64,
+    /// Inputs accepted but never handled (still queued, or stranded by a failure), with their
+    /// envelopes: stranded ones first, then the queue highest priority first.
+    pub undelivered: Vec<(Envelope, In)>,
+    /// Outputs produced but never received.
+    pub unreceived: Vec<(Envelope, Out)>,
+    /// The failure, if the kernel failed (a panic, a device fault, a handler that did not
+    /// return in time), and the message whose handling failed.
+    pub failure: Option<(Failure, Option<(Envelope, In)>)>,
+}
+
+impl<In, Out> TerminateReport<In, Out> {
+    /// Messages this report hands back (undelivered inputs, unreceived outputs, the failed
+    /// message).
+    pub fn returned(&self) -> usize {
+        self.undelivered.len()
+            + self.unreceived.len()
+            + self
+                .failure
+                .as_ref()
+                .map_or(0, |(_, m)| usize::from(m.is_some()))
+    }
+}
 
 /// One kernel's terminate report, with counts readable without knowing its message types and
 /// the full typed report inside ([`KernelReport::typed`], [`KernelReport::into_typed`]).

@@ -19,6 +19,7 @@ use resident_cuda::persistent::{PeerInput, PeerPhase, PeerRing};
 use crate::engine::error::DeviceError;
 use crate::runtime::host::RingHost;
 use crate::runtime::io::KernelIo;
+pub use crate::runtime::io::StateSnapshot;
 use crate::runtime::publisher::Publisher;
 use crate::runtime::state::Failure;
 
@@ -120,7 +121,7 @@ impl DeviceForward {
         let enabled = io
             .forward
             .get()
-            .is_some_and(|f| f.path() == crate::runtime::kernel::ForwardPath::Device);
+            .is_some_and(|f| f.path() == crate::runtime::io::ForwardPath::Device);
         DeviceForward {
             owner: Arc::as_ptr(io) as *const () as u64,
             enabled,
@@ -237,13 +238,6 @@ impl DeviceForward {
         self.finish(io, ring)?;
         Ok(true)
     }
-}
-
-/// Read access to a device kernel's state (`KernelHandle::snapshot_state`).
-#[doc(hidden)] // for the engines in the crate `resident`, not the API
-pub trait StateSnapshot: Send + Sync {
-    /// The state's bytes as of every batch submitted before the call (bounded wait).
-    fn read(&self) -> Result<Vec<u8>, DeviceError>;
 }
 
 /// Hosts a kernel whose handler runs on a device.
