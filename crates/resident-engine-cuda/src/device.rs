@@ -144,7 +144,7 @@ impl ComputeDevice for CudaDevice {
     // User allocations follow the residency rule: cuMemAlloc / cuMemHostAlloc may wait for
     // the device, so resident ring kernels park around them (and are relaunched after).
     fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
-        let q = resident_cuda::persistent::kernel::QUIESCE_TIMEOUT;
+        let q = crate::QUIESCE_TIMEOUT;
         let buf = self
             .device
             .with_quiesced(q, || DeviceBuffer::zeroed(&self.device, bytes))??;
@@ -157,7 +157,7 @@ impl ComputeDevice for CudaDevice {
         if !pinned {
             return HostMemory::heap(bytes);
         }
-        let q = resident_cuda::persistent::kernel::QUIESCE_TIMEOUT;
+        let q = crate::QUIESCE_TIMEOUT;
         let mem = self
             .device
             .with_quiesced(q, || PinnedMemory::new(&self.device, bytes.max(1)))??;

@@ -23,3 +23,9 @@ pub mod ring;
 pub mod sim;
 
 pub use ring::{CudaHandler, BUFFER_SYNC_TIMEOUT};
+
+/// How long the residency rule waits for every resident kernel of the device to park, for a
+/// user allocation or a launch, on either launcher (CudaSim's parked kernels are OS threads of
+/// a shared machine, hence generous). The driver layer's own kernel launch and teardown keep
+/// `resident_cuda::persistent::kernel::QUIESCE_TIMEOUT`.
+pub const QUIESCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

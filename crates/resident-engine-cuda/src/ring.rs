@@ -4,14 +4,14 @@
 //! [`device_host`](resident_core::runtime::host::device).
 
 use std::sync::Arc;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
 use std::time::Duration;
 
 use resident_cuda::persistent::{BufferDecl, BufferInit, KernelSource, MessageDecl, QueueConfig};
 #[cfg(feature = "cuda")]
 use resident_cuda::persistent::{GpuBuffers, LaunchOptions, PersistentKernel};
 use resident_ring::message::{CField, LayoutError, StructLayout};
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
 use resident_ring::Slot;
 use resident_ring::{DeviceMessage, Message};
 
@@ -19,7 +19,7 @@ use resident_core::engine::error::DeviceError;
 use resident_core::runtime::bind::{DeviceBinding, DeviceBuffers, ElemDecl};
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 use resident_core::runtime::host::device::StateSnapshot;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
 use resident_core::runtime::host::device::{DeviceRing, RingCounters};
 
 pub use resident_core::engine::BUFFER_SYNC_TIMEOUT;
@@ -390,10 +390,8 @@ impl DeviceGeometry {
 }
 
 #[cfg(feature = "cuda")]
-/// A persistent kernel on a GPU.
-pub(crate) struct GpuEngine<In: Message, Out: Message> {
-    kernel: PersistentKernel<In, Out>,
-}
+/// A persistent kernel on a GPU, as the one CUDA ring.
+pub(crate) type GpuEngine<In, Out> = CudaRing<PersistentKernel<In, Out>>;
 
 /// The engines' bound buffers as the runtime's [`DeviceBuffers`]: sizes checked per binding,
 /// then the engine's synchronized copy.
@@ -473,7 +471,7 @@ impl<B: EngineBuffers + 'static> DeviceBuffers for BoundBuffers<B> {
 }
 
 #[cfg(feature = "cuda")]
-impl<In: Message, Out: Message> GpuEngine<In, Out> {
+impl<In: Message, Out: Message> CudaRing<PersistentKernel<In, Out>> {
     pub fn launch(
         id: &str,
         handler: &CudaHandler<In, Out>,
@@ -491,12 +489,83 @@ impl<In: Message, Out: Message> GpuEngine<In, Out> {
             .buffers()
             .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
         let state: Arc<dyn StateSnapshot> = Arc::new(GpuStateRead(kernel.state()));
-        Ok((GpuEngine { kernel }, buffers, state))
+        Ok((CudaRing { kernel }, buffers, state))
     }
 }
 
+/// What the one CUDA ring ([`CudaRing`]) needs of a persistent ring kernel: the same
+/// template, queues and control block on a GPU (`PersistentKernel`) and on CudaSim's host
+/// threads (`SimKernel`). The two launchers differ in how they start a kernel, not in how it is
+/// driven.
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+pub(crate) trait PersistentRing<In, Out>: Send {
+    fn send_batch(&mut self, slots: &[Slot<In>]) -> usize;
+    fn receive_into(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize;
+    fn set_active(&mut self, on: bool) -> Result<(), DeviceError>;
+    /// Tells the kernel its host is alive (a GPU kernel's own heartbeat thread does it there).
+    fn heartbeat(&mut self);
+    fn check(&mut self) -> Result<(), DeviceError>;
+    fn device_counters(&self) -> resident_cuda::persistent::DeviceCounters;
+    fn terminate(&mut self, timeout: Duration) -> Result<(), DeviceError>;
+    fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>>;
+    fn output_peer_ring(&self) -> Option<resident_cuda::persistent::PeerRing>;
+    fn peer_input(&self) -> Arc<resident_cuda::persistent::PeerInput>;
+    /// # Safety
+    /// Only once the link's phase is `Free` (the host is the output ring's only consumer).
+    unsafe fn resync_output(&mut self) -> Result<(), DeviceError>;
+}
+
 #[cfg(feature = "cuda")]
-impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
+impl<In: Message, Out: Message> PersistentRing<In, Out> for PersistentKernel<In, Out> {
+    fn send_batch(&mut self, slots: &[Slot<In>]) -> usize {
+        PersistentKernel::send_batch(self, slots)
+    }
+    fn receive_into(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
+        PersistentKernel::receive_into(self, out, max)
+    }
+    fn set_active(&mut self, on: bool) -> Result<(), DeviceError> {
+        Ok(if on {
+            self.activate()
+        } else {
+            self.deactivate()
+        }?)
+    }
+    fn heartbeat(&mut self) {
+        // PersistentKernel runs its own heartbeat thread.
+    }
+    fn check(&mut self) -> Result<(), DeviceError> {
+        Ok(PersistentKernel::check(self)?)
+    }
+    fn device_counters(&self) -> resident_cuda::persistent::DeviceCounters {
+        PersistentKernel::device_counters(self)
+    }
+    fn terminate(&mut self, timeout: Duration) -> Result<(), DeviceError> {
+        PersistentKernel::terminate(self, timeout)?;
+        Ok(())
+    }
+    fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>> {
+        PersistentKernel::reclaim_input(self)
+    }
+    fn output_peer_ring(&self) -> Option<resident_cuda::persistent::PeerRing> {
+        PersistentKernel::output_peer_ring(self)
+    }
+    fn peer_input(&self) -> Arc<resident_cuda::persistent::PeerInput> {
+        PersistentKernel::peer_input(self)
+    }
+    unsafe fn resync_output(&mut self) -> Result<(), DeviceError> {
+        // SAFETY: the caller's contract (the link's phase is Free).
+        Ok(unsafe { PersistentKernel::resync_output(self) }?)
+    }
+}
+
+/// The one `DeviceRing` of the CUDA engine, over a persistent kernel on either launcher.
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+pub(crate) struct CudaRing<K> {
+    pub kernel: K,
+}
+
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+impl<In: Message, Out: Message, K: PersistentRing<In, Out>> DeviceRing<In, Out> for CudaRing<K> {
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
         self.kernel.send_batch(slots)
     }
@@ -504,17 +573,13 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
         self.kernel.receive_into(out, max)
     }
     fn set_active(&mut self, on: bool) -> Result<(), DeviceError> {
-        Ok(if on {
-            self.kernel.activate()
-        } else {
-            self.kernel.deactivate()
-        }?)
+        self.kernel.set_active(on)
     }
     fn heartbeat(&mut self) {
-        // PersistentKernel runs its own heartbeat thread.
+        self.kernel.heartbeat();
     }
     fn check(&mut self) -> Result<(), DeviceError> {
-        Ok(self.kernel.check()?)
+        self.kernel.check()
     }
     fn counters(&self) -> RingCounters {
         let c = self.kernel.device_counters();
@@ -526,8 +591,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
         }
     }
     fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError> {
-        self.kernel.terminate(timeout)?;
-        Ok(())
+        self.kernel.terminate(timeout)
     }
     fn reclaim(&mut self) -> Vec<Slot<In>> {
         self.kernel.reclaim_input().unwrap_or_default()
@@ -541,7 +605,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for GpuEngine<In, Out> {
     fn resync_output(&mut self) -> Result<(), DeviceError> {
         // SAFETY: called only once the link's phase is Free: the consumer kernel acknowledged
         // the unlink (or ended for good), so the host is the ring's only consumer again.
-        Ok(unsafe { self.kernel.resync_output() }?)
+        unsafe { self.kernel.resync_output() }
     }
     fn peer_taken(&self) -> u64 {
         self.kernel.device_counters().peer_taken

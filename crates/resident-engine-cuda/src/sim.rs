@@ -17,7 +17,8 @@ use resident_cuda::sim::{SimInstance, SimModule, SimOptions};
 use resident_ring::{Message, Slot};
 
 use crate::ring::{
-    BoundBuffers, CudaHandler, DeviceGeometry, EngineBuffers, Launched, BUFFER_SYNC_TIMEOUT,
+    BoundBuffers, CudaHandler, CudaRing, DeviceGeometry, EngineBuffers, Launched, PersistentRing,
+    BUFFER_SYNC_TIMEOUT,
 };
 use resident_core::engine::cpu::CpuDevice;
 use resident_core::engine::error::DeviceError;
@@ -27,13 +28,12 @@ use resident_core::engine::{
     BackendError, BackendKind, ComputeDevice, DeviceInfo, LaunchConfig, Result, Stream,
 };
 use resident_core::runtime::bind::{DeviceBinding, DeviceBuffers};
-use resident_core::runtime::host::device::{DeviceRing, RingCounters, StateSnapshot};
+use resident_core::runtime::host::device::StateSnapshot;
 
 /// How long the kernel outlives a silent host (the pump beats every 50 ms).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long the residency rule waits for every resident kernel to park.
-pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
+use crate::QUIESCE_TIMEOUT;
 
 /// Runs `op` under the residency rule: every resident CudaSim ring kernel of the process parks
 /// and exits first (queues, indices and state stay) and is relaunched where it left off after.
@@ -41,12 +41,11 @@ fn quiesced<R>(op: impl FnOnce() -> R) -> std::result::Result<R, DeviceError> {
     Ok(with_all_quiesced(QUIESCE_TIMEOUT, op)?)
 }
 
-/// A ring kernel's CUDA handler running as the persistent template on CudaSim.
-pub(crate) struct SimEngine<In: Message, Out: Message> {
-    kernel: SimKernel<In, Out>,
-}
+/// A ring kernel's CUDA handler running as the persistent template on CudaSim, as the one
+/// CUDA ring.
+pub(crate) type SimEngine<In, Out> = CudaRing<SimKernel<In, Out>>;
 
-impl<In: Message, Out: Message> SimEngine<In, Out> {
+impl<In: Message, Out: Message> CudaRing<SimKernel<In, Out>> {
     /// Compiles (or finds cached) and starts the kernel; returns once it reports resident.
     /// Follows the residency rule: the kernels already resident are quiesced for the launch
     /// (module load, allocations, the launch) and relaunched after it.
@@ -75,7 +74,7 @@ impl<In: Message, Out: Message> SimEngine<In, Out> {
             .buffers()
             .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
         let state: Arc<dyn StateSnapshot> = Arc::new(SimStateRead(kernel.state()));
-        Ok((SimEngine { kernel }, buffers, state))
+        Ok((CudaRing { kernel }, buffers, state))
     }
 }
 
@@ -97,55 +96,45 @@ impl StateSnapshot for SimStateRead {
     }
 }
 
-impl<In: Message, Out: Message> DeviceRing<In, Out> for SimEngine<In, Out> {
-    fn push(&mut self, slots: &[Slot<In>]) -> usize {
-        self.kernel.send_batch(slots)
+impl<In: Message, Out: Message> PersistentRing<In, Out> for SimKernel<In, Out> {
+    fn send_batch(&mut self, slots: &[Slot<In>]) -> usize {
+        SimKernel::send_batch(self, slots)
     }
-    fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
-        self.kernel.receive_into(out, max)
+    fn receive_into(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
+        SimKernel::receive_into(self, out, max)
     }
     fn set_active(&mut self, on: bool) -> std::result::Result<(), DeviceError> {
         if on {
-            self.kernel.activate()
+            self.activate()
         } else {
-            self.kernel.deactivate()
+            self.deactivate()
         }
         Ok(())
     }
     fn heartbeat(&mut self) {
-        self.kernel.heartbeat();
+        SimKernel::heartbeat(self);
     }
     fn check(&mut self) -> std::result::Result<(), DeviceError> {
-        Ok(self.kernel.check()?)
+        Ok(SimKernel::check(self)?)
     }
-    fn counters(&self) -> RingCounters {
-        let c = self.kernel.device_counters();
-        RingCounters {
-            processed: c.processed,
-            batches: c.batches,
-            lost: c.undelivered,
-            forwarded: 0,
-        }
+    fn device_counters(&self) -> resident_cuda::persistent::DeviceCounters {
+        SimKernel::device_counters(self)
     }
-    fn peer_taken(&self) -> u64 {
-        self.kernel.device_counters().peer_taken
+    fn terminate(&mut self, timeout: Duration) -> std::result::Result<(), DeviceError> {
+        Ok(SimKernel::terminate(self, timeout)?)
     }
-    fn output_peer(&self) -> Option<resident_cuda::persistent::PeerRing> {
-        Some(self.kernel.output_peer_ring())
+    fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>> {
+        SimKernel::reclaim_input(self)
     }
-    fn peer_input(&self) -> Option<Arc<resident_cuda::persistent::PeerInput>> {
-        Some(self.kernel.peer_input())
+    fn output_peer_ring(&self) -> Option<resident_cuda::persistent::PeerRing> {
+        Some(SimKernel::output_peer_ring(self))
     }
-    fn resync_output(&mut self) -> std::result::Result<(), DeviceError> {
-        // SAFETY: called only once the link's phase is Free: the consumer kernel acknowledged
-        // the unlink (or ended for good), so the host is the ring's only consumer again.
-        Ok(unsafe { self.kernel.queues().resync_output() }?)
+    fn peer_input(&self) -> Arc<resident_cuda::persistent::PeerInput> {
+        SimKernel::peer_input(self)
     }
-    fn stop(&mut self, timeout: Duration) -> std::result::Result<(), DeviceError> {
-        Ok(self.kernel.terminate(timeout)?)
-    }
-    fn reclaim(&mut self) -> Vec<Slot<In>> {
-        self.kernel.reclaim_input().unwrap_or_default()
+    unsafe fn resync_output(&mut self) -> std::result::Result<(), DeviceError> {
+        // SAFETY: the caller's contract (the link's phase is Free).
+        Ok(unsafe { self.queues().resync_output() }?)
     }
 }
 
