@@ -1,7 +1,7 @@
-//! CUDA ring kernels: the user's [`CudaHandler`] and the persistent kernel on a GPU that runs
-//! it (a `DeviceRing`, with the `cuda` feature); the same kernel source runs on CudaSim in
-//! `cuda_sim` (the `cudasim` feature). The pump that drives them is
-//! [`device_host`](resident_core::runtime::host::device).
+//! CUDA ring kernels: the user's [`CudaHandler`], the one `DeviceRing` of the engine
+//! (`CudaRing`, over a persistent kernel on either launcher) and the GPU launcher (the `cuda`
+//! feature); the same kernel source runs on CudaSim in [`crate::sim`] (the `cudasim` feature).
+//! The pump that drives them is `resident_core::runtime::host::device`.
 
 use std::sync::Arc;
 #[cfg(any(feature = "cuda", feature = "cudasim"))]

@@ -1,12 +1,15 @@
-//! Backends: where memory lives and kernels run. Everything above this folder talks to a
-//! [`ComputeDevice`] and never names CUDA types.
+//! Backends: where memory lives and kernels run, and the set of engines this build has
+//! ([`AllEngines`], the engines of [`crate::runtime::Runtime`]). The runtime (`resident-core`)
+//! talks to a [`ComputeDevice`] and a `DeviceHandler` and never names an engine; the engines
+//! are crates of their own:
 //!
-//! * `cpu`: threads and rayon; always available. Its "device memory" is host memory.
-//! * `cuda` (cargo feature `cuda`): `resident-cuda`, loaded at run time; available when a
-//!   driver and device work.
-//! * `wgpu` (cargo feature `wgpu`): Vulkan / Metal / DX12 through wgpu (lavapipe in CI); WGSL
-//!   kernels. The WGSL handler type is in every build.
-//! * `cuda_sim` (cargo feature `cudasim`): CudaSim, the CUDA C source (ring-kernel template +
+//! * `cpu` (in `resident-core`): threads and rayon; always available. Its "device memory" is
+//!   host memory.
+//! * `cuda` (cargo feature `cuda`, crate `resident-engine-cuda`): `resident-cuda`, loaded at run
+//!   time; available when a driver and device work.
+//! * `wgpu` (cargo feature `wgpu`, crate `resident-engine-wgpu`): Vulkan / Metal / DX12 through
+//!   wgpu (lavapipe in CI); WGSL kernels. The WGSL handler type is in every build.
+//! * `cuda_sim` (cargo feature `cudasim`, crate `resident-engine-cuda`): CudaSim, the CUDA C source (ring-kernel template +
 //!   handlers, one-shot kernels) compiled by the host C++ compiler and run on host threads;
 //!   available where a host C++ compiler (`g++`, or `RESIDENT_SIM_CXX`) runs. For running and
 //!   debugging CUDA handlers without a GPU, not for speed.
