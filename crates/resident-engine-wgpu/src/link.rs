@@ -366,8 +366,7 @@ struct Done<PIn, POut> {
 impl<PIn: Message, POut: Message> ProducerDone for Done<PIn, POut> {
     fn ran(&mut self, view: &[u8], layout: StagingLayout) {
         let io = &*self.io;
-        let now = io.ids.now_ns();
-        let record = io.metrics.enabled;
+        let now = io.now_ns();
         let osz = std::mem::size_of::<POut>();
         // Outputs the consumer's dispatch took on the device (`KernelHandle::forwarding`).
         let mut handed = 0u64;
@@ -380,32 +379,19 @@ impl<PIn: Message, POut: Message> ProducerDone for Done<PIn, POut> {
                     let o = layout.p_out as usize + i * osz;
                     bytemuck::pod_read_unaligned::<POut>(&view[o..o + osz])
                 });
-                if record {
-                    io.metrics
-                        .latency
-                        .record(now.saturating_sub(s.env.timestamp_ns));
-                }
+                io.record_latency(s.env.timestamp_ns, now);
                 io.reply(s.env, out);
             } else if kept {
                 handed += 1;
-                if record {
-                    io.metrics
-                        .latency
-                        .record(now.saturating_sub(s.env.timestamp_ns));
-                }
+                io.record_latency(s.env.timestamp_ns, now);
             }
         }
-        io.metrics.forwarded_device.lock().0 += handed;
+        io.count_forwarded_on_device(handed);
         let total = self.shared.counts.add(self.inputs.len() as u64);
         // The producer's telemetry now, not when its pump next stores its counters: the
         // consumer publishes this batch's outputs next, and whoever sees one sees the
         // producer's message counted (`store_counters` only raises these values too).
-        let m = &io.metrics;
-        m.batches.fetch_max(
-            self.shared.counts.batches.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        m.processed.fetch_max(total, Ordering::Release);
+        io.raise_done(self.shared.counts.batches.load(Ordering::Relaxed), total);
     }
 
     fn finish(self: Box<Self>) {
@@ -604,8 +590,8 @@ impl<PIn: Message, POut: Message> ProducerLink<PIn, POut> {
         // The consumer's envelopes, stamped as the producer's publisher stamps an output
         // (fresh id, correlation id = the request's id, its priority and flags, now); a slot
         // that answers a `call` to the producer gets id 0 (the linked entry point skips it).
-        let now = self.io.ids.now_ns();
-        let first = self.io.ids.next_n(n as u64);
+        let now = self.io.now_ns();
+        let first = self.io.next_ids(n as u64);
         let has_calls = chunk.iter().any(|s| s.env.is_call());
         let envs: Vec<Envelope> = chunk
             .iter()

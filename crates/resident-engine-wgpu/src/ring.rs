@@ -1465,7 +1465,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
         let Some(io) = &self.io else {
             return;
         };
-        let Some(f) = io.forward.get() else {
+        let Some(f) = io.forward_target() else {
             return;
         };
         if f.path() == resident_core::runtime::kernel::ForwardPath::HostRelay {
@@ -1532,7 +1532,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
             let (mut failed, _) = l.take_failed();
             self.link_failed.append(&mut failed);
             self.link = None;
-            if let Some(f) = self.io.as_ref().and_then(|io| io.forward.get()) {
+            if let Some(f) = self.io.as_ref().and_then(|io| io.forward_target()) {
                 f.forget();
             }
         }
@@ -1599,7 +1599,11 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
             // a wait that timed out meets another thread's submission half published (seen
             // here with several pumps submitting at once).
             let fused_front = self.in_flight.front().is_some_and(|f| f.fused.is_some());
-            let wait = fused_front && self.io.as_ref().is_none_or(|io| io.input.is_empty());
+            let wait = fused_front
+                && self
+                    .io
+                    .as_ref()
+                    .is_none_or(|io| io.input_queue().is_empty());
             let until = Instant::now() + FUSED_WAIT;
             loop {
                 if let Err(e) = self.ctx.device.poll(::wgpu::PollType::Poll) {
@@ -1672,7 +1676,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         // As a consumer: no more batches from producers; those not taken go back to them.
         if let Some(inbox) = self.inbox.take() {
             if let Some(io) = &self.io {
-                let mut slot = io.port.device_link.lock();
+                let mut slot = io.device_link().lock();
                 let ours = link::erase(inbox.clone());
                 if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &ours)) {
                     *slot = None;
@@ -1755,10 +1759,14 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         self.io = Some(io.clone());
         // A kernel whose own outputs are forwarded takes no batches on the device: its
         // outputs would otherwise leave by two routes (see `link`).
-        if io.forward.get().is_none() {
+        if io.forward_target().is_none() {
             if let Some(side) = self.consumer.take() {
-                let inbox = Arc::new(link::Inbox::new(self.ctx.clone(), side, io.input.clone()));
-                *io.port.device_link.lock() = Some(link::erase(inbox.clone()));
+                let inbox = Arc::new(link::Inbox::new(
+                    self.ctx.clone(),
+                    side,
+                    io.input_queue().clone(),
+                ));
+                *io.device_link().lock() = Some(link::erase(inbox.clone()));
                 self.inbox = Some(inbox);
             }
         }
@@ -1778,7 +1786,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         // Messages taken from the queue and submitted (or dropped by its policy): a batch's
         // barrier is passed once everything accepted before it was linked is among them.
         let taken = self.io.as_ref().map_or(u64::MAX, |io| {
-            let c = io.input.counters();
+            let c = io.input_queue().counters();
             (c.delivered + c.dropped).saturating_sub(unpushed as u64)
         });
         let mut n = 0;

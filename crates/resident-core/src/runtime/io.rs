@@ -148,8 +148,8 @@ pub enum Next<'a> {
 #[doc(hidden)] // for the engines in the crate `resident`, not the API
 pub struct KernelIo<In, Out> {
     pub id: Arc<str>,
-    pub port: InputPort<In>,
-    pub input: Mailbox<In>,
+    pub(crate) port: InputPort<In>,
+    pub(crate) input: Mailbox<In>,
     pub(crate) output: Mailbox<Out>,
     pub(crate) state: Arc<Mutex<KernelState>>,
     pub(crate) control: Arc<Control>,
@@ -157,8 +157,8 @@ pub struct KernelIo<In, Out> {
     /// `drain` can wait (bounded) for the batch in hand to finish.
     pub(crate) batch_gate: CachePadded<Mutex<()>>,
     pending: Mutex<CallTable<Out>>,
-    pub metrics: KernelMetrics,
-    pub ids: Arc<Ids>,
+    pub(crate) metrics: KernelMetrics,
+    pub(crate) ids: Arc<Ids>,
     pub(crate) wait: WaitStrategy,
     pub(crate) batch_size: usize,
     /// How long `terminate` (and `deactivate`) wait for the host thread before giving up.
@@ -180,7 +180,7 @@ pub struct KernelIo<In, Out> {
     pub(crate) unsent: Mutex<Vec<Slot<Out>>>,
     /// Where outputs go instead of the output queue (`RingKernel::forward_to`), set once at
     /// launch.
-    pub forward: std::sync::OnceLock<Forward<Out>>,
+    pub(crate) forward: std::sync::OnceLock<Forward<Out>>,
     /// Where the handler runs, set once at launch.
     pub(crate) placement: std::sync::OnceLock<crate::runtime::report::Placement>,
     exited: AtomicBool,
@@ -602,6 +602,51 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             + m.late_outputs.load(Ordering::Relaxed)
             + m.lost_in_device.load(Ordering::Relaxed)
             + m.device_undelivered.load(Ordering::Relaxed)
+    }
+}
+
+/// What an engine's device host may do with a kernel's io beyond the `DeviceRing` it drives:
+/// the one clock and id source, the metrics of work done on the device, and the device-side
+/// forwarding endpoints. Everything else of `KernelIo` is the runtime's own.
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+impl<In: Message, Out: Message> KernelIo<In, Out> {
+    /// Nanoseconds since the runtime started (the clock of every envelope).
+    pub fn now_ns(&self) -> u64 {
+        self.ids.now_ns()
+    }
+    /// The first of `n` fresh message ids.
+    pub fn next_ids(&self, n: u64) -> u64 {
+        self.ids.next_n(n)
+    }
+    /// Records a message's latency (sent at `sent_ns`, done at `now_ns`) when telemetry is on.
+    pub fn record_latency(&self, sent_ns: u64, now_ns: u64) {
+        if self.metrics.enabled {
+            self.metrics.latency.record(now_ns.saturating_sub(sent_ns));
+        }
+    }
+    /// Counts `n` outputs a consumer took on the device (`KernelHandle::forwarding`).
+    pub fn count_forwarded_on_device(&self, n: u64) {
+        self.metrics.forwarded_device.lock().0 += n;
+    }
+    /// Raises the batch and processed counters to what the device has done (they only grow;
+    /// `processed` with Release, so a reader that sees an output sees its input counted).
+    pub fn raise_done(&self, batches: u64, processed: u64) {
+        self.metrics.batches.fetch_max(batches, Ordering::Relaxed);
+        self.metrics
+            .processed
+            .fetch_max(processed, Ordering::Release);
+    }
+    /// The kernel this kernel forwards to, if any (`RingKernel::forward_to`).
+    pub fn forward_target(&self) -> Option<&Forward<Out>> {
+        self.forward.get()
+    }
+    /// The kernel's input queue (a device host takes producers' hand-overs beside it).
+    pub fn input_queue(&self) -> &Mailbox<In> {
+        &self.input
+    }
+    /// Where this kernel offers producers on its device to hand it their outputs.
+    pub fn device_link(&self) -> &crate::runtime::port::DeviceLinkSlot {
+        &self.port.device_link
     }
 }
 

@@ -38,7 +38,8 @@ pub struct InputPort<In> {
 
 /// A kernel's device-side forwarding endpoint, type-erased (the wgpu engine's
 /// `link::Inbox<In>`), shared by the kernel's port and its device host.
-pub(crate) type DeviceLinkSlot = Arc<Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>>;
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub type DeviceLinkSlot = Arc<Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>>;
 
 impl<In> Clone for InputPort<In> {
     fn clone(&self) -> Self {
