@@ -371,6 +371,32 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             .wait_until(WaitStrategy::Park, deadline, || self.has_exited())
     }
 
+    /// A host thread's take (the CPU host's and the keyed host's): waits for a batch of up to
+    /// `batch_size` inputs, waiting out an inactive kernel, and returns it with the batch gate
+    /// held; `None` once the kernel is terminating (or a terminate gave up on this host).
+    /// `taken_at` is the batch's clock reading, if the deadline check made one.
+    pub(crate) fn take_host_batch(
+        &self,
+        batch: &mut Vec<Slot<In>>,
+        taken_at: &mut Option<u64>,
+    ) -> Option<(usize, parking_lot::MutexGuard<'_, ()>)> {
+        loop {
+            let next = self.next_batch(None, || {
+                self.in_hand
+                    .take(batch, |b| self.take_inputs(b, self.batch_size, taken_at))
+            });
+            match next {
+                Ok(Next::Batch(n, gate)) => {
+                    self.metrics.batch_taken();
+                    return Some((n, gate));
+                }
+                Ok(Next::Inactive) => self.wait_for_control(),
+                // Terminating, or abandoned by a terminate that gave up on us.
+                Ok(Next::Terminating) | Ok(Next::Empty) | Err(_) => return None,
+            }
+        }
+    }
+
     /// The one take-or-wait loop of the host side: while active, takes a batch with `take`
     /// under the batch gate; when the input is empty, waits (until `deadline`, `None` =
     /// forever) for input, a state change or terminate. Used by the CPU host's handler loop

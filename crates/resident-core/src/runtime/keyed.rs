@@ -54,7 +54,7 @@ use crate::engine::ring::{CudaSource, WgslSource};
 use crate::memory::{BufferOptions, UnifiedBuffer};
 use crate::runtime::bind::{BindError, PendingBinding};
 use crate::runtime::host::{panic_text, RingHost};
-use crate::runtime::io::{KernelIo, Next};
+use crate::runtime::io::KernelIo;
 use crate::runtime::kernel::RingKernel;
 use crate::runtime::kernel::{DeviceKeys, KeyStatesFactory};
 use crate::runtime::keys::{KeyCheck, KeyStates, KeyedError};
@@ -469,21 +469,8 @@ fn run_batches<In: Message + Keyed, Out: Message, S: Send>(
     // The batch's clock reading, if the deadline check made one (`KernelIo::take_inputs`).
     let mut taken_at: Option<u64> = None;
     loop {
-        let next = io.next_batch(None, || {
-            io.in_hand.take(&mut batch, |b| {
-                io.take_inputs(b, io.batch_size, &mut taken_at)
-            })
-        });
-        let (n, gate) = match next {
-            Ok(Next::Batch(n, gate)) => {
-                io.metrics.batch_taken();
-                (n, gate)
-            }
-            Ok(Next::Inactive) => {
-                io.wait_for_control();
-                continue;
-            }
-            Ok(Next::Terminating) | Ok(Next::Empty) | Err(_) => return,
+        let Some((n, gate)) = io.take_host_batch(&mut batch, &mut taken_at) else {
+            return;
         };
         let scope = crate::profile::batch_start(prof, &io.id, n);
         let batch_now = taken_at.unwrap_or_else(|| io.ids.now_ns());

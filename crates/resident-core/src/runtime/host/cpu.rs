@@ -14,7 +14,7 @@ use resident_ring::{Envelope, Message, Slot};
 
 use crate::runtime::context::{Context, LoopContext};
 use crate::runtime::host::{panic_text, RingHost};
-use crate::runtime::io::{KernelIo, Next};
+use crate::runtime::io::KernelIo;
 use crate::runtime::kernel::{Body, HandlerFn, LoopFn};
 use crate::runtime::publisher::Publisher;
 use crate::runtime::state::Failure;
@@ -52,22 +52,8 @@ fn run_handler<In: Message, Out: Message, S>(
     // The batch's clock reading, if the deadline check made one (`KernelIo::take_inputs`).
     let mut taken_at: Option<u64> = None;
     loop {
-        let next = io.next_batch(None, || {
-            io.in_hand.take(&mut batch, |b| {
-                io.take_inputs(b, io.batch_size, &mut taken_at)
-            })
-        });
-        let (n, gate) = match next {
-            Ok(Next::Batch(n, gate)) => {
-                io.metrics.batch_taken();
-                (n, gate)
-            }
-            Ok(Next::Inactive) => {
-                io.wait_for_control();
-                continue;
-            }
-            // Terminating, or abandoned by a terminate that gave up on us.
-            Ok(Next::Terminating) | Ok(Next::Empty) | Err(_) => return,
+        let Some((n, gate)) = io.take_host_batch(&mut batch, &mut taken_at) else {
+            return;
         };
         let scope = crate::profile::batch_start(prof, &io.id, n);
         // One clock read per batch: the deadline check's, if it made one (a `call` carries its
