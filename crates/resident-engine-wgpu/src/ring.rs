@@ -75,7 +75,8 @@
 //! # Pipelining
 //!
 //! The engine owns `depth` sets of batch buffers (input, envelopes, output, keep flags, a
-//! count uniform and a host-mappable staging buffer). `push` fills a free set, records the
+//! count uniform, a host-mappable staging buffer, and for a keyed kernel each message's link
+//! to its key's next message: see `keyed.rs`). `push` fills a free set, records the
 //! dispatch and the copies into staging, submits, and asks for the staging map
 //! (`map_async`) without waiting, so the host fills batch N+1 while the device runs batch N.
 //! `pull` polls the device without blocking and publishes completed batches strictly in
@@ -85,6 +86,9 @@
 #[cfg(feature = "wgpu")]
 #[path = "link.rs"]
 pub(crate) mod link;
+
+#[path = "keyed.rs"]
+mod keyed;
 
 #[cfg(feature = "wgpu")]
 use super::oneshot::{check_grid, check_workgroup};
@@ -324,7 +328,10 @@ impl<In, Out> WgslHandler<In, Out> {
     /// host-side ticket: one invocation per message, and the first message of each key in the
     /// batch leads its key, handling that key's messages of the batch in order; different keys
     /// run in parallel. So a handler updates its key's state with plain loads and stores.
-    /// Bounded: an invocation scans the batch at most twice (no invocation waits for another).
+    /// The host groups each batch by key as it uploads it (one pass: the key field's bytes
+    /// are read on the host, and each message gets the index of its key's next message and
+    /// whether it leads), so a leader runs only its own key's messages and a batch's work is
+    /// linear in its size; no invocation waits for another.
     pub fn keyed(mut self, key_field: impl Into<String>) -> Self {
         self.key_field = Some(key_field.into());
         self
@@ -433,41 +440,7 @@ impl<In, Out> WgslHandler<In, Out> {
             None => None,
         };
         let main = if let Some(field) = keyed {
-            format!(
-                r#"@compute @workgroup_size({wg})
-fn resident_main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let i = gid.x;
-    let n = resident_count.x;
-    if (i >= n) {{ return; }}
-    let key = resident_in[i].{field};
-    // The first message of each key in the batch leads its key; the others return here.
-    var j = 0u;
-    for (; j < i; j += 1u) {{
-        if (resident_in[j].{field} == key) {{ return; }}
-    }}
-    // A scan cut short (llvmpipe's loop cap) proves nothing: leave the key to its leader.
-    if (j < i) {{ return; }}
-    // The key's messages of this batch, in order, on this invocation, against a copy of the
-    // key's state stored back once (only the leader touches it in this batch).
-    var ks: KeyState = keys[key];
-    var k = i;
-    for (; k < n; k += 1u) {{
-        if (resident_in[k].{field} != key) {{ continue; }}
-        var out: ResidentOut;
-        let keep = {f}(&ks, resident_in[k], &out, resident_env[k]);
-        resident_out[k] = out;
-        resident_keep[k] = select(0u, 1u, keep);
-    }}
-    keys[key] = ks;
-    // Cut short: mark the leader's own message (only this invocation writes its flag); the
-    // host fails the kernel instead of losing the messages not reached.
-    if (k < n) {{ resident_keep[i] = {cut}u; }}
-}}
-"#,
-                wg = self.workgroup,
-                f = self.function,
-                cut = CUT_SHORT,
-            )
+            keyed::entry_point(self.workgroup, &field, &self.function, CUT_SHORT)
         } else if self.in_order {
             format!(
                 r#"@compute @workgroup_size(1)
@@ -628,6 +601,8 @@ struct BatchBuffers {
     env: ::wgpu::Buffer,
     out: ::wgpu::Buffer,
     keep: ::wgpu::Buffer,
+    /// A keyed pipeline's links (binding 6).
+    links: Option<::wgpu::Buffer>,
     count: ::wgpu::Buffer,
     staging: ::wgpu::Buffer,
     group: ::wgpu::BindGroup,
@@ -732,8 +707,9 @@ struct RingPipeline {
     state_len: usize,
     workgroup: u32,
     in_order: bool,
-    /// A keyed handler: a leader cut short marks its own keep flag.
-    keyed: bool,
+    /// A keyed handler: where its batches' keys are, to link each key's messages (binding 6;
+    /// see `keyed.rs`). A leader cut short marks its own keep flag.
+    keyed: Option<keyed::KeyedBatches>,
 }
 
 #[cfg(feature = "wgpu")]
@@ -760,7 +736,36 @@ impl RingPipeline {
             ctx,
             (batch.div_ceil(handler.workgroup as usize) as u32, 1, 1),
         )?;
-        let entries = batch_layout_entries();
+        let mut entries = batch_layout_entries().to_vec();
+        let keyed = match &handler.key_field {
+            Some(field) => {
+                // The ring's five storage buffers, the links and the bound buffers (`keys`).
+                let storage = 6 + bindings.len() as u64;
+                let max = ctx.limits.max_storage_buffers_per_shader_stage as u64;
+                if storage > max {
+                    return Err(WgslLaunchError::Device(BackendError::WgpuLimit {
+                        limit: "max_storage_buffers_per_shader_stage",
+                        requested: storage,
+                        max,
+                    }));
+                }
+                if batch as u64 >= keyed::END as u64 {
+                    return Err(WgslLaunchError::Device(BackendError::WgpuLimit {
+                        limit: "messages in a keyed batch",
+                        requested: batch as u64,
+                        max: keyed::END as u64 - 1,
+                    }));
+                }
+                entries.push(buffer_entry(
+                    6,
+                    ::wgpu::BufferBindingType::Storage { read_only: true },
+                ));
+                Some(keyed::KeyedBatches::new(keyed::key_offset(
+                    &compiled, field,
+                )?))
+            }
+            None => None,
+        };
         let bound_entries: Vec<_> = (0..bindings.len())
             .map(|i| {
                 buffer_entry(
@@ -816,7 +821,7 @@ impl RingPipeline {
             state_len,
             workgroup: handler.workgroup,
             in_order: handler.in_order,
-            keyed: handler.key_field.is_some(),
+            keyed,
         })
     }
 
@@ -834,6 +839,10 @@ impl RingPipeline {
         let env = ctx.storage_buffer("resident batch env", b * 32, none)?;
         let out = ctx.storage_buffer("resident batch out", b * geometry.out_size, none)?;
         let keep = ctx.storage_buffer("resident batch keep", b * 4, none)?;
+        let links = match self.keyed {
+            Some(_) => Some(ctx.storage_buffer("resident batch links", b * 4, none)?),
+            None => None,
+        };
         let staging =
             ctx.readback_buffer("resident batch staging", geometry.keep_offset + b * 4)?;
         let count = ctx.scoped("create uniform", || {
@@ -845,7 +854,8 @@ impl RingPipeline {
             })
         })?;
         let group = ctx.scoped("create bind group", || {
-            let bufs = [&input, &env, &out, &keep, state, &count];
+            let mut bufs = vec![&input, &env, &out, &keep, state, &count];
+            bufs.extend(links.as_ref());
             let entries: Vec<_> = bufs
                 .iter()
                 .enumerate()
@@ -865,6 +875,7 @@ impl RingPipeline {
             env,
             out,
             keep,
+            links,
             count,
             staging,
             group,
@@ -912,13 +923,19 @@ impl RingPipeline {
             scratch.extend_from_slice(bytemuck::bytes_of(&s.payload));
         }
         ctx.write(&bufs.input, scratch);
+        if let (Some(k), Some(links)) = (&self.keyed, &bufs.links) {
+            // Grouped by key here, in one pass, so the device's leaders walk their own keys.
+            k.with_links(scratch, std::mem::size_of::<In>(), |l| {
+                ctx.write(links, bytemuck::cast_slice(l))
+            });
+        }
         scratch.clear();
         for s in chunk {
             scratch.extend_from_slice(bytemuck::bytes_of(&s.env));
         }
         ctx.write(&bufs.env, scratch);
         ctx.write(&bufs.count, bytemuck::bytes_of(&[n as u32, 0, 0, 0]));
-        if self.in_order || self.keyed {
+        if self.in_order || self.keyed.is_some() {
             // Messages an in-order (or keyed) loop never reached must not show last batch's
             // flags.
             enc.clear_buffer(&bufs.keep, 0, Some(n as u64 * 4));
@@ -948,13 +965,13 @@ const CUT_SHORT: u32 = 0xffff_ffff;
 impl RingPipeline {
     /// One invocation per message (neither in order nor keyed): what device forwarding links.
     fn plain(&self) -> bool {
-        !self.in_order && !self.keyed
+        !self.in_order && self.keyed.is_none()
     }
 
     /// Whether the device stopped a loop of this batch before its end: the in-order loop
     /// marks the last keep flag, a keyed leader its own message's.
     fn cut_short(&self, view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
-        if self.keyed {
+        if self.keyed.is_some() {
             let at = geometry.keep_offset as usize;
             return view[at..at + 4 * n]
                 .chunks_exact(4)
@@ -976,8 +993,9 @@ fn cut_short(view: &[u8], geometry: &BatchGeometry, n: usize) -> bool {
 /// shared): the engine keeps its first failure and answers it to every later check.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum WgpuFault {
-    /// The device stopped an in-order batch before its end (see the module docs).
-    #[error("the device stopped an in-order batch of {messages} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message")]
+    /// The device stopped an in-order batch (or a key's messages of a keyed batch) before its
+    /// end (see the module docs).
+    #[error("the device stopped an in-order batch (or a key's messages in a keyed batch) of {messages} messages before its end (llvmpipe ends an invocation's loops after 65535 iterations in all): use smaller batches or less work per message")]
     CutShort {
         /// Messages in the batch.
         messages: usize,

@@ -223,10 +223,10 @@ pub fn kernel(
         ),
     })?;
     let batch = match device.kind() {
-        BackendKind::Cpu => resident::runtime::keyed::KEYED_BATCH,
-        // The keyed WGSL entry point scans the batch per invocation (work grows with the
-        // square of the batch; the guide's keyed chapter): small batches on wgpu.
-        BackendKind::Wgpu => 128,
+        // The keyed default. On wgpu the host links each sensor's readings of a batch, so a
+        // batch's work is linear in its size (the guide's keyed chapter), and fewer, larger
+        // batches measured best (bench/results/anomaly-wgpu-keyed-on-2026-11-26.json).
+        BackendKind::Cpu | BackendKind::Wgpu => resident::runtime::keyed::KEYED_BATCH,
         kind => crate::device::batch_size(kind, 1024),
     };
     Ok(RingKernel::<ReadingMsg, AlertMsg>::new(id)
