@@ -16,6 +16,7 @@ pub struct Ids {
 }
 
 impl Ids {
+    #[inline]
     pub fn next(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
@@ -23,10 +24,12 @@ impl Ids {
     /// do not bounce the shared counter's cache line on every message.
     pub const BLOCK: u64 = 4096;
     /// The first of `n` consecutive ids.
+    #[inline]
     pub fn next_n(&self, n: u64) -> u64 {
         self.next.fetch_add(n.max(1), Ordering::Relaxed)
     }
     /// Nanoseconds since the runtime started (monotonic).
+    #[inline]
     pub fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }
