@@ -69,6 +69,10 @@ pub enum DeviceMemoryInner {
 pub trait EngineMemory: Any + Send + Sync {
     /// Size in bytes.
     fn len(&self) -> usize;
+    /// Whether the size is zero.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// The engine it belongs to.
     fn backend(&self) -> BackendKind;
     /// The address a kernel of the engine uses.

@@ -356,7 +356,7 @@ impl<E: Engines> Runtime<E> {
             1,
             output_policy,
         );
-        fn build<T: Message, R>(
+        fn build<R>(
             built: std::result::Result<R, resident_ring::mailbox::MailboxError>,
             id: &str,
             what: &'static str,
@@ -375,10 +375,9 @@ impl<E: Engines> Runtime<E> {
                 },
             })
         }
-        let input = build::<In, _>(Mailbox::new(input_cfg), &id, "input queue")?;
+        let input = build(Mailbox::new(input_cfg), &id, "input queue")?;
         // The output side has one writer, the kernel's host thread: it gets the `Writer`.
-        let (writer, output) =
-            build::<Out, _>(Mailbox::with_writer(output_cfg), &id, "output queue")?;
+        let (writer, output) = build(Mailbox::with_writer(output_cfg), &id, "output queue")?;
 
         let id_arc: Arc<str> = Arc::from(id.as_str());
         let io = io::kernel_io(
