@@ -17,6 +17,11 @@ pub fn quantile<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
     Some(sorted[rank - 1])
 }
 
+/// `a[i] / b[i]` for each pair of runs measured together (as many as the shorter side).
+pub fn ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(x, y)| x / y).collect()
+}
+
 /// The samples sorted ascending (floats by `total_cmp`, so a NaN sorts last and never panics).
 pub fn sorted(v: &[f64]) -> Vec<f64> {
     let mut s = v.to_vec();

@@ -108,11 +108,7 @@ pub struct AnomalyRow {
 impl AnomalyRow {
     /// Actor over stateless readings/s, per repetition.
     pub fn ratios(&self) -> Vec<f64> {
-        self.actor_rps
-            .iter()
-            .zip(&self.stateless_rps)
-            .map(|(a, s)| a / s)
-            .collect()
+        crate::stats::ratios(&self.actor_rps, &self.stateless_rps)
     }
 }
 
@@ -130,11 +126,7 @@ pub struct SweepPoint {
 impl SweepPoint {
     /// Actor over stateless readings/s, per repetition.
     pub fn ratios(&self) -> Vec<f64> {
-        self.actor_rps
-            .iter()
-            .zip(&self.stateless_rps)
-            .map(|(a, s)| a / s)
-            .collect()
+        crate::stats::ratios(&self.actor_rps, &self.stateless_rps)
     }
 }
 
