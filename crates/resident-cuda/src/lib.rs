@@ -17,11 +17,13 @@
 // The driver layer (cudarc, NVML) is the `driver` feature (on by default). Without it the
 // crate is the part CudaSim and the CPU need: errors, launch geometry, the disk cache, the
 // persistent-kernel protocol and template, and CudaSim itself.
+pub mod arena;
 pub mod builtin;
 pub mod cache;
 #[cfg(feature = "driver")]
 pub mod device;
 pub mod error;
+pub mod hazards;
 pub mod launch;
 #[cfg(feature = "driver")]
 mod loaded;
@@ -33,12 +35,14 @@ pub mod module;
 pub mod nvrtc;
 #[cfg(feature = "driver")]
 pub mod overlap;
+pub mod park_order;
 pub mod persistent;
 #[cfg(feature = "driver")]
 pub mod pinned;
 #[cfg(feature = "driver")]
 pub mod result;
 pub mod sim;
+pub mod sim_driver;
 #[cfg(feature = "driver")]
 pub mod stream;
 #[cfg(feature = "driver")]

@@ -88,6 +88,30 @@ pub enum SimError {
         /// Why.
         reason: String,
     },
+    /// A driver call on a context that a device fault lost: the driver's
+    /// `CUDA_ERROR_LAUNCH_FAILED`, sticky until the context is reset (see
+    /// [`crate::sim_driver`]).
+    #[error("{call}: CUDA_ERROR_LAUNCH_FAILED (CudaSim's context was lost by a device fault in `{entry}`: {reason})")]
+    ContextLost {
+        /// The call that failed.
+        call: crate::hazards::DriverCall,
+        /// The kernel entry whose fault lost the context.
+        entry: String,
+        /// The fault.
+        reason: String,
+    },
+    /// A driver call that waits for the whole device was made while kernels ran and did not
+    /// finish within the model's wait: on a GPU this call would not return while they are
+    /// resident (see [`crate::hazards`]).
+    #[error("{call} waits for every kernel of the context, and {running:?} still ran after {waited:?}: on a GPU this call would hang while they are resident")]
+    WouldWaitForDevice {
+        /// The call.
+        call: crate::hazards::DriverCall,
+        /// The kernels whose blocks were running.
+        running: Vec<String>,
+        /// How long the model waited.
+        waited: std::time::Duration,
+    },
     /// A thread of the kernel faulted (`__trap()`): the block stopped.
     #[error("device fault in `{entry}` (CudaSim): {reason}")]
     Fault {

@@ -455,6 +455,12 @@ fn device_state_persists_across_batches() {
 
 #[test]
 fn a_trapping_handler_faults_the_block_and_check_reports_it() {
+    // A fault loses the context for the whole process (as on a GPU): alone, in its own.
+    if !resident_cuda::sim_driver::fault_test_in_own_process(
+        "a_trapping_handler_faults_the_block_and_check_reports_it",
+    ) {
+        return;
+    }
     let mut q = launch("trap", COUNT_OR_TRAP, 64, cfg(1, 256, 256));
     q.activate();
     q.send(env(1, 0), 1).unwrap();

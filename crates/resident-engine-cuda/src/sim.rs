@@ -11,9 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use resident_cuda::hazards::DriverCall;
 use resident_cuda::persistent::sim::with_all_quiesced;
 use resident_cuda::persistent::{SimBuffers, SimKernel, SimLaunchOptions, SimState};
 use resident_cuda::sim::{SimInstance, SimModule, SimOptions};
+use resident_cuda::sim_driver::SimContext;
 use resident_ring::{Message, Slot};
 
 use crate::ring::{
@@ -68,8 +70,15 @@ impl<In: Message, Out: Message> CudaRing<SimKernel<In, Out>> {
         };
         // Compiling touches no device: outside the quiesce, so resident kernels keep running.
         let module = resident_cuda::persistent::compile_sim(&source)?;
-        let kernel =
-            quiesced(|| SimKernel::launch_compiled(&module, &source, &handler.state, &opts))??;
+        // After a device fault the context is reset once no kernel of it is left (the driver
+        // model's cuDevicePrimaryCtxReset); until then a launch fails typed.
+        SimContext::get().recover(QUIESCE_TIMEOUT);
+        // Only a launch that loads a new module or grows the pinned arena needs the device
+        // idle; any other launches beside the resident kernels (a stuck one included).
+        if SimKernel::<In, Out>::launch_needs_idle_device(&module, &opts) {
+            quiesced(|| SimKernel::<In, Out>::prepare(&module, &opts))??;
+        }
+        let kernel = SimKernel::launch_compiled(&module, &source, &handler.state, &opts)?;
         let buffers = kernel
             .buffers()
             .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
@@ -213,16 +222,25 @@ impl ComputeDevice for CudaSimDevice {
         true
     }
 
-    // Allocations follow the residency rule (on a GPU `cuMemAlloc`/`cuMemHostAlloc` may wait
-    // for the device): resident ring kernels are quiesced around them.
+    // Allocations follow the residency rule as on a GPU (resident_cuda::hazards), checked by
+    // the driver model: device memory is stream-ordered (waits for no kernel); pinned memory
+    // (cuMemHostAlloc waits for the whole device) is allocated with the resident ring kernels
+    // parked.
     fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
-        with_all_quiesced(QUIESCE_TIMEOUT, || self.host.alloc(bytes))
-            .map_err(BackendError::Residency)?
+        let ctx = SimContext::get();
+        ctx.call(DriverCall::MemAllocAsync)?;
+        self.host.alloc(bytes)
     }
 
     fn alloc_host(&self, bytes: usize, pinned: bool) -> Result<HostMemory> {
-        with_all_quiesced(QUIESCE_TIMEOUT, || self.host.alloc_host(bytes, pinned))
-            .map_err(BackendError::Residency)?
+        if !pinned {
+            return self.host.alloc_host(bytes, false);
+        }
+        with_all_quiesced(QUIESCE_TIMEOUT, || {
+            SimContext::get().call(DriverCall::MemHostAlloc)?;
+            self.host.alloc_host(bytes, true)
+        })
+        .map_err(BackendError::Residency)?
     }
 
     fn copy_to_device(&self, dst: &mut DeviceMemory, src: &[u8]) -> Result<()> {

@@ -78,9 +78,22 @@ pub mod cuda {
         }
     }
 
-    /// CudaSim: the same CUDA C on host threads, built by the host's C++ compiler.
+    /// The driver calls that wait for the whole device, and so never return while a ring
+    /// kernel is resident (what CudaSim's driver model and the GPU launcher both follow).
+    pub mod hazards {
+        pub use resident_cuda::hazards::DriverCall;
+    }
+
+    /// CudaSim: the same CUDA C on host threads, built by the host's C++ compiler, with a
+    /// model of the driver's context (synchronizing calls, sticky faults).
     pub mod sim {
         pub use resident_cuda::sim::{compiler, CompilerFault, SimError};
+        pub use resident_cuda::sim_driver::{
+            strict, sync_wait, ContextFault, Hazard, SimContext, STRICT_ENV, SYNC_WAIT_ENV,
+        };
+        // For the tests that fault a device on purpose.
+        #[doc(hidden)]
+        pub use resident_cuda::sim_driver::fault_test_in_own_process;
         // For resident-workloads' ThreadSanitizer test of its CUDA C handlers.
         #[doc(hidden)]
         pub use resident_cuda::sim::{run_under_tsan, translation_unit, TsanError};

@@ -330,6 +330,12 @@ fn host_reads_race_a_stream_of_increments_and_are_never_torn() {
 
 #[test]
 fn reads_after_a_device_fault_return_the_last_values_without_hanging() {
+    // A fault loses the context for the whole process (as on a GPU): alone, in its own.
+    if !resident::cuda::sim::fault_test_in_own_process(
+        "reads_after_a_device_fault_return_the_last_values_without_hanging",
+    ) {
+        return;
+    }
     let Some((rt, d)) =
         cudasim("reads_after_a_device_fault_return_the_last_values_without_hanging")
     else {

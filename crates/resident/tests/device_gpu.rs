@@ -238,3 +238,19 @@ fn device_faults_fail_every_kernel_on_the_device_and_fresh_ones_launch_after() {
     fault_round(&rt, "trap", 0xDEAD);
     fault_round(&rt, "oob", 0xBEEF);
 }
+
+/// The same fault script on CudaSim's driver model, always: a trap is sticky for the whole
+/// context (the other kernel fails too, typed, with its messages in its report), and once no
+/// kernel of the lost context is left it is reset and fresh kernels launch and answer. The
+/// out-of-bounds round is GPU-only: CudaSim's threads are the process's own, and a wild read
+/// there is the process's fault, not a device's.
+#[test]
+fn device_faults_on_cudasim_are_sticky_for_the_context_and_fresh_kernels_launch_after() {
+    let _turn = turn();
+    let rt = Runtime::builder()
+        .backend(Backend::CudaSim)
+        .build()
+        .unwrap();
+    fault_round(&rt, "sim-trap", 0xDEAD);
+    fault_round(&rt, "sim-trap-again", 0xDEAD);
+}

@@ -130,6 +130,12 @@ fn deactivate_and_terminate_account_for_everything() {
 
 #[test]
 fn device_fault_fails_the_kernel_promptly_and_a_fresh_one_can_launch() {
+    // A fault loses the context for the whole process (as on a GPU): alone, in its own.
+    if !resident::cuda::sim::fault_test_in_own_process(
+        "device_fault_fails_the_kernel_promptly_and_a_fresh_one_can_launch",
+    ) {
+        return;
+    }
     let rt = runtime();
     let h = rt.launch(kernel("fault")).unwrap();
     h.activate().unwrap();

@@ -129,16 +129,30 @@ fn keyed_kernel_survives_relaunches_while_it_works() {
     h.activate().unwrap();
     let relaunched_before = resident::cuda::persistent::sim::relaunch_count();
     let done = Arc::new(AtomicBool::new(false));
+    let disturber_ended = Arc::new(AtomicBool::new(false));
     let relaunches = Arc::new(AtomicU32::new(0));
+    // Each round launches and terminates another kernel beside it (the first loads a module:
+    // every resident kernel parks for that; the later ones wait for no kernel) and reads this
+    // kernel's key states, which parks it between two batches and relaunches it.
     let disturber = {
-        let (rt, done, relaunches) = (rt.clone(), done.clone(), relaunches.clone());
+        let (rt, done, relaunches, h) = (rt.clone(), done.clone(), relaunches.clone(), h.clone());
+        let ended = disturber_ended.clone();
         std::thread::spawn(move || {
+            // If this thread fails, the producers must not wait for its rounds forever.
+            struct Ended(Arc<AtomicBool>);
+            impl Drop for Ended {
+                fn drop(&mut self) {
+                    self.0.store(true, Ordering::Release);
+                }
+            }
+            let _ended = Ended(ended);
             let mut i = 0;
             while !done.load(Ordering::Acquire) {
                 let k = rt
                     .launch(keyed_device::kernel(&CUDASIM, &format!("disturb-{i}"), 4))
                     .unwrap();
                 k.terminate().unwrap();
+                let _: Vec<KState> = h.snapshot_keys(0..keys).unwrap();
                 relaunches.fetch_add(1, Ordering::Relaxed);
                 i += 1;
             }
@@ -168,11 +182,14 @@ fn keyed_kernel_survives_relaunches_while_it_works() {
     };
     let senders: Vec<_> = (0..producers)
         .map(|p| {
-            let (h, relaunches) = (h.clone(), relaunches.clone());
+            let (h, relaunches, ended) = (h.clone(), relaunches.clone(), disturber_ended.clone());
             std::thread::spawn(move || {
                 let mut next = vec![0u32; keys as usize];
                 let mut i = 0u32;
-                while i < 1000 || relaunches.load(Ordering::Relaxed) < relaunches_wanted {
+                while i < 1000
+                    || (relaunches.load(Ordering::Relaxed) < relaunches_wanted
+                        && !ended.load(Ordering::Acquire))
+                {
                     let key = (i * 7 + p * 5) % keys;
                     h.send(KMsg {
                         key,
@@ -213,14 +230,14 @@ fn keyed_kernel_survives_relaunches_while_it_works() {
     assert!(report.failure.is_none(), "{:?}", report.failure);
     assert_eq!(report.returned(), 0);
     println!(
-        "keyed kernel parked and relaunched by {n} launches of other kernels while it handled \
-         {sum} messages; longest wait for one output {longest_gap:?}"
+        "keyed kernel parked and relaunched in {n} rounds of other kernels' launches and key \
+         snapshots while it handled {sum} messages; longest wait for one output {longest_gap:?}"
     );
     assert!(n >= relaunches_wanted);
-    // Each of those launches parked and relaunched this kernel (at least).
+    // Each round parked and relaunched this kernel (at least: its key snapshot).
     let relaunched = resident::cuda::persistent::sim::relaunch_count() - relaunched_before;
     assert!(
         relaunched >= n as u64,
-        "{relaunched} relaunches for {n} launches"
+        "{relaunched} relaunches for {n} rounds"
     );
 }

@@ -1,8 +1,10 @@
-//! The residency rule on `Backend::CudaSim`: launching another kernel or allocating memory
-//! quiesces every resident ring kernel (it finishes its batch and exits; queues, indices,
-//! counters and device state stay) and relaunches it where it left off. With messages in
-//! flight, nothing is lost, duplicated or reordered, and device state carries across.
-//! (CudaSim only: nothing here ran on a GPU.)
+//! The residency rule on `Backend::CudaSim`: what needs the device idle (pinned memory, a new
+//! module) quiesces every resident ring kernel (it finishes its batch and exits; queues,
+//! indices, counters and device state stay) and relaunches it where it left off; a host read
+//! of a kernel's state parks that kernel alone; launching a kernel of a loaded module and
+//! allocating device memory (stream-ordered) park nothing. With messages in flight, nothing is
+//! lost, duplicated or reordered, and device state carries across. (CudaSim only: nothing here
+//! ran on a GPU.)
 
 use std::time::{Duration, Instant};
 
@@ -84,7 +86,10 @@ fn launches_and_allocations_quiesce_resident_kernels_and_nothing_is_lost_or_reor
         })
     };
 
-    // While messages flow: three launches and an allocation, each a quiesce of `a`.
+    // While messages flow, three rounds of: a launch beside `a` and a device allocation (no
+    // quiesce: the module is loaded, the memory stream-ordered), a pinned allocation (every
+    // resident kernel parks) and a read of `a`'s state (`a` parks alone): two relaunches of
+    // `a` a round.
     let dev = backend::open(Backend::CudaSim).unwrap();
     let mut others = Vec::new();
     let mut in_flight = Vec::new();
@@ -99,6 +104,8 @@ fn launches_and_allocations_quiesce_resident_kernels_and_nothing_is_lost_or_reor
         );
         others.push(b);
         let _mem = dev.alloc(4096).unwrap();
+        let _pinned = dev.alloc_host(4096, true).unwrap();
+        let _: Seen = a.snapshot_state().unwrap();
     }
     sender.join().unwrap();
     let got = receiver.join().unwrap();
@@ -110,7 +117,7 @@ fn launches_and_allocations_quiesce_resident_kernels_and_nothing_is_lost_or_reor
 
     assert!(
         relaunch_count() >= relaunches_before + 6,
-        "`a` was quiesced and relaunched for every launch and allocation"
+        "`a` was quiesced and relaunched for every pinned allocation and state read"
     );
     // Exactly once.
     let mut xs: Vec<u32> = got.iter().map(|(_, r)| r.x).collect();

@@ -125,6 +125,34 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
         })
     }
 
+    /// The allocations [`with_allocator`](Self::with_allocator) asks for, in its order
+    /// (control block, lanes 0.., output ring): what a launcher reserves up front.
+    pub fn allocation_sizes(config: QueueConfig) -> Vec<usize> {
+        let mut v = vec![CONTROL_BLOCK_BYTES];
+        v.extend(std::iter::repeat_n(
+            ring_bytes::<Slot<In>>(config.lane_capacity),
+            config.lanes,
+        ));
+        v.push(ring_bytes::<Slot<Out>>(config.out_capacity));
+        v
+    }
+
+    /// Queues in pieces of `arena` (no driver call: the caller made sure it has room, see
+    /// [`crate::arena`]); [`PersistentError::Memory`] when it has none.
+    pub fn in_arena(
+        config: QueueConfig,
+        arena: &crate::arena::Arena,
+    ) -> Result<Self, PersistentError> {
+        Self::with_allocator(config, &mut |len| match arena.take(len) {
+            Some(l) => Ok(Arc::new(l) as Arc<dyn RingMemory>),
+            None => Err(PersistentError::Memory {
+                what: "queues (the pinned arena has no room)",
+                need: len,
+                got: 0,
+            }),
+        })
+    }
+
     /// Queues in memory from `alloc(bytes)`, which must return memory of at least `bytes`
     /// bytes, 128-aligned, that nobody else uses yet (it is zeroed here).
     pub fn with_allocator(

@@ -22,7 +22,10 @@ use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::template::{compile_sim, KernelSource, PersistentParams, PERSISTENT_KERNEL_NAME};
 use super::{FaultCause, PersistentError, SharedMemory};
+use crate::arena::Arena;
+use crate::hazards::DriverCall;
 use crate::sim::{SimError, SimInstance};
+use crate::sim_driver::{KernelLife, SimContext};
 
 /// How to launch a [`SimKernel`].
 #[derive(Clone, Debug)]
@@ -221,6 +224,10 @@ pub fn with_all_quiesced<R>(
     })
 }
 
+/// How long a kernel whose context another kernel's fault lost waits for its own block to
+/// stop (a GPU kills it; CudaSim's host threads must see the terminate).
+const CONTEXT_LOST_WAIT: Duration = Duration::from_secs(1);
+
 /// How long dropping a still-running kernel waits for its block to exit before leaving it.
 const DROP_WAIT: Duration = Duration::from_secs(2);
 
@@ -241,6 +248,56 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
     state_access: Arc<SimState>,
     /// The peer-input slot, made on first use ([`SimKernel::peer_input`]).
     peer: std::sync::OnceLock<Arc<super::peer::PeerInput>>,
+    /// Its place in the driver model's context (a lost context fails it).
+    life: KernelLife,
+}
+
+/// The pinned queue memory of CudaSim's context ([`crate::arena`]).
+fn sim_arena() -> &'static Arena {
+    static A: std::sync::OnceLock<Arena> = std::sync::OnceLock::new();
+    A.get_or_init(Arena::new)
+}
+
+/// The key the driver model knows a module by (its compiled object).
+fn module_key(module: &crate::sim::SimModule) -> String {
+    module.path().to_string_lossy().into_owned()
+}
+
+impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
+    /// Whether launching a kernel of `module` with `opts` makes a driver call that waits for
+    /// the whole device (the module is not loaded yet, or the pinned arena must grow for its
+    /// queues): then the caller parks the resident kernels around [`prepare`](Self::prepare).
+    /// Otherwise the launch makes no such call and resident kernels, a stuck one included,
+    /// keep running.
+    pub fn launch_needs_idle_device(
+        module: &crate::sim::SimModule,
+        opts: &SimLaunchOptions,
+    ) -> bool {
+        !SimContext::get().is_loaded(&module_key(module))
+            || !sim_arena().fits(&PersistentQueues::<In, Out>::allocation_sizes(opts.queues))
+    }
+
+    /// Makes the synchronizing calls a launch of `module` with `opts` needs: loads the module
+    /// and grows the pinned arena when it has no room for the queues. A no-op when
+    /// [`launch_needs_idle_device`](Self::launch_needs_idle_device) is `false`.
+    pub fn prepare(
+        module: &crate::sim::SimModule,
+        opts: &SimLaunchOptions,
+    ) -> Result<(), PersistentError> {
+        let ctx = SimContext::get();
+        ctx.load_module(&module_key(module))?;
+        let sizes = PersistentQueues::<In, Out>::allocation_sizes(opts.queues);
+        if !sim_arena().fits(&sizes) {
+            sim_arena().grow(&sizes, |n| -> Result<_, PersistentError> {
+                ctx.call(DriverCall::MemHostAlloc)?;
+                // CudaSim's device addresses are host addresses.
+                let m = Arc::new(HeapMemory::new(n)?) as Arc<dyn RingMemory>;
+                let base = m.as_mut_ptr() as u64;
+                Ok((m, base))
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// The engine tag of CudaSim rings ([`super::peer::PeerRing::engine`]): every CudaSim kernel of
@@ -478,9 +535,34 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         opts: &SimLaunchOptions,
     ) -> Result<Self, PersistentError> {
         check_launch::<In, Out>(source, initial_state, &opts.queues, &opts.buffers)?;
+        let ctx = SimContext::get();
+        // The driver model: a lost context with no kernel of it left is reset (as the GPU
+        // launcher's `Device::open` does); a kernel of a lost context cannot launch
+        // (`CUDA_ERROR_LAUNCH_FAILED`).
+        ctx.reset_if_unused();
+        let life = ctx.kernel_created();
+        if let Some(f) = life.fault() {
+            return Err(PersistentError::Sim(SimError::ContextLost {
+                call: DriverCall::LaunchKernel,
+                entry: f.entry,
+                reason: f.reason,
+            }));
+        }
+        // Module and queue memory: synchronizing calls only when the module is new or the
+        // arena must grow (the engine parks the resident kernels first, see
+        // `launch_needs_idle_device`); nothing here waits for the device otherwise.
+        Self::prepare(module, opts)?;
+        // Each kernel runs a private copy of the object (its `__shared__` statics are its
+        // own); on a GPU one loaded module serves every kernel of the source.
         let instance = Arc::new(module.instantiate()?);
-        let queues = PersistentQueues::<In, Out>::on_heap(opts.queues)?;
-        let state = SharedMemory(Arc::new(HeapMemory::new(initial_state.len().max(8))?));
+        let queues = PersistentQueues::<In, Out>::in_arena(opts.queues, sim_arena())?;
+        // Device memory: stream-ordered allocation and copies on a side stream.
+        let device_alloc = |len: usize| -> Result<SharedMemory, PersistentError> {
+            ctx.call(DriverCall::MemAllocAsync)?;
+            ctx.call(DriverCall::MemcpyAsync)?;
+            Ok(SharedMemory(Arc::new(HeapMemory::new(len)?)))
+        };
+        let state = device_alloc(initial_state.len().max(8))?;
         // SAFETY: fresh memory of at least `initial_state.len()` bytes, not shared yet.
         unsafe {
             core::ptr::copy_nonoverlapping(
@@ -495,7 +577,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         let mut buffer_mems: Vec<(SharedMemory, usize)> = Vec::with_capacity(opts.buffers.len());
         let mut entries = Vec::with_capacity(opts.buffers.len());
         for b in &opts.buffers {
-            let m = SharedMemory(Arc::new(HeapMemory::new(b.initial.len().max(8))?));
+            let m = device_alloc(b.initial.len().max(8))?;
             // SAFETY: fresh memory of at least `b.initial.len()` bytes, not shared yet.
             unsafe {
                 core::ptr::copy_nonoverlapping(b.initial.as_ptr(), m.as_mut_ptr(), b.initial.len())
@@ -504,7 +586,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             buffer_mems.push((m, b.initial.len()));
         }
         let table_bytes = super::template::buffer_table_bytes(&entries);
-        let table = SharedMemory(Arc::new(HeapMemory::new(table_bytes.len().max(8))?));
+        let table = device_alloc(table_bytes.len().max(8))?;
         // SAFETY: fresh memory of at least `table_bytes.len()` bytes, not shared yet.
         unsafe {
             core::ptr::copy_nonoverlapping(
@@ -547,6 +629,8 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             cv: Condvar::new(),
         });
         let q = quiesce.clone();
+        let generation = life.generation();
+        let kernel_name = source.name.clone();
         let thread = std::thread::Builder::new()
             .name(format!("resident-sim-{}", source.name))
             .spawn(move || {
@@ -554,7 +638,14 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 let _keep = (view, keep_state, keep_buffers);
                 let mut p = params;
                 let arg = &mut p as *mut PersistentParams as *mut core::ffi::c_void;
+                let ctx = SimContext::get();
                 let r = loop {
+                    // The driver model sees the block running from its launch to its exit; a
+                    // launch on a lost context fails as the driver's does.
+                    let running = match ctx.block_started(&kernel_name, generation) {
+                        Ok(b) => b,
+                        Err(e) => break Err(e),
+                    };
                     // SAFETY: `resident_persistent(PersistentParams)` takes exactly this
                     // struct; every address in it points at memory kept alive by `_keep` until
                     // the block has exited, and the host touches it only through the ring
@@ -568,6 +659,11 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                             &[core::mem::size_of::<PersistentParams>() as u64],
                         )
                     };
+                    // A device fault is sticky for the whole context, as on a GPU.
+                    if let Err(SimError::Fault { entry, reason }) = &r {
+                        ctx.poison(entry, reason);
+                    }
+                    drop(running);
                     if r.is_err()
                         || q.control().device_counters().state != Some(DeviceState::Quiesced)
                     {
@@ -629,6 +725,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             _instance: Some(instance),
             quiesce,
             peer: std::sync::OnceLock::new(),
+            life,
         };
         // `launch` returns once the kernel reports it is resident, or with its error.
         let deadline = Instant::now() + opts.start_timeout;
@@ -696,6 +793,36 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     /// (heartbeat timeout, parameter error).
     pub fn check(&mut self) -> Result<(), PersistentError> {
         self.poll_exit();
+        if self.exit.is_none() {
+            if let Some(f) = self.life.fault() {
+                // Another kernel's fault lost the context: on a GPU this block is gone too.
+                // Its host threads are told to stop and given a moment to; the kernel reports
+                // the fault either way.
+                let cause = FaultCause::Sim(Arc::new(SimError::ContextLost {
+                    call: DriverCall::StreamQuery,
+                    entry: f.entry,
+                    reason: f.reason,
+                }));
+                self.quiesce.set_run_state(RunState::Terminate);
+                match self.done.recv_timeout(CONTEXT_LOST_WAIT) {
+                    // This block's own fault (the one that lost the context) stays its cause;
+                    // a block that merely stopped reports the lost context.
+                    Ok(r) => {
+                        self.record(r);
+                        if matches!(self.exit, Some(Ok(()))) {
+                            self.exit = Some(Err(cause));
+                        }
+                    }
+                    Err(RecvTimeoutError::Disconnected) => self.exit = Some(Err(cause)),
+                    Err(RecvTimeoutError::Timeout) => {
+                        return Err(PersistentError::DeviceFault {
+                            name: self.name.clone(),
+                            cause,
+                        })
+                    }
+                }
+            }
+        }
         match &self.exit {
             Some(Err(cause)) => Err(PersistentError::DeviceFault {
                 name: self.name.clone(),
