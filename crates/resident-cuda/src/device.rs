@@ -4,7 +4,7 @@ use crate::error::{CudaError, DriverFault, Result};
 use crate::loaded::ModuleCache;
 use crate::result as r;
 use cudarc::driver::sys::CUdevice_attribute as A;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// What a device is and can do.
@@ -143,6 +143,10 @@ impl ResidencyBudget {
     }
 }
 
+/// How long freeing pinned memory waits for the resident kernels to park
+/// (`cuMemFreeHost` waits for the whole device); past it the memory is kept, not freed.
+pub const FREE_QUIESCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What every [`Device`] value of one ordinal shares: whether a fault has poisoned the context,
 /// and the resident-kernel budget.
 #[derive(Default)]
@@ -173,6 +177,10 @@ pub trait Quiesce: Send + Sync {
     fn park(&self, deadline: std::time::Instant) -> bool;
     /// Relaunches it where it left off, with the run state the host last asked for.
     fn resume(&self);
+    /// Its name (what a quiesce that timed out reports).
+    fn name(&self) -> String {
+        String::from("(unnamed kernel)")
+    }
     /// Device-side forwarding: (its output ring's device address, the peer ring its slot names
     /// now or 0), so a quiesce parks producers before their consumers.
     fn forward_edge(&self) -> (u64, u64) {
@@ -185,6 +193,9 @@ pub trait Quiesce: Send + Sync {
 #[derive(Default)]
 struct RegistrySlot {
     shared: Weak<DeviceShared>,
+    /// The live `Device` of the ordinal: every `open` shares it (one module cache, one pinned
+    /// arena, one side stream, one identity for device-side forwarding).
+    device: Weak<Device>,
     reset_pending: bool,
 }
 
@@ -210,6 +221,11 @@ enum SlotDecision {
 fn decide(slot: &RegistrySlot) -> SlotDecision {
     match slot.shared.upgrade() {
         Some(s) => match s.lost.get() {
+            // A fault lost the context and no resident kernel of it is left (each failed and
+            // gave its place back): reset it now, although values of it are still held (the
+            // runtime's device, a kernel's final state). They are marked dead and lost first:
+            // they make no driver call any more.
+            Some(_) if s.residency.taken() == 0 => SlotDecision::Fresh { reset: true },
             Some(reason) => SlotDecision::Lost(reason.clone()),
             None => SlotDecision::Share,
         },
@@ -230,6 +246,21 @@ pub struct Device {
     info: DeviceInfo,
     pub(crate) modules: ModuleCache,
     shared: Arc<DeviceShared>,
+    /// `false` once the context was reset after a fault: what this value loaded or allocated
+    /// is gone with it, so nothing is unloaded or freed any more.
+    pub(crate) alive: Arc<AtomicBool>,
+    /// Pinned queue memory taken without a driver call ([`crate::arena`]).
+    pub(crate) arena: crate::arena::Arena,
+    /// The side stream of stream-ordered allocations and copies (made on first use).
+    side: Mutex<Option<r::CUstream>>,
+    /// Whether the device has memory pools (stream-ordered allocation).
+    pools: bool,
+}
+
+thread_local! {
+    /// Set while this thread runs an operation under [`Device::with_quiesced`]: a nested call
+    /// (a value freed inside the operation) runs directly instead of waiting for itself.
+    static IN_QUIESCE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// One resident kernel's place in its device's budget; given back on drop.
@@ -265,39 +296,93 @@ impl Device {
     pub fn open(ordinal: usize) -> Result<Arc<Device>> {
         let info = device_info(ordinal)?;
         let raw = r::device_get(ordinal)?;
-        let shared = {
-            let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-            if reg.len() <= ordinal {
-                reg.resize_with(ordinal + 1, RegistrySlot::default);
-            }
-            let slot = &mut reg[ordinal];
-            match decide(slot) {
-                SlotDecision::Share => slot.shared.upgrade().expect("checked alive above"),
-                SlotDecision::Lost(fault) => return Err(CudaError::DeviceLost { ordinal, fault }),
-                SlotDecision::Fresh { reset } => {
-                    if reset {
-                        // SAFETY: no `Device` of this ordinal is alive (the weak reference is
-                        // dead), so no owner of this crate refers to the poisoned context. A
-                        // failed reset shows up as an error on the first call that follows.
-                        let _ = unsafe { r::primary_ctx_reset(raw) };
-                        slot.reset_pending = false;
-                    }
-                    let s = Arc::new(DeviceShared::default());
-                    slot.shared = Arc::downgrade(&s);
-                    s
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        if reg.len() <= ordinal {
+            reg.resize_with(ordinal + 1, RegistrySlot::default);
+        }
+        let slot = &mut reg[ordinal];
+        let shared = match decide(slot) {
+            SlotDecision::Share => {
+                if let Some(d) = slot.device.upgrade() {
+                    return Ok(d);
                 }
+                slot.shared.upgrade().expect("checked alive above")
+            }
+            SlotDecision::Lost(fault) => return Err(CudaError::DeviceLost { ordinal, fault }),
+            SlotDecision::Fresh { reset } => {
+                if reset {
+                    if let Some(old) = slot.device.upgrade() {
+                        // Its modules, memory and streams die with the context: never
+                        // unloaded, freed or destroyed through it again.
+                        old.alive.store(false, Ordering::Release);
+                    }
+                    // SAFETY: no resident kernel of the lost context is left (decide), and
+                    // every value of it still held is lost (`bind` refuses) and dead (frees
+                    // nothing). The driver allows releasing a primary context after a reset.
+                    // A failed reset shows up as an error on the first call that follows.
+                    let _ = unsafe { r::primary_ctx_reset(raw) };
+                    slot.reset_pending = false;
+                }
+                let s = Arc::new(DeviceShared::default());
+                slot.shared = Arc::downgrade(&s);
+                s
             }
         };
         let ctx = r::primary_ctx_retain(raw)?;
-        let dev = Device {
+        let pools = r::device_attribute(raw, A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+            .is_ok_and(|v| v == 1);
+        let dev = Arc::new(Device {
             raw,
             ctx,
             info,
             modules: ModuleCache::default(),
             shared,
-        };
+            alive: Arc::new(AtomicBool::new(true)),
+            arena: crate::arena::Arena::new(),
+            side: Mutex::new(None),
+            pools,
+        });
         dev.bind()?;
-        Ok(Arc::new(dev))
+        if pools {
+            // SAFETY: the context is current (bound above).
+            let _ = unsafe { r::mem_pool_keep_reserved(raw) };
+        }
+        slot.device = Arc::downgrade(&dev);
+        Ok(dev)
+    }
+
+    /// Whether the context this value belongs to still exists (not reset after a fault).
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Whether device memory comes from the stream-ordered pool ([`side_stream`](Self::side_stream)).
+    pub fn has_memory_pools(&self) -> bool {
+        self.pools
+    }
+
+    /// The side stream: a non-blocking stream of this device on which allocations, frees and
+    /// copies are ordered (they wait for it alone, never for the resident kernels).
+    pub(crate) fn side_stream(&self) -> Result<r::CUstream> {
+        let mut s = self.side.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(raw) = *s {
+            return Ok(raw);
+        }
+        self.bind()?;
+        // SAFETY: the context is current; destroyed once, in Drop.
+        let raw = unsafe { r::stream_create()? };
+        *s = Some(raw);
+        Ok(raw)
+    }
+
+    /// The pinned queue memory of this device's ring kernels.
+    pub(crate) fn arena(&self) -> &crate::arena::Arena {
+        &self.arena
+    }
+
+    /// The driver's handle of the device.
+    pub(crate) fn raw(&self) -> r::CUdevice {
+        self.raw
     }
 
     /// Makes this device's context current on the calling thread (cheap; done before every call).
@@ -417,6 +502,10 @@ impl Device {
         timeout: std::time::Duration,
         op: impl FnOnce() -> R,
     ) -> Result<R> {
+        if IN_QUIESCE.with(|q| q.get()) {
+            // Nested (something dropped inside the operation): already quiesced.
+            return Ok(op());
+        }
         let _turn = self
             .shared
             .quiesce_turn
@@ -431,7 +520,7 @@ impl Device {
             v.retain(|w| w.strong_count() > 0);
             v.iter().filter_map(|w| w.upgrade()).collect()
         };
-        crate::persistent::peer::upstream_first(&mut live, |k| k.forward_edge());
+        crate::park_order::upstream_first(&mut live, |k| k.forward_edge());
         let deadline = std::time::Instant::now() + timeout;
         let mut parked = 0;
         let mut ok = true;
@@ -442,13 +531,57 @@ impl Device {
                 break;
             }
         }
-        let out = ok.then(op);
+        let out = ok.then(|| {
+            IN_QUIESCE.with(|q| q.set(true));
+            let out = op();
+            IN_QUIESCE.with(|q| q.set(false));
+            out
+        });
         for k in &live[..parked] {
             k.resume();
         }
-        out.ok_or(CudaError::QuiesceTimeout {
+        out.ok_or_else(|| CudaError::QuiesceTimeout {
             ordinal: self.info.ordinal,
             kernels: live.len(),
+            stuck: live[..parked]
+                .last()
+                .map(|k| k.name())
+                .into_iter()
+                .collect(),
+        })
+    }
+
+    /// Runs `op` with one resident kernel `k` parked between two batches (the others keep
+    /// running): for a host access of `k`'s own memory whose copy waits for no other kernel
+    /// (the side stream). Serialized with [`with_quiesced`](Self::with_quiesced), so neither
+    /// resumes a kernel the other parked. [`CudaError::QuiesceTimeout`] when `k` did not park
+    /// within `timeout` (then `op` does not run).
+    pub fn with_parked<R>(
+        &self,
+        k: &dyn Quiesce,
+        timeout: std::time::Duration,
+        op: impl FnOnce() -> R,
+    ) -> Result<R> {
+        if IN_QUIESCE.with(|q| q.get()) {
+            return Ok(op());
+        }
+        let _turn = self
+            .shared
+            .quiesce_turn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let ok = k.park(std::time::Instant::now() + timeout);
+        let out = ok.then(|| {
+            IN_QUIESCE.with(|q| q.set(true));
+            let out = op();
+            IN_QUIESCE.with(|q| q.set(false));
+            out
+        });
+        k.resume();
+        out.ok_or_else(|| CudaError::QuiesceTimeout {
+            ordinal: self.info.ordinal,
+            kernels: 1,
+            stuck: vec![k.name()],
         })
     }
 
@@ -471,6 +604,14 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        let side = self.side.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(raw) = side {
+            // SAFETY: made in `side_stream`, destroyed once; skipped when a reset destroyed
+            // the context (and the stream with it).
+            if self.is_alive() && self.bind().is_ok() {
+                let _ = unsafe { r::stream_destroy(raw) };
+            }
+        }
         self.modules.clear();
         // SAFETY: pairs with the retain in `open`; every owner that used the context holds an
         // `Arc<Device>`, so none is left.
@@ -525,9 +666,14 @@ mod tests {
             code: crate::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
             message: "an illegal memory access was encountered".into(),
         };
+        // A resident kernel of the lost context is left: refused.
+        live.residency.try_take(4).unwrap();
         let _ = live.lost.set(fault.clone());
         slot.reset_pending = true;
         assert_eq!(decide(&slot), SlotDecision::Lost(fault));
+        // None is left: reset, although values of the lost context are still held.
+        live.residency.give();
+        assert_eq!(decide(&slot), SlotDecision::Fresh { reset: true });
         drop(live);
         assert_eq!(decide(&slot), SlotDecision::Fresh { reset: true });
     }

@@ -131,12 +131,14 @@ pub enum CudaError {
     },
     /// The resident kernels of a device did not all park for an operation under the
     /// residency rule within its timeout.
-    #[error("device {ordinal}: the {kernels} resident kernel(s) did not all park in time for an operation under the residency rule")]
+    #[error("device {ordinal}: of the {kernels} resident kernel(s), {stuck:?} did not park in time (a handler that does not return?) for an operation that needs the device idle")]
     QuiesceTimeout {
         /// The device.
         ordinal: usize,
         /// Resident kernels asked to park.
         kernels: usize,
+        /// The kernels that did not park (their names).
+        stuck: Vec<String>,
     },
     /// A caller passed a value the call cannot accept.
     #[error("invalid argument to {call}: {reason}")]

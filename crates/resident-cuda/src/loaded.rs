@@ -13,6 +13,34 @@ pub struct Module {
     /// The context it was loaded in; retained by the owning `Device`, which drops its module
     /// cache before releasing the context, while every `Function` holds an `Arc<Device>`.
     pub(crate) ctx: r::CUcontext,
+    /// The owning `Device`'s flag: `false` once the context was reset (the module is gone).
+    pub(crate) alive: Arc<std::sync::atomic::AtomicBool>,
+    /// Its functions, looked up once each (with lazy loading the first lookup loads the
+    /// function, which waits for the device: it happens before the first resident launch).
+    pub(crate) functions: Mutex<HashMap<String, r::CUfunction>>,
+}
+
+impl Module {
+    pub(crate) fn new(
+        raw: r::CUmodule,
+        ctx: r::CUcontext,
+        alive: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Self {
+        Module {
+            raw,
+            ctx,
+            alive,
+            functions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `name` was looked up already (no driver call is left for it).
+    pub(crate) fn has_function(&self, name: &str) -> bool {
+        self.functions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(name)
+    }
 }
 
 // SAFETY: module handles may be used from any thread with the context current.
@@ -22,6 +50,10 @@ unsafe impl Sync for Module {}
 
 impl Drop for Module {
     fn drop(&mut self) {
+        if !self.alive.load(std::sync::atomic::Ordering::Acquire) {
+            // The context was reset: the handle means nothing (and may name a new module).
+            return;
+        }
         // SAFETY: `ctx` is still retained (see the field's invariant).
         let _ = unsafe { r::ctx_set_current(self.ctx) };
         // SAFETY: loaded in `load`, unloaded once, here; no `Function` outlives its module (each

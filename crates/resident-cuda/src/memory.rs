@@ -7,10 +7,19 @@ use crate::stream::Stream;
 use std::sync::Arc;
 
 /// Bytes of device memory, freed on drop.
+///
+/// Where the device has memory pools (every GPU persistent kernels run on), the memory is
+/// stream-ordered: allocated and freed (`cuMemAllocAsync`/`cuMemFreeAsync`) and copied on the
+/// device's side stream, so neither waits for the resident ring kernels (a plain `cuMemAlloc`
+/// or `cuMemFree` waits for the whole device, see [`crate::hazards`]). The free is ordered
+/// after the side stream's work only: work on another stream that still uses the buffer must
+/// have finished (synchronize that stream) before the buffer is dropped.
 pub struct DeviceBuffer {
     ptr: r::CUdeviceptr,
     bytes: usize,
     device: Arc<Device>,
+    /// From the stream-ordered pool (freed with `cuMemFreeAsync`).
+    ordered: bool,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
@@ -26,6 +35,26 @@ impl DeviceBuffer {
     /// Allocates `bytes` (at least 1) of uninitialized device memory.
     pub fn alloc(device: &Arc<Device>, bytes: usize) -> Result<Self> {
         device.bind()?;
+        if device.has_memory_pools() {
+            let side = device.side_stream()?;
+            // SAFETY: the context is current and the side stream live; a zero-size request is
+            // rounded up so the pointer is always a real allocation. The synchronize (of the
+            // side stream alone) makes the memory usable from any stream.
+            let ptr = unsafe {
+                let p = r::mem_alloc_async(bytes.max(1), side)?;
+                if let Err(e) = r::stream_synchronize(side) {
+                    let _ = r::mem_free_async(p, side);
+                    return Err(e);
+                }
+                p
+            };
+            return Ok(DeviceBuffer {
+                ptr,
+                bytes,
+                device: device.clone(),
+                ordered: true,
+            });
+        }
         // SAFETY: the context is current; a zero-size request is rounded up so the pointer is
         // always a real allocation.
         let ptr = unsafe { r::mem_alloc(bytes.max(1))? };
@@ -33,14 +62,25 @@ impl DeviceBuffer {
             ptr,
             bytes,
             device: device.clone(),
+            ordered: false,
         })
     }
 
     /// Allocates `bytes` of zeroed device memory.
     pub fn zeroed(device: &Arc<Device>, bytes: usize) -> Result<Self> {
         let buf = Self::alloc(device, bytes)?;
-        // SAFETY: `buf` covers `bytes` bytes of this context's memory.
-        unsafe { r::memset_d8(buf.ptr, 0, bytes)? };
+        if buf.ordered {
+            let side = device.side_stream()?;
+            // SAFETY: `buf` covers `bytes` bytes of this context's memory; the side stream
+            // orders the memset, and its synchronize waits for it alone.
+            unsafe {
+                r::memset_d8_async(buf.ptr, 0, bytes, side)?;
+                r::stream_synchronize(side)?;
+            }
+        } else {
+            // SAFETY: `buf` covers `bytes` bytes of this context's memory.
+            unsafe { r::memset_d8(buf.ptr, 0, bytes)? };
+        }
         Ok(buf)
     }
 
@@ -78,6 +118,15 @@ impl DeviceBuffer {
     pub fn copy_from_host(&mut self, src: &[u8]) -> Result<()> {
         self.check("cuMemcpyHtoD", src.len())?;
         self.device.bind()?;
+        if self.ordered {
+            let side = self.device.side_stream()?;
+            // SAFETY: both sides hold `bytes` bytes (checked); `src` outlives the copy, which
+            // the side stream's synchronize completes before this returns.
+            return unsafe {
+                r::memcpy_htod_async(self.ptr, src.as_ptr().cast(), self.bytes, side)?;
+                r::stream_synchronize(side)
+            };
+        }
         // SAFETY: both sides hold `bytes` bytes (checked); the call is synchronous.
         unsafe { r::memcpy_htod(self.ptr, src.as_ptr().cast(), self.bytes) }
     }
@@ -86,6 +135,15 @@ impl DeviceBuffer {
     pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
         self.check("cuMemcpyDtoH", dst.len())?;
         self.device.bind()?;
+        if self.ordered {
+            let side = self.device.side_stream()?;
+            // SAFETY: both sides hold `bytes` bytes (checked); nothing reads `dst` until the
+            // side stream's synchronize completed the copy.
+            return unsafe {
+                r::memcpy_dtoh_async(dst.as_mut_ptr().cast(), self.ptr, self.bytes, side)?;
+                r::stream_synchronize(side)
+            };
+        }
         // SAFETY: both sides hold `bytes` bytes (checked); the call is synchronous.
         unsafe { r::memcpy_dtoh(dst.as_mut_ptr().cast(), self.ptr, self.bytes) }
     }
@@ -158,9 +216,19 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if self.device.bind().is_ok() {
-            // SAFETY: allocated in `alloc`, freed once, here, in its own context.
-            let _ = unsafe { r::mem_free(self.ptr) };
+        // A reset context (after a fault) freed it already; a lost one refuses every call.
+        if !self.device.is_alive() || self.device.bind().is_err() {
+            return;
         }
+        if self.ordered {
+            if let Ok(side) = self.device.side_stream() {
+                // SAFETY: allocated from the pool in `alloc`, freed once, here, ordered after
+                // the side stream's work (the type's documentation: other streams are done).
+                let _ = unsafe { r::mem_free_async(self.ptr, side) };
+            }
+            return;
+        }
+        // SAFETY: allocated in `alloc`, freed once, here, in its own context.
+        let _ = unsafe { r::mem_free(self.ptr) };
     }
 }

@@ -132,10 +132,7 @@ impl Device {
         self.bind()?;
         // SAFETY: the context is current; `cubin` is an ELF image the driver validates.
         let raw = unsafe { r::module_load_data(cubin.as_ptr().cast())? };
-        let m = Arc::new(Module {
-            raw,
-            ctx: self.ctx(),
-        });
+        let m = Arc::new(Module::new(raw, self.ctx(), self.alive.clone()));
         self.modules.insert(key, m.clone());
         Ok(m)
     }
@@ -211,10 +208,7 @@ impl Device {
         self.bind()?;
         // SAFETY: the context is current and `image` is NUL-terminated.
         let raw = unsafe { r::module_load_data(image.as_ptr().cast())? };
-        let m = Arc::new(Module {
-            raw,
-            ctx: self.ctx(),
-        });
+        let m = Arc::new(Module::new(raw, self.ctx(), self.alive.clone()));
         self.modules.insert(key, m.clone());
         Ok(m)
     }
@@ -259,8 +253,17 @@ impl Device {
     /// A kernel of a loaded module by its `extern "C"` name.
     pub fn function(self: &Arc<Self>, module: &Arc<Module>, name: &str) -> Result<Function> {
         self.bind()?;
-        // SAFETY: the module is live (held by `module`).
-        let raw = unsafe { r::module_get_function(module.raw, name)? };
+        let mut fs = module.functions.lock().unwrap_or_else(|p| p.into_inner());
+        let raw = match fs.get(name) {
+            Some(f) => *f,
+            None => {
+                // SAFETY: the module is live (held by `module`).
+                let f = unsafe { r::module_get_function(module.raw, name)? };
+                fs.insert(name.to_string(), f);
+                f
+            }
+        };
+        drop(fs);
         Ok(Function {
             raw,
             _module: module.clone(),

@@ -113,9 +113,27 @@ impl PinnedMemory {
 
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
-        if self.device.bind().is_ok() {
-            // SAFETY: allocated by `host_alloc` in `new`, freed once, here.
-            let _ = unsafe { r::host_free(self.ptr.cast()) };
+        // A reset context (after a fault) freed it already.
+        if !self.device.is_alive() || self.device.bind().is_err() {
+            return;
+        }
+        let ptr = self.ptr as usize;
+        let device = self.device.clone();
+        let free = move || {
+            if device.bind().is_ok() {
+                // SAFETY: allocated by `host_alloc` in `new`, freed once, here.
+                let _ = unsafe { r::host_free(ptr as *mut std::ffi::c_void) };
+            }
+        };
+        // cuMemFreeHost waits for the whole device (crate::hazards): with ring kernels
+        // resident they park around it. If one does not park (a handler that never returns),
+        // the memory is kept rather than the caller hung.
+        if self.device.resident_kernels() == 0 {
+            free();
+        } else {
+            let _ = self
+                .device
+                .with_quiesced(crate::device::FREE_QUIESCE_TIMEOUT, free);
         }
     }
 }
@@ -203,5 +221,91 @@ impl<T: Pod> PinnedBuffer<T> {
     /// The raw allocation.
     pub fn memory(&self) -> &PinnedMemory {
         &self.mem
+    }
+}
+
+/// Adds a pinned chunk to `device`'s queue arena big enough for pieces of `sizes` bytes:
+/// `cuMemHostAlloc`, which waits for the device (call it under [`Device::with_quiesced`]).
+pub(crate) fn grow_arena(device: &Arc<Device>, sizes: &[usize]) -> Result<()> {
+    device.arena().grow(sizes, |n| {
+        ArenaChunk::new(device, n)
+            .map(|(c, at)| (Arc::new(c) as Arc<dyn resident_ring::spsc::RingMemory>, at))
+    })
+}
+
+/// One chunk of a device's pinned queue arena ([`crate::arena`]): pinned, device-mapped host
+/// memory that keeps its own hold on the context (not on the `Device`, which owns the arena),
+/// freed when the arena lets go of it.
+pub(crate) struct ArenaChunk {
+    ptr: *mut u8,
+    len: usize,
+    dev: r::CUdevice,
+    ctx: r::CUcontext,
+    /// The `Device`'s flag: `false` once its context was reset (the memory is gone with it).
+    alive: Arc<std::sync::atomic::AtomicBool>,
+}
+
+// SAFETY: as PinnedMemory: the allocation is owned by this value and not tied to a thread.
+unsafe impl Send for ArenaChunk {}
+// SAFETY: as PinnedMemory: only the pointer is handed out; access is the ring protocol's.
+unsafe impl Sync for ArenaChunk {}
+
+impl ArenaChunk {
+    /// `cuMemHostAlloc` of `len` zeroed bytes: waits for the device (call it with the resident
+    /// kernels parked). Returns the chunk and where the device sees it.
+    pub(crate) fn new(device: &Arc<Device>, len: usize) -> Result<(Self, u64)> {
+        device.bind()?;
+        let dev = device.raw();
+        let ctx = r::primary_ctx_retain(dev)?;
+        // SAFETY: the context is current; flags are valid for cuMemHostAlloc.
+        let raw = match unsafe { r::host_alloc(len.max(1), PINNED_FLAGS) } {
+            Ok(p) => p,
+            Err(e) => {
+                // SAFETY: pairs with the retain above.
+                let _ = unsafe { r::primary_ctx_release(dev) };
+                return Err(e);
+            }
+        };
+        let chunk = ArenaChunk {
+            ptr: raw.cast(),
+            len: len.max(1),
+            dev,
+            ctx,
+            alive: device.alive.clone(),
+        };
+        // SAFETY: fresh allocation of `len` bytes that nothing else sees yet.
+        unsafe { std::ptr::write_bytes(chunk.ptr, 0, chunk.len) };
+        // SAFETY: allocated with DEVICEMAP in the current context (on error `chunk` drops
+        // and frees it).
+        let device_ptr = unsafe { r::host_device_pointer(raw)? };
+        Ok((chunk, device_ptr))
+    }
+}
+
+// SAFETY: the pointer is fixed for the value's life, page aligned (so 128-aligned), `len`
+// bytes, owned by this value.
+unsafe impl resident_ring::spsc::RingMemory for ArenaChunk {
+    fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for ArenaChunk {
+    fn drop(&mut self) {
+        if self.alive.load(std::sync::atomic::Ordering::Acquire) {
+            // SAFETY: the context is retained by this value; the memory was allocated in it by
+            // `new` and is freed once, here. The arena drops a chunk only with its device,
+            // when no ring kernel of it runs (each holds the device).
+            unsafe {
+                if r::ctx_set_current(self.ctx).is_ok() {
+                    let _ = r::host_free(self.ptr.cast());
+                }
+            }
+        }
+        // SAFETY: pairs with the retain in `new` (allowed after a reset, too).
+        let _ = unsafe { r::primary_ctx_release(self.dev) };
     }
 }

@@ -225,6 +225,45 @@ pub unsafe fn mem_alloc(bytes: usize) -> Result<CUdeviceptr> {
     cudarc::driver::result::malloc_sync(bytes).map_err(drv("cuMemAlloc"))
 }
 
+/// Stream-ordered allocation (`cuMemAllocAsync`) from the device's default memory pool, on
+/// `stream`: it waits for that stream only, never for the whole device.
+///
+/// # Safety
+/// The context is current and `stream` is live.
+pub unsafe fn mem_alloc_async(bytes: usize, stream: CUstream) -> Result<CUdeviceptr> {
+    cudarc::driver::result::malloc_async(stream, bytes).map_err(drv("cuMemAllocAsync"))
+}
+
+/// Stream-ordered free (`cuMemFreeAsync`) on `stream`.
+///
+/// # Safety
+/// `ptr` came from `mem_alloc_async` and is freed once; nothing uses it after the work queued
+/// on `stream` so far; the context is current.
+pub unsafe fn mem_free_async(ptr: CUdeviceptr, stream: CUstream) -> Result<()> {
+    cudarc::driver::result::free_async(ptr, stream).map_err(drv("cuMemFreeAsync"))
+}
+
+/// Keeps what the device's default memory pool frees reserved (release threshold: all of
+/// it), so a stream synchronize never hands pool memory back to the system, a step that could
+/// wait for the device.
+///
+/// # Safety
+/// The device's context is current.
+pub unsafe fn mem_pool_keep_reserved(dev: CUdevice) -> Result<()> {
+    let mut pool = std::mem::MaybeUninit::uninit();
+    sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), dev)
+        .result()
+        .map_err(drv("cuDeviceGetDefaultMemPool"))?;
+    let mut threshold = u64::MAX;
+    sys::cuMemPoolSetAttribute(
+        pool.assume_init(),
+        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+        (&mut threshold as *mut u64).cast(),
+    )
+    .result()
+    .map_err(drv("cuMemPoolSetAttribute"))
+}
+
 /// Frees device memory.
 ///
 /// # Safety

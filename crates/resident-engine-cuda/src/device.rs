@@ -141,13 +141,18 @@ impl ComputeDevice for CudaDevice {
         false
     }
 
-    // User allocations follow the residency rule: cuMemAlloc / cuMemHostAlloc may wait for
-    // the device, so resident ring kernels park around them (and are relaunched after).
+    // User allocations follow the residency rule (resident_cuda::hazards): device memory is
+    // stream-ordered where the device has memory pools (it waits for no kernel); otherwise
+    // cuMemAlloc waits for the device, and the resident ring kernels park around it (and are
+    // relaunched after). cuMemHostAlloc always waits: pinned memory is allocated parked.
     fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
         let q = crate::QUIESCE_TIMEOUT;
-        let buf = self
-            .device
-            .with_quiesced(q, || DeviceBuffer::zeroed(&self.device, bytes))??;
+        let buf = if self.device.has_memory_pools() {
+            DeviceBuffer::zeroed(&self.device, bytes)?
+        } else {
+            self.device
+                .with_quiesced(q, || DeviceBuffer::zeroed(&self.device, bytes))??
+        };
         Ok(DeviceMemory {
             inner: DeviceMemoryInner::Engine(Box::new(CudaMemory(buf))),
         })

@@ -24,7 +24,7 @@ use super::template::{
 use super::{FaultCause, PersistentError, SharedMemory, Unavailable};
 use crate::{
     CacheKey, CudaError, Device, DeviceBuffer, Function, KernelCache, KernelParams, LaunchConfig,
-    PinnedMemory, ResidentSlot, Stream,
+    ResidentSlot, Stream,
 };
 
 /// How to launch a persistent kernel.
@@ -88,8 +88,20 @@ pub(crate) fn cuda_error(e: CudaError) -> PersistentError {
 
 /// Opens device `ordinal` for persistent kernels (it must map host memory). A missing driver or
 /// device is [`PersistentError::DriverUnavailable`], as from [`PersistentKernel::launch`].
+///
+/// After a device fault the context is reset once no resident kernel of it is left (each
+/// failed kernel gives its place back when its host lets go of it): this waits for that up to
+/// [`QUIESCE_TIMEOUT`], then answers the fault ([`CudaError::DeviceLost`]).
 pub fn open_device(ordinal: usize) -> Result<Arc<Device>, PersistentError> {
-    let device = Device::open(ordinal).map_err(cuda_error)?;
+    let deadline = Instant::now() + QUIESCE_TIMEOUT;
+    let device = loop {
+        match Device::open(ordinal) {
+            Err(CudaError::DeviceLost { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            r => break r.map_err(cuda_error)?,
+        }
+    };
     if !device.info().can_map_host_memory {
         return Err(PersistentError::DriverUnavailable(
             Unavailable::NoHostMapping { ordinal },
@@ -301,157 +313,189 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 });
             }
         }
-        // The residency rule: module load, allocations and the launch run while every other
-        // resident kernel of the device is parked (they are relaunched right after).
-        let dev = device.clone();
-        let mut k = device
-            .with_quiesced(QUIESCE_TIMEOUT, move || -> Result<Self, PersistentError> {
-                let device = dev;
-                let function = load(
-                    &device,
-                    source,
-                    opts.arch.as_deref(),
-                    PERSISTENT_KERNEL_NAME,
-                )?;
-                let residency = device.reserve_resident().map_err(cuda_error)?;
-
-                // Allocation order in `with_allocator`: control block, lanes 0.., output ring.
-                let mut device_ptrs = Vec::new();
-                let queues =
-                    PersistentQueues::<In, Out>::with_allocator(opts.queues, &mut |len| {
-                        let m = PinnedMemory::new(&device, len).map_err(cuda_error)?;
-                        device_ptrs.push(m.device_ptr());
-                        Ok(Arc::new(m) as Arc<dyn RingMemory>)
-                    })?;
-                let lanes = opts.queues.lanes;
-                if device_ptrs.len() != lanes + 2 {
-                    return Err(PersistentError::config(format!(
-                        "the queues made {} allocations, not lanes + 2 = {} (control block, \
-                         lanes, output ring)",
-                        device_ptrs.len(),
-                        lanes + 2
-                    )));
-                }
-                let mut state_mem =
-                    DeviceBuffer::alloc(&device, initial_state.len().max(1)).map_err(cuda_error)?;
-                if !initial_state.is_empty() {
-                    let mut bytes = initial_state.to_vec();
-                    bytes.resize(state_mem.len(), 0);
-                    state_mem.copy_from_host(&bytes).map_err(cuda_error)?;
-                }
-                let state_ptr = state_mem.device_ptr();
-                // Host accesses (bound buffers, state) share one spacing between parks.
-                let access = Arc::new(GpuAccess {
-                    device: device.clone(),
-                    last_access: std::sync::Mutex::new(None),
-                });
-                let state = Arc::new(GpuState {
-                    access: access.clone(),
-                    len: initial_state.len(),
-                    memory: std::sync::Mutex::new(Some(state_mem)),
-                    free_quiesced: AtomicBool::new(false),
-                });
-                // Bound buffers: device memory each, initialized from the launch's values, and
-                // the `ResidentBuffers` table (device memory too) pointing at them; allocated
-                // here, under the residency rule, like the state.
-                let mut dev_bufs = Vec::with_capacity(opts.buffers.len());
-                let mut entries = Vec::with_capacity(opts.buffers.len());
-                for b in &opts.buffers {
-                    let mut d =
-                        DeviceBuffer::alloc(&device, b.initial.len().max(1)).map_err(cuda_error)?;
-                    if !b.initial.is_empty() {
-                        d.copy_from_host(&b.initial).map_err(cuda_error)?;
+        // The residency rule: a driver call that waits for the whole device (crate::hazards)
+        // runs only while every resident kernel of the device is parked. A launch needs one
+        // only to load a new module (and look its function up) or to grow the pinned queue
+        // arena: then those run parked, and the kernels are relaunched right after. Everything
+        // else (queues from the arena, stream-ordered device memory, copies on the side
+        // stream, the stream, the launch) waits for no other kernel, so resident kernels keep
+        // running through it, a stuck one included.
+        let sizes = PersistentQueues::<In, Out>::allocation_sizes(opts.queues);
+        let arch = opts.arch.as_deref();
+        let ready = module_ready(&device, source, arch, PERSISTENT_KERNEL_NAME)
+            && device.arena().fits(&sizes)
+            && device.has_memory_pools();
+        if !ready {
+            let dev = device.clone();
+            device
+                .with_quiesced(QUIESCE_TIMEOUT, move || -> Result<(), PersistentError> {
+                    load(&dev, source, arch, PERSISTENT_KERNEL_NAME)?;
+                    if !dev.arena().fits(&sizes) {
+                        crate::pinned::grow_arena(&dev, &sizes).map_err(cuda_error)?;
                     }
-                    entries.push((d.device_ptr(), b.len as u64, b.id));
-                    dev_bufs.push((d, b.initial.len()));
+                    Ok(())
+                })
+                .map_err(cuda_error)??;
+        }
+        // Without memory pools the device allocations below wait for the device: the whole
+        // launch runs parked, as before stream-ordered allocation.
+        let dev = device.clone();
+        let launch_parts = move || -> Result<Self, PersistentError> {
+            let device = dev;
+            let function = load(
+                &device,
+                source,
+                opts.arch.as_deref(),
+                PERSISTENT_KERNEL_NAME,
+            )?;
+            let residency = device.reserve_resident().map_err(cuda_error)?;
+
+            // Allocation order in `with_allocator`: control block, lanes 0.., output ring,
+            // each a piece of the device's pinned arena (no driver call).
+            let mut device_ptrs = Vec::new();
+            let queues = PersistentQueues::<In, Out>::with_allocator(opts.queues, &mut |len| {
+                let piece = device.arena().take(len).ok_or(PersistentError::Memory {
+                    what: "queues (the pinned arena has no room)",
+                    need: len,
+                    got: 0,
+                })?;
+                device_ptrs.push(piece.device_ptr());
+                Ok(Arc::new(piece) as Arc<dyn RingMemory>)
+            })?;
+            let lanes = opts.queues.lanes;
+            if device_ptrs.len() != lanes + 2 {
+                return Err(PersistentError::config(format!(
+                    "the queues made {} allocations, not lanes + 2 = {} (control block, \
+                         lanes, output ring)",
+                    device_ptrs.len(),
+                    lanes + 2
+                )));
+            }
+            let mut state_mem =
+                DeviceBuffer::alloc(&device, initial_state.len().max(1)).map_err(cuda_error)?;
+            if !initial_state.is_empty() {
+                let mut bytes = initial_state.to_vec();
+                bytes.resize(state_mem.len(), 0);
+                state_mem.copy_from_host(&bytes).map_err(cuda_error)?;
+            }
+            let state_ptr = state_mem.device_ptr();
+            // Host accesses (bound buffers, state) share one spacing between parks.
+            let access = Arc::new(GpuAccess {
+                device: device.clone(),
+                kernel: std::sync::Mutex::new(None),
+                last_access: std::sync::Mutex::new(None),
+            });
+            let state = Arc::new(GpuState {
+                access: access.clone(),
+                len: initial_state.len(),
+                memory: std::sync::Mutex::new(Some(state_mem)),
+            });
+            // Bound buffers: device memory each, initialized from the launch's values, and
+            // the `ResidentBuffers` table (device memory too) pointing at them; allocated
+            // here, under the residency rule, like the state.
+            let mut dev_bufs = Vec::with_capacity(opts.buffers.len());
+            let mut entries = Vec::with_capacity(opts.buffers.len());
+            for b in &opts.buffers {
+                let mut d =
+                    DeviceBuffer::alloc(&device, b.initial.len().max(1)).map_err(cuda_error)?;
+                if !b.initial.is_empty() {
+                    d.copy_from_host(&b.initial).map_err(cuda_error)?;
                 }
-                let buffers = if entries.is_empty() {
-                    None
-                } else {
-                    let bytes = super::template::buffer_table_bytes(&entries);
-                    let mut table =
-                        DeviceBuffer::alloc(&device, bytes.len()).map_err(cuda_error)?;
-                    table.copy_from_host(&bytes).map_err(cuda_error)?;
-                    Some(Arc::new(GpuBuffers {
-                        name: source.name.clone(),
-                        access,
-                        lens: dev_bufs.iter().map(|b| b.1).collect(),
-                        memory: std::sync::Mutex::new(Some((
-                            dev_bufs.into_iter().map(|b| b.0).collect(),
-                            table,
-                        ))),
-                        free_quiesced: AtomicBool::new(false),
-                    }))
-                };
-                let stream = Stream::new(&device).map_err(cuda_error)?;
+                entries.push((d.device_ptr(), b.len as u64, b.id));
+                dev_bufs.push((d, b.initial.len()));
+            }
+            let buffers = if entries.is_empty() {
+                None
+            } else {
+                let bytes = super::template::buffer_table_bytes(&entries);
+                let mut table = DeviceBuffer::alloc(&device, bytes.len()).map_err(cuda_error)?;
+                table.copy_from_host(&bytes).map_err(cuda_error)?;
+                Some(Arc::new(GpuBuffers {
+                    name: source.name.clone(),
+                    access,
+                    lens: dev_bufs.iter().map(|b| b.1).collect(),
+                    memory: std::sync::Mutex::new(Some((
+                        dev_bufs.into_iter().map(|b| b.0).collect(),
+                        table,
+                    ))),
+                }))
+            };
+            let stream = Stream::new(&device).map_err(cuda_error)?;
 
-                let mut params = PersistentParams {
-                    buffers: buffers.as_ref().map_or(0, |b| b.table_ptr()),
-                    out: device_ptrs[lanes + 1],
-                    control: device_ptrs[0],
-                    state: state_ptr,
-                    lane_count: lanes as u32,
-                    lane_capacity: opts.queues.lane_capacity as u32,
-                    out_capacity: opts.queues.out_capacity as u32,
-                    max_backoff_ns: opts.max_backoff_ns.max(32),
-                    control_poll_ns: opts.control_poll.as_nanos().min(u64::MAX as u128) as u64,
-                    ..Default::default()
-                };
-                params.lanes[..lanes].copy_from_slice(&device_ptrs[1..=lanes]);
+            let mut params = PersistentParams {
+                buffers: buffers.as_ref().map_or(0, |b| b.table_ptr()),
+                out: device_ptrs[lanes + 1],
+                control: device_ptrs[0],
+                state: state_ptr,
+                lane_count: lanes as u32,
+                lane_capacity: opts.queues.lane_capacity as u32,
+                out_capacity: opts.queues.out_capacity as u32,
+                max_backoff_ns: opts.max_backoff_ns.max(32),
+                control_poll_ns: opts.control_poll.as_nanos().min(u64::MAX as u128) as u64,
+                ..Default::default()
+            };
+            params.lanes[..lanes].copy_from_slice(&device_ptrs[1..=lanes]);
 
-                queues.set_heartbeat_timeout(Some(opts.heartbeat_timeout));
-                queues.heartbeat();
+            queues.set_heartbeat_timeout(Some(opts.heartbeat_timeout));
+            queues.heartbeat();
 
-                let mut args = KernelParams::new();
-                args.push(params).map_err(cuda_error)?;
-                // SAFETY: `function` is `resident_persistent(PersistentParams)` and `args` holds exactly
-                // that struct (the driver copies it at launch). Every address inside points at memory
-                // this value owns and frees only after the kernel has exited (or leaks, see Drop).
-                unsafe {
-                    function.launch(LaunchConfig::new(1, source.batch_size), &stream, &mut args)
-                }
+            let mut args = KernelParams::new();
+            args.push(params).map_err(cuda_error)?;
+            // SAFETY: `function` is `resident_persistent(PersistentParams)` and `args` holds exactly
+            // that struct (the driver copies it at launch). Every address inside points at memory
+            // this value owns and frees only after the kernel has exited (or leaks, see Drop).
+            unsafe { function.launch(LaunchConfig::new(1, source.batch_size), &stream, &mut args) }
                 .map_err(cuda_error)?;
 
-                let mut k = PersistentKernel::<In, Out> {
-                    name: source.name.clone(),
-                    queues: Some(queues),
-                    state: Some(state),
-                    buffers,
-                    stream: None,
-                    function: Some(function.clone()),
-                    residency: Some(residency),
-                    resident: None,
-                    heartbeat: None,
-                    device,
-                    heartbeat_timeout: opts.heartbeat_timeout,
-                    exited: false,
-                    fault: None,
-                    peer: std::sync::OnceLock::new(),
-                };
-                let stream = Arc::new(stream);
-                k.stream = Some(stream.clone());
-                let control = k.q().device_view().control;
-                k.resident = Some(Arc::new(GpuResident {
-                    control,
-                    function,
-                    stream,
-                    params,
-                    block: source.batch_size,
-                    st: std::sync::Mutex::new(GState::default()),
-                }));
-                Ok(k)
-            })
-            .map_err(cuda_error)??;
-        if let Some(b) = &k.buffers {
-            b.free_quiesced.store(true, Ordering::Release);
-        }
-        if let Some(s) = &k.state {
-            s.free_quiesced.store(true, Ordering::Release);
-        }
+            let mut k = PersistentKernel::<In, Out> {
+                name: source.name.clone(),
+                queues: Some(queues),
+                state: Some(state),
+                buffers,
+                stream: None,
+                function: Some(function.clone()),
+                residency: Some(residency),
+                resident: None,
+                heartbeat: None,
+                device,
+                heartbeat_timeout: opts.heartbeat_timeout,
+                exited: false,
+                fault: None,
+                peer: std::sync::OnceLock::new(),
+            };
+            let stream = Arc::new(stream);
+            k.stream = Some(stream.clone());
+            let control = k.q().device_view().control;
+            k.resident = Some(Arc::new(GpuResident {
+                name: source.name.clone(),
+                control,
+                function,
+                stream,
+                params,
+                block: source.batch_size,
+                st: std::sync::Mutex::new(GState::default()),
+            }));
+            Ok(k)
+        };
+        let mut k = if device.has_memory_pools() {
+            launch_parts()?
+        } else {
+            device
+                .with_quiesced(QUIESCE_TIMEOUT, launch_parts)
+                .map_err(cuda_error)??
+        };
         if let Some(r) = &k.resident {
             let weak: std::sync::Weak<dyn crate::device::Quiesce> =
                 Arc::downgrade(&(r.clone() as Arc<dyn crate::device::Quiesce>));
             k.device.register_resident(weak);
+            // Host accesses of the state and the bound buffers park this kernel alone.
+            let me = Arc::downgrade(r);
+            if let Some(s) = &k.state {
+                s.access.set_kernel(me.clone());
+            }
+            if let Some(b) = &k.buffers {
+                b.access.set_kernel(me);
+            }
         }
         // Started after the launch so a failed launch leaves no thread behind; if spawning
         // fails, dropping `k` terminates the kernel and waits for it.
@@ -629,6 +673,13 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         Ok(())
     }
 
+    /// Tells the kernel to exit after its batch, with no driver call: only the control block
+    /// (host memory) is written. For a host whose driver calls may be stuck behind the
+    /// resident kernel (a call that waits for the device): once the kernel exits they return.
+    pub fn signal_terminate(&self) {
+        self.set_run_state(RunState::Terminate);
+    }
+
     /// Run-state writes go through the residency side, so a quiesce never loses one.
     fn set_run_state(&self, rs: RunState) {
         match &self.resident {
@@ -731,29 +782,46 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
             std::mem::forget(self.stream.take());
             std::mem::forget(self.function.take());
             std::mem::forget(self.residency.take());
+            // And the device itself: its pinned arena (the queues' memory) must never be freed
+            // under the running block (a free would also wait for it forever).
+            std::mem::forget(self.device.clone());
         }
-        // Otherwise the device side is freed under the residency rule (cuMemFree and
-        // cuMemFreeHost may wait for the device): the other resident kernels park meanwhile.
-        // The state and the bound buffers are not among these parts: they free themselves
-        // under the residency rule when their last holder drops them (their field drops,
-        // after this), and dropping the last one inside this closure would nest a quiesce,
-        // which deadlocks.
-        // Our own registration goes first so we are not asked to park. On a lost device the
-        // context reset frees them; if the others do not park in time, the closure is dropped
-        // unrun and the fields are freed right there anyway.
+        // Otherwise nothing here waits for the device: the queues go back to the pinned
+        // arena, the stream is destroyed (the driver lets queued work finish), the module
+        // stays loaded in the device's cache, and the state and bound buffers (stream-ordered
+        // memory) free themselves when their last holder drops them. Our registration goes
+        // first so no quiesce asks a kernel that is gone to park.
         self.resident.take();
-        let parts = (
-            self.queues.take(),
-            self.stream.take(),
-            self.function.take(),
-            self.residency.take(),
-        );
-        if parts.0.is_some() {
-            let _ = self
-                .device
-                .with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
-        }
     }
+}
+
+/// Whether `source`'s module is loaded on `device` with its function `name` looked up, so a
+/// launch makes no module call (each waits for the device): the keys [`load`] uses.
+fn module_ready(
+    device: &Arc<Device>,
+    source: &KernelSource,
+    arch: Option<&str>,
+    name: &str,
+) -> bool {
+    let Ok(text) = source.render() else {
+        return false;
+    };
+    let extra = ["resident-persistent".to_string()];
+    let driver = device.info().driver_version;
+    let archs = match arch {
+        Some(a) => vec![a.to_string()],
+        None => {
+            let (major, minor) = device.info().compute_capability;
+            vec![format!("sm_{major}{minor}"), device.info().arch()]
+        }
+    };
+    archs.iter().any(|a| {
+        let key = CacheKey::new(&text, &extra, a, driver);
+        device
+            .modules
+            .get(key.0)
+            .is_some_and(|m| m.has_function(name))
+    })
 }
 
 /// A GPU kernel's bound buffers: device memory the kernel reads and writes through its
@@ -775,24 +843,28 @@ pub struct GpuBuffers {
     lens: Vec<usize>,
     /// The buffers and the table; `None` only while dropping.
     memory: std::sync::Mutex<Option<(Vec<DeviceBuffer>, DeviceBuffer)>>,
-    /// Set once the launch (which runs under the residency rule itself) has returned: from
-    /// then on the memory is freed under the residency rule. A launch that fails drops it
-    /// inside its own quiesce, where a nested one would deadlock.
-    free_quiesced: AtomicBool,
 }
 
 /// A kernel's parked host access on a GPU (bound buffers, state): the copy runs under the
 /// residency rule, and accesses are spaced so the kernels run between two of them.
 struct GpuAccess {
     device: Arc<Device>,
+    /// The kernel whose memory this is (set once it launched; gone once it ended).
+    kernel: std::sync::Mutex<Option<std::sync::Weak<GpuResident>>>,
     /// When the last access relaunched the kernels: the next one lets them run
     /// [`super::sim::MIN_RUN_BETWEEN_ACCESSES`] first, so back-to-back reads do not starve them.
     last_access: std::sync::Mutex<Option<Instant>>,
 }
 
 impl GpuAccess {
-    /// Runs `op` under the residency rule (every resident kernel of the device parked between
-    /// two batches, or gone), waiting up to `timeout` for them to park.
+    fn set_kernel(&self, k: std::sync::Weak<GpuResident>) {
+        *self.kernel.lock().unwrap_or_else(|p| p.into_inner()) = Some(k);
+    }
+
+    /// Runs `op` with the kernel parked between two batches (or gone), waiting up to
+    /// `timeout` for it to park. The copy runs on the side stream, which waits for no other
+    /// kernel, so only this one parks; without memory pools the copy is a synchronous one and
+    /// every resident kernel of the device parks (the residency rule).
     fn with_quiesced<R>(
         &self,
         timeout: Duration,
@@ -806,11 +878,26 @@ impl GpuAccess {
                 std::thread::sleep(until - now);
             }
         }
-        let r = self
-            .device
-            .with_quiesced(timeout, op)
-            .map_err(cuda_error)?
-            .map_err(cuda_error);
+        let kernel = self
+            .kernel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|w| w.upgrade());
+        let r = match kernel {
+            Some(k) if self.device.has_memory_pools() => self
+                .device
+                .with_parked(&*k, timeout, op)
+                .map_err(cuda_error)?
+                .map_err(cuda_error),
+            Some(_) => self
+                .device
+                .with_quiesced(timeout, op)
+                .map_err(cuda_error)?
+                .map_err(cuda_error),
+            // Ended: nothing runs that could write the memory.
+            None => op().map_err(cuda_error),
+        };
         *self.last_access.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         r
     }
@@ -830,8 +917,6 @@ pub struct GpuState {
     len: usize,
     /// `None` only while dropping.
     memory: std::sync::Mutex<Option<DeviceBuffer>>,
-    /// As in [`GpuBuffers`]: set once the launch returned.
-    free_quiesced: AtomicBool,
 }
 
 impl GpuState {
@@ -862,19 +947,6 @@ impl GpuState {
             out.truncate(self.len);
             Ok(out)
         })
-    }
-}
-
-impl Drop for GpuState {
-    fn drop(&mut self) {
-        // As for GpuBuffers: cuMemFree under the residency rule once the launch has returned.
-        let mem = self.memory.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if self.free_quiesced.load(Ordering::Acquire) {
-            let _ = self
-                .access
-                .device
-                .with_quiesced(QUIESCE_TIMEOUT, move || drop(mem));
-        }
     }
 }
 
@@ -963,26 +1035,13 @@ impl GpuBuffers {
     }
 }
 
-impl Drop for GpuBuffers {
-    fn drop(&mut self) {
-        // cuMemFree may wait for the device: under the residency rule (if the others do not
-        // park in time the closure is dropped unrun and the memory is freed right there).
-        let parts = self.memory.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if self.free_quiesced.load(Ordering::Acquire) {
-            let _ = self
-                .access
-                .device
-                .with_quiesced(QUIESCE_TIMEOUT, move || drop(parts));
-        }
-    }
-}
-
 /// How long the residency rule waits for the resident kernels of a device to park.
 pub const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A [`PersistentKernel`]'s side of the residency rule: parks it (`RunState::Quiesce`, then
 /// waits for its stream to drain) and relaunches it over the same memory.
 struct GpuResident {
+    name: String,
     control: SharedMemory,
     function: Function,
     stream: Arc<Stream>,
@@ -1028,6 +1087,10 @@ impl GpuResident {
 }
 
 impl crate::device::Quiesce for GpuResident {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
     fn forward_edge(&self) -> (u64, u64) {
         // SAFETY: the control memory (CONTROL_BLOCK_BYTES, 128-aligned, checked by
         // PersistentQueues) lives as long as `self.control`; atomics only.
