@@ -16,6 +16,7 @@ pub mod engine;
 pub mod memory;
 pub mod profile;
 pub mod runtime;
+pub mod state;
 pub mod telemetry;
 
 pub use resident_ring as ring;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::runtime::state::KernelState;
+use crate::state::KernelState;
 
 /// Sub-buckets per power of two: values are kept to within 1/16 (about 6%).
 const SUB_BITS: u32 = 4;

@@ -8,8 +8,8 @@ use resident_ring::Message;
 
 use crate::ring::{CudaHandler, DeviceGeometry};
 use resident_core::engine::error::DeviceError;
-use resident_core::engine::ring::{CudaSource, DeviceHandler, DeviceHosted, RingSpec};
 use resident_core::engine::BackendKind;
+use resident_core::runtime::device_handler::{CudaSource, DeviceHandler, DeviceHosted, RingSpec};
 use resident_core::runtime::host::device::{DeviceHost, DeviceRing};
 
 impl<In: Message, Out: Message> DeviceHandler<In, Out> for CudaHandler<In, Out> {

@@ -6,7 +6,7 @@
 //! memory, streams and one-shot kernels) or on CudaSim, the same source compiled by the host
 //! C++ compiler and run on host threads (feature `cudasim`: [`sim`]). Both are pumped by the
 //! one device host of `resident-core` and plug in through its seam
-//! ([`resident_core::engine::ring::DeviceHandler`], in [`launch`]).
+//! ([`resident_core::runtime::device_handler::DeviceHandler`], in [`launch`]).
 //!
 //! Applications use it through the facade `resident` (`resident::prelude::CudaHandler`).
 

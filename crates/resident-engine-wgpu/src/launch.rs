@@ -7,8 +7,8 @@ use resident_ring::Message;
 
 use crate::ring::WgslHandler;
 use resident_core::engine::error::DeviceError;
-use resident_core::engine::ring::{DeviceHandler, DeviceHosted, RingSpec, WgslSource};
 use resident_core::engine::BackendKind;
+use resident_core::runtime::device_handler::{DeviceHandler, DeviceHosted, RingSpec, WgslSource};
 
 impl<In: Message, Out: Message> DeviceHandler<In, Out> for WgslHandler<In, Out> {
     fn language(&self) -> &'static str {

@@ -7,7 +7,6 @@
 pub mod cpu;
 pub mod error;
 pub mod kernel;
-pub mod ring;
 pub mod storage;
 
 use std::sync::Arc;

@@ -61,7 +61,7 @@ use resident_ring::Slot;
 pub use report::{Bottleneck, Figures, GpuTelemetry, Report, TrackReport};
 pub use ring::{SpanKind, SpanRecord};
 
-use crate::runtime::state::KernelState;
+use crate::state::KernelState;
 
 /// A message's queue wait up to this many batch lengths (the longer of the batch that handled
 /// it and the kernel's mean batch so far) counts as normal (the batch in hand plus a short

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use resident_ring::{Backpressure, Message, WaitStrategy};
 
-use crate::engine::ring::{CudaSource, WgslSource};
 use crate::runtime::bind::PendingBinding;
 use crate::runtime::context::{Context, LoopContext};
+use crate::runtime::device_handler::{CudaSource, WgslSource};
 pub use crate::runtime::io::ForwardPath;
 
 pub(crate) type HandlerFn<In, Out, S> = Box<dyn FnMut(&mut Context<S>, In) -> Option<Out> + Send>;
@@ -64,7 +64,7 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) terminate_timeout: Option<Duration>,
     /// Its device handlers (`.cuda(..)`, `.wgsl(..)`: each engine's module adds its own),
     /// at most one per language; the runtime launches the one that runs on its engine.
-    pub(crate) device: crate::engine::ring::DeviceHandlers<In, Out>,
+    pub(crate) device: crate::runtime::device_handler::DeviceHandlers<In, Out>,
     pub(crate) bindings: Vec<PendingBinding>,
     pub(crate) forward: Option<String>,
     /// How forwarded outputs travel (`RingKernel::forward_path`).

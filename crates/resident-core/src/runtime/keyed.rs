@@ -50,9 +50,9 @@ use resident_ring::{Envelope, Message, Slot};
 use bytemuck::Pod;
 use resident_ring::message::CField;
 
-use crate::engine::ring::{CudaSource, WgslSource};
 use crate::memory::{BufferOptions, UnifiedBuffer};
 use crate::runtime::bind::{BindError, PendingBinding};
+use crate::runtime::device_handler::{CudaSource, WgslSource};
 use crate::runtime::host::{panic_text, RingHost};
 use crate::runtime::io::KernelIo;
 use crate::runtime::kernel::RingKernel;

@@ -3,6 +3,7 @@
 
 pub mod bind;
 pub mod context;
+pub mod device_handler;
 pub mod handle;
 #[doc(hidden)] // for the engines in the crate `resident`, not the API
 pub mod host;
@@ -16,7 +17,8 @@ pub(crate) mod port;
 pub(crate) mod publisher;
 pub(crate) mod registry;
 pub mod report;
-pub mod state;
+/// The kernel lifecycle and the runtime's errors (below the runtime: [`crate::state`]).
+pub use crate::state;
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -425,7 +427,7 @@ impl<E: Engines> Runtime<E> {
             Some(h) => Some(
                 h.launch(
                     engine,
-                    &crate::engine::ring::RingSpec {
+                    &crate::runtime::device_handler::RingSpec {
                         id: &id,
                         lanes: kernel.lanes,
                         queue_size: kernel.queue_size,
