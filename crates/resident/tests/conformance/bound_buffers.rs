@@ -321,24 +321,12 @@ fn mismatches(t: &dyn Target) {
             assert_eq!(k.call(Op { index: 0, add: 0 }, T).unwrap().ok, 0b11);
             k.terminate().unwrap();
         }
+        // CUDA C, on CudaSim and on a GPU alike: the declarations are checked against the
+        // bindings before either launcher compiles anything, so both see the same typed error.
         #[cfg(feature = "cudasim")]
-        Placement::Device(BackendKind::CudaSim) => {
-            // CUDA C: declared buffers that differ from the bound ones (another element type).
-            let declared = RingKernel::<Op, Got>::new("cuda-declared")
-                .bind("src", buf(&d, &[1; 4]))
-                .bind("acc", buf(&d, &[0; 4]))
-                .cuda(
-                    CudaHandler::new(CUDA_SRC)
-                        .buffer::<u32>("src")
-                        .buffer::<f32>("acc"),
-                );
-            match rt.launch(declared).map(|_| ()).unwrap_err().device_error() {
-                Some(resident::backend::DeviceError::Binding { name, reason }) => {
-                    assert!(reason.contains("declares"), "{name}: {reason}")
-                }
-                other => panic!("expected DeviceError::Binding, got {other:?}"),
-            }
-        }
+        Placement::Device(BackendKind::CudaSim) => cuda_declared_mismatch(t, &rt, &d),
+        #[cfg(feature = "cuda")]
+        Placement::Device(BackendKind::Cuda) => cuda_declared_mismatch(t, &rt, &d),
         #[cfg(feature = "wgpu")]
         Placement::Device(BackendKind::Wgpu) => {
             // WGSL: the generated declaration is the bound element type, so a handler that
@@ -362,6 +350,30 @@ fn mismatches(t: &dyn Target) {
             );
         }
         other => panic!("{}: no mismatch case for {other:?}", t.name()),
+    }
+}
+
+/// CUDA C: declared buffers that differ from the bound ones (another element type) are a
+/// typed `DeviceError::Binding` at launch, on every CUDA launcher (CudaSim and the GPU).
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+fn cuda_declared_mismatch(t: &dyn Target, rt: &Runtime, d: &resident::backend::DeviceHandle) {
+    let declared = RingKernel::<Op, Got>::new("cuda-declared")
+        .bind("src", buf(d, &[1; 4]))
+        .bind("acc", buf(d, &[0; 4]))
+        .cuda(
+            CudaHandler::new(CUDA_SRC)
+                .buffer::<u32>("src")
+                .buffer::<f32>("acc"),
+        );
+    match rt.launch(declared).map(|_| ()).unwrap_err().device_error() {
+        Some(resident::backend::DeviceError::Binding { name, reason }) => {
+            assert!(
+                reason.contains("declares"),
+                "{}: {name}: {reason}",
+                t.name()
+            )
+        }
+        other => panic!("{}: expected DeviceError::Binding, got {other:?}", t.name()),
     }
 }
 
