@@ -147,7 +147,7 @@ pub struct PagerankArgs {
     /// Edge list: `src dst` per line, `#` comments.
     #[arg(long, conflicts_with_all = ["nodes", "edges_per_node", "seed"])]
     graph: Option<PathBuf>,
-    /// Generated graph: nodes.
+    /// Generated graph: nodes [default, without --graph: 1000000; on cuda-sim 20000].
     #[arg(long)]
     nodes: Option<usize>,
     /// Generated graph: out-edges drawn per node.
@@ -356,9 +356,27 @@ pub fn run(cmd: DemoCommand) -> Result<(), DemoError> {
     }
 }
 
+/// `demo pagerank`'s generated graph without `--graph` or `--nodes`: the size of the
+/// committed PageRank benchmark (1M nodes, 5M edges; `bench workloads`), on every backend but
+/// CudaSim, which is a simulator and gets a graph it ranks in seconds.
+const PAGERANK_NODES: usize = 1_000_000;
+/// The same on CudaSim.
+const PAGERANK_NODES_SIM: usize = 20_000;
+
+/// The generated graph's nodes: `--nodes`, or the backend's default (see [`PAGERANK_NODES`]).
+fn pagerank_nodes(a: &PagerankArgs) -> Result<usize, DemoError> {
+    size(
+        "--nodes",
+        a.nodes,
+        a.backend.backend,
+        PAGERANK_NODES,
+        PAGERANK_NODES_SIM,
+    )
+}
+
 fn load_graph(a: &PagerankArgs) -> Result<EdgeList, DemoError> {
-    match (&a.graph, a.nodes) {
-        (Some(p), _) => {
+    match &a.graph {
+        Some(p) => {
             let g = input::read_edge_list(p)?;
             match g.edges.is_empty() {
                 true => Err(resident_workloads::InputError::Empty {
@@ -369,14 +387,12 @@ fn load_graph(a: &PagerankArgs) -> Result<EdgeList, DemoError> {
                 false => Ok(g),
             }
         }
-        (None, Some(n)) => {
+        None => {
+            let n = pagerank_nodes(a)?;
             // Edges as pairs, CSR both ways, ranks and the reference.
             fits("--nodes", n, 64 + 40 * a.edges_per_node as u64)?;
             Ok(input::generate_graph(n, a.edges_per_node, a.seed)?)
         }
-        (None, None) => Err(DemoError::Usage(
-            "give --graph FILE or --nodes N (with --edges-per-node K --seed S)".into(),
-        )),
     }
 }
 
@@ -593,4 +609,55 @@ fn run_anomaly(a: AnomalyArgs) -> Result<(), DemoError> {
         println!("wrote {} alerts to {}", report.alerts.len(), path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// `resident demo ...`, parsed as the binary parses it.
+    #[derive(Parser)]
+    struct Demo {
+        #[command(subcommand)]
+        cmd: DemoCommand,
+    }
+
+    fn pagerank_args(args: &[&str]) -> PagerankArgs {
+        let argv = ["demo", "pagerank"].iter().chain(args);
+        match Demo::try_parse_from(argv).unwrap().cmd {
+            DemoCommand::Pagerank(a) => a,
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn pagerank_has_a_default_graph_on_every_backend() {
+        // Neither --graph nor --nodes: a generated graph of the backend's default size.
+        for (backend, want) in [
+            (None, PAGERANK_NODES),
+            (Some("cpu"), PAGERANK_NODES),
+            (Some("cuda"), PAGERANK_NODES),
+            (Some("wgpu"), PAGERANK_NODES),
+            (Some("auto"), PAGERANK_NODES),
+            (Some("cuda-sim"), PAGERANK_NODES_SIM),
+        ] {
+            let args: Vec<&str> = backend.iter().flat_map(|b| ["--backend", *b]).collect();
+            let a = pagerank_args(&args);
+            assert!(a.graph.is_none() && a.nodes.is_none(), "{args:?}");
+            assert_eq!(pagerank_nodes(&a).unwrap(), want, "{args:?}");
+        }
+        // --nodes wins on every backend; zero is refused naming the flag.
+        for b in ["cpu", "cuda", "cuda-sim", "wgpu"] {
+            let a = pagerank_args(&["--backend", b, "--nodes", "50"]);
+            assert_eq!(pagerank_nodes(&a).unwrap(), 50, "{b}");
+            let a = pagerank_args(&["--backend", b, "--nodes", "0"]);
+            let e = pagerank_nodes(&a).unwrap_err().to_string();
+            assert!(e.contains("--nodes"), "{b}: {e}");
+        }
+        // A file and --nodes still do not go together.
+        let argv = ["demo", "pagerank", "--graph", "g.txt", "--nodes", "5"];
+        assert!(Demo::try_parse_from(argv).is_err());
+    }
 }

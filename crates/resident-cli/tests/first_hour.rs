@@ -1,8 +1,9 @@
 //! The rough edges a new user met (issue 19), each as the user meets it: empty or zero-size
 //! input is an error naming the file or the flag (exit non-zero, no "checked" claim); a broken
 //! pipe ends quietly; the default output goes to the repository from any folder; CudaSim demos
-//! pick sizes that finish in seconds and say that CudaSim is a simulator; the pipeline demo
-//! works on CudaSim with its defaults; the profile text uses one word for busy and one for idle.
+//! pick sizes that finish in seconds and say that CudaSim is a simulator; the pipeline and
+//! PageRank demos work on CudaSim with their defaults; the profile text uses one word for busy
+//! and one for idle.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -226,6 +227,18 @@ fn cuda_sim_demos_use_small_defaults_say_it_is_a_simulator_and_the_pipeline_work
     assert!(t.contains("checked against the f64 reference"), "{t}");
     assert!(!t.contains("timed out"), "{t}");
     println!("demo pipeline --backend cuda-sim: {:.1?}", t0.elapsed());
+    // PageRank without --graph or --nodes: a generated graph of CudaSim's size (the GPU run
+    // of issue 27 found `demo pagerank` refusing to run without one of them).
+    let t0 = std::time::Instant::now();
+    let o = resident(&["demo", "pagerank", "--backend", "cuda-sim"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("CudaSim is a simulator") && t.contains("20000 nodes"),
+        "{t}"
+    );
+    assert!(t.contains("of the sequential f64 reference"), "{t}");
+    println!("demo pagerank --backend cuda-sim: {:.1?}", t0.elapsed());
 }
 
 #[test]
