@@ -1,57 +1,186 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine, from the repo root, with ./.gpu carried (see gpu-pack.sh): every
-# test binary with the GPU required, compute-sanitizer (memcheck and racecheck) on the CUDA
-# tests, the residency probe (cuMemAlloc, cuMemFree, module load and a launch timed while a
-# ring kernel is resident), and the GPU benchmarks. Each step runs under `timeout`, so a hang
-# (e.g. a driver call waiting on a resident kernel) is recorded, not waited on forever.
-# Everything goes under one folder: $OUT (default ./gpu-out/<UTC date-time>).
+# Runs on a GPU machine, from the repository root, with ./.gpu/pack.tar.xz carried (built here by
+# scripts/gpu-pack.sh; the device tool: carry [".gpu"], command `bash scripts/gpu-run.sh`).
+# Sized for a short lease: at most 8 minutes on a 16-core machine (give the device tool a
+# timeout_s of about 540, so a slow start of the run still leaves what is under $OUT).
+#
+#   1. every GPU (CUDA) test alone, each with its own timeout;
+#   2. the demos on --backend cuda (each checked against its f64 reference) and short benchmarks;
+#   3. wgpu on the GPU's own Vulkan driver (Debian's libvulkan1 from the pack, unpacked into /):
+#      `resident info`, then every wgpu test alone, if a hardware adapter is there;
+#   4. compute-sanitizer memcheck on the round trip, if time is left.
+#
+# One line per test or step in $OUT/status.txt: `PASS|FAIL|TIMEOUT <binary> <test> <seconds>s`,
+# `SKIP <binary> <test> <why>` for those not started. No step starts once BUDGET seconds (450:
+# 7.5 minutes) have passed since the start, and every step is killed by HARD seconds (470).
+# Everything is in one folder, $OUT (the device tool's; else gpu-out/<UTC date-time>), in at most
+# 8 files: status.txt, machine.txt, tests.log, wgpu.log, run.log (demos, benchmarks, sanitizer),
+# results.tar.gz (every JSON and picture) and, as far as the 8 allow, the JSON files themselves.
 set -uo pipefail
-OUT="${OUT:-gpu-out/$(date -u +%Y%m%dT%H%M%SZ)}"
-T_TEST="${T_TEST:-600}"     # seconds per test binary
-T_BENCH="${T_BENCH:-1800}"  # seconds per benchmark
-mkdir -p "$OUT"
+O="${OUT:-gpu-out/$(date -u +%Y%m%dT%H%M%SZ)}"
+BUDGET="${BUDGET:-450}"   # no new step after this many seconds
+HARD="${HARD:-470}"       # every step is over by then
+T_SIMPLE="${T_SIMPLE:-20}" T_TEST="${T_TEST:-30}" T_HEAVY="${T_HEAVY:-60}"
+PACK="${PACK:-.gpu/pack.tar.xz}"
+W=/tmp/resident-gpu      # the unpacked binaries
+R=/tmp/resident-gpu-res  # JSON and pictures, tarred into $O at the end
+mkdir -p "$O"
+S="$O/status.txt" TL="$O/tests.log" WL="$O/wgpu.log" RL="$O/run.log"
+: >"$S"
+
+finish() {
+  # A file over 16 MiB does not come back: keep a log's first 4 and last 10 MiB.
+  local log
+  for log in "$TL" "$WL" "$RL"; do
+    if [ -f "$log" ] && (( $(stat -c %s "$log") > 15 * 1024 * 1024 )); then
+      { head -c 4M "$log"; printf '\n[... cut to fit: 16 MiB a file ...]\n'; tail -c 10M "$log"; } >"$log.cut"
+      mv "$log.cut" "$log"
+    fi
+  done
+  grep -h '^PROBE ' "$TL" 2>/dev/null | sed 's/^PROBE //' >"$R/residency-probe.jsonl"
+  [ -s "$R/residency-probe.jsonl" ] || rm -f "$R/residency-probe.jsonl"
+  tar -czf "$O/results.tar.gz" -C "$R" . 2>/dev/null
+  # The JSON files themselves too, while the 8 files that come back allow.
+  local n f
+  n=$(find "$O" -maxdepth 1 -type f | wc -l)
+  for f in "$R"/*.json; do
+    [ -e "$f" ] || continue
+    (( n < 8 )) || break
+    cp "$f" "$O/" && n=$((n + 1))
+  done
+  echo "done in ${SECONDS}s: $(grep -c '^PASS' "$S") passed, $(grep -c '^FAIL' "$S") failed, \
+$(grep -c '^TIMEOUT' "$S") timed out, $(grep -c '^SKIP' "$S") skipped; everything is in $O" | tee -a "$S"
+}
+
+rm -rf "$W" "$R"; mkdir -p "$W" "$R"
+if ! tar -xJf "$PACK" -C "$W"; then
+  echo "FAIL pack unpack 0s ($PACK missing or broken: run scripts/gpu-pack.sh, carry .gpu)" | tee -a "$S"
+  finish; exit 1
+fi
+
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
-export RESIDENT_REQUIRE_GPU=1 RESIDENT_REQUIRE_NVRTC=1 RESIDENT_KERNEL_CACHE="$PWD/.gpu/kcache"
+# NVRTC from the image's Python packages (nvidia-cuda-nvrtc), after the toolkit's.
+nv=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null)
+for d in "$nv"/cu13/lib "$nv"/cuda_nvrtc/lib; do
+  [ -n "$nv" ] && [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+export RESIDENT_REQUIRE_GPU=1 RESIDENT_REQUIRE_NVRTC=1 RESIDENT_KERNEL_CACHE=/tmp/resident-kcache \
+  RUST_BACKTRACE=1
 
-run() {  # run <seconds> <log> <cmd...>: records the exit status (124 = timed out)
-  local t="$1" log="$2"; shift 2
-  echo "== $* (timeout ${t}s)" | tee -a "$log"
-  timeout --kill-after=30 "$t" "$@" >>"$log" 2>&1
-  local rc=$?
-  echo "exit $rc: $*" | tee -a "$log" "$OUT/status.txt"
+# The Vulkan loader for wgpu, and the NVIDIA ICD if the loader's own search does not find it.
+for deb in "$W"/deb/*.deb; do [ -e "$deb" ] && dpkg -x "$deb" /; done
+ldconfig 2>/dev/null || true
+if ! ls /usr/share/vulkan/icd.d/nvidia* /usr/local/share/vulkan/icd.d/nvidia* \
+  /etc/vulkan/icd.d/nvidia* >/dev/null 2>&1; then
+  for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/local/nvidia/icd.d/nvidia_icd.json; do
+    [ -f "$icd" ] && { export VK_DRIVER_FILES="$icd"; break; }
+  done
+fi
+
+{
+  echo "== started $(date -u +%Y-%m-%dT%H:%M:%SZ); budget ${BUDGET}s, hard ${HARD}s"
+  cat "$W/MANIFEST" 2>/dev/null
+  nvidia-smi -L
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  echo "nproc $(nproc); $(uname -srm)"
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-} libvulkan: $(ldconfig -p | grep -c 'libvulkan.so')"
+  command -v compute-sanitizer g++ nvcc
+  echo "== resident info"
+  "$W/resident" info
+  echo "== resident info --json"
+  "$W/resident" info --json
+} >"$O/machine.txt" 2>&1
+
+# step <seconds> <log> <binary> <name> <cmd...>: one status line.
+step() {
+  local t=$1 log=$2 bin=$3 name=$4 t0=$SECONDS rc v
+  shift 4
+  if (( SECONDS >= BUDGET )); then echo "SKIP $bin $name budget" >>"$S"; return; fi
+  (( t > HARD - SECONDS )) && t=$((HARD - SECONDS))
+  (( t < 1 )) && t=1
+  echo "=== $bin $name (at ${SECONDS}s, timeout ${t}s): $*" >>"$log"
+  timeout -k 3 "$t" "$@" >>"$log" 2>&1
+  rc=$?
+  case $rc in 0) v=PASS ;; 124 | 137) v=TIMEOUT ;; *) v=FAIL ;; esac
+  echo "$v $bin $name $((SECONDS - t0))s" | tee -a "$S"
+  echo "=== $v (exit $rc)" >>"$log"
 }
 
-{ nvidia-smi || true; .gpu/resident info || true; } >"$OUT/machine.txt" 2>&1
-for t in .gpu/tests/*; do
-  run "$T_TEST" "$OUT/gpu-tests.log" "$t" --test-threads=1 --nocapture
-done
-if command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
-    for t in .gpu/tests/gpu-* .gpu/tests/persistent_gpu-* .gpu/tests/memory_cuda-*; do
-      [ -e "$t" ] && run "$T_TEST" "$OUT/sanitizer-$tool.log" compute-sanitizer --tool "$tool" "$t" --test-threads=1
-    done
+# The timeout of one test.
+limit() {
+  case "$1:$2" in
+    gpu:* | memory_cuda:* | bind_gpu:* | ring_gpu:without_* | ring_gpu:bad_* | persistent_gpu:without_* \
+      | persistent_gpu:launch_rejects_*) echo "$T_SIMPLE" ;;
+    *terminate_race* | *backpressure* | *stuck_handler* | *residency_* | *quiesce* | *:workloads_on_* \
+      | ring_gpu:bench_ring_* | *a_million_keys* | *device_faults* | device_wgpu:*) echo "$T_HEAVY" ;;
+    *) echo "$T_TEST" ;;
+  esac
+}
+
+# tests <log> <binary> <regex>: every test of the binary whose name matches, each alone.
+tests() {
+  local log=$1 bin=$2 re=$3 b="$W/tests/$2" names n
+  if [ ! -x "$b" ]; then echo "SKIP $bin - not in the pack" | tee -a "$S"; return; fi
+  names=$("$b" --list --format terse 2>>"$log" | sed -n 's/: test$//p' | grep -E "$re")
+  if [ -z "$names" ]; then echo "FAIL $bin - no test matches $re" | tee -a "$S"; return; fi
+  for n in $names; do
+    step "$(limit "$bin" "$n")" "$log" "$bin" "$n" "$b" --exact "$n" --nocapture --test-threads=1
   done
-else
-  echo "compute-sanitizer not found: sanitizer runs skipped" | tee -a "$OUT/status.txt"
-fi
-# The residency probe: one JSON object per line.
-for t in .gpu/tests/persistent_gpu-*; do
-  run "$T_TEST" "$OUT/residency-probe.log" "$t" --exact \
-    residency_probe_times_driver_calls_while_a_ring_kernel_is_resident --nocapture --test-threads=1
-done
-grep -h '^PROBE ' "$OUT/residency-probe.log" 2>/dev/null | sed 's/^PROBE //' >"$OUT/residency-probe.jsonl" || true
-run "$T_BENCH" "$OUT/transfer.log" .gpu/resident bench-transfer --out-dir "$OUT"
-run "$T_BENCH" "$OUT/ring.log" .gpu/resident bench-ring --out-dir "$OUT"
-# The four workloads on the GPU, each checked against its f64 reference, then measured
-# (1M-node PageRank, anomaly actor vs stateless batch); the CPU in the same run as the baseline.
+}
+
+# ---- 1. the GPU tests ----------------------------------------------------------------------
+tests "$TL" gpu .
+tests "$TL" memory_cuda .
+tests "$TL" bind_gpu .
+tests "$TL" persistent_gpu .
+tests "$TL" device_gpu .
+tests "$TL" conformance '(^|::)gpu::'
+tests "$TL" backends '^workloads_on_a_gpu$'
+tests "$TL" ring_gpu .
+
+# ---- 2. demos on the GPU and short benchmarks ------------------------------------------------
 for w in vector-add pipeline pagerank anomaly; do
-  run "$T_TEST" "$OUT/workloads-demo.log" .gpu/resident demo "$w" --backend cuda
+  step "$T_TEST" "$RL" resident "demo-$w" "$W/resident" demo "$w" --backend cuda
 done
-# Streaming PageRank on the GPU (edge changes in ticket order, parallel push rounds with f64
-# atomics), checked against the recompute after every batch and the reference at the end.
-run "$T_TEST" "$OUT/workloads-demo.log" .gpu/resident demo pagerank --stream --backend cuda \
-  --nodes 1000000 --edges-per-node 5 --tol 1e-9 --batches 5
-run "$T_BENCH" "$OUT/workloads.log" .gpu/resident bench workloads --backends cuda,cpu --out-dir "$OUT"
-echo "everything is in $OUT (status.txt: one line per step)"
+step "$T_HEAVY" "$RL" resident demo-pagerank-stream "$W/resident" demo pagerank --stream \
+  --backend cuda --nodes 200000 --tol 1e-9 --batches 5
+step "$T_TEST" "$RL" resident bench-ring "$W/resident" bench-ring --iters "${RING_ITERS:-2000}" --out-dir "$R"
+step "$T_SIMPLE" "$RL" resident bench-transfer "$W/resident" bench-transfer --iterations 5 --out-dir "$R"
+step "$T_HEAVY" "$RL" resident bench-workloads "$W/resident" bench workloads --quick --repeats 1 \
+  --backends cuda --out-dir "$R" --prefix workloads-gpu
+
+# ---- 3. wgpu on the GPU's Vulkan driver -----------------------------------------------------
+hw=$("$W/resident" info --json 2>/dev/null | python3 -c 'import json, sys
+for b in json.load(sys.stdin).get("backends", []):
+    if b.get("backend") == "wgpu":
+        a = [x for x in b.get("adapters") or [] if not x.get("software")]
+        print(a[0]["name"] if a else "")' 2>/dev/null)
+if [ -n "$hw" ]; then
+  echo "wgpu adapter: $hw" | tee -a "$WL"
+  export RESIDENT_REQUIRE_WGPU=1
+  tests "$WL" conformance '(^|::)wgpu::'
+  tests "$WL" forward_wgpu .
+  tests "$WL" bind_wgpu .
+  tests "$WL" backends '^workloads_on_wgpu$'
+  tests "$WL" device_wgpu .
+  tests "$WL" ring_wgpu .
+  tests "$WL" keyed_wgpu .
+  tests "$WL" memory_wgpu .
+  step "$T_TEST" "$RL" resident demo-pagerank-wgpu "$W/resident" demo pagerank --backend wgpu
+else
+  echo "SKIP wgpu - no hardware wgpu adapter (see machine.txt: resident info)" | tee -a "$S"
+fi
+
+# ---- 4. compute-sanitizer, if time is left ---------------------------------------------------
+if command -v compute-sanitizer >/dev/null; then
+  step "$T_HEAVY" "$RL" compute-sanitizer memcheck-persistent_kernel_round_trip \
+    compute-sanitizer --tool memcheck --error-exitcode 1 "$W/tests/persistent_gpu" --exact \
+    persistent_kernel_round_trip --test-threads=1
+else
+  echo "SKIP compute-sanitizer - not installed" >>"$S"
+fi
+
+finish
