@@ -356,7 +356,8 @@ impl Device {
         self.alive.load(Ordering::Acquire)
     }
 
-    /// Whether device memory comes from the stream-ordered pool ([`side_stream`](Self::side_stream)).
+    /// Whether device memory comes from the stream-ordered pool (allocated, freed and copied on
+    /// the device's side stream, see [`DeviceBuffer`](crate::DeviceBuffer)).
     pub fn has_memory_pools(&self) -> bool {
         self.pools
     }
