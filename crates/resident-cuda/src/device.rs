@@ -263,6 +263,20 @@ thread_local! {
     static IN_QUIESCE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Runs `op` as the operation of a quiesce on this thread ([`IN_QUIESCE`] set, also if it
+/// panics).
+fn as_quiesced_op<R>(op: impl FnOnce() -> R) -> R {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_QUIESCE.with(|q| q.set(false));
+        }
+    }
+    IN_QUIESCE.with(|q| q.set(true));
+    let _reset = Reset;
+    op()
+}
+
 /// One resident kernel's place in its device's budget; given back on drop.
 #[derive(Debug)]
 pub struct ResidentSlot {
@@ -532,12 +546,7 @@ impl Device {
                 break;
             }
         }
-        let out = ok.then(|| {
-            IN_QUIESCE.with(|q| q.set(true));
-            let out = op();
-            IN_QUIESCE.with(|q| q.set(false));
-            out
-        });
+        let out = ok.then(|| as_quiesced_op(op));
         for k in &live[..parked] {
             k.resume();
         }
@@ -572,12 +581,7 @@ impl Device {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let ok = k.park(std::time::Instant::now() + timeout);
-        let out = ok.then(|| {
-            IN_QUIESCE.with(|q| q.set(true));
-            let out = op();
-            IN_QUIESCE.with(|q| q.set(false));
-            out
-        });
+        let out = ok.then(|| as_quiesced_op(op));
         k.resume();
         out.ok_or_else(|| CudaError::QuiesceTimeout {
             ordinal: self.info.ordinal,
