@@ -303,7 +303,7 @@ pub enum Error {
         message: Option<Returned>,
     },
     /// `snapshot_keys` was asked for more keys than one snapshot reads
-    /// ([`MAX_SNAPSHOT_KEYS`](crate::runtime::keyed::MAX_SNAPSHOT_KEYS)).
+    /// (`runtime::keyed::MAX_SNAPSHOT_KEYS`).
     #[error("kernel '{id}': snapshot_keys of {len} keys, more than the {max} one snapshot reads")]
     KeyRangeTooLarge {
         /// Kernel id.

@@ -1,6 +1,6 @@
 //! The seam between the runtime and the engines: what a device is ([`ComputeDevice`], its
 //! memory and streams in [`storage`], one-shot kernels in [`kernel`]), how a ring kernel is
-//! launched on one ([`crate::runtime::device_handler`]), the errors engines report ([`error`]) and which engines a
+//! launched on one (`runtime::device_handler`, above this module), the errors engines report ([`error`]) and which engines a
 //! runtime has ([`Engines`]). The runtime, memory and profiling layers name only this; the
 //! engines (the CPU's in [`cpu`], the device engines in the crate `resident`) implement it.
 

@@ -61,8 +61,6 @@ use resident_ring::Slot;
 pub use report::{Bottleneck, Figures, GpuTelemetry, Report, TrackReport};
 pub use ring::{SpanKind, SpanRecord};
 
-use crate::state::KernelState;
-
 /// A message's queue wait up to this many batch lengths (the longer of the batch that handled
 /// it and the kernel's mean batch so far) counts as normal (the batch in hand plus a short
 /// backlog); only the wait beyond it is the report's `queue` part.
@@ -267,8 +265,8 @@ impl Drop for Inner {
 }
 
 /// Records spans of ring kernels and devices; cheap to clone (a shared handle). Attach it
-/// with [`RuntimeBuilder::profiler`](crate::runtime::RuntimeBuilder::profiler) or
-/// [`enable_profiling`](crate::runtime::RuntimeBuilder::enable_profiling).
+/// with `RuntimeBuilder::profiler` or `RuntimeBuilder::enable_profiling` (the runtime, above
+/// this module).
 #[derive(Clone)]
 pub struct Profiler {
     pub(crate) inner: Arc<Inner>,
@@ -469,7 +467,8 @@ pub(crate) fn launched(
     runtime_epoch: Instant,
     t0: Instant,
 ) {
-    lifecycle(kernel, "launch", &KernelState::Launched);
+    // `KernelState::Launched`, as it displays (the lifecycle lives above this module).
+    lifecycle(kernel, "launch", &"launched");
     if let Some(p) = profiler {
         let probe = p.kernel_probe(kernel, runtime_epoch);
         if probe.on() {
@@ -767,8 +766,8 @@ pub(crate) fn cpu_launch<E: Send>(
 // subscriber listens), with or without a profiler.
 // ---------------------------------------------------------------------------------------
 
-/// Hook: a lifecycle transition of `kernel` by `op` into `state`.
-pub(crate) fn lifecycle(kernel: &str, op: &'static str, state: &KernelState) {
+/// Hook: a lifecycle transition of `kernel` by `op` into `state` (a `KernelState`).
+pub(crate) fn lifecycle(kernel: &str, op: &'static str, state: &dyn std::fmt::Display) {
     tracing::info!(target: "resident::lifecycle", kernel, op, state = %state, "kernel {op}: now {state}");
 }
 

@@ -427,10 +427,9 @@ fn track_report(t: &Track) -> TrackReport {
 
 #[cfg(not(feature = "cuda"))]
 fn gpu_telemetry() -> (Vec<GpuTelemetry>, Option<String>) {
-    let why = crate::engine::BackendError::NotCompiled {
-        backend: crate::engine::BackendKind::Cuda,
-        feature: "cuda",
-    };
+    // `BackendError::NotCompiled`'s words (the engine seam lives above this module).
+    let why = "the cuda engine is not compiled into this build: enable the cargo feature `cuda` \
+               of `resident` (on by default)";
     (Vec::new(), Some(format!("no GPU telemetry: {why}")))
 }
 
