@@ -536,10 +536,22 @@ impl Device {
             v.iter().filter_map(|w| w.upgrade()).collect()
         };
         crate::park_order::upstream_first(&mut live, |k| k.forward_edge());
+        let live: Vec<&dyn Quiesce> = live.iter().map(|k| &**k).collect();
+        self.parked_run(&live, timeout, op)
+    }
+
+    /// Parks `kernels` in order (until `timeout`), runs `op` if all parked, resumes the parked
+    /// ones. The caller holds the device's quiesce turn.
+    fn parked_run<R>(
+        &self,
+        kernels: &[&dyn Quiesce],
+        timeout: std::time::Duration,
+        op: impl FnOnce() -> R,
+    ) -> Result<R> {
         let deadline = std::time::Instant::now() + timeout;
         let mut parked = 0;
         let mut ok = true;
-        for k in &live {
+        for k in kernels {
             parked += 1;
             if !k.park(deadline) {
                 ok = false;
@@ -547,13 +559,13 @@ impl Device {
             }
         }
         let out = ok.then(|| as_quiesced_op(op));
-        for k in &live[..parked] {
+        for k in &kernels[..parked] {
             k.resume();
         }
         out.ok_or_else(|| CudaError::QuiesceTimeout {
             ordinal: self.info.ordinal,
-            kernels: live.len(),
-            stuck: live[..parked]
+            kernels: kernels.len(),
+            stuck: kernels[..parked]
                 .last()
                 .map(|k| k.name())
                 .into_iter()
@@ -580,14 +592,7 @@ impl Device {
             .quiesce_turn
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let ok = k.park(std::time::Instant::now() + timeout);
-        let out = ok.then(|| as_quiesced_op(op));
-        k.resume();
-        out.ok_or_else(|| CudaError::QuiesceTimeout {
-            ordinal: self.info.ordinal,
-            kernels: 1,
-            stuck: vec![k.name()],
-        })
+        self.parked_run(&[k], timeout, op)
     }
 
     /// Waits until all work of this context finished. Refused with
