@@ -53,6 +53,11 @@ pub enum BenchError {
         /// The bound.
         limit: std::time::Duration,
     },
+    /// A CudaSim kernel object carries no bus model (the shim it was built from is older).
+    #[error(
+        "this CudaSim kernel has no bus model (its object was built without the shim's counters)"
+    )]
+    NoBusModel,
     /// The persistent-kernel layer failed (no driver or NVRTC, compile, launch, device fault).
     #[error(transparent)]
     Persistent(#[from] resident_cuda::persistent::PersistentError),

@@ -33,6 +33,7 @@ mod error;
 pub mod forwarding;
 pub mod profile_overhead;
 pub mod provenance;
+pub mod ring_bus;
 #[cfg(feature = "cuda")]
 pub mod ring_gpu;
 pub mod stats;

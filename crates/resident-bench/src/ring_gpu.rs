@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
-use resident_cuda::persistent::template::{nvrtc_available, MessageDecl};
+use resident_cuda::persistent::template::nvrtc_available;
 use resident_cuda::persistent::{
     batch_scan_bytes, load_batch_kernel, open_device, KernelSource, LaunchOptions, PersistentError,
     PersistentKernel, QueueConfig,
@@ -25,6 +25,7 @@ use resident_ring::{Envelope, Slot};
 use serde_json::{json, Value};
 
 use crate::error::OutputCheck;
+use crate::ring_bus::{bench_source, check};
 use crate::stats::quantile;
 use crate::BenchError;
 
@@ -246,36 +247,6 @@ fn row(
         p999_ns: q(0.999),
         msgs_per_s: msgs as f64 / elapsed.as_secs_f64().max(1e-9),
         block_threads,
-    }
-}
-
-fn bench_source(words: usize, batch: u32) -> KernelSource {
-    let decl = |n: &str| format!("typedef struct {{ unsigned long long w[{words}]; }} {n};");
-    KernelSource::new(
-        format!("bench{}", words * 8),
-        MessageDecl::new("BenchIn", decl("BenchIn"), words * 8),
-        MessageDecl::new("BenchOut", decl("BenchOut"), words * 8),
-        MessageDecl::new("BenchState", "typedef struct { unsigned long long unused; } BenchState;", 8),
-        "__device__ bool handle(BenchState* s, const BenchIn* in, BenchOut* out, const Envelope* env) {\n\
-         for (int i = 0; i < (int)(sizeof(in->w) / 8); ++i) out->w[i] = in->w[i] + 1ull;\n\
-         return true;\n}\n",
-        batch,
-    )
-}
-
-/// The handler adds 1 to every word: input word = id - 1, output word = id.
-fn check<const W: usize>(s: &Slot<[u64; W]>, variant: &'static str) -> Result<(), BenchError> {
-    let want = s.env.correlation_id;
-    match s.payload.iter().find(|&&w| w != want) {
-        None => Ok(()),
-        Some(&got) => Err(BenchError::Check {
-            variant,
-            check: OutputCheck::Value {
-                message: want,
-                got,
-                want,
-            },
-        }),
     }
 }
 

@@ -2,8 +2,10 @@
 //! * `resident bench-transfer`: pinned vs pageable H2D/D2H, 1 KiB..256 MiB, against a plain
 //!   `cuMemcpy` baseline in the same run -> `bench/results/transfer-<device>-<date>.json`;
 //! * `resident bench-ring`: persistent ring kernel vs launch-per-batch vs CUDA graph, round
-//!   trip at 1 in flight and throughput with many in flight, 16/64/256 B payloads ->
-//!   `bench/results/ring-<device>-<date>.json`.
+//!   trip at 1 in flight and throughput with many in flight, 16/64/256 B payloads, with
+//!   CudaSim's bus figures of the same kernel beside them ->
+//!   `bench/results/ring-<device>-<date>.json`; `--model` runs the bus model alone (no GPU) ->
+//!   `bench/results/ring-bus-model-<date>.json`.
 
 use std::path::Path;
 
@@ -47,10 +49,41 @@ pub fn ring(iters: usize, in_flight: usize, out_dir: &Path) -> Result<(), String
         );
     }
     let date = today();
-    let doc = resident_bench::ring_gpu::to_json(&device.name, &date, &command(), &rows);
+    let mut doc = resident_bench::ring_gpu::to_json(&device.name, &date, &command(), &rows);
+    // The bus model of the same kernel beside the times (CudaSim: needs g++; its absence is
+    // said in the file, not fatal).
+    doc["bus_model"] = match model_rows() {
+        Ok(rows) => serde_json::json!({"means": resident_bench::ring_bus::MODEL_MEANS,
+                                       "rows": resident_bench::ring_bus::rows_json(&rows)}),
+        Err(e) => serde_json::json!({"error": e}),
+    };
     write(
         out_dir,
         format!("ring-{}-{}.json", slug(&device.name, 8), date),
+        &serde_json::to_string_pretty(&doc).expect("json"),
+    )
+}
+
+fn model_rows() -> Result<Vec<resident_bench::ring_bus::BusRow>, String> {
+    let rows = resident_bench::ring_bus::bus_model(&Default::default())
+        .map_err(|e| format!("CudaSim's bus model did not run: {e}"))?;
+    for r in &rows {
+        println!("{}", resident_bench::ring_bus::row_line(r));
+    }
+    Ok(rows)
+}
+
+/// `resident bench-ring --model`: CudaSim's bus figures alone (no GPU) ->
+/// `bench/results/ring-bus-model-<date>.json`.
+pub fn ring_model(out_dir: &Path) -> Result<(), String> {
+    let rows = model_rows()?;
+    let date = today();
+    let doc = serde_json::json!({"device": "CudaSim bus model", "date": date, "command": command(),
+                                 "means": resident_bench::ring_bus::MODEL_MEANS,
+                                 "rows": resident_bench::ring_bus::rows_json(&rows)});
+    write(
+        out_dir,
+        format!("ring-bus-model-{date}.json"),
         &serde_json::to_string_pretty(&doc).expect("json"),
     )
 }

@@ -46,7 +46,8 @@ enum Command {
         #[arg(long, default_value = "bench/results")]
         out_dir: PathBuf,
     },
-    /// GPU: persistent ring kernel vs launch-per-batch vs CUDA graph (needs a device).
+    /// GPU: persistent ring kernel vs launch-per-batch vs CUDA graph (needs a device), with
+    /// CudaSim's bus figures beside the times; `--model`: the bus figures alone (no GPU).
     BenchRing {
         /// Round trips per latency point.
         #[arg(long, default_value_t = 20_000)]
@@ -57,6 +58,10 @@ enum Command {
         /// Folder for ring-<device>-<date>.json.
         #[arg(long, default_value = "bench/results")]
         out_dir: PathBuf,
+        /// Only CudaSim's bus model (no GPU needed): reads, writes, bytes and dependent reads
+        /// per message and per batch, exact -> ring-bus-model-<date>.json.
+        #[arg(long)]
+        model: bool,
     },
     /// wgpu: a ring kernel with state on the device vs the same WGSL handler stateless
     /// (state uploaded and downloaded per batch), batches of 64 / 1024 / 16384.
@@ -217,7 +222,14 @@ fn main() -> ExitCode {
             iters,
             in_flight,
             out_dir,
-        } => return gpu_exit(gpu_bench::ring(iters, in_flight, &out_dir)),
+            model,
+        } => {
+            return gpu_exit(if model {
+                gpu_bench::ring_model(&out_dir)
+            } else {
+                gpu_bench::ring(iters, in_flight, &out_dir)
+            })
+        }
         Command::BenchWgpu {
             repeats,
             quick,

@@ -32,6 +32,12 @@
 // (persistent::control::c_state_defines) and prepended when the template is rendered.
 
 #define RESIDENT_MIN_BACKOFF_NS 32u
+// Copy rounds whose loads a warp issues before it stages the first (registers: two 64-bit
+// words per round per thread). A warp's run of 32 slots of W words takes ceil(32 W / 64)
+// rounds with 16-byte loads: 6 for 64-byte payloads, 18 for 256-byte ones.
+#ifndef RESIDENT_PREFETCH
+#define RESIDENT_PREFETCH 8u
+#endif
 // Index of the peer ring in the gather tables (s_take / s_head): after the 8 lanes.
 #define RESIDENT_PEER 8u
 
@@ -45,15 +51,51 @@ static_assert(sizeof(OutSlot) % 8 == 0, "slots are copied as 64-bit words");
 // compiler with kernels/sim_shim.h in front): std::atomic_ref with the same orderings, so the
 // host's C++/Rust half and this code follow one memory model that ThreadSanitizer checks.
 
+// Every one of these is also reported to CudaSim's bus model (resident_sim::bus_*): a load or
+// store of queue memory is a PCIe transaction on a GPU, and the model counts them and the
+// chain of loads that wait for each other (see sim_shim.h, "the bus model").
+
 #ifdef RESIDENT_SIM
+// `bus_acquire`: whether the GPU's instruction is an acquire (later loads wait for it), which
+// the TSan build's stronger C++ ordering must not change.
 template <typename T>
-__device__ __forceinline__ T resident_sim_load(const T* p, std::memory_order o) {
+__device__ __forceinline__ T resident_sim_load(const T* p, std::memory_order o, bool bus_acquire) {
+    resident_sim::bus_load(p, sizeof(T), bus_acquire);
     return std::atomic_ref<T>(*const_cast<T*>(p)).load(o);
 }
 template <typename T>
+__device__ __forceinline__ T resident_sim_load(const T* p, std::memory_order o) {
+    return resident_sim_load(p, o, o == std::memory_order_acquire);
+}
+template <typename T>
 __device__ __forceinline__ void resident_sim_store(T* p, T v, std::memory_order o) {
+    resident_sim::bus_store(p, sizeof(T), o == std::memory_order_release);
     std::atomic_ref<T>(*p).store(v, o);
 }
+// A 16-byte load (one bus read on a GPU): two 8-byte atomic loads here, which is all the bus
+// promises (only an aligned 8-byte access is single-copy atomic across PCIe). In tear mode the
+// writer is let run between the halves.
+__device__ __forceinline__ void resident_ld_relaxed_v2_u64(const unsigned long long* p, unsigned long long* a,
+                                                           unsigned long long* b) {
+    resident_sim::bus_load(p, 16, false);
+    *a = std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load(std::memory_order_relaxed);
+    if (resident_sim::g_tear) {
+        resident_sim::bus_add(resident_sim::g_bus.v[resident_sim::BUS_TORN_READS], 1);
+        std::this_thread::yield();
+    }
+    *b = std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p + 1)).load(std::memory_order_relaxed);
+}
+__device__ __forceinline__ void resident_st_relaxed_v2_u64(unsigned long long* p, unsigned long long a,
+                                                           unsigned long long b) {
+    resident_sim::bus_store(p, 16, false);
+    std::atomic_ref<unsigned long long>(*p).store(a, std::memory_order_relaxed);
+    std::atomic_ref<unsigned long long>(*(p + 1)).store(b, std::memory_order_relaxed);
+}
+__device__ __forceinline__ void resident_bus_begin(const void* control, unsigned long long bytes) {
+    resident_sim::bus_begin(control, (std::size_t)bytes);
+}
+__device__ __forceinline__ void resident_bus_poll() { resident_sim::bus_poll(); }
+__device__ __forceinline__ void resident_bus_batch(unsigned int messages) { resident_sim::bus_batch(messages); }
 __device__ __forceinline__ unsigned long long resident_ld_acquire_u64(const unsigned long long* p) {
     return resident_sim_load(p, std::memory_order_acquire);
 }
@@ -75,17 +117,20 @@ __device__ __forceinline__ void resident_st_relaxed_u64(unsigned long long* p, u
 __device__ __forceinline__ void resident_st_relaxed_u32(unsigned int* p, unsigned int v) {
     resident_sim_store(p, v, std::memory_order_relaxed);
 }
-// A lane tail: relaxed, made acquire by one resident_fence_acquire() after the gather.
-// ThreadSanitizer does not model standalone fences, so the TSan build reads tails with acquire
-// loads instead (on x86 both are the same plain load).
-__device__ __forceinline__ unsigned long long resident_ld_tail(const unsigned long long* p) {
+// A fenced load: relaxed, made acquire by the resident_fence_acquire() that follows it (so
+// several of them overlap instead of waiting for each other). ThreadSanitizer does not model
+// standalone fences, so the TSan build makes them acquire loads instead (on x86 both are the
+// same plain load); the bus model sees them as relaxed either way.
+template <typename T>
+__device__ __forceinline__ T resident_ld_fenced(const T* p) {
 #if defined(__SANITIZE_THREAD__)
-    return resident_sim_load(p, std::memory_order_acquire);
+    return resident_sim_load(p, std::memory_order_acquire, false);
 #else
-    return resident_sim_load(p, std::memory_order_relaxed);
+    return resident_sim_load(p, std::memory_order_relaxed, false);
 #endif
 }
 __device__ __forceinline__ void resident_fence_acquire() {
+    resident_sim::bus_fence();
 #if !defined(__SANITIZE_THREAD__)
     std::atomic_thread_fence(std::memory_order_acquire);
 #endif
@@ -126,12 +171,33 @@ __device__ __forceinline__ void resident_st_relaxed_u32(unsigned int* p, unsigne
     asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// A lane tail: a relaxed load (no serialization per lane); the gather issues one
-// resident_fence_acquire() after reading all of them, which makes every tail read before it an
+// A fenced load: relaxed (no serialization between several of them); the caller issues one
+// resident_fence_acquire() after reading all of them, which makes every such load before it an
 // acquire (PTX memory model: relaxed load + fence.acq_rel = acquire pattern).
-__device__ __forceinline__ unsigned long long resident_ld_tail(const unsigned long long* p) {
+__device__ __forceinline__ unsigned long long resident_ld_fenced(const unsigned long long* p) {
     return resident_ld_relaxed_u64(p);
 }
+__device__ __forceinline__ unsigned int resident_ld_fenced(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// 16-byte accesses (one bus transaction each; p must be 16-byte aligned). The two halves are
+// each single-copy atomic, the pair is not: a reader may see one half new and one old.
+__device__ __forceinline__ void resident_ld_relaxed_v2_u64(const unsigned long long* p, unsigned long long* a,
+                                                           unsigned long long* b) {
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+}
+__device__ __forceinline__ void resident_st_relaxed_v2_u64(unsigned long long* p, unsigned long long a,
+                                                           unsigned long long b) {
+    asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+
+// The bus model's marks: nothing on a GPU.
+__device__ __forceinline__ void resident_bus_begin(const void*, unsigned long long) {}
+__device__ __forceinline__ void resident_bus_poll() {}
+__device__ __forceinline__ void resident_bus_batch(unsigned int) {}
 
 __device__ __forceinline__ void resident_fence_acquire() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
@@ -143,12 +209,18 @@ __device__ __forceinline__ unsigned long long resident_now_ns() {
 #endif
 
 // Copies one slot out of queue memory into thread-private memory.
+// Independent loads (one bus round trip for all); 16-byte ones where the slot is aligned.
 template <typename S>
 __device__ __forceinline__ void resident_copy_in(S* dst, const S* src) {
     unsigned long long* d = (unsigned long long*)dst;
     const unsigned long long* s = (const unsigned long long*)src;
+    if (sizeof(S) % 16 == 0 && (((unsigned long long)src) & 15ull) == 0) {
 #pragma unroll 4
-    for (unsigned int i = 0; i < sizeof(S) / 8; ++i) d[i] = resident_ld_relaxed_u64(s + i);
+        for (unsigned int i = 0; i < sizeof(S) / 8; i += 2) resident_ld_relaxed_v2_u64(s + i, &d[i], &d[i + 1]);
+    } else {
+#pragma unroll 4
+        for (unsigned int i = 0; i < sizeof(S) / 8; ++i) d[i] = resident_ld_relaxed_u64(s + i);
+    }
 }
 
 // Copies one slot from thread-private memory into queue memory.
@@ -156,8 +228,13 @@ template <typename S>
 __device__ __forceinline__ void resident_copy_out(S* dst, const S* src) {
     unsigned long long* d = (unsigned long long*)dst;
     const unsigned long long* s = (const unsigned long long*)src;
+    if (sizeof(S) % 16 == 0 && (((unsigned long long)dst) & 15ull) == 0) {
 #pragma unroll 4
-    for (unsigned int i = 0; i < sizeof(S) / 8; ++i) resident_st_relaxed_u64(d + i, s[i]);
+        for (unsigned int i = 0; i < sizeof(S) / 8; i += 2) resident_st_relaxed_v2_u64(d + i, s[i], s[i + 1]);
+    } else {
+#pragma unroll 4
+        for (unsigned int i = 0; i < sizeof(S) / 8; ++i) resident_st_relaxed_u64(d + i, s[i]);
+    }
 }
 
 __device__ __forceinline__ InSlot* resident_in_slots(unsigned long long ring) {
@@ -191,6 +268,7 @@ struct ResidentOwner {
     unsigned long long processed, batches, busy_cycles, undelivered;
     unsigned long long hb_value, hb_time_ns, last_check_ns;
     unsigned int run_state, shown_state, backoff_ns;
+    unsigned int last_outputs;  // outputs of the last batch (predicts the room the next needs)
     // Device-side forwarding: the peer ring (0 = none), its capacity, our head in it (exact
     // while we own it), its producer's tail as last read, messages taken from peers, the
     // peer_seq adopted, and whether we stopped at a call reply at its head.
@@ -244,19 +322,21 @@ __device__ void resident_check_peer(ControlBlock* ctl, ResidentOwner* o) {
 // exit (terminate requested, or the heartbeat stood still for longer than the timeout).
 __device__ unsigned int resident_check_control(ControlBlock* ctl, ResidentOwner* o, unsigned long long now) {
     o->last_check_ns = now;
-    // Acquire: pairs with the host's release store of heartbeat.
-    unsigned long long hb = resident_ld_acquire_u64(&ctl->heartbeat);
+    // Three independent loads, issued together (one bus round trip, not three), then one
+    // acquire fence that makes each an acquire: it pairs with the host's release stores of
+    // heartbeat, of the timeout and of run_state (messages sent before a state change are
+    // visible once the new state is).
+    const unsigned long long hb = resident_ld_fenced(&ctl->heartbeat);
+    const unsigned long long timeout = resident_ld_fenced(&ctl->heartbeat_timeout_ns);
+    unsigned int rs = resident_ld_fenced(&ctl->run_state);
+    resident_fence_acquire();
     if (hb != o->hb_value) {
         o->hb_value = hb;
         o->hb_time_ns = now;
         resident_st_relaxed_u64(&ctl->last_heartbeat_seen, hb);
     }
-    // Acquire: pairs with the host's release store of the timeout.
-    unsigned long long timeout = resident_ld_acquire_u64(&ctl->heartbeat_timeout_ns);
     if (timeout != 0 && now - o->hb_time_ns > timeout) return RESIDENT_DEV_HEARTBEAT_TIMEOUT;
-    // Acquire: pairs with the host's release store of run_state (messages it sent before are
-    // visible once the new state is). Unknown values park the kernel.
-    unsigned int rs = resident_ld_acquire_u32(&ctl->run_state);
+    // Unknown run states park the kernel.
     if (rs > RESIDENT_RUN_QUIESCE) rs = RESIDENT_RUN_INACTIVE;
     o->run_state = rs;
     if (rs == RESIDENT_RUN_TERMINATE) return RESIDENT_DEV_TERMINATED;
@@ -313,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     __shared__ unsigned int s_peer_cap;
     __shared__ unsigned int s_peer_stop;         // peer slots of the batch before the first call reply
     __shared__ unsigned int s_warp_base[RESIDENT_BATCH / 32];
-    __shared__ unsigned long long s_stage[RESIDENT_BATCH / 32][32];  // per-warp copy staging
+    __shared__ unsigned long long s_stage[RESIDENT_BATCH / 32][64];  // per-warp copy staging (64 words: 16-byte accesses)
     __shared__ unsigned int s_abandon;
     __shared__ unsigned long long s_out_base;
 #ifdef RESIDENT_KEYED
@@ -337,6 +417,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
 #define RESIDENT_CAP_OF(l) ((l) == RESIDENT_PEER ? s_peer_cap : p.lane_capacity)
 
     if (tid == 0) {
+        resident_bus_begin(ctl, sizeof(ControlBlock));
         s_start = RESIDENT_CMD_RUN;
         unsigned int err = 0;
         if (blockDim.x != RESIDENT_BATCH || blockDim.y != 1 || blockDim.z != 1 || gridDim.x != 1 ||
@@ -384,6 +465,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             o.run_state = RESIDENT_RUN_LAUNCHED;
             o.shown_state = 0;
             o.backoff_ns = RESIDENT_MIN_BACKOFF_NS;
+            o.last_outputs = 0;
         }
     }
     __syncthreads();
@@ -417,28 +499,47 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                     break;
                 }
                 if (o.run_state == RESIDENT_RUN_ACTIVE) {
-                    // Re-read the tails that look empty with relaxed loads (independent, so they
-                    // overlap instead of serializing one PCIe round trip each) ...
+                    resident_bus_poll();
+                    // Re-read the tails that look empty with relaxed loads, all issued before
+                    // any is used (independent, so they overlap in one PCIe round trip instead
+                    // of one each; unrolled so each is its own load) ...
+                    const bool peer_on = o.peer != 0 && !o.peer_blocked;
+                    unsigned long long t[RESIDENT_PEER + 1] = {};
+#pragma unroll
+                    for (unsigned int l = 0; l < 8; ++l) {
+                        if (l < p.lane_count && o.cached_tail[l] == o.head[l])
+                            t[l] = resident_ld_fenced(&((RingHeader*)p.lanes[l])->tail);
+                    }
+                    // The producing kernel's tail likewise (pairs with its release store of the
+                    // tail after its slot writes).
+                    if (peer_on && o.peer_cached_tail == o.peer_head)
+                        t[RESIDENT_PEER] = resident_ld_fenced(&((RingHeader*)o.peer)->tail);
+                    // And the host's output head, when the room it last showed would not take
+                    // as many outputs as the last batch made: read in the same round trip as
+                    // the tails, not after the handlers as one more (pairs with the host's
+                    // release store of head). One message in flight reads it about once per
+                    // ring's worth of outputs; full batches on every poll.
+                    const unsigned long long room = p.out_capacity - (o.out_tail - o.out_cached_head);
+                    const bool out_low = room < (o.last_outputs > 0u ? o.last_outputs : 1u);
+                    unsigned long long out_head = 0;
+                    if (out_low) out_head = resident_ld_fenced(&((RingHeader*)p.out)->head);
                     bool fresh = false;
-                    for (unsigned int l = 0; l < p.lane_count; ++l) {
-                        if (o.cached_tail[l] == o.head[l]) {
-                            unsigned long long t = resident_ld_tail(&((RingHeader*)p.lanes[l])->tail);
-                            fresh |= t != o.cached_tail[l];
-                            o.cached_tail[l] = t;
+#pragma unroll
+                    for (unsigned int l = 0; l < 8; ++l) {
+                        if (l < p.lane_count && o.cached_tail[l] == o.head[l]) {
+                            fresh |= t[l] != o.cached_tail[l];
+                            o.cached_tail[l] = t[l];
                         }
                     }
-                    const bool peer_on = o.peer != 0 && !o.peer_blocked;
                     if (peer_on && o.peer_cached_tail == o.peer_head) {
-                        // The producing kernel's tail: relaxed, made acquire by the fence below
-                        // (pairs with its release store of the tail after its slot writes).
-                        unsigned long long t = resident_ld_tail(&((RingHeader*)o.peer)->tail);
-                        fresh |= t != o.peer_cached_tail;
-                        o.peer_cached_tail = t;
+                        fresh |= t[RESIDENT_PEER] != o.peer_cached_tail;
+                        o.peer_cached_tail = t[RESIDENT_PEER];
                     }
                     // ... then one acquire fence: pairs with the host's release stores of those
                     // tails, so the slots up to them are visible to this thread and, via barrier
                     // A, to all.
-                    if (fresh) resident_fence_acquire();
+                    if (out_low) o.out_cached_head = out_head;
+                    if (fresh || out_low) resident_fence_acquire();
                     for (int l = (int)p.lane_count - 1; l >= 0; --l) {
                         unsigned long long avail = o.cached_tail[l] - o.head[l];
                         unsigned int room = RESIDENT_BATCH - total;
@@ -510,16 +611,45 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                 const unsigned long long* src = (const unsigned long long*)(resident_in_slots(RESIDENT_RING_OF(l0)) + pos0);
                 unsigned long long* mine = (unsigned long long*)&in;
                 const unsigned int words = w_count * W;
-                for (unsigned int base = 0; base < words; base += 32u) {
-                    if (base + lane < words) s_stage[warp][lane] = resident_ld_relaxed_u64(src + base + lane);
-                    __syncwarp();
-                    if (lane < w_count) {
-                        const unsigned int first = lane * W;
-                        const unsigned int lo = first > base ? first : base;
-                        const unsigned int hi = first + W < base + 32u ? first + W : base + 32u;
-                        for (unsigned int g = lo; g < hi; ++g) mine[g - first] = s_stage[warp][g - base];
+                // 16-byte loads (64 words per round, half the bus reads) where the run starts
+                // on a 16-byte boundary; 8-byte ones otherwise. Warp-uniform: one src per warp.
+                // The loads of up to RESIDENT_PREFETCH rounds are all issued into registers
+                // before the first is staged, so they share one bus round trip instead of one
+                // each (staging waits for a load's value; see CudaSim's bus model).
+                // As many rounds as a full warp's run takes with 16-byte loads, at most
+                // RESIDENT_PREFETCH (registers: the 1024-thread block has 64 per thread).
+                constexpr unsigned int KP = (32u * (sizeof(InSlot) / 8) + 63u) / 64u < RESIDENT_PREFETCH
+                                                ? (32u * (sizeof(InSlot) / 8) + 63u) / 64u
+                                                : RESIDENT_PREFETCH;
+                const unsigned int per = (((unsigned long long)src) & 15ull) == 0 ? 2u : 1u;
+                const unsigned int step = 32u * per;
+                for (unsigned int group = 0; group < words; group += step * KP) {
+                    unsigned long long ra[KP], rb[KP];
+#pragma unroll
+                    for (unsigned int k = 0; k < KP; ++k) {
+                        const unsigned int w = group + k * step + per * lane;
+                        ra[k] = 0;
+                        rb[k] = 0;
+                        if (per == 2u && w + 1u < words)
+                            resident_ld_relaxed_v2_u64(src + w, &ra[k], &rb[k]);
+                        else if (w < words)
+                            ra[k] = resident_ld_relaxed_u64(src + w);
                     }
-                    __syncwarp();
+#pragma unroll
+                    for (unsigned int k = 0; k < KP; ++k) {
+                        const unsigned int base = group + k * step;
+                        if (base >= words) break;  // warp-uniform
+                        s_stage[warp][per * lane] = ra[k];
+                        if (per == 2u) s_stage[warp][2u * lane + 1u] = rb[k];
+                        __syncwarp();
+                        if (lane < w_count) {
+                            const unsigned int first = lane * W;
+                            const unsigned int lo = first > base ? first : base;
+                            const unsigned int hi = first + W < base + step ? first + W : base + step;
+                            for (unsigned int g = lo; g < hi; ++g) mine[g - first] = s_stage[warp][g - base];
+                        }
+                        __syncwarp();
+                    }
                 }
             } else if (tid < n) {
                 unsigned int l, rem;
@@ -668,15 +798,26 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                 unsigned long long* dst = (unsigned long long*)(resident_out_slots(p.out) + pos0);
                 const unsigned long long* mine = (const unsigned long long*)&out;
                 const unsigned int words = w_out * W;
-                for (unsigned int base = 0; base < words; base += 32u) {
+                // 16-byte stores where the run starts on a 16-byte boundary, as the loads above.
+                const bool v2 = (((unsigned long long)dst) & 15ull) == 0;
+                const unsigned int step = v2 ? 64u : 32u;
+                for (unsigned int base = 0; base < words; base += step) {
                     if (produced) {
                         const unsigned int first = wrank * W;
                         const unsigned int lo = first > base ? first : base;
-                        const unsigned int hi = first + W < base + 32u ? first + W : base + 32u;
+                        const unsigned int hi = first + W < base + step ? first + W : base + step;
                         for (unsigned int g = lo; g < hi; ++g) s_stage[warp][g - base] = mine[g - first];
                     }
                     __syncwarp();
-                    if (base + lane < words) resident_st_relaxed_u64(dst + base + lane, s_stage[warp][lane]);
+                    if (v2) {
+                        const unsigned int w = base + 2u * lane;
+                        if (w + 1u < words)
+                            resident_st_relaxed_v2_u64(dst + w, s_stage[warp][2u * lane], s_stage[warp][2u * lane + 1u]);
+                        else if (w < words)
+                            resident_st_relaxed_u64(dst + w, s_stage[warp][2u * lane]);
+                    } else if (base + lane < words) {
+                        resident_st_relaxed_u64(dst + base + lane, s_stage[warp][lane]);
+                    }
                     __syncwarp();
                 }
             } else if (produced) {
@@ -704,6 +845,8 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                 // barrier F, are visible to the host's acquire load of tail.
                 resident_st_release_u64(&((RingHeader*)p.out)->tail, o.out_tail);
             }
+            o.last_outputs = outputs;
+            resident_bus_batch(handled);
         }
         if (abandon) break;
         // No extra barrier needed: thread 0 next writes shared state (s_cmd, s_take, s_head,

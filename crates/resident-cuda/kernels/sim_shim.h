@@ -29,6 +29,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -80,35 +81,33 @@ struct Barrier {
     unsigned int arrived = 0;
     unsigned long long generation = 0;
     const std::atomic<bool>* faulted = nullptr;
+    // The bus model's read depth (see `Bus`): the deepest of the arriving threads, handed to
+    // every thread the barrier releases (a barrier orders every load before it, so what any
+    // thread loaded is known to all after it).
+    unsigned long long depth_acc = 0;
+    unsigned long long depth_out = 0;
 
     void reset(unsigned int n, const std::atomic<bool>* f) {
         std::lock_guard<std::mutex> g(m);
         expected = n;
         arrived = 0;
         faulted = f;
+        depth_acc = 0;
+        depth_out = 0;
     }
-    void wait() {
-        std::unique_lock<std::mutex> l(m);
-        if (faulted->load(std::memory_order_acquire)) throw Fault{};
-        const unsigned long long gen = generation;
-        if (++arrived >= expected) {
-            arrived = 0;
-            ++generation;
-            cv.notify_all();
-            return;
-        }
-        cv.wait(l, [&] { return generation != gen || faulted->load(std::memory_order_acquire); });
-        if (generation == gen) throw Fault{};
+    void wait();
+    void release_locked() {
+        arrived = 0;
+        depth_out = depth_acc;
+        depth_acc = 0;
+        ++generation;
+        cv.notify_all();
     }
     // The calling thread exited: it no longer takes part; release the others if it was the last.
     void drop() {
         std::lock_guard<std::mutex> g(m);
         if (expected > 0) --expected;
-        if (arrived > 0 && arrived >= expected) {
-            arrived = 0;
-            ++generation;
-            cv.notify_all();
-        }
+        if (arrived > 0 && arrived >= expected) release_locked();
     }
     void wake() {
         std::lock_guard<std::mutex> g(m);
@@ -145,6 +144,179 @@ static thread_local Block* t_block = nullptr;
 static thread_local unsigned int t_lane = 0;
 static thread_local unsigned int t_warp = 0;
 
+// ---- the bus model ----
+// Counts the system-scope loads and stores a kernel makes on queue memory (pinned host memory
+// the GPU reaches over PCIe) and the chain of loads that depend on each other, i.e. the bus
+// round trips a message waits for. A GPU overlaps independent loads (a load stalls its thread
+// only where its value is used), so each thread keeps two depths:
+// * `t_ready`: the depth of the loads whose results this thread has waited for;
+// * `t_pending`: the deepest load it has issued and not yet waited for.
+// A relaxed load issues at t_ready + 1 and stays pending; an acquire load issues at t_ready + 1
+// and later loads wait for it; an acquire fence and a release store wait for every pending
+// load; a barrier (`__syncthreads`, `__syncwarp`, warp collectives) gives every thread the
+// deepest depth of all. So the depth of the store that publishes an output is the number of
+// round trips on the longest chain that led to it. Loads of the control block are counted
+// apart (registered with `bus_begin`) and are not queue traffic.
+//
+// Exact and noise-free: the counts depend on the program, not on timing, except where the
+// program itself branches on timing (idle polls, which are counted apart; see `bus_poll`).
+enum BusField : unsigned int {
+    BUS_READS = 0,          // queue loads (each access of up to 16 bytes is one)
+    BUS_WRITES,             // queue stores
+    BUS_READ_BYTES,
+    BUS_WRITE_BYTES,
+    BUS_CONTROL_READS,      // control-block loads
+    BUS_CONTROL_WRITES,     // control-block stores
+    BUS_BATCHES,            // batches handled (bus_batch calls)
+    BUS_MESSAGES,           // messages of those batches
+    BUS_BATCH_READS,        // queue loads inside batches (from the poll that found work)
+    BUS_BATCH_WRITES,
+    BUS_BATCH_READ_BYTES,
+    BUS_BATCH_WRITE_BYTES,
+    BUS_CHAIN_SUM,          // dependent loads per batch, summed
+    BUS_CHAIN_MAX,
+    BUS_IDLE_POLLS,         // polls that found nothing
+    BUS_IDLE_READS,         // their queue loads
+    BUS_TORN_READS,         // wide loads split in two with the writer let run between
+    BUS_FIELDS
+};
+
+struct BusThread {
+    std::atomic<unsigned long long> reads{0}, writes{0}, read_bytes{0}, write_bytes{0};
+    char pad[64 - 4 * sizeof(std::atomic<unsigned long long>) > 0 ? 64 - 4 * sizeof(std::atomic<unsigned long long>) : 1];
+};
+
+struct Bus {
+    std::atomic<unsigned long long> v[BUS_FIELDS];
+    BusThread threads[1024];
+    // Registered by bus_begin (thread 0, before the kernel's first barrier).
+    const unsigned char* control = nullptr;
+    std::size_t control_bytes = 0;
+    bool on = false;
+    // Thread 0's window: the totals and the depth at the poll that opened it.
+    unsigned long long mark[4] = {0, 0, 0, 0};
+    unsigned long long base_depth = 0;
+    bool window = false;
+    Bus() {
+        for (auto& x : v) x.store(0, std::memory_order_relaxed);
+    }
+};
+// One per loaded instance (every kernel loads its own copy of the module).
+inline Bus g_bus;
+// Tear mode (RESIDENT_CUDASIM_TEAR=1): every load wider than 8 bytes is made as two 8-byte
+// loads with a pause between them, so a writer racing the reader shows up as a half-new slot.
+inline const bool g_tear = [] {
+    const char* e = std::getenv("RESIDENT_CUDASIM_TEAR");
+    return e != nullptr && e[0] == '1';
+}();
+
+static thread_local unsigned long long t_ready = 0;
+static thread_local unsigned long long t_pending = 0;
+
+inline unsigned long long depth_now() { return t_ready > t_pending ? t_ready : t_pending; }
+
+inline void bus_add(std::atomic<unsigned long long>& a, unsigned long long n) {
+    a.fetch_add(n, std::memory_order_relaxed);
+}
+
+// Whether `p` is control-block memory (counted apart) or queue memory.
+inline bool bus_is_control(const void* p) {
+    const unsigned char* c = (const unsigned char*)p;
+    return g_bus.control != nullptr && c >= g_bus.control && c < g_bus.control + g_bus.control_bytes;
+}
+
+// A system-scope load of `bytes` at `p`; `acquire`: later loads wait for it.
+inline void bus_load(const void* p, unsigned int bytes, bool acquire) {
+    if (!g_bus.on) return;
+    const unsigned long long d = t_ready + 1;
+    if (acquire)
+        t_ready = d;
+    else if (d > t_pending)
+        t_pending = d;
+    if (bus_is_control(p)) {
+        bus_add(g_bus.v[BUS_CONTROL_READS], 1);
+        return;
+    }
+    BusThread& t = g_bus.threads[threadIdx.x & 1023u];
+    bus_add(t.reads, 1);
+    bus_add(t.read_bytes, bytes);
+}
+
+// A system-scope store; `release`: it waits for every load before it.
+inline void bus_store(const void* p, unsigned int bytes, bool release) {
+    if (!g_bus.on) return;
+    if (release) t_ready = depth_now();
+    if (bus_is_control(p)) {
+        bus_add(g_bus.v[BUS_CONTROL_WRITES], 1);
+        return;
+    }
+    BusThread& t = g_bus.threads[threadIdx.x & 1023u];
+    bus_add(t.writes, 1);
+    bus_add(t.write_bytes, bytes);
+}
+
+// An acquire fence: waits for every pending load.
+inline void bus_fence() { t_ready = depth_now(); }
+
+inline void bus_totals(unsigned long long out[4]) {
+    out[0] = out[1] = out[2] = out[3] = 0;
+    for (auto& t : g_bus.threads) {
+        out[0] += t.reads.load(std::memory_order_relaxed);
+        out[1] += t.writes.load(std::memory_order_relaxed);
+        out[2] += t.read_bytes.load(std::memory_order_relaxed);
+        out[3] += t.write_bytes.load(std::memory_order_relaxed);
+    }
+}
+
+// Thread 0, before the kernel's first barrier: the model counts this kernel from here.
+inline void bus_begin(const void* control, std::size_t bytes) {
+    g_bus.control = (const unsigned char*)control;
+    g_bus.control_bytes = bytes;
+    g_bus.on = true;
+    g_bus.window = false;
+}
+
+// Thread 0, at the start of each poll for work (after its control checks): a poll that opened
+// the window and found nothing was idle; this one opens a new window. A message that lands
+// just after a poll read its lane waits for the next poll; the chain counts from the poll that
+// finds it.
+inline void bus_poll() {
+    if (!g_bus.on) return;
+    unsigned long long now[4];
+    bus_totals(now);
+    if (g_bus.window) {
+        bus_add(g_bus.v[BUS_IDLE_POLLS], 1);
+        bus_add(g_bus.v[BUS_IDLE_READS], now[0] - g_bus.mark[0]);
+    }
+    for (int i = 0; i < 4; ++i) g_bus.mark[i] = now[i];
+    // The previous poll used what it loaded (it decided to poll again on those values), so
+    // this one starts after them; its first load is one deeper than the base.
+    t_ready = depth_now();
+    g_bus.base_depth = t_ready;
+    g_bus.window = true;
+}
+
+// Thread 0, after the store that makes a batch's outputs visible (every thread's loads of the
+// batch are before it, ordered by the batch's barriers): closes the window.
+inline void bus_batch(unsigned int messages) {
+    if (!g_bus.on || !g_bus.window) return;
+    unsigned long long now[4];
+    bus_totals(now);
+    bus_add(g_bus.v[BUS_BATCHES], 1);
+    bus_add(g_bus.v[BUS_MESSAGES], messages);
+    bus_add(g_bus.v[BUS_BATCH_READS], now[0] - g_bus.mark[0]);
+    bus_add(g_bus.v[BUS_BATCH_WRITES], now[1] - g_bus.mark[1]);
+    bus_add(g_bus.v[BUS_BATCH_READ_BYTES], now[2] - g_bus.mark[2]);
+    bus_add(g_bus.v[BUS_BATCH_WRITE_BYTES], now[3] - g_bus.mark[3]);
+    const unsigned long long chain = depth_now() - g_bus.base_depth;
+    bus_add(g_bus.v[BUS_CHAIN_SUM], chain);
+    unsigned long long m = g_bus.v[BUS_CHAIN_MAX].load(std::memory_order_relaxed);
+    while (chain > m && !g_bus.v[BUS_CHAIN_MAX].compare_exchange_weak(m, chain, std::memory_order_relaxed)) {
+    }
+    for (int i = 0; i < 4; ++i) g_bus.mark[i] = now[i];
+    g_bus.window = false;
+}
+
 inline void check_fault() {
     if (t_block != nullptr && t_block->faulted.load(std::memory_order_acquire)) throw Fault{};
 }
@@ -161,6 +333,23 @@ inline unsigned long long now_ns() {
     return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
+}
+
+inline void Barrier::wait() {
+    std::unique_lock<std::mutex> l(m);
+    if (faulted->load(std::memory_order_acquire)) throw Fault{};
+    const unsigned long long gen = generation;
+    const unsigned long long mine = depth_now();
+    if (mine > depth_acc) depth_acc = mine;
+    if (++arrived >= expected) {
+        release_locked();
+    } else {
+        cv.wait(l, [&] { return generation != gen || faulted->load(std::memory_order_acquire); });
+        if (generation == gen) throw Fault{};
+    }
+    // depth_out is this generation's: the next one cannot complete before this thread arrives.
+    t_ready = depth_out;
+    t_pending = depth_out;
 }
 
 // Exchanges one 64-bit value per lane across the warp; returns all 32 (exited lanes: 0).
@@ -421,6 +610,8 @@ inline int launch(void (*f)(A...), const Dims* d, void** args, const unsigned lo
             }
             blockIdx = uint3{(unsigned int)(b % d->grid[0]), (unsigned int)((b / d->grid[0]) % d->grid[1]),
                              (unsigned int)(b / ((unsigned long long)d->grid[0] * d->grid[1]))};
+            t_ready = 0;
+            t_pending = 0;
             try {
                 call_entry(f, args, std::index_sequence_for<A...>{});
             } catch (const Fault&) {
@@ -480,6 +671,19 @@ inline int launch(void (*f)(A...), const Dims* d, void** args, const unsigned lo
 }
 
 }  // namespace resident_sim
+
+// The bus model's counters (BUS_FIELDS values, in BusField order) for the Rust side; returns
+// how many were written. Readable while the kernel runs (relaxed: a snapshot, not a cut).
+extern "C" __attribute__((visibility("default"))) unsigned int resident_sim_bus_stats(unsigned long long* out,
+                                                                                        unsigned int n) {
+    unsigned int k = n < resident_sim::BUS_FIELDS ? n : (unsigned int)resident_sim::BUS_FIELDS;
+    unsigned long long tot[4];
+    resident_sim::bus_totals(tot);
+    for (unsigned int i = 0; i < k; ++i) {
+        out[i] = i < 4 ? tot[i] : resident_sim::g_bus.v[i].load(std::memory_order_relaxed);
+    }
+    return k;
+}
 
 #define RESIDENT_SIM_EXPORT(entry)                                                                              \
     extern "C" __attribute__((visibility("default"))) int resident_sim_entry_##entry(                          \

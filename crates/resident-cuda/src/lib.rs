@@ -19,6 +19,7 @@
 // persistent-kernel protocol and template, and CudaSim itself.
 pub mod arena;
 pub mod builtin;
+pub mod bus;
 pub mod cache;
 #[cfg(feature = "driver")]
 pub mod device;

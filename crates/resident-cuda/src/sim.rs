@@ -459,6 +459,20 @@ impl SimInstance {
         }
     }
 
+    /// The bus model's counters of this instance's kernel (see [`crate::bus`]); `None` for an
+    /// object built without them. Readable while the kernel runs (a snapshot).
+    pub fn bus_stats(&self) -> Option<crate::bus::BusStats> {
+        type StatsFn = unsafe extern "C" fn(*mut u64, u32) -> u32;
+        let lib = self.lib.as_ref()?;
+        // SAFETY: the shim exports `resident_sim_bus_stats` with exactly this signature.
+        let f: libloading::Symbol<StatsFn> =
+            unsafe { lib.get(b"resident_sim_bus_stats\0") }.ok()?;
+        let mut v = [0u64; crate::bus::BUS_FIELDS];
+        // SAFETY: the function writes at most `v.len()` counters into `v`.
+        let n = unsafe { f(v.as_mut_ptr(), v.len() as u32) } as usize;
+        Some(crate::bus::BusStats::from_fields(&v[..n.min(v.len())]))
+    }
+
     /// Keeps the object mapped for the rest of the process: for an instance whose kernel may
     /// still be running on a thread that could not be joined.
     pub fn leak(mut self) {

@@ -241,7 +241,7 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
     thread: Option<JoinHandle<()>>,
     /// Set once the launcher reported: `Some(Ok)` exited, `Some(Err)` faulted.
     exit: Option<Result<(), FaultCause>>,
-    _instance: Option<Arc<SimInstance>>,
+    instance: Option<Arc<SimInstance>>,
     quiesce: Arc<QuiesceShared>,
     buffers: Option<Arc<SimBuffers>>,
     /// The host's synchronized view of the state (see [`SimKernel::state`]).
@@ -722,7 +722,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             done,
             thread: Some(thread),
             exit: None,
-            _instance: Some(instance),
+            instance: Some(instance),
             quiesce,
             peer: std::sync::OnceLock::new(),
             life,
@@ -890,7 +890,13 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         self.queues.heartbeat();
     }
 
-    /// The device-written counters.
+    /// CudaSim's bus model of this kernel: its queue traffic and dependent read chains since
+    /// its launch (see [`crate::bus`]).
+    pub fn bus_stats(&self) -> Option<crate::bus::BusStats> {
+        self.instance.as_ref().and_then(|i| i.bus_stats())
+    }
+
+    /// The device-written counters (see [`DeviceCounters`]).
     pub fn device_counters(&self) -> DeviceCounters {
         self.queues.device_counters()
     }
