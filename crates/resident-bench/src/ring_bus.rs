@@ -217,6 +217,13 @@ where
         })?;
         chain_max = chain_max.max(s.since(&at).chain_sum);
         next += block as u64;
+        // Two idle polls after the outputs were taken: the kernel has seen the output ring
+        // empty again, so no batch finds a stale view of it (whether one did would depend on
+        // timing, and the figures must not).
+        let idle = s.idle_polls;
+        wait("two idle polls", || {
+            stats(&k).ok().filter(|s| s.idle_polls >= idle + 2)
+        })?;
     }
     let mut s = stats(&k)?.since(&before);
     s.chain_max = chain_max;

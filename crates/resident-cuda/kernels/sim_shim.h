@@ -193,8 +193,11 @@ struct Bus {
     const unsigned char* control = nullptr;
     std::size_t control_bytes = 0;
     bool on = false;
-    // Thread 0's window: the totals and the depth at the poll that opened it.
+    // Thread 0's window: the block's totals and the depth at the poll that opened it, and
+    // thread 0's own counters then (between batches only thread 0 touches the bus, so a poll
+    // moves the mark by thread 0's own traffic and never sums the block).
     unsigned long long mark[4] = {0, 0, 0, 0};
+    unsigned long long t0_mark[4] = {0, 0, 0, 0};
     unsigned long long base_depth = 0;
     bool window = false;
     Bus() {
@@ -258,6 +261,13 @@ inline void bus_store(const void* p, unsigned int bytes, bool release) {
 // An acquire fence: waits for every pending load.
 inline void bus_fence() { t_ready = depth_now(); }
 
+inline void bus_thread_totals(const BusThread& t, unsigned long long out[4]) {
+    out[0] = t.reads.load(std::memory_order_relaxed);
+    out[1] = t.writes.load(std::memory_order_relaxed);
+    out[2] = t.read_bytes.load(std::memory_order_relaxed);
+    out[3] = t.write_bytes.load(std::memory_order_relaxed);
+}
+
 inline void bus_totals(unsigned long long out[4]) {
     out[0] = out[1] = out[2] = out[3] = 0;
     for (auto& t : g_bus.threads) {
@@ -274,6 +284,9 @@ inline void bus_begin(const void* control, std::size_t bytes) {
     g_bus.control_bytes = bytes;
     g_bus.on = true;
     g_bus.window = false;
+    // A relaunch continues the counters: the marks start from where they stand.
+    bus_totals(g_bus.mark);
+    bus_thread_totals(g_bus.threads[threadIdx.x & 1023u], g_bus.t0_mark);
 }
 
 // Thread 0, at the start of each poll for work (after its control checks): a poll that opened
@@ -282,13 +295,16 @@ inline void bus_begin(const void* control, std::size_t bytes) {
 // finds it.
 inline void bus_poll() {
     if (!g_bus.on) return;
-    unsigned long long now[4];
-    bus_totals(now);
+    unsigned long long t0[4];
+    bus_thread_totals(g_bus.threads[threadIdx.x & 1023u], t0);
     if (g_bus.window) {
         bus_add(g_bus.v[BUS_IDLE_POLLS], 1);
-        bus_add(g_bus.v[BUS_IDLE_READS], now[0] - g_bus.mark[0]);
+        bus_add(g_bus.v[BUS_IDLE_READS], t0[0] - g_bus.t0_mark[0]);
     }
-    for (int i = 0; i < 4; ++i) g_bus.mark[i] = now[i];
+    for (int i = 0; i < 4; ++i) {
+        g_bus.mark[i] += t0[i] - g_bus.t0_mark[i];
+        g_bus.t0_mark[i] = t0[i];
+    }
     // The previous poll used what it loaded (it decided to poll again on those values), so
     // this one starts after them; its first load is one deeper than the base.
     t_ready = depth_now();
@@ -314,6 +330,7 @@ inline void bus_batch(unsigned int messages) {
     while (chain > m && !g_bus.v[BUS_CHAIN_MAX].compare_exchange_weak(m, chain, std::memory_order_relaxed)) {
     }
     for (int i = 0; i < 4; ++i) g_bus.mark[i] = now[i];
+    bus_thread_totals(g_bus.threads[threadIdx.x & 1023u], g_bus.t0_mark);
     g_bus.window = false;
 }
 
