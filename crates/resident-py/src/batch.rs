@@ -242,6 +242,7 @@ fn body<const N: usize>(
     func: Py<PyAny>,
     state: Py<PyAny>,
     max_batch: usize,
+    bell: Arc<crate::Bell>,
 ) -> impl FnOnce(&mut LoopContext<[u8; N], [u8; N], ()>) + Send + 'static {
     move |lctx| {
         let mut failure: Option<PyErr> = None;
@@ -254,6 +255,8 @@ fn body<const N: usize>(
             if batch.is_empty() {
                 continue;
             }
+            // Room for a sender waiting on a full lane.
+            bell.ring();
             let n = batch.len();
             // A Python exception (raised by the handler, or made here for output that is not
             // whole records) fails the kernel with its text and traceback.
@@ -271,17 +274,21 @@ fn body<const N: usize>(
                 Ok(out.as_slice()?.to_vec())
             });
             match out {
-                Ok(bytes) => lctx.send_all(
-                    bytes
-                        .chunks_exact(N)
-                        .map(|c| <[u8; N]>::try_from(c).expect("chunks of N bytes")),
-                ),
+                Ok(bytes) => {
+                    lctx.send_all(
+                        bytes
+                            .chunks_exact(N)
+                            .map(|c| <[u8; N]>::try_from(c).expect("chunks of N bytes")),
+                    );
+                    bell.ring();
+                }
                 Err(reason) => {
                     failure = Some(reason);
                     break;
                 }
             }
         }
+        bell.ring();
         if let Some(e) = failure {
             let reason = Python::attach(|py| crate::py_failure(py, e));
             std::panic::resume_unwind(Box::new(format!("Python handler raised: {reason}")));
@@ -342,6 +349,7 @@ pub(crate) fn launch(
     max_batch: usize,
     device: Option<&crate::device::DeviceSpec>,
     buffers: Vec<(String, String, Vec<u8>)>,
+    bell: Arc<crate::Bell>,
 ) -> Result<Arc<dyn BatchKernel>, LaunchError> {
     // Buffers are bound where the handler runs on the device; the CPU form gets numpy arrays
     // of its own (a loop-form kernel has no engine bindings on the host).
@@ -377,7 +385,7 @@ pub(crate) fn launch(
                             k = bind(k, dev, name, code, bytes)?;
                         }
                     }
-                    let k = k.run(body::<$n>(runner, func, state, max_batch));
+                    let k = k.run(body::<$n>(runner, func, state, max_batch, bell));
                     Ok(Arc::new(rt.launch(k).map_err(LaunchError::Engine)?) as Arc<dyn BatchKernel>)
                 })*
                 other => Err(LaunchError::Engine(Error::InvalidConfig {

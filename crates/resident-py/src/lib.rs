@@ -10,18 +10,27 @@
 //! A handle lives in the store from the moment its object is sent until it is taken out again:
 //! received by the handler (input) or by the caller (output), handed back by a refused send,
 //! discarded by a drop policy (`send_tracked` says which one), or returned in a terminate
-//! report. What the engine discards without telling (an output dropped by the output queue's
-//! drop policy, a reply that came after its caller gave up) is released when the kernel
-//! terminates.
+//! report, or released when its call is given up (the request, if the kernel has not taken
+//! it; the reply, when the kernel publishes it). What the engine discards without telling
+//! otherwise (an output dropped by the output queue's drop policy) is released when the
+//! kernel terminates, and a terminated kernel is freed (`forget`).
+//!
+//! Event loops wait without threads: each kernel has a `Bell` that its thread rings when it
+//! publishes, takes an input, ends or changes state; a ring writes one byte to the socket of
+//! every subscribed event loop (`Waker`) that has a coroutine waiting, and wakes the
+//! handler's own `wait_active`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use numpy::{PyArray1, PyReadonlyArray1};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use pyo3::exceptions::{PyAttributeError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -130,6 +139,32 @@ impl Drop for Waiter<'_> {
     }
 }
 
+/// Python kernels' threads that may still run Python (their loop body has not returned).
+static IN_PYTHON: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a Python kernel's thread in `IN_PYTHON` until dropped (after its last use of
+/// Python), so that interpreter exit can wait for abandoned handlers to leave.
+struct InPython;
+
+impl InPython {
+    fn enter() -> Self {
+        IN_PYTHON.fetch_add(1, Ordering::SeqCst);
+        InPython
+    }
+}
+
+impl Drop for InPython {
+    fn drop(&mut self) {
+        IN_PYTHON.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How many Python kernels' threads may still run Python (see `InPython`).
+#[pyfunction]
+fn handlers_in_python() -> usize {
+    IN_PYTHON.load(Ordering::SeqCst)
+}
+
 /// The object `KernelCtx.recv` and `Runtime.take` return when there is no message (any Python
 /// object, `None` included, may be a message).
 static NOTHING: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -142,6 +177,131 @@ fn nothing(py: Python<'_>) -> PyResult<Py<PyAny>> {
         .map(|o| o.clone_ref(py))
 }
 
+// ---- wake-ups for event loops -----------------------------------------------------------
+
+/// How long a handler's `wait_active` sleeps at most before it looks at the kernel's flags
+/// again when no activate or terminate of this binding woke it (a shutdown's terminate, made
+/// inside the engine, is seen by this look).
+const ACTIVE_LOOK: Duration = Duration::from_millis(100);
+
+/// One event loop's wake-up: a socket pair whose read end the loop watches
+/// (`loop.add_reader`). A `Bell` rings it with one byte, without the GIL, while the loop has
+/// a coroutine waiting (`armed`), at most once until the loop drains it (`pending`).
+struct WakeReg {
+    rx: UnixStream,
+    tx: UnixStream,
+    armed: AtomicUsize,
+    pending: AtomicBool,
+}
+
+impl WakeReg {
+    fn ring(&self) {
+        if self.armed.load(Ordering::SeqCst) > 0 && !self.pending.swap(true, Ordering::SeqCst) {
+            // A full socket buffer already holds a byte that wakes the loop.
+            let _ = (&self.tx).write(&[1]);
+        }
+    }
+}
+
+/// An event loop's wake-up as Python sees it (`resident.runtime` keeps one per loop).
+#[pyclass(frozen, module = "resident._resident")]
+struct Waker(Arc<WakeReg>);
+
+#[pymethods]
+impl Waker {
+    #[new]
+    fn new() -> PyResult<Self> {
+        let (rx, tx) = UnixStream::pair()
+            .map_err(|e| PyRuntimeError::new_err(format!("wake-up socket pair: {e}")))?;
+        for s in [&rx, &tx] {
+            s.set_nonblocking(true)
+                .map_err(|e| PyRuntimeError::new_err(format!("wake-up socket pair: {e}")))?;
+        }
+        Ok(Waker(Arc::new(WakeReg {
+            rx,
+            tx,
+            armed: AtomicUsize::new(0),
+            pending: AtomicBool::new(false),
+        })))
+    }
+
+    /// The file descriptor the loop watches for reading (owned by this object).
+    fn fileno(&self) -> i32 {
+        self.0.rx.as_raw_fd()
+    }
+
+    /// One more coroutine waits: rings write a byte from now on.
+    fn arm(&self) {
+        self.0.armed.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// One coroutine less waits.
+    fn disarm(&self) {
+        let _ = self
+            .0
+            .armed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    }
+
+    /// Empties the socket (called by the loop when it is readable); the next ring writes again.
+    fn drain(&self) {
+        self.0.pending.store(false, Ordering::SeqCst);
+        let mut buf = [0u8; 256];
+        while let Ok(n) = (&self.0.rx).read(&mut buf) {
+            if n < buf.len() {
+                break;
+            }
+        }
+    }
+}
+
+/// What a kernel rings when something a waiter may be waiting for happened: an output or a
+/// reply published, an input taken (room for a blocked send), the handler ended, a lifecycle
+/// change. Rings every subscribed event loop (`Waker`) and the handler's own `wait_active`.
+#[derive(Default)]
+pub(crate) struct Bell {
+    loops: Mutex<Vec<Weak<WakeReg>>>,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Bell {
+    pub(crate) fn ring(&self) {
+        // Pairs with the waiter's `arm` (SeqCst) before it looks at the engine's state.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        {
+            let loops = self.loops.lock();
+            for w in loops.iter() {
+                if let Some(r) = w.upgrade() {
+                    r.ring();
+                }
+            }
+        }
+        // Taking the lock orders this ring after a sleeper's look at its condition.
+        drop(self.lock.lock());
+        self.cv.notify_all();
+    }
+
+    fn subscribe(&self, r: &Arc<WakeReg>) {
+        let mut loops = self.loops.lock();
+        loops.retain(|w| w.strong_count() > 0);
+        if !loops
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(r)))
+        {
+            loops.push(Arc::downgrade(r));
+        }
+    }
+
+    /// Sleeps (no GIL needed) until rung or `t` passed, unless `done()` holds already.
+    fn sleep_unless(&self, t: Duration, done: impl Fn() -> bool) {
+        let mut g = self.lock.lock();
+        if !done() {
+            self.cv.wait_for(&mut g, t);
+        }
+    }
+}
+
 // ---- the object store ------------------------------------------------------------------
 
 /// Python objects queued in a kernel, by handle.
@@ -149,7 +309,15 @@ fn nothing(py: Python<'_>) -> PyResult<Py<PyAny>> {
 struct Store {
     next: AtomicU64,
     objects: Mutex<HashMap<u64, Py<PyAny>>>,
+    /// The message the handler raised on (handed back by its ctx), for the report.
+    failed: Mutex<Option<Py<PyAny>>>,
+    /// Message ids of calls given up while the kernel had their request (newest last, at
+    /// most `ABANDONED_MAX`): their replies are released when published.
+    gave_up: Mutex<VecDeque<u64>>,
 }
+
+/// Calls given up with their request in the kernel's hands that a store remembers.
+const ABANDONED_MAX: usize = 4096;
 
 impl Store {
     fn put(&self, obj: Py<PyAny>) -> u64 {
@@ -164,6 +332,27 @@ impl Store {
 
     fn len(&self) -> usize {
         self.objects.lock().len()
+    }
+
+    /// Remembers that the caller of call `id` gave up while the kernel had its request.
+    fn abandon(&self, id: u64) {
+        let mut g = self.gave_up.lock();
+        g.push_back(id);
+        while g.len() > ABANDONED_MAX {
+            g.pop_front();
+        }
+    }
+
+    /// Whether call `id` was given up (forgets it).
+    fn abandoned(&self, id: u64) -> bool {
+        let mut g = self.gave_up.lock();
+        match g.iter().rposition(|&x| x == id) {
+            Some(i) => {
+                g.remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Releases every object left (the kernel is terminated: nothing can reach them).
@@ -293,6 +482,9 @@ struct KernelCtx {
     store: Arc<Store>,
     kernel_id: String,
     hand: Arc<Handoff>,
+    bell: Arc<Bell>,
+    /// The store key of the last message received (0: none yet), for `hand_back`.
+    last_key: AtomicU64,
     /// `message_id` of a received message -> its `Env`, for replies matched by
     /// `correlation_id` (insertion order: the oldest goes first past `PENDING_MAX`).
     pending: Py<PyDict>,
@@ -335,6 +527,15 @@ impl KernelCtx {
 
     /// The next message, waiting up to `t` (GIL released): `(envelope, handle)`.
     fn next_message(&self, py: Python<'_>, t: Duration) -> PyResult<Option<(Envelope, u64)>> {
+        let got = self.next_message_inner(py, t)?;
+        if got.is_some() {
+            // Room for a sender waiting on a full lane.
+            self.bell.ring();
+        }
+        Ok(got)
+    }
+
+    fn next_message_inner(&self, py: Python<'_>, t: Duration) -> PyResult<Option<(Envelope, u64)>> {
         self.with(|c| {
             let now = c.receive_envelope(Duration::ZERO);
             if now.is_some() || t.is_zero() {
@@ -362,6 +563,20 @@ impl KernelCtx {
 
     /// Publishes `key` as the reply to `request` (or to the last message received).
     fn publish(&self, py: Python<'_>, key: u64, request: Option<Envelope>) -> PyResult<()> {
+        let call = request
+            .as_ref()
+            .filter(|e| e.flags & resident::ring::FLAG_CALL != 0)
+            .map(|e| e.message_id);
+        let r = self.publish_inner(py, key, request);
+        if call.is_some_and(|id| self.store.abandoned(id)) {
+            // Its caller gave up before: the engine discarded the reply.
+            self.store.take(key);
+        }
+        self.bell.ring();
+        r
+    }
+
+    fn publish_inner(&self, py: Python<'_>, key: u64, request: Option<Envelope>) -> PyResult<()> {
         self.with(|c| {
             if c.output_has_room() {
                 // The kernel is its output's only producer: this send does not wait.
@@ -423,7 +638,18 @@ impl KernelCtx {
     /// or `None` on timeout, while inactive, or once terminating.
     fn receive(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<(Py<PyAny>, EnvTuple)>> {
         let got = self.next_message(py, secs(timeout)?)?;
-        Ok(got.and_then(|(env, key)| self.store.take(key).map(|obj| (obj, env_tuple(&env)))))
+        Ok(got.and_then(|(env, key)| {
+            self.last_key.store(key, Ordering::Relaxed);
+            self.store.take(key).map(|obj| (obj, env_tuple(&env)))
+        }))
+    }
+
+    /// Puts `obj` (the last message received, which the handler failed on) back under its
+    /// key, so that the kernel's report hands it back as `failed_message`.
+    fn hand_back(&self, obj: Py<PyAny>) {
+        if self.last_key.load(Ordering::Relaxed) != 0 {
+            *self.store.failed.lock() = Some(obj);
+        }
     }
 
     /// The next message within `timeout` seconds (GIL released while waiting), or
@@ -500,6 +726,7 @@ impl KernelCtx {
     /// terminating; returns `is_active`.
     fn wait_active(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         let t = secs(timeout)?;
+        let bell = &*self.bell;
         self.with(|c| {
             let p = SendPtr(c as *mut Lctx);
             self.outside(py, move || {
@@ -507,11 +734,20 @@ impl KernelCtx {
                 // SAFETY: same thread, body running (see `CtxPtr`).
                 let c = unsafe { &mut *p.0 };
                 let deadline = Instant::now() + t;
-                while !c.is_active() && !c.should_terminate() {
-                    if Instant::now() >= deadline {
+                // Parks until this binding's activate or terminate rings the kernel's bell
+                // (no CPU while idle), looking at the flags every `ACTIVE_LOOK` at most.
+                loop {
+                    if c.is_active() || c.should_terminate() {
                         break;
                     }
-                    std::thread::sleep(Duration::from_micros(200));
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    let c = &*c;
+                    bell.sleep_unless(left.min(ACTIVE_LOOK), || {
+                        c.is_active() || c.should_terminate()
+                    });
                 }
                 c.is_active()
             })
@@ -571,9 +807,14 @@ struct Kern {
     handle: KernelHandle<u64, u64>,
     store: Arc<Store>,
     hand: Arc<Handoff>,
+    bell: Arc<Bell>,
     /// Sends under `Block` may wait (GIL released); the other policies never wait.
     blocks: bool,
 }
+
+/// How many terminated kernels the binding remembers (id, final state) after freeing them,
+/// as the engine's `recently_terminated` does.
+const GONE_MAX: usize = 256;
 
 /// The engine's runtime and the Python kernels launched on it.
 #[pyclass(frozen, name = "Runtime", module = "resident._resident")]
@@ -581,6 +822,10 @@ struct PyRuntime {
     rt: Mutex<Option<resident::runtime::Runtime>>,
     kernels: Mutex<HashMap<String, Arc<Kern>>>,
     batch: Mutex<HashMap<String, Arc<dyn batch::BatchKernel>>>,
+    /// Every live kernel's bell (Python and batch kernels).
+    bells: Mutex<HashMap<String, Arc<Bell>>>,
+    /// Kernels terminated and freed, newest last: (id, final state).
+    gone: Mutex<VecDeque<(String, KernelState)>>,
     backend: String,
 }
 
@@ -620,21 +865,105 @@ impl PyRuntime {
             .lock()
             .get(id)
             .cloned()
-            .ok_or_else(|| engine_error(py, &Error::UnknownKernel { id: id.to_string() }))
+            .ok_or_else(|| self.missing(py, id, "use"))
+    }
+
+    /// The final state of a kernel terminated and freed, if it is still remembered.
+    fn gone_state(&self, id: &str) -> Option<KernelState> {
+        self.gone
+            .lock()
+            .iter()
+            .rev()
+            .find(|(g, _)| g == id)
+            .map(|(_, st)| st.clone())
+    }
+
+    /// The error for an operation on a kernel that is not live: its final state when it was
+    /// terminated (and is still remembered), else unknown.
+    fn missing(&self, py: Python<'_>, id: &str, op: &'static str) -> PyErr {
+        match self.gone_state(id) {
+            Some(state) => engine_error(
+                py,
+                &Error::InvalidState {
+                    id: id.to_string(),
+                    op,
+                    state,
+                },
+            ),
+            None => engine_error(py, &Error::UnknownKernel { id: id.to_string() }),
+        }
+    }
+
+    /// A send to a kernel that is not live: refused with `obj` handed back when the kernel
+    /// was terminated, else unknown.
+    fn refuse_missing(&self, py: Python<'_>, id: &str, op: &str, obj: Py<PyAny>) -> PyErr {
+        match self.gone_state(id) {
+            Some(state) => build(
+                py,
+                Described {
+                    class: "KernelNotAcceptingError",
+                    text: format!("kernel '{id}' is {state}: {op} refused, message returned"),
+                    id: Some(id.to_string()),
+                    detail: Some(state.to_string()),
+                },
+                Some(obj),
+            ),
+            None => engine_error(py, &Error::UnknownKernel { id: id.to_string() }),
+        }
+    }
+
+    /// Frees a terminated kernel (queues, store, bell): the binding keeps only its id and
+    /// final state among the last `GONE_MAX`, so a late operation gets the same typed error.
+    fn forget_kernel(&self, id: &str, state: KernelState) {
+        let k = self.kernels.lock().remove(id);
+        let b = self.batch.lock().remove(id);
+        let bell = self.bells.lock().remove(id);
+        if let Some(bell) = bell {
+            bell.ring();
+        }
+        if k.is_some() || b.is_some() {
+            let mut gone = self.gone.lock();
+            gone.retain(|(g, _)| g != id);
+            gone.push_back((id.to_string(), state));
+            while gone.len() > GONE_MAX {
+                gone.pop_front();
+            }
+        }
+    }
+
+    /// Rings a live kernel's bell (after a lifecycle change).
+    fn ring(&self, id: &str) {
+        let b = self.bells.lock().get(id).cloned();
+        if let Some(b) = b {
+            b.ring();
+        }
+    }
+
+    fn bell(&self, py: Python<'_>, id: &str) -> PyResult<Arc<Bell>> {
+        self.bells
+            .lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| self.missing(py, id, "wait"))
     }
 
     /// Any kernel's lifecycle operations.
-    fn ops(&self, py: Python<'_>, id: &str) -> PyResult<Arc<dyn KernelOps>> {
+    fn ops(&self, py: Python<'_>, id: &str, op: &'static str) -> PyResult<Arc<dyn KernelOps>> {
         if let Some(k) = self.kernels.lock().get(id) {
             return Ok(Arc::new(k.handle.clone()));
         }
         if let Some(b) = self.batch.lock().get(id) {
             return Ok(Arc::new(BatchOps(b.clone())));
         }
-        Err(engine_error(
-            py,
-            &Error::UnknownKernel { id: id.to_string() },
-        ))
+        Err(self.missing(py, id, op))
+    }
+
+    /// A live kernel's state, or a freed kernel's final state.
+    fn state_of(&self, py: Python<'_>, id: &str) -> PyResult<KernelState> {
+        match self.ops(py, id, "read the state of") {
+            Ok(k) => Ok(k.state()),
+            Err(e) => self.gone_state(id).ok_or(e),
+        }
     }
 
     fn batch_kern(&self, py: Python<'_>, id: &str) -> PyResult<Arc<dyn batch::BatchKernel>> {
@@ -642,7 +971,7 @@ impl PyRuntime {
             .lock()
             .get(id)
             .cloned()
-            .ok_or_else(|| engine_error(py, &Error::UnknownKernel { id: id.to_string() }))
+            .ok_or_else(|| self.missing(py, id, "use"))
     }
 
     /// Runs a blocking engine wait in slices with the GIL released, checking for signals
@@ -747,7 +1076,9 @@ fn report_dict<'py>(
             d.set_item("failure", reason.to_string())?;
             let m = msg
                 .as_ref()
-                .and_then(|(env, k)| store.take(*k).map(|o| (o, env_tuple(env))));
+                .and_then(|(env, k)| store.take(*k).map(|o| (o, Some(env_tuple(env)))));
+            // A Python handler that raised: its ctx handed the message back.
+            let m = m.or_else(|| store.failed.lock().take().map(|o| (o, None)));
             d.set_item("failed_message", m)?;
         }
         None => {
@@ -845,6 +1176,8 @@ impl PyRuntime {
             rt: Mutex::new(Some(rt)),
             kernels: Mutex::new(HashMap::new()),
             batch: Mutex::new(HashMap::new()),
+            bells: Mutex::new(HashMap::new()),
+            gone: Mutex::new(VecDeque::new()),
             backend,
         })
     }
@@ -879,6 +1212,8 @@ impl PyRuntime {
         let body_store = store.clone();
         let hand = Arc::new(Handoff::default());
         let body_hand = hand.clone();
+        let bell = Arc::new(Bell::default());
+        let body_bell = bell.clone();
         let id = kernel_id.clone();
         let mut k = RingKernel::<u64, u64>::new(kernel_id.clone())
             .queue_size(queue_size)
@@ -891,6 +1226,7 @@ impl PyRuntime {
         // after that park at once instead of spinning again.
         k = k.wait_strategy(WaitStrategy::Park);
         let k = k.run(move |lctx: &mut Lctx| {
+            let in_python = InPython::enter();
             let outcome: PyResult<()> = Python::attach(|py| {
                 body_hand.kernel_in_python.store(true, Ordering::Release);
                 let ctx = KernelCtx {
@@ -899,6 +1235,8 @@ impl PyRuntime {
                     store: body_store,
                     kernel_id: id.clone(),
                     hand: body_hand.clone(),
+                    bell: body_bell.clone(),
+                    last_key: AtomicU64::new(0),
                     pending: PyDict::new(py).unbind(),
                 };
                 let ctx = Py::new(py, ctx)?;
@@ -907,9 +1245,13 @@ impl PyRuntime {
                 body_hand.kernel_in_python.store(false, Ordering::Release);
                 r.map(|_| ())
             });
+            // Waiters look again (the engine marks a failure after this returns: they see
+            // it at their next periodic look).
+            body_bell.ring();
             if let Err(e) = outcome {
                 // The exception's text and traceback (formatted under the GIL).
                 let reason = Python::attach(|py| py_failure(py, e));
+                drop(in_python);
                 // The engine turns a panic of the loop body into `Failed(reason)` and tells
                 // waiting callers at once.
                 std::panic::resume_unwind(Box::new(format!("Python handler raised: {reason}")));
@@ -922,12 +1264,14 @@ impl PyRuntime {
         let handle = py
             .detach(|| rt.launch(k))
             .map_err(|e| engine_error(py, &e))?;
+        self.bells.lock().insert(kernel_id.clone(), bell.clone());
         self.kernels.lock().insert(
             kernel_id,
             Arc::new(Kern {
                 handle,
                 store,
                 hand,
+                bell,
                 blocks,
             }),
         );
@@ -935,27 +1279,30 @@ impl PyRuntime {
     }
 
     fn activate(&self, py: Python<'_>, kernel_id: &str) -> PyResult<()> {
-        let k = self.ops(py, kernel_id)?;
-        k.activate().map_err(|e| engine_error(py, &e))
+        let k = self.ops(py, kernel_id, "activate")?;
+        let r = k.activate().map_err(|e| engine_error(py, &e));
+        self.ring(kernel_id);
+        r
     }
 
     fn deactivate(&self, py: Python<'_>, kernel_id: &str) -> PyResult<()> {
-        let k = self.ops(py, kernel_id)?;
-        py.detach(|| k.deactivate())
-            .map_err(|e| engine_error(py, &e))
+        let k = self.ops(py, kernel_id, "deactivate")?;
+        let r = py
+            .detach(|| k.deactivate())
+            .map_err(|e| engine_error(py, &e));
+        self.ring(kernel_id);
+        r
     }
 
     fn state(&self, py: Python<'_>, kernel_id: &str) -> PyResult<String> {
-        let k = self.ops(py, kernel_id)?;
-        Ok(match k.state() {
+        Ok(match self.state_of(py, kernel_id)? {
             KernelState::Failed(_) => "failed".to_string(),
             s => s.to_string(),
         })
     }
 
     fn failure(&self, py: Python<'_>, kernel_id: &str) -> PyResult<Option<String>> {
-        let k = self.ops(py, kernel_id)?;
-        Ok(match k.state() {
+        Ok(match self.state_of(py, kernel_id)? {
             KernelState::Failed(r) => Some(r.to_string()),
             _ => None,
         })
@@ -971,7 +1318,9 @@ impl PyRuntime {
     /// Sends `obj` at `priority`; returns the engine's message id. A send dropped by
     /// `drop_newest` returns normally (counted in `messages_dropped`), as in the engine.
     fn send(&self, py: Python<'_>, kernel_id: &str, obj: Py<PyAny>, priority: u8) -> PyResult<u64> {
-        let k = self.kern(py, kernel_id)?;
+        let Some(k) = self.kernels.lock().get(kernel_id).cloned() else {
+            return Err(self.refuse_missing(py, kernel_id, "send", obj));
+        };
         let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
         // Under `Block` a send to a full lane waits, so the GIL is released then; with room
@@ -985,6 +1334,8 @@ impl PyRuntime {
             Ok((id, SendOutcome::Queued)) => Ok(id),
             Ok((id, SendOutcome::DroppedOldest(_, old))) => {
                 k.store.take(old);
+                // The discarded message may be a call: its caller looks again.
+                k.bell.ring();
                 Ok(id)
             }
             Ok((id, SendOutcome::DroppedNewest)) => {
@@ -993,6 +1344,23 @@ impl PyRuntime {
             }
             Err(e) => Err(refused(py, &k.store, e, sent)),
         }
+    }
+
+    /// Whether a send or call to this Python kernel would wait now: its policy is `block`
+    /// and its input queue is full. With the GIL held between this and the send, a `false`
+    /// holds for the send (only GIL holders send to a Python kernel; its thread only takes).
+    /// `false` for a kernel that is not live (the send is refused at once, message handed
+    /// back).
+    fn would_block(&self, kernel_id: &str) -> bool {
+        let k = self.kernels.lock().get(kernel_id).cloned();
+        k.is_some_and(|k| k.blocks && !k.handle.input_has_room())
+    }
+
+    /// Rings `waker` whenever kernel `kernel_id` publishes an output or reply, takes an
+    /// input, ends, or changes state, while `waker` is armed.
+    fn subscribe(&self, py: Python<'_>, kernel_id: &str, waker: &Waker) -> PyResult<()> {
+        self.bell(py, kernel_id)?.subscribe(&waker.0);
+        Ok(())
     }
 
     /// Starts a `call`: the request is queued, the reply waited for with `PendingCall`. With
@@ -1007,7 +1375,9 @@ impl PyRuntime {
         priority: u8,
         timeout: Option<f64>,
     ) -> PyResult<PendingCallPy> {
-        let k = self.kern(py, kernel_id)?;
+        let Some(k) = self.kernels.lock().get(kernel_id).cloned() else {
+            return Err(self.refuse_missing(py, kernel_id, "call", obj));
+        };
         let timeout = timeout.map(secs).transpose()?;
         let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
@@ -1083,7 +1453,7 @@ impl PyRuntime {
 
     /// Telemetry as a dict (all figures from the engine).
     fn telemetry<'py>(&self, py: Python<'py>, kernel_id: &str) -> PyResult<Bound<'py, PyDict>> {
-        let k = self.ops(py, kernel_id)?;
+        let k = self.ops(py, kernel_id, "read the telemetry of")?;
         let held = self
             .kernels
             .lock()
@@ -1130,20 +1500,49 @@ impl PyRuntime {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let t = timeout.map(secs).transpose()?;
-        if let Some(b) = self.batch.lock().get(kernel_id).cloned() {
+        // The caller frees the kernel once it has what it needs from it (`forget`).
+        let batch = self.batch.lock().get(kernel_id).cloned();
+        if let Some(b) = batch {
             let r = py
                 .detach(|| b.terminate(t))
                 .map_err(|e| engine_error(py, &e))?;
             return bytes_report_dict(py, kernel_id, r);
         }
-        let k = self.kern(py, kernel_id)?;
-        let r = py
-            .detach(|| match t {
-                Some(t) => k.handle.terminate_within(t),
-                None => k.handle.terminate(),
-            })
-            .map_err(|e| engine_error(py, &e))?;
+        let k = self.kernels.lock().get(kernel_id).cloned();
+        let Some(k) = k else {
+            return Err(self.missing(py, kernel_id, "terminate"));
+        };
+        let r = py.detach(|| match t {
+            Some(t) => k.handle.terminate_within(t),
+            None => k.handle.terminate(),
+        });
+        k.bell.ring();
+        let r = r.map_err(|e| engine_error(py, &e))?;
         report_dict(py, r, &k.store)
+    }
+
+    /// Frees a terminated kernel as the engine does (its queues, the objects they held, its
+    /// bell): only its id and final state stay known, among the last `GONE_MAX`. Refused
+    /// (`KernelStateError`) while the kernel is not terminated or failed.
+    fn forget(&self, py: Python<'_>, kernel_id: &str) -> PyResult<()> {
+        let k = match self.ops(py, kernel_id, "forget") {
+            Ok(k) => k,
+            Err(_) if self.gone_state(kernel_id).is_some() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let state = k.state();
+        if !matches!(state, KernelState::Terminated | KernelState::Failed(_)) {
+            return Err(engine_error(
+                py,
+                &Error::InvalidState {
+                    id: kernel_id.to_string(),
+                    op: "forget",
+                    state,
+                },
+            ));
+        }
+        self.forget_kernel(kernel_id, state);
+        Ok(())
     }
 
     /// Launches a batch kernel: records of `record` bytes (one of 8, 16, ..., 256), drained
@@ -1178,6 +1577,8 @@ impl PyRuntime {
             .as_ref()
             .ok_or_else(|| PyRuntimeError::new_err("the runtime was shut down"))?;
         let id = kernel_id.clone();
+        let bell = Arc::new(Bell::default());
+        let body_bell = bell.clone();
         let k = py
             .detach(|| {
                 batch::launch(
@@ -1193,6 +1594,7 @@ impl PyRuntime {
                     max_batch,
                     device.as_ref().map(|d| d.get()),
                     buffers,
+                    body_bell,
                 )
             })
             .map_err(|e| match e {
@@ -1209,6 +1611,7 @@ impl PyRuntime {
                     None,
                 ),
             })?;
+        self.bells.lock().insert(kernel_id.clone(), bell);
         self.batch.lock().insert(kernel_id, k);
         Ok(())
     }
@@ -1372,8 +1775,9 @@ impl PendingCallPy {
                 .take(key)
                 .ok_or_else(|| PyRuntimeError::new_err("reply handle without an object")),
             Err(e) => {
-                // A request dropped by a drop policy: its object will never be taken.
-                if matches!(e, Error::Dropped { .. }) {
+                // A request dropped by a drop policy, or expired (its deadline passed before
+                // the kernel took it): its object will never be taken.
+                if matches!(e, Error::Dropped { .. } | Error::Timeout { .. }) {
                     self.kern.store.take(self.request);
                 }
                 Err(engine_error(py, &e))
@@ -1384,8 +1788,9 @@ impl PendingCallPy {
 
 #[pymethods]
 impl PendingCallPy {
-    /// Looks for the reply without waiting: the reply object, or `None` if not there yet.
-    fn poll(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+    /// Looks for the reply without waiting: the reply object (any object, `None` included),
+    /// or `NOTHING` if it is not there yet.
+    fn poll(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let r = {
             let mut g = self.pc.lock();
             let Some(pc) = g.as_mut() else {
@@ -1396,26 +1801,42 @@ impl PendingCallPy {
             pc.wait(Duration::ZERO)
         };
         match r {
-            None => Ok(None),
-            Some(r) => self.finish(py, r).map(Some),
+            None => nothing(py),
+            Some(r) => self.finish(py, r),
         }
     }
 
-    /// Waits up to `timeout` seconds for the reply, GIL released, Ctrl-C honoured; `None`
+    /// Waits up to `timeout` seconds for the reply, GIL released, Ctrl-C honoured; `NOTHING`
     /// when it did not come (the call stays pending). Must run on the thread that started
     /// the call unless `timeout` is 0.
-    fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Py<PyAny>>> {
+    fn wait(&self, py: Python<'_>, timeout: f64) -> PyResult<Py<PyAny>> {
         let t = secs(timeout)?;
         let r = Self::sliced_wait(py, &self.kern.hand, &self.pc, t)?;
         match r {
-            None => Ok(None),
-            Some(r) => self.finish(py, r).map(Some),
+            None => nothing(py),
+            Some(r) => self.finish(py, r),
         }
     }
 
-    /// Gives up on the reply (a later reply is counted as dropped by the engine).
+    /// Gives up on the reply (a later reply is counted as dropped by the engine) and
+    /// releases the request object if the kernel has not taken it: a request whose caller
+    /// gave up is never handed to the handler (one with a deadline has expired; one without
+    /// is withdrawn), so its object does not wait for the kernel's end.
     fn cancel(&self) {
-        *self.pc.lock() = None;
+        let pc = self.pc.lock().take();
+        let Some(mut pc) = pc else { return };
+        // A reply that came already: nobody will take it.
+        if let Some(Ok(key)) = pc.wait(Duration::ZERO) {
+            self.kern.store.take(key);
+            return;
+        }
+        let id = pc.message_id();
+        // Unregisters the call: a reply published from now on is discarded by the engine.
+        drop(pc);
+        if self.kern.store.take(self.request).is_none() {
+            // The kernel has the request: release the reply it may still publish.
+            self.kern.store.abandon(id);
+        }
     }
 }
 
@@ -1446,6 +1867,9 @@ fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Env>()?;
     m.add("NOTHING", nothing(m.py())?)?;
     m.add_class::<PendingCallPy>()?;
+    m.add_class::<Waker>()?;
+    m.add_function(wrap_pyfunction!(handlers_in_python, m)?)?;
+    m.add("FLAG_CALL", resident::ring::FLAG_CALL)?;
     buffer::register(m)?;
     device::register(m)?;
     workloads::register(m)?;

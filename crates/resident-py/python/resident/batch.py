@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
-from .kernel import BACKPRESSURE, _registry
+from .kernel import BACKPRESSURE, _registry, reject_unknown
 
 __all__ = ["batch_kernel", "BatchKernelSpec", "RECORD_SIZES"]
 
@@ -70,11 +70,19 @@ def batch_kernel(
     backpressure: str = "block",
     block_timeout: float = 1.0,
     max_batch: int = 1024,
+    **unknown: Any,
 ) -> Any:
     """Declares ``def handle(state, batch) -> out`` as a batch kernel: ``batch`` is a numpy
     array of ``in_dtype`` records, ``out`` an array (or anything ``np.asarray`` turns into one)
     of ``out_dtype`` records (default: ``in_dtype``). ``state`` (e.g. a numpy array) is the
-    kernel's state, passed to every call; the kernel keeps it for its whole life."""
+    kernel's state, passed to every call; the kernel keeps it for its whole life. Any other
+    keyword argument raises ``UnknownArgumentError`` naming the closest known one."""
+    reject_unknown(
+        "@batch_kernel",
+        unknown,
+        ("kernel_id", "in_dtype", "out_dtype", "state", "queue_size", "backpressure",
+         "block_timeout", "max_batch"),
+    )
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         spec = BatchKernelSpec(
@@ -127,3 +135,71 @@ def _run_batch(spec: BatchKernelSpec, func: Any, state: Any, raw: np.ndarray, n:
 
 def runner(spec: BatchKernelSpec) -> Callable[..., Any]:
     return functools.partial(_run_batch, spec)
+
+
+def _layout_diff(got: np.dtype, want: np.dtype) -> Optional[str]:
+    """The first difference between two structured dtypes (names, order, types, offsets,
+    size), or None when they lay records out the same way."""
+    gf, wf = got.fields or {}, want.fields or {}
+    gn = sorted(gf, key=lambda n: gf[n][1])
+    wn = sorted(wf, key=lambda n: wf[n][1])
+    if gn != wn:
+        return f"its fields are {gn}, the kernel's are {wn} (names and order must match)"
+    for n in wn:
+        (gt, go), (wt, wo) = gf[n][:2], wf[n][:2]
+        if gt != wt:
+            return f"field '{n}' is {gt}, the kernel's is {wt}"
+        if go != wo:
+            return f"field '{n}' lies at byte {go}, the kernel's at byte {wo}"
+    if got.itemsize != want.itemsize:
+        return f"its records are {got.itemsize} bytes, the kernel's {want.itemsize}"
+    return None
+
+
+def checked_records(records: Any, dtype: np.dtype, kernel_id: str) -> np.ndarray:
+    """``records`` as a 1-D array of ``dtype``, refusing what would be converted by position
+    or broadcast: a structured array must have ``dtype``'s layout (its fields by name, type,
+    order and offset), a sequence must hold one tuple per record; an array of a plain
+    (unstructured) ``dtype`` may be of any type numpy casts to it safely or within its kind."""
+    from .errors import DtypeLayoutError
+
+    if not isinstance(records, np.ndarray):
+        if dtype.fields is not None:
+            seq = list(records)
+            bad = next(
+                (r for r in seq if not isinstance(r, (tuple, np.void)) or len(r) != len(dtype.fields)),
+                None,
+            )
+            if bad is not None:
+                raise DtypeLayoutError(
+                    f"kernel '{kernel_id}': send_batch takes records of {dtype} (a structured "
+                    f"array, or tuples of {len(dtype.fields)} values in field order), got "
+                    f"{bad!r}",
+                    kernel_id,
+                )
+            return np.array(seq, dtype=dtype).reshape(-1)
+        records = np.asarray(records)
+    if dtype.fields is None:
+        if records.dtype.fields is not None or not np.can_cast(records.dtype, dtype, "same_kind"):
+            raise DtypeLayoutError(
+                f"kernel '{kernel_id}': send_batch got an array of {records.dtype}, the kernel "
+                f"takes {dtype}",
+                kernel_id,
+            )
+        return np.ascontiguousarray(records, dtype=dtype).reshape(-1)
+    if records.dtype.fields is None:
+        raise DtypeLayoutError(
+            f"kernel '{kernel_id}': send_batch got an array of {records.dtype}, the kernel "
+            f"takes records of {dtype}: build them with np.zeros(n, in_dtype) and fill each "
+            f"field (a plain array would be copied into every field)",
+            kernel_id,
+        )
+    diff = _layout_diff(records.dtype, dtype)
+    if diff is not None:
+        raise DtypeLayoutError(
+            f"kernel '{kernel_id}': send_batch got records of {records.dtype}, not the "
+            f"kernel's {dtype}: {diff}",
+            kernel_id,
+            None,
+        )
+    return np.ascontiguousarray(records).reshape(-1)

@@ -36,7 +36,7 @@ import numpy as np
 from . import _resident
 from .batch import BatchKernelSpec, RECORD_SIZES
 from .errors import DtypeLayoutError
-from .kernel import _registry
+from .kernel import _registry, reject_unknown
 
 __all__ = ["device_kernel", "DeviceKernelSpec", "declarations"]
 
@@ -45,6 +45,70 @@ STATE_SIZES = tuple(4 << i for i in range(11))
 _CODES = {"f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8"}
 
 Field = Tuple[str, str, List[int], int]
+
+# Words a field name cannot be: it becomes a struct member in the generated CUDA C (compiled
+# as C++ by g++ for CudaSim and by NVRTC) or WGSL.
+_C_KEYWORDS = frozenset(
+    """
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t
+    char16_t char32_t class compl concept const consteval constexpr constinit const_cast
+    continue co_await co_return co_yield decltype default delete do double dynamic_cast else
+    enum explicit export extern false float for friend goto if inline int long mutable
+    namespace new noexcept not not_eq nullptr operator or or_eq private protected public
+    register reinterpret_cast requires restrict return short signed sizeof static
+    static_assert static_cast struct switch template this thread_local throw true try typedef
+    typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq
+    _Alignas _Alignof _Atomic _Bool _Complex _Generic _Imaginary _Noreturn _Static_assert
+    _Thread_local NULL
+    """.split()
+)
+# WGSL's keywords, reserved words and predeclared type names (WGSL spec, 3.5 and 3.6).
+_WGSL_KEYWORDS = frozenset(
+    """
+    alias break case const const_assert continue continuing default diagnostic discard else
+    enable false fn for if let loop override requires return struct switch true var while
+    NULL Self abstract active alignas alignof as asm asm_fragment async attribute auto await
+    become binding_array cast catch class co_await co_return co_yield coherent column_major
+    common compile compile_fragment concept const_cast consteval constexpr constinit crate
+    debugger decltype delete demote demote_to_helper do dynamic_cast enum explicit export
+    extends extern external fallthrough filter final finally friend from fxgroup get goto
+    groupshared highp impl implements import inline instanceof interface layout lowp macro
+    macro_rules match mediump meta mod module move mut mutable namespace new nil noexcept
+    noinline nointerpolation non_coherent noncoherent noperspective null nullptr of operator
+    package packoffset partition pass patch pixelfragment precise precision premerge priv
+    protected pub public readonly ref regardless register reinterpret_cast require resource
+    restrict self set shared sizeof smooth snorm static static_assert static_cast std
+    subroutine super target template this thread_local throw trait try type typedef typeid
+    typename typeof union unless unorm unsafe unsized use using varying virtual volatile wgsl
+    where with writeonly yield
+    array atomic bool f16 f32 i32 u32 mat2x2 mat2x3 mat2x4 mat3x2 mat3x3 mat3x4 mat4x2 mat4x3
+    mat4x4 ptr sampler sampler_comparison vec2 vec3 vec4
+    """.split()
+)
+
+
+def _check_names(dtype: Optional[np.dtype], what: str, c: bool, wgsl: bool) -> None:
+    """Refuses a field name the generated C (``c``) or WGSL (``wgsl``) could not declare."""
+    if dtype is None or dtype.fields is None:
+        return
+    for name in dtype.fields:
+        if not _IDENT.match(name) or name.startswith(("__", "resident_", "_resident")):
+            raise DtypeLayoutError(
+                f"{what}: field name {name!r} is not an identifier the generated code can "
+                f"use (letters, digits and _, not starting with a digit, '__' or "
+                f"'resident_')",
+                None,
+                name,
+            )
+        for on, words, lang in ((c, _C_KEYWORDS, "C/C++ (CUDA)"), (wgsl, _WGSL_KEYWORDS, "WGSL")):
+            if on and name in words:
+                raise DtypeLayoutError(
+                    f"{what}: field name '{name}' is a keyword or reserved word of {lang}, "
+                    f"where the handler's struct declares it; rename the field (e.g. "
+                    f"'{name}_')",
+                    None,
+                    name,
+                )
 
 
 def _fields(dtype: np.dtype, what: str) -> List[Field]:
@@ -157,6 +221,10 @@ class DeviceKernelSpec(BatchKernelSpec):
             if n not in self.buffers:
                 raise ValueError(f"kernel '{self.kernel_id}': atomic buffer '{n}' is not bound")
         super().__post_init__()
+        k = f"kernel '{self.kernel_id}'"
+        for d, n in ((self.in_dtype, "in_dtype"), (self.out_dtype, "out_dtype"),
+                     (self.state_dtype, "state_dtype")):
+            _check_names(d, f"{k} {n}", self.cuda is not None, self.wgsl is not None)
         self.device_spec()  # refuses a dtype the device cannot hold, now
 
     @property
@@ -252,6 +320,13 @@ class DeviceKernelSpec(BatchKernelSpec):
         return self.device_spec().declarations(lang)
 
 
+_DEVICE_KERNEL_ARGS = (
+    "kernel_id", "in_dtype", "out_dtype", "state_dtype", "state", "cuda", "wgsl", "function",
+    "wgsl_in_order", "workgroup_size", "buffers", "atomic_buffers", "queue_size",
+    "backpressure", "block_timeout", "max_batch",
+)
+
+
 def device_kernel(
     func: Optional[Callable[..., Any]] = None,
     *,
@@ -271,6 +346,7 @@ def device_kernel(
     backpressure: str = "block",
     block_timeout: float = 1.0,
     max_batch: int = 1024,
+    **unknown: Any,
 ) -> Any:
     """Declares a device kernel whose CPU form is ``def handle(state, batch) -> out``.
 
@@ -289,7 +365,9 @@ def device_kernel(
     handler sees ``name: array<T>`` and ``name_len`` (``atomic_buffers`` lists those it
     updates with atomics), and the CPU form is called ``handle(state, batch, buffers)`` with a
     dict of numpy arrays. ``Runtime.read_buffer``/``write_buffer`` reach them from the host.
+    Any other keyword argument raises ``UnknownArgumentError`` naming the closest known one.
     """
+    reject_unknown("@device_kernel", unknown, _DEVICE_KERNEL_ARGS)
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         spec = DeviceKernelSpec(

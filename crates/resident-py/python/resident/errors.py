@@ -29,6 +29,7 @@ __all__ = [
     "DeviceError",
     "InvalidConfigError",
     "DtypeLayoutError",
+    "UnknownArgumentError",
     "BufferStateError",
     "OutOfMemoryError",
     "WorkloadError",
@@ -157,6 +158,11 @@ class DtypeLayoutError(InvalidConfigError, TypeError):
     @property
     def field(self) -> Optional[str]:
         return self.detail
+
+
+class UnknownArgumentError(InvalidConfigError, TypeError):
+    """A decorator (``@ring_kernel``, ``@batch_kernel``, ``@device_kernel``) got a keyword
+    argument it does not know; the text suggests the closest one it knows."""
 
 
 class BufferStateError(ResidentError):

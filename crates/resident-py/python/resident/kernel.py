@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import difflib
+import threading
 import time
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Awaitable, Callable, Dict, Optional
+from typing import Any, Awaitable, Callable, Dict, Iterable, Optional
 
 from . import _resident
+from .errors import UnknownArgumentError
 
 __all__ = ["ring_kernel", "KernelSpec", "KernelContext", "get_kernel", "BACKPRESSURE"]
 
@@ -16,6 +20,16 @@ BACKPRESSURE = ("block", "reject", "drop_oldest", "drop_newest")
 
 # How long one wait of the kernel's coroutine lasts before other tasks of its loop get a turn.
 _SLICE = 0.01
+# How long one wait lasts when the kernel's coroutine is the only task of its loop (nothing
+# else needs a turn; terminate and activate wake the wait at once): an idle kernel costs no CPU.
+_IDLE_SLICE = 0.5
+# The flag the engine sets on a request sent by ``call`` (its reply goes to a waiting caller).
+_FLAG_CALL = _resident.FLAG_CALL
+# Received messages a kernel's ctx remembers for their replies.
+_PENDING_MAX = 4096
+# PyDotCompute's ``@ring_kernel`` arguments, accepted and ignored (a Python handler runs on a
+# host thread).
+_PYDOTCOMPUTE_IGNORED = ("grid_size", "block_size", "input_type", "output_type")
 # What the engine returns when no message came (any object, None included, is a message).
 _NOTHING = _resident.NOTHING
 
@@ -56,6 +70,15 @@ def get_kernel(kernel_id: str) -> Optional[KernelSpec]:
     return _registry.get(kernel_id)
 
 
+def reject_unknown(decorator: str, given: Dict[str, Any], known: Iterable[str]) -> None:
+    """Raises ``UnknownArgumentError`` for the first argument in ``given`` (a decorator's
+    unknown keyword arguments), suggesting the closest of ``known``."""
+    for name in given:
+        near = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+        hint = f"; did you mean '{near[0]}'?" if near else f"; it takes {', '.join(sorted(known))}"
+        raise UnknownArgumentError(f"{decorator}: unknown argument '{name}'{hint}")
+
+
 def ring_kernel(
     func: Optional[Callable[..., Any]] = None,
     *,
@@ -67,7 +90,11 @@ def ring_kernel(
     block_timeout: float = 1.0,
     priority_lanes: int = 4,
     auto_register: bool = True,
-    **_ignored: Any,
+    grid_size: Any = None,
+    block_size: Any = None,
+    input_type: Any = None,
+    output_type: Any = None,
+    **unknown: Any,
 ) -> Any:
     """Declares ``async def f(ctx)`` as a ring kernel (a persistent actor).
 
@@ -76,10 +103,11 @@ def ring_kernel(
     ``block_timeout`` seconds, then ``SendTimeoutError``), ``"reject"`` (``QueueFullError``),
     ``"drop_oldest"``/``"drop_newest"`` (discard one, counted in ``messages_dropped``).
     ``priority_lanes`` lanes split the priorities 0-255 (higher drains first, FIFO within a
-    lane). Other keyword arguments of PyDotCompute (``grid_size``, ``block_size``,
-    ``input_type``, ``output_type``) are accepted and ignored: a Python handler runs on a host
-    thread.
+    lane). PyDotCompute's ``grid_size``, ``block_size``, ``input_type`` and ``output_type``
+    are accepted and ignored: a Python handler runs on a host thread. Any other keyword
+    argument raises ``UnknownArgumentError`` naming the closest known one.
     """
+    reject_unknown("@ring_kernel", unknown, _RING_KERNEL_ARGS)
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         spec = KernelSpec(
@@ -101,18 +129,49 @@ def ring_kernel(
     return wrap
 
 
+_RING_KERNEL_ARGS = (
+    "kernel_id",
+    "queue_size",
+    "input_queue_size",
+    "output_queue_size",
+    "backpressure",
+    "block_timeout",
+    "priority_lanes",
+    "auto_register",
+) + _PYDOTCOMPUTE_IGNORED
+
+
 class KernelContext:
     """What a kernel's coroutine sees: receive, send, and the lifecycle flags.
 
     The coroutine runs on the kernel's own thread, in an event loop of its own; waits release
-    the GIL and give the loop's other tasks a turn every 10 ms.
+    the GIL and give the loop's other tasks a turn every 10 ms (when the coroutine is the
+    loop's only task, a wait lasts up to 0.5 s: activate, deactivate, terminate and new
+    messages end it at once, and an idle kernel uses no CPU).
+
+    Replies: ``send(reply)`` answers, in this order of choice, the message ``reply_to``
+    names; the message whose ``message_id`` is ``reply.correlation_id``; the oldest ``call``
+    this kernel received and has not answered (so a handler that collects several requests
+    and answers each in turn answers each caller, whatever the objects are); else the last
+    message received. A handler that leaves some calls unanswered and answers later ones
+    must name the request (``reply_to=msg``, or a ``correlation_id``).
     """
 
-    __slots__ = ("_c", "kernel_id")
+    __slots__ = ("_c", "kernel_id", "_envs", "_by_mid", "_by_obj", "_calls", "_last", "_current")
 
     def __init__(self, raw: Any) -> None:
         self._c = raw
         self.kernel_id: str = raw.kernel_id
+        # engine message id -> (envelope, message_id or None, id(obj)), oldest first
+        self._envs: Dict[int, Any] = {}
+        self._by_mid: Dict[Any, int] = {}
+        self._by_obj: Dict[int, int] = {}
+        # unanswered calls (engine message ids), oldest first
+        self._calls: Dict[int, None] = {}
+        self._last: Optional[int] = None
+        # The last message received (handed back as the report's ``failed_message`` if the
+        # handler raises).
+        self._current: Any = _NOTHING
 
     # Read through C-level getters (no Python frame): handlers test these every message.
     should_terminate = property(
@@ -126,11 +185,13 @@ class KernelContext:
     )
 
     async def wait_active(self, timeout: Optional[float] = None) -> bool:
-        """Waits until the kernel is active or terminating; returns ``is_active``."""
+        """Waits until the kernel is active or terminating; returns ``is_active``. Parks the
+        kernel's thread meanwhile (no CPU)."""
         c = self._c
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
+            s = _slice()
+            left = s if deadline is None else min(s, deadline - time.monotonic())
             if c.wait_active(max(left, 0.0)) or c.should_terminate:
                 return c.is_active
             if deadline is not None and time.monotonic() >= deadline:
@@ -142,12 +203,55 @@ class KernelContext:
         none comes within ``timeout`` seconds (None: wait without limit) or while the kernel
         is inactive, and ``asyncio.CancelledError`` once it is terminating (the runtime ends
         the coroutine cleanly then)."""
-        # One call into the engine when a message is ready (its envelope is kept there for
-        # the reply), a wait in slices otherwise.
-        r = self._c.recv(0.0)
-        if r is _NOTHING:
+        r = self._c.receive(0.0)
+        if r is None:
             r = await self._wait(timeout)
-        return r
+        obj, env = r
+        self._current = obj
+        self._note(obj, env)
+        return obj
+
+    def _note(self, obj: Any, env: Any) -> None:
+        """Remembers a received message's envelope for its reply."""
+        eid = env[0]
+        mid = getattr(obj, "message_id", None)
+        oid = id(obj)
+        self._envs[eid] = (env, mid, oid)
+        if mid is not None:
+            try:
+                self._by_mid[mid] = eid
+            except TypeError:  # an unhashable id: found by identity or order instead
+                self._envs[eid] = (env, None, oid)
+        self._by_obj[oid] = eid
+        if env[2] & _FLAG_CALL:
+            self._calls[eid] = None
+        self._last = eid
+        if len(self._envs) > _PENDING_MAX:
+            self._forget(next(iter(self._envs)))
+
+    def _forget(self, eid: int) -> Any:
+        entry = self._envs.pop(eid, None)
+        if entry is None:
+            return None
+        env, mid, oid = entry
+        self._calls.pop(eid, None)
+        if mid is not None and self._by_mid.get(mid) == eid:
+            del self._by_mid[mid]
+        if self._by_obj.get(oid) == eid:
+            del self._by_obj[oid]
+        return env
+
+    def _find(self, request: Any) -> Optional[int]:
+        mid = getattr(request, "message_id", None)
+        if mid is not None:
+            try:
+                eid = self._by_mid.get(mid)
+            except TypeError:
+                eid = None
+            if eid is not None:
+                return eid
+        eid = self._by_obj.get(id(request))
+        return eid if eid is not None and eid in self._envs else None
 
     async def _wait(self, timeout: Optional[float]) -> Any:
         c = self._c
@@ -155,24 +259,55 @@ class KernelContext:
         while True:
             if c.should_terminate:
                 raise asyncio.CancelledError()
-            left = _SLICE
+            left = _slice()
             if deadline is not None:
                 left = min(left, deadline - time.monotonic())
                 if left <= 0:
                     raise asyncio.TimeoutError()
             if c.is_active:
-                r = c.recv(left)
-                if r is not _NOTHING:
+                r = c.receive(left)
+                if r is not None:
                     return r
             else:
                 c.wait_active(left)
             await asyncio.sleep(0)
 
-    async def send(self, msg: Any) -> None:
-        """Sends ``msg`` on the kernel's output queue. If ``msg.correlation_id`` is the
-        ``message_id`` of a message this kernel received, ``msg`` is that message's reply
-        (a ``call`` waiting for it gets it); otherwise it answers the last message received."""
-        self._c.reply(msg)
+    async def send(self, msg: Any, *, reply_to: Any = _NOTHING) -> None:
+        """Sends ``msg`` on the kernel's output queue as the reply to a received message
+        (which one: see the class's text; ``reply_to`` names it). A ``call`` waiting for that
+        message gets ``msg``. ``reply_to`` that is not a message this kernel received and has
+        not answered yet raises ``ValueError``."""
+        if reply_to is not _NOTHING:
+            eid = self._find(reply_to)
+            if eid is None:
+                raise ValueError(
+                    f"kernel '{self.kernel_id}': reply_to is not a message this kernel "
+                    f"received and has not answered yet"
+                )
+        else:
+            eid = None
+            cid = getattr(msg, "correlation_id", None)
+            if cid is not None:
+                try:
+                    eid = self._by_mid.get(cid)
+                except TypeError:
+                    eid = None
+            if eid is None and cid is None and self._calls:
+                eid = next(iter(self._calls))
+            if eid is None:
+                eid = self._last
+        env = None if eid is None else self._forget(eid)
+        self._c.send(msg, env)
+
+
+def _slice() -> float:
+    """How long the handler's next wait may last: long when its coroutine is the only task
+    of its loop, else short so that the others get a turn."""
+    try:
+        alone = len(asyncio.all_tasks()) <= 1
+    except RuntimeError:
+        alone = False
+    return _IDLE_SLICE if alone else _SLICE
 
 
 async def _guard(func: Callable[[KernelContext], Awaitable[Any]], ctx: KernelContext) -> None:
@@ -181,16 +316,68 @@ async def _guard(func: Callable[[KernelContext], Awaitable[Any]], ctx: KernelCon
     except asyncio.CancelledError:
         if not ctx.should_terminate:
             raise
+    except BaseException:
+        # The report hands back the message the handler failed on.
+        if ctx._current is not _NOTHING:
+            ctx._c.hand_back(ctx._current)
+        raise
 
 
-def _run_kernel(func: Callable[[KernelContext], Awaitable[Any]], raw: Any) -> None:
+class KernelAbandoned(BaseException):
+    """Raised inside a handler that ``terminate`` (or ``shutdown``) gave up waiting for, so
+    that its thread leaves Python before the interpreter exits. A ``BaseException``: an
+    ``except Exception`` in the handler does not swallow it."""
+
+
+# Handlers running now: their key (runtime token, kernel id) -> the thread's ident.
+_handler_threads: Dict[Any, int] = {}
+_handler_lock = threading.Lock()
+# Handlers told to stop already (each is told once: a second exception would interrupt the
+# first one's clean-up).
+_abandoned: "set[Any]" = set()
+
+
+def _run_kernel(key: Any, func: Callable[[KernelContext], Awaitable[Any]], raw: Any) -> None:
     """Runs on the kernel's thread (called by the engine's loop body)."""
-    ctx = KernelContext(raw)
-    loop = asyncio.new_event_loop()
+    with _handler_lock:
+        _handler_threads[key] = threading.get_ident()
     try:
-        loop.run_until_complete(_guard(func, ctx))
-    finally:
+        ctx = KernelContext(raw)
+        loop = asyncio.new_event_loop()
         try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(_guard(func, ctx))
         finally:
-            loop.close()
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+    finally:
+        with _handler_lock:
+            if _handler_threads.get(key) == threading.get_ident():
+                del _handler_threads[key]
+            _abandoned.discard((key, threading.get_ident()))
+
+
+def _abandon(keys: Iterable[Any], grace: float = 0.1) -> None:
+    """Raises ``KernelAbandoned`` in the handlers of ``keys`` still running after ``grace``
+    seconds (their kernel was given up on; one that failed may still be leaving), at their
+    next Python instruction."""
+    keys = list(keys)
+    deadline = time.monotonic() + grace
+    while True:
+        with _handler_lock:
+            keys = [k for k in keys if k in _handler_threads]
+        if not keys or time.monotonic() >= deadline:
+            break
+        time.sleep(0.005)
+    with _handler_lock:
+        idents = []
+        for k in keys:
+            ident = _handler_threads.get(k)
+            if ident is not None and (k, ident) not in _abandoned:
+                _abandoned.add((k, ident))
+                idents.append(ident)
+    for ident in idents:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(ident), ctypes.py_object(KernelAbandoned)
+        )

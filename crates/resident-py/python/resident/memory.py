@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import itertools
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -187,14 +189,17 @@ class MemoryPool:
     system, and ``acquire`` of the same class reuses it (its contents are what the last user
     left). A released buffer object refuses further use; releasing twice, or releasing a
     buffer the pool did not hand out, raises ``ValueError``. ``limit_bytes`` caps the idle
-    memory kept."""
+    memory kept. The pool tracks the buffers it handed out by weak reference: one garbage
+    collected without ``release`` is no longer counted live (its memory is freed with it, not
+    pooled: a numpy view of it may still be in use)."""
 
     def __init__(self, backend: str = "auto", limit_bytes: Optional[int] = None) -> None:
         self._backend = backend
         self._limit = limit_bytes
         self._lock = threading.Lock()
         self._idle: Dict[Tuple[int, bool], List[Any]] = {}
-        self._live: Dict[int, int] = {}  # id(buffer) -> size class
+        self._live: Dict[int, int] = {}  # the buffer's pool token -> size class
+        self._tokens = itertools.count()
         self._hits = self._misses = 0
         self._live_bytes = self._pooled_bytes = self._high = 0
 
@@ -215,13 +220,22 @@ class MemoryPool:
         if raw is None:
             raw = _resident.Buffer(cls, pinned, self._backend)
         buf = UnifiedBuffer(shp, dt, pinned, _raw=raw)
+        token = next(self._tokens)
         with self._lock:
-            self._live[id(buf)] = cls
+            self._live[token] = cls
+        buf._pool_token = token  # type: ignore[attr-defined]
+        weakref.finalize(buf, _collected, weakref.ref(self), token)
         return buf
+
+    def _forget_collected(self, token: int) -> None:
+        with self._lock:
+            cls = self._live.pop(token, None)
+            if cls is not None:
+                self._live_bytes -= cls
 
     def release(self, buf: UnifiedBuffer) -> None:
         with self._lock:
-            cls = self._live.pop(id(buf), None)
+            cls = self._live.pop(getattr(buf, "_pool_token", -1), None)
             if cls is None or buf._released:
                 raise ValueError("buffer was not acquired from this pool or was already released")
             buf._released = True
@@ -263,6 +277,13 @@ class MemoryPool:
             return n
 
     trim = free_all_blocks
+
+
+def _collected(pool_ref: "weakref.ref[MemoryPool]", token: int) -> None:
+    """A buffer the pool handed out was garbage collected (released or not)."""
+    pool = pool_ref()
+    if pool is not None:
+        pool._forget_collected(token)
 
 
 _pool: Optional[MemoryPool] = None

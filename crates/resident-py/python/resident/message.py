@@ -16,11 +16,53 @@ T = TypeVar("T")
 class Message:
     """Fields every message has. ``priority`` is 0-255, higher drains first (FIFO within a
     lane); ``message_id`` is unique; a reply sets ``correlation_id`` to its request's
-    ``message_id`` (``request.reply(...)`` does)."""
+    ``message_id`` (``request.reply(...)`` does).
+
+    A base class for messages, as a dataclass or not::
+
+        @dataclasses.dataclass
+        class Request(Message):
+            x: float = 0.0
+
+    A subclass gets the three fields after its own (keyword-settable, with defaults: a fresh
+    ``message_id``, ``priority`` 128, ``correlation_id`` None), checked when a dataclass
+    instance is made; a plain subclass gets them from ``Message.__init__`` (call
+    ``super().__init__()``)."""
 
     message_id: Any
     priority: int
     correlation_id: Optional[Any]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        known = set()
+        for base in cls.__mro__[1:]:
+            known.update(getattr(base, "__dataclass_fields__", {}))
+        ann = dict(cls.__dict__.get("__annotations__", {}))
+        for name, typ, default in (
+            ("message_id", Any, None),
+            ("priority", int, 128),
+            ("correlation_id", Optional[Any], None),
+        ):
+            if name in known or name in ann:
+                continue
+            ann[name] = typ
+            if name not in cls.__dict__:
+                setattr(cls, name, default)
+        cls.__annotations__ = ann
+
+    def __init__(
+        self, *, message_id: Any = None, priority: int = 128, correlation_id: Any = None
+    ) -> None:
+        self.message_id = message_id
+        self.priority = priority
+        self.correlation_id = correlation_id
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        if self.message_id is None:
+            self.message_id = new_id()
+        _check(self)
 
     def reply(self, response_class: Optional[type] = None, **fields: Any) -> Any:
         cls = response_class or type(self)
@@ -97,6 +139,8 @@ def message(cls: Optional[type] = None, **dataclass_kwargs: Any) -> Any:
         user_post = c.__dict__.get("__post_init__")
 
         def __post_init__(self: Any, *a: Any) -> None:
+            if self.message_id is None:  # a ``Message`` subclass's default
+                self.message_id = new_id()
             _check(self)
             if user_post is not None:
                 user_post(self, *a)

@@ -1,16 +1,26 @@
 """The runtime: launch kernels, send, receive, call, telemetry, shutdown.
 
 ``Runtime`` is the blocking API (for threads); ``RingKernelRuntime`` the asyncio one, with the
-same methods as coroutines. Both drive the Rust engine: every wait releases the GIL, runs in
-slices of at most 20 ms with a signal check in between (Ctrl-C interrupts it), and an awaited
-method never holds its event loop for more than ``RingKernelRuntime.spin_wait`` seconds
-(100 us): longer waits move to a worker thread.
+same methods as coroutines. The blocking API waits in the Rust engine: every wait releases the
+GIL and runs in slices of at most 20 ms with a signal check in between (Ctrl-C interrupts it).
+
+The asyncio API never blocks its event loop and uses no executor: a coroutine that must wait
+(an output, a reply, room in a full lane) looks without waiting, then awaits a wake-up the
+kernel delivers to the loop (one socket the loop watches, written by the kernel's thread when
+it publishes, takes an input, ends or changes state), and looks again. Operations that take
+long inside the engine (``launch`` of a device kernel that compiles, ``deactivate``,
+``terminate``, ``shutdown``) run on a thread of their own whose result is handed to the loop.
+Cancelling any of these coroutines leaves nothing behind: a cancelled ``receive`` takes no
+output, a cancelled ``call`` withdraws its request. Timeouts count from the moment of the call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
+import functools
+import threading
 import time
 import weakref
 
@@ -19,15 +29,24 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _resident
-from .errors import CallTimeoutError, InvalidConfigError, KernelNotFoundError, ReceiveTimeoutError
+from .errors import (
+    CallTimeoutError,
+    InvalidConfigError,
+    KernelNotFoundError,
+    ReceiveTimeoutError,
+    SendTimeoutError,
+)
 from . import batch as _batch
 from . import device as _device
+from . import kernel as _kernel
 from .kernel import KernelSpec, _run_kernel, get_kernel
 
 __all__ = ["Runtime", "RingKernelRuntime", "Telemetry", "KernelReport"]
 
 # What the engine returns when no output came (any object, None included, is a message).
 _NOTHING = _resident.NOTHING
+# Terminated kernels whose id and final state the runtime remembers (as the engine does).
+_GONE_MAX = 256
 
 
 @dataclass(frozen=True)
@@ -83,10 +102,11 @@ class KernelReport:
     """Outputs produced but never received."""
     failure: Optional[str] = None
     failed_message: Optional[Any] = None
-    """The message whose handling failed, if the kernel failed on one."""
+    """The message whose handling failed, if the kernel failed on one (for a Python handler
+    that raised: the last message it received)."""
     released: int = 0
     """Objects the engine had discarded without handing them back (outputs dropped by a drop
-    policy, replies after their caller gave up), released at termination."""
+    policy, a reply that raced with its caller giving up), released at termination."""
 
     @classmethod
     def _from(cls, d: Dict[str, Any]) -> "KernelReport":
@@ -128,6 +148,9 @@ def _spec(kernel_id: str, func: Optional[Callable[..., Any]], overrides: Dict[st
                 kernel_id,
             )
     if spec.kernel_id != kernel_id or overrides:
+        known = [f.name for f in dataclasses.fields(spec) if f.name not in ("kernel_id", "func")]
+        unknown = {k: v for k, v in overrides.items() if k not in known}
+        _kernel.reject_unknown("launch()", unknown, known)
         d = dict(spec.__dict__)
         d["kernel_id"] = kernel_id
         d.update(overrides)
@@ -158,6 +181,12 @@ class Runtime:
         self._batch: Dict[str, "_batch.BatchKernelSpec"] = {}
         self._host_state: Dict[str, Any] = {}
         self._host_buffers: Dict[str, Dict[str, np.ndarray]] = {}
+        # Tells this runtime's handlers from another's with the same kernel id.
+        self._token = object()
+        # Python kernels' block timeouts (``backpressure="block"``), for the asyncio sends.
+        self._block: Dict[str, float] = {}
+        # Final states of device kernels terminated (the last ``_GONE_MAX``).
+        self._final_states: Dict[str, np.ndarray] = {}
 
     @property
     def backend(self) -> str:
@@ -180,6 +209,7 @@ class Runtime:
         and thread exist, messages queue up until ``activate``. ``overrides`` replace the
         decorator's settings (``queue_size``, ``backpressure``, ...)."""
         s = _spec(kernel_id, kernel_func, overrides)
+        self._final_states.pop(s.kernel_id, None)
         if isinstance(s, _batch.BatchKernelSpec):
             state, device, func, buffers, args = s.state, None, s.func, {}, []
             if isinstance(s, _device.DeviceKernelSpec):
@@ -208,7 +238,7 @@ class Runtime:
             return
         self._rt.launch(
             s.kernel_id,
-            _run_kernel,
+            functools.partial(_run_kernel, (self._token, s.kernel_id)),
             s.func,
             s.queue_size,
             s.backpressure,
@@ -216,6 +246,7 @@ class Runtime:
             s.priority_lanes,
             s.output_queue_size,
         )
+        self._block[s.kernel_id] = s.block_timeout
 
     def activate(self, kernel_id: str) -> None:
         """``launched | inactive -> active``."""
@@ -229,8 +260,47 @@ class Runtime:
         self._rt.activate(kernel_id)
 
     def terminate(self, kernel_id: str, timeout: Optional[float] = None) -> KernelReport:
-        """Stops the kernel and returns its report (undelivered messages handed back)."""
-        return self._report(self._rt.terminate(kernel_id, timeout))
+        """Stops the kernel and returns its report (undelivered messages handed back).
+
+        The kernel is freed then, as in Rust: its queues, the objects they held and its id
+        (``kernel_ids`` no longer lists it; the id can be launched again). The runtime
+        remembers the last 256 terminated ids with their final state: ``state`` returns it,
+        and a late ``send`` or ``call`` raises ``KernelNotAcceptingError`` with its message
+        handed back."""
+        try:
+            d = self._rt.terminate(kernel_id, timeout)
+        finally:
+            self._abandon_stuck([kernel_id])
+        try:
+            rep = self._report(d)
+            spec = self._batch.get(kernel_id)
+            if isinstance(spec, _device.DeviceKernelSpec) and spec.state_dtype is not None:
+                # A device kernel's final state stays readable (``snapshot_state``).
+                self._final_states[kernel_id] = self.snapshot_state(kernel_id)
+                while len(self._final_states) > _GONE_MAX:
+                    self._final_states.pop(next(iter(self._final_states)))
+        finally:
+            self._forget(kernel_id)
+        return rep
+
+    def _abandon_stuck(self, kernel_ids: List[str]) -> None:
+        """Raises ``KernelAbandoned`` in the handlers of these kernels that the engine gave up
+        on (failed, their thread still in Python), so that they end before the interpreter
+        does."""
+        keys = []
+        for k in kernel_ids:
+            try:
+                if self._rt.state(k) == "failed":
+                    keys.append((self._token, k))
+            except Exception:
+                pass
+        _kernel._abandon(keys)
+
+    def _forget(self, kernel_id: str) -> None:
+        if self._rt.state(kernel_id) in ("terminated", "failed"):
+            self._rt.forget(kernel_id)
+            for d in (self._batch, self._host_state, self._host_buffers, self._block):
+                d.pop(kernel_id, None)
 
     def _report(self, d: Dict[str, Any]) -> KernelReport:
         spec = self._batch.get(d["kernel_id"])
@@ -246,12 +316,20 @@ class Runtime:
         )
 
     def send_batch(self, kernel_id: str, records: Any) -> int:
-        """Sends the records of a numpy array (converted to the kernel's ``in_dtype``) to a
-        batch kernel in one call; returns how many were taken. Fewer than ``len(records)``:
-        the rest were refused by the policy (``reject`` full, ``block`` timed out) and were
-        not sent; none taken raises (``QueueFullError``, ``SendTimeoutError``, ...)."""
+        """Sends the records of a numpy array of the kernel's ``in_dtype`` to a batch kernel in
+        one call; returns how many were taken. Fewer than ``len(records)``: the rest were
+        refused by the policy (``reject`` full, ``block`` timed out) and were not sent; none
+        taken raises (``QueueFullError``, ``SendTimeoutError``, ...).
+
+        ``records`` must be a structured array with the same fields as ``in_dtype``: the same
+        names, types, order and offsets (``DtypeLayoutError`` otherwise, naming the first
+        difference), or a list of tuples in ``in_dtype``'s field order. Nothing is converted
+        by position or broadcast into every field."""
         spec = self._batch_spec(kernel_id)
-        arr = np.asarray(records, dtype=spec.in_dtype).reshape(-1)
+        arr = _batch.checked_records(records, spec.in_dtype, kernel_id)
+        return self._send_records(kernel_id, spec, arr)
+
+    def _send_records(self, kernel_id: str, spec: Any, arr: np.ndarray) -> int:
         return self._rt.send_batch(kernel_id, _batch.to_records(arr, spec.record))
 
     def receive_batch(self, kernel_id: str, max: int, timeout: float = 0.0) -> np.ndarray:
@@ -279,6 +357,9 @@ class Runtime:
         submitted so far; on CUDA and CudaSim: its value between two batches, the kernel
         parked for the copy; wait for the outputs you care about first), else a copy of the
         CPU form's state."""
+        final = self._final_states.get(kernel_id)
+        if final is not None and kernel_id not in self._batch:
+            return final.copy()
         spec = self._batch_spec(kernel_id)
         if not isinstance(spec, _device.DeviceKernelSpec) or spec.state_dtype is None:
             raise TypeError(f"kernel '{kernel_id}' is not a device kernel with a state")
@@ -370,8 +451,12 @@ class Runtime:
         busy."""
         pc = self._rt.call_start(kernel_id, msg, _priority(msg, priority), timeout)
         t = 1e9 if timeout is None else timeout
-        r = pc.wait(t)
-        if r is None:
+        try:
+            r = pc.wait(t)
+        except BaseException:
+            pc.cancel()
+            raise
+        if r is _NOTHING:
             pc.cancel()
             raise CallTimeoutError(
                 f"kernel '{kernel_id}': call timed out after {t} s", kernel_id, "call"
@@ -385,7 +470,11 @@ class Runtime:
         """Lets active kernels drain (up to ``shutdown_timeout``), terminates every kernel
         and returns their reports. A second call returns the same reports."""
         if self._reports is None:
-            self._reports = [self._report(d) for d in self._rt.shutdown()]
+            ids = self._rt.kernel_ids()
+            try:
+                self._reports = [self._report(d) for d in self._rt.shutdown()]
+            finally:
+                self._abandon_stuck(ids)
         return self._reports
 
 
@@ -398,11 +487,21 @@ class RingKernelRuntime:
             reply = await runtime.call("worker", Request(x=1.0), timeout=1.0)
 
     ``runtime.sync`` is the blocking ``Runtime`` underneath, for threads.
+
+    No coroutine here blocks the event loop or uses an executor (see the module's text):
+    waits for outputs, replies and room are wake-ups the kernels deliver to the loop, and
+    every one of them may be cancelled (``asyncio.wait_for``, ``task.cancel()``) without
+    losing a message: a cancelled ``receive``/``receive_batch`` took nothing, a cancelled
+    ``call`` withdrew its request (a reply that comes anyway is counted as dropped).
     """
 
-    #: Longest wait (seconds, GIL released) an awaited receive or call makes on the event
-    #: loop's own thread before it moves the wait to a worker thread.
-    spin_wait: float = 100e-6
+    #: Unused (kept so that code setting it still runs): awaited waits no longer spin on the
+    #: loop's thread, they await a wake-up.
+    spin_wait: float = 0.0
+
+    #: Longest a waiting coroutine goes without looking again when no wake-up came (it sees
+    #: a kernel's failure, which the engine records after the kernel's last wake-up, by then).
+    look_interval: float = 0.25
 
     def __init__(
         self,
@@ -436,7 +535,13 @@ class RingKernelRuntime:
     async def launch(
         self, kernel_id: str, kernel_func: Optional[Callable[..., Any]] = None, **overrides: Any
     ) -> None:
-        self.sync.launch(kernel_id, kernel_func, **overrides)
+        """Like ``Runtime.launch``. A device kernel's launch (which compiles its handler:
+        g++ for CudaSim, NVRTC for CUDA) runs on a thread of its own; the loop goes on."""
+        s = _spec(kernel_id, kernel_func, overrides)
+        if isinstance(s, _device.DeviceKernelSpec):
+            await _in_thread(self.sync.launch, kernel_id, kernel_func, **overrides)
+        else:
+            self.sync.launch(kernel_id, kernel_func, **overrides)
 
     async def activate(self, kernel_id: str) -> None:
         self.sync.activate(kernel_id)
@@ -445,10 +550,10 @@ class RingKernelRuntime:
         self.sync.activate(kernel_id)
 
     async def deactivate(self, kernel_id: str) -> None:
-        await _off_loop(self.sync.deactivate, kernel_id)
+        await _in_thread(self.sync.deactivate, kernel_id)
 
     async def terminate(self, kernel_id: str, timeout: Optional[float] = None) -> KernelReport:
-        return await _off_loop(self.sync.terminate, kernel_id, timeout)
+        return await _in_thread(self.sync.terminate, kernel_id, timeout)
 
     def get_kernel_state(self, kernel_id: str) -> str:
         return self.sync.state(kernel_id)
@@ -459,24 +564,103 @@ class RingKernelRuntime:
     def kernel_ids(self) -> List[str]:
         return self.sync.kernel_ids
 
+    async def _until(
+        self,
+        kernel_id: str,
+        look: Callable[[], Any],
+        deadline: Optional[float],
+        fast_looks: bool = False,
+    ) -> Any:
+        """Calls ``look()`` (which never waits) until it returns something other than
+        ``_NOTHING``, awaiting the kernel's wake-up between looks; ``_NOTHING`` once the
+        loop's clock passed ``deadline``. ``fast_looks``: the kernel's outputs come from a
+        device, which delivers no wake-up: look again after 0.5 ms, doubling to 8 ms."""
+        r = look()
+        if r is not _NOTHING:
+            return r
+        loop = asyncio.get_running_loop()
+        w = _loop_wake(loop)
+        self._rt.subscribe(kernel_id, w.waker)
+        w.waker.arm()
+        gap = 0.5e-3 if fast_looks else self.look_interval
+        try:
+            while True:
+                # Armed before this look: a wake-up for anything it misses is on its way.
+                r = look()
+                if r is not _NOTHING:
+                    return r
+                now = loop.time()
+                if deadline is not None and now >= deadline:
+                    return _NOTHING
+                until = now + gap if deadline is None else min(deadline, now + gap)
+                if fast_looks:
+                    gap = min(gap * 2, 8e-3)
+                f = loop.create_future()
+                w.futs.add(f)
+                h = loop.call_at(until, _settle, f)
+                try:
+                    await f
+                finally:
+                    h.cancel()
+                    w.futs.discard(f)
+        finally:
+            w.waker.disarm()
+
+    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
+        if timeout is None:
+            return None
+        if not timeout >= 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        return asyncio.get_running_loop().time() + timeout
+
+    async def _room(self, kernel_id: str, msg: Any, deadline: Optional[float]) -> None:
+        """Waits until a send to the kernel would not wait (its policy is ``block`` and its
+        queue is full), up to ``deadline`` and the kernel's block timeout; then
+        ``SendTimeoutError`` with ``msg`` handed back. Room means room in every lane: the
+        queue holds fewer than ``queue_size`` messages."""
+        rt = self._rt
+        if not rt.would_block(kernel_id):
+            return
+        bt = self.sync._block.get(kernel_id, 1.0)
+        limit = asyncio.get_running_loop().time() + bt
+        d = limit if deadline is None else min(limit, deadline)
+        r = await self._until(
+            kernel_id, lambda: _NOTHING if rt.would_block(kernel_id) else True, d
+        )
+        if r is _NOTHING:
+            raise SendTimeoutError(
+                f"kernel '{kernel_id}': input queue full, send timed out, message returned",
+                kernel_id,
+                "send",
+                msg,
+            )
+
     async def send(self, kernel_id: str, msg: Any, *, priority: Optional[int] = None) -> int:
-        """Like ``Runtime.send``. Under ``backpressure="block"`` a send to a full lane waits
-        for room (GIL released) on the loop's thread, at most the kernel's block timeout."""
+        """Like ``Runtime.send``. Under ``backpressure="block"`` a send to a full queue awaits
+        room (the loop goes on), at most the kernel's block timeout, then raises
+        ``SendTimeoutError`` with ``msg`` handed back."""
         if priority is None:
             priority = getattr(msg, "priority", 128)
         if priority.__class__ is not int or not 0 <= priority <= 255:
             priority = _priority(msg, priority)  # checks it (raises when invalid)
-        return self._rt.send(kernel_id, msg, priority)
+        rt = self._rt
+        if rt.would_block(kernel_id):
+            await self._room(kernel_id, msg, None)
+        return rt.send(kernel_id, msg, priority)
 
     async def receive(self, kernel_id: str, timeout: Optional[float] = None) -> Any:
         """The next output; ``ReceiveTimeoutError`` (an ``asyncio.TimeoutError``) after
-        ``timeout`` seconds."""
+        ``timeout`` seconds (None: without limit). Cancelled, it has taken nothing."""
         rt = self._rt
-        r = rt.take(kernel_id, self.spin_wait)
+        r = rt.take(kernel_id, 0.0)
         if r is not _NOTHING:
             return r
-        left = None if timeout is None else max(timeout - self.spin_wait, 0.0)
-        return (await _off_loop(rt.receive, kernel_id, left))[0]
+        r = await self._until(kernel_id, lambda: rt.take(kernel_id, 0.0), self._deadline(timeout))
+        if r is _NOTHING:
+            raise ReceiveTimeoutError(
+                f"kernel '{kernel_id}': no output within {timeout} s", kernel_id, "receive"
+            )
+        return r
 
     async def call(
         self,
@@ -486,20 +670,30 @@ class RingKernelRuntime:
         *,
         priority: Optional[int] = None,
     ) -> Any:
-        """Sends ``msg`` and awaits the reply matched by correlation id; safe from many tasks
-        at once. ``CallTimeoutError`` (an ``asyncio.TimeoutError``) after ``timeout``. The
-        request carries that deadline: not taken by then, it is not handled but counted
-        (``messages_expired``)."""
-        pc = self._rt.call_start(kernel_id, msg, _priority(msg, priority), timeout)
-        r = pc.wait(self.spin_wait)
-        if r is not None:
-            return r
-        t = 1e9 if timeout is None else timeout
-        r = await _off_loop(_poll_call, pc, max(t - self.spin_wait, 0.0))
-        if r is None:
+        """Sends ``msg`` and awaits the reply matched by correlation id (any object, None
+        included); safe from many tasks at once. ``CallTimeoutError`` (an
+        ``asyncio.TimeoutError``) after ``timeout`` seconds, counted from this call, room in
+        a full queue included. The request carries that deadline: not taken by then, it is
+        not handled but counted (``messages_expired``). A call that times out or is
+        cancelled withdraws its request (its object is released at once)."""
+        p = _priority(msg, priority)
+        deadline = self._deadline(timeout)
+        rt = self._rt
+        if rt.would_block(kernel_id):
+            await self._room(kernel_id, msg, deadline)
+        left = None
+        if deadline is not None:
+            left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        pc = rt.call_start(kernel_id, msg, p, left)
+        try:
+            r = await self._until(kernel_id, pc.poll, deadline)
+        except BaseException:
+            pc.cancel()
+            raise
+        if r is _NOTHING:
             pc.cancel()
             raise CallTimeoutError(
-                f"kernel '{kernel_id}': call timed out after {t} s", kernel_id, "call"
+                f"kernel '{kernel_id}': call timed out after {timeout} s", kernel_id, "call"
             )
         return r
 
@@ -510,13 +704,53 @@ class RingKernelRuntime:
         return await self.call(kernel_id, msg, timeout)
 
     async def send_batch(self, kernel_id: str, records: Any) -> int:
-        return self.sync.send_batch(kernel_id, records)
+        """Like ``Runtime.send_batch``. Under ``backpressure="block"`` it sends what fits and
+        awaits room for the rest (the loop goes on), at most the kernel's block timeout from
+        this call; it returns how many were taken (none taken: ``SendTimeoutError``)."""
+        sync = self.sync
+        spec = sync._batch_spec(kernel_id)
+        arr = _batch.checked_records(records, spec.in_dtype, kernel_id)
+        if spec.backpressure != "block" or len(arr) == 0:
+            return sync._send_records(kernel_id, spec, arr)
+        cap = 1 << max(spec.queue_size - 1, 0).bit_length()
+        rt = self._rt
+        deadline = asyncio.get_running_loop().time() + spec.block_timeout
+
+        def room() -> Any:
+            r = cap - rt.telemetry(kernel_id)["queue_depth"]
+            return r if r > 0 else _NOTHING
+
+        sent = 0
+        while sent < len(arr):
+            r = await self._until(kernel_id, room, deadline)
+            if r is _NOTHING:
+                break
+            sent += sync._send_records(kernel_id, spec, arr[sent : sent + r])
+        if sent == 0:
+            raise SendTimeoutError(
+                f"kernel '{kernel_id}': input queue full, send_batch timed out after "
+                f"{spec.block_timeout} s",
+                kernel_id,
+                "send_batch",
+            )
+        return sent
 
     async def receive_batch(self, kernel_id: str, max: int, timeout: float = 0.0) -> np.ndarray:
-        got = self.sync.receive_batch(kernel_id, max, min(timeout, self.spin_wait))
-        if len(got) or timeout <= self.spin_wait:
-            return got
-        return await _off_loop(self.sync.receive_batch, kernel_id, max, timeout - self.spin_wait)
+        """Like ``Runtime.receive_batch``; cancelled, it has taken nothing."""
+        sync = self.sync
+        spec = sync._batch_spec(kernel_id)
+        rt = self._rt
+
+        def look() -> Any:
+            raw = rt.receive_batch(kernel_id, max, 0.0)
+            return raw if len(raw) else _NOTHING
+
+        deadline = self._deadline(timeout)
+        on_device = rt.placement(kernel_id) != "host"
+        raw = await self._until(kernel_id, look, deadline, fast_looks=on_device)
+        if raw is _NOTHING:
+            return np.zeros(0, spec.out_dtype)
+        return _batch.from_records(raw, spec.record, spec.out_dtype)
 
     def get_telemetry(self, kernel_id: str) -> Telemetry:
         return self.sync.get_telemetry(kernel_id)
@@ -525,7 +759,71 @@ class RingKernelRuntime:
         return {k: self.sync.get_telemetry(k) for k in self.sync.kernel_ids}
 
     async def shutdown(self) -> List[KernelReport]:
-        return await _off_loop(self.sync.shutdown)
+        return await _in_thread(self.sync.shutdown)
+
+
+class _LoopWake:
+    """One event loop's wake-up: the socket it watches and the futures waiting on it."""
+
+    __slots__ = ("waker", "futs", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.waker = _resident.Waker()
+        self.futs: "set[asyncio.Future[Any]]" = set()
+        loop.add_reader(self.waker.fileno(), self._on_wake)
+
+    def _on_wake(self) -> None:
+        self.waker.drain()
+        futs, self.futs = self.futs, set()
+        for f in futs:
+            if not f.done():
+                f.set_result(None)
+
+
+_wakes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWake]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _loop_wake(loop: asyncio.AbstractEventLoop) -> _LoopWake:
+    w = _wakes.get(loop)
+    if w is None:
+        w = _wakes[loop] = _LoopWake(loop)
+    return w
+
+
+def _settle(f: "asyncio.Future[Any]") -> None:
+    if not f.done():
+        f.set_result(None)
+
+
+async def _in_thread(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Runs ``f`` on a thread of its own (not the loop's default executor, which other work
+    shares) and awaits its result. Cancelled, the operation still completes; its result is
+    dropped."""
+    loop = asyncio.get_running_loop()
+    fut: "asyncio.Future[Any]" = loop.create_future()
+
+    def done(r: Any, e: Optional[BaseException]) -> None:
+        if fut.done():
+            return
+        if e is None:
+            fut.set_result(r)
+        else:
+            fut.set_exception(e)
+
+    def run() -> None:
+        try:
+            r, e = f(*args, **kwargs), None
+        except BaseException as x:  # handed to the awaiting coroutine
+            r, e = None, x
+        try:
+            loop.call_soon_threadsafe(done, r, e)
+        except RuntimeError:  # the loop was closed meanwhile: nobody awaits the result
+            pass
+
+    threading.Thread(target=run, name=f"resident-{getattr(f, '__name__', 'op')}", daemon=True).start()
+    return await fut
 
 
 _live: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
@@ -540,23 +838,13 @@ def _shutdown_all() -> None:
             rt.shutdown()
         except Exception:  # pragma: no cover - best effort at exit
             pass
-
-
-def _poll_call(pc: Any, timeout: float) -> Optional[Any]:
-    """Waits for a call's reply from a worker thread (the reply wakes only the thread that
-    started the call, so this one looks with a backoff from 20 us to 1 ms)."""
-    deadline = time.monotonic() + timeout
-    pause = 20e-6
-    while True:
-        r = pc.poll()
-        if r is not None:
-            return r
-        now = time.monotonic()
-        if now >= deadline:
-            return None
-        time.sleep(min(pause, deadline - now))
-        pause = min(pause * 2, 1e-3)
-
-
-async def _off_loop(f: Callable[..., Any], *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(None, f, *args)
+    # Handlers abandoned by a terminate or shutdown were told to stop (``KernelAbandoned``):
+    # let them leave Python before the interpreter ends (a thread still in Python then would
+    # crash the process). A handler stuck inside one C call that never returns is not
+    # reached by this.
+    with _kernel._handler_lock:
+        running = list(_kernel._handler_threads)
+    _kernel._abandon(running)
+    deadline = time.monotonic() + 2.0
+    while _resident.handlers_in_python() and time.monotonic() < deadline:
+        time.sleep(0.005)
