@@ -1356,6 +1356,39 @@ impl PyRuntime {
         k.is_some_and(|k| k.blocks && !k.handle.input_has_room())
     }
 
+    /// Waits, with the GIL released, until kernel `kernel_id` rings its bell (an output or
+    /// reply published, an input taken, an end or a state change) or `seconds` pass (clamped
+    /// to 0..=1 ms): the short linger an async wait makes before it parks on the loop's
+    /// wake-up, so a reply that comes within it costs no round through the event loop. The
+    /// caller looks after each return (a ring may be for something else).
+    fn linger(&self, py: Python<'_>, kernel_id: &str, seconds: f64) -> PyResult<()> {
+        let bell = self.bell(py, kernel_id)?;
+        let t = Duration::from_secs_f64(if seconds.is_finite() {
+            seconds.clamp(0.0, 1e-3)
+        } else {
+            0.0
+        });
+        if t.is_zero() {
+            return Ok(());
+        }
+        let hand = self.kernels.lock().get(kernel_id).map(|k| k.hand.clone());
+        match hand {
+            // A Python kernel: counted as a waiter with the GIL released, so its thread takes
+            // the GIL at once for the message (see `Handoff`), and after a ring this thread
+            // lets it leave Python before taking the GIL back.
+            Some(hand) => {
+                let w = Waiter::new(&hand);
+                py.detach(|| {
+                    w.released();
+                    bell.sleep_unless(t, || false);
+                    w.got();
+                });
+            }
+            None => py.detach(|| bell.sleep_unless(t, || false)),
+        }
+        Ok(())
+    }
+
     /// Rings `waker` whenever kernel `kernel_id` publishes an output or reply, takes an
     /// input, ends, or changes state, while `waker` is armed.
     fn subscribe(&self, py: Python<'_>, kernel_id: &str, waker: &Waker) -> PyResult<()> {
