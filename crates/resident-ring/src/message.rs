@@ -305,9 +305,20 @@ impl StructLayout {
         size: usize,
     ) -> Result<Self, LayoutError> {
         let name = name.into();
+        // Names are quoted in errors at most 64 bytes long (they may come from anywhere).
+        let short = |s: &str| -> String {
+            if s.len() <= 64 {
+                return s.to_string();
+            }
+            let mut end = 64;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}... ({} bytes)", &s[..end], s.len())
+        };
         let err = |field: Option<&str>, reason: String| LayoutError {
-            layout: name.clone(),
-            field: field.map(str::to_string),
+            layout: short(&name),
+            field: field.map(|f| short(f)),
             reason,
         };
         if !is_identifier(&name) {
@@ -330,18 +341,30 @@ impl StructLayout {
                 return Err(fe("an array extent is 0".into()));
             }
             let a = f.scalar.size();
-            let natural = at.div_ceil(a) * a;
+            let too_big =
+                || fe("the struct's size overflows (an array extent is too large)".into());
+            let natural = at.div_ceil(a).checked_mul(a).ok_or_else(too_big)?;
             if f.offset != natural {
                 return Err(fe(format!(
                     "it lies at byte {} but C puts it at byte {natural} (each field at the next multiple of its {a}-byte alignment, in order): reorder the fields or build the dtype with align=True",
                     f.offset
                 )));
             }
-            let n: usize = f.dims.iter().product();
-            at = natural + n * a;
+            let n = f
+                .dims
+                .iter()
+                .try_fold(1usize, |p, &d| p.checked_mul(d))
+                .ok_or_else(too_big)?;
+            at = n
+                .checked_mul(a)
+                .and_then(|b| natural.checked_add(b))
+                .ok_or_else(too_big)?;
             align = align.max(a);
         }
-        let natural = at.div_ceil(align) * align;
+        let natural = at
+            .div_ceil(align)
+            .checked_mul(align)
+            .ok_or_else(|| err(None, "the struct's size overflows".into()))?;
         if size < natural || !size.is_multiple_of(align) {
             return Err(err(
                 None,
@@ -681,6 +704,49 @@ mod tests {
             dims: dims.to_vec(),
             offset,
         }
+    }
+
+    /// Found by fuzzing the layout path: extents whose product overflows panicked ("attempt
+    /// to multiply with overflow") in debug and wrapped silently in release.
+    #[test]
+    fn regression_array_extents_that_overflow_are_a_typed_error() {
+        for dims in [
+            vec![usize::MAX / 2, 3],
+            vec![usize::MAX],
+            vec![1 << 40, 1 << 40],
+        ] {
+            let e = StructLayout::new("Huge", "test", vec![field("x", Scalar::F32, &dims, 0)], 16)
+                .unwrap_err();
+            assert!(e.reason.contains("overflows"), "{dims:?}: {e}");
+        }
+        // Past the last field: the struct's rounding up to its alignment.
+        let e = StructLayout::new(
+            "Edge",
+            "test",
+            vec![
+                field("a", Scalar::U8, &[usize::MAX - 8], 0),
+                field("b", Scalar::F64, &[], usize::MAX - 7),
+            ],
+            16,
+        )
+        .unwrap_err();
+        assert!(e.reason.contains("overflows"), "{e}");
+    }
+
+    #[test]
+    fn names_are_quoted_short_in_errors() {
+        let long = format!("{}-", "x".repeat(1 << 20)); // not an identifier
+        let e = StructLayout::new(
+            long.clone(),
+            "test",
+            vec![field("a", Scalar::U32, &[], 0)],
+            4,
+        )
+        .unwrap_err();
+        assert!(e.to_string().len() < 300, "{} bytes", e.to_string().len());
+        let e = StructLayout::new("Ok", "test", vec![field(&long, Scalar::U32, &[], 0)], 4)
+            .unwrap_err();
+        assert!(e.to_string().len() < 300, "{} bytes", e.to_string().len());
     }
 
     #[test]
