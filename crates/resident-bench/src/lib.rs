@@ -18,7 +18,9 @@
 //! * [`wgpu_ring`]: a WGSL ring kernel with its state on the device against the same handler
 //!   run stateless (`resident bench-wgpu`);
 //! * [`workloads`]: the reference workloads against their baselines (`resident bench
-//!   workloads`).
+//!   workloads`);
+//! * [`fuzz`]: fuzzing of the decoders of untrusted bytes (NATS payloads and replies, edge
+//!   lists, readings) on stable Rust (`resident fuzz`).
 //!
 //! The CLI parses the arguments, prints and writes the files; the measuring is here. The
 //! figures go to `bench/results/` as JSON with the command that produced them.
@@ -31,6 +33,7 @@ pub mod cpu;
 pub mod deadlines;
 mod error;
 pub mod forwarding;
+pub mod fuzz;
 pub mod profile_overhead;
 pub mod provenance;
 pub mod ring_bus;

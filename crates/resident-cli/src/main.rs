@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod forwarding_bench;
+mod fuzz;
 mod gpu_bench;
 mod info;
 mod paths;
@@ -16,6 +17,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+/// Counts the bytes a fuzzed input's decoding holds (`resident fuzz`); for every other command
+/// it is the system allocator with one thread-local read per allocation.
+#[global_allocator]
+static ALLOC: resident_bench::fuzz::alloc::CountingAlloc =
+    resident_bench::fuzz::alloc::CountingAlloc;
 
 #[derive(Parser)]
 #[command(
@@ -109,6 +116,9 @@ enum Command {
     },
     /// Serve a demo ring kernel over NATS (request/reply, queue groups, JetStream).
     Serve(Box<serve::ServeArgs>),
+    /// Fuzz the decoders of untrusted bytes (NATS payloads and replies, edge lists, readings):
+    /// no panic, short typed errors, bounded allocation; exit status 1 on a failing input.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 #[derive(Subcommand)]
@@ -214,6 +224,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info { json } => return info::run(json),
         Command::Serve(args) => return serve::run(*args),
+        Command::Fuzz(args) => return fuzz::run(args),
         Command::BenchTransfer {
             iterations,
             out_dir,

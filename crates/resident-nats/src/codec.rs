@@ -125,4 +125,23 @@ mod tests {
         ));
         assert_eq!(Codec::<u32, u32>::encode(&c, &5).unwrap(), b"5");
     }
+
+    /// Issue 31: serde_json quotes an offending string whole; a 1 MB string payload gave a
+    /// 1 MB error reply. The message is now bounded, whatever the payload.
+    #[test]
+    fn a_json_error_quotes_at_most_a_short_excerpt() {
+        let c = JsonCodec::<u32, u32>::new();
+        let payload = format!("\"{}é\"", "x".repeat(1 << 20));
+        let e = Codec::<u32, u32>::decode(&c, payload.as_bytes()).unwrap_err();
+        let text = e.to_string();
+        assert!(text.len() <= crate::MAX_QUOTED + 64, "{} bytes", text.len());
+        assert!(text.ends_with("..."), "{text}");
+        let short = Codec::<u32, u32>::decode(&c, b"\"ab\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            short.ends_with("expected u32 at line 1 column 4"),
+            "{short}"
+        );
+    }
 }

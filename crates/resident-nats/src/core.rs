@@ -111,8 +111,9 @@ where
         subject: opts.subject.clone(),
         source,
     })?;
-    // A flush is a round trip: after it the server has the subscription.
-    if tokio::time::timeout(Duration::from_secs(5), client.flush())
+    // A flush is a round trip: after it the server has the subscription. Bounded, but long
+    // enough for a loaded machine (CI saw 5 s pass under a load average above 20).
+    if tokio::time::timeout(Duration::from_secs(30), client.flush())
         .await
         .is_ok_and(|r| r.is_ok())
     {
@@ -257,7 +258,9 @@ pub enum Reply {
     Error(ErrorReply),
 }
 
-/// Classifies a reply message: an error reply has the `Resident-Error` header.
+/// Classifies a reply message: an error reply has the `Resident-Error` header. An error reply
+/// whose body is not an [`ErrorReply`] keeps the header's kind, and its message is the body's
+/// first [`MAX_QUOTED`](crate::error::MAX_QUOTED) bytes (as UTF-8, lossy), then `... (N bytes)`.
 pub fn parse_reply(msg: &NatsMessage) -> Reply {
     if let Some(kind) = msg
         .headers
@@ -267,9 +270,29 @@ pub fn parse_reply(msg: &NatsMessage) -> Reply {
     {
         let reply = serde_json::from_slice::<ErrorReply>(&msg.payload).unwrap_or(ErrorReply {
             error: kind,
-            message: String::from_utf8_lossy(&msg.payload).into_owned(),
+            message: body_excerpt(&msg.payload),
         });
         return Reply::Error(reply);
     }
     Reply::Output(msg.payload.clone())
+}
+
+/// At most [`MAX_QUOTED`](crate::error::MAX_QUOTED) bytes of a body as text (UTF-8, lossy),
+/// then `... (N bytes)` when that is not all of it.
+fn body_excerpt(body: &[u8]) -> String {
+    let max = crate::error::MAX_QUOTED;
+    let mut text = String::from_utf8_lossy(&body[..body.len().min(max)]).into_owned();
+    // A replaced byte is three bytes of text.
+    let cut = body.len() > max || text.len() > max;
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    if cut {
+        text.push_str(&format!("... ({} bytes)", body.len()));
+    }
+    text
 }

@@ -2,7 +2,64 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Why a payload could not become a kernel input.
+/// The most bytes of a cause's message a [`DecodeError`] quotes: serde_json quotes an
+/// offending string whole (`invalid type: string "..."`), and a client's payload is not to come
+/// back to it, or into a log, at any size.
+pub const MAX_QUOTED: usize = 256;
+
+/// Writes at most [`MAX_QUOTED`] bytes of a message (cut at a character boundary), then `...`
+/// when it was longer; the rest is never formatted.
+pub(crate) struct Bounded<'a, T: ?Sized>(pub(crate) &'a T);
+
+struct Limit<'a, 'b> {
+    out: &'a mut std::fmt::Formatter<'b>,
+    left: usize,
+    cut: bool,
+    failed: bool,
+}
+
+impl std::fmt::Write for Limit<'_, '_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let mut end = s.len().min(self.left);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        if self.out.write_str(&s[..end]).is_err() {
+            self.failed = true;
+            return Err(std::fmt::Error);
+        }
+        self.left -= end;
+        if end < s.len() {
+            // Stops the formatting of the rest.
+            self.cut = true;
+            self.left = 0;
+            return Err(std::fmt::Error);
+        }
+        Ok(())
+    }
+}
+
+impl<T: std::fmt::Display + ?Sized> std::fmt::Display for Bounded<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut w = Limit {
+            out: f,
+            left: MAX_QUOTED,
+            cut: false,
+            failed: false,
+        };
+        let _ = std::fmt::Write::write_fmt(&mut w, format_args!("{}", self.0));
+        if w.failed {
+            return Err(std::fmt::Error);
+        }
+        if w.cut {
+            f.write_str("...")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a payload could not become a kernel input. Its message quotes at most [`MAX_QUOTED`]
+/// bytes of the cause's.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     /// A `Pod` message has a fixed size and the payload has another.
@@ -14,10 +71,10 @@ pub enum DecodeError {
         actual: usize,
     },
     /// The payload is not the expected JSON.
-    #[error("payload is not the expected JSON: {0}")]
+    #[error("payload is not the expected JSON: {}", Bounded(.0))]
     Json(#[source] serde_json::Error),
     /// The JSON parsed but its value is not a valid input.
-    #[error("invalid input: {0}")]
+    #[error("invalid input: {}", Bounded(.0))]
     Invalid(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 

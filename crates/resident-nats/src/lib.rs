@@ -59,7 +59,9 @@ pub use crate::connect::{
     ConnectError, Connection, Credentials, Fault, NatsOptions, Secret, TlsOptions,
 };
 pub use crate::core::{parse_reply, serve_requests, Reply, RequestOptions, RequestStats};
-pub use crate::error::{DecodeError, EncodeError, ErrorKind, ErrorReply, ServeError, ERROR_HEADER};
+pub use crate::error::{
+    DecodeError, EncodeError, ErrorKind, ErrorReply, ServeError, ERROR_HEADER, MAX_QUOTED,
+};
 pub use crate::jetstream::{
     ensure_consumer, ensure_streams, serve_jetstream, JetStreamOptions, JetStreamStats,
 };

@@ -48,7 +48,8 @@ pub enum InputError {
 }
 
 /// What is wrong with one line of an input file ([`InputError::BadLine`] adds the file and
-/// the line number).
+/// the line number). A field or line it quotes is an excerpt: at most [`MAX_EXCERPT`] bytes of
+/// it, then `...` and its length, so that a file holding one 50 MB line gives a short error.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LineError {
     /// The line is not UTF-8 text.
@@ -59,7 +60,7 @@ pub enum LineError {
     Fields {
         /// The expected form, e.g. `src dst`.
         expected: &'static str,
-        /// The line's content.
+        /// The line's content (an excerpt).
         got: String,
     },
     /// The line has a field past the expected ones.
@@ -67,7 +68,7 @@ pub enum LineError {
     ExtraField {
         /// The expected form.
         expected: &'static str,
-        /// The first field too many.
+        /// The first field too many (an excerpt).
         extra: String,
     },
     /// An id field is not a `u64`.
@@ -75,21 +76,37 @@ pub enum LineError {
     BadId {
         /// Which field (`src`, `dst`, `sensor`).
         what: &'static str,
-        /// The field as written.
+        /// The field as written (an excerpt).
         field: String,
     },
     /// A value field is not a number.
     #[error("value '{value}' is not a number")]
     NotANumber {
-        /// The field as written.
+        /// The field as written (an excerpt).
         value: String,
     },
     /// A value field is a number but not finite (NaN, infinity).
     #[error("value '{value}' is not finite")]
     NotFinite {
-        /// The field as written.
+        /// The field as written (an excerpt).
         value: String,
     },
+}
+
+/// The most bytes of a line or field a [`LineError`] quotes.
+pub const MAX_EXCERPT: usize = 64;
+
+/// At most [`MAX_EXCERPT`] bytes of `s` (cut at a character boundary), then `... (N bytes)`
+/// when it is longer.
+pub(crate) fn excerpt(s: &str) -> String {
+    if s.len() <= MAX_EXCERPT {
+        return s.to_string();
+    }
+    let mut end = MAX_EXCERPT;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..end], s.len())
 }
 
 /// Errors of running a workload.

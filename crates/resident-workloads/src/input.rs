@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::Path;
 
-use crate::error::{InputError, LineError};
+use crate::error::{excerpt, InputError, LineError};
 use crate::rng::SplitMix64;
 
 /// A directed graph's edge set over dense node ids, with the original ids.
@@ -80,7 +80,7 @@ fn for_each_line(
 fn parse_id(field: &str, what: &'static str) -> Result<u64, LineError> {
     field.parse::<u64>().map_err(|_| LineError::BadId {
         what,
-        field: field.to_string(),
+        field: excerpt(field),
     })
 }
 
@@ -95,14 +95,14 @@ pub fn parse_edge_list(path: &Path, r: impl BufRead) -> Result<EdgeList, InputEr
                 true => Ok(()),
                 false => Err(LineError::Fields {
                     expected: "src dst",
-                    got: content.trim().to_string(),
+                    got: excerpt(content.trim()),
                 }),
             };
         };
         if let Some(extra) = f.next() {
             return Err(LineError::ExtraField {
                 expected: "src dst",
-                extra: extra.to_string(),
+                extra: excerpt(extra),
             });
         }
         raw.push((parse_id(a, "src")?, parse_id(b, "dst")?));
@@ -192,16 +192,16 @@ pub fn parse_readings(path: &Path, r: impl BufRead) -> Result<Vec<SensorReading>
         let (Some(s), Some(v), None) = (f.next(), f.next(), f.next()) else {
             return Err(LineError::Fields {
                 expected: "sensor,value",
-                got: t.to_string(),
+                got: excerpt(t),
             });
         };
         let sensor = parse_id(s.trim(), "sensor")?;
         let value: f64 = v.trim().parse().map_err(|_| LineError::NotANumber {
-            value: v.trim().to_string(),
+            value: excerpt(v.trim()),
         })?;
         if !value.is_finite() {
             return Err(LineError::NotFinite {
-                value: v.trim().to_string(),
+                value: excerpt(v.trim()),
             });
         }
         out.push(SensorReading { sensor, value });

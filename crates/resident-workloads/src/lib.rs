@@ -29,7 +29,7 @@ pub mod pipeline;
 pub mod rng;
 pub mod vector_add;
 
-pub use error::{InputError, LineError, WorkloadError};
+pub use error::{InputError, LineError, WorkloadError, MAX_EXCERPT};
 
 use resident::backend::BackendKind;
 

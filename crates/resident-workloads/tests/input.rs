@@ -137,3 +137,30 @@ fn missing_files_are_io_errors_and_generators_are_deterministic() {
         Err(InputError::BadParameter { .. })
     ));
 }
+
+/// Issue 31: `resident demo pagerank --graph` on a file of one 50 MB line printed all of it in
+/// its error. Every field or line an error quotes is now an excerpt.
+#[test]
+fn a_long_line_is_quoted_as_a_short_excerpt() {
+    let long = "7".repeat(5_000_000);
+    let cases: Vec<Vec<u8>> = vec![
+        format!("{long}x 1\n").into_bytes(),    // BadId
+        format!("1 2 {long}\n").into_bytes(),   // ExtraField
+        format!("{long}é\n").into_bytes(),      // Fields (one field), cut mid-character
+        format!("1 {long}9999\n").into_bytes(), // BadId: above 2^64
+    ];
+    for text in &cases {
+        let e = edges(text).unwrap_err().to_string();
+        assert!(e.len() < 200, "{} bytes: {}", e.len(), &e[..200]);
+        assert!(e.contains("bytes)"), "{e}");
+    }
+    for text in [
+        format!("{long},1\n"),
+        format!("1,{long}x\n"),
+        format!("1,{long}\n").replace("1,7", "1,1e999"),
+        format!("{long}\n"),
+    ] {
+        let e = readings(text.as_bytes()).unwrap_err().to_string();
+        assert!(e.len() < 200, "{} bytes: {}", e.len(), &e[..200]);
+    }
+}

@@ -13,16 +13,17 @@
 //!
 //! Each measurement is repeated; the JSON has every repeat and the spread.
 //!
-//! cargo run --release -p resident-nats --example bench_nats -- [--out FILE] [--repeats 3]
+//! cargo run --release -p resident-bench --example bench_nats -- [--out FILE] [--repeats 3]
 //!     [--requests 2000] [--inputs 5000]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, AckKind};
 use futures_util::{FutureExt, StreamExt};
 use resident::prelude::*;
 use resident_bench::stats::spread;
+use resident_nats::async_nats;
+use resident_nats::async_nats::jetstream::{self, AckKind};
 use resident_nats::demo::{
     self, AnomalyReply, AnomalyRequest, DemoOptions, Pipeline, PipelineReply, PipelineRequest,
 };

@@ -1,0 +1,455 @@
+//! Fuzzing on stable Rust: one target per decoder of untrusted bytes, driven by a seeded,
+//! coverage-free but structure-aware generator (`resident fuzz --target T --inputs N`).
+//!
+//! Each input is a seed-corpus input (`crates/resident-bench/fuzz/corpus/<target>/`, built into
+//! the binary) or a structure-aware one from the target's own generator, then mutated 0 to 9
+//! times: bit flips, bytes set, inserted, deleted, repeated and swapped, truncation, splicing
+//! with another corpus input, numbers at the edges of their types, tokens of the format,
+//! invalid UTF-8, and rarely a huge run of up to [`FuzzOptions::huge`] bytes. The same seed
+//! gives the same inputs on every machine.
+//!
+//! An input fails ([`CrashKind`]) when a decoder panics (caught with `catch_unwind`), when an
+//! error's message is longer than [`MAX_ERROR_DISPLAY`] bytes, when decoding held more than
+//! [`alloc_bound`] bytes at once (measured when [`alloc::CountingAlloc`] is the global
+//! allocator), or when what a decoder accepted breaks its invariants. Every rejection is
+//! classified by its error type's variant (an exhaustive match, so an untyped rejection cannot
+//! compile), and the report counts the variants seen.
+
+pub mod alloc;
+mod gen;
+mod targets;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fmt::{self, Display};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+pub use gen::Rng;
+
+/// The longest message an error may have, for an input of any size.
+pub const MAX_ERROR_DISPLAY: usize = 512;
+
+/// The most bytes one input's decoding may hold at once: a fixed 256 KiB plus 32 bytes per
+/// input byte (the decoders keep what they parse: an edge list of `"0 1\n"` lines holds its
+/// pairs, their ids and the dense map).
+pub fn alloc_bound(input_len: usize) -> usize {
+    256 * 1024 + 32 * input_len
+}
+
+/// A decoder under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// The NATS payload codecs (`PodCodec`, `JsonCodec` into plain types and into a serde
+    /// struct with a fallible conversion), `ErrorKind::parse` of a header value, and
+    /// `parse_reply` of a reply with the error header.
+    NatsCodec,
+    /// `resident_workloads::input::parse_edge_list` (`--graph FILE`).
+    EdgeList,
+    /// `resident_workloads::input::parse_readings` (`--input FILE`, CSV).
+    Readings,
+}
+
+impl Target {
+    /// Every target.
+    pub const ALL: [Target; 3] = [Target::NatsCodec, Target::EdgeList, Target::Readings];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::NatsCodec => "nats-codec",
+            Target::EdgeList => "edge-list",
+            Target::Readings => "readings",
+        }
+    }
+
+    /// The target of a name.
+    pub fn from_name(name: &str) -> Result<Target, FuzzError> {
+        Target::ALL
+            .into_iter()
+            .find(|t| t.name() == name)
+            .ok_or_else(|| FuzzError::UnknownTarget(name.chars().take(64).collect()))
+    }
+}
+
+impl Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a fuzzing run could not run (a failing input is not an error: it is in the report).
+#[derive(Debug, thiserror::Error)]
+pub enum FuzzError {
+    /// No target has this name.
+    #[error("unknown fuzz target '{0}' (nats-codec, edge-list, readings or all)")]
+    UnknownTarget(String),
+    /// A failing input could not be saved.
+    #[error("cannot save the failing input to {path}: {source}")]
+    Save {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How many inputs, from which seed, how large.
+#[derive(Clone, Debug)]
+pub struct FuzzOptions {
+    /// Inputs to run.
+    pub inputs: u64,
+    /// The generator's seed (each target mixes in its own).
+    pub seed: u64,
+    /// Most bytes of an ordinary input.
+    pub max_len: usize,
+    /// Most bytes of the rare huge run a mutation inserts.
+    pub huge: usize,
+    /// Where failing inputs are saved (`<target>-<seed>-<index>.bin`); none: not saved.
+    pub crash_dir: Option<PathBuf>,
+}
+
+impl Default for FuzzOptions {
+    /// 10 000 inputs, seed 1, inputs up to 4 KiB, huge runs up to 1 MiB, nothing saved.
+    fn default() -> Self {
+        FuzzOptions {
+            inputs: 10_000,
+            seed: 1,
+            max_len: 4096,
+            huge: 1 << 20,
+            crash_dir: None,
+        }
+    }
+}
+
+/// Why an input failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CrashKind {
+    /// A decoder panicked.
+    Panic {
+        /// The panic's message and location.
+        message: String,
+    },
+    /// An error's message is longer than [`MAX_ERROR_DISPLAY`].
+    LongError {
+        /// The decoder.
+        decoder: &'static str,
+        /// The error's variant.
+        kind: &'static str,
+        /// The message's length.
+        bytes: usize,
+    },
+    /// Decoding held more than [`alloc_bound`] bytes at once.
+    Alloc {
+        /// Bytes held at the peak.
+        peak: usize,
+        /// The bound for this input.
+        bound: usize,
+    },
+    /// What a decoder returned breaks its invariants.
+    Invariant {
+        /// The decoder.
+        decoder: &'static str,
+        /// What is wrong (at most [`MAX_ERROR_DISPLAY`] bytes).
+        what: String,
+    },
+}
+
+impl Display for CrashKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CrashKind::Panic { message } => write!(f, "panic: {message}"),
+            CrashKind::LongError {
+                decoder,
+                kind,
+                bytes,
+            } => write!(
+                f,
+                "{decoder}: a {kind} error of {bytes} bytes (at most {MAX_ERROR_DISPLAY})"
+            ),
+            CrashKind::Alloc { peak, bound } => {
+                write!(f, "held {peak} bytes at once, bound {bound}")
+            }
+            CrashKind::Invariant { decoder, what } => write!(f, "{decoder}: {what}"),
+        }
+    }
+}
+
+/// One failing input.
+#[derive(Clone, Debug)]
+pub struct Crash {
+    /// Its index in the run (the run's seed and this index reproduce it).
+    pub index: u64,
+    /// Its length.
+    pub len: usize,
+    /// Why it failed.
+    pub kind: CrashKind,
+    /// Where it was saved.
+    pub saved: Option<PathBuf>,
+}
+
+/// What a run of one target found.
+#[derive(Clone, Debug)]
+pub struct TargetReport {
+    /// The target.
+    pub target: Target,
+    /// Inputs run.
+    pub inputs: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// The seed.
+    pub seed: u64,
+    /// Failing inputs (at most the first 20 kept; [`TargetReport::crash_count`] counts all).
+    pub crashes: Vec<Crash>,
+    /// Failing inputs in all.
+    pub crash_count: u64,
+    /// Decoder calls that accepted their input, by decoder.
+    pub accepted: BTreeMap<&'static str, u64>,
+    /// Rejections by decoder and error variant (`decoder: Variant`).
+    pub error_kinds: BTreeMap<(&'static str, &'static str), u64>,
+    /// The longest error message seen.
+    pub longest_error: usize,
+    /// The longest input.
+    pub longest_input: usize,
+    /// The most bytes one input's decoding held at once, and that input's length (none
+    /// without the counting allocator).
+    pub alloc_peak: Option<(usize, usize)>,
+}
+
+impl TargetReport {
+    /// The report as JSON: `{target, inputs, seconds, crashes, error_kinds: [...], ...}`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "target": self.target.name(),
+            "inputs": self.inputs,
+            "seconds": (self.seconds * 1000.0).round() / 1000.0,
+            "seed": self.seed,
+            "crashes": self.crash_count,
+            "crash_examples": self.crashes.iter().map(|c| json!({
+                "index": c.index,
+                "len": c.len,
+                "why": c.kind.to_string(),
+                "saved": c.saved.as_ref().map(|p| p.display().to_string()),
+            })).collect::<Vec<_>>(),
+            "error_kinds": self.error_kinds.keys()
+                .map(|(d, k)| format!("{d}: {k}")).collect::<Vec<_>>(),
+            "error_counts": self.error_kinds.iter()
+                .map(|((d, k), n)| (format!("{d}: {k}"), json!(n)))
+                .collect::<serde_json::Map<_, _>>(),
+            "accepted": self.accepted,
+            "longest_error_bytes": self.longest_error,
+            "longest_input_bytes": self.longest_input,
+            "alloc_peak": self.alloc_peak.map(|(peak, len)| json!({
+                "bytes": peak, "input_bytes": len, "bound": alloc_bound(len),
+            })),
+        })
+    }
+}
+
+/// The outcome of one input, as the runner collects it.
+#[derive(Default)]
+struct Record {
+    accepted: BTreeMap<&'static str, u64>,
+    error_kinds: BTreeMap<(&'static str, &'static str), u64>,
+    longest_error: usize,
+    failure: Option<CrashKind>,
+}
+
+impl targets::Sink for Record {
+    fn accepted(&mut self, decoder: &'static str) {
+        *self.accepted.entry(decoder).or_default() += 1;
+    }
+
+    fn rejected(&mut self, decoder: &'static str, kind: &'static str, error: &dyn Display) {
+        *self.error_kinds.entry((decoder, kind)).or_default() += 1;
+        let bytes = targets::display_len(error);
+        self.longest_error = self.longest_error.max(bytes);
+        if bytes > MAX_ERROR_DISPLAY && self.failure.is_none() {
+            self.failure = Some(CrashKind::LongError {
+                decoder,
+                kind,
+                bytes,
+            });
+        }
+    }
+
+    fn violation(&mut self, decoder: &'static str, what: fmt::Arguments<'_>) {
+        if self.failure.is_none() {
+            let mut what = what.to_string();
+            truncate(&mut what, MAX_ERROR_DISPLAY);
+            self.failure = Some(CrashKind::Invariant { decoder, what });
+        }
+    }
+}
+
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("...");
+    }
+}
+
+thread_local! {
+    /// Set while this thread runs an input: its panics are recorded here, not printed.
+    static FUZZING: RefCell<Option<Option<String>>> = const { RefCell::new(None) };
+}
+
+/// Installs (once) a panic hook that records the panics of fuzzing threads and passes every
+/// other panic to the hook that was there.
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let mine = FUZZING.with(|f| match f.try_borrow_mut() {
+                Ok(mut slot) if slot.is_some() => {
+                    let mut message = info.to_string();
+                    truncate(&mut message, MAX_ERROR_DISPLAY);
+                    *slot = Some(Some(message));
+                    true
+                }
+                _ => false,
+            });
+            if !mine {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Runs one input through a target's decoders and judges it.
+fn judge(target: Target, input: &[u8], counting: bool) -> (Record, Option<usize>) {
+    let mut record = Record::default();
+    FUZZING.with(|f| *f.borrow_mut() = Some(None));
+    if counting {
+        alloc::begin();
+    }
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        targets::run(target, input, &mut record);
+    }));
+    let peak = counting.then(alloc::end);
+    let panic = FUZZING.with(|f| f.borrow_mut().take()).flatten();
+    if result.is_err() {
+        record.failure = Some(CrashKind::Panic {
+            message: panic.unwrap_or_else(|| "a panic without a message".into()),
+        });
+    } else if let Some(peak) = peak.filter(|&p| p > alloc_bound(input.len())) {
+        record.failure.get_or_insert(CrashKind::Alloc {
+            peak,
+            bound: alloc_bound(input.len()),
+        });
+    }
+    (record, peak)
+}
+
+/// Runs one input through `target` as a fuzzing run would (for regression tests): `Err` with
+/// why it fails.
+pub fn replay(target: Target, input: &[u8]) -> Result<(), CrashKind> {
+    install_panic_hook();
+    let (record, _) = judge(target, input, alloc::installed());
+    record.failure.map_or(Ok(()), Err)
+}
+
+/// Runs `opts.inputs` inputs through `target`.
+pub fn run(target: Target, opts: &FuzzOptions) -> Result<TargetReport, FuzzError> {
+    install_panic_hook();
+    let counting = alloc::installed();
+    let salt = match target {
+        Target::NatsCodec => 0x6e61_7473,
+        Target::EdgeList => 0x6564_6765,
+        Target::Readings => 0x7265_6164,
+    };
+    let mut rng = Rng::new(opts.seed ^ salt);
+    let corpus = targets::corpus(target);
+    let dict = targets::dict(target);
+    let mut report = TargetReport {
+        target,
+        inputs: opts.inputs,
+        seconds: 0.0,
+        seed: opts.seed,
+        crashes: Vec::new(),
+        crash_count: 0,
+        accepted: BTreeMap::new(),
+        error_kinds: BTreeMap::new(),
+        longest_error: 0,
+        longest_input: 0,
+        alloc_peak: None,
+    };
+    let start = Instant::now();
+    let mut input = Vec::with_capacity(opts.max_len);
+    for index in 0..opts.inputs {
+        input.clear();
+        // The corpus as it is first, then mutated corpus and generated inputs.
+        if (index as usize) < corpus.len() {
+            input.extend_from_slice(corpus[index as usize]);
+        } else {
+            if rng.one_in(2) {
+                input.extend_from_slice(corpus[rng.below(corpus.len())]);
+            } else {
+                targets::generate(target, &mut rng, &mut input);
+            }
+            let mutations = if rng.one_in(5) { 0 } else { 1 + rng.below(9) };
+            let mut huge = false;
+            for _ in 0..mutations {
+                huge |= gen::mutate(&mut rng, &mut input, corpus, dict, opts.huge);
+                input.truncate(if huge { 2 * opts.huge } else { opts.max_len });
+            }
+        }
+        let (record, peak) = judge(target, &input, counting);
+        report.longest_input = report.longest_input.max(input.len());
+        report.longest_error = report.longest_error.max(record.longest_error);
+        if let Some(peak) = peak {
+            if report.alloc_peak.is_none_or(|(p, _)| peak > p) {
+                report.alloc_peak = Some((peak, input.len()));
+            }
+        }
+        for (k, n) in record.accepted {
+            *report.accepted.entry(k).or_default() += n;
+        }
+        for (k, n) in record.error_kinds {
+            *report.error_kinds.entry(k).or_default() += n;
+        }
+        if let Some(kind) = record.failure {
+            report.crash_count += 1;
+            if report.crashes.len() < 20 {
+                let saved = match &opts.crash_dir {
+                    Some(dir) => Some(save(dir, target, opts.seed, index, &input)?),
+                    None => None,
+                };
+                report.crashes.push(Crash {
+                    index,
+                    len: input.len(),
+                    kind,
+                    saved,
+                });
+            }
+        }
+    }
+    report.seconds = start.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+fn save(
+    dir: &Path,
+    target: Target,
+    seed: u64,
+    index: u64,
+    input: &[u8],
+) -> Result<PathBuf, FuzzError> {
+    let path = dir.join(format!("{}-{seed}-{index}.bin", target.name()));
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&path, input))
+        .map_err(|source| FuzzError::Save {
+            path: path.clone(),
+            source,
+        })?;
+    Ok(path)
+}

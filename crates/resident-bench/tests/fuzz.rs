@@ -1,0 +1,115 @@
+//! Every fuzz target for a few thousand inputs (debug build), with the allocation bound
+//! measured, and the named regressions of what fuzzing found.
+
+use resident_bench::fuzz::{self, alloc::CountingAlloc, CrashKind, FuzzOptions, Target};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+fn fuzz_target(target: Target) {
+    let opts = FuzzOptions {
+        inputs: 2000,
+        seed: 7,
+        ..FuzzOptions::default()
+    };
+    let r = fuzz::run(target, &opts).unwrap();
+    assert!(fuzz::alloc::installed());
+    assert_eq!(r.inputs, 2000);
+    assert!(
+        r.crashes.is_empty(),
+        "{target}: {} failing inputs, first: {:?}",
+        r.crash_count,
+        r.crashes.first()
+    );
+    assert!(!r.error_kinds.is_empty(), "{target}: no input was rejected");
+    assert!(!r.accepted.is_empty(), "{target}: no input was accepted");
+    assert!(r.alloc_peak.is_some());
+    assert!(r.longest_error <= fuzz::MAX_ERROR_DISPLAY);
+}
+
+#[test]
+fn fuzz_nats_codec() {
+    fuzz_target(Target::NatsCodec);
+}
+
+#[test]
+fn fuzz_edge_list() {
+    fuzz_target(Target::EdgeList);
+}
+
+#[test]
+fn fuzz_readings() {
+    fuzz_target(Target::Readings);
+}
+
+#[test]
+fn runs_are_deterministic_and_names_round_trip() {
+    let opts = FuzzOptions {
+        inputs: 300,
+        seed: 3,
+        ..FuzzOptions::default()
+    };
+    let a = fuzz::run(Target::EdgeList, &opts).unwrap();
+    let b = fuzz::run(Target::EdgeList, &opts).unwrap();
+    assert_eq!(a.error_kinds, b.error_kinds);
+    assert_eq!(a.accepted, b.accepted);
+    for t in Target::ALL {
+        assert_eq!(Target::from_name(t.name()).unwrap(), t);
+    }
+    assert!(Target::from_name("nope").is_err());
+}
+
+/// Replaying a valid and a rejected input: both pass (a typed, short rejection is no failure).
+#[test]
+fn replay_passes_valid_and_typed_rejections() {
+    assert_eq!(fuzz::replay(Target::EdgeList, b"0 1\n1 2\n"), Ok(()));
+    assert_eq!(fuzz::replay(Target::Readings, b"x\n"), Ok(()));
+}
+
+/// Found by `resident fuzz --target nats-codec`: serde_json quotes an offending string whole,
+/// so a JSON string payload of 1 MB sent to a `JsonCodec<u32, _>` worker came back as a 1 MB
+/// error reply (`DecodeError::Json`); and a reply with the error header but a body that is not
+/// an `ErrorReply` was quoted whole by `parse_reply`.
+#[test]
+fn regression_nats_json_error_quotes_the_whole_string() {
+    let payload = format!("\"{}\"", "x".repeat(1 << 20));
+    assert_eq!(fuzz::replay(Target::NatsCodec, payload.as_bytes()), Ok(()));
+    let order = format!(
+        "{{\"id\":1,\"side\":\"{}\",\"price\":1,\"qty\":1}}",
+        "s".repeat(100_000)
+    );
+    assert_eq!(fuzz::replay(Target::NatsCodec, order.as_bytes()), Ok(()));
+    let reply = format!("busy\n{}", "y".repeat(100_000));
+    assert_eq!(fuzz::replay(Target::NatsCodec, reply.as_bytes()), Ok(()));
+}
+
+/// Found by `resident fuzz --target edge-list` / `readings` (and the issue's `resident demo
+/// pagerank --graph` on a 50 MB line): a bad line or field was quoted whole in the error.
+#[test]
+fn regression_edge_list_and_readings_quote_a_whole_line() {
+    let long = "9".repeat(1 << 20);
+    for input in [
+        format!("{long}x 1\n"),
+        format!("1 2 {long}\n"),
+        format!("{long}\n"),
+    ] {
+        assert_eq!(fuzz::replay(Target::EdgeList, input.as_bytes()), Ok(()));
+    }
+    for input in [
+        format!("{long}\n"),
+        format!("1,{long}x\n"),
+        format!("1,{long}e999\n"),
+    ] {
+        assert_eq!(fuzz::replay(Target::Readings, input.as_bytes()), Ok(()));
+    }
+}
+
+#[test]
+fn crash_kinds_print_short() {
+    let k = CrashKind::LongError {
+        decoder: "d",
+        kind: "K",
+        bytes: 600,
+    };
+    assert!(k.to_string().contains("600"));
+}
