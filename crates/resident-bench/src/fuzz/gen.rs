@@ -1,23 +1,22 @@
 //! The input generator: a seeded SplitMix64, byte-level mutations of seed-corpus inputs, and the
 //! building blocks the targets' structure-aware generators use.
 
-/// SplitMix64: small, fast, and the same sequence for the same seed on every machine.
+use resident_workloads::rng::SplitMix64;
+
+/// The workloads' SplitMix64 ([`resident_workloads::rng`]): the same sequence for the same
+/// seed on every machine, with the helpers the generators use.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     /// A generator from `seed`.
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(SplitMix64::new(seed))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (`0` when `n` is 0).
@@ -25,7 +24,7 @@ impl Rng {
         if n == 0 {
             return 0;
         }
-        ((self.next_u64() as u128 * n as u128) >> 64) as usize
+        self.0.below(n as u64) as usize
     }
 
     /// True with probability `1 / n`.
