@@ -2,14 +2,15 @@
 //! the engine's state machine), its host copy shown to numpy without copying.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use numpy::ndarray::ArrayView1;
 use numpy::PyArray1;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use resident::backend::{open, DeviceHandle};
+use resident::backend::{open, BackendKind, DeviceHandle};
 use resident::memory::BufferOptions;
 use resident::{BufferState, MemoryError, UnifiedBuffer};
 
@@ -73,6 +74,9 @@ pub(crate) struct PyBuffer {
     buf: Mutex<UnifiedBuffer<u8>>,
     nbytes: usize,
     backend: String,
+    dev: DeviceHandle,
+    /// DLPack exports of this buffer whose consumer is not done yet.
+    live: Arc<AtomicUsize>,
 }
 
 #[pymethods]
@@ -91,6 +95,8 @@ impl PyBuffer {
             buf: Mutex::new(buf),
             nbytes,
             backend: d.kind().to_string(),
+            dev: d,
+            live: Arc::default(),
         })
     }
 
@@ -157,6 +163,114 @@ impl PyBuffer {
             .map_err(|e| memory_error(py, e))
     }
 
+    /// Marks the host copy newer (it was written through a view or export taken earlier);
+    /// copies the device copy back first when that one is newer.
+    fn mark_host_dirty(&self, py: Python<'_>) -> PyResult<()> {
+        let mut b = self.buf.lock();
+        py.detach(|| b.host_mut().map(|_| ()))
+            .map_err(|e| memory_error(py, e))
+    }
+
+    /// The device's ordinal within its backend (the CUDA device id).
+    #[getter]
+    fn ordinal(&self) -> usize {
+        self.dev.info().ordinal
+    }
+
+    /// DLPack exports of this buffer still held by a consumer.
+    #[getter]
+    fn exports(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// A DLPack capsule of the first bytes of the host copy (`device=False`: copied back first
+    /// when the device copy is newer, then marked newer) or of the device copy (`device=True`:
+    /// copied over first when the host copy is newer, then marked newer; CPU and CUDA only),
+    /// as a C-contiguous tensor of `shape` and DLPack `dtype` `(code, bits, lanes)`.
+    /// `versioned`: a DLPack 1.0 `dltensor_versioned` capsule, else a legacy `dltensor`. The
+    /// capsule keeps this buffer alive and is counted in `exports` until its consumer is done.
+    #[pyo3(signature = (shape, dtype, device=false, versioned=false))]
+    fn dlpack(
+        slf: &Bound<'_, Self>,
+        shape: Vec<i64>,
+        dtype: (u8, u8, u16),
+        device: bool,
+        versioned: bool,
+    ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        // The tensor must lie inside the buffer: consumers read and write all of it.
+        let bytes = shape
+            .iter()
+            .try_fold(1u64, |acc, &s| {
+                u64::try_from(s).ok().and_then(|s| acc.checked_mul(s))
+            })
+            .and_then(|n| n.checked_mul(u64::from(dtype.1).div_ceil(8) * u64::from(dtype.2)));
+        match bytes {
+            Some(b) if b <= this.nbytes as u64 => {}
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "a tensor of shape {shape:?} and {} bits x {} lanes does not fit the buffer's \
+                     {} bytes",
+                    dtype.1, dtype.2, this.nbytes
+                )))
+            }
+        }
+        let (data, dev) = if device {
+            let kind = this.dev.kind();
+            let dl = match kind {
+                BackendKind::Cpu => (crate::dlpack::DL_CPU, 0),
+                BackendKind::Cuda => (
+                    crate::dlpack::DL_CUDA,
+                    i32::try_from(this.dev.info().ordinal).unwrap_or(i32::MAX),
+                ),
+                other => {
+                    return Err(crate::build(
+                        py,
+                        crate::Described {
+                            class: "DLPackError",
+                            text: format!(
+                                "the device copy of a buffer on '{other}' is not addressable by \
+                                 other libraries (DLPack exports the device side on cpu and cuda)"
+                            ),
+                            id: None,
+                            detail: None,
+                        },
+                        None,
+                    ))
+                }
+            };
+            let mut b = this.buf.lock();
+            let a = py
+                .detach(|| b.device_mut().map(|v| v.address()))
+                .map_err(|e| memory_error(py, e))?;
+            (a as usize, dl)
+        } else {
+            let mut b = this.buf.lock();
+            let a = py
+                .detach(|| b.host_mut().map(|s| s.as_mut_ptr() as usize))
+                .map_err(|e| memory_error(py, e))?;
+            (a, (crate::dlpack::DL_CPU, 0))
+        };
+        let t = crate::dlpack::Tensor {
+            data,
+            device: dev,
+            dtype,
+            shape,
+            strides: None,
+            read_only: false,
+        };
+        // The host and device copies are allocated once and live as long as the engine
+        // buffer, which the capsule keeps alive through this object.
+        crate::dlpack::export(
+            py,
+            t,
+            slf.clone().into_any().unbind(),
+            Some(this.live.clone()),
+            versioned,
+        )
+    }
+
     fn sync_to_device(&self, py: Python<'_>) -> PyResult<()> {
         let mut b = self.buf.lock();
         py.detach(|| b.sync_to_device())
@@ -177,8 +291,16 @@ fn size_class(nbytes: usize) -> PyResult<usize> {
         .ok_or_else(|| PyValueError::new_err(format!("{nbytes} bytes overflow a size class")))
 }
 
+/// The device `backend` opens: `(kind, ordinal)` (`kind` as `Buffer.backend` names it).
+#[pyfunction]
+fn device_of(py: Python<'_>, backend: &str) -> PyResult<(String, usize)> {
+    let d = device(py, backend)?;
+    Ok((d.kind().to_string(), d.info().ordinal))
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBuffer>()?;
     m.add_function(wrap_pyfunction!(size_class, m)?)?;
+    m.add_function(wrap_pyfunction!(device_of, m)?)?;
     Ok(())
 }

@@ -41,6 +41,7 @@ use resident::prelude::*;
 mod batch;
 mod buffer;
 mod device;
+mod dlpack;
 mod workloads;
 
 /// How long one uninterrupted wait for a Python caller lasts before signals are checked.
@@ -1904,6 +1905,7 @@ fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(handlers_in_python, m)?)?;
     m.add("FLAG_CALL", resident::ring::FLAG_CALL)?;
     buffer::register(m)?;
+    dlpack::register(m)?;
     device::register(m)?;
     workloads::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -28,6 +28,7 @@
 from . import _resident, workloads
 from .batch import BatchKernelSpec, batch_kernel
 from .device import DeviceKernelSpec, declarations, device_kernel
+from .dlpack import DLPackArray, DeviceView, from_dlpack
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .kernel import KernelContext, KernelSpec, get_kernel, ring_kernel
@@ -59,5 +60,8 @@ __all__ = [
     "MemoryPool",
     "PoolStatistics",
     "get_memory_pool",
+    "from_dlpack",
+    "DLPackArray",
+    "DeviceView",
     *_errors_all,
 ]

@@ -125,6 +125,43 @@ def from_records(raw: np.ndarray, record: int, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(raw.reshape(n, record)[:, :isz]).view(dtype).reshape(n)
 
 
+def output_view(out: Any, dtype: np.dtype, kernel_id: str) -> np.ndarray:
+    """A writable 1-D numpy view (no copy) of ``out``, a caller's array of ``dtype`` records
+    (numpy, or any DLPack array of host memory), for ``receive_batch(out=...)``."""
+    from .dlpack import as_host_array
+    from .errors import DtypeLayoutError
+
+    view = as_host_array(out, f"kernel '{kernel_id}': receive_batch(out=...)")
+    if not isinstance(view, np.ndarray):
+        raise TypeError(
+            f"kernel '{kernel_id}': receive_batch(out=...) takes a numpy array or a DLPack "
+            f"array of host memory, got {type(out).__name__}"
+        )
+    if view.ndim != 1:
+        raise ValueError(f"kernel '{kernel_id}': receive_batch(out=...) takes a 1-D array, got shape {view.shape}")
+    if not view.flags.writeable:
+        raise ValueError(f"kernel '{kernel_id}': receive_batch(out=...) got a read-only array")
+    same = view.dtype == dtype if dtype.fields is None else (
+        view.dtype.fields is not None and _layout_diff(view.dtype, dtype) is None
+    )
+    if not same:
+        raise DtypeLayoutError(
+            f"kernel '{kernel_id}': receive_batch(out=...) got an array of {view.dtype}, the "
+            f"kernel's outputs are {dtype}",
+            kernel_id,
+        )
+    return view
+
+
+def into_records(raw: np.ndarray, record: int, dtype: np.dtype, dst: np.ndarray) -> int:
+    """Writes the whole records of ``raw`` into ``dst``'s first rows (one copy); returns how
+    many."""
+    n = len(raw) // record
+    if n:
+        dst[:n] = raw.reshape(n, record)[:, : dtype.itemsize].view(dtype)[:, 0]
+    return n
+
+
 def _run_batch(spec: BatchKernelSpec, func: Any, state: Any, raw: np.ndarray, n: int) -> np.ndarray:
     """Runs on the kernel's thread for each drained batch."""
     batch = from_records(raw, spec.record, spec.in_dtype)
@@ -161,8 +198,11 @@ def checked_records(records: Any, dtype: np.dtype, kernel_id: str) -> np.ndarray
     or broadcast: a structured array must have ``dtype``'s layout (its fields by name, type,
     order and offset), a sequence must hold one tuple per record; an array of a plain
     (unstructured) ``dtype`` may be of any type numpy casts to it safely or within its kind."""
+    from .dlpack import as_host_array
     from .errors import DtypeLayoutError
 
+    # Any DLPack array of host memory is read in place (np.from_dlpack, no copy).
+    records = as_host_array(records, f"kernel '{kernel_id}': send_batch")
     if not isinstance(records, np.ndarray):
         if dtype.fields is not None:
             seq = list(records)

@@ -33,6 +33,8 @@ __all__ = [
     "BufferStateError",
     "OutOfMemoryError",
     "WorkloadError",
+    "DLPackError",
+    "DLPackDtypeError",
 ]
 
 _NO_MESSAGE: Any = object()
@@ -175,3 +177,16 @@ class OutOfMemoryError(ResidentError, MemoryError):
 
 class WorkloadError(ResidentError):
     """A reference workload failed (bad input, a kernel error, a result that did not check)."""
+
+
+class DLPackError(ResidentError, BufferError):
+    """An array cannot cross DLPack as asked (a ``BufferError``, as the Python array API
+    standard says): a device the other side cannot reach (a CUDA array without the CUDA
+    backend, the device copy of a wgpu buffer), a copy asked of memory this side cannot copy,
+    a capsule already consumed, a stream that is not allowed."""
+
+
+class DLPackDtypeError(DLPackError, TypeError):
+    """A dtype DLPack cannot describe (structured/record dtypes, objects, strings,
+    non-native byte order), or a DLPack dtype numpy has no type for (bfloat16, vector
+    lanes). Also a ``TypeError``."""

@@ -15,6 +15,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _resident
+from . import dlpack as _dlpack
+from .errors import BufferStateError
 
 __all__ = [
     "BufferState",
@@ -64,6 +66,13 @@ class UnifiedBuffer:
     ``.host`` is a numpy view of the host copy (no copy): reading it copies the device copy
     back first when that one is newer, and since the view is writable it marks the host copy
     newer, so the next ``sync_to_device()`` (or ``.device``) copies it over.
+
+    The buffer is a DLPack producer of its host copy (``np.from_dlpack(buf)``,
+    ``torch.from_dlpack(buf)``: the same memory, no copy; an export marks the host copy newer
+    as ``.host`` does), and ``device_view()`` of its device copy (CUDA: ``kDLCUDA`` and
+    ``__cuda_array_interface__``). Structured dtypes cannot cross DLPack
+    (``DLPackDtypeError``). An export keeps the buffer's memory alive until its consumer is
+    done; a pool refuses to take the buffer back while one lives.
     """
 
     def __init__(
@@ -85,6 +94,8 @@ class UnifiedBuffer:
         self._raw = _raw
         self._nbytes = nbytes
         self._released = False
+        # Device views handed out (a CUDA array interface consumer holds its view).
+        self._views: "weakref.WeakSet[_dlpack.DeviceView]" = weakref.WeakSet()
 
     def _b(self) -> Any:
         if self._released:
@@ -151,7 +162,53 @@ class UnifiedBuffer:
         """Copies the device copy back when it is newer."""
         self._b().sync_to_host()
 
+    def mark_host_dirty(self) -> None:
+        """Declares that the host copy was written through a view or export taken earlier
+        (so the next ``sync_to_device()`` copies it over). When the device copy is marked newer
+        too (both sides written), it is copied back first: the device's values win."""
+        self._b().mark_host_dirty()
+
+    def device_view(self) -> "_dlpack.DeviceView":
+        """The device copy as an array other libraries take without a copy (DLPack
+        ``kDLCUDA`` and ``__cuda_array_interface__`` on CUDA, ``kDLCPU`` on the CPU backend,
+        where it is the host memory; ``DLPackError`` on wgpu and CudaSim). Taking it makes the
+        device copy current and marks it newer (the consumer may write it)."""
+        v = _dlpack.DeviceView(self)
+        self._views.add(v)
+        return v
+
+    @property
+    def dlpack_exports(self) -> int:
+        """DLPack exports of this buffer (host or device) whose consumer is not done, plus
+        live ``device_view()`` objects."""
+        return self._b().exports + len(self._views)
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return (_dlpack.KDL_CPU, 0)
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Any = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """A DLPack capsule of the host copy (the array API standard's protocol): no copy
+        unless ``copy=True``. The device copy is copied back first when it is newer, and the
+        host copy is marked newer. ``stream`` must be None (host memory); ``dl_device`` other
+        than ``(1, 0)`` raises ``DLPackError`` (use ``device_view()``)."""
+        raw = self._b()
+        dl = _dlpack.dl_dtype(self._dtype)
+        _dlpack.check_request((_dlpack.KDL_CPU, 0), stream, dl_device, "the host copy")
+        versioned = _dlpack._versioned(max_version)
+        if copy or self._nbytes == 0:
+            c = np.array(self.host, copy=True)
+            return c.__dlpack__(max_version=max_version) if versioned else c.__dlpack__()
+        return raw.dlpack(list(self._shape), dl, False, versioned)
+
     def copy_from(self, data: Any) -> None:
+        data = _dlpack.as_host_array(data, "copy_from")
         self.host[...] = np.asarray(data, dtype=self._dtype).reshape(self._shape)
 
     def copy_to(self, out: np.ndarray) -> None:
@@ -234,10 +291,20 @@ class MemoryPool:
                 self._live_bytes -= cls
 
     def release(self, buf: UnifiedBuffer) -> None:
+        """Returns the buffer's memory to the pool. ``BufferStateError`` (the buffer stays
+        live) while a DLPack export of it or a ``device_view()`` lives: the next user of the
+        memory would share it with that consumer."""
         with self._lock:
-            cls = self._live.pop(getattr(buf, "_pool_token", -1), None)
-            if cls is None or buf._released:
+            token = getattr(buf, "_pool_token", -1)
+            if token not in self._live or buf._released:
                 raise ValueError("buffer was not acquired from this pool or was already released")
+            n = buf.dlpack_exports
+            if n:
+                raise BufferStateError(
+                    f"{n} DLPack export(s) or device view(s) of this buffer are alive: delete "
+                    f"them (and the arrays made from them) before releasing it to the pool"
+                )
+            cls = self._live.pop(token)
             buf._released = True
             self._live_bytes -= cls
             if self._limit is not None and self._pooled_bytes + cls > self._limit:

@@ -316,8 +316,10 @@ class Runtime:
         )
 
     def send_batch(self, kernel_id: str, records: Any) -> int:
-        """Sends the records of a numpy array of the kernel's ``in_dtype`` to a batch kernel in
-        one call; returns how many were taken. Fewer than ``len(records)``: the rest were
+        """Sends the records of an array of the kernel's ``in_dtype`` (numpy, or any DLPack
+        array of host memory: PyTorch, CuPy's host arrays, JAX on CPU, a ``UnifiedBuffer``, a
+        ``DLPackArray``; read in place, no intermediate copy) to a batch kernel in one call;
+        returns how many were taken. Fewer than ``len(records)``: the rest were
         refused by the policy (``reject`` full, ``block`` timed out) and were not sent; none
         taken raises (``QueueFullError``, ``SendTimeoutError``, ...).
 
@@ -332,10 +334,21 @@ class Runtime:
     def _send_records(self, kernel_id: str, spec: Any, arr: np.ndarray) -> int:
         return self._rt.send_batch(kernel_id, _batch.to_records(arr, spec.record))
 
-    def receive_batch(self, kernel_id: str, max: int, timeout: float = 0.0) -> np.ndarray:
+    def receive_batch(
+        self, kernel_id: str, max: int, timeout: float = 0.0, *, out: Any = None
+    ) -> Any:
         """Up to ``max`` outputs of a batch kernel as one array of its ``out_dtype``, waiting
-        up to ``timeout`` seconds for the first (an empty array when none came)."""
+        up to ``timeout`` seconds for the first (an empty array when none came).
+
+        With ``out`` (a 1-D writable array of ``out_dtype``: numpy, or any DLPack array of
+        host memory, e.g. a PyTorch CPU tensor or a ``UnifiedBuffer``), up to
+        ``min(max, len(out))`` outputs are written into its first rows instead, and the call
+        returns how many (an ``int``)."""
         spec = self._batch_spec(kernel_id)
+        if out is not None:
+            dst = _batch.output_view(out, spec.out_dtype, kernel_id)
+            raw = self._rt.receive_batch(kernel_id, min(max, len(dst)), timeout)
+            return _batch.into_records(raw, spec.record, spec.out_dtype, dst)
         raw = self._rt.receive_batch(kernel_id, max, timeout)
         return _batch.from_records(raw, spec.record, spec.out_dtype)
 
@@ -756,19 +769,26 @@ class RingKernelRuntime:
             )
         return sent
 
-    async def receive_batch(self, kernel_id: str, max: int, timeout: float = 0.0) -> np.ndarray:
-        """Like ``Runtime.receive_batch``; cancelled, it has taken nothing."""
+    async def receive_batch(
+        self, kernel_id: str, max: int, timeout: float = 0.0, *, out: Any = None
+    ) -> Any:
+        """Like ``Runtime.receive_batch`` (``out`` included); cancelled, it has taken
+        nothing."""
         sync = self.sync
         spec = sync._batch_spec(kernel_id)
         rt = self._rt
+        dst = None if out is None else _batch.output_view(out, spec.out_dtype, kernel_id)
+        n = max if dst is None else min(max, len(dst))
 
         def look() -> Any:
-            raw = rt.receive_batch(kernel_id, max, 0.0)
+            raw = rt.receive_batch(kernel_id, n, 0.0)
             return raw if len(raw) else _NOTHING
 
         deadline = self._deadline(timeout)
         on_device = rt.placement(kernel_id) != "host"
         raw = await self._until(kernel_id, look, deadline, fast_looks=on_device)
+        if dst is not None:
+            return 0 if raw is _NOTHING else _batch.into_records(raw, spec.record, spec.out_dtype, dst)
         if raw is _NOTHING:
             return np.zeros(0, spec.out_dtype)
         return _batch.from_records(raw, spec.record, spec.out_dtype)
