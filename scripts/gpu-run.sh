@@ -4,6 +4,7 @@
 # Sized for a short lease: at most 8 minutes on a 16-core machine (give the device tool a
 # timeout_s of about 540, so a slow start of the run still leaves what is under $OUT).
 #
+#   0. `resident bench-ring` (persistent vs launch per batch vs graph, and the bus model);
 #   1. every GPU (CUDA) test alone, each with its own timeout;
 #   2. the demos on --backend cuda (each checked against its f64 reference) and short benchmarks;
 #   3. wgpu on the GPU's own Vulkan driver (Debian's libvulkan1 from the pack, unpacked into /):
@@ -131,6 +132,10 @@ tests() {
   done
 }
 
+# ---- 0. the ring benchmark first: issue 28's figures (GPU times, then CudaSim's bus model of the
+# same kernel, which compiles the simulator with g++: T_RING covers both) -----------------------
+step "${T_RING:-150}" "$RL" resident bench-ring "$W/resident" bench-ring --iters "${RING_ITERS:-2000}" --out-dir "$R"
+
 # ---- 1. the GPU tests ----------------------------------------------------------------------
 tests "$TL" gpu .
 tests "$TL" memory_cuda .
@@ -147,7 +152,6 @@ for w in vector-add pipeline pagerank anomaly; do
 done
 step "$T_HEAVY" "$RL" resident demo-pagerank-stream "$W/resident" demo pagerank --stream \
   --backend cuda --nodes 200000 --tol 1e-9 --batches 5
-step "$T_TEST" "$RL" resident bench-ring "$W/resident" bench-ring --iters "${RING_ITERS:-2000}" --out-dir "$R"
 step "$T_SIMPLE" "$RL" resident bench-transfer "$W/resident" bench-transfer --iterations 5 --out-dir "$R"
 step "$T_HEAVY" "$RL" resident bench-workloads "$W/resident" bench workloads --quick --repeats 1 \
   --backends cuda --out-dir "$R" --prefix workloads-gpu

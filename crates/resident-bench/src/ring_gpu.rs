@@ -509,6 +509,108 @@ pub fn bench_ring(
     Ok(rows)
 }
 
+/// One point of [`latency_sweep`]: the persistent kernel's round trip at one message in flight
+/// (64-byte payloads) for one block size and idle backoff.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepRow {
+    /// Threads per block (the most messages one batch handles).
+    pub block_threads: u32,
+    /// `LaunchOptions::max_backoff_ns`: the longest idle sleep between two polls.
+    pub max_backoff_ns: u32,
+    /// Round-trip quantiles, ns.
+    pub p50_ns: u64,
+    /// 99th percentile, ns.
+    pub p99_ns: u64,
+    /// Fastest round trip, ns.
+    pub min_ns: u64,
+}
+
+/// The block sizes and idle backoffs [`latency_sweep`] measures.
+pub const SWEEP_BLOCKS: [u32; 3] = [32, 256, 1024];
+/// See [`SWEEP_BLOCKS`] (32 ns is the template's shortest sleep).
+pub const SWEEP_BACKOFFS_NS: [u32; 3] = [32, 256, 2048];
+
+/// `resident bench-ring --sweep`: where one message's round trip goes, by the knobs a user
+/// has: the persistent kernel at one message in flight (64-byte payloads, `iters` round trips
+/// after a tenth as many warm-up ones) for every block size of [`SWEEP_BLOCKS`] and idle
+/// backoff of [`SWEEP_BACKOFFS_NS`], one kernel each, every output checked.
+pub fn latency_sweep(device: usize, iters: usize) -> Result<Vec<SweepRow>, BenchError> {
+    if iters == 0 {
+        return Err(BenchError::Parameter {
+            name: "iters",
+            value: 0,
+            must: "above 0",
+        });
+    }
+    open_device(device)?;
+    nvrtc_available()?;
+    let epoch = Instant::now();
+    let now_ns = || epoch.elapsed().as_nanos() as u64;
+    let mut rows = Vec::new();
+    for &block in &SWEEP_BLOCKS {
+        let source = bench_source(8, block);
+        for &backoff in &SWEEP_BACKOFFS_NS {
+            let opts = LaunchOptions {
+                device,
+                queues: QueueConfig {
+                    lanes: 1,
+                    lane_capacity: 1024,
+                    out_capacity: 1024,
+                },
+                max_backoff_ns: backoff,
+                ..Default::default()
+            };
+            let mut k = PersistentKernel::<[u64; 8], [u64; 8]>::launch(&source, &[0u8; 8], &opts)?;
+            k.activate()?;
+            let mut rtts = Vec::with_capacity(iters);
+            for i in 0..iters + iters / 10 {
+                let t0 = now_ns();
+                if k.send(Envelope::new(i as u64 + 1, 128, t0), [i as u64; 8])
+                    .is_err()
+                {
+                    return Err(BenchError::Check {
+                        variant: "persistent",
+                        check: OutputCheck::LaneFull,
+                    });
+                }
+                let r = k.receive(Duration::from_secs(5))?;
+                check(&r, "persistent")?;
+                if i >= iters / 10 {
+                    rtts.push(now_ns() - r.env.timestamp_ns);
+                }
+            }
+            k.terminate(Duration::from_secs(5))?;
+            rtts.sort_unstable();
+            rows.push(SweepRow {
+                block_threads: block,
+                max_backoff_ns: backoff,
+                p50_ns: quantile(&rtts, 0.5).unwrap_or(0),
+                p99_ns: quantile(&rtts, 0.99).unwrap_or(0),
+                min_ns: rtts.first().copied().unwrap_or(0),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// [`latency_sweep`]'s rows as JSON.
+pub fn sweep_json(device: &str, date: &str, command: &str, rows: &[SweepRow]) -> Value {
+    json!({
+        "device": device,
+        "date": date,
+        "command": command,
+        "measures": MEASURES_MESSAGE,
+        "payload_bytes": 64,
+        "results": rows.iter().map(|r| json!({
+            "block_threads": r.block_threads,
+            "max_backoff_ns": r.max_backoff_ns,
+            "p50_ns": r.p50_ns,
+            "p99_ns": r.p99_ns,
+            "min_ns": r.min_ns,
+        })).collect::<Vec<_>>(),
+    })
+}
+
 /// The result file: `{device, date, command, measures: {latency, batch,
 /// persistent_streaming}, results: [{variant, payload_bytes, in_flight, p50_ns, p99_ns,
 /// p999_ns, msgs_per_s, block_threads, measures}]}`. Rows of the same `in_flight` measure the

@@ -37,7 +37,7 @@ pub fn transfer(iterations: u32, out_dir: &Path) -> Result<(), String> {
     )
 }
 
-pub fn ring(iters: usize, in_flight: usize, out_dir: &Path) -> Result<(), String> {
+pub fn ring(iters: usize, in_flight: usize, model: bool, out_dir: &Path) -> Result<(), String> {
     let device = resident::cuda::device_info(0)
         .map_err(|e| format!("the ring benchmark needs a CUDA device: {e}"))?;
     let rows =
@@ -52,11 +52,13 @@ pub fn ring(iters: usize, in_flight: usize, out_dir: &Path) -> Result<(), String
     let mut doc = resident_bench::ring_gpu::to_json(&device.name, &date, &command(), &rows);
     // The bus model of the same kernel beside the times (CudaSim: needs g++; its absence is
     // said in the file, not fatal).
-    doc["bus_model"] = match model_rows() {
-        Ok(rows) => serde_json::json!({"means": resident_bench::ring_bus::MODEL_MEANS,
-                                       "rows": resident_bench::ring_bus::rows_json(&rows)}),
-        Err(e) => serde_json::json!({"error": e}),
-    };
+    if model {
+        doc["bus_model"] = match model_rows() {
+            Ok(rows) => serde_json::json!({"means": resident_bench::ring_bus::MODEL_MEANS,
+                                           "rows": resident_bench::ring_bus::rows_json(&rows)}),
+            Err(e) => serde_json::json!({"error": e}),
+        };
+    }
     write(
         out_dir,
         format!("ring-{}-{}.json", slug(&device.name, 8), date),
@@ -85,5 +87,31 @@ pub fn ring_model(out_dir: &Path) -> Result<(), String> {
         out_dir,
         format!("ring-bus-model-{date}.json"),
         &serde_json::to_string_pretty(&doc).expect("json"),
+    )
+}
+
+/// `resident bench-ring --sweep`: the persistent kernel's round trip at one message in flight by
+/// block size and idle backoff -> `bench/results/ring-sweep-<device>-<date>.json`.
+pub fn ring_sweep(iters: usize, out_dir: &Path) -> Result<(), String> {
+    let device = resident::cuda::device_info(0)
+        .map_err(|e| format!("the ring benchmark needs a CUDA device: {e}"))?;
+    let rows = resident_bench::ring_gpu::latency_sweep(0, iters).map_err(|e| e.to_string())?;
+    for r in &rows {
+        println!(
+            "persistent 64 B in_flight 1, block {:>4}, max backoff {:>5} ns: p50 {:>7} ns p99 {:>7} ns min {:>7} ns",
+            r.block_threads, r.max_backoff_ns, r.p50_ns, r.p99_ns, r.min_ns
+        );
+    }
+    let date = today();
+    write(
+        out_dir,
+        format!("ring-sweep-{}-{}.json", slug(&device.name, 8), date),
+        &serde_json::to_string_pretty(&resident_bench::ring_gpu::sweep_json(
+            &device.name,
+            &date,
+            &command(),
+            &rows,
+        ))
+        .expect("json"),
     )
 }

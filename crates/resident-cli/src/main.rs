@@ -69,6 +69,13 @@ enum Command {
         /// per message and per batch, exact -> ring-bus-model-<date>.json.
         #[arg(long)]
         model: bool,
+        /// Only the persistent kernel's round trip at one message in flight, by block size
+        /// (32/256/1024) and idle backoff (32/256/2048 ns) -> ring-sweep-<device>-<date>.json.
+        #[arg(long, conflicts_with = "model")]
+        sweep: bool,
+        /// With the GPU times, leave out CudaSim's bus model (it compiles the simulator).
+        #[arg(long, conflicts_with = "model")]
+        no_model: bool,
     },
     /// wgpu: a ring kernel with state on the device vs the same WGSL handler stateless
     /// (state uploaded and downloaded per batch), batches of 64 / 1024 / 16384.
@@ -234,11 +241,15 @@ fn main() -> ExitCode {
             in_flight,
             out_dir,
             model,
+            sweep,
+            no_model,
         } => {
             return gpu_exit(if model {
                 gpu_bench::ring_model(&out_dir)
+            } else if sweep {
+                gpu_bench::ring_sweep(iters, &out_dir)
             } else {
-                gpu_bench::ring(iters, in_flight, &out_dir)
+                gpu_bench::ring(iters, in_flight, !no_model, &out_dir)
             })
         }
         Command::BenchWgpu {

@@ -197,6 +197,11 @@ struct RegistrySlot {
     /// arena, one side stream, one identity for device-side forwarding).
     device: Weak<Device>,
     reset_pending: bool,
+    /// The driver refused a fresh context after a reset: the fault outlives the context for
+    /// this process (measured on an H100, driver 580: after a `trap`, neither
+    /// `cuDevicePrimaryCtxReset` nor releasing every reference lets `cuDevicePrimaryCtxRetain`
+    /// succeed; it answers `CUDA_ERROR_LAUNCH_FAILED`). Every later open is refused at once.
+    gone: Option<DriverFault>,
 }
 
 fn registry() -> &'static Mutex<Vec<RegistrySlot>> {
@@ -219,6 +224,9 @@ enum SlotDecision {
 }
 
 fn decide(slot: &RegistrySlot) -> SlotDecision {
+    if let Some(fault) = &slot.gone {
+        return SlotDecision::Lost(fault.clone());
+    }
     match slot.shared.upgrade() {
         Some(s) => match s.lost.get() {
             // A fault lost the context and no resident kernel of it is left (each failed and
@@ -342,7 +350,16 @@ impl Device {
                 s
             }
         };
-        let ctx = r::primary_ctx_retain(raw)?;
+        let ctx = match r::primary_ctx_retain(raw) {
+            Ok(c) => c,
+            // The fault outlived the reset (what the driver does, see `RegistrySlot::gone`):
+            // the device is lost to this process, typed, and no later open asks the driver.
+            Err(CudaError::Driver(fault)) if fault.is_sticky() => {
+                slot.gone = Some(fault.clone());
+                return Err(CudaError::DeviceLost { ordinal, fault });
+            }
+            Err(e) => return Err(e),
+        };
         let pools = r::device_attribute(raw, A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
             .is_ok_and(|v| v == 1);
         let dev = Arc::new(Device {

@@ -18,6 +18,12 @@
 //! Strict mode (the hazards of 1.) is on unless `RESIDENT_CUDASIM_STRICT=0`; faults are always
 //! sticky. One context per process: CudaSim has one device.
 //!
+//! A real driver may refuse the reset: on an H100 with driver 580 (measured), a context lost to
+//! a `trap` stays lost after `cuDevicePrimaryCtxReset` and after every reference is released,
+//! for the rest of the process. `RESIDENT_CUDASIM_RESET=never` models that driver (the reset
+//! never clears the fault); the default lets the context recover, so one test process can
+//! fault the device more than once.
+//!
 //! [`synchronizes`]: crate::hazards::DriverCall::synchronizes
 
 use std::collections::{BTreeMap, HashSet};
@@ -29,6 +35,17 @@ use crate::sim::SimError;
 
 /// Environment variable that turns the strict model off (`0`, `off` or `false`).
 pub const STRICT_ENV: &str = "RESIDENT_CUDASIM_STRICT";
+
+/// Environment variable: `never` makes the context's reset leave a fault in place, as the
+/// driver measured on a GPU does (see the module's notes); anything else, or unset, lets it
+/// recover.
+pub const RESET_ENV: &str = "RESIDENT_CUDASIM_RESET";
+
+/// Whether a reset clears a fault by default (`RESIDENT_CUDASIM_RESET` is not `never`);
+/// [`SimContext::set_reset_recovers`] changes it for the process.
+fn reset_recovers_by_env() -> bool {
+    std::env::var(RESET_ENV).map_or(true, |v| v.trim() != "never")
+}
 
 /// Environment variable: how long, in milliseconds, a synchronizing call waits for the running
 /// blocks before it is reported as a call that would hang on a GPU (default 2000).
@@ -94,6 +111,9 @@ struct CtxState {
     history: Vec<(u64, ContextFault)>,
     /// Kernels of the current generation not yet dropped.
     live: usize,
+    /// Whether a reset clears a fault (`false`: the driver measured on a GPU, see the module's
+    /// notes). Set from [`RESET_ENV`] when the context is made.
+    reset_recovers: bool,
     /// Modules loaded in the current generation (by key).
     loaded: HashSet<String>,
     /// Synchronizing calls that would have hung.
@@ -153,7 +173,10 @@ impl SimContext {
     pub fn get() -> &'static SimContext {
         static C: OnceLock<SimContext> = OnceLock::new();
         C.get_or_init(|| SimContext {
-            st: Mutex::new(CtxState::default()),
+            st: Mutex::new(CtxState {
+                reset_recovers: reset_recovers_by_env(),
+                ..CtxState::default()
+            }),
             cv: Condvar::new(),
         })
     }
@@ -304,7 +327,7 @@ impl SimContext {
     /// the context is healthy or kernels of it are still alive.
     pub fn reset_if_unused(&self) -> bool {
         let mut st = self.lock();
-        if st.live > 0 {
+        if st.live > 0 || (st.fault.is_some() && !st.reset_recovers) {
             return false;
         }
         let Some(f) = st.fault.take() else {
@@ -317,6 +340,13 @@ impl SimContext {
         true
     }
 
+    /// Whether a reset clears a fault: `false` models the driver measured on a GPU (a lost
+    /// context stays lost for the process); `true` (the default) lets one test process fault
+    /// the device more than once. Returns the previous setting.
+    pub fn set_reset_recovers(&self, recovers: bool) -> bool {
+        std::mem::replace(&mut self.lock().reset_recovers, recovers)
+    }
+
     /// Waits up to `timeout` until no kernel of the lost context is left and resets it;
     /// `true` when the context is healthy at the end.
     pub fn recover(&self, timeout: Duration) -> bool {
@@ -324,6 +354,14 @@ impl SimContext {
         loop {
             if self.fault().is_none() || self.reset_if_unused() {
                 return true;
+            }
+            // A driver that never recovers: nothing to wait for once no kernel is left.
+            let settled = {
+                let st = self.lock();
+                st.live == 0 && !st.reset_recovers
+            };
+            if settled {
+                return false;
             }
             if Instant::now() >= deadline {
                 return false;

@@ -182,8 +182,13 @@ fn residency_budget_holds_every_admitted_kernel_resident_and_refuses_one_more() 
     let mut kernels = vec![first];
     // `launch` returns only once the kernel reports it is running: every admitted kernel is
     // really co-resident with the others.
+    eprintln!("residency limit {limit}");
     while kernels.len() < limit {
+        let t = std::time::Instant::now();
         kernels.push(PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts).unwrap());
+        // Progress (a GPU run hung here once with nothing printed): where it stops, and how
+        // long each launch took.
+        eprintln!("resident {} ({:?})", kernels.len(), t.elapsed());
     }
     assert_eq!(kernels[0].device().resident_kernels(), limit);
     // The default limit leaves SMs and grid slots for other work.

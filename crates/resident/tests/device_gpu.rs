@@ -1,7 +1,8 @@
 //! A ring kernel defined once runs on the CPU backend (its Rust handler) and, with its CUDA
 //! handler, as a true persistent kernel on the GPU, through the same `KernelHandle` calls, with
 //! the same results. Device faults: a trapping or out-of-bounds handler fails every kernel on
-//! the device promptly, and fresh kernels launch afterwards.
+//! the device promptly; fresh kernels launch afterwards where the driver gives a fresh context,
+//! and are refused promptly as a lost device where it does not (the driver measured on an H100).
 //!
 //! The same script also runs on `Backend::CudaSim` (the CUDA source on host threads), always.
 //! Without a GPU (driver and NVRTC) the GPU parts print `SKIP:` and pass; with
@@ -182,7 +183,7 @@ fn one_definition_runs_on_the_cpu_and_as_a_persistent_gpu_kernel() {
     assert_eq!(on_cpu, on_gpu, "same results, same order");
 }
 
-fn fault_round(rt: &Runtime, round: &str, poison: u32) {
+fn fault_round(rt: &Runtime, round: &str, poison: u32) -> bool {
     let a = rt.launch(define(&format!("{round}-a"))).unwrap();
     let b = rt.launch(define(&format!("{round}-b"))).unwrap();
     a.activate().unwrap();
@@ -221,11 +222,50 @@ fn fault_round(rt: &Runtime, round: &str, poison: u32) {
     }
     let _ = a.terminate();
     let _ = b.terminate();
-    // Nothing from before the fault is alive: a fresh kernel gets a fresh context.
-    let c = rt.launch(define(&format!("{round}-c"))).unwrap();
-    c.activate().unwrap();
-    assert_eq!(c.call(Tick { price: 3.0, qty: 2 }, T).unwrap().value, 6.0);
-    c.terminate().unwrap();
+    after_fault(rt, round)
+}
+
+/// Whether `e` says the device was lost to a fault (the GPU's `DeviceLost`, CudaSim's
+/// `ContextLost`), as opposed to any other failure.
+fn is_lost(e: &Error) -> bool {
+    let d = format!("{e:?}");
+    matches!(e, Error::Device { .. }) && (d.contains("DeviceLost") || d.contains("ContextLost"))
+}
+
+/// Nothing from before the fault is alive: a fresh kernel gets a fresh context where the
+/// driver allows one (it launches and answers), and where it does not (the driver measured on
+/// an H100: a reset leaves the fault in place for the process) the launch is refused promptly
+/// as a lost device, again on every later try, while the CPU engine of the same process still
+/// runs. Returns whether the device came back.
+fn after_fault(rt: &Runtime, round: &str) -> bool {
+    let start = Instant::now();
+    match rt.launch(define(&format!("{round}-c"))) {
+        Ok(c) => {
+            c.activate().unwrap();
+            assert_eq!(c.call(Tick { price: 3.0, qty: 2 }, T).unwrap().value, 6.0);
+            c.terminate().unwrap();
+            true
+        }
+        Err(e) => {
+            assert!(is_lost(&e), "{round}: a launch after the fault: {e:?}");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{round}: refused promptly ({:?})",
+                start.elapsed()
+            );
+            eprintln!("{round}: the device stays lost to this process: {e}");
+            let again = Instant::now();
+            let e2 = rt.launch(define(&format!("{round}-d"))).unwrap_err();
+            assert!(is_lost(&e2), "{round}: again: {e2:?}");
+            assert!(again.elapsed() < Duration::from_secs(1), "{round}: at once");
+            let cpu = Runtime::builder().backend(Backend::Cpu).build().unwrap();
+            let k = cpu.launch(define(&format!("{round}-cpu"))).unwrap();
+            k.activate().unwrap();
+            assert_eq!(k.call(Tick { price: 3.0, qty: 2 }, T).unwrap().value, 6.0);
+            k.terminate().unwrap();
+            false
+        }
+    }
 }
 
 #[test]
@@ -235,8 +275,10 @@ fn device_faults_fail_every_kernel_on_the_device_and_fresh_ones_launch_after() {
         return;
     }
     let rt = Runtime::builder().backend(Backend::Cuda).build().unwrap();
-    fault_round(&rt, "trap", 0xDEAD);
-    fault_round(&rt, "oob", 0xBEEF);
+    // The out-of-bounds round needs a device that came back from the trap.
+    if fault_round(&rt, "trap", 0xDEAD) {
+        fault_round(&rt, "oob", 0xBEEF);
+    }
 }
 
 /// The same fault script on CudaSim's driver model, always: a trap is sticky for the whole
@@ -251,6 +293,35 @@ fn device_faults_on_cudasim_are_sticky_for_the_context_and_fresh_kernels_launch_
         .backend(Backend::CudaSim)
         .build()
         .unwrap();
-    fault_round(&rt, "sim-trap", 0xDEAD);
-    fault_round(&rt, "sim-trap-again", 0xDEAD);
+    assert!(
+        fault_round(&rt, "sim-trap", 0xDEAD),
+        "CudaSim's default reset recovers"
+    );
+    assert!(fault_round(&rt, "sim-trap-again", 0xDEAD));
+}
+
+/// CudaSim with the driver measured on a GPU (an H100, driver 580): a context lost to a trap
+/// stays lost after the reset. Every launch after the fault is refused promptly as a lost
+/// device, the CPU engine still runs; once the model lets the reset recover again, fresh
+/// kernels launch and answer.
+#[test]
+fn on_cudasim_with_the_measured_driver_a_lost_device_stays_lost_and_is_refused_promptly() {
+    let _turn = turn();
+    let ctx = resident_cuda::sim_driver::SimContext::get();
+    let before = ctx.set_reset_recovers(false);
+    let rt = Runtime::builder()
+        .backend(Backend::CudaSim)
+        .build()
+        .unwrap();
+    let came_back = fault_round(&rt, "sim-never", 0xDEAD);
+    ctx.set_reset_recovers(true);
+    assert!(
+        !came_back,
+        "the measured driver does not give a fresh context"
+    );
+    assert!(
+        after_fault(&rt, "sim-recovers"),
+        "the default model recovers"
+    );
+    ctx.set_reset_recovers(before);
 }
