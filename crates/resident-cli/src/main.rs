@@ -9,6 +9,7 @@ mod info;
 mod paths;
 mod profile;
 mod serve;
+mod soak;
 mod wgpu_bench;
 mod workloads;
 mod workloads_bench;
@@ -139,6 +140,13 @@ enum BenchCommand {
     /// Device-side forwarding: the pipeline workload forwarded on the device against the same
     /// run relayed by the host (`ForwardPath::HostRelay`), alternating, on CudaSim by default.
     Forwarding(forwarding_bench::Options),
+    /// A keyed kernel served over JetStream by worker processes under faults drawn from a seed
+    /// (SIGKILLed workers, nats-server restarted, workers SIGSTOPped past their lease); proves
+    /// every input has exactly one output and the key states equal a replay -> soak-<date>.json.
+    Soak(soak::Options),
+    /// A worker of `bench soak` (started by it).
+    #[command(hide = true)]
+    SoakWorker(soak::WorkerOptions),
 }
 
 #[derive(clap::Args)]
@@ -301,6 +309,14 @@ fn main() -> ExitCode {
             which: Some(BenchCommand::Deadlines(o)),
             ..
         } => bench::deadlines(&o),
+        Command::Bench {
+            which: Some(BenchCommand::Soak(o)),
+            ..
+        } => return soak::run(&o),
+        Command::Bench {
+            which: Some(BenchCommand::SoakWorker(o)),
+            ..
+        } => return soak::worker(o),
         Command::Bench {
             which: Some(BenchCommand::Forwarding(o)),
             ..

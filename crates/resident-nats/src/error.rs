@@ -119,6 +119,15 @@ pub enum ServeError {
     /// The options are not usable.
     #[error("invalid serving options: {0}")]
     Options(&'static str),
+    /// A keyed kernel's checkpoint in the KV bucket is not readable as this kernel's states.
+    #[error("checkpoint of partition {partition} unreadable: {source}")]
+    Checkpoint {
+        /// The partition.
+        partition: u32,
+        /// What is wrong with it.
+        #[source]
+        source: crate::keyed::CheckpointError,
+    },
 }
 
 /// The kind of a failed request, as a client sees it: the `Resident-Error` header of an error

@@ -12,6 +12,10 @@
 //!   duplicate window. A worker pulls only as many inputs as it has free slots, and the
 //!   consumer's `max_ack_pending` is the same figure: a slow kernel slows the consumer.
 //!   Undecodable inputs go to a dead-letter subject and are terminated.
+//! * **Keyed state that survives its worker** ([`serve_keyed_jetstream`]): a keyed kernel's
+//!   partitions are served under leases, their key states checkpointed with the stream
+//!   sequence they include (a KV bucket); a new owner restores the checkpoint and replays the
+//!   rest, so every input changes state exactly once and outputs are de-duplicated by id.
 //! * **Encoding** ([`Codec`]): the message's bytes ([`PodCodec`]) or JSON ([`JsonCodec`]).
 //!
 //! Any `KernelHandle<In, Out>` is a [`Service`]; `call` blocks, so it never holds up the
@@ -51,6 +55,7 @@ pub mod core;
 pub mod demo;
 pub mod error;
 pub mod jetstream;
+pub mod keyed;
 pub mod service;
 pub mod testing;
 
@@ -64,6 +69,10 @@ pub use crate::error::{
 };
 pub use crate::jetstream::{
     ensure_consumer, ensure_streams, serve_jetstream, JetStreamOptions, JetStreamStats,
+};
+pub use crate::keyed::{
+    ensure_keyed, read_checkpoint, serve_keyed_jetstream, Checkpoint, CheckpointError, KeyedLaunch,
+    KeyedOptions, KeyedStats,
 };
 pub use crate::service::Service;
 pub use async_nats;

@@ -225,3 +225,90 @@ pub fn connect_options() -> async_nats::ConnectOptions {
             Duration::from_millis((attempts as u64 * 100).clamp(100, 1000))
         })
 }
+
+/// A keyed kernel whose every output depends on every earlier input of its key, in order: the
+/// soak (`resident bench soak`) and the keyed tests check exactly-once state with it. Each key's
+/// state is a running hash and a count; the output of an input is the key's state after it.
+pub mod fold {
+    use resident::prelude::*;
+
+    /// An input: the key, the producer's number for it, a value.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+    pub struct FoldInput {
+        /// The key.
+        pub key: u32,
+        /// Padding (zero).
+        pub pad: u32,
+        /// The producer's number for this input (its id).
+        pub n: u64,
+        /// The value folded in.
+        pub value: u64,
+    }
+
+    impl Keyed for FoldInput {
+        fn key(&self) -> u32 {
+            self.key
+        }
+    }
+
+    /// A key's state.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+    pub struct FoldState {
+        /// Running hash of the values, in order.
+        pub hash: u64,
+        /// Inputs applied.
+        pub count: u64,
+    }
+
+    /// An output: the input's key and number, the key's state after it.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+    pub struct FoldOutput {
+        /// The key.
+        pub key: u32,
+        /// Padding (zero).
+        pub pad: u32,
+        /// The input's number.
+        pub n: u64,
+        /// The key's state after the input.
+        pub state: FoldState,
+    }
+
+    /// Applies one value to a state (order matters: a lost, repeated or reordered input
+    /// changes every later output of the key).
+    pub fn step(s: &mut FoldState, value: u64) {
+        s.hash = (s.hash ^ value)
+            .wrapping_mul(0x0000_0100_0000_01B3)
+            .rotate_left(17)
+            ^ s.count;
+        s.count += 1;
+    }
+
+    /// The kernel: keyed over `states.len()` keys, one worker thread, active.
+    pub fn launch(
+        rt: &Runtime,
+        id: &str,
+        states: Vec<FoldState>,
+    ) -> resident::Result<KernelHandle<FoldInput, FoldOutput>> {
+        let k = rt.launch(
+            RingKernel::<FoldInput, FoldOutput>::new(id)
+                .queue_size(4096)
+                .keyed_from(states)
+                .workers(1)
+                .key_handler(|ks: &mut KeyContext<FoldState>, m: FoldInput| {
+                    let st = ks.state_mut();
+                    step(st, m.value);
+                    Some(FoldOutput {
+                        key: m.key,
+                        pad: 0,
+                        n: m.n,
+                        state: *st,
+                    })
+                }),
+        )?;
+        k.activate()?;
+        Ok(k)
+    }
+}

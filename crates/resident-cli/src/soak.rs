@@ -1,0 +1,1072 @@
+//! `resident bench soak`: a keyed kernel served over JetStream (file storage) by worker
+//! processes, a producer at a fixed rate, and faults drawn from a seed: a worker SIGKILLed
+//! (and a new one started), nats-server SIGKILLed and restarted on the same store, a worker
+//! SIGSTOPped past its lease and then SIGCONTed. At the end: every input has exactly one output
+//! (ids and values checked against a replay here; duplicates counted), and the checkpointed
+//! key states equal the replay. Writes `soak-<date>.json`; exit status 1 on any loss or
+//! mismatch.
+//!
+//! The workers are this binary (`resident bench soak-worker`, hidden), children of this
+//! process: killed on every way out of it, and (Linux) by the kernel if this process dies.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer};
+use futures_util::StreamExt;
+use resident::prelude::*;
+use resident_nats::testing::fold::{self, FoldInput, FoldOutput, FoldState};
+use resident_nats::testing::{connect_options, nats_server_binary, NatsServer};
+use resident_nats::{
+    ensure_keyed, read_checkpoint, serve_keyed_jetstream, KeyedOptions, KeyedStats, PodCodec,
+};
+use serde_json::{json, Value};
+
+const KEYS: u32 = 64;
+const LEASE: Duration = Duration::from_secs(2);
+/// A paused worker stays stopped this long: past its lease and the standby delay, so another
+/// worker takes its partitions.
+const PAUSE: Duration = Duration::from_secs(6);
+
+/// `resident bench soak`.
+#[derive(clap::Args, Debug)]
+pub struct Options {
+    /// Minutes of producing (faults included).
+    #[arg(long, conflicts_with = "seconds")]
+    pub minutes: Option<u64>,
+    /// Seconds of producing, for short runs (default 60 when --minutes is not given).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Seed of the fault schedule, the keys and the values.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Worker processes (at least 2).
+    #[arg(long, default_value_t = 3)]
+    pub workers: u32,
+    /// Inputs per second.
+    #[arg(long, default_value_t = 200)]
+    pub rate: u32,
+    /// Folder for soak-<date>.json.
+    #[arg(long, default_value = "bench/results")]
+    pub out_dir: PathBuf,
+}
+
+/// `resident bench soak-worker` (started by the soak).
+#[derive(clap::Args, Debug)]
+pub struct WorkerOptions {
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    slot: u32,
+    #[arg(long)]
+    workers: u32,
+    #[arg(long)]
+    partitions: u32,
+    /// Where the worker's counters are written (every 250 ms).
+    #[arg(long)]
+    stats: PathBuf,
+}
+
+/// Why the soak could not run (a verdict of loss is not an error: it is in the JSON).
+#[derive(Debug, thiserror::Error)]
+pub enum SoakError {
+    /// nats-server is not installed.
+    #[error("nats-server is not installed (apt-get install nats-server)")]
+    NoServer,
+    /// A process, file or folder operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was attempted.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Serving set-up failed.
+    #[error(transparent)]
+    Serve(#[from] resident_nats::ServeError),
+    /// The runtime could not be built.
+    #[error(transparent)]
+    Runtime(#[from] resident::Error),
+    /// A bounded wait ran out.
+    #[error("{0}")]
+    Timeout(String),
+    /// The options are not usable.
+    #[error("{0}")]
+    Options(&'static str),
+    /// The result file.
+    #[error(transparent)]
+    Write(#[from] resident_bench::provenance::WriteError),
+    /// Interrupted (Ctrl-C); every child was stopped.
+    #[error("interrupted")]
+    Interrupted,
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SoakError {
+    let what = what.into();
+    move |source| SoakError::Io { what, source }
+}
+
+/// The keyed service as this soak runs it.
+fn keyed_options(partitions: u32) -> KeyedOptions {
+    let mut o = KeyedOptions::new("SOAK", "soak", "soak", KEYS, partitions);
+    o.lease = LEASE;
+    o.standby_delay = LEASE;
+    o.checkpoint_interval = Duration::from_millis(500);
+    o.checkpoint_every = 2000;
+    o
+}
+
+// ---------------------------------------------------------------- signals (no libc crate)
+
+#[cfg(unix)]
+mod sig {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    pub const STOP: i32 = 19;
+    pub const CONT: i32 = 18;
+    pub const TERM: i32 = 15;
+    /// Sends `sig` to `pid`; false when it could not be sent.
+    pub fn send(pid: u32, sig: i32) -> bool {
+        // SAFETY: kill(2) with a pid of our own child and a valid signal number.
+        unsafe { kill(pid as i32, sig) == 0 }
+    }
+
+    #[cfg(target_os = "linux")]
+    pub fn die_with_parent() {
+        extern "C" {
+            fn prctl(option: i32, arg2: u64, arg3: u64, arg4: u64, arg5: u64) -> i32;
+        }
+        const PR_SET_PDEATHSIG: i32 = 1;
+        const SIGKILL: u64 = 9;
+        // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of this process.
+        unsafe {
+            prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    pub fn die_with_parent() {}
+}
+
+// ---------------------------------------------------------------- the worker process
+
+/// The hidden worker: serves the soak's keyed kernel until SIGTERM/SIGINT.
+pub fn worker(o: WorkerOptions) -> std::process::ExitCode {
+    #[cfg(unix)]
+    sig::die_with_parent();
+    match worker_inner(o) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("soak worker: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn worker_inner(o: WorkerOptions) -> Result<(), SoakError> {
+    let rt = Arc::new(Runtime::builder().backend(Backend::Cpu).build()?);
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(io("tokio runtime"))?;
+    let mut opts = keyed_options(o.partitions);
+    let k = o.workers.max(1);
+    opts.preferred = Some((0..o.partitions).filter(|p| p % k == o.slot).collect());
+    opts.max_partitions = o.partitions.div_ceil(k.saturating_sub(1).max(1)) as usize;
+    opts.owner = format!("slot{}-pid{}", o.slot, std::process::id());
+    let stats = Arc::new(KeyedStats::default());
+    tokio.block_on(async {
+        let client = tokio::time::timeout(
+            Duration::from_secs(10),
+            connect_options().connect(o.url.clone()),
+        )
+        .await
+        .map_err(|_| SoakError::Timeout("connect within 10 s".into()))?
+        .map_err(|e| SoakError::Io {
+            what: "connect".into(),
+            source: std::io::Error::other(e),
+        })?;
+        let writer = {
+            let (stats, path) = (stats.clone(), o.stats.clone());
+            tokio::spawn(async move {
+                loop {
+                    let text = serde_json::to_string(&*stats).unwrap_or_default();
+                    let tmp = path.with_extension("tmp");
+                    if std::fs::write(&tmp, text).is_ok() {
+                        let _ = std::fs::rename(&tmp, &path);
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            })
+        };
+        let kernels = rt.clone();
+        let launch =
+            Arc::new(move |id: &str, states: Vec<FoldState>| fold::launch(&kernels, id, states));
+        let shutdown = async {
+            #[cfg(unix)]
+            {
+                use tokio::signal::unix::{signal, SignalKind};
+                match (
+                    signal(SignalKind::terminate()),
+                    signal(SignalKind::interrupt()),
+                ) {
+                    (Ok(mut t), Ok(mut i)) => {
+                        tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
+                    }
+                    _ => std::future::pending::<()>().await,
+                }
+            }
+            #[cfg(not(unix))]
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        let r = serve_keyed_jetstream(
+            client,
+            launch,
+            Arc::new(PodCodec),
+            FoldState::default(),
+            opts,
+            stats.clone(),
+            shutdown,
+        )
+        .await;
+        writer.abort();
+        let text = serde_json::to_string(&*stats).unwrap_or_default();
+        let _ = std::fs::write(&o.stats, text);
+        r.map_err(SoakError::from)
+    })
+}
+
+// ---------------------------------------------------------------- the fault schedule
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FaultKind {
+    KillWorker,
+    RestartServer,
+    PauseWorker,
+}
+
+impl FaultKind {
+    fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillWorker => "sigkill_worker",
+            FaultKind::RestartServer => "restart_nats_server",
+            FaultKind::PauseWorker => "sigstop_worker",
+        }
+    }
+}
+
+/// xorshift64*.
+struct Rng(u64);
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// One fault per 15 s (at least 4): a fifth server restarts, a quarter pauses, the rest kills,
+/// in an order and at times (between 8% and 85% of the run) drawn from the seed.
+fn schedule(seed: u64, secs: u64, workers: u32) -> Vec<(Duration, FaultKind, u32)> {
+    let mut rng = Rng::new(seed ^ 0xFA17);
+    let n = (secs / 15).max(4) as usize;
+    let restarts = (n / 5).max(1);
+    let pauses = (n / 4).max(1);
+    let mut kinds: Vec<FaultKind> = std::iter::repeat_n(FaultKind::RestartServer, restarts)
+        .chain(std::iter::repeat_n(FaultKind::PauseWorker, pauses))
+        .chain(std::iter::repeat_n(
+            FaultKind::KillWorker,
+            n - restarts - pauses,
+        ))
+        .collect();
+    for i in (1..kinds.len()).rev() {
+        kinds.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let (from, to) = (secs as f64 * 0.08, secs as f64 * 0.85);
+    let slot = (to - from) / n as f64;
+    kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let t = from + slot * (i as f64 + 0.2 + 0.6 * rng.unit());
+            (
+                Duration::from_secs_f64(t),
+                k,
+                rng.below(workers as u64) as u32,
+            )
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------- the fleet of workers
+
+/// The worker processes; every one is killed when this is dropped (any way out).
+struct Fleet {
+    exe: PathBuf,
+    url: String,
+    dir: PathBuf,
+    workers: u32,
+    partitions: u32,
+    slots: Vec<Option<Child>>,
+    started: u32,
+}
+
+impl Fleet {
+    fn stats_path(&self, slot: u32, generation: u32) -> PathBuf {
+        self.dir.join(format!("worker-{slot}-{generation}.json"))
+    }
+
+    fn spawn(&mut self, slot: u32) -> Result<u32, SoakError> {
+        let generation = self.started;
+        self.started += 1;
+        let log = std::fs::File::create(self.dir.join(format!("worker-{slot}-{generation}.log")))
+            .map_err(io("worker log"))?;
+        let child = Command::new(&self.exe)
+            .args(["bench", "soak-worker", "--url", &self.url])
+            .args(["--slot", &slot.to_string()])
+            .args(["--workers", &self.workers.to_string()])
+            .args(["--partitions", &self.partitions.to_string()])
+            .arg("--stats")
+            .arg(self.stats_path(slot, generation))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(io("start a worker"))?;
+        let pid = child.id();
+        self.slots[slot as usize] = Some(child);
+        Ok(pid)
+    }
+
+    fn pid(&self, slot: u32) -> Option<u32> {
+        self.slots[slot as usize].as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILL and reap.
+    fn kill(&mut self, slot: u32) -> Option<u32> {
+        let mut c = self.slots[slot as usize].take()?;
+        let pid = c.id();
+        let _ = c.kill();
+        let _ = c.wait();
+        Some(pid)
+    }
+
+    /// SIGTERM every worker, wait up to `within` for them to exit (final checkpoints), then
+    /// SIGKILL what is left.
+    fn stop_all(&mut self, within: Duration) {
+        for c in self.slots.iter().flatten() {
+            sig::send(c.id(), sig::CONT);
+            sig::send(c.id(), sig::TERM);
+        }
+        let deadline = Instant::now() + within;
+        for slot in self.slots.iter_mut() {
+            if let Some(c) = slot.as_mut() {
+                while Instant::now() < deadline {
+                    if matches!(c.try_wait(), Ok(Some(_))) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            *slot = None;
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for c in self.slots.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------- reading streams
+
+/// Every message of `stream` on `filter`, in stream order: (sequence, id, payload). Bounded:
+/// each message within 10 s.
+async fn read_all(
+    js: &jetstream::Context,
+    stream: &str,
+    filter: &str,
+) -> Result<Vec<(u64, String, Vec<u8>)>, SoakError> {
+    let err = |what: String| {
+        move |e: async_nats::Error| SoakError::Io {
+            what,
+            source: std::io::Error::other(e),
+        }
+    };
+    let mut s = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| err(format!("stream {stream}"))(e.into()))?;
+    let info = s
+        .info()
+        .await
+        .map_err(|e| err(format!("stream {stream} info"))(e.into()))?;
+    if info.state.messages == 0 {
+        return Ok(Vec::new());
+    }
+    let c = s
+        .create_consumer(consumer::pull::Config {
+            ack_policy: consumer::AckPolicy::None,
+            filter_subject: filter.into(),
+            inactive_threshold: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| err(format!("read {stream}"))(e.into()))?;
+    let mut c = c;
+    let pending = c
+        .info()
+        .await
+        .map_err(|e| err(format!("read {stream}"))(e.into()))?
+        .num_pending;
+    if pending == 0 {
+        return Ok(Vec::new());
+    }
+    let mut msgs = c
+        .stream()
+        .max_messages_per_batch(1000)
+        .messages()
+        .await
+        .map_err(|e| err(format!("read {stream}"))(e.into()))?;
+    let mut out = Vec::new();
+    loop {
+        let m = match tokio::time::timeout(Duration::from_secs(10), msgs.next()).await {
+            Ok(Some(Ok(m))) => m,
+            Ok(Some(Err(e))) => return Err(err(format!("read {stream}"))(e.into())),
+            Ok(None) => break,
+            Err(_) => {
+                return Err(SoakError::Timeout(format!(
+                    "reading {stream}: no message within 10 s after {}",
+                    out.len()
+                )))
+            }
+        };
+        let (seq, pending) = m
+            .info()
+            .map(|i| (i.stream_sequence, i.pending))
+            .unwrap_or((0, 0));
+        let id = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Msg-Id"))
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_default();
+        out.push((seq, id, m.payload.to_vec()));
+        if pending == 0 {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// The number of messages in `stream` (None while the server is away).
+async fn count(js: &jetstream::Context, stream: &str) -> Option<u64> {
+    let mut s = js.get_stream(stream).await.ok()?;
+    Some(s.info().await.ok()?.state.messages)
+}
+
+// ---------------------------------------------------------------- the soak
+
+/// Runs the soak; the exit status is 1 when the verdict is not "pass".
+pub fn run(o: &Options) -> std::process::ExitCode {
+    match run_inner(o) {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(SoakError::Interrupted) => {
+            eprintln!("soak: interrupted; every worker and the server were stopped");
+            std::process::ExitCode::from(130)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn run_inner(o: &Options) -> Result<bool, SoakError> {
+    let secs = match (o.minutes, o.seconds) {
+        (Some(m), _) => m * 60,
+        (None, Some(s)) => s,
+        (None, None) => 60,
+    };
+    if secs < 10 {
+        return Err(SoakError::Options("the soak needs at least 10 seconds"));
+    }
+    if o.workers < 2 {
+        return Err(SoakError::Options("--workers must be at least 2"));
+    }
+    if o.rate == 0 || o.rate > 100_000 {
+        return Err(SoakError::Options("--rate must be 1 to 100000"));
+    }
+    if !o.out_dir.is_dir() {
+        return Err(SoakError::Io {
+            what: format!("--out-dir {}", o.out_dir.display()),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a folder"),
+        });
+    }
+    let out_path = o
+        .out_dir
+        .join(format!("soak-{}.json", resident_bench::provenance::today()));
+    let load_before = resident_bench::provenance::load();
+    let binary = nats_server_binary().ok_or(SoakError::NoServer)?;
+    let mut server = NatsServer::start(binary).map_err(io("start nats-server"))?;
+    let url = server.url();
+    let partitions = o.workers * 2;
+    let opts = keyed_options(partitions);
+    let dir = server.dir().join("soak");
+    std::fs::create_dir_all(&dir).map_err(io("work folder"))?;
+    let mut fleet = Fleet {
+        exe: std::env::current_exe().map_err(io("this program's path"))?,
+        url: url.clone(),
+        dir: dir.clone(),
+        workers: o.workers,
+        partitions,
+        slots: (0..o.workers).map(|_| None).collect(),
+        started: 0,
+    };
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(io("tokio runtime"))?;
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let i = interrupted.clone();
+        // Ctrl-C or SIGTERM (a CI timeout): stop, kill every child, remove the store.
+        tokio.spawn(async move {
+            #[cfg(unix)]
+            {
+                use tokio::signal::unix::{signal, SignalKind};
+                if let Ok(mut term) = signal(SignalKind::terminate()) {
+                    tokio::select! { _ = tokio::signal::ctrl_c() => {}, _ = term.recv() => {} }
+                } else {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+            #[cfg(not(unix))]
+            let _ = tokio::signal::ctrl_c().await;
+            i.store(true, Ordering::Release);
+        });
+    }
+    let client = tokio.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            connect_options().connect(url.clone()),
+        )
+        .await
+        .map_err(|_| SoakError::Timeout("connect within 10 s".into()))?
+        .map_err(|e| SoakError::Io {
+            what: "connect".into(),
+            source: std::io::Error::other(e),
+        })
+    })?;
+    let js = {
+        let _in_runtime = tokio.enter();
+        jetstream::new(client.clone())
+    };
+    tokio.block_on(async {
+        tokio::time::timeout(Duration::from_secs(20), ensure_keyed(&js, &opts))
+            .await
+            .map_err(|_| SoakError::Timeout("streams made within 20 s".into()))?
+            .map_err(SoakError::from)
+    })?;
+    for slot in 0..o.workers {
+        fleet.spawn(slot)?;
+    }
+    // Every worker ready (its first counters written) within 30 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (0..o.workers).any(|s| !fleet.stats_path(s, s).exists()) {
+        if Instant::now() > deadline {
+            return Err(SoakError::Timeout("workers not up within 30 s".into()));
+        }
+        if interrupted.load(Ordering::Acquire) {
+            return Err(SoakError::Interrupted);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "soak: {secs} s, {} workers, {partitions} partitions of {KEYS} keys, {} inputs/s, seed {}, nats-server at {url}",
+        o.workers, o.rate, o.seed
+    );
+
+    // The producer: a fixed rate, each input retried (same Nats-Msg-Id) until stored.
+    let produced = Arc::new(AtomicU64::new(0));
+    let last_seq: Arc<seqs::Seqs> = Arc::new(seqs::Seqs::new(partitions));
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let producer = {
+        let (js, opts, produced, last_seq, interrupted) = (
+            js.clone(),
+            opts.clone(),
+            produced.clone(),
+            last_seq.clone(),
+            interrupted.clone(),
+        );
+        let (rate, seed) = (o.rate, o.seed);
+        tokio.spawn(async move {
+            let mut rng = Rng::new(seed);
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let mut n = 0u64;
+            let mut failed_publishes = 0u64;
+            while Instant::now() < end && !interrupted.load(Ordering::Acquire) {
+                tick.tick().await;
+                let input = FoldInput {
+                    key: rng.below(KEYS as u64) as u32,
+                    pad: 0,
+                    n,
+                    value: rng.next(),
+                };
+                let subject = opts.subject_for_key(input.key);
+                let mut h = async_nats::HeaderMap::new();
+                h.insert("Nats-Msg-Id", format!("in-{n}").as_str());
+                let give_up = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let sent = js
+                        .publish_with_headers(
+                            subject.clone(),
+                            h.clone(),
+                            bytemuck::bytes_of(&input).to_vec().into(),
+                        )
+                        .await;
+                    let acked = match sent {
+                        Ok(f) => tokio::time::timeout(Duration::from_secs(2), f)
+                            .await
+                            .ok()
+                            .and_then(|r| r.ok()),
+                        Err(_) => None,
+                    };
+                    if let Some(a) = acked {
+                        last_seq.raise(opts.partition_of(input.key), a.sequence);
+                        break;
+                    }
+                    failed_publishes += 1;
+                    if Instant::now() > give_up || interrupted.load(Ordering::Acquire) {
+                        // Not known to be stored: the input is not counted as produced; the
+                        // check below finds it in the stream if it was.
+                        return failed_publishes;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                n += 1;
+                produced.store(n, Ordering::Release);
+            }
+            failed_publishes
+        })
+    };
+
+    // The faults, on this thread.
+    let plan = schedule(o.seed, secs, o.workers);
+    let mut log: Vec<Value> = Vec::new();
+    let mut paused: Vec<(Instant, u32, u32)> = Vec::new(); // (resume at, slot, pid)
+    let mut counts: HashMap<&'static str, u64> = HashMap::new();
+    let mut next = 0usize;
+    let stamp = |start: Instant| (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    while Instant::now() < end || !paused.is_empty() {
+        if interrupted.load(Ordering::Acquire) {
+            return Err(SoakError::Interrupted);
+        }
+        let now = Instant::now();
+        // Resume paused workers whose time is up.
+        paused.retain(|&(at, slot, pid)| {
+            if now < at {
+                return true;
+            }
+            if fleet.pid(slot) == Some(pid) {
+                sig::send(pid, sig::CONT);
+                log.push(json!({"t_s": stamp(start), "kind": "sigcont_worker",
+                    "target": format!("worker {slot} (pid {pid})")}));
+            }
+            false
+        });
+        if next < plan.len() && start.elapsed() >= plan[next].0 {
+            let (_, kind, slot) = plan[next];
+            next += 1;
+            *counts.entry(kind.name()).or_default() += 1;
+            match kind {
+                FaultKind::KillWorker => {
+                    let old = fleet.kill(slot);
+                    paused.retain(|p| p.1 != slot);
+                    let new = fleet.spawn(slot)?;
+                    log.push(json!({"t_s": stamp(start), "kind": kind.name(),
+                        "target": format!("worker {slot} (pid {})", old.unwrap_or(0)),
+                        "replacement_pid": new}));
+                }
+                FaultKind::RestartServer => {
+                    let t0 = Instant::now();
+                    server.restart().map_err(io("restart nats-server"))?;
+                    log.push(json!({"t_s": stamp(start), "kind": kind.name(),
+                        "target": format!("nats-server ({url})"),
+                        "down_s": (t0.elapsed().as_secs_f64() * 1000.0).round() / 1000.0}));
+                }
+                FaultKind::PauseWorker => match fleet.pid(slot) {
+                    Some(pid) if !paused.iter().any(|p| p.1 == slot) => {
+                        sig::send(pid, sig::STOP);
+                        paused.push((Instant::now() + PAUSE, slot, pid));
+                        log.push(json!({"t_s": stamp(start), "kind": kind.name(),
+                            "target": format!("worker {slot} (pid {pid})"),
+                            "for_s": PAUSE.as_secs_f64()}));
+                    }
+                    _ => {
+                        log.push(json!({"t_s": stamp(start), "kind": "skipped",
+                            "target": format!("worker {slot} already paused")}));
+                    }
+                },
+            }
+            println!(
+                "soak: {:>6.1} s  {}",
+                start.elapsed().as_secs_f64(),
+                log.last().map(|v| v.to_string()).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let failed_publishes = tokio
+        .block_on(async { tokio::time::timeout(Duration::from_secs(90), producer).await })
+        .map_err(|_| SoakError::Timeout("the producer did not finish within 90 s".into()))?
+        .unwrap_or(0);
+    let produced = produced.load(Ordering::Acquire);
+    let produce_s = start.elapsed().as_secs_f64();
+    println!("soak: produced {produced} inputs in {produce_s:.1} s; waiting for the outputs");
+
+    // Every output stored (bounded), then every checkpoint at its partition's last input.
+    let drained = tokio.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if interrupted.load(Ordering::Acquire) {
+                return Err(SoakError::Interrupted);
+            }
+            let n = count(&js, "SOAK_OUT").await.unwrap_or(0);
+            if n >= produced || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let store = js
+            .get_key_value("SOAK_STATE")
+            .await
+            .map_err(|e| SoakError::Io {
+                what: "checkpoint bucket".into(),
+                source: std::io::Error::other(e),
+            })?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut behind = 0;
+            for p in 0..partitions {
+                let want = last_seq.get(p);
+                let at = read_checkpoint::<FoldState>(&store, &opts, p)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|(c, _)| c.seq)
+                    .unwrap_or(0);
+                if at < want {
+                    behind += 1;
+                }
+            }
+            if behind == 0 {
+                return Ok(true);
+            }
+            if interrupted.load(Ordering::Acquire) {
+                return Err(SoakError::Interrupted);
+            }
+            if Instant::now() > deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })?;
+    let settle_s = start.elapsed().as_secs_f64() - produce_s;
+    fleet.stop_all(Duration::from_secs(15));
+
+    // The verdict.
+    let report = tokio.block_on(verify(&js, &opts, partitions, produced))?;
+    let mut workers_sum: HashMap<String, u64> = HashMap::new();
+    let mut generations = 0;
+    for entry in std::fs::read_dir(&dir)
+        .map_err(io("work folder"))?
+        .flatten()
+    {
+        let p = entry.path();
+        if p.extension().is_some_and(|e| e == "json") {
+            generations += 1;
+            if let Ok(v) = std::fs::read_to_string(&p)
+                .map_err(|_| ())
+                .and_then(|t| serde_json::from_str::<Value>(&t).map_err(|_| ()))
+            {
+                for (k, v) in v.as_object().into_iter().flatten() {
+                    if let Some(n) = v.as_u64() {
+                        *workers_sum.entry(k.clone()).or_default() += n;
+                    }
+                }
+            }
+        }
+    }
+    let applied = workers_sum.get("applied").copied().unwrap_or(0);
+    let pass = report.pass && drained;
+    let doc = json!({
+        "command": resident_bench::provenance::command(),
+        "reproduce": resident_bench::provenance::cargo_command("resident-cli"),
+        "date": resident_bench::provenance::today(),
+        "machine": resident_bench::provenance::machine(),
+        "load_before": load_before,
+        "load_after": resident_bench::provenance::load(),
+        "nats_server": nats_version(),
+        "setup": {
+            "seconds": secs, "seed": o.seed, "workers": o.workers, "rate_per_s": o.rate,
+            "keys": KEYS, "partitions": partitions, "storage": "file",
+            "lease_s": LEASE.as_secs_f64(), "pause_s": PAUSE.as_secs_f64(),
+            "checkpoint_interval_s": opts.checkpoint_interval.as_secs_f64(),
+            "duplicate_window_s": opts.duplicate_window.as_secs_f64(),
+            "kernel": "resident_nats::testing::fold (keyed, order-sensitive hash per key), CPU",
+        },
+        "faults": {
+            "sigkill_worker": counts.get("sigkill_worker").copied().unwrap_or(0),
+            "restart_nats_server": counts.get("restart_nats_server").copied().unwrap_or(0),
+            "sigstop_worker": counts.get("sigstop_worker").copied().unwrap_or(0),
+            "log": log,
+        },
+        "counts": {
+            "inputs": report.inputs,
+            "inputs_acknowledged_to_producer": produced,
+            "outputs_distinct": report.outputs_distinct,
+            "output_messages_stored": report.output_messages,
+            "duplicates_stored_and_deduplicated_by_id": report.duplicates_stored,
+            "duplicates_dropped_by_stream_window": workers_sum.get("duplicates").copied().unwrap_or(0),
+            "redeliveries": applied.saturating_sub(report.inputs),
+            "inputs_applied_by_workers": applied,
+            "checkpoint_restores": workers_sum.get("restores").copied().unwrap_or(0),
+            "leases_taken": workers_sum.get("acquired").copied().unwrap_or(0),
+            "leases_lost": workers_sum.get("lost").copied().unwrap_or(0),
+            "checkpoints_written": workers_sum.get("checkpoints").copied().unwrap_or(0),
+            "worker_processes": generations,
+            "producer_publish_retries": failed_publishes,
+            "dead_letters": report.dead_letters,
+        },
+        "counts_note": "redeliveries = inputs applied again after a checkpoint restore (sum of the workers' last counters, so a worker killed between two counter writes undercounts by up to 250 ms of its work)",
+        "checks": {
+            "missing_outputs": report.missing,
+            "wrong_values": report.wrong,
+            "unknown_outputs": report.unknown,
+            "produced_not_in_stream": report.produced_missing,
+            "state_mismatches": report.state_mismatch,
+            "checkpoints_caught_up": drained,
+        },
+        "seconds": {"producing": produce_s, "settling": settle_s, "total": start.elapsed().as_secs_f64()},
+        "verdict": if pass { "pass" } else { "fail" },
+        "notes": report.notes,
+    });
+    resident_bench::provenance::write_json(&out_path, &doc)?;
+    println!(
+        "soak: {} inputs, {} outputs ({} duplicates deduplicated by id), faults: {} kills, {} server restarts, {} pauses; verdict {} -> {}",
+        report.inputs,
+        report.outputs_distinct,
+        report.duplicates_stored,
+        counts.get("sigkill_worker").copied().unwrap_or(0),
+        counts.get("restart_nats_server").copied().unwrap_or(0),
+        counts.get("sigstop_worker").copied().unwrap_or(0),
+        if pass { "PASS" } else { "FAIL" },
+        out_path.display()
+    );
+    for n in &report.notes {
+        println!("soak: {n}");
+    }
+    drop(fleet);
+    drop(server);
+    Ok(pass)
+}
+
+fn nats_version() -> String {
+    nats_server_binary()
+        .and_then(|b| Command::new(b).arg("--version").output().ok())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The last stream sequence stored per partition (the producer raises them).
+mod seqs {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    pub struct Seqs(Vec<AtomicU64>);
+    impl Seqs {
+        pub fn new(n: u32) -> Seqs {
+            Seqs((0..n).map(|_| AtomicU64::new(0)).collect())
+        }
+        pub fn raise(&self, p: u32, seq: u64) {
+            if let Some(a) = self.0.get(p as usize) {
+                a.fetch_max(seq, Ordering::AcqRel);
+            }
+        }
+        pub fn get(&self, p: u32) -> u64 {
+            self.0
+                .get(p as usize)
+                .map_or(0, |a| a.load(Ordering::Acquire))
+        }
+    }
+}
+
+struct Report {
+    pass: bool,
+    inputs: u64,
+    outputs_distinct: u64,
+    output_messages: u64,
+    duplicates_stored: u64,
+    dead_letters: u64,
+    missing: u64,
+    wrong: u64,
+    unknown: u64,
+    produced_missing: u64,
+    state_mismatch: u64,
+    notes: Vec<String>,
+}
+
+/// Reads the input stream (the log), replays it here, and checks the outputs and checkpoints.
+async fn verify(
+    js: &jetstream::Context,
+    opts: &KeyedOptions,
+    partitions: u32,
+    produced: u64,
+) -> Result<Report, SoakError> {
+    let inputs = read_all(js, "SOAK", "soak.p.*").await?;
+    let outputs = read_all(js, "SOAK_OUT", "soak.out").await?;
+    let dead = read_all(js, "SOAK_OUT", "soak.dead").await?;
+    let mut notes = Vec::new();
+    // The replay: stream order is each partition's order, so each key's order.
+    let mut states = vec![FoldState::default(); KEYS as usize];
+    let mut expected: HashMap<String, FoldOutput> = HashMap::with_capacity(inputs.len());
+    let mut ns = std::collections::HashSet::with_capacity(inputs.len());
+    for (_, id, payload) in &inputs {
+        if payload.len() != std::mem::size_of::<FoldInput>() {
+            notes.push(format!("input {id} has {} bytes", payload.len()));
+            continue;
+        }
+        let i: FoldInput = bytemuck::pod_read_unaligned(payload);
+        let s = &mut states[(i.key % KEYS) as usize];
+        fold::step(s, i.value);
+        ns.insert(i.n);
+        if expected
+            .insert(
+                id.clone(),
+                FoldOutput {
+                    key: i.key,
+                    pad: 0,
+                    n: i.n,
+                    state: *s,
+                },
+            )
+            .is_some()
+        {
+            notes.push(format!("input id {id} stored twice in the input stream"));
+        }
+    }
+    let produced_missing = (0..produced).filter(|n| !ns.contains(n)).count() as u64;
+    if produced_missing > 0 {
+        notes.push(format!(
+            "{produced_missing} inputs acknowledged to the producer are not in the stream"
+        ));
+    }
+    let mut seen: HashMap<&str, FoldOutput> = HashMap::with_capacity(outputs.len());
+    let (mut wrong, mut unknown, mut dups) = (0u64, 0u64, 0u64);
+    for (_, id, payload) in &outputs {
+        let Some(want) = expected.get(id) else {
+            unknown += 1;
+            continue;
+        };
+        let got: FoldOutput = if payload.len() == std::mem::size_of::<FoldOutput>() {
+            bytemuck::pod_read_unaligned(payload)
+        } else {
+            wrong += 1;
+            continue;
+        };
+        if &got != want {
+            wrong += 1;
+            if wrong <= 5 {
+                notes.push(format!("output {id}: {got:?}, replay says {want:?}"));
+            }
+        }
+        if seen.insert(id.as_str(), got).is_some() {
+            dups += 1;
+        }
+    }
+    let missing = expected
+        .keys()
+        .filter(|id| !seen.contains_key(id.as_str()))
+        .count() as u64;
+    if missing > 0 {
+        notes.push(format!("{missing} inputs have no output"));
+    }
+    // The checkpoints against the replay.
+    let store = js
+        .get_key_value("SOAK_STATE")
+        .await
+        .map_err(|e| SoakError::Io {
+            what: "checkpoint bucket".into(),
+            source: std::io::Error::other(e),
+        })?;
+    let mut state_mismatch = 0u64;
+    for p in 0..partitions {
+        let cp = read_checkpoint::<FoldState>(&store, opts, p).await?;
+        let want: Vec<FoldState> = opts.partition_keys(p).map(|k| states[k as usize]).collect();
+        match cp {
+            Some((cp, _)) => {
+                for (k, (got, want)) in opts.partition_keys(p).zip(cp.states.iter().zip(&want)) {
+                    if got != want {
+                        state_mismatch += 1;
+                        notes.push(format!(
+                            "key {k}: checkpoint {got:?} (at sequence {}), replay {want:?}",
+                            cp.seq
+                        ));
+                    }
+                }
+            }
+            None if want.iter().all(|s| s.count == 0) => {}
+            None => {
+                state_mismatch += want.len() as u64;
+                notes.push(format!("partition {p} has no checkpoint"));
+            }
+        }
+    }
+    let pass = missing == 0
+        && wrong == 0
+        && unknown == 0
+        && produced_missing == 0
+        && state_mismatch == 0
+        && dead.is_empty()
+        && !expected.is_empty();
+    Ok(Report {
+        pass,
+        inputs: expected.len() as u64,
+        outputs_distinct: seen.len() as u64,
+        output_messages: outputs.len() as u64,
+        duplicates_stored: dups,
+        dead_letters: dead.len() as u64,
+        missing,
+        wrong,
+        unknown,
+        produced_missing,
+        state_mismatch,
+        notes,
+    })
+}
