@@ -33,6 +33,8 @@ pub(crate) struct BytesReport {
 pub(crate) trait BatchKernel: Send + Sync {
     fn record(&self) -> usize;
     fn ops(&self) -> &dyn crate::KernelOps;
+    /// How many more records the input queue takes now (see `KernelHandle::input_room`).
+    fn input_room(&self) -> usize;
     /// Sends whole records from `bytes` (a multiple of `record()`); returns how many were
     /// taken, or the error when none was.
     fn send_bytes(&self, bytes: &[u8]) -> resident::Result<usize>;
@@ -145,6 +147,10 @@ impl<const N: usize> BatchKernel for KernelHandle<[u8; N], [u8; N]> {
         self
     }
 
+    fn input_room(&self) -> usize {
+        KernelHandle::input_room(self)
+    }
+
     fn send_bytes(&self, bytes: &[u8]) -> resident::Result<usize> {
         let recs: Vec<[u8; N]> = bytes
             .chunks_exact(N)
@@ -255,8 +261,9 @@ fn body<const N: usize>(
             if batch.is_empty() {
                 continue;
             }
-            // Room for a sender waiting on a full lane.
-            bell.ring();
+            // Room for a sender waiting on a full lane (rings only while one waits: a ring
+            // per batch taken would wake every coroutine waiting for outputs for nothing).
+            bell.ring_room();
             let n = batch.len();
             // A Python exception (raised by the handler, or made here for output that is not
             // whole records) fails the kernel with its text and traceback.

@@ -245,14 +245,21 @@ impl Waker {
     }
 
     /// Empties the socket (called by the loop when it is readable); the next ring writes again.
+    ///
+    /// Reads first, then clears `pending`: cleared first, a ring between the two would write
+    /// a byte that this read swallows, leaving `pending` set with an empty socket, and no
+    /// ring would ever write again (the loop's waits then ended only by their periodic
+    /// look). A ring between the read and the clear writes nothing, and needs not: the loop
+    /// settles every waiting future right after this drain, and a waiter that looks later
+    /// sees what that ring announced.
     fn drain(&self) {
-        self.0.pending.store(false, Ordering::SeqCst);
         let mut buf = [0u8; 256];
         while let Ok(n) = (&self.0.rx).read(&mut buf) {
             if n < buf.len() {
                 break;
             }
         }
+        self.0.pending.store(false, Ordering::SeqCst);
     }
 }
 
@@ -264,9 +271,23 @@ pub(crate) struct Bell {
     loops: Mutex<Vec<Weak<WakeReg>>>,
     lock: Mutex<()>,
     cv: Condvar,
+    /// Coroutines waiting for room in the kernel's input queue (`want_room`): an input taken
+    /// rings the bell only while there is one (otherwise it would wake waiters for outputs
+    /// for nothing, once per message or batch taken).
+    room: AtomicUsize,
 }
 
 impl Bell {
+    /// Rings for an input taken: only when someone waits for room (see `room`).
+    pub(crate) fn ring_room(&self) {
+        // Pairs with `want_room`'s fence: either this load sees the waiter, or the waiter's
+        // look (after its fence) sees the room this take made.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.room.load(Ordering::SeqCst) > 0 {
+            self.ring();
+        }
+    }
+
     pub(crate) fn ring(&self) {
         // Pairs with the waiter's `arm` (SeqCst) before it looks at the engine's state.
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -329,6 +350,12 @@ impl Store {
 
     fn take(&self, key: u64) -> Option<Py<PyAny>> {
         self.objects.lock().remove(&key)
+    }
+
+    /// The objects of `keys` (those still held), in order, under one lock.
+    fn take_all(&self, keys: impl IntoIterator<Item = u64>) -> Vec<Py<PyAny>> {
+        let mut g = self.objects.lock();
+        keys.into_iter().filter_map(|k| g.remove(&k)).collect()
     }
 
     fn len(&self) -> usize {
@@ -530,8 +557,54 @@ impl KernelCtx {
     fn next_message(&self, py: Python<'_>, t: Duration) -> PyResult<Option<(Envelope, u64)>> {
         let got = self.next_message_inner(py, t)?;
         if got.is_some() {
-            // Room for a sender waiting on a full lane.
-            self.bell.ring();
+            // Room for a sender waiting on a full lane (rings only while one waits).
+            self.bell.ring_room();
+        }
+        Ok(got)
+    }
+
+    /// Up to `max` messages, waiting up to `t` (GIL released) for the first: one engine
+    /// call for what is there, one wait, and (once the GIL is back) a second look for what
+    /// came meanwhile, so a sender's whole `send_batch` arrives as one batch.
+    fn next_messages(
+        &self,
+        py: Python<'_>,
+        max: usize,
+        t: Duration,
+    ) -> PyResult<Vec<(Envelope, u64)>> {
+        let got = self.with(|c| {
+            let now = c.receive_batch_envelopes(max, Duration::ZERO);
+            if !now.is_empty() || t.is_zero() {
+                return now;
+            }
+            let p = SendPtr(c as *mut Lctx);
+            let hand = &*self.hand;
+            let mut got = self.outside(py, move || {
+                let p = p;
+                // SAFETY: same thread, body running (see `CtxPtr`).
+                let c = unsafe { &mut *p.0 };
+                let got = poll_for(POLL.min(t), || {
+                    let v = c.receive_batch_envelopes(max, Duration::ZERO);
+                    (!v.is_empty()).then_some(v)
+                })
+                .unwrap_or_else(|| c.receive_batch_envelopes(max, t));
+                if !got.is_empty() {
+                    // A sender is on its way to wait for the outputs: take the GIL once it
+                    // let it go (see `Handoff`).
+                    poll_for(HANDOFF_SPIN, || {
+                        (hand.waiting.load(Ordering::SeqCst) > 0).then_some(())
+                    });
+                }
+                got
+            });
+            if !got.is_empty() && got.len() < max {
+                // A sender holding the GIL finished its batch while this thread waited.
+                got.extend(c.receive_batch_envelopes(max - got.len(), Duration::ZERO));
+            }
+            got
+        })?;
+        if !got.is_empty() {
+            self.bell.ring_room();
         }
         Ok(got)
     }
@@ -577,6 +650,26 @@ impl KernelCtx {
         r
     }
 
+    /// Publishes `items` (request envelope or None, store key) in order: each run that fits
+    /// the output queue in one engine call (GIL held: it cannot wait), one output at a time
+    /// with the GIL released while the queue is full.
+    fn publish_many(&self, py: Python<'_>, items: &[(Option<Envelope>, u64)]) -> PyResult<()> {
+        let mut i = 0;
+        while i < items.len() {
+            let room = self.with(|c| c.output_room())?;
+            if room > 0 {
+                let n = room.min(items.len() - i);
+                self.with(|c| c.send_replies(items[i..i + n].iter().copied()))?;
+                i += n;
+            } else {
+                let (request, key) = items[i];
+                self.publish_inner(py, key, request)?;
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
     fn publish_inner(&self, py: Python<'_>, key: u64, request: Option<Envelope>) -> PyResult<()> {
         self.with(|c| {
             if c.output_has_room() {
@@ -613,6 +706,42 @@ fn env_from(t: EnvTuple) -> Envelope {
     e
 }
 
+/// `KernelContext._forget` on the context's books: removes engine id `eid`'s entry and
+/// returns its envelope (None when it was answered or forgotten already). `mid_gone`: its
+/// `by_mid` entry was taken out already.
+fn forget_entry<'py>(
+    py: Python<'py>,
+    eid: u64,
+    mid_gone: bool,
+    envs: &Bound<'py, PyDict>,
+    by_mid: &Bound<'py, PyDict>,
+    by_obj: &Bound<'py, PyDict>,
+    calls: &Bound<'py, PyDict>,
+) -> PyResult<Option<Envelope>> {
+    let Some(entry) = envs.get_item(eid)? else {
+        return Ok(None);
+    };
+    envs.del_item(eid)?;
+    let (env, mid, oid): (EnvTuple, Option<Bound<'py, PyAny>>, Bound<'py, PyAny>) =
+        entry.extract()?;
+    if calls.contains(eid)? {
+        calls.del_item(eid)?;
+    }
+    let is_eid = |v: Option<Bound<'py, PyAny>>| -> bool {
+        v.and_then(|v| v.extract::<u64>().ok()) == Some(eid)
+    };
+    if let Some(mid) = mid.filter(|m| !mid_gone && !m.is_none()) {
+        if is_eid(by_mid.get_item(&mid).unwrap_or(None)) {
+            by_mid.del_item(&mid)?;
+        }
+    }
+    if is_eid(by_obj.get_item(&oid)?) {
+        by_obj.del_item(&oid)?;
+    }
+    let _ = py;
+    Ok(Some(env_from(env)))
+}
+
 struct SendPtr(*mut Lctx);
 // SAFETY: moved into `py.detach` on the same thread (detach runs the closure on the calling
 // thread); only the GIL is released.
@@ -643,6 +772,152 @@ impl KernelCtx {
             self.last_key.store(key, Ordering::Relaxed);
             self.store.take(key).map(|obj| (obj, env_tuple(&env)))
         }))
+    }
+
+    /// Up to `max` messages within `timeout` seconds (one engine call; GIL released while
+    /// waiting), or None when none came (timeout, inactive, terminating). Each message is
+    /// noted for its reply in the Python context's books, as `KernelContext._note` does:
+    /// `envs` (engine id -> (envelope, message_id or None, id(obj))), `by_mid`
+    /// (message_id -> engine id), `by_obj` (id(obj) -> engine id), `calls` (unanswered
+    /// calls). Returns the objects and the last one's engine id.
+    #[allow(clippy::too_many_arguments)]
+    fn receive_many<'py>(
+        &self,
+        py: Python<'py>,
+        max: usize,
+        timeout: f64,
+        envs: &Bound<'py, PyDict>,
+        by_mid: &Bound<'py, PyDict>,
+        by_obj: &Bound<'py, PyDict>,
+        calls: &Bound<'py, PyDict>,
+    ) -> PyResult<Option<(Bound<'py, PyList>, u64)>> {
+        if max == 0 {
+            return Ok(None);
+        }
+        let got = self.next_messages(py, max, secs(timeout)?)?;
+        let Some(&(_, last_key)) = got.last() else {
+            return Ok(None);
+        };
+        self.last_key.store(last_key, Ordering::Relaxed);
+        let mut eids = Vec::with_capacity(got.len());
+        let objs = {
+            let mut g = self.store.objects.lock();
+            got.iter()
+                .filter_map(|(env, key)| {
+                    let o = g.remove(key)?;
+                    eids.push(*env);
+                    Some(o)
+                })
+                .collect::<Vec<_>>()
+        };
+        let out = PyList::empty(py);
+        let mut last = 0;
+        for (env, obj) in eids.iter().zip(objs) {
+            let obj = obj.into_bound(py);
+            let eid = env.message_id;
+            let mut mid = match obj.getattr(intern!(py, "message_id")) {
+                Ok(m) if !m.is_none() => Some(m),
+                Ok(_) => None,
+                Err(e) if e.is_instance_of::<PyAttributeError>(py) => None,
+                Err(e) => return Err(e),
+            };
+            if let Some(m) = &mid {
+                match by_mid.set_item(m, eid) {
+                    Ok(()) => {}
+                    // An unhashable id: found by identity or order instead.
+                    Err(e) if e.is_instance_of::<PyTypeError>(py) => mid = None,
+                    Err(e) => return Err(e),
+                }
+            }
+            let oid = obj.as_ptr() as usize;
+            envs.set_item(eid, (env_tuple(env), mid, oid))?;
+            by_obj.set_item(oid, eid)?;
+            if env.flags & resident::ring::FLAG_CALL != 0 {
+                calls.set_item(eid, py.None())?;
+            }
+            out.append(obj)?;
+            last = eid;
+        }
+        Ok(Some((out, last)))
+    }
+
+    /// Sends every object of `objs` on the output queue, in order, each as the reply its
+    /// own `send` would make (see `KernelContext.send`), or, with `eids`, to the message
+    /// each names (engine ids; None: the last message received). One engine call per run of
+    /// outputs that fits the queue (a full queue waits for room, GIL released) and one ring
+    /// of the bell for the whole batch. `last` is the last message received's engine id.
+    #[pyo3(signature = (objs, eids, envs, by_mid, by_obj, calls, last))]
+    #[allow(clippy::too_many_arguments)]
+    fn send_many<'py>(
+        &self,
+        py: Python<'py>,
+        objs: Vec<Py<PyAny>>,
+        eids: Option<Vec<Option<u64>>>,
+        envs: &Bound<'py, PyDict>,
+        by_mid: &Bound<'py, PyDict>,
+        by_obj: &Bound<'py, PyDict>,
+        calls: &Bound<'py, PyDict>,
+        last: Option<u64>,
+    ) -> PyResult<()> {
+        if objs.is_empty() {
+            return Ok(());
+        }
+        if eids.as_ref().is_some_and(|e| e.len() != objs.len()) {
+            return Err(PyValueError::new_err(
+                "send_batch: reply_to must name one received message per output",
+            ));
+        }
+        let mut items: Vec<(Option<Envelope>, u64)> = Vec::with_capacity(objs.len());
+        for (i, obj) in objs.into_iter().enumerate() {
+            let eid = match &eids {
+                Some(e) => e[i].map(|e| (e, false)),
+                None => {
+                    let b = obj.bind(py);
+                    let cid = match b.getattr(intern!(py, "correlation_id")) {
+                        Ok(c) if !c.is_none() => Some(c),
+                        Ok(_) => None,
+                        Err(e) if e.is_instance_of::<PyAttributeError>(py) => None,
+                        Err(e) => return Err(e),
+                    };
+                    let mut eid = None;
+                    if let Some(c) = &cid {
+                        // Taken out of `by_mid` at once: one hash of the id (a UUID's hash
+                        // is a Python call), not one here and two in `forget_entry`.
+                        eid = match by_mid.call_method1(intern!(py, "pop"), (c, py.None())) {
+                            Ok(v) if v.is_none() => None,
+                            Ok(v) => Some(v.extract::<u64>()?),
+                            Err(e) if e.is_instance_of::<PyTypeError>(py) => None,
+                            Err(e) => return Err(e),
+                        };
+                    }
+                    let by_cid = eid.is_some();
+                    if eid.is_none() && cid.is_none() {
+                        if let Some((k, _)) = calls.iter().next() {
+                            eid = Some(k.extract::<u64>()?);
+                        }
+                    }
+                    eid.map(|e| (e, by_cid)).or(last.map(|e| (e, false)))
+                }
+            };
+            let env = match eid {
+                Some((eid, mid_gone)) => {
+                    forget_entry(py, eid, mid_gone, envs, by_mid, by_obj, calls)?
+                }
+                None => None,
+            };
+            items.push((env, self.store.put(obj)));
+        }
+        let r = self.publish_many(py, &items);
+        for (env, key) in &items {
+            if let Some(env) = env.filter(|e| e.flags & resident::ring::FLAG_CALL != 0) {
+                if self.store.abandoned(env.message_id) {
+                    // Its caller gave up before: the engine discarded the reply.
+                    self.store.take(*key);
+                }
+            }
+        }
+        self.bell.ring();
+        r
     }
 
     /// Puts `obj` (the last message received, which the handler failed on) back under its
@@ -753,6 +1028,26 @@ impl KernelCtx {
                 c.is_active()
             })
         })
+    }
+}
+
+/// A message's priority for a batch send: its `priority` attribute (128 without one), an
+/// int in 0-255 (`ValueError` otherwise, as `send` raises).
+fn priority_of(obj: &Bound<'_, PyAny>) -> PyResult<u8> {
+    let py = obj.py();
+    match obj.getattr(intern!(py, "priority")) {
+        Ok(p) => {
+            let ok = p.is_instance_of::<pyo3::types::PyInt>();
+            match p.extract::<u8>() {
+                Ok(v) if ok => Ok(v),
+                _ => Err(PyValueError::new_err(format!(
+                    "priority must be an int in 0-255, got {}",
+                    p.repr().map(|r| r.to_string()).unwrap_or_default()
+                ))),
+            }
+        }
+        Err(e) if e.is_instance_of::<PyAttributeError>(py) => Ok(128),
+        Err(e) => Err(e),
     }
 }
 
@@ -1355,6 +1650,171 @@ impl PyRuntime {
     fn would_block(&self, kernel_id: &str) -> bool {
         let k = self.kernels.lock().get(kernel_id).cloned();
         k.is_some_and(|k| k.blocks && !k.handle.input_has_room())
+    }
+
+    /// How many more messages kernel `kernel_id`'s input queue takes now (one lane's capacity
+    /// minus the messages queued in all lanes): two counters read, not the whole telemetry.
+    fn input_room(&self, py: Python<'_>, kernel_id: &str) -> PyResult<usize> {
+        if let Some(k) = self.kernels.lock().get(kernel_id) {
+            return Ok(k.handle.input_room());
+        }
+        if let Some(b) = self.batch.lock().get(kernel_id) {
+            return Ok(b.input_room());
+        }
+        Err(self.missing(py, kernel_id, "send to"))
+    }
+
+    /// One coroutine more (`on`) or less waits for room in kernel `kernel_id`'s input queue:
+    /// while any does, the kernel rings its bell when it takes inputs.
+    fn want_room(&self, py: Python<'_>, kernel_id: &str, on: bool) -> PyResult<()> {
+        let bell = self.bell(py, kernel_id)?;
+        if on {
+            bell.room.fetch_add(1, Ordering::SeqCst);
+            // Pairs with `Bell::ring_room`'s fence (see there).
+            std::sync::atomic::fence(Ordering::SeqCst);
+        } else {
+            let _ = bell
+                .room
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        }
+        Ok(())
+    }
+
+    /// Sends the objects of `objs` in order (one engine call for the batch), each at
+    /// `priority` or its own `priority` attribute (default 128; every one is checked before
+    /// any is sent). Returns `(taken, error)`: `taken` were queued (or dropped by a drop
+    /// policy, counted); when fewer than all, `objs[taken:]` were not sent and are still the
+    /// caller's: `error` (an exception object, not raised) says why, with those objects
+    /// handed back in its `message`, or is None when `wait` is false and the queue was full
+    /// under `block` (the caller awaits room and sends the rest). With `wait`, a full queue
+    /// under `block` waits (GIL released) up to the block timeout for each message.
+    #[pyo3(signature = (kernel_id, objs, priority=None, wait=true))]
+    fn send_many(
+        &self,
+        py: Python<'_>,
+        kernel_id: &str,
+        objs: Vec<Py<PyAny>>,
+        priority: Option<u8>,
+        wait: bool,
+    ) -> PyResult<(usize, Option<Py<PyAny>>)> {
+        let Some(k) = self.kernels.lock().get(kernel_id).cloned() else {
+            let all = PyList::new(py, &objs)?.into_any().unbind();
+            return Err(self.refuse_missing(py, kernel_id, "send_batch", all));
+        };
+        let prios = match priority {
+            Some(p) => vec![p; objs.len()],
+            None => objs
+                .iter()
+                .map(|o| priority_of(o.bind(py)))
+                .collect::<PyResult<Vec<u8>>>()?,
+        };
+        for (i, (obj, &p)) in objs.iter().zip(&prios).enumerate() {
+            let full = k.blocks && !k.handle.input_has_room();
+            if full && !wait {
+                return Ok((i, None));
+            }
+            let key = k.store.put(obj.clone_ref(py));
+            // Under `Block` a send to a full lane waits, so the GIL is released then; with
+            // room it cannot wait (only GIL holders send to a Python kernel).
+            let r = if full {
+                py.detach(|| k.handle.send_tracked(key, p))
+            } else {
+                k.handle.send_tracked(key, p)
+            };
+            match r {
+                Ok((_, SendOutcome::Queued)) => {}
+                Ok((_, SendOutcome::DroppedOldest(_, old))) => {
+                    k.store.take(old);
+                    // The discarded message may be a call: its caller looks again.
+                    k.bell.ring();
+                }
+                Ok((_, SendOutcome::DroppedNewest)) => {
+                    k.store.take(key);
+                }
+                Err(e) => {
+                    let d = describe(&e, true);
+                    if let Some(key) = e.into_message::<u64>() {
+                        k.store.take(key);
+                    }
+                    let rest = PyList::new(py, &objs[i..])?.into_any().unbind();
+                    let err = build(py, d, Some(rest));
+                    return Ok((i, Some(err.into_value(py).into_any())));
+                }
+            }
+        }
+        Ok((objs.len(), None))
+    }
+
+    /// Up to `max` outputs of a Python kernel that are ready now (one engine call), or that
+    /// come within `wait` seconds for the first (one short wait, GIL released, at most a
+    /// slice): a list, empty when none came.
+    fn take_many<'py>(
+        &self,
+        py: Python<'py>,
+        kernel_id: &str,
+        max: usize,
+        wait: f64,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let k = self.kern(py, kernel_id)?;
+        let w = secs(wait)?.min(SLICE);
+        if max == 0 {
+            return Ok(PyList::empty(py));
+        }
+        let mut keys = Vec::new();
+        match k.handle.receive_batch(&mut keys, max) {
+            Ok(_) => {}
+            Err(e) => return Err(engine_error(py, &e)),
+        }
+        if keys.is_empty() && !w.is_zero() {
+            if let Some((_, o)) = Self::output_within(py, &k, w)? {
+                let first = o;
+                let _ = k.handle.receive_batch(&mut keys, max - 1);
+                let mut all = vec![first];
+                all.extend(k.store.take_all(keys));
+                return PyList::new(py, all);
+            }
+        }
+        PyList::new(py, k.store.take_all(keys))
+    }
+
+    /// Up to `max` outputs of a Python kernel, waiting up to `timeout` seconds (None: without
+    /// limit) for the first in slices with the GIL released and Ctrl-C honoured: a list,
+    /// empty on timeout.
+    #[pyo3(signature = (kernel_id, max, timeout=None))]
+    fn receive_many<'py>(
+        &self,
+        py: Python<'py>,
+        kernel_id: &str,
+        max: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let k = self.kern(py, kernel_id)?;
+        let t = timeout.map(secs).transpose()?.unwrap_or(Duration::MAX);
+        if max == 0 {
+            return Ok(PyList::empty(py));
+        }
+        let mut keys = Vec::new();
+        if let Err(e) = k.handle.receive_batch(&mut keys, max) {
+            return Err(engine_error(py, &e));
+        }
+        if keys.is_empty() && !t.is_zero() {
+            let h = k.handle.clone();
+            let got = Self::sliced(py, Some(&k.hand), t, |slice| {
+                match h.receive_envelope(slice) {
+                    Err(Error::Timeout { .. }) => None,
+                    other => Some(other),
+                }
+            })?;
+            match got {
+                Some(Ok((_, key))) => {
+                    keys.push(key);
+                    let _ = k.handle.receive_batch(&mut keys, max - 1);
+                }
+                Some(Err(e)) => return Err(engine_error(py, &e)),
+                None => {}
+            }
+        }
+        PyList::new(py, k.store.take_all(keys))
     }
 
     /// Waits, with the GIL released, until kernel `kernel_id` rings its bell (an output or

@@ -1,6 +1,7 @@
 //! The handle API language bindings use: `send_tracked` says what a drop policy discarded,
 //! `call_start`/`PendingCall` waits for a reply in slices, `input_has_room`, and
-//! `LoopContext::output_has_room`/`send_all`.
+//! `LoopContext::output_has_room`/`send_all`, and the batch forms `input_room`,
+//! `LoopContext::receive_batch_envelopes`/`output_room`/`send_replies`.
 
 use std::time::Duration;
 
@@ -137,4 +138,46 @@ fn send_all_publishes_every_output() {
         .map(|_| k.receive(Duration::from_secs(5)).unwrap())
         .collect();
     assert_eq!(got, vec![10, 20, 30]);
+}
+
+#[test]
+fn batch_envelopes_and_replies_pair_each_output_with_its_request() {
+    let rt = rt();
+    let k = rt
+        .launch(
+            RingKernel::<u32, u32>::new("pairs")
+                .queue_size(8)
+                .priority_lanes(1)
+                .output_queue_size(8)
+                .run(|ctx: &mut LoopContext<u32, u32, ()>| {
+                    while !ctx.should_terminate() {
+                        let b = ctx.receive_batch_envelopes(4, Duration::from_millis(10));
+                        if b.is_empty() {
+                            continue;
+                        }
+                        assert!(b.len() <= 4, "max respected");
+                        assert!(ctx.output_room() >= b.len());
+                        // Answer in reverse order: each output names its own request.
+                        let outs: Vec<_> =
+                            b.iter().rev().map(|(e, x)| (Some(*e), x * 10)).collect();
+                        ctx.send_replies(outs);
+                    }
+                }),
+        )
+        .unwrap();
+    assert_eq!(k.input_room(), 8);
+    assert_eq!(k.send_batch(&[1, 2, 3]).unwrap(), 3);
+    assert_eq!(k.input_room(), 5, "three of eight queued");
+    k.activate().unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let (env, x) = k.receive_envelope(Duration::from_secs(5)).unwrap();
+        got.push((env.correlation_id, x));
+    }
+    // Each output correlates with the request that carried x / 10: requests 1, 2, 3 have
+    // consecutive ids in send order.
+    got.sort();
+    let base = got[0].0;
+    assert_eq!(got, vec![(base, 10), (base + 1, 20), (base + 2, 30)]);
+    assert_eq!(k.input_room(), 8, "all taken");
 }

@@ -247,6 +247,21 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
         got.into_iter().map(|s| s.payload).collect()
     }
 
+    /// Like [`LoopContext::receive_batch`], each message with its envelope (for a binding
+    /// that answers each message of a batch with [`LoopContext::send_replies`]).
+    pub fn receive_batch_envelopes(
+        &mut self,
+        max: usize,
+        timeout: Duration,
+    ) -> Vec<(Envelope, In)> {
+        let mut got = Vec::with_capacity(max.min(1024));
+        self.receive_into(&mut got, max, timeout);
+        if let Some(last) = got.last() {
+            self.ctx.current = last.env;
+        }
+        got.into_iter().map(|s| (s.env, s.payload)).collect()
+    }
+
     fn receive_into(
         &mut self,
         out: &mut Vec<resident_ring::Slot<In>>,
@@ -274,6 +289,16 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
         self.io.output.len() < self.io.output.config().capacity
     }
 
+    /// How many outputs the output queue takes now before a `send` waits (this kernel is the
+    /// queue's only producer, so at least this many sends in a row do not wait).
+    pub fn output_room(&self) -> usize {
+        self.io
+            .output
+            .config()
+            .capacity
+            .saturating_sub(self.io.output.len())
+    }
+
     /// Sends `out` on the output queue as the response to the last message received.
     pub fn send(&mut self, out: Out) {
         let now = self.io.ids.now_ns();
@@ -287,6 +312,18 @@ impl<In: Message, Out: Message, S> LoopContext<In, Out, S> {
         let now = self.io.ids.now_ns();
         for out in outs {
             self.out.publish_one(self.ctx.current, Some(out), now);
+        }
+        self.out.flush_wakeups();
+    }
+
+    /// Sends each output of `outs` as the response to its request's envelope (`None`: the
+    /// last message received), in order, waking a waiting receiver once at the end instead of
+    /// once per output (as `send_all` does for outputs that all answer the last message).
+    pub fn send_replies(&mut self, outs: impl IntoIterator<Item = (Option<Envelope>, Out)>) {
+        let now = self.io.ids.now_ns();
+        for (request, out) in outs {
+            let request = request.unwrap_or(self.ctx.current);
+            self.out.publish_one(request, Some(out), now);
         }
         self.out.flush_wakeups();
     }

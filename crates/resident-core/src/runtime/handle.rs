@@ -226,6 +226,18 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         self.io.input.len() < self.io.input.config().capacity
     }
 
+    /// How many more messages the input queue takes now before a send waits (under `Block`)
+    /// or is refused or dropped by the policy: one lane's capacity minus the messages queued
+    /// in all lanes together (the room [`KernelHandle::input_has_room`] tests for one). Reads
+    /// two counters, unlike [`KernelHandle::telemetry`].
+    pub fn input_room(&self) -> usize {
+        self.io
+            .input
+            .config()
+            .capacity
+            .saturating_sub(self.io.input.len())
+    }
+
     /// Sends `msg` at `priority` and says what the backpressure policy did with it:
     /// [`SendOutcome::Queued`], [`SendOutcome::DroppedOldest`] with the message it discarded to
     /// make room (counted as dropped), or [`SendOutcome::DroppedNewest`] (`msg` itself was

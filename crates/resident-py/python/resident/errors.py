@@ -35,6 +35,7 @@ __all__ = [
     "WorkloadError",
     "DLPackError",
     "DLPackDtypeError",
+    "MessageTypeError",
 ]
 
 _NO_MESSAGE: Any = object()
@@ -190,3 +191,11 @@ class DLPackDtypeError(DLPackError, TypeError):
     """A dtype DLPack cannot describe (structured/record dtypes, objects, strings,
     non-native byte order), or a DLPack dtype numpy has no type for (bfloat16, vector
     lanes). Also a ``TypeError``."""
+
+
+class MessageTypeError(ResidentError, TypeError):
+    """A batch call got something that is not a batch of the kernel's messages: a message
+    kernel's ``send_batch``/``ctx.send_batch`` takes a list (or tuple, or other iterable) of
+    message objects, not an array of records (those go to a ``@batch_kernel``), a string, a
+    mapping or a single object; a message kernel's ``receive_batch`` returns a list and takes
+    no ``out=``. Also a ``TypeError``."""

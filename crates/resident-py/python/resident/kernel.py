@@ -9,10 +9,10 @@ import threading
 import time
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Awaitable, Callable, Dict, Iterable, Optional
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional
 
 from . import _resident
-from .errors import UnknownArgumentError
+from .errors import MessageTypeError, UnknownArgumentError
 
 __all__ = ["ring_kernel", "KernelSpec", "KernelContext", "get_kernel", "BACKPRESSURE"]
 
@@ -298,6 +298,108 @@ class KernelContext:
                 eid = self._last
         env = None if eid is None else self._forget(eid)
         self._c.send(msg, env)
+
+
+    async def receive_batch(self, max: int, timeout: Optional[float] = None) -> List[Any]:
+        """Up to ``max`` messages in one engine call (highest priority first, FIFO within a
+        lane): those queued now, or else the first to come within ``timeout`` seconds (None:
+        wait without limit) and whatever else came with them. Returns ``[]`` when none came
+        within ``timeout`` or while the kernel is inactive (an empty batch is an answer, not
+        a ``TimeoutError``), and raises ``asyncio.CancelledError`` once the kernel is
+        terminating and nothing came (the runtime ends the coroutine cleanly then).
+
+        Each message is remembered for its reply as ``receive`` remembers one (see
+        ``send_batch`` and ``send``). Cancelled while it waits, it has taken nothing: a
+        message is taken only in the same step that returns it."""
+        if max.__class__ is not int or max < 1:
+            raise ValueError(f"receive_batch: max must be an int >= 1, got {max!r}")
+        c = self._c
+        r = c.receive_many(max, 0.0, self._envs, self._by_mid, self._by_obj, self._calls)
+        if r is None:
+            r = await self._wait_many(max, timeout)
+            if r is None:
+                return []
+        objs, self._last = r
+        self._current = objs[-1]
+        while len(self._envs) > _PENDING_MAX:
+            self._forget(next(iter(self._envs)))
+        return objs
+
+    async def _wait_many(self, max: int, timeout: Optional[float]) -> Any:
+        c = self._c
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if c.should_terminate:
+                raise asyncio.CancelledError()
+            left = _slice()
+            if deadline is not None:
+                left = min(left, deadline - time.monotonic())
+                if left <= 0:
+                    return None
+            if c.is_active:
+                r = c.receive_many(max, left, self._envs, self._by_mid, self._by_obj, self._calls)
+                if r is not None:
+                    return r
+            else:
+                c.wait_active(left)
+            await asyncio.sleep(0)
+
+    async def send_batch(self, msgs: Iterable[Any], *, reply_to: Optional[Iterable[Any]] = None) -> None:
+        """Sends every message of ``msgs`` (a list, or any iterable of objects) on the
+        kernel's output queue, in order, in one engine call and one wake-up of the receivers
+        (a full output queue makes it wait for room, GIL released). Each is the reply its own
+        ``send(msg)`` would be (its ``correlation_id`` names its request, else the oldest
+        unanswered ``call``, else the last message received); with ``reply_to`` (one
+        received message per output, e.g. the batch ``receive_batch`` returned) output ``i``
+        answers ``reply_to[i]``. An empty batch does nothing. Not a batch of objects
+        (an array of records, a string, a mapping): ``MessageTypeError``."""
+        what = f"kernel '{self.kernel_id}': ctx.send_batch"
+        if msgs.__class__ is not list:
+            msgs = as_batch(msgs, what)
+        if not msgs:
+            return
+        eids = None
+        if reply_to is not None:
+            reqs = as_batch(reply_to, what + " reply_to")
+            if len(reqs) != len(msgs):
+                raise ValueError(
+                    f"{what}: reply_to names {len(reqs)} messages for {len(msgs)} outputs"
+                )
+            eids = []
+            for r in reqs:
+                eid = self._find(r)
+                if eid is None:
+                    raise ValueError(
+                        f"{what}: reply_to holds a message this kernel did not receive or "
+                        f"has answered already"
+                    )
+                eids.append(eid)
+            if len(set(eids)) != len(eids):
+                raise ValueError(f"{what}: reply_to names one message twice")
+        self._c.send_many(
+            msgs, eids, self._envs, self._by_mid, self._by_obj, self._calls, self._last
+        )
+
+
+def as_batch(msgs: Any, what: str) -> List[Any]:
+    """``msgs`` as a list of message objects, or ``MessageTypeError`` for what is not a batch
+    of objects (an array of records, a string, bytes, a mapping, a single object)."""
+    if msgs.__class__ is list:
+        return msgs
+    if isinstance(msgs, tuple):
+        return list(msgs)
+    if hasattr(msgs, "__array_interface__") or hasattr(msgs, "__dlpack__"):
+        raise MessageTypeError(
+            f"{what} takes a list of message objects, got an array "
+            f"({type(msgs).__name__}): arrays of records go to a @batch_kernel"
+        )
+    if isinstance(msgs, (str, bytes, bytearray, dict)) or not hasattr(msgs, "__iter__"):
+        raise MessageTypeError(
+            f"{what} takes a list of message objects, got {type(msgs).__name__}"
+        )
+    return list(msgs)
 
 
 def _slice() -> float:

@@ -141,7 +141,9 @@ def message(cls: Optional[type] = None, **dataclass_kwargs: Any) -> Any:
         def __post_init__(self: Any, *a: Any) -> None:
             if self.message_id is None:  # a ``Message`` subclass's default
                 self.message_id = new_id()
-            _check(self)
+            p = self.priority
+            if p.__class__ is not int or not 0 <= p <= 255:  # the usual case costs no call
+                _check(self)
             if user_post is not None:
                 user_post(self, *a)
 

@@ -33,7 +33,9 @@ from .errors import (
     CallTimeoutError,
     InvalidConfigError,
     KernelNotFoundError,
+    MessageTypeError,
     ReceiveTimeoutError,
+    ResidentError,
     SendTimeoutError,
 )
 from . import batch as _batch
@@ -132,6 +134,20 @@ def _priority(msg: Any, priority: Optional[int]) -> int:
     if not isinstance(p, int) or not 0 <= p <= 255:
         raise ValueError(f"priority must be an int in 0-255, got {p!r}")
     return p
+
+
+def _check_max(max: Any) -> None:
+    if max.__class__ is not int or max < 0:
+        raise ValueError(f"receive_batch: max must be an int >= 0, got {max!r}")
+
+
+def _no_out(kernel_id: str, out: Any) -> None:
+    if out is not None:
+        raise MessageTypeError(
+            f"kernel '{kernel_id}': receive_batch(out=...) is for a batch kernel's records; a "
+            f"message kernel's receive_batch returns a list of its output objects",
+            kernel_id,
+        )
 
 
 def _spec(kernel_id: str, func: Optional[Callable[..., Any]], overrides: Dict[str, Any]) -> Any:
@@ -315,8 +331,18 @@ class Runtime:
             failure=d["failure"],
         )
 
-    def send_batch(self, kernel_id: str, records: Any) -> int:
-        """Sends the records of an array of the kernel's ``in_dtype`` (numpy, or any DLPack
+    def send_batch(self, kernel_id: str, records: Any, *, priority: Optional[int] = None) -> int:
+        """**Message kernels** (``@ring_kernel``): sends the message objects of ``records`` (a
+        list, or any iterable of objects) in order, in one engine call, each at ``priority``
+        or its own ``priority`` (default 128; all are checked before any is sent); returns
+        how many were taken. Under ``backpressure="block"`` a full queue waits up to the
+        block timeout per message. Fewer than all: ``records[n:]`` were refused by the
+        policy and not sent (still the caller's); none taken raises (``QueueFullError``,
+        ``SendTimeoutError``, ``KernelNotAcceptingError``) with the refused messages, as a
+        list, in the exception's ``message``. An empty batch does nothing. An array of
+        records raises ``MessageTypeError``.
+
+        **Batch kernels**: sends the records of an array of the kernel's ``in_dtype`` (numpy, or any DLPack
         array of host memory: PyTorch, CuPy's host arrays, JAX on CPU, a ``UnifiedBuffer``, a
         ``DLPackArray``; read in place, no intermediate copy) to a batch kernel in one call;
         returns how many were taken. Fewer than ``len(records)``: the rest were
@@ -327,23 +353,52 @@ class Runtime:
         names, types, order and offsets (``DtypeLayoutError`` otherwise, naming the first
         difference), or a list of tuples in ``in_dtype``'s field order. Nothing is converted
         by position or broadcast into every field."""
-        spec = self._batch_spec(kernel_id)
+        spec = self._batch.get(kernel_id)
+        if spec is None:
+            msgs, p = self._messages(kernel_id, records, priority)
+            if not msgs:
+                return 0
+            n, err = self._rt.send_many(kernel_id, msgs, p, True)
+            if err is not None and n == 0:
+                raise err
+            return n
+        if priority is not None:
+            raise ValueError(f"kernel '{kernel_id}': a batch kernel's records take no priority")
         arr = _batch.checked_records(records, spec.in_dtype, kernel_id)
         return self._send_records(kernel_id, spec, arr)
+
+    def _messages(self, kernel_id: str, records: Any, priority: Optional[int]) -> Any:
+        """A message kernel's batch as a list, and its priority checked."""
+        try:
+            msgs = _kernel.as_batch(records, f"kernel '{kernel_id}': send_batch")
+        except MessageTypeError:
+            self._rt.state(kernel_id)  # KernelNotFoundError first, when there is no kernel
+            raise
+        if priority is not None:
+            priority = _priority(None, priority)
+        return msgs, priority
 
     def _send_records(self, kernel_id: str, spec: Any, arr: np.ndarray) -> int:
         return self._rt.send_batch(kernel_id, _batch.to_records(arr, spec.record))
 
     def receive_batch(
-        self, kernel_id: str, max: int, timeout: float = 0.0, *, out: Any = None
+        self, kernel_id: str, max: int, timeout: Optional[float] = 0.0, *, out: Any = None
     ) -> Any:
-        """Up to ``max`` outputs of a batch kernel as one array of its ``out_dtype``, waiting
+        """**Message kernels**: up to ``max`` outputs as a list of objects, in order, in one
+        engine call: those ready now, or else the first to come within ``timeout`` seconds
+        (None: without limit) and whatever else came with it; ``[]`` when none came.
+
+        **Batch kernels**: up to ``max`` outputs of a batch kernel as one array of its ``out_dtype``, waiting
         up to ``timeout`` seconds for the first (an empty array when none came).
 
         With ``out`` (a 1-D writable array of ``out_dtype``: numpy, or any DLPack array of
         host memory, e.g. a PyTorch CPU tensor or a ``UnifiedBuffer``), up to
         ``min(max, len(out))`` outputs are written into its first rows instead, and the call
         returns how many (an ``int``)."""
+        if kernel_id not in self._batch:
+            _check_max(max)
+            _no_out(kernel_id, out)
+            return self._rt.receive_many(kernel_id, max, timeout)
         spec = self._batch_spec(kernel_id)
         if out is not None:
             dst = _batch.output_view(out, spec.out_dtype, kernel_id)
@@ -647,6 +702,22 @@ class RingKernelRuntime:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
         return asyncio.get_running_loop().time() + timeout
 
+    async def _until_room(
+        self, kernel_id: str, look: Callable[[], Any], deadline: Optional[float]
+    ) -> Any:
+        """``_until`` for room in the kernel's input queue: while it waits the kernel rings
+        its bell when it takes inputs (it does not otherwise, so waiters for outputs are not
+        woken by every input taken)."""
+        rt = self._rt
+        rt.want_room(kernel_id, True)
+        try:
+            return await self._until(kernel_id, look, deadline)
+        finally:
+            try:
+                rt.want_room(kernel_id, False)
+            except ResidentError:  # the kernel was freed meanwhile
+                pass
+
     async def _room(self, kernel_id: str, msg: Any, deadline: Optional[float]) -> None:
         """Waits until a send to the kernel would not wait (its policy is ``block`` and its
         queue is full), up to ``deadline`` and the kernel's block timeout; then
@@ -658,7 +729,7 @@ class RingKernelRuntime:
         bt = self.sync._block.get(kernel_id, 1.0)
         limit = asyncio.get_running_loop().time() + bt
         d = limit if deadline is None else min(limit, deadline)
-        r = await self._until(
+        r = await self._until_room(
             kernel_id, lambda: _NOTHING if rt.would_block(kernel_id) else True, d
         )
         if r is _NOTHING:
@@ -737,26 +808,37 @@ class RingKernelRuntime:
         """PyDotCompute's name for ``call``."""
         return await self.call(kernel_id, msg, timeout)
 
-    async def send_batch(self, kernel_id: str, records: Any) -> int:
-        """Like ``Runtime.send_batch``. Under ``backpressure="block"`` it sends what fits and
-        awaits room for the rest (the loop goes on), at most the kernel's block timeout from
-        this call; it returns how many were taken (none taken: ``SendTimeoutError``)."""
+    async def send_batch(
+        self, kernel_id: str, records: Any, *, priority: Optional[int] = None
+    ) -> int:
+        """Like ``Runtime.send_batch`` (message objects to a message kernel, records to a
+        batch kernel), in one engine call when the batch fits. Under
+        ``backpressure="block"`` it sends what fits and awaits room for the rest (the loop
+        goes on), at most the kernel's block timeout from this call; it returns how many were
+        taken (fewer than all: the rest were not sent). None taken: ``SendTimeoutError``
+        (for message objects, with the unsent messages as a list in its ``message``)."""
         sync = self.sync
-        spec = sync._batch_spec(kernel_id)
+        spec = sync._batch.get(kernel_id)
+        if spec is None:
+            return await self._send_messages(kernel_id, records, priority)
+        if priority is not None:
+            raise ValueError(f"kernel '{kernel_id}': a batch kernel's records take no priority")
         arr = _batch.checked_records(records, spec.in_dtype, kernel_id)
         if spec.backpressure != "block" or len(arr) == 0:
             return sync._send_records(kernel_id, spec, arr)
-        cap = 1 << max(spec.queue_size - 1, 0).bit_length()
         rt = self._rt
         deadline = asyncio.get_running_loop().time() + spec.block_timeout
 
         def room() -> Any:
-            r = cap - rt.telemetry(kernel_id)["queue_depth"]
+            # Two counters read (the telemetry, read here before, cost about 30 us).
+            r = rt.input_room(kernel_id)
             return r if r > 0 else _NOTHING
 
         sent = 0
         while sent < len(arr):
-            r = await self._until(kernel_id, room, deadline)
+            r = room()
+            if r is _NOTHING:
+                r = await self._until_room(kernel_id, room, deadline)
             if r is _NOTHING:
                 break
             sent += sync._send_records(kernel_id, spec, arr[sent : sent + r])
@@ -769,14 +851,68 @@ class RingKernelRuntime:
             )
         return sent
 
+    async def _send_messages(self, kernel_id: str, records: Any, priority: Optional[int]) -> int:
+        sync = self.sync
+        msgs, priority = sync._messages(kernel_id, records, priority)
+        if not msgs:
+            return 0
+        rt = self._rt
+        n, err = rt.send_many(kernel_id, msgs, priority, False)
+        if n == len(msgs):
+            return n
+        if err is not None:
+            if n == 0:
+                raise err
+            return n
+        # A full queue under ``block``: await room for the rest, up to the block timeout.
+        bt = sync._block.get(kernel_id, 1.0)
+        deadline = asyncio.get_running_loop().time() + bt
+
+        def room() -> Any:
+            return True if rt.input_room(kernel_id) > 0 else _NOTHING
+
+        sent = n
+        while sent < len(msgs):
+            if await self._until_room(kernel_id, room, deadline) is _NOTHING:
+                break
+            n, err = rt.send_many(kernel_id, msgs[sent:], priority, False)
+            sent += n
+            if err is not None:
+                if sent == 0:
+                    raise err
+                break
+        if sent == 0:
+            raise SendTimeoutError(
+                f"kernel '{kernel_id}': input queue full, send_batch timed out after {bt} s, "
+                f"messages returned",
+                kernel_id,
+                "send_batch",
+                msgs,
+            )
+        return sent
+
     async def receive_batch(
-        self, kernel_id: str, max: int, timeout: float = 0.0, *, out: Any = None
+        self, kernel_id: str, max: int, timeout: Optional[float] = 0.0, *, out: Any = None
     ) -> Any:
-        """Like ``Runtime.receive_batch`` (``out`` included); cancelled, it has taken
+        """Like ``Runtime.receive_batch``: a list of objects from a message kernel (one
+        engine call and one coroutine round per batch), an array from a batch kernel
+        (``out`` included); ``timeout`` counts from this call. Cancelled, it has taken
         nothing."""
         sync = self.sync
-        spec = sync._batch_spec(kernel_id)
         rt = self._rt
+        if kernel_id not in sync._batch:
+            _check_max(max)
+            _no_out(kernel_id, out)
+            r = rt.take_many(kernel_id, max, 0.0)
+            if r or max == 0:
+                return r
+
+            def take() -> Any:
+                return rt.take_many(kernel_id, max, 0.0) or _NOTHING
+
+            r = await self._until(kernel_id, take, self._deadline(timeout))
+            return [] if r is _NOTHING else r
+        spec = sync._batch_spec(kernel_id)
         dst = None if out is None else _batch.output_view(out, spec.out_dtype, kernel_id)
         n = max if dst is None else min(max, len(dst))
 
