@@ -42,6 +42,7 @@ mod batch;
 mod buffer;
 mod device;
 mod dlpack;
+mod keyed;
 mod workloads;
 
 /// How long one uninterrupted wait for a Python caller lasts before signals are checked.
@@ -1106,6 +1107,8 @@ struct Kern {
     bell: Arc<Bell>,
     /// Sends under `Block` may wait (GIL released); the other policies never wait.
     blocks: bool,
+    /// The block timeout under `Block` (how long a send waits for room).
+    block: Duration,
 }
 
 /// How many terminated kernels the binding remembers (id, final state) after freeing them,
@@ -1307,6 +1310,54 @@ impl PyRuntime {
         }
     }
 
+    /// Waits (GIL released, in slices with Ctrl-C honoured) until kernel `k`'s input queue
+    /// has room, up to its block timeout: a send under `Block` to a full queue waits here
+    /// rather than inside the engine, where a signal would not be seen until the block timeout.
+    /// `Ok(false)`: no room came in time (the send would time out) and the kernel still
+    /// accepts messages; a kernel that stopped accepting ends the wait at once (`Ok(true)`,
+    /// the send is then refused by the engine with the message handed back).
+    fn wait_room(py: Python<'_>, k: &Kern) -> PyResult<bool> {
+        let h = &k.handle;
+        let ready = || h.input_has_room() || !h.state().accepts_messages();
+        let got = Self::sliced(py, None, k.block, |slice| {
+            let end = Instant::now() + slice;
+            let mut spins = 0u32;
+            loop {
+                if ready() {
+                    return Some(());
+                }
+                if Instant::now() >= end {
+                    return None;
+                }
+                if spins < 64 {
+                    spins += 1;
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        })?;
+        Ok(got.is_some() || ready())
+    }
+
+    /// The `SendTimeoutError` of a send to kernel `kernel_id` that found no room within its
+    /// block timeout, `obj` handed back.
+    fn room_timeout(
+        py: Python<'_>,
+        kernel_id: &str,
+        k: &Kern,
+        op: &'static str,
+        obj: Py<PyAny>,
+    ) -> PyErr {
+        let e = Error::Timeout {
+            id: kernel_id.to_string(),
+            op,
+            timeout: k.block,
+            message: None,
+        };
+        build(py, describe(&e, true), Some(obj))
+    }
+
     /// The next output of a Python kernel if one is ready, or comes within `wait` (one
     /// short wait, GIL released, at most a slice).
     fn output_within(
@@ -1501,6 +1552,10 @@ impl PyRuntime {
     ) -> PyResult<()> {
         let policy = parse_policy(backpressure, block_timeout)?;
         let blocks = matches!(policy, Backpressure::Block(_));
+        let block = match policy {
+            Backpressure::Block(d) => d,
+            _ => Duration::ZERO,
+        };
         if queue_size == 0 {
             return Err(PyValueError::new_err("queue_size must be at least 1"));
         }
@@ -1569,6 +1624,7 @@ impl PyRuntime {
                 hand,
                 bell,
                 blocks,
+                block,
             }),
         );
         Ok(())
@@ -1617,6 +1673,9 @@ impl PyRuntime {
         let Some(k) = self.kernels.lock().get(kernel_id).cloned() else {
             return Err(self.refuse_missing(py, kernel_id, "send", obj));
         };
+        if k.blocks && !k.handle.input_has_room() && !Self::wait_room(py, &k)? {
+            return Err(Self::room_timeout(py, kernel_id, &k, "send", obj));
+        }
         let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
         // Under `Block` a send to a full lane waits, so the GIL is released then; with room
@@ -1712,6 +1771,23 @@ impl PyRuntime {
             let full = k.blocks && !k.handle.input_has_room();
             if full && !wait {
                 return Ok((i, None));
+            }
+            if full {
+                // Ctrl-C while waiting for room: the exception says how many were taken.
+                let room = Self::wait_room(py, &k).inspect_err(|e| {
+                    let _ = e.value(py).setattr("sent", i);
+                })?;
+                if !room {
+                    let e = Error::Timeout {
+                        id: kernel_id.to_string(),
+                        op: "send_batch",
+                        timeout: k.block,
+                        message: None,
+                    };
+                    let rest = PyList::new(py, &objs[i..])?.into_any().unbind();
+                    let err = build(py, describe(&e, true), Some(rest));
+                    return Ok((i, Some(err.into_value(py).into_any())));
+                }
             }
             let key = k.store.put(obj.clone_ref(py));
             // Under `Block` a send to a full lane waits, so the GIL is released then; with
@@ -1873,6 +1949,9 @@ impl PyRuntime {
             return Err(self.refuse_missing(py, kernel_id, "call", obj));
         };
         let timeout = timeout.map(secs).transpose()?;
+        if k.blocks && !k.handle.input_has_room() && !Self::wait_room(py, &k)? {
+            return Err(Self::room_timeout(py, kernel_id, &k, "call", obj));
+        }
         let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
         let start = |h: &KernelHandle<u64, u64>| match timeout {
@@ -2366,6 +2445,7 @@ fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FLAG_CALL", resident::ring::FLAG_CALL)?;
     buffer::register(m)?;
     dlpack::register(m)?;
+    keyed::register(m)?;
     device::register(m)?;
     workloads::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

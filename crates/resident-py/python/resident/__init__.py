@@ -32,6 +32,7 @@ from .dlpack import DLPackArray, DeviceView, from_dlpack
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .kernel import KernelContext, KernelSpec, get_kernel, ring_kernel
+from .keyed import KeyedKernelSpec, keyed_kernel
 from .memory import BufferState, DevicePointer, MemoryPool, PoolStatistics, UnifiedBuffer, get_memory_pool
 from .message import Message, message
 from .runtime import KernelReport, RingKernelRuntime, Runtime, Telemetry
@@ -47,6 +48,8 @@ __all__ = [
     "device_kernel",
     "DeviceKernelSpec",
     "declarations",
+    "keyed_kernel",
+    "KeyedKernelSpec",
     "message",
     "Message",
     "KernelContext",

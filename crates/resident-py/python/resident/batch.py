@@ -203,6 +203,14 @@ def checked_records(records: Any, dtype: np.dtype, kernel_id: str) -> np.ndarray
 
     # Any DLPack array of host memory is read in place (np.from_dlpack, no copy).
     records = as_host_array(records, f"kernel '{kernel_id}': send_batch")
+    if not isinstance(records, np.ndarray) and (
+        records is None or isinstance(records, (int, float, complex, bool)) or not hasattr(records, "__iter__")
+    ):
+        raise DtypeLayoutError(
+            f"kernel '{kernel_id}': send_batch takes an array of {dtype} records, got "
+            f"{type(records).__name__}",
+            kernel_id,
+        )
     if not isinstance(records, np.ndarray):
         if dtype.fields is not None:
             seq = list(records)
@@ -217,8 +225,28 @@ def checked_records(records: Any, dtype: np.dtype, kernel_id: str) -> np.ndarray
                     f"{bad!r}",
                     kernel_id,
                 )
-            return np.array(seq, dtype=dtype).reshape(-1)
-        records = np.asarray(records)
+            try:
+                return np.array(seq, dtype=dtype).reshape(-1)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise DtypeLayoutError(
+                    f"kernel '{kernel_id}': send_batch got tuples that are not records of "
+                    f"{dtype}: {e}",
+                    kernel_id,
+                ) from None
+        try:
+            records = np.asarray(records)
+        except (TypeError, ValueError) as e:
+            raise DtypeLayoutError(
+                f"kernel '{kernel_id}': send_batch got {type(records).__name__}, not an array "
+                f"of {dtype} records: {e}",
+                kernel_id,
+            ) from None
+    if dtype.subdtype is None and records.ndim != 1:
+        raise DtypeLayoutError(
+            f"kernel '{kernel_id}': send_batch takes a 1-D array of records, got shape "
+            f"{records.shape} (reshape it yourself if its records are in C order)",
+            kernel_id,
+        )
     if dtype.fields is None:
         if records.dtype.fields is not None or not np.can_cast(records.dtype, dtype, "same_kind"):
             raise DtypeLayoutError(

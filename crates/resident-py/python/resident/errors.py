@@ -36,6 +36,7 @@ __all__ = [
     "DLPackError",
     "DLPackDtypeError",
     "MessageTypeError",
+    "KeyOutOfRange",
 ]
 
 _NO_MESSAGE: Any = object()
@@ -199,3 +200,17 @@ class MessageTypeError(ResidentError, TypeError):
     message objects, not an array of records (those go to a ``@batch_kernel``), a string, a
     mapping or a single object; a message kernel's ``receive_batch`` returns a list and takes
     no ``out=``. Also a ``TypeError``."""
+
+
+class KeyOutOfRange(ResidentError, IndexError):
+    """A keyed kernel (``@keyed_kernel``) does not have the key named: a ``send_batch`` with a
+    record whose key field is not below the kernel's ``keys`` (the whole batch is refused,
+    nothing is queued), or a ``snapshot_keys`` range outside the keys. ``key`` is the key at
+    fault. Also an ``IndexError``."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    @property
+    def key(self) -> Optional[int]:
+        return None if self.detail is None else int(self.detail)

@@ -41,6 +41,7 @@ from .errors import (
 from . import batch as _batch
 from . import device as _device
 from . import kernel as _kernel
+from . import keyed as _keyed
 from .kernel import KernelSpec, _run_kernel, get_kernel
 
 __all__ = ["Runtime", "RingKernelRuntime", "Telemetry", "KernelReport"]
@@ -136,9 +137,31 @@ def _priority(msg: Any, priority: Optional[int]) -> int:
     return p
 
 
-def _check_max(max: Any) -> None:
+def _check_max(max: Any) -> int:
     if max.__class__ is not int or max < 0:
         raise ValueError(f"receive_batch: max must be an int >= 0, got {max!r}")
+    return min(max, _MAX_TAKE)
+
+
+# ``receive_batch``'s ``max`` beyond this takes what is there (no queue holds more).
+_MAX_TAKE = 1 << 48
+# A batch kernel's ``send_batch`` hands the engine at most this many records per engine call
+# (the engine copies a call's records and builds an envelope for each: memory stays bounded
+# whatever the batch's length, and Ctrl-C is seen between calls).
+_SEND_CHUNK = 1 << 16
+
+
+def _wrong_kernel(rt: "Runtime", kernel_id: str, what: str, msg: Any) -> None:
+    """Raises ``MessageTypeError`` when ``kernel_id`` is a batch kernel (which takes arrays
+    of records, not message objects); returns otherwise."""
+    if kernel_id.__class__ is str and kernel_id in rt._batch:
+        raise MessageTypeError(
+            f"kernel '{kernel_id}' is a batch kernel: {what} takes message objects; send an "
+            f"array of its records with send_batch and read its outputs with receive_batch",
+            kernel_id,
+            None,
+            msg,
+        ) from None
 
 
 def _no_out(kernel_id: str, out: Any) -> None:
@@ -225,6 +248,8 @@ class Runtime:
         and thread exist, messages queue up until ``activate``. ``overrides`` replace the
         decorator's settings (``queue_size``, ``backpressure``, ...)."""
         s = _spec(kernel_id, kernel_func, overrides)
+        if isinstance(s, _keyed.KeyedKernelSpec):
+            return _keyed._launch(self, s)
         self._final_states.pop(s.kernel_id, None)
         if isinstance(s, _batch.BatchKernelSpec):
             state, device, func, buffers, args = s.state, None, s.func, {}, []
@@ -379,7 +404,62 @@ class Runtime:
         return msgs, priority
 
     def _send_records(self, kernel_id: str, spec: Any, arr: np.ndarray) -> int:
-        return self._rt.send_batch(kernel_id, _batch.to_records(arr, spec.record))
+        if isinstance(spec, _keyed.KeyedKernelSpec):
+            return _keyed.send_records(self, kernel_id, spec, arr)
+        block = spec.backpressure == "block"
+        rt = self._rt
+        if len(arr) <= _SEND_CHUNK and not (block and rt.input_room(kernel_id) == 0):
+            return rt.send_batch(kernel_id, _batch.to_records(arr, spec.record))
+        # Long, or about to wait: in chunks, each waiting for room here (Ctrl-C is seen; a
+        # ``KeyboardInterrupt`` says in ``sent`` how many records were taken before it).
+        sent = 0
+        try:
+            while sent < len(arr):
+                size = _SEND_CHUNK
+                if block:
+                    room = self._room_within(kernel_id, spec.block_timeout)
+                    if room == 0:
+                        if sent == 0:
+                            raise SendTimeoutError(
+                                f"kernel '{kernel_id}': input queue full, send_batch timed out "
+                                f"after {spec.block_timeout} s",
+                                kernel_id,
+                                "send_batch",
+                            )
+                        break
+                    size = min(size, room)
+                part = arr[sent : sent + size]
+                try:
+                    n = rt.send_batch(kernel_id, _batch.to_records(part, spec.record))
+                except ResidentError:
+                    if sent == 0:
+                        raise
+                    break
+                sent += n
+                if n < len(part):
+                    break
+        except KeyboardInterrupt as e:
+            e.sent = sent  # type: ignore[attr-defined]
+            raise
+        return sent
+
+    def _room_within(self, kernel_id: str, timeout: float) -> int:
+        """Room in a batch kernel's input queue, waiting up to ``timeout`` seconds for some
+        (Ctrl-C interrupts the wait); 0 when none came or the kernel stopped accepting."""
+        rt = self._rt
+        r = rt.input_room(kernel_id)
+        if r > 0:
+            return r
+        deadline = time.monotonic() + timeout
+        pause = 50e-6
+        while True:
+            if self.state(kernel_id) not in ("launched", "active", "inactive"):
+                return 1  # the engine refuses the send at once, records handed back
+            time.sleep(pause)
+            pause = min(pause * 2, 2e-3)
+            r = rt.input_room(kernel_id)
+            if r > 0 or time.monotonic() >= deadline:
+                return r
 
     def receive_batch(
         self, kernel_id: str, max: int, timeout: Optional[float] = 0.0, *, out: Any = None
@@ -396,9 +476,10 @@ class Runtime:
         ``min(max, len(out))`` outputs are written into its first rows instead, and the call
         returns how many (an ``int``)."""
         if kernel_id not in self._batch:
-            _check_max(max)
+            max = _check_max(max)
             _no_out(kernel_id, out)
             return self._rt.receive_many(kernel_id, max, timeout)
+        max = _check_max(max)
         spec = self._batch_spec(kernel_id)
         if out is not None:
             dst = _batch.output_view(out, spec.out_dtype, kernel_id)
@@ -418,6 +499,15 @@ class Runtime:
         kernel, the 1-record array it updates in place when it runs on the host)."""
         self._batch_spec(kernel_id)
         return self._host_state.get(kernel_id)
+
+    def snapshot_keys(self, kernel_id: str, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+        """A keyed kernel's key states ``start..stop`` (every key by default) as an array of
+        its ``state_dtype``; also after ``terminate``. ``KeyOutOfRange`` outside the keys."""
+        return _keyed.snapshot_keys(self, kernel_id, start, stop)
+
+    def snapshot_key(self, kernel_id: str, key: int) -> Any:
+        """One key's state record (``KeyOutOfRange`` outside the keys)."""
+        return _keyed.snapshot_key(self, kernel_id, key)
 
     def snapshot_state(self, kernel_id: str) -> np.ndarray:
         """A copy of a device kernel's state, one record of its ``state_dtype``: read back from
@@ -494,11 +584,19 @@ class Runtime:
         """Queues ``msg`` (any Python object) at ``priority`` (default: ``msg.priority``,
         else 128). Returns the engine's message id. Refusals raise with ``msg`` handed back
         in the exception's ``message``."""
-        return self._rt.send(kernel_id, msg, _priority(msg, priority))
+        try:
+            return self._rt.send(kernel_id, msg, _priority(msg, priority))
+        except KernelNotFoundError:
+            _wrong_kernel(self, kernel_id, "send", msg)
+            raise
 
     def receive(self, kernel_id: str, timeout: Optional[float] = None) -> Any:
         """The next output, waiting up to ``timeout`` seconds (None: without limit)."""
-        return self._rt.receive(kernel_id, timeout)[0]
+        try:
+            return self._rt.receive(kernel_id, timeout)[0]
+        except KernelNotFoundError:
+            _wrong_kernel(self, kernel_id, "receive", None)
+            raise
 
     def try_receive(self, kernel_id: str) -> Optional[Any]:
         r = self._rt.try_receive(kernel_id, 0.0)
@@ -517,7 +615,11 @@ class Runtime:
         that deadline: if the kernel has not taken it by then it is not handled but counted
         (``messages_expired`` in the telemetry), so timed-out calls do not keep the kernel
         busy."""
-        pc = self._rt.call_start(kernel_id, msg, _priority(msg, priority), timeout)
+        try:
+            pc = self._rt.call_start(kernel_id, msg, _priority(msg, priority), timeout)
+        except KernelNotFoundError:
+            _wrong_kernel(self, kernel_id, "call", msg)
+            raise
         t = 1e9 if timeout is None else timeout
         try:
             r = pc.wait(t)
@@ -751,13 +853,21 @@ class RingKernelRuntime:
         rt = self._rt
         if rt.would_block(kernel_id):
             await self._room(kernel_id, msg, None)
-        return rt.send(kernel_id, msg, priority)
+        try:
+            return rt.send(kernel_id, msg, priority)
+        except KernelNotFoundError:
+            _wrong_kernel(self.sync, kernel_id, "send", msg)
+            raise
 
     async def receive(self, kernel_id: str, timeout: Optional[float] = None) -> Any:
         """The next output; ``ReceiveTimeoutError`` (an ``asyncio.TimeoutError``) after
         ``timeout`` seconds (None: without limit). Cancelled, it has taken nothing."""
         rt = self._rt
-        r = rt.take(kernel_id, 0.0)
+        try:
+            r = rt.take(kernel_id, 0.0)
+        except KernelNotFoundError:
+            _wrong_kernel(self.sync, kernel_id, "receive", None)
+            raise
         if r is not _NOTHING:
             return r
         r = await self._until(kernel_id, lambda: rt.take(kernel_id, 0.0), self._deadline(timeout))
@@ -789,7 +899,11 @@ class RingKernelRuntime:
         left = None
         if deadline is not None:
             left = max(deadline - asyncio.get_running_loop().time(), 0.0)
-        pc = rt.call_start(kernel_id, msg, p, left)
+        try:
+            pc = rt.call_start(kernel_id, msg, p, left)
+        except KernelNotFoundError:
+            _wrong_kernel(self.sync, kernel_id, "call", msg)
+            raise
         try:
             r = await self._until(kernel_id, pc.poll, deadline)
         except BaseException:
@@ -891,6 +1005,14 @@ class RingKernelRuntime:
             )
         return sent
 
+    def snapshot_keys(self, kernel_id: str, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
+        """As ``Runtime.snapshot_keys``."""
+        return self.sync.snapshot_keys(kernel_id, start, stop)
+
+    def snapshot_key(self, kernel_id: str, key: int) -> Any:
+        """As ``Runtime.snapshot_key``."""
+        return self.sync.snapshot_key(kernel_id, key)
+
     async def receive_batch(
         self, kernel_id: str, max: int, timeout: Optional[float] = 0.0, *, out: Any = None
     ) -> Any:
@@ -901,7 +1023,7 @@ class RingKernelRuntime:
         sync = self.sync
         rt = self._rt
         if kernel_id not in sync._batch:
-            _check_max(max)
+            max = _check_max(max)
             _no_out(kernel_id, out)
             r = rt.take_many(kernel_id, max, 0.0)
             if r or max == 0:
@@ -912,6 +1034,7 @@ class RingKernelRuntime:
 
             r = await self._until(kernel_id, take, self._deadline(timeout))
             return [] if r is _NOTHING else r
+        max = _check_max(max)
         spec = sync._batch_spec(kernel_id)
         dst = None if out is None else _batch.output_view(out, spec.out_dtype, kernel_id)
         n = max if dst is None else min(max, len(dst))
