@@ -34,7 +34,10 @@ static int streams(int n) {
         CK(cuStreamCreate(&s[i], CU_STREAM_NON_BLOCKING));
         CUdeviceptr a = d, b = d + 512 * 4; unsigned int idx = i;
         void* args[] = {&a, &b, &idx};
+        auto tl = std::chrono::steady_clock::now();
         CK(cuLaunchKernel(spin, 1, 1, 1, 32, 1, 1, 0, s[i], args, nullptr));
+        double lm = ms_since(tl);
+        if (lm > 50) fprintf(stderr, "launch %d took %.1f ms\n", i, lm);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     std::string bits; int count = 0;

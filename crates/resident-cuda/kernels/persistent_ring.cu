@@ -135,6 +135,21 @@ __device__ __forceinline__ void resident_fence_acquire() {
     std::atomic_thread_fence(std::memory_order_acquire);
 #endif
 }
+// A release fence and the stores it covers: on the GPU one fence.acq_rel.sys followed by relaxed
+// stores (each a release pattern for its location, so several indices are published with one
+// wait for the earlier writes instead of one per index). ThreadSanitizer does not model
+// standalone fences, so the C++ build makes the covered stores release stores; the bus model
+// counts the fence once and the stores as plain writes.
+__device__ __forceinline__ void resident_fence_release() {
+    resident_sim::bus_fence();
+#if !defined(__SANITIZE_THREAD__)
+    std::atomic_thread_fence(std::memory_order_release);
+#endif
+}
+__device__ __forceinline__ void resident_st_covered_u64(unsigned long long* p, unsigned long long v) {
+    resident_sim::bus_store(p, sizeof(v), false);
+    std::atomic_ref<unsigned long long>(*p).store(v, std::memory_order_release);
+}
 __device__ __forceinline__ unsigned long long resident_now_ns() { return resident_sim::now_ns(); }
 #else
 __device__ __forceinline__ unsigned long long resident_ld_acquire_u64(const unsigned long long* p) {
@@ -200,6 +215,12 @@ __device__ __forceinline__ void resident_bus_poll() {}
 __device__ __forceinline__ void resident_bus_batch(unsigned int) {}
 
 __device__ __forceinline__ void resident_fence_acquire() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+// See the C++ build's notes: one fence, then relaxed stores that it makes release patterns.
+__device__ __forceinline__ void resident_fence_release() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+__device__ __forceinline__ void resident_st_covered_u64(unsigned long long* p, unsigned long long v) {
+    resident_st_relaxed_u64(p, v);
+}
 
 __device__ __forceinline__ unsigned long long resident_now_ns() {
     unsigned long long t;
@@ -412,6 +433,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     unsigned int exit_state = 0;
     unsigned long long batch_start = 0;
     unsigned int handled = 0;  // thread 0: messages of the batch handed to the handler
+    bool heads_early = false;  // thread 0: this batch's lane heads went out before its output wait
 // The ring and capacity of gather index l (a lane, or the peer ring).
 #define RESIDENT_RING_OF(l) ((l) == RESIDENT_PEER ? s_peer_ring : p.lanes[(l)])
 #define RESIDENT_CAP_OF(l) ((l) == RESIDENT_PEER ? s_peer_cap : p.lane_capacity)
@@ -721,18 +743,9 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
         __syncthreads();  // D: per-warp counts visible; every slot read and handler done
 
         if (tid == 0) {
-            // Publish the lane heads only now, after every handler of the batch returned: a
-            // batch whose handler faults (trap) is never marked consumed, so the host takes
-            // those inputs back instead of losing them.
-            for (unsigned int l = 0; l < p.lane_count; ++l) {
-                if (s_take[l] != 0) {
-                    o.head[l] += s_take[l];
-                    // Release: our reads of the slots (ordered by barrier D) happen before the
-                    // host's acquire of head lets it overwrite them.
-                    resident_st_release_u64(&((RingHeader*)p.lanes[l])->head, o.head[l]);
-                }
-            }
-            // The peer ring likewise, up to the first call reply (s_peer_stop); the producing
+            // The lane heads are published at the end of the batch with the output tail, or
+            // before the wait for output room (see there). The peer ring's head is published now, up to the first call reply
+            // (s_peer_stop), after every handler of the batch returned; the producing
             // kernel's acquire of its output head then lets it reuse those slots.
             handled = n;
             if (s_take[RESIDENT_PEER] != 0) {
@@ -760,6 +773,19 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             unsigned int abandon = 0;
             unsigned long long cap = p.out_capacity;
             unsigned int wait_ns = RESIDENT_MIN_BACKOFF_NS;
+            // About to wait for room: the batch's inputs are taken now, as the host sees them
+            // (each head a release store: our reads of its slots, ordered by barrier D, happen
+            // before the host's acquire of it lets it overwrite them). Otherwise the heads go
+            // out with the output tail, under one fence (the end of the batch).
+            heads_early = o.out_tail + sum - o.out_cached_head > cap;
+            if (heads_early) {
+                for (unsigned int l = 0; l < p.lane_count; ++l) {
+                    if (s_take[l] != 0) {
+                        o.head[l] += s_take[l];
+                        resident_st_release_u64(&((RingHeader*)p.lanes[l])->head, o.head[l]);
+                    }
+                }
+            }
             while (o.out_tail + sum - o.out_cached_head > cap) {
                 // Acquire: pairs with the host's release store of head; its reads of those
                 // slots happen before our writes.
@@ -839,11 +865,28 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                 o.undelivered += outputs;
             }
             resident_publish_counters(ctl, &o);
-            if (!abandon && outputs != 0) {
+            // One release fence for the output tail and the lane heads (two release stores each
+            // waited for the earlier writes on their own). The fence is cumulative: the slot
+            // writes of all threads (ordered before it by barrier F) are visible to the host's
+            // acquire load of tail, and our reads of the input slots (barrier D) happen before
+            // the host's acquire of a head lets it overwrite them. The heads are published only
+            // now, after every handler of the batch returned: a batch whose handler faults
+            // (trap) is never marked consumed, so the host takes those inputs back instead of
+            // losing them.
+            const bool tail_moves = !abandon && outputs != 0;
+            bool heads_move = false;
+            if (!heads_early)
+                for (unsigned int l = 0; l < p.lane_count; ++l) heads_move |= s_take[l] != 0;
+            if (tail_moves || heads_move) resident_fence_release();
+            if (tail_moves) {
                 o.out_tail += outputs;
-                // Release (cumulative): the slot writes of all threads, ordered before this by
-                // barrier F, are visible to the host's acquire load of tail.
-                resident_st_release_u64(&((RingHeader*)p.out)->tail, o.out_tail);
+                resident_st_covered_u64(&((RingHeader*)p.out)->tail, o.out_tail);
+            }
+            for (unsigned int l = 0; heads_move && l < p.lane_count; ++l) {
+                if (s_take[l] != 0) {
+                    o.head[l] += s_take[l];
+                    resident_st_covered_u64(&((RingHeader*)p.lanes[l])->head, o.head[l]);
+                }
             }
             o.last_outputs = outputs;
             resident_bus_batch(handled);

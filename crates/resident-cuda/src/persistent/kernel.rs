@@ -54,6 +54,9 @@ pub struct LaunchOptions {
     pub buffers: Vec<super::BufferInit>,
 }
 
+/// How often [`PersistentKernel::receive`] polls the kernel's stream while it waits.
+pub const RECEIVE_CHECK_EVERY: Duration = Duration::from_micros(200);
+
 impl Default for LaunchOptions {
     fn default() -> Self {
         LaunchOptions {
@@ -634,16 +637,28 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     /// Waits up to `timeout` for one output, polling the stream so a device fault or an exit
     /// is returned instead of a hang.
     pub fn receive(&mut self, timeout: Duration) -> Result<Slot<Out>, PersistentError> {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let mut last_check = start;
         let mut spins = 0u32;
         loop {
             if let Some(s) = self.q_mut().try_receive() {
                 return Ok(s);
             }
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(256) {
-                self.check()?;
-                if Instant::now() > deadline {
+            if spins.is_multiple_of(64) {
+                // The stream query (a driver call of a few microseconds, which a round trip of
+                // a few microseconds would pay when it lands during one) runs every
+                // RECEIVE_CHECK_EVERY of waiting, not every few hundred spins: often enough to
+                // see a fault or an exit promptly and to keep mapped memory fresh (GPU-NOTES),
+                // rarely enough to stay out of a message's round trip.
+                let now = Instant::now();
+                if now.duration_since(last_check) >= RECEIVE_CHECK_EVERY {
+                    last_check = now;
+                    self.check()?;
+                }
+                if now > deadline {
+                    self.check()?;
                     return Err(PersistentError::Timeout {
                         name: self.name.clone(),
                         what: "an output",
