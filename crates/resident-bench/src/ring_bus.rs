@@ -262,11 +262,11 @@ pub fn bus_model(plan: &BusPlan) -> Result<Vec<BusRow>, BenchError> {
 
 fn rates(r: &BusRates) -> Value {
     json!({"reads": r.reads, "writes": r.writes, "read_bytes": r.read_bytes,
-           "write_bytes": r.write_bytes, "dependent_reads": r.chain})
+           "write_bytes": r.write_bytes, "dependent_reads": r.chain, "fences": r.fences})
 }
 
 /// The rows as JSON: `[{payload_bytes, in_flight, block_threads, messages, batches,
-/// per_message: {reads, writes, read_bytes, write_bytes, dependent_reads}, per_batch: {...},
+/// per_message: {reads, writes, read_bytes, write_bytes, dependent_reads, fences}, per_batch: {...},
 /// dependent_reads_max, idle_polls, idle_reads_per_poll, control_reads, control_writes}]`.
 pub fn rows_json(rows: &[BusRow]) -> Value {
     Value::Array(
@@ -289,6 +289,7 @@ pub fn rows_json(rows: &[BusRow]) -> Value {
 pub const MODEL_MEANS: &str = "CudaSim's bus model of the persistent ring kernel (the GPU template, run on host threads): \
 queue loads and stores (pinned memory, PCIe on a GPU; a 16-byte access is one) and the dependent read chain \
 (bus round trips from the poll that finds a batch to the store that makes its outputs visible); \
+fences: fences and release stores in a batch, each of which waits on a GPU for the earlier writes to reach host memory; \
 exact, idle polls and control-block accesses apart";
 
 /// One line per row, for the terminal.
@@ -296,8 +297,8 @@ pub fn row_line(r: &BusRow) -> String {
     let m = r.per_message();
     let b = r.per_batch();
     format!(
-        "model {:>4} B in_flight {:>5}: per message {:>6.2} reads {:>6.2} writes {:>7.1} B read {:>7.1} B written; per batch {:>7.1} reads, dependent reads {:.2} (max {})",
-        r.payload_bytes, r.in_flight, m.reads, m.writes, m.read_bytes, m.write_bytes, b.reads, b.chain, r.stats.chain_max
+        "model {:>4} B in_flight {:>5}: per message {:>6.2} reads {:>6.2} writes {:>7.1} B read {:>7.1} B written; per batch {:>7.1} reads, dependent reads {:.2} (max {}), fences {:.2}",
+        r.payload_bytes, r.in_flight, m.reads, m.writes, m.read_bytes, m.write_bytes, b.reads, b.chain, r.stats.chain_max, b.fences
     )
 }
 

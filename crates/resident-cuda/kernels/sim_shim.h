@@ -178,6 +178,7 @@ enum BusField : unsigned int {
     BUS_IDLE_POLLS,         // polls that found nothing
     BUS_IDLE_READS,         // their queue loads
     BUS_TORN_READS,         // wide loads split in two with the writer let run between
+    BUS_BATCH_FENCES,       // fences and release stores inside batches (each waits on a GPU)
     BUS_FIELDS
 };
 
@@ -200,6 +201,9 @@ struct Bus {
     unsigned long long t0_mark[4] = {0, 0, 0, 0};
     unsigned long long base_depth = 0;
     bool window = false;
+    // Fences and release stores since the poll that opened the window (a batch's, once it
+    // closes; an idle poll's are dropped).
+    std::atomic<unsigned long long> win_fences{0};
     Bus() {
         for (auto& x : v) x.store(0, std::memory_order_relaxed);
     }
@@ -248,7 +252,10 @@ inline void bus_load(const void* p, unsigned int bytes, bool acquire) {
 // A system-scope store; `release`: it waits for every load before it.
 inline void bus_store(const void* p, unsigned int bytes, bool release) {
     if (!g_bus.on) return;
-    if (release) t_ready = depth_now();
+    if (release) {
+        t_ready = depth_now();
+        if (g_bus.window) bus_add(g_bus.win_fences, 1);
+    }
     if (bus_is_control(p)) {
         bus_add(g_bus.v[BUS_CONTROL_WRITES], 1);
         return;
@@ -258,8 +265,12 @@ inline void bus_store(const void* p, unsigned int bytes, bool release) {
     bus_add(t.write_bytes, bytes);
 }
 
-// An acquire fence: waits for every pending load.
-inline void bus_fence() { t_ready = depth_now(); }
+// A fence (acquire or release: fence.acq_rel.sys on a GPU): waits for every pending load and,
+// on a GPU, for this thread's earlier writes to reach their destination; counted per batch.
+inline void bus_fence() {
+    t_ready = depth_now();
+    if (g_bus.on && g_bus.window) bus_add(g_bus.win_fences, 1);
+}
 
 inline void bus_thread_totals(const BusThread& t, unsigned long long out[4]) {
     out[0] = t.reads.load(std::memory_order_relaxed);
@@ -309,6 +320,7 @@ inline void bus_poll() {
     // this one starts after them; its first load is one deeper than the base.
     t_ready = depth_now();
     g_bus.base_depth = t_ready;
+    g_bus.win_fences.store(0, std::memory_order_relaxed);
     g_bus.window = true;
 }
 
@@ -326,6 +338,7 @@ inline void bus_batch(unsigned int messages) {
     bus_add(g_bus.v[BUS_BATCH_WRITE_BYTES], now[3] - g_bus.mark[3]);
     const unsigned long long chain = depth_now() - g_bus.base_depth;
     bus_add(g_bus.v[BUS_CHAIN_SUM], chain);
+    bus_add(g_bus.v[BUS_BATCH_FENCES], g_bus.win_fences.load(std::memory_order_relaxed));
     unsigned long long m = g_bus.v[BUS_CHAIN_MAX].load(std::memory_order_relaxed);
     while (chain > m && !g_bus.v[BUS_CHAIN_MAX].compare_exchange_weak(m, chain, std::memory_order_relaxed)) {
     }

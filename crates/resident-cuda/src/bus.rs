@@ -61,10 +61,13 @@ pub struct BusStats {
     pub idle_reads: u64,
     /// 16-byte loads split in two with the writer let run between (tear mode).
     pub torn_reads: u64,
+    /// Fences and release stores inside batches: on a GPU each waits for the thread's earlier
+    /// writes to reach host memory (a PCIe write flush) as well as for its pending loads.
+    pub batch_fences: u64,
 }
 
 /// How many counters the shim exports, in [`BusStats::from_fields`] order.
-pub const BUS_FIELDS: usize = 17;
+pub const BUS_FIELDS: usize = 18;
 
 /// Figures divided by a count (per message or per batch).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -79,6 +82,8 @@ pub struct BusRates {
     pub write_bytes: f64,
     /// Dependent read chain (mean over batches; per message it is the batch's).
     pub chain: f64,
+    /// Fences and release stores (see [`BusStats::batch_fences`]).
+    pub fences: f64,
 }
 
 impl BusStats {
@@ -103,6 +108,7 @@ impl BusStats {
             idle_polls: f(14),
             idle_reads: f(15),
             torn_reads: f(16),
+            batch_fences: f(17),
         }
     }
 
@@ -128,6 +134,7 @@ impl BusStats {
             idle_polls: d(self.idle_polls, earlier.idle_polls),
             idle_reads: d(self.idle_reads, earlier.idle_reads),
             torn_reads: d(self.torn_reads, earlier.torn_reads),
+            batch_fences: d(self.batch_fences, earlier.batch_fences),
         }
     }
 
@@ -138,6 +145,7 @@ impl BusStats {
             writes: per(self.batch_writes),
             read_bytes: per(self.batch_read_bytes),
             write_bytes: per(self.batch_write_bytes),
+            fences: per(self.batch_fences),
             chain: if self.batches == 0 {
                 0.0
             } else {

@@ -691,7 +691,7 @@ fn wide_kernel(name: &str, batch: u32, queues: QueueConfig) -> SimKernel<[u64; 8
 /// The bus model's exact figures for the index protocol (tail, then slots): one message in
 /// flight costs the tail read and the slot's six 16-byte reads, and its output is visible
 /// after a chain of two dependent reads; a batch of 256 costs one tail read for all of them
-/// and the same chain. Idle polls are counted apart. These are the figures CI holds; a
+/// and the same chain; each batch waits at two fences. Idle polls are counted apart. These are the figures CI holds; a
 /// protocol change that moves them must change this test on purpose.
 #[test]
 fn bus_model_counts_reads_writes_and_the_dependent_chain() {
@@ -724,6 +724,9 @@ fn bus_model_counts_reads_writes_and_the_dependent_chain() {
     assert_eq!(s.batch_write_bytes, 112 * N as u64, "{s:?}");
     assert_eq!(s.chain_max, 2, "{s:?}");
     assert_eq!(s.chain_sum, 2 * N as u64, "{s:?}");
+    // Fences: the acquire fence after the tail read, and one release fence for the output
+    // tail and the lane head (a release store each was two).
+    assert_eq!(s.batch_fences, 2 * N as u64, "{s:?}");
     // Tear mode (RESIDENT_CUDASIM_TEAR=1, which CI also runs this file under) splits every
     // 16-byte read and lets the writer run between the halves; the outputs above were still
     // exact. Off by default.
@@ -754,5 +757,6 @@ fn bus_model_counts_reads_writes_and_the_dependent_chain() {
     assert_eq!(s.batch_reads, 1 + 256 * 6, "{s:?}");
     assert_eq!(s.batch_writes, 1 + 256 * 6 + 1, "{s:?}");
     assert_eq!(s.chain_max, 2, "{s:?}");
+    assert_eq!(s.batch_fences, 2, "{s:?}");
     k.terminate(T).unwrap();
 }
