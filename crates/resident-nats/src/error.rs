@@ -126,7 +126,7 @@ pub enum ServeError {
         partition: u32,
         /// What is wrong with it.
         #[source]
-        source: crate::keyed::CheckpointError,
+        source: CheckpointError,
     },
 }
 
@@ -260,4 +260,32 @@ mod tests {
         assert!(ErrorKind::Timeout.is_transient());
         assert!(!ErrorKind::BadInput.is_transient());
     }
+}
+
+/// Why a checkpoint could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The value is not a checkpoint of this format.
+    #[error("not a resident checkpoint (bad magic or version)")]
+    Format,
+    /// The value's length does not match its header.
+    #[error("checkpoint of {actual} bytes, its header says {expected}")]
+    Length {
+        /// Bytes the header implies.
+        expected: usize,
+        /// Bytes found.
+        actual: usize,
+    },
+    /// The checkpoint holds states of another type or another key count.
+    #[error("checkpoint holds {keys} states of {size} bytes, expected {expected_keys} of {expected_size}")]
+    Shape {
+        /// States in the checkpoint.
+        keys: u32,
+        /// Bytes per state in the checkpoint.
+        size: u32,
+        /// States expected.
+        expected_keys: u32,
+        /// Bytes per state expected.
+        expected_size: u32,
+    },
 }

@@ -208,33 +208,7 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Why a checkpoint could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// The value is not a checkpoint of this format.
-    #[error("not a resident checkpoint (bad magic or version)")]
-    Format,
-    /// The value's length does not match its header.
-    #[error("checkpoint of {actual} bytes, its header says {expected}")]
-    Length {
-        /// Bytes the header implies.
-        expected: usize,
-        /// Bytes found.
-        actual: usize,
-    },
-    /// The checkpoint holds states of another type or another key count.
-    #[error("checkpoint holds {keys} states of {size} bytes, expected {expected_keys} of {expected_size}")]
-    Shape {
-        /// States in the checkpoint.
-        keys: u32,
-        /// Bytes per state in the checkpoint.
-        size: u32,
-        /// States expected.
-        expected_keys: u32,
-        /// Bytes per state expected.
-        expected_size: u32,
-    },
-}
+pub use crate::error::CheckpointError;
 
 const MAGIC: &[u8; 4] = b"RKC1";
 /// A partition that received nothing this long reads again from a fresh consumer.

@@ -418,6 +418,20 @@ def from_dlpack(x: Any, *, backend: str = "auto") -> DLPackArray:
     return DLPackArray(_resident.DLPackImport(cap), x)
 
 
+# Types whose ``.host`` is a numpy view of their host memory (structured records included,
+# which DLPack cannot carry). ``memory.UnifiedBuffer`` registers itself: that module stands
+# above this one.
+_HOST_VIEWS: Tuple[type, ...] = ()
+
+
+def register_host_view(cls: type) -> type:
+    """Lets ``as_host_array`` take instances of ``cls`` by their ``.host`` view."""
+    global _HOST_VIEWS
+    if cls not in _HOST_VIEWS:
+        _HOST_VIEWS = _HOST_VIEWS + (cls,)
+    return cls
+
+
 def as_host_array(x: Any, what: str) -> Any:
     """``x`` as a numpy array when it is a DLPack producer of host memory (no copy), a
     ``UnifiedBuffer`` (its host view) or a ``DLPackArray``; ``x`` itself otherwise.
@@ -428,9 +442,7 @@ def as_host_array(x: Any, what: str) -> Any:
         if x.device[0] not in HOST_ACCESSIBLE:
             raise _device_refusal(x.device, what)
         return x.host
-    from .memory import UnifiedBuffer
-
-    if isinstance(x, UnifiedBuffer):
+    if isinstance(x, _HOST_VIEWS):
         return x.host
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         dev = _device_tuple(x.__dlpack_device__())

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -38,9 +38,6 @@ from .batch import BatchKernelSpec, to_records
 from .device import _check_names, _fields, _natural_size
 from .errors import DtypeLayoutError, KeyOutOfRange
 from .kernel import _registry, reject_unknown
-
-if TYPE_CHECKING:  # pragma: no cover
-    from . import runtime as _runtime
 
 __all__ = ["keyed_kernel", "KeyedKernelSpec", "KeyOutOfRange"]
 
@@ -280,14 +277,14 @@ def keyed_kernel(
 # ---- the runtime's keyed operations ---------------------------------------------------------
 
 
-def _handles(rt: "_runtime.Runtime") -> Dict[str, Any]:
+def _handles(rt: Any) -> Dict[str, Any]:
     h = rt.__dict__.get("_keyed_handles")
     if h is None:
         h = rt.__dict__.setdefault("_keyed_handles", {})
     return h
 
 
-def _launch(rt: "_runtime.Runtime", s: KeyedKernelSpec) -> None:
+def _launch(rt: Any, s: KeyedKernelSpec) -> None:
     dev = s.device_spec()
     state_fields = None
     if dev is not None:
@@ -320,7 +317,7 @@ def _launch(rt: "_runtime.Runtime", s: KeyedKernelSpec) -> None:
 
 
 def snapshot_keys(
-    self: "_runtime.Runtime", kernel_id: str, start: int = 0, stop: Optional[int] = None
+    self: Any, kernel_id: str, start: int = 0, stop: Optional[int] = None
 ) -> np.ndarray:
     """A copy of the states of keys ``start..stop`` (default: every key) of a keyed kernel, as
     an array of its ``state_dtype``, read between two batches (from the device when a device
@@ -345,12 +342,12 @@ def snapshot_keys(
     return np.ascontiguousarray(raw.reshape(n, m)[:, : dt.itemsize]).view(dt).reshape(n)
 
 
-def snapshot_key(self: "_runtime.Runtime", kernel_id: str, key: int) -> Any:
+def snapshot_key(self: Any, kernel_id: str, key: int) -> Any:
     """A copy of key ``key``'s state (one record of ``state_dtype``); see ``snapshot_keys``."""
     return snapshot_keys(self, kernel_id, key, int(key) + 1)[0]
 
 
-def send_records(rt: "_runtime.Runtime", kernel_id: str, spec: KeyedKernelSpec, arr: np.ndarray) -> int:
+def send_records(rt: Any, kernel_id: str, spec: KeyedKernelSpec, arr: np.ndarray) -> int:
     """A keyed kernel's records, in its wire form (the key copied where the engine reads it)."""
     h, _ = _handles(rt)[kernel_id]
     return h.send_batch(spec.to_wire(arr))

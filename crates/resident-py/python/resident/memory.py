@@ -57,6 +57,7 @@ def _shape(shape: Shape) -> Tuple[int, ...]:
     return t
 
 
+@_dlpack.register_host_view
 class UnifiedBuffer:
     """``shape`` values of ``dtype`` (any numpy dtype, structured ones included) with a host
     and a device copy. ``pinned=True`` puts the host copy in pinned, device-mapped memory on
