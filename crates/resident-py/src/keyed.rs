@@ -286,11 +286,14 @@ struct Args<'a> {
     runner: Py<PyAny>,
     func: Py<PyAny>,
     device: Option<(&'a DeviceSpec, StructLayout)>,
+    /// The kernel's bell, rung by the engine once a batch's outputs are published.
+    bell: Arc<crate::Bell>,
 }
 
 type Launched = (Arc<dyn BatchKernel>, Arc<dyn KeyedOps>);
 
 fn launch_nm<const N: usize, const M: usize>(a: Args<'_>) -> Result<Launched, LaunchError> {
+    let bell = a.bell.clone();
     let states: Vec<KeyBlob<M>> = a
         .states
         .chunks_exact(M)
@@ -302,7 +305,10 @@ fn launch_nm<const N: usize, const M: usize>(a: Args<'_>) -> Result<Launched, La
         .priority_lanes(a.lanes)
         .backpressure(a.policy)
         .keyed_from(states)
-        .workers(a.workers);
+        .workers(a.workers)
+        // The outputs are published after the whole batch (not by the key handler): the
+        // engine's hook rings the bell then, waking the event loops awaiting them.
+        .on_publish(move || bell.ring());
     if let Some(b) = a.max_batch {
         k = k.batch_size(b);
     }
@@ -518,6 +524,7 @@ fn launch_keyed(
         None => None,
     };
     let pyrt = rt.get();
+    let bell = Arc::new(crate::Bell::default());
     let guard = pyrt.rt.lock();
     let engine = guard
         .as_ref()
@@ -536,6 +543,7 @@ fn launch_keyed(
         runner,
         func,
         device: dev,
+        bell: bell.clone(),
     };
     let (batch, ops) = py
         .detach(|| launch_any(record, state_size, args))
@@ -544,9 +552,7 @@ fn launch_keyed(
             LaunchError::Layout(e) => crate::device::layout_error(py, &e),
         })?;
     drop(guard);
-    pyrt.bells
-        .lock()
-        .insert(kernel_id.clone(), Arc::new(crate::Bell::default()));
+    pyrt.bells.lock().insert(kernel_id.clone(), bell);
     pyrt.batch.lock().insert(kernel_id, batch);
     Ok(KeyedHandle(ops))
 }

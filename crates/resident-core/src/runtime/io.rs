@@ -36,6 +36,10 @@ use crate::runtime::report::TerminateReport;
 use crate::runtime::state::{Error, Failure, KernelState, Result};
 use crate::telemetry::KernelMetrics;
 
+/// What [`RingKernel::on_publish`](crate::runtime::kernel::RingKernel::on_publish) calls after
+/// the kernel's host published outputs.
+pub type PublishHook = Arc<dyn Fn() + Send + Sync>;
+
 /// A message whose deadline is nearer than this is held by a device pump until the device has
 /// handled everything before it, then checked again (see [`KernelIo::deadline_near`]). A
 /// farther deadline is checked only when the message is taken from the input queue: it can
@@ -183,6 +187,9 @@ pub struct KernelIo<In, Out> {
     pub(crate) forward: std::sync::OnceLock<Forward<Out>>,
     /// Where the handler runs, set once at launch.
     pub(crate) placement: std::sync::OnceLock<crate::runtime::report::Placement>,
+    /// Called by the publisher after outputs were queued (`RingKernel::on_publish`), set once
+    /// at launch.
+    pub(crate) on_publish: std::sync::OnceLock<PublishHook>,
     exited: AtomicBool,
     exit_signal: Signal,
     pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
@@ -268,6 +275,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             unsent: Mutex::new(Vec::new()),
             forward: std::sync::OnceLock::new(),
             placement: std::sync::OnceLock::new(),
+            on_publish: std::sync::OnceLock::new(),
             exited: AtomicBool::new(false),
             exit_signal: Signal::new(),
             thread: Mutex::new(None),

@@ -25,6 +25,8 @@ pub(crate) type HostFactory<In, Out, S> = Box<
         > + Send,
 >;
 
+pub use crate::runtime::io::PublishHook;
+
 pub(crate) enum Body<In, Out, S> {
     Handler(HandlerFn<In, Out, S>),
     Loop(LoopFn<In, Out, S>),
@@ -76,6 +78,8 @@ pub struct RingKernel<In, Out, S = ()> {
     /// A keyed kernel's states as a device buffer, built at launch on a device runtime
     /// (`RingKernel::key_cuda`).
     pub(crate) device_keys: Option<DeviceKeys<In, Out, S>>,
+    /// Called after the host published outputs (`RingKernel::on_publish`).
+    pub(crate) on_publish: Option<PublishHook>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -102,6 +106,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             keys: None,
             host: None,
             device_keys: None,
+            on_publish: None,
             _types: PhantomData,
         }
     }
@@ -129,6 +134,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             keys: self.keys,
             host: None,
             device_keys: None,
+            on_publish: self.on_publish,
             _types: PhantomData,
         }
     }
@@ -252,6 +258,16 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// forces the host relay, e.g. to measure what device forwarding saves.
     pub fn forward_path(mut self, path: ForwardPath) -> Self {
         self.forward_path = path;
+        self
+    }
+
+    /// Calls `f` on the kernel's host thread each time it has published outputs into its
+    /// output queue: once per batch (or per send of a loop-form kernel) that queued at least
+    /// one, after they are visible to `receive`; never for a batch that published nothing,
+    /// nor for `call` replies or forwarded outputs. For waking waiters the engine does not
+    /// know about (an event loop) without polling; `f` should be quick and must not block.
+    pub fn on_publish(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_publish = Some(std::sync::Arc::new(f));
         self
     }
 

@@ -399,6 +399,9 @@ impl<E: Engines> Runtime<E> {
         if let Some(snapshots) = key_states {
             let _ = io.keyed.set(snapshots(&io));
         }
+        if let Some(hook) = kernel.on_publish.take() {
+            let _ = io.on_publish.set(hook);
+        }
         if let Some(target) = kernel.forward.take() {
             // A target already running must take `Out`; one launched later is checked by type
             // when the first output is forwarded.

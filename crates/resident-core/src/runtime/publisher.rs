@@ -30,6 +30,8 @@ pub struct Publisher<In, Out> {
     /// blocks of [`Ids::BLOCK`] so senders and this thread do not share a hot line.
     next_id: u64,
     end_id: u64,
+    /// Outputs were queued since the last call of the kernel's `on_publish` hook.
+    unannounced: bool,
 }
 
 impl<In: Message, Out: Message> Publisher<In, Out> {
@@ -39,6 +41,7 @@ impl<In: Message, Out: Message> Publisher<In, Out> {
             out,
             next_id: 0,
             end_id: 0,
+            unannounced: false,
         }
     }
 
@@ -95,6 +98,7 @@ impl<In: Message, Out: Message> Publisher<In, Out> {
         }
         self.push_outputs(results, true);
         results.clear();
+        self.announce();
     }
 
     /// Publishes the result of one handled request as soon as its handler returned (the
@@ -131,10 +135,23 @@ impl<In: Message, Out: Message> Publisher<In, Out> {
         self.push_outputs(&[Slot::new(env, out)], false);
     }
 
-    /// The fenced wake-up owed after [`Publisher::publish_one`]s.
+    /// The fenced wake-up owed after [`Publisher::publish_one`]s (and the kernel's
+    /// `on_publish` hook, if they queued anything).
     #[inline]
-    pub fn flush_wakeups(&self) {
+    pub fn flush_wakeups(&mut self) {
         self.out.notify_receivers();
+        self.announce();
+    }
+
+    /// Calls the kernel's `on_publish` hook once for the outputs queued since its last call
+    /// (after they are in the queue, so whoever it wakes finds them).
+    #[inline]
+    fn announce(&mut self) {
+        if std::mem::take(&mut self.unannounced) {
+            if let Some(hook) = self.io.on_publish.get() {
+                hook();
+            }
+        }
     }
 
     /// A handled `call` that produced no output: its caller gets `NoReply`.
@@ -160,10 +177,20 @@ impl<In: Message, Out: Message> Publisher<In, Out> {
             forward_outputs(&io, f, outputs);
             return;
         }
+        // Outputs that do not fit make this thread wait for a receiver: the outputs queued
+        // already are announced first, or a receiver that only the hook wakes would not come
+        // to make room.
+        if self.unannounced
+            && io.on_publish.get().is_some()
+            && io.output.len() + outputs.len() > io.output.config().capacity
+        {
+            self.announce();
+        }
         let mut done = 0;
         while done < outputs.len() {
             let (n, err) = self.out.send_batch(&outputs[done..], fenced);
             done += n;
+            self.unannounced |= n > 0;
             if err.is_some() && (io.terminating() || self.out.is_closed()) {
                 keep_unsent(&io, &outputs[done..]);
                 return;

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _resident
+import resident._resident as _resident
 from .batch import BatchKernelSpec, RECORD_SIZES
 from .errors import DtypeLayoutError
 from .kernel import _registry, reject_unknown

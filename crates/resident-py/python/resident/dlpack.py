@@ -18,7 +18,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import _resident
+import resident._resident as _resident
 from .errors import DLPackDtypeError, DLPackError
 
 __all__ = ["DLPackArray", "DeviceView", "from_dlpack"]

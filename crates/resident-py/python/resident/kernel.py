@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional
 
-from . import _resident
+import resident._resident as _resident
 from .errors import MessageTypeError, UnknownArgumentError
 
 __all__ = ["ring_kernel", "KernelSpec", "KernelContext", "get_kernel", "BACKPRESSURE"]

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _resident
+import resident._resident as _resident
 from .batch import BatchKernelSpec, to_records
 from .device import _check_names, _fields, _natural_size
 from .errors import DtypeLayoutError, KeyOutOfRange

@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _resident
+import resident._resident as _resident
 from . import dlpack as _dlpack
 from .errors import BufferStateError
 

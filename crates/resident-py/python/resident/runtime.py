@@ -28,7 +28,7 @@ import numpy as np
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from . import _resident
+import resident._resident as _resident
 from .errors import (
     CallTimeoutError,
     InvalidConfigError,

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import _resident
+import resident._resident as _resident
 
 __all__ = [
     "pagerank",
