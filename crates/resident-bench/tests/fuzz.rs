@@ -43,6 +43,77 @@ fn fuzz_readings() {
 }
 
 #[test]
+fn fuzz_layout() {
+    fuzz_target(Target::Layout);
+}
+
+#[test]
+fn fuzz_wgsl() {
+    let opts = FuzzOptions {
+        inputs: 300,
+        seed: 7,
+        ..FuzzOptions::default()
+    };
+    let r = fuzz::run(Target::Wgsl, &opts).unwrap();
+    assert_eq!(r.crash_count, 0, "first: {:?}", r.crashes.first());
+    assert!(
+        r.accepted.contains_key("naga(handler module)"),
+        "{:?}",
+        r.accepted
+    );
+    assert!(r.accepted.contains_key("naga(source)"), "{:?}", r.accepted);
+    assert!(r.longest_error <= fuzz::MAX_ERROR_DISPLAY);
+}
+
+/// The seed corpora are valid: every layout is declared, every handler compiles.
+#[test]
+fn layout_and_wgsl_corpora_are_accepted() {
+    for t in [Target::Layout, Target::Wgsl] {
+        let r = fuzz::run(
+            t,
+            &FuzzOptions {
+                inputs: 4,
+                ..FuzzOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(r.crash_count, 0, "{t}");
+        if t == Target::Layout {
+            assert_eq!(
+                r.accepted.get("StructLayout::new"),
+                Some(&4),
+                "{:?}",
+                r.error_kinds
+            );
+        } else {
+            // Three ring handlers and one one-shot module.
+            assert_eq!(
+                r.accepted.get("naga(handler module)"),
+                Some(&3),
+                "{:?}",
+                r.error_kinds
+            );
+            assert_eq!(
+                r.accepted.get("naga(source)"),
+                Some(&1),
+                "{:?}",
+                r.error_kinds
+            );
+        }
+    }
+}
+
+/// Found by `resident fuzz --target layout` and `--target wgsl`: a WGSL layout error named a
+/// long field whole, and naga's messages quoted long source lines whole.
+#[test]
+fn regression_layout_and_wgsl_errors_are_short() {
+    let long = format!("T 1\n{} u1 - 0\n", "n".repeat(3000));
+    assert_eq!(fuzz::replay(Target::Layout, long.as_bytes()), Ok(()));
+    let src = format!("fn handle() -> u32 {{ return {}; }}\n", "(".repeat(3000));
+    assert_eq!(fuzz::replay(Target::Wgsl, src.as_bytes()), Ok(()));
+}
+
+#[test]
 fn runs_are_deterministic_and_names_round_trip() {
     let opts = FuzzOptions {
         inputs: 300,

@@ -11,7 +11,7 @@ use serde_json::json;
 /// Arguments of `resident fuzz`.
 #[derive(clap::Args)]
 pub struct FuzzArgs {
-    /// nats-codec, edge-list, readings, or all.
+    /// nats-codec, edge-list, readings, layout, wgsl, or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Inputs per target.

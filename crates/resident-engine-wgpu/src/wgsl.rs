@@ -40,6 +40,30 @@ pub(crate) struct Compiled {
     pub module: naga::Module,
 }
 
+/// The most bytes of naga's message a [`WgslError`] keeps (with its stage and line, the error
+/// prints in under 512 bytes, whatever the source).
+pub const MAX_MESSAGE: usize = 420;
+
+#[cfg(feature = "wgpu")]
+/// naga's message with its source excerpt when that is short; else naga's message alone (no
+/// excerpt: the line may be megabytes long), cut to [`MAX_MESSAGE`] bytes.
+fn bounded(full: String, alone: impl FnOnce() -> String) -> String {
+    if full.len() <= MAX_MESSAGE {
+        return full;
+    }
+    let mut m = alone();
+    if m.len() > MAX_MESSAGE {
+        let total = m.len();
+        let mut end = MAX_MESSAGE - 24;
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        m.truncate(end);
+        m.push_str(&format!("... ({total} bytes)"));
+    }
+    m
+}
+
 #[cfg(feature = "wgpu")]
 /// Parses and validates `source`.
 pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
@@ -47,7 +71,7 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
         let loc = e.location(source);
         WgslError {
             stage: "parse",
-            message: e.emit_to_string(source),
+            message: bounded(e.emit_to_string(source), || e.to_string()),
             line: loc.map(|l| l.line_number),
             column: loc.map(|l| l.line_position),
         }
@@ -58,12 +82,19 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
             let loc = e.location(source);
             WgslError {
                 stage: "validation",
-                message: e.emit_to_string(source),
+                message: bounded(e.emit_to_string(source), || e.to_string()),
                 line: loc.map(|l| l.line_number),
                 column: loc.map(|l| l.line_position),
             }
         })?;
     Ok(Compiled { module })
+}
+
+#[cfg(feature = "wgpu")]
+/// Parses and validates `source` as the runtime does before it builds a pipeline (no device
+/// needed): `Ok`, or the [`WgslError`] a launch would give.
+pub fn check(source: &str) -> Result<(), WgslError> {
+    compile(source).map(|_| ())
 }
 
 #[cfg(feature = "wgpu")]
@@ -200,6 +231,22 @@ mod tests {
             .unwrap();
         assert_eq!(e.stage, "validation", "{e}");
         assert!(e.line.is_some(), "{e}");
+    }
+
+    /// Found by `resident fuzz --target wgsl`: naga's message quotes the source lines it points
+    /// at, so a long line made an error of megabytes.
+    #[test]
+    fn regression_fuzz_error_of_a_long_line_is_short() {
+        let long = format!("fn f() -> u32 {{ return {}; }}\n", "(".repeat(100_000));
+        let e = check(&long).unwrap_err();
+        assert!(e.to_string().len() <= 512, "{} bytes", e.to_string().len());
+        let name = "x".repeat(100_000);
+        let e = check(&format!(
+            "fn {name}() -> u32 {{\n  let x: f32 = 1.0;\n  return x;\n}}\n"
+        ))
+        .unwrap_err();
+        assert_eq!(e.stage, "validation");
+        assert!(e.to_string().len() <= 512, "{} bytes", e.to_string().len());
     }
 
     #[test]

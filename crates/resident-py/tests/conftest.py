@@ -1,9 +1,16 @@
 import asyncio
 import itertools
+import signal
 
 import pytest
 
 import resident
+
+# A test process started with SIGINT ignored (a background job of a non-interactive shell: POSIX
+# shells ignore SIGINT in asynchronous lists, and Python then installs no KeyboardInterrupt
+# handler) would never see Ctrl-C; the Ctrl-C tests need Python's own handler.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _ids = itertools.count()
 

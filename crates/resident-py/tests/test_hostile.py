@@ -557,7 +557,9 @@ def test_async_cancellation_loses_nothing():
 
 PRELUDE = textwrap.dedent(
     """
-    import asyncio, sys, time, numpy as np, resident
+    import asyncio, signal, sys, time, numpy as np, resident
+    # Python's Ctrl-C handler even when this test was started with SIGINT ignored (see conftest).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     async def echo(ctx):
         while not ctx.should_terminate:
             try:

@@ -282,6 +282,19 @@ pub struct LayoutError {
     pub reason: String,
 }
 
+/// A name as errors quote it: at most 64 bytes of it (names may come from anywhere), with its
+/// whole length said when it was cut. Every error that quotes a user's name uses it.
+pub fn quoted_name(s: &str) -> String {
+    if s.len() <= 64 {
+        return s.to_string();
+    }
+    let mut end = 64;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..end], s.len())
+}
+
 fn is_identifier(s: &str) -> bool {
     let mut c = s.chars();
     matches!(c.next(), Some(f) if f.is_ascii_alphabetic() || f == '_')
@@ -305,20 +318,9 @@ impl StructLayout {
         size: usize,
     ) -> Result<Self, LayoutError> {
         let name = name.into();
-        // Names are quoted in errors at most 64 bytes long (they may come from anywhere).
-        let short = |s: &str| -> String {
-            if s.len() <= 64 {
-                return s.to_string();
-            }
-            let mut end = 64;
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{}... ({} bytes)", &s[..end], s.len())
-        };
         let err = |field: Option<&str>, reason: String| LayoutError {
-            layout: short(&name),
-            field: field.map(|f| short(f)),
+            layout: quoted_name(&name),
+            field: field.map(|f| quoted_name(f)),
             reason,
         };
         if !is_identifier(&name) {
@@ -448,7 +450,7 @@ impl StructLayout {
             let mut ty = f
                 .scalar
                 .wgsl(atomic)
-                .map_err(|e| e.in_field(&self.name, &f.name))?;
+                .map_err(|e| e.in_field(&quoted_name(&self.name), &quoted_name(&f.name)))?;
             for d in f.dims.iter().rev() {
                 ty = format!("array<{ty}, {d}>");
             }
@@ -458,7 +460,11 @@ impl StructLayout {
         if pad > 0 {
             if !pad.is_multiple_of(4) {
                 return Err(WgslLayoutError::new(
-                    format!("{}: {} bytes of trailing padding", self.name, pad),
+                    format!(
+                        "{}: {} bytes of trailing padding",
+                        quoted_name(&self.name),
+                        pad
+                    ),
                     "WGSL can only pad with 4-byte words",
                 ));
             }
@@ -634,6 +640,40 @@ macro_rules! device_message {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by `resident fuzz --target layout`: a layout WGSL cannot hold named its struct
+    /// and field whole in the error, so a long field name made a long error.
+    #[test]
+    fn regression_fuzz_wgsl_error_quotes_names_short() {
+        let name = "n".repeat(5000);
+        let l = StructLayout::new(
+            "T".repeat(3000),
+            "test",
+            vec![FieldLayout {
+                name: name.clone(),
+                scalar: Scalar::U8,
+                dims: vec![],
+                offset: 0,
+            }],
+            1,
+        )
+        .unwrap();
+        let e = l.wgsl_struct("W", false).unwrap_err();
+        assert!(e.to_string().len() <= 512, "{} bytes", e.to_string().len());
+        assert!(e.to_string().contains("5000 bytes"), "{e}");
+        let l = StructLayout::new(
+            "T".repeat(3000),
+            "test",
+            vec![FieldLayout {
+                name,
+                scalar: Scalar::U32,
+                dims: vec![],
+                offset: 0,
+            }],
+            6,
+        );
+        assert!(l.is_err(), "6 bytes is not a multiple of the alignment 4");
+    }
 
     crate::device_message! {
         /// A nested type.

@@ -17,7 +17,9 @@
 
 pub mod alloc;
 mod gen;
+mod layout;
 mod targets;
+mod wgsl_gen;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -40,6 +42,15 @@ pub fn alloc_bound(input_len: usize) -> usize {
     256 * 1024 + 32 * input_len
 }
 
+/// [`alloc_bound`] for one target: `wgsl` has 128 bytes per input byte (naga's parser and
+/// its error rendering held up to 76 bytes per byte of a 0.7 to 2 MiB one-line source).
+pub fn target_alloc_bound(target: Target, input_len: usize) -> usize {
+    match target {
+        Target::Wgsl => 256 * 1024 + 128 * input_len,
+        _ => alloc_bound(input_len),
+    }
+}
+
 /// A decoder under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Target {
@@ -51,11 +62,24 @@ pub enum Target {
     EdgeList,
     /// `resident_workloads::input::parse_readings` (`--input FILE`, CSV).
     Readings,
+    /// `StructLayout::new` of field descriptors as the Python binding gives them from a numpy
+    /// dtype (name, scalar code, array extents, offset; a text form, one field a line), then
+    /// its C declaration and WGSL structs.
+    Layout,
+    /// WGSL handler source through naga's parse and validation: as given (a one-shot kernel's
+    /// module) and as the module `WgslHandler::module_source` assembles around a handler.
+    Wgsl,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 3] = [Target::NatsCodec, Target::EdgeList, Target::Readings];
+    pub const ALL: [Target; 5] = [
+        Target::NatsCodec,
+        Target::EdgeList,
+        Target::Readings,
+        Target::Layout,
+        Target::Wgsl,
+    ];
 
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
@@ -63,6 +87,8 @@ impl Target {
             Target::NatsCodec => "nats-codec",
             Target::EdgeList => "edge-list",
             Target::Readings => "readings",
+            Target::Layout => "layout",
+            Target::Wgsl => "wgsl",
         }
     }
 
@@ -85,7 +111,7 @@ impl Display for Target {
 #[derive(Debug, thiserror::Error)]
 pub enum FuzzError {
     /// No target has this name.
-    #[error("unknown fuzz target '{0}' (nats-codec, edge-list, readings or all)")]
+    #[error("unknown fuzz target '{0}' (nats-codec, edge-list, readings, layout, wgsl or all)")]
     UnknownTarget(String),
     /// A failing input could not be saved.
     #[error("cannot save the failing input to {path}: {source}")]
@@ -244,7 +270,7 @@ impl TargetReport {
             "longest_error_bytes": self.longest_error,
             "longest_input_bytes": self.longest_input,
             "alloc_peak": self.alloc_peak.map(|(peak, len)| json!({
-                "bytes": peak, "input_bytes": len, "bound": alloc_bound(len),
+                "bytes": peak, "input_bytes": len, "bound": target_alloc_bound(self.target, len),
             })),
         })
     }
@@ -341,10 +367,10 @@ fn judge(target: Target, input: &[u8], counting: bool) -> (Record, Option<usize>
         record.failure = Some(CrashKind::Panic {
             message: panic.unwrap_or_else(|| "a panic without a message".into()),
         });
-    } else if let Some(peak) = peak.filter(|&p| p > alloc_bound(input.len())) {
+    } else if let Some(peak) = peak.filter(|&p| p > target_alloc_bound(target, input.len())) {
         record.failure.get_or_insert(CrashKind::Alloc {
             peak,
-            bound: alloc_bound(input.len()),
+            bound: target_alloc_bound(target, input.len()),
         });
     }
     (record, peak)
@@ -366,6 +392,8 @@ pub fn run(target: Target, opts: &FuzzOptions) -> Result<TargetReport, FuzzError
         Target::NatsCodec => 0x6e61_7473,
         Target::EdgeList => 0x6564_6765,
         Target::Readings => 0x7265_6164,
+        Target::Layout => 0x6c61_796f,
+        Target::Wgsl => 0x7767_736c,
     };
     let mut rng = Rng::new(opts.seed ^ salt);
     let corpus = targets::corpus(target);

@@ -55,6 +55,9 @@ pub(crate) fn corpus(t: Target) -> &'static [&'static [u8]] {
             "tick.bin", "kind.txt"),
         Target::EdgeList => corpus!("edge-list": "small.txt", "sparse.txt", "comments.txt"),
         Target::Readings => corpus!("readings": "header.csv", "plain.csv", "bounds.csv"),
+        Target::Layout => corpus!("layout": "tick.txt", "padded.txt", "grid.txt", "state.txt"),
+        Target::Wgsl => corpus!("wgsl":
+            "handler.wgsl", "loops.wgsl", "helpers.wgsl", "oneshot.wgsl"),
     }
 }
 
@@ -106,12 +109,34 @@ pub(crate) fn dict(t: Target) -> &'static [&'static str] {
             "0,1\n",
             "\u{a0}",
         ],
+        Target::Layout => &[
+            " ",
+            "\n",
+            "-",
+            ",",
+            " f4 ",
+            " f8 ",
+            " u1 ",
+            " i2 ",
+            " u8 ",
+            " <f4 ",
+            " c8 ",
+            "_resident_x",
+            "__x",
+            "\u{e9}",
+            "x f4 - 0\n",
+            "0,0",
+            "4,4",
+        ],
+        Target::Wgsl => super::wgsl_gen::DICT,
     }
 }
 
 /// A structure-aware input: well-formed most of the way, with values at the edges.
 pub(crate) fn generate(t: Target, rng: &mut Rng, out: &mut Vec<u8>) {
     match t {
+        Target::Layout => super::layout::generate(rng, out),
+        Target::Wgsl => super::wgsl_gen::generate(rng, out),
         Target::NatsCodec => gen_json(rng, out),
         Target::EdgeList => {
             for _ in 0..rng.small_len(40) {
@@ -151,7 +176,7 @@ pub(crate) fn generate(t: Target, rng: &mut Rng, out: &mut Vec<u8>) {
     }
 }
 
-fn push_id(rng: &mut Rng, out: &mut Vec<u8>) {
+pub(crate) fn push_id(rng: &mut Rng, out: &mut Vec<u8>) {
     if rng.one_in(4) {
         out.extend_from_slice(rng.pick(NUMBERS).as_bytes());
     } else {
@@ -172,7 +197,7 @@ fn push_float(rng: &mut Rng, out: &mut Vec<u8>) {
 }
 
 /// `fmt::Write` into a byte buffer.
-struct Bytes<'a>(&'a mut Vec<u8>);
+pub(crate) struct Bytes<'a>(pub(crate) &'a mut Vec<u8>);
 
 impl fmt::Write for Bytes<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
@@ -319,6 +344,8 @@ pub(crate) fn run(t: Target, input: &[u8], sink: &mut dyn Sink) {
         Target::NatsCodec => nats(input, sink),
         Target::EdgeList => edge_list(input, sink),
         Target::Readings => readings(input, sink),
+        Target::Layout => super::layout::run(input, sink),
+        Target::Wgsl => super::wgsl_gen::run(input, sink),
     }
 }
 

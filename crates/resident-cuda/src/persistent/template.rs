@@ -224,10 +224,12 @@ impl KernelSource {
 
     /// Checks the inputs the generated code relies on.
     pub fn validate(&self) -> Result<(), PersistentError> {
+        // Names come from users: errors quote at most 64 bytes of each.
+        use resident_ring::message::quoted_name as q;
         let bad = |m: String| {
             Err(PersistentError::config(format!(
                 "kernel `{}`: {m}",
-                self.name
+                q(&self.name)
             )))
         };
         if !self.batch_size.is_multiple_of(32) || !(32..=1024).contains(&self.batch_size) {
@@ -238,21 +240,21 @@ impl KernelSource {
         }
         for d in [&self.input, &self.output, &self.state] {
             if !is_c_identifier(&d.name) {
-                return bad(format!("`{}` is not a C identifier", d.name));
+                return bad(format!("`{}` is not a C identifier", q(&d.name)));
             }
             if d.size == 0 {
-                return bad(format!("type `{}` has size 0", d.name));
+                return bad(format!("type `{}` has size 0", q(&d.name)));
             }
         }
         if !is_c_identifier(&self.handler_fn) {
-            return bad(format!("`{}` is not a C identifier", self.handler_fn));
+            return bad(format!("`{}` is not a C identifier", q(&self.handler_fn)));
         }
         for (i, b) in self.buffers.iter().enumerate() {
             if !is_c_identifier(&b.name) {
-                return bad(format!("bound buffer `{}`: not a C identifier", b.name));
+                return bad(format!("bound buffer `{}`: not a C identifier", q(&b.name)));
             }
             if self.buffers[..i].iter().any(|o| o.name == b.name) {
-                return bad(format!("bound buffer `{}` is declared twice", b.name));
+                return bad(format!("bound buffer `{}` is declared twice", q(&b.name)));
             }
             let type_ok = !b.c_type.is_empty()
                 && b.c_type
@@ -261,11 +263,12 @@ impl KernelSource {
             if !type_ok {
                 return bad(format!(
                     "bound buffer `{}`: element type `{}` is not a C type name (arrays must be wrapped in a struct)",
-                    b.name, b.c_type
+                    q(&b.name),
+                    q(&b.c_type)
                 ));
             }
             if b.elem_size == 0 {
-                return bad(format!("bound buffer `{}`: element size 0", b.name));
+                return bad(format!("bound buffer `{}`: element size 0", q(&b.name)));
             }
             if b.c_deps.iter().any(|d| d.contains('\0')) {
                 return bad("source text contains a NUL byte".into());
@@ -273,7 +276,7 @@ impl KernelSource {
         }
         if let Some(f) = &self.key_field {
             if !is_c_identifier(f) {
-                return bad(format!("key field `{f}` is not a C identifier"));
+                return bad(format!("key field `{}` is not a C identifier", q(f)));
             }
             if self.buffers.first().map(|b| b.name.as_str()) != Some("keys") {
                 return bad(
@@ -672,6 +675,27 @@ mod buffer_tests {
             .render()
             .unwrap();
         assert!(!plain.contains("RESIDENT_KEYED 1"));
+    }
+
+    /// Names come from users: a megabyte-long one is quoted 64 bytes long (found while fuzzing
+    /// the other user-text paths: their errors quoted names and lines whole).
+    #[test]
+    fn errors_quote_long_names_short() {
+        let long = "x-".repeat(500_000);
+        for bad in [
+            source(vec![decl(&long, "float", &[], 4)]),
+            source(vec![decl("w", &long, &[], 4)]),
+            source(vec![decl("keys", "Stats", &[STATS], 8)]).with_key_field(long.clone()),
+        ] {
+            match bad.render() {
+                Err(e @ PersistentError::Config { .. }) => {
+                    let text = e.to_string();
+                    assert!(text.len() < 400, "{} bytes: {}", text.len(), &text[..200]);
+                    assert!(text.contains("(1000000 bytes)"), "{text}");
+                }
+                other => panic!("expected a config error, got {:?}", other.map(|t| t.len())),
+            }
+        }
     }
 
     #[test]
