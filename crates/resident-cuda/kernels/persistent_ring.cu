@@ -311,7 +311,7 @@ __device__ __forceinline__ bool resident_is_pow2(unsigned int v) { return v != 0
 
 // Adopts a new peer-input slot (thread 0, between batches only: every head of a taken peer
 // batch is already published). Called with the control checks.
-__device__ void resident_check_peer(ControlBlock* ctl, ResidentOwner* o) {
+__device__ void resident_check_peer(const PersistentParams* p, ControlBlock* ctl, ResidentOwner* o) {
     // Acquire: pairs with the host's release store of peer_seq, which follows its stores of
     // peer_ring / peer_capacity and its own last release of that ring's head.
     unsigned int seq = resident_ld_acquire_u32(&ctl->peer_seq);
@@ -328,6 +328,13 @@ __device__ void resident_check_peer(ControlBlock* ctl, ResidentOwner* o) {
         o->peer_cached_tail = resident_ld_acquire_u64(&r->tail);
         o->peer = ring;
         o->peer_cap = cap;
+        // Every lane's tail afresh (acquire, after the acquire of peer_seq): the host links only
+        // once every message it accepted before the link is in the lanes, and those must be
+        // taken before the ring's. A cached tail that still showed some of the lane's messages
+        // would let the ring's fill the batch ahead of the lane's newer ones (seen on CudaSim
+        // under load: a forwarded message overtook two relayed by the host).
+        for (unsigned int l = 0; l < p->lane_count; ++l)
+            o->cached_tail[l] = resident_ld_acquire_u64(&((RingHeader*)p->lanes[l])->tail);
     } else {
         o->peer = 0;
         o->peer_cap = 0;
@@ -512,7 +519,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                 if (o.run_state != RESIDENT_RUN_ACTIVE || now - o.last_check_ns >= p.control_poll_ns) {
                     exit_state = resident_check_control(ctl, &o, now);
                     if (exit_state == 0) {
-                        resident_check_peer(ctl, &o);
+                        resident_check_peer(&p, ctl, &o);
                         resident_show_state(ctl, &o, o.run_state == RESIDENT_RUN_ACTIVE ? RESIDENT_DEV_RUNNING : RESIDENT_DEV_IDLE);
                     }
                 }
