@@ -20,19 +20,7 @@ use resident::ring::message::{FieldLayout, LayoutError, Scalar, StructLayout};
 pub(crate) type FieldTuple = (String, String, Vec<usize>, usize);
 
 fn scalar(code: &str) -> Option<Scalar> {
-    Some(match code {
-        "u1" => Scalar::U8,
-        "i1" => Scalar::I8,
-        "u2" => Scalar::U16,
-        "i2" => Scalar::I16,
-        "u4" => Scalar::U32,
-        "i4" => Scalar::I32,
-        "u8" => Scalar::U64,
-        "i8" => Scalar::I64,
-        "f4" => Scalar::F32,
-        "f8" => Scalar::F64,
-        _ => return None,
-    })
+    Scalar::from_numpy_code(code)
 }
 
 /// The Python exception for a layout that cannot be declared: `DtypeLayoutError` (a

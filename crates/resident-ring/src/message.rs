@@ -114,6 +114,24 @@ pub enum Scalar {
 }
 
 impl Scalar {
+    /// The scalar of a numpy type code without byte order (`"u1"`, `"i4"`, `"f8"`, ...): how
+    /// the Python binding's dtypes name the scalars (`None` for any other code).
+    pub fn from_numpy_code(code: &str) -> Option<Scalar> {
+        Some(match code {
+            "u1" => Scalar::U8,
+            "i1" => Scalar::I8,
+            "u2" => Scalar::U16,
+            "i2" => Scalar::I16,
+            "u4" => Scalar::U32,
+            "i4" => Scalar::I32,
+            "u8" => Scalar::U64,
+            "i8" => Scalar::I64,
+            "f4" => Scalar::F32,
+            "f8" => Scalar::F64,
+            _ => return None,
+        })
+    }
+
     /// Size in bytes (also its alignment, in C, in WGSL and in Rust on every target we build).
     pub const fn size(self) -> usize {
         match self {
