@@ -64,6 +64,30 @@ fn bounded(full: String, alone: impl FnOnce() -> String) -> String {
     m
 }
 
+/// `source` with each control character that is not whitespace replaced by a printable one of
+/// the same UTF-8 length (`?` for one byte, `¿` for the two-byte C1 controls), so the byte
+/// offsets of naga's spans stay exact. naga's own replacement (in `emit_to_string`) puts a
+/// three-byte U+FFFD in place of each, one `replace_range` at a time: quadratic in their number
+/// (a megabyte of NULs took minutes) and shifting every later span.
+#[cfg(feature = "wgpu")]
+pub(crate) fn printable(source: &str) -> std::borrow::Cow<'_, str> {
+    let unprintable = |c: char| c.is_control() && !c.is_whitespace();
+    if !source.chars().any(unprintable) {
+        return std::borrow::Cow::Borrowed(source);
+    }
+    std::borrow::Cow::Owned(
+        source
+            .chars()
+            .map(|c| match (unprintable(c), c.len_utf8()) {
+                (false, _) => c,
+                (true, 1) => '?',
+                // Cc is U+0000..=U+001F and U+007F..=U+009F: at most two bytes.
+                (true, _) => '\u{bf}',
+            })
+            .collect(),
+    )
+}
+
 #[cfg(feature = "wgpu")]
 /// Parses and validates `source`.
 pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
@@ -71,7 +95,7 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
         let loc = e.location(source);
         WgslError {
             stage: "parse",
-            message: bounded(e.emit_to_string(source), || e.to_string()),
+            message: bounded(e.emit_to_string(&printable(source)), || e.to_string()),
             line: loc.map(|l| l.line_number),
             column: loc.map(|l| l.line_position),
         }
@@ -82,7 +106,7 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
             let loc = e.location(source);
             WgslError {
                 stage: "validation",
-                message: bounded(e.emit_to_string(source), || e.to_string()),
+                message: bounded(e.emit_to_string(&printable(source)), || e.to_string()),
                 line: loc.map(|l| l.line_number),
                 column: loc.map(|l| l.line_position),
             }
@@ -247,6 +271,37 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.stage, "validation");
         assert!(e.to_string().len() <= 512, "{} bytes", e.to_string().len());
+    }
+
+    /// Found by `resident fuzz --target wgsl` (97% of its time in one memmove): naga's message
+    /// replaced each control character of the whole source one at a time, so a source of many
+    /// NULs took minutes to refuse.
+    #[test]
+    fn regression_fuzz_error_of_many_control_characters_is_linear() {
+        let nuls = format!("fn f() -> u32 {{ return 1u; }}\n{}\n", "\0".repeat(1 << 20));
+        let e = check(&nuls).unwrap_err();
+        assert_eq!(e.stage, "parse", "{e}");
+        assert!(e.to_string().len() <= 512, "{} bytes", e.to_string().len());
+        let c1 = format!(
+            "fn f() -> u32 {{ return 1u; }}\n{}\n",
+            "\u{80}\u{9f}".repeat(1 << 18)
+        );
+        assert_eq!(check(&c1).unwrap_err().stage, "parse");
+    }
+
+    #[test]
+    fn printable_keeps_every_byte_offset() {
+        let s = "a\0b\u{7f}c\u{80}d\te\n\u{9f}é";
+        let p = printable(s);
+        assert_eq!(p.len(), s.len());
+        assert_eq!(p, "a?b?c\u{bf}d\te\n\u{bf}é");
+        for (i, _) in s.char_indices() {
+            assert!(p.is_char_boundary(i), "{i}");
+        }
+        assert!(matches!(
+            printable("fn f() {}\n"),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 
     #[test]
