@@ -42,6 +42,7 @@ mod batch;
 mod buffer;
 mod device;
 mod dlpack;
+mod ids;
 mod keyed;
 mod workloads;
 
@@ -2448,6 +2449,7 @@ fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     keyed::register(m)?;
     device::register(m)?;
     workloads::register(m)?;
+    ids::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -3,7 +3,9 @@ the binding for replies), the GIL hand-offs between a kernel's thread and its wa
 the cheap message ids."""
 
 import asyncio
+import copy
 import os
+import pickle
 import threading
 import time
 import uuid
@@ -11,6 +13,7 @@ import uuid
 import pytest
 
 import resident
+import resident._resident as _resident
 from resident import RingKernelRuntime, message, ring_kernel
 from resident.message import new_id
 from conftest import fresh
@@ -222,6 +225,27 @@ def test_message_ids_are_fresh_version_4_uuids():
         assert isinstance(u, uuid.UUID) and u.version == 4 and u.variant == uuid.RFC_4122
         assert uuid.UUID(str(u)) == u and hash(uuid.UUID(str(u))) == hash(u)
     assert Req().message_id != Req().message_id
+    # Made in the extension: a plain uuid.UUID in every way (pickle, copy, ordering, bits).
+    u = ids[0]
+    assert pickle.loads(pickle.dumps(u)) == u and copy.deepcopy(u) == u
+    assert u.is_safe == uuid.SafeUUID.unknown and u.int < 1 << 128
+    assert sorted(ids[:3]) == sorted(ids[:3], key=lambda v: v.int)
+    # Every bit other than the version's and the variant's varies.
+    ones = zeros = 0
+    for v in ids[:2000]:
+        ones |= v.int
+        zeros |= ~v.int & ((1 << 128) - 1)
+    fixed = (0xF000 << 64) | (0xC000 << 48)
+    assert ones | fixed == (1 << 128) - 1 and zeros | fixed == (1 << 128) - 1
+
+
+def test_message_id_seed_is_checked():
+    with pytest.raises(ValueError, match="32 bytes"):
+        _resident.seed_ids(b"short")
+    _resident.seed_ids(bytes(32))  # the all-zero state is mended, not kept
+    a, b = new_id(), new_id()
+    assert a != b and a.int != 0
+    _resident.seed_ids(os.urandom(32))
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")

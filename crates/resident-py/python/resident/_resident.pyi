@@ -1,5 +1,6 @@
 """Type stubs of the compiled module (the Rust half of the package)."""
 
+import uuid
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
@@ -95,6 +96,8 @@ class Waker:
     def drain(self) -> None: ...
 
 def handlers_in_python() -> int: ...
+def seed_ids(seed: bytes) -> None: ...
+def new_id() -> uuid.UUID: ...
 
 FLAG_CALL: int
 

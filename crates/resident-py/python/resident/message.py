@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
-import uuid
 from typing import Any, Optional, Type, TypeVar, overload
+
+import resident._resident as _resident
 
 __all__ = ["message", "Message"]
 
@@ -69,34 +69,23 @@ class Message:
         return cls(correlation_id=self.message_id, **fields)
 
 
-# Fresh ids are version-4 UUIDs like ``uuid.uuid4()``'s (122 random bits), drawn from a
-# generator seeded from ``os.urandom`` (again in a forked child) instead of one system call
-# each: a message id must be unique, not secret, and ``uuid4()`` costs several times a
-# message's other work.
-_rng = random.Random(os.urandom(32))
-_bits = _rng.getrandbits
-_UUID = uuid.UUID
-_new = object.__new__
-_set = object.__setattr__
-_SAFE = uuid.SafeUUID.unknown
-_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
-_SET = (0x8000 << 48) | (4 << 76)
+# Fresh ids are version-4 UUIDs like ``uuid.uuid4()``'s (122 random bits), made in the
+# extension (``resident._resident.new_id``: one call, no Python frame) from a generator seeded
+# from ``os.urandom`` (again in a forked child) instead of one system call each: a message id
+# must be unique, not secret, and ``uuid4()`` costs several times a message's other work.
+_resident.seed_ids(os.urandom(32))
 
 
 def _reseed() -> None:
-    _rng.seed(os.urandom(32))
+    _resident.seed_ids(os.urandom(32))
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reseed)
 
-
-def new_id() -> uuid.UUID:
-    """A fresh message id: a random (version 4) UUID, as ``uuid.uuid4()`` makes."""
-    u = _new(_UUID)
-    _set(u, "int", (_bits(128) & _CLEAR) | _SET)
-    _set(u, "is_safe", _SAFE)
-    return u
+new_id = _resident.new_id
+"""new_id() -> uuid.UUID: a fresh message id, a random (version 4) UUID as ``uuid.uuid4()``
+makes."""
 
 
 def _check(self: Any) -> None:
