@@ -185,6 +185,38 @@ async def run_batched(n: int) -> dict:
             "seconds": dt, "msg_s": len(got) / dt, "error": error}
 
 
+def python_new_id_factory():
+    """The pure-Python id generator resident used before its ids were made in the extension
+    (``--compare-ids``): version-4 UUIDs from a ``random.Random`` seeded from ``os.urandom``."""
+    import random
+    import uuid
+
+    bits = random.Random(os.urandom(32)).getrandbits
+    new, setattr_ = object.__new__, object.__setattr__
+    cls, safe = uuid.UUID, uuid.SafeUUID.unknown
+    clear, set_ = ~((0xC000 << 48) | (0xF000 << 64)), (0x8000 << 48) | (4 << 76)
+
+    def new_id():
+        u = new(cls)
+        setattr_(u, "int", (bits(128) & clear) | set_)
+        setattr_(u, "is_safe", safe)
+        return u
+
+    return new_id
+
+
+async def run_batched_python_ids(n: int) -> dict:
+    """``run_batched`` with resident's message ids made by the former Python function."""
+    importlib.import_module("resident")
+    mod = sys.modules["resident.message"]
+    was = mod.new_id
+    mod.new_id = python_new_id_factory()
+    try:
+        return await run_batched(n)
+    finally:
+        mod.new_id = was
+
+
 def spread(xs):
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
@@ -196,10 +228,23 @@ def main() -> None:
     ap.add_argument("--build", default="release (maturin develop --release)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--skip-resident-seed", action="store_true")
+    ap.add_argument("--compare-ids", action="store_true",
+                    help="also run resident (batch) with the former pure-Python message ids")
+    ap.add_argument("--gc-threshold", type=int, default=None,
+                    help="gc.set_threshold(N, 10, 10) for every run (CPython's default is 700)")
     a = ap.parse_args()
+    if a.gc_threshold is not None:
+        import gc
+
+        gc.set_threshold(a.gc_threshold, 10, 10)
     runs = {"pydotcompute_seed": [], "resident_seed": [], "resident_batch": []}
+    if a.compare_ids:
+        runs["resident_batch_python_ids"] = []
     load_before = os.getloadavg()
     for _ in range(a.repeats):
+        if a.compare_ids:
+            runs["resident_batch_python_ids"].append(asyncio.run(run_batched_python_ids(a.n)))
+            print("resident batch, Python ids", runs["resident_batch_python_ids"][-1], flush=True)
         runs["pydotcompute_seed"].append(asyncio.run(run_seed("pydotcompute", a.n)))
         print("pydotcompute seed", runs["pydotcompute_seed"][-1], flush=True)
         if not a.skip_resident_seed:
@@ -211,6 +256,9 @@ def main() -> None:
     summary = {k: spread([r["msg_s"] for r in v]) for k, v in runs.items() if v}
     summary["ratio_resident_batch_over_pydotcompute_seed"] = spread(ratios)
     summary["ratios_per_repeat"] = ratios
+    if a.compare_ids:
+        summary["ratio_extension_ids_over_python_ids"] = spread(
+            [b["msg_s"] / p["msg_s"] for b, p in zip(runs["resident_batch"], runs["resident_batch_python_ids"])])
     summary["goal"] = ">= 10x"
     summary["goal_met_every_repeat"] = all(r >= 10 for r in ratios)
     res = importlib.import_module("resident")
@@ -219,6 +267,7 @@ def main() -> None:
         "machine": "shared 2-vCPU VM, no GPU",
         "python": platform.python_version(),
         "build": a.build,
+        "gc_threshold": __import__("gc").get_threshold(),
         "load_average_before": " ".join(f"{x:.2f}" for x in load_before),
         "load_average_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "packages": {"resident": getattr(res, "__version__", "0.1.0"),
