@@ -261,9 +261,6 @@ fn body<const N: usize>(
             if batch.is_empty() {
                 continue;
             }
-            // Room for a sender waiting on a full lane (rings only while one waits: a ring
-            // per batch taken would wake every coroutine waiting for outputs for nothing).
-            bell.ring_room();
             let n = batch.len();
             // A Python exception (raised by the handler, or made here for output that is not
             // whole records) fails the kernel with its text and traceback.
@@ -379,6 +376,11 @@ pub(crate) fn launch(
                         .priority_lanes(lanes)
                         .backpressure(policy)
                         .batch_size(max_batch);
+                    // Inputs taken (by this loop, or by the pump feeding a device handler):
+                    // room for a sender waiting on a full lane. Rings only while one waits: a
+                    // ring per batch would wake every coroutine waiting for outputs for nothing.
+                    let take_bell = bell.clone();
+                    k = k.on_take(move || take_bell.ring_room());
                     if let Some(d) = device {
                         if let Some(h) = d.cuda_handler().map_err(LaunchError::Layout)? {
                             k = k.cuda(h);

@@ -294,6 +294,7 @@ type Launched = (Arc<dyn BatchKernel>, Arc<dyn KeyedOps>);
 
 fn launch_nm<const N: usize, const M: usize>(a: Args<'_>) -> Result<Launched, LaunchError> {
     let bell = a.bell.clone();
+    let take_bell = a.bell.clone();
     let states: Vec<KeyBlob<M>> = a
         .states
         .chunks_exact(M)
@@ -308,7 +309,10 @@ fn launch_nm<const N: usize, const M: usize>(a: Args<'_>) -> Result<Launched, La
         .workers(a.workers)
         // The outputs are published after the whole batch (not by the key handler): the
         // engine's hook rings the bell then, waking the event loops awaiting them.
-        .on_publish(move || bell.ring());
+        .on_publish(move || bell.ring())
+        // Inputs taken: room for a sender awaiting it under `block` (rings only while one
+        // waits).
+        .on_take(move || take_bell.ring_room());
     if let Some(b) = a.max_batch {
         k = k.batch_size(b);
     }

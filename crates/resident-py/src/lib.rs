@@ -557,12 +557,9 @@ impl KernelCtx {
 
     /// The next message, waiting up to `t` (GIL released): `(envelope, handle)`.
     fn next_message(&self, py: Python<'_>, t: Duration) -> PyResult<Option<(Envelope, u64)>> {
-        let got = self.next_message_inner(py, t)?;
-        if got.is_some() {
-            // Room for a sender waiting on a full lane (rings only while one waits).
-            self.bell.ring_room();
-        }
-        Ok(got)
+        // Room for a sender waiting on a full lane: the engine's `on_take` hook rings (see
+        // the launch).
+        self.next_message_inner(py, t)
     }
 
     /// Up to `max` messages, waiting up to `t` (GIL released) for the first: one engine
@@ -605,9 +602,6 @@ impl KernelCtx {
             }
             got
         })?;
-        if !got.is_empty() {
-            self.bell.ring_room();
-        }
         Ok(got)
     }
 
@@ -1577,6 +1571,9 @@ impl PyRuntime {
         // The binding looks for inputs and outputs itself first (`POLL`); the engine's waits
         // after that park at once instead of spinning again.
         k = k.wait_strategy(WaitStrategy::Park);
+        // Inputs taken: room for a sender waiting on a full lane (rings only while one waits).
+        let take_bell = bell.clone();
+        k = k.on_take(move || take_bell.ring_room());
         let k = k.run(move |lctx: &mut Lctx| {
             let in_python = InPython::enter();
             let outcome: PyResult<()> = Python::attach(|py| {

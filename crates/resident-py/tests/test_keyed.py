@@ -387,3 +387,58 @@ def test_asyncio_receive_is_woken_by_published_outputs():
     # Woken by the engine: well under a millisecond on an idle machine; the periodic look
     # alone would make every round trip about 0.25 s.
     assert statistics.median(lat) < 0.05, f"median round trip {statistics.median(lat):.4f} s"
+
+
+def quiet(key, state, msg):
+    counter(key, state, msg)
+    return None
+
+
+# `CUDA`'s handler without outputs.
+CUDA_QUIET = CUDA.replace("return true;", "return false;")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cudasim"])
+def test_asyncio_send_batch_is_woken_by_room(backend):
+    """``await send_batch`` into a full queue under ``block`` is woken when the engine takes
+    inputs (its ``on_take`` hook rings the kernel's bell; on cudasim the pump that feeds the
+    device takes them), not by the periodic look: with the look at 30 s, 4000 records through a
+    queue of 64 would wait for it dozens of times. The handler publishes nothing, so no
+    output's wake-up can stand in for the room's. Every key counts its 1000 records, in
+    order."""
+    import asyncio
+
+    runtime_or_skip(backend).shutdown()
+
+    async def main():
+        async with resident.RingKernelRuntime(
+            backend=backend, shutdown_timeout=2.0, terminate_timeout=10.0
+        ) as art:
+            art.look_interval = 30.0
+            kid = fresh("keyed_room")
+            await art.launch(kid, keyed_kernel(quiet, kernel_id=kid, keys=4, in_dtype=IN,
+                                               out_dtype=OUT, state_dtype=ST, key_field="key",
+                                               cuda=CUDA_QUIET, queue_size=64, max_batch=16,
+                                               block_timeout=60.0))
+            await art.activate(kid)
+            n = 4000
+            msgs = np.zeros(n, IN)
+            msgs["key"] = np.arange(n) % 4
+            msgs["seq"] = np.arange(n)
+            t0 = time.perf_counter()
+            sent = 0
+            while sent < n:
+                sent += await art.send_batch(kid, msgs[sent : sent + 500])
+            took = time.perf_counter() - t0
+            deadline = time.monotonic() + 60
+            while art.get_telemetry(kid).messages_processed < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            states = art.snapshot_keys(kid)
+            await art.terminate(kid)
+            return took, states
+
+    took, states = asyncio.run(main())
+    assert took < 20.0, f"send_batch waited for the periodic look: {took:.1f} s"
+    assert list(states["n"]) == [1000] * 4
+    assert list(states["bad"]) == [0] * 4
+    assert list(states["last_seq"]) == [3996, 3997, 3998, 3999]

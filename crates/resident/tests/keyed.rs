@@ -846,6 +846,60 @@ fn on_publish_announces_each_published_batch() {
     h.terminate().unwrap();
 }
 
+/// `on_take` is called once inputs left the input queue: a sender woken by it finds room. A
+/// full queue of 4, filled before activation, is drained in batches; each call finds the
+/// room its batch made.
+#[test]
+fn on_take_announces_room_in_the_input_queue() {
+    let rt = rt();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let h = rt
+        .launch(
+            RingKernel::<KMsg, KMsg>::new("take_room")
+                .queue_size(4)
+                .keyed(4, 0u32)
+                .workers(1)
+                .key_handler(|ks: &mut KeyContext<u32>, _: KMsg| {
+                    *ks.state_mut() += 1;
+                    None
+                })
+                .on_take(move || {
+                    let _ = tx.send(());
+                }),
+        )
+        .unwrap();
+    let msg = |seq| KMsg {
+        key: seq % 4,
+        producer: 0,
+        seq,
+        value: 0,
+    };
+    let cap = h.input_room();
+    assert!(cap >= 1, "an empty queue has room");
+    for seq in 0..cap as u32 {
+        h.send(msg(seq)).unwrap();
+    }
+    assert_eq!(h.input_room(), 0, "full before activation");
+    assert!(
+        rx.recv_timeout(Duration::from_millis(50)).is_err(),
+        "nothing taken while inactive"
+    );
+    h.activate().unwrap();
+    rx.recv_timeout(T).expect("announced after the take");
+    assert!(h.input_room() >= 1, "the room is there when announced");
+    let t0 = std::time::Instant::now();
+    while h.telemetry().messages_processed < cap as u64 {
+        assert!(t0.elapsed() < T, "not processed");
+        thread::sleep(Duration::from_millis(1));
+    }
+    let calls = 1 + rx.try_iter().count();
+    assert!(
+        calls <= cap,
+        "once per batch taken, not per message: {calls} calls for {cap} messages"
+    );
+    h.terminate().unwrap();
+}
+
 /// A batch with more outputs than the output queue holds: the outputs queued are announced
 /// before the kernel waits for room, so a receiver woken only by the hook drains them.
 #[test]

@@ -40,6 +40,10 @@ use crate::telemetry::KernelMetrics;
 /// the kernel's host published outputs.
 pub type PublishHook = Arc<dyn Fn() + Send + Sync>;
 
+/// What [`RingKernel::on_take`](crate::runtime::kernel::RingKernel::on_take) calls after the
+/// kernel's host took inputs from its input queue.
+pub type TakeHook = Arc<dyn Fn() + Send + Sync>;
+
 /// A message whose deadline is nearer than this is held by a device pump until the device has
 /// handled everything before it, then checked again (see [`KernelIo::deadline_near`]). A
 /// farther deadline is checked only when the message is taken from the input queue: it can
@@ -190,6 +194,9 @@ pub struct KernelIo<In, Out> {
     /// Called by the publisher after outputs were queued (`RingKernel::on_publish`), set once
     /// at launch.
     pub(crate) on_publish: std::sync::OnceLock<PublishHook>,
+    /// Called by the intake after inputs left the input queue (`RingKernel::on_take`), set
+    /// once at launch.
+    pub(crate) on_take: std::sync::OnceLock<TakeHook>,
     exited: AtomicBool,
     exit_signal: Signal,
     pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
@@ -276,6 +283,7 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             forward: std::sync::OnceLock::new(),
             placement: std::sync::OnceLock::new(),
             on_publish: std::sync::OnceLock::new(),
+            on_take: std::sync::OnceLock::new(),
             exited: AtomicBool::new(false),
             exit_signal: Signal::new(),
             thread: Mutex::new(None),
@@ -456,6 +464,10 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
             let start = out.len();
             if self.input.recv_batch(out, max) == 0 {
                 return 0;
+            }
+            // The inputs left the queue: a sender waiting for room finds it now.
+            if let Some(hook) = self.on_take.get() {
+                hook();
             }
             let kept = self.expire(out, start, now);
             if kept > 0 {

@@ -25,7 +25,7 @@ pub(crate) type HostFactory<In, Out, S> = Box<
         > + Send,
 >;
 
-pub use crate::runtime::io::PublishHook;
+pub use crate::runtime::io::{PublishHook, TakeHook};
 
 pub(crate) enum Body<In, Out, S> {
     Handler(HandlerFn<In, Out, S>),
@@ -80,6 +80,8 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) device_keys: Option<DeviceKeys<In, Out, S>>,
     /// Called after the host published outputs (`RingKernel::on_publish`).
     pub(crate) on_publish: Option<PublishHook>,
+    /// Called after the host took inputs (`RingKernel::on_take`).
+    pub(crate) on_take: Option<TakeHook>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -107,6 +109,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             host: None,
             device_keys: None,
             on_publish: None,
+            on_take: None,
             _types: PhantomData,
         }
     }
@@ -135,6 +138,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             host: None,
             device_keys: None,
             on_publish: self.on_publish,
+            on_take: self.on_take,
             _types: PhantomData,
         }
     }
@@ -268,6 +272,17 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
     /// know about (an event loop) without polling; `f` should be quick and must not block.
     pub fn on_publish(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_publish = Some(std::sync::Arc::new(f));
+        self
+    }
+
+    /// Calls `f` on the kernel's host thread each time it has taken inputs from its input
+    /// queue: once per batch taken (by the CPU handler loop, the loop form's `receive`, or the
+    /// pump that moves inputs to a device), after they left the queue, so a sender waiting
+    /// for room finds it. For waking senders the engine does not know about (an event loop
+    /// awaiting room under `Backpressure::Block`) without polling; `f` should be quick and
+    /// must not block.
+    pub fn on_take(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_take = Some(std::sync::Arc::new(f));
         self
     }
 

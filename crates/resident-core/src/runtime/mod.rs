@@ -402,6 +402,9 @@ impl<E: Engines> Runtime<E> {
         if let Some(hook) = kernel.on_publish.take() {
             let _ = io.on_publish.set(hook);
         }
+        if let Some(hook) = kernel.on_take.take() {
+            let _ = io.on_take.set(hook);
+        }
         if let Some(target) = kernel.forward.take() {
             // A target already running must take `Out`; one launched later is checked by type
             // when the first output is forwarded.
