@@ -15,6 +15,14 @@
 //!    reset ([`SimContext::reset_if_unused`], as `cuDevicePrimaryCtxReset`), which is allowed
 //!    only once no kernel of the lost context is left.
 //!
+//! 3. **Speed (opt-in).** CudaSim runs a kernel's block as OS threads, some hundred times slower
+//!    than a GPU, so a host timer that races a kernel's progress can win here and lose there.
+//!    [`SimContext::set_host_dilation`] (or `RESIDENT_CUDASIM_HOST_DILATION=<factor>`) stretches
+//!    the host pauses that race the kernels by that factor, so the race comes out as on a GPU:
+//!    today the device pump's pause between two offers of a device-forwarding link (an H100
+//!    relayed a whole 3000-message chain through the host before the first offer; CudaSim, 100x
+//!    slower, was linked after 64). Default 1: no dilation.
+//!
 //! Strict mode (the hazards of 1.) is on unless `RESIDENT_CUDASIM_STRICT=0`; faults are always
 //! sticky. One context per process: CudaSim has one device.
 //!
@@ -45,6 +53,18 @@ pub const RESET_ENV: &str = "RESIDENT_CUDASIM_RESET";
 /// [`SimContext::set_reset_recovers`] changes it for the process.
 fn reset_recovers_by_env() -> bool {
     std::env::var(RESET_ENV).map_or(true, |v| v.trim() != "never")
+}
+
+/// Environment variable: the factor by which the host pauses that race a kernel's progress
+/// are stretched (see the module's notes, 3.); unset, unparsable or 0 means 1.
+pub const HOST_DILATION_ENV: &str = "RESIDENT_CUDASIM_HOST_DILATION";
+
+fn host_dilation_by_env() -> u32 {
+    std::env::var(HOST_DILATION_ENV)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// Environment variable: how long, in milliseconds, a synchronizing call waits for the running
@@ -114,6 +134,9 @@ struct CtxState {
     /// Whether a reset clears a fault (`false`: the driver measured on a GPU, see the module's
     /// notes). Set from [`RESET_ENV`] when the context is made.
     reset_recovers: bool,
+    /// The speed model's factor (module notes, 3.). Set from [`HOST_DILATION_ENV`] when the
+    /// context is made.
+    host_dilation: u32,
     /// Modules loaded in the current generation (by key).
     loaded: HashSet<String>,
     /// Synchronizing calls that would have hung.
@@ -175,6 +198,7 @@ impl SimContext {
         C.get_or_init(|| SimContext {
             st: Mutex::new(CtxState {
                 reset_recovers: reset_recovers_by_env(),
+                host_dilation: host_dilation_by_env(),
                 ..CtxState::default()
             }),
             cv: Condvar::new(),
@@ -345,6 +369,18 @@ impl SimContext {
     /// the device more than once. Returns the previous setting.
     pub fn set_reset_recovers(&self, recovers: bool) -> bool {
         std::mem::replace(&mut self.lock().reset_recovers, recovers)
+    }
+
+    /// The factor by which host pauses that race a kernel are stretched (module notes, 3.):
+    /// at least 1. Read by a kernel's host when it starts.
+    pub fn host_dilation(&self) -> u32 {
+        self.lock().host_dilation.max(1)
+    }
+
+    /// Sets the speed model's factor for kernels started from now on (0 counts as 1: no
+    /// dilation). Returns the previous setting.
+    pub fn set_host_dilation(&self, factor: u32) -> u32 {
+        std::mem::replace(&mut self.lock().host_dilation, factor.max(1))
     }
 
     /// Waits up to `timeout` until no kernel of the lost context is left and resets it;

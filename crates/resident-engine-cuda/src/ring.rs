@@ -513,6 +513,10 @@ pub(crate) trait PersistentRing<In, Out>: Send {
     /// # Safety
     /// Only once the link's phase is `Free` (the host is the output ring's only consumer).
     unsafe fn resync_output(&mut self) -> Result<(), DeviceError>;
+    /// As `DeviceRing::host_dilation`: 1 on a GPU.
+    fn host_dilation(&self) -> u32 {
+        1
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -609,6 +613,9 @@ impl<In: Message, Out: Message, K: PersistentRing<In, Out>> DeviceRing<In, Out> 
     }
     fn peer_taken(&self) -> u64 {
         self.kernel.device_counters().peer_taken
+    }
+    fn host_dilation(&self) -> u32 {
+        self.kernel.host_dilation()
     }
 }
 

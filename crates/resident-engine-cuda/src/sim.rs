@@ -145,6 +145,10 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for SimKernel<In, Out> {
         // SAFETY: the caller's contract (the link's phase is Free).
         Ok(unsafe { self.queues().resync_output() }?)
     }
+    fn host_dilation(&self) -> u32 {
+        // CudaSim's speed model (off unless asked for): see `resident_cuda::sim_driver`.
+        SimContext::get().host_dilation()
+    }
 }
 
 /// Loaded one-shot modules by (source, entry, options).

@@ -870,6 +870,7 @@ mod forwarding {
         p.activate().unwrap();
         c.activate().unwrap();
         let n = 3000u32;
+        let start = Instant::now();
         let mut sum_sent = 0u64;
         let mut got = Vec::with_capacity(n as usize);
         for i in 0..n {
@@ -884,6 +885,7 @@ mod forwarding {
         while got.len() < n as usize {
             got.push(c.receive(T).unwrap());
         }
+        let took = start.elapsed();
         assert!(
             c.try_receive().unwrap().is_none(),
             "nothing more than was sent"
@@ -928,9 +930,15 @@ mod forwarding {
             "the consumer forwards nothing"
         );
         if t.forwards_on_device() {
+            // Both kernels ran before the first send, so the link is asked for before the
+            // producer's first outputs: nearly all of them go on the device, however fast the
+            // device is (an H100 relayed all 3000 in a few milliseconds when the producer
+            // offered the link only every 20 ms; `tests/forward_sim.rs` has CudaSim reproduce
+            // that). Inputs pushed in the round that asks may be handled before the kernel
+            // adopts the link: at most a tenth via the host.
             assert!(
-                f.on_device >= n as u64 / 2,
-                "{}: most messages must go on the device: {f:?}",
+                f.via_host <= n as u64 / 10 && f.on_device + f.via_host == n as u64,
+                "{}: nearly every message must go on the device: {f:?} ({n} in {took:?})",
                 t.name()
             );
         } else if t.placement() == Placement::Host {

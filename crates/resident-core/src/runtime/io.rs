@@ -68,17 +68,34 @@ pub struct Forward<T> {
     target: String,
     core: Weak<RuntimeCore>,
     port: Mutex<Option<InputPort<T>>>,
+    /// The runtime's count of registered kernels (`RuntimeCore::registered`).
+    registered: Arc<AtomicU64>,
     path: ForwardPath,
 }
 
 impl<T: Message> Forward<T> {
-    pub(crate) fn new(target: String, core: Weak<RuntimeCore>, path: ForwardPath) -> Self {
+    pub(crate) fn new(
+        target: String,
+        core: Weak<RuntimeCore>,
+        registered: Arc<AtomicU64>,
+        path: ForwardPath,
+    ) -> Self {
         Forward {
             target,
             core,
             port: Mutex::new(None),
+            registered,
             path,
         }
+    }
+
+    /// How many kernels the runtime has registered so far: a lookup of the target (or of its
+    /// device peer slot) that came back empty is worth repeating once this has changed.
+    #[doc(hidden)] // for the engines in the crate `resident`, not the API
+    pub fn registrations(&self) -> u64 {
+        // Acquire: pairs with the release bump after a registration, so a lookup made after
+        // seeing the new count finds that kernel and its port's device peer slot.
+        self.registered.load(Ordering::Acquire)
     }
 
     /// How the outputs should travel (`RingKernel::forward_path`).

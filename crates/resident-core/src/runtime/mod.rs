@@ -22,7 +22,7 @@ pub use crate::state;
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -184,6 +184,7 @@ impl<E: Engines> RuntimeBuilder<E> {
                     next: CachePadded::new(AtomicU64::new(1)),
                 }),
                 kernels: RwLock::new(HashMap::new()),
+                registered: Arc::new(AtomicU64::new(0)),
                 recent: parking_lot::Mutex::new(std::collections::VecDeque::new()),
                 telemetry: self.telemetry,
                 wait: self.wait,
@@ -414,6 +415,7 @@ impl<E: Engines> Runtime<E> {
             let _ = io.forward.set(io::Forward::new(
                 target,
                 Arc::downgrade(&self.core),
+                self.core.registered.clone(),
                 kernel.forward_path,
             ));
         }
@@ -543,6 +545,9 @@ impl<E: Engines> Runtime<E> {
                 port: io.port.clone(),
             }),
         );
+        // Release, under the write lock and after the entry (and its port's device peer slot,
+        // published by `host::spawn`): a producer that acquires the new count finds both.
+        self.core.registered.fetch_add(1, Ordering::Release);
         Ok(handle)
     }
 

@@ -5,6 +5,7 @@
 use std::any::Any;
 use std::any::TypeId;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,10 @@ pub(crate) struct RuntimeCore {
     /// Live kernels (launched, not yet terminated) by id. A terminated kernel leaves at once:
     /// its handles keep its report, the runtime only its id and final state in `recent`.
     pub(crate) kernels: RwLock<HashMap<String, Arc<dyn KernelEntry>>>,
+    /// Kernels entered into `kernels` so far (bumped under its write lock, after the entry):
+    /// a producer whose forward target was missing looks it up again as soon as this changes
+    /// ([`Forward::registrations`](crate::runtime::io::Forward::registrations)).
+    pub(crate) registered: Arc<AtomicU64>,
     /// Ids and final states of the last [`RECENT_KERNELS`] terminated kernels, oldest first.
     pub(crate) recent: parking_lot::Mutex<std::collections::VecDeque<(String, KernelState)>>,
     pub(crate) telemetry: bool,

@@ -88,10 +88,19 @@ pub trait DeviceRing<In, Out>: Send {
     fn peer_taken(&self) -> u64 {
         0
     }
+    /// How many times the host's pauses that race the kernel's progress are stretched (at least
+    /// 1): a stand-in much slower than its device (CudaSim's speed model,
+    /// `resident_cuda::sim_driver`) stretches them so that such races end as on the device.
+    fn host_dilation(&self) -> u32 {
+        1
+    }
 }
 
 /// Pause between two link attempts of a producer (after a refusal, a cancelled request or a
-/// `call` reply that took the ring back).
+/// `call` reply that took the ring back). A target that is not there yet is no refusal: it is
+/// looked up again as soon as a kernel is registered (`DeviceForward::looked_at`). Waiting this
+/// pause for it instead lost the whole first chain to the host on an H100 (2026-11-27: 3000
+/// messages relayed in a few milliseconds, before the first offer after the target appeared).
 const RELINK_PAUSE: Duration = Duration::from_millis(20);
 
 /// A producer's device-side link to its forward target (`RingKernel::forward_to` between two
@@ -114,10 +123,20 @@ struct DeviceForward {
     base: u64,
     /// An unlink was not acknowledged: the ring stays with the other kernel for good.
     broken: bool,
+    /// `RELINK_PAUSE`, stretched by the ring's `host_dilation` (CudaSim's speed model).
+    relink_pause: Duration,
+    /// The runtime's registration count (`Forward::registrations`) read before the last
+    /// attempt that found no target, or a target with no device peer slot: a new count means a
+    /// kernel was launched since, so the next round tries again at once, pause or not.
+    /// `None` after any other outcome.
+    looked_at: Option<u64>,
 }
 
 impl DeviceForward {
-    fn new<In: Message, Out: Message>(io: &Arc<KernelIo<In, Out>>) -> Self {
+    fn new<In: Message, Out: Message>(
+        io: &Arc<KernelIo<In, Out>>,
+        ring: &dyn DeviceRing<In, Out>,
+    ) -> Self {
         let enabled = io
             .forward
             .get()
@@ -129,6 +148,8 @@ impl DeviceForward {
             next_try: Instant::now(),
             base: 0,
             broken: false,
+            relink_pause: RELINK_PAUSE * ring.host_dilation().max(1),
+            looked_at: None,
         }
     }
 
@@ -149,7 +170,7 @@ impl DeviceForward {
         if let Some(l) = self.cur.take() {
             self.base += l.ring.head().saturating_sub(l.head0);
             self.publish_count(io);
-            self.next_try = Instant::now() + RELINK_PAUSE;
+            self.next_try = Instant::now() + self.relink_pause;
             ring.resync_output()?;
         }
         Ok(())
@@ -187,14 +208,25 @@ impl DeviceForward {
                 }
             }
         }
-        if !self.enabled || Instant::now() < self.next_try {
+        if !self.enabled {
             return Ok(true);
         }
-        self.next_try = Instant::now() + RELINK_PAUSE;
         let Some(f) = io.forward.get() else {
             return Ok(true);
         };
+        // Read before the lookup: a kernel registered after this read changes the count, so
+        // a lookup that misses it is repeated in the next round.
+        let registered = f.registrations();
+        let launched_since = self.looked_at.is_some_and(|n| n != registered);
+        if !launched_since && Instant::now() < self.next_try {
+            return Ok(true);
+        }
+        self.next_try = Instant::now() + self.relink_pause;
+        self.looked_at = None;
         let Ok(port) = f.port() else {
+            // Not launched yet: its registration (which publishes its peer slot first, see
+            // `RingHost::publish`) is seen in the round after it.
+            self.looked_at = Some(registered);
             return Ok(true);
         };
         // A keyed target checks each message's key on the host: it stays host-relayed.
@@ -202,6 +234,9 @@ impl DeviceForward {
             return Ok(true);
         }
         let (Some(peer), Some(r)) = (port.device_peer.get().cloned(), ring.output_peer()) else {
+            // A target with no peer slot (hosted on the CPU, or of another engine) gets none
+            // later; a target of the same id launched again does, and is registered anew.
+            self.looked_at = Some(registered);
             return Ok(true);
         };
         // Every output this pump pulled so far has been delivered (deliver runs in the round
@@ -255,6 +290,14 @@ impl<In, Out> DeviceHost<In, Out> {
 impl<In: Message, Out: Message> RingHost<In, Out> for DeviceHost<In, Out> {
     fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>, out: Publisher<In, Out>) {
         pump(io, out, self.ring)
+    }
+
+    /// The kernel's peer-input slot goes on its input port before the kernel can be found: a
+    /// producer that finds it can link at once (the pump sets the same slot again, a no-op).
+    fn publish(&self, io: &Arc<KernelIo<In, Out>>) {
+        if let Some(p) = self.ring.peer_input() {
+            let _ = io.port.device_peer.set(p);
+        }
     }
 }
 
@@ -325,7 +368,7 @@ fn pump<In: Message, Out: Message>(
     if let Some(p) = &my_peer {
         let _ = io.port.device_peer.set(p.clone());
     }
-    let mut fwd = DeviceForward::new(io);
+    let mut fwd = DeviceForward::new(io, &*ring);
     let unlink_timeout = io.terminate_timeout.mul_f64(0.15);
     let mut answer_none = |ring: &mut Box<dyn DeviceRing<In, Out>>, out: &Publisher<In, Out>| {
         unanswered.clear();

@@ -32,6 +32,10 @@ use crate::runtime::state::{Error, Result};
 #[doc(hidden)] // for the engines in the crate `resident`, not the API
 pub trait RingHost<In: Message, Out: Message>: Send + 'static {
     fn run(self: Box<Self>, io: &Arc<KernelIo<In, Out>>, out: Publisher<In, Out>);
+    /// Called once on the launching thread, before the host thread starts and before the
+    /// kernel can be found by id: whatever producers must find the moment they find the kernel
+    /// (a device kernel's peer-input slot, `device::DeviceHost`).
+    fn publish(&self, _io: &Arc<KernelIo<In, Out>>) {}
 }
 
 /// Starts the kernel's host thread, which waits for `activate` before handling anything.
@@ -40,6 +44,7 @@ pub(crate) fn spawn<In: Message, Out: Message>(
     host: Box<dyn RingHost<In, Out>>,
     output: Writer<Out>,
 ) -> Result<()> {
+    host.publish(&io);
     let io2 = io.clone();
     let publisher = Publisher::new(io.clone(), output);
     let handle = std::thread::Builder::new()
