@@ -450,3 +450,81 @@ fn launch_and_alloc_quiesce_the_resident_kernel_and_nothing_is_lost() {
     assert!(got.iter().all(|s| s.payload == s.env.correlation_id * 2));
     a.terminate(Duration::from_secs(5)).unwrap();
 }
+
+/// The quiescing thread a [`a_launch_waits_out_a_quiesce_of_its_starting_kernel`] round starts.
+type Quiescer = std::rc::Rc<
+    std::cell::RefCell<Option<std::thread::JoinHandle<Result<(), resident_cuda::CudaError>>>>,
+>;
+
+/// A launch that waits for its kernel to become resident while another thread's call parks
+/// every resident kernel of the device (the residency rule, `Device::with_quiesced`: another
+/// launch's module load, an allocation) waits the park out instead of failing with
+/// `Exited { state: Quiesced }`. Deterministic through the launch's wait hook: the park starts
+/// before the launch's first look at its kernel's state and ends after its second. (Skips
+/// without a GPU; `tests/launch_quiesce_sim.rs` checks the same on CudaSim in CI.)
+#[test]
+fn a_launch_waits_out_a_quiesce_of_its_starting_kernel() {
+    let Some(_turn) = gpu_turn("launch_quiesce") else {
+        return;
+    };
+    let device = resident_cuda::persistent::open_device(0).unwrap();
+    let rounds = std::rc::Rc::new(std::cell::Cell::new(0u32));
+    let quiescer: Quiescer = Default::default();
+    let (parked_tx, parked_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let mut release_rx = Some(release_rx);
+    let mut release_tx = Some(release_tx);
+    let hook = {
+        let rounds = rounds.clone();
+        let quiescer = quiescer.clone();
+        move || {
+            rounds.set(rounds.get() + 1);
+            match rounds.get() {
+                1 => {
+                    let release = release_rx.take().expect("round 1 runs once");
+                    let parked = parked_tx.clone();
+                    let device = device.clone();
+                    *quiescer.borrow_mut() = Some(std::thread::spawn(move || {
+                        device.with_quiesced(Duration::from_secs(10), move || {
+                            parked.send(()).unwrap();
+                            let _ = release.recv_timeout(Duration::from_secs(30));
+                        })
+                    }));
+                    parked_rx
+                        .recv_timeout(Duration::from_secs(30))
+                        .expect("the starting kernel parked");
+                }
+                2 => {
+                    let _ = release_tx.take().expect("round 2 runs once").send(());
+                }
+                _ => {}
+            }
+        }
+    };
+    let hook = resident_cuda::persistent::on_resident_wait(hook);
+    let launched = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts(1, 256));
+    drop(hook);
+    let mut k = match launched {
+        Ok(k) => k,
+        Err(e) => panic!("a quiesce during the launch's wait failed the launch: {e}"),
+    };
+    assert!(rounds.get() >= 2, "{} rounds", rounds.get());
+    let quiescer = quiescer
+        .borrow_mut()
+        .take()
+        .expect("the quiesce was started");
+    quiescer
+        .join()
+        .expect("the quiescing thread")
+        .expect("every kernel parked");
+    let state = k.device_counters().state;
+    assert!(
+        matches!(state, Some(DeviceState::Idle | DeviceState::Running)),
+        "resident after the launch: {state:?}"
+    );
+    k.activate().unwrap();
+    k.send(Envelope::new(1, 0, 0), 1).unwrap();
+    let out = k.receive(Duration::from_secs(10)).unwrap();
+    assert_eq!(out.payload, 2);
+    k.terminate(Duration::from_secs(5)).unwrap();
+}

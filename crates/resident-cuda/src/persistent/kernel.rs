@@ -15,7 +15,7 @@ use bytemuck::Pod;
 use resident_ring::spsc::RingMemory;
 use resident_ring::{Envelope, Slot};
 
-use super::check::{check_launch, check_sizes};
+use super::check::{check_launch, check_sizes, wait_resident, Starting};
 use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::template::{
@@ -504,28 +504,10 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         // fails, dropping `k` terminates the kernel and waits for it.
         let control = k.q().device_view().control;
         k.heartbeat = Some(spawn_heartbeat(control, opts.heartbeat_timeout)?);
-        let deadline = Instant::now() + opts.start_timeout;
-        while k.device_counters().state == Some(DeviceState::NotStarted) {
-            k.check()?;
-            if Instant::now() > deadline {
-                return Err(PersistentError::Timeout {
-                    name: k.name.clone(),
-                    what: "the kernel to become resident",
-                });
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        }
-        k.check()?;
-        // Resident means running or parked: a kernel that already reported an exit (a
-        // parameter error, say) is an error, never `Ok`.
-        let c = k.device_counters();
-        if let Some(s) = c.state.filter(|s| s.has_exited()) {
-            return Err(PersistentError::Exited {
-                name: k.name.clone(),
-                state: Some(s),
-                error_code: c.error_code,
-            });
-        }
+        // Resident means running or idle: a kernel that already reported an exit (a parameter
+        // error, say) is an error, never `Ok`; a park by the residency rule meanwhile (another
+        // launch's module load, an allocation: it is registered from here on) is waited out.
+        wait_resident(&mut k, opts.start_timeout)?;
         Ok(k)
     }
 
@@ -772,6 +754,24 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+    }
+}
+
+impl<In: Pod + Send, Out: Pod + Send> Starting for PersistentKernel<In, Out> {
+    fn starting_name(&self) -> &str {
+        &self.name
+    }
+
+    fn starting_check(&mut self) -> Result<(), PersistentError> {
+        self.check()
+    }
+
+    fn starting_counters(&self) -> DeviceCounters {
+        self.device_counters()
+    }
+
+    fn starting_pause(&mut self) {
+        std::thread::sleep(Duration::from_micros(50));
     }
 }
 

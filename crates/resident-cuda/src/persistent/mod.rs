@@ -36,6 +36,8 @@ pub mod sim;
 pub mod template;
 
 pub use check::batch_scan_bytes;
+#[doc(hidden)] // test support for the crates of this workspace
+pub use check::{on_resident_wait, ResidentWaitHook};
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use host::{Full, PersistentQueues, QueueConfig};
 #[cfg(feature = "driver")]

@@ -17,7 +17,7 @@ use bytemuck::Pod;
 use resident_ring::spsc::{HeapMemory, RingMemory};
 use resident_ring::{Envelope, Slot};
 
-use super::check::check_launch;
+use super::check::{check_launch, wait_resident, Starting};
 use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::template::{compile_sim, KernelSource, PersistentParams, PERSISTENT_KERNEL_NAME};
@@ -727,34 +727,11 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             peer: std::sync::OnceLock::new(),
             life,
         };
-        // `launch` returns once the kernel reports it is resident, or with its error.
-        let deadline = Instant::now() + opts.start_timeout;
-        loop {
-            k.check()?;
-            match k.device_counters().state {
-                Some(DeviceState::NotStarted) => {}
-                Some(s) if s.has_exited() => {
-                    k.check()?;
-                    return Err(PersistentError::Exited {
-                        name: k.name.clone(),
-                        state: Some(s),
-                        error_code: k.device_counters().error_code,
-                    });
-                }
-                _ => return Ok(k),
-            }
-            if Instant::now() > deadline {
-                return Err(PersistentError::Timeout {
-                    name: k.name.clone(),
-                    what: "the kernel to become resident",
-                });
-            }
-            match k.done.recv_timeout(Duration::from_micros(200)) {
-                Ok(r) => k.record(r),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => k.record_lost(),
-            }
-        }
+        // `launch` returns once the kernel reports it is resident, or with its error; a park
+        // by the residency rule meanwhile (another thread's module load or allocation) is
+        // waited out, not taken for an exit.
+        wait_resident(&mut k, opts.start_timeout)?;
+        Ok(k)
     }
 
     fn record(&mut self, r: Exit) {
@@ -980,6 +957,30 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         Some(
             unsafe { std::slice::from_raw_parts(self.state.as_mut_ptr(), self.state_len) }.to_vec(),
         )
+    }
+}
+
+// What the launch's wait for residency (`check::wait_resident`) asks of the kernel.
+impl<In: Pod + Send, Out: Pod + Send> Starting for SimKernel<In, Out> {
+    fn starting_name(&self) -> &str {
+        &self.name
+    }
+
+    fn starting_check(&mut self) -> Result<(), PersistentError> {
+        self.check()
+    }
+
+    fn starting_counters(&self) -> DeviceCounters {
+        self.device_counters()
+    }
+
+    fn starting_pause(&mut self) {
+        // The launcher's report of a final exit (or a fault) ends the pause early.
+        match self.done.recv_timeout(Duration::from_micros(200)) {
+            Ok(r) => self.record(r),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => self.record_lost(),
+        }
     }
 }
 

@@ -1,0 +1,171 @@
+//! A launch waiting for its kernel to become resident while the residency rule parks every
+//! resident kernel (another thread's module load or allocation: `with_all_quiesced`), on
+//! CudaSim. The parked kernel shows `Quiesced` until it is relaunched; the launch must wait
+//! that out within its own deadline, not fail with `Exited { state: Quiesced }` (the flake of
+//! `bound_buffers::cudasim::mismatches` in the conformance suite under parallel load). The
+//! race is made deterministic with the launch's wait hook (`on_resident_wait`): the kernel is
+//! parked from another thread before the launch's first look at its state, and resumed only
+//! once the launch has looked again.
+//!
+//! Its own test binary: `with_all_quiesced` parks every CudaSim kernel of the process, and the
+//! tests of other files must not see their kernels parked by this one.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use resident_cuda::persistent::sim::{relaunch_count, with_all_quiesced};
+use resident_cuda::persistent::{
+    compile_sim, on_resident_wait, DeviceState, KernelSource, MessageDecl, PersistentError,
+    QueueConfig, SimKernel, SimLaunchOptions,
+};
+use resident_ring::Envelope;
+
+const DOUBLE: &str = "__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) { *out = *in * 2ull; return true; }";
+
+fn source(name: &str) -> KernelSource {
+    let u64_decl = MessageDecl::new("U64", "typedef unsigned long long U64;", 8);
+    KernelSource::new(
+        name,
+        u64_decl.clone(),
+        u64_decl,
+        MessageDecl::new(
+            "Count",
+            "typedef struct { unsigned long long n; } Count;",
+            8,
+        ),
+        DOUBLE,
+        32,
+    )
+}
+
+fn opts(heartbeat_timeout: Option<Duration>) -> SimLaunchOptions {
+    SimLaunchOptions {
+        queues: QueueConfig {
+            lanes: 1,
+            lane_capacity: 64,
+            out_capacity: 64,
+        },
+        heartbeat_timeout,
+        start_timeout: Duration::from_secs(60),
+        ..SimLaunchOptions::default()
+    }
+}
+
+/// The thread that parks the kernels for [`a_launch_waits_out_a_quiesce_of_its_starting_kernel`].
+type Quiescer = Rc<RefCell<Option<JoinHandle<Result<(), PersistentError>>>>>;
+
+#[test]
+fn a_launch_waits_out_a_quiesce_of_its_starting_kernel() {
+    let src = source("launch_quiesce");
+    let opts = opts(None);
+    // Compiled first, so the launch below makes no module load of its own.
+    let module = compile_sim(&src).unwrap();
+
+    let rounds = Rc::new(Cell::new(0u32));
+    let quiescer: Quiescer = Rc::new(RefCell::new(None));
+    let (parked_tx, parked_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let mut release_rx = Some(release_rx);
+    let mut release_tx = Some(release_tx);
+    let hook = {
+        let rounds = rounds.clone();
+        let quiescer = quiescer.clone();
+        move || {
+            rounds.set(rounds.get() + 1);
+            match rounds.get() {
+                // Before the first look: another thread parks every resident kernel (this one
+                // is registered, started or not) and holds them parked.
+                1 => {
+                    let release = release_rx.take().expect("round 1 runs once");
+                    let parked = parked_tx.clone();
+                    *quiescer.borrow_mut() = Some(std::thread::spawn(move || {
+                        with_all_quiesced(Duration::from_secs(30), move || {
+                            parked.send(()).unwrap();
+                            // Held until the launch looked at its parked kernel (round 2), or
+                            // the hook is gone (the launch returned).
+                            let _ = release.recv_timeout(Duration::from_secs(60));
+                        })
+                    }));
+                    parked_rx
+                        .recv_timeout(Duration::from_secs(60))
+                        .expect("the starting kernel parked");
+                }
+                // The launch saw `Quiesced` and waited on: resume the kernels.
+                2 => {
+                    let _ = release_tx.take().expect("round 2 runs once").send(());
+                }
+                _ => {}
+            }
+        }
+    };
+    let relaunches = relaunch_count();
+    let hook = on_resident_wait(hook);
+    let launched = SimKernel::<u64, u64>::launch_compiled(&module, &src, &[0u8; 8], &opts);
+    drop(hook);
+    let mut k = match launched {
+        Ok(k) => k,
+        Err(e) => panic!("a quiesce during the launch's wait failed the launch: {e}"),
+    };
+    assert!(
+        rounds.get() >= 2,
+        "the launch returned before it looked at its parked kernel again ({} rounds)",
+        rounds.get()
+    );
+    let quiescer = quiescer
+        .borrow_mut()
+        .take()
+        .expect("the quiesce was started");
+    quiescer
+        .join()
+        .expect("the quiescing thread")
+        .expect("every kernel parked");
+    assert!(
+        relaunch_count() > relaunches,
+        "the parked kernel was relaunched"
+    );
+    let state = k.device_counters().state;
+    assert!(
+        matches!(state, Some(DeviceState::Idle | DeviceState::Running)),
+        "resident after the launch: {state:?}"
+    );
+    // And it works where it left off.
+    k.activate();
+    k.send(Envelope::new(1, 0, 10), 21).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while out.is_empty() {
+        k.check().unwrap();
+        assert!(Instant::now() < deadline, "no output");
+        k.receive_into(&mut out, 1);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(out[0].payload, 42);
+    k.terminate(Duration::from_secs(30)).unwrap();
+}
+
+#[test]
+fn a_real_exit_while_starting_is_still_a_typed_error_at_once() {
+    // A heartbeat timeout of 1 ns: the block exits on its first control check, before it ever
+    // shows a resident state. The launch must report that exit, not wait out its deadline.
+    let src = source("launch_exit");
+    let opts = opts(Some(Duration::from_nanos(1)));
+    let module = compile_sim(&src).unwrap();
+    let start = Instant::now();
+    let r = SimKernel::<u64, u64>::launch_compiled(&module, &src, &[0u8; 8], &opts);
+    let took = start.elapsed();
+    match r {
+        Err(PersistentError::Exited {
+            state: Some(DeviceState::HeartbeatTimeout),
+            ..
+        }) => {}
+        Err(e) => panic!("expected Exited(HeartbeatTimeout), got {e}"),
+        Ok(_) => panic!("expected Exited(HeartbeatTimeout), the launch succeeded"),
+    }
+    assert!(
+        took < Duration::from_secs(20),
+        "a real exit took {took:?} to report (deadline 60 s)"
+    );
+}
