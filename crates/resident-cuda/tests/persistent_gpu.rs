@@ -528,3 +528,50 @@ fn a_launch_waits_out_a_quiesce_of_its_starting_kernel() {
     assert_eq!(out.payload, 2);
     k.terminate(Duration::from_secs(5)).unwrap();
 }
+
+/// A kernel dropped while another thread holds it parked (`Device::with_quiesced`) is not
+/// relaunched by that thread's resume: its drop's terminate goes through the residency side,
+/// which cancels the pending resume, and a later park leaves a terminated kernel alone. Before,
+/// the drop wrote `Terminate` to the control block directly; the resume wrote the saved run
+/// state back over it and relaunched the kernel on the queues the drop had freed, where it
+/// stayed resident, unregistered, for good (the next synchronous call would wait for it
+/// forever). Afterwards a fresh kernel launches and answers. (Skips without a GPU.)
+#[test]
+fn a_kernel_dropped_while_parked_is_not_relaunched() {
+    let Some(_turn) = gpu_turn("drop_while_parked") else {
+        return;
+    };
+    let device = resident_cuda::persistent::open_device(0).unwrap();
+    let mut k = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts(1, 256)).unwrap();
+    k.activate().unwrap();
+    k.send(Envelope::new(1, 0, 0), 1).unwrap();
+    assert_eq!(k.receive(Duration::from_secs(10)).unwrap().payload, 2);
+    let (parked_tx, parked_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let quiescer = {
+        let device = device.clone();
+        std::thread::spawn(move || {
+            device.with_quiesced(Duration::from_secs(10), move || {
+                parked_tx.send(()).unwrap();
+                let _ = release_rx.recv_timeout(Duration::from_secs(30));
+            })
+        })
+    };
+    parked_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the kernel parked");
+    drop(k);
+    release_tx.send(()).unwrap();
+    quiescer
+        .join()
+        .expect("the quiescing thread")
+        .expect("the park and the resume");
+    // A module load and a launch wait for every kernel of the device: a relaunched zombie
+    // would make this time out.
+    let mut fresh =
+        PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts(1, 256)).unwrap();
+    fresh.activate().unwrap();
+    fresh.send(Envelope::new(2, 0, 0), 21).unwrap();
+    assert_eq!(fresh.receive(Duration::from_secs(10)).unwrap().payload, 42);
+    fresh.terminate(Duration::from_secs(5)).unwrap();
+}

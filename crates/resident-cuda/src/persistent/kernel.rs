@@ -779,7 +779,10 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
     fn drop(&mut self) {
         let mut done = self.exited || self.fault.is_some();
         if !done {
-            self.q().terminate();
+            // Through the residency side, like every run-state write: written to the control
+            // block directly, a park in progress on another thread would resume the kernel
+            // with the run state it saved and relaunch it over the memory freed below.
+            self.set_run_state(RunState::Terminate);
             done = self.stream_done_within(Duration::from_secs(2));
         }
         self.stop_heartbeat();
@@ -1073,6 +1076,9 @@ struct GState {
     want: Option<RunState>,
     /// A relaunch that failed (reported by `check` as a fault).
     relaunch_error: Option<Arc<CudaError>>,
+    /// Told to terminate: never asked to park again (a park would put `Quiesce` over the
+    /// `Terminate` and its resume relaunch the kernel, maybe after its memory was freed).
+    terminated: bool,
 }
 
 impl GpuResident {
@@ -1096,6 +1102,7 @@ impl GpuResident {
             // A parked kernel is not relaunched just to exit: it has exited already.
             g.quiescing = false;
             g.want = None;
+            g.terminated = true;
         }
         self.control().set_run_state(rs);
     }
@@ -1116,7 +1123,8 @@ impl crate::device::Quiesce for GpuResident {
     fn park(&self, deadline: Instant) -> bool {
         {
             let mut g = self.lock();
-            if !g.quiescing {
+            // A terminated kernel is left to exit (waited for below) and never resumed.
+            if !g.quiescing && !g.terminated {
                 g.quiescing = true;
                 g.want = self.control().run_state();
                 self.control().set_run_state(RunState::Quiesce);
