@@ -88,14 +88,55 @@ pub(crate) fn printable(source: &str) -> std::borrow::Cow<'_, str> {
     )
 }
 
+/// The most source bytes (the whole lines its labels cover) naga's rendered message may quote;
+/// beyond it the error keeps naga's message alone.
+#[cfg(feature = "wgpu")]
+const MAX_EXCERPT: usize = 2048;
+
+/// Whether the whole lines of `source` that `spans` cover hold at most [`MAX_EXCERPT`] bytes.
+/// naga renders every line a label covers, with a gutter each: a label over 380,000 lines
+/// held 146 MB while its message was rendered only to be cut to [`MAX_MESSAGE`].
+#[cfg(feature = "wgpu")]
+fn excerpt_is_short(source: &str, spans: impl Iterator<Item = naga::Span>) -> bool {
+    let bytes = source.as_bytes();
+    let mut total = 0usize;
+    for span in spans {
+        let Some(r) = span.to_range() else { continue };
+        let (a, b) = (r.start.min(bytes.len()), r.end.min(bytes.len()));
+        if b.saturating_sub(a) > MAX_EXCERPT {
+            return false;
+        }
+        let start = bytes[..a]
+            .iter()
+            .rposition(|&c| c == b'\n')
+            .map_or(0, |i| i + 1);
+        // The line's end, looked for no further than the budget left.
+        let limit = (b + MAX_EXCERPT + 1).min(bytes.len());
+        let end = bytes[b..limit]
+            .iter()
+            .position(|&c| c == b'\n')
+            .map_or(limit, |i| b + i);
+        total += end - start;
+        if total > MAX_EXCERPT || (start + MAX_EXCERPT < a) {
+            return false;
+        }
+    }
+    true
+}
+
 #[cfg(feature = "wgpu")]
 /// Parses and validates `source`.
 pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| {
         let loc = e.location(source);
+        let message = if excerpt_is_short(source, e.labels().map(|(s, _)| s)) {
+            bounded(e.emit_to_string(&printable(source)), || e.to_string())
+        } else {
+            bounded(e.to_string(), || e.to_string())
+        };
         WgslError {
             stage: "parse",
-            message: bounded(e.emit_to_string(&printable(source)), || e.to_string()),
+            message,
             line: loc.map(|l| l.line_number),
             column: loc.map(|l| l.line_position),
         }
@@ -104,9 +145,14 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
         .validate(&module)
         .map_err(|e| {
             let loc = e.location(source);
+            let message = if excerpt_is_short(source, e.spans().map(|(s, _)| *s)) {
+                bounded(e.emit_to_string(&printable(source)), || e.to_string())
+            } else {
+                bounded(e.to_string(), || e.to_string())
+            };
             WgslError {
                 stage: "validation",
-                message: bounded(e.emit_to_string(&printable(source)), || e.to_string()),
+                message,
                 line: loc.map(|l| l.line_number),
                 column: loc.map(|l| l.line_position),
             }
@@ -287,6 +333,38 @@ mod tests {
             "\u{80}\u{9f}".repeat(1 << 18)
         );
         assert_eq!(check(&c1).unwrap_err().stage, "parse");
+    }
+
+    /// Found by `resident fuzz --target wgsl` (10^7 inputs): naga renders every line an error's
+    /// label covers, so a label over 380,000 lines held 146 MB to make a message that was then
+    /// cut to 420 bytes. Such an error keeps naga's message alone (its line is still given).
+    #[test]
+    fn regression_fuzz_error_spanning_many_lines_is_not_rendered() {
+        let src = format!("fn f() -> u32 {{ return 1u; }}\n/*{}", "\n".repeat(400_000));
+        let e = check(&src).unwrap_err();
+        assert_eq!(e.stage, "parse", "{e}");
+        assert!(e.line.is_some(), "{e}");
+        assert!(!e.message.contains('|') && !e.message.contains('│'), "{e}");
+        assert!(e.to_string().len() <= 512, "{} bytes", e.to_string().len());
+        // A short excerpt is still rendered.
+        let e = check("fn f() -> u32 {\n  return 1u\n}\n").unwrap_err();
+        assert!(e.message.contains('│'), "{e}");
+    }
+
+    #[test]
+    fn excerpt_length_counts_whole_lines() {
+        let span = |a: u32, b: u32| naga::Span::new(a, b);
+        let src = "ab\ncd\nef\n";
+        assert!(excerpt_is_short(src, [span(3, 4)].into_iter()));
+        let long_line = format!("x{}\n", "y".repeat(5000));
+        assert!(!excerpt_is_short(&long_line, [span(0, 1)].into_iter()));
+        let many = "a\n".repeat(5000);
+        assert!(!excerpt_is_short(&many, [span(0, 9000)].into_iter()));
+        assert!(excerpt_is_short(
+            &many,
+            [span(10, 12), span(100, 101)].into_iter()
+        ));
+        assert!(excerpt_is_short("", [span(0, 0)].into_iter()));
     }
 
     #[test]
