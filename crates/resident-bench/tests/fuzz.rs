@@ -113,6 +113,97 @@ fn regression_layout_and_wgsl_errors_are_short() {
     assert_eq!(fuzz::replay(Target::Wgsl, src.as_bytes()), Ok(()));
 }
 
+/// The cuda target: render for every input, NVRTC for the corpus and every 100th input here
+/// (compiles are skipped, not failed, without NVRTC).
+#[test]
+fn fuzz_cuda() {
+    let opts = FuzzOptions {
+        inputs: 1000,
+        seed: 7,
+        compile_every: 100,
+        ..FuzzOptions::default()
+    };
+    let r = fuzz::run(Target::Cuda, &opts).unwrap();
+    assert_eq!(r.crash_count, 0, "first: {:?}", r.crashes.first());
+    assert!(
+        r.accepted.contains_key("KernelSource::render"),
+        "{:?}",
+        r.accepted
+    );
+    assert!(
+        r.error_kinds
+            .contains_key(&("KernelSource::render", "Config")),
+        "{:?}",
+        r.error_kinds
+    );
+    let compiles: u64 = r
+        .accepted
+        .iter()
+        .filter(|(d, _)| d.starts_with("compile_ptx"))
+        .map(|(_, n)| n)
+        .chain(
+            r.error_kinds
+                .iter()
+                .filter(|((d, _), _)| d.starts_with("compile_ptx"))
+                .map(|(_, n)| n),
+        )
+        .chain(r.skipped.values())
+        .sum();
+    // The 5 corpus inputs and inputs 0, 100, ..., 900 (0 is a corpus input).
+    assert_eq!(compiles, 14, "{:?} {:?}", r.accepted, r.error_kinds);
+    assert!(r.longest_error <= fuzz::MAX_ERROR_DISPLAY);
+    assert!(r.longest_compile_error <= fuzz::MAX_COMPILE_ERROR_DISPLAY);
+}
+
+/// The cuda seed corpus renders, and compiles where NVRTC is.
+#[test]
+fn cuda_corpus_is_accepted() {
+    let r = fuzz::run(
+        Target::Cuda,
+        &FuzzOptions {
+            inputs: 5,
+            ..FuzzOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.crash_count, 0, "{:?}", r.crashes);
+    assert_eq!(
+        r.accepted.get("KernelSource::render"),
+        Some(&5),
+        "{:?}",
+        r.error_kinds
+    );
+    if r.skipped.is_empty() {
+        assert_eq!(
+            r.accepted.get("compile_ptx(compute_90)"),
+            Some(&5),
+            "{:?}",
+            r.error_kinds
+        );
+    }
+}
+
+/// Found by `resident fuzz --target cuda`: a compile error kept NVRTC's whole log (a 1 MB line
+/// holding 100 typos: 105 MB) and the kernel's whole name; a source nesting brackets 1024 deep
+/// overflowed NVRTC's stack and aborted the process.
+#[test]
+fn regression_cuda_errors_are_short_and_deep_sources_are_refused() {
+    let typos: String = (0..100).map(|i| format!("undefined_{i} + ")).collect();
+    let handler = format!(
+        "__device__ bool handle(FuzzState* s, const FuzzIn* in, FuzzOut* out, const Envelope* env) {{\n    out->x = {typos}in->x; /*{}*/\n    return true;\n}}\n",
+        "c".repeat(1 << 20)
+    );
+    assert_eq!(fuzz::replay(Target::Cuda, handler.as_bytes()), Ok(()));
+    let name = format!("//fuzz:name\n{}", "n-".repeat(1 << 19));
+    assert_eq!(fuzz::replay(Target::Cuda, name.as_bytes()), Ok(()));
+    let deep = format!(
+        "__device__ bool handle(FuzzState* s, const FuzzIn* in, FuzzOut* out, const Envelope* env) {{\n    out->x = {}in->x{};\n    return true;\n}}\n",
+        "(".repeat(1 << 20),
+        ")".repeat(1 << 20)
+    );
+    assert_eq!(fuzz::replay(Target::Cuda, deep.as_bytes()), Ok(()));
+}
+
 #[test]
 fn runs_are_deterministic_and_names_round_trip() {
     let opts = FuzzOptions {
@@ -181,6 +272,7 @@ fn crash_kinds_print_short() {
         decoder: "d",
         kind: "K",
         bytes: 600,
+        max: 512,
     };
-    assert!(k.to_string().contains("600"));
+    assert!(k.to_string().contains("600") && k.to_string().contains("at most 512"));
 }

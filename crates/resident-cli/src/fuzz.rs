@@ -11,7 +11,7 @@ use serde_json::json;
 /// Arguments of `resident fuzz`.
 #[derive(clap::Args)]
 pub struct FuzzArgs {
-    /// nats-codec, edge-list, readings, layout, wgsl, or all.
+    /// nats-codec, edge-list, readings, layout, wgsl, cuda, or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Inputs per target.
@@ -29,6 +29,10 @@ pub struct FuzzArgs {
     /// Describe the machine in the JSON with this text instead of its CPU and cores.
     #[arg(long)]
     machine: Option<String>,
+    /// The cuda target also compiles with NVRTC every input whose index is a multiple of this,
+    /// and its seed corpus (0: none; a compile takes 20 to 600 ms).
+    #[arg(long, default_value_t = fuzz::DEFAULT_COMPILE_EVERY)]
+    compile_every: u64,
 }
 
 pub fn run(a: FuzzArgs) -> ExitCode {
@@ -47,6 +51,7 @@ pub fn run(a: FuzzArgs) -> ExitCode {
         inputs: a.inputs,
         seed: a.seed,
         crash_dir: Some(a.crash_dir),
+        compile_every: a.compile_every,
         ..FuzzOptions::default()
     };
     if !fuzz::alloc::installed() {
@@ -74,11 +79,25 @@ pub fn run(a: FuzzArgs) -> ExitCode {
             r.alloc_peak
                 .map_or("not measured".to_string(), |(p, len)| format!(
                     "{p} bytes held for a {len}-byte input (bound {})",
-                    fuzz::alloc_bound(len)
+                    fuzz::target_alloc_bound(t, len)
                 )),
         );
         for ((decoder, kind), n) in &r.error_kinds {
             println!("    {decoder}: {kind} x{n}");
+        }
+        for ((decoder, why), n) in &r.skipped {
+            println!("    {decoder}: skipped x{n} ({why})");
+        }
+        if t == Target::Cuda {
+            println!(
+                "    longest compile error {} bytes (at most {}), {}",
+                r.longest_compile_error,
+                fuzz::MAX_COMPILE_ERROR_DISPLAY,
+                match r.compile_every {
+                    0 => "no input compiled".to_string(),
+                    k => format!("the corpus and every {k}th input compiled"),
+                }
+            );
         }
         for c in &r.crashes {
             failed = true;
@@ -104,7 +123,8 @@ pub fn run(a: FuzzArgs) -> ExitCode {
             "load": provenance::load(),
             "seed": a.seed,
             "max_error_display": fuzz::MAX_ERROR_DISPLAY,
-            "alloc_bound": "256 KiB + 32 bytes per input byte, per input (peak held at once)",
+            "max_compile_error_display": fuzz::MAX_COMPILE_ERROR_DISPLAY,
+            "alloc_bound": "256 KiB + 32 bytes per input byte, per input (peak held at once); wgsl 256 KiB + 512, cuda 1 MiB + 64 per input byte (each target's alloc_peak.bound)",
             "targets": reports.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
         });
         if let Err(e) = provenance::write_json(&out, &doc) {

@@ -235,6 +235,94 @@ impl CudaError {
 /// Result of this crate.
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;
 
+/// The most bytes of one line of a compiler's log that an error keeps ([`bounded_log`]).
+pub const MAX_LOG_LINE: usize = 200;
+
+/// The most bytes of a compiler's log that an error keeps, its note of what was left out
+/// included ([`bounded_log`]).
+pub const MAX_LOG_BYTES: usize = 4096;
+
+/// Room kept at the end of [`MAX_LOG_BYTES`] for the note of what was left out.
+const NOTE_ROOM: usize = 128;
+
+/// A compiler's log as an error keeps it: each line cut to [`MAX_LOG_LINE`] bytes (then
+/// followed by `... (N bytes)`, its whole length), and the lines that do not fit in
+/// [`MAX_LOG_BYTES`] left out with a note of how many lines and bytes that was. Invalid UTF-8
+/// is replaced. NVRTC and the host compiler quote each offending source line, so a handler
+/// with a megabyte-long line and a typo gives a log of up to a hundred times that; a compile
+/// error of an ordinary handler is kept whole (its first errors, at least, in full).
+///
+/// Every compile error of this crate ([`CudaError::Compile`], [`CudaError::ModuleLoad`],
+/// [`crate::sim::SimError::Compile`] and through them `PersistentError::Compile`) keeps its log
+/// through this, once, where it is made.
+///
+/// ```
+/// use resident_cuda::error::{bounded_log, MAX_LOG_BYTES};
+/// let short = "handler.cu(3): error: identifier \"y\" is undefined\n";
+/// assert_eq!(bounded_log(short.as_bytes()), short);
+/// let huge = format!("a.cu(1): error: bad\n{}\n", "x".repeat(1 << 20)).repeat(100);
+/// let kept = bounded_log(huge.as_bytes());
+/// assert!(kept.len() <= MAX_LOG_BYTES);
+/// assert!(kept.contains("... (1048576 bytes)") && kept.contains("left out"));
+/// ```
+pub fn bounded_log(log: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(log.len().min(MAX_LOG_BYTES));
+    let (body, newline) = match log.strip_suffix(b"\n") {
+        Some(body) => (body, true),
+        None => (log, false),
+    };
+    if log.is_empty() {
+        return out;
+    }
+    let lines = body.iter().filter(|&&b| b == b'\n').count() + 1;
+    let mut taken = 0usize;
+    let mut piece = String::new();
+    for (i, line) in body.split(|&b| b == b'\n').enumerate() {
+        piece.clear();
+        push_line(&mut piece, line);
+        if out.len() + piece.len() + 1 > MAX_LOG_BYTES - NOTE_ROOM {
+            let _ = writeln!(
+                out,
+                "... ({} more lines, {} bytes, of the compiler's log left out)",
+                lines - i,
+                log.len() - taken
+            );
+            return out;
+        }
+        out.push_str(&piece);
+        if i + 1 < lines || newline {
+            out.push('\n');
+        }
+        taken += line.len() + 1;
+    }
+    out
+}
+
+/// One line of a log, cut to [`MAX_LOG_LINE`] bytes (at a character boundary).
+fn push_line(out: &mut String, line: &[u8]) {
+    use std::fmt::Write as _;
+    let mut cut = line.len().min(MAX_LOG_LINE);
+    if cut < line.len() {
+        // Back off over the continuation bytes (at most 3) of a character the cut would split.
+        let mut back = 0;
+        while back < 3 && cut > 0 && line[cut] & 0xc0 == 0x80 {
+            cut -= 1;
+            back += 1;
+        }
+    }
+    let text = String::from_utf8_lossy(&line[..cut]);
+    // Replacement characters are 3 bytes each: cut again, at a boundary.
+    let mut end = text.len().min(MAX_LOG_LINE);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.push_str(&text[..end]);
+    if cut < line.len() || end < text.len() {
+        let _ = write!(out, "... ({} bytes)", line.len());
+    }
+}
+
 // Every test here builds driver or NVRTC codes.
 #[cfg(all(test, feature = "driver"))]
 mod tests {
@@ -316,5 +404,94 @@ mod tests {
             code: nvrtcResult::NVRTC_ERROR_INVALID_INPUT,
         };
         assert!(!e.to_string().contains("builtins"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+
+    /// An NVRTC log of an ordinary handler's typo, as NVRTC writes it.
+    const TYPO: &str = "handler.cu(3): error: identifier \"y\" is undefined\n      m->x = y;\n             ^\n\n1 error detected in the compilation of \"ping.cu\".\n";
+
+    #[test]
+    fn an_ordinary_log_is_kept_whole() {
+        assert_eq!(bounded_log(TYPO.as_bytes()), TYPO);
+        assert_eq!(bounded_log(b""), "");
+        assert_eq!(bounded_log(b"no newline"), "no newline");
+        assert_eq!(bounded_log(b"\n"), "\n");
+        assert_eq!(bounded_log(b"a\n\nb\n"), "a\n\nb\n");
+        // Ten errors of a normal handler (about 1.2 KiB) are kept whole.
+        let ten = TYPO.repeat(10);
+        assert!(ten.len() < MAX_LOG_BYTES - NOTE_ROOM);
+        assert_eq!(bounded_log(ten.as_bytes()), ten);
+    }
+
+    #[test]
+    fn long_lines_are_cut_with_their_length() {
+        let line = format!("handler.cu(1): error: x\n  {}\n", "y".repeat(1 << 20));
+        let kept = bounded_log(line.as_bytes());
+        assert!(kept.starts_with("handler.cu(1): error: x\n  yyy"), "{kept}");
+        assert!(kept.ends_with("... (1048578 bytes)\n"), "{kept}");
+        assert!(kept.len() < 300, "{} bytes", kept.len());
+        let first = kept.lines().nth(1).unwrap();
+        assert_eq!(first.len(), MAX_LOG_LINE + "... (1048578 bytes)".len());
+        // A line of exactly MAX_LOG_LINE bytes is not cut.
+        let exact = "z".repeat(MAX_LOG_LINE);
+        assert_eq!(bounded_log(exact.as_bytes()), exact);
+    }
+
+    #[test]
+    fn a_huge_log_keeps_its_first_lines_and_says_what_was_left_out() {
+        // NVRTC's log of a megabyte line with a typo: every error quotes the line.
+        let one = format!(
+            "handler.cu(1): error: expected a \";\"\n{}\n {}^\n\n",
+            "x".repeat(1 << 20),
+            " ".repeat(1 << 20)
+        );
+        let log = one.repeat(100);
+        let kept = bounded_log(log.as_bytes());
+        assert!(kept.len() <= MAX_LOG_BYTES, "{} bytes", kept.len());
+        assert!(kept.starts_with("handler.cu(1): error: expected a \";\"\nxxx"));
+        let note = kept.lines().last().unwrap();
+        assert!(
+            note.starts_with("... (") && note.ends_with("of the compiler's log left out)"),
+            "{note}"
+        );
+        // What was kept and what was left out add up to the log.
+        let left: usize = note
+            .split(", ")
+            .nth(1)
+            .and_then(|s| s.strip_suffix(" bytes"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let kept_lines = kept.lines().count() - 1;
+        let taken: usize = log.split('\n').take(kept_lines).map(|l| l.len() + 1).sum();
+        assert_eq!(left, log.len() - taken);
+        // Many short lines: cut by the total only.
+        let many = "e\n".repeat(1 << 20);
+        let kept = bounded_log(many.as_bytes());
+        assert!(kept.len() <= MAX_LOG_BYTES);
+        assert!(kept.ends_with(&format!(
+            "... ({} more lines, {} bytes, of the compiler's log left out)\n",
+            (1 << 20) - (MAX_LOG_BYTES - NOTE_ROOM) / 2,
+            2 * ((1 << 20) - (MAX_LOG_BYTES - NOTE_ROOM) / 2)
+        )));
+    }
+
+    #[test]
+    fn cuts_fall_on_character_boundaries_and_bad_utf8_is_replaced() {
+        for pad in 0..4 {
+            let line = format!("{}{}", "a".repeat(pad), "é€😀".repeat(200));
+            let kept = bounded_log(line.as_bytes());
+            let text = kept.split("... (").next().unwrap();
+            assert!(text.len() <= MAX_LOG_LINE && text.len() > MAX_LOG_LINE - 4);
+            assert!(line.starts_with(text), "{pad}");
+        }
+        let bad = [0xffu8; 1000];
+        let kept = bounded_log(&bad);
+        assert!(kept.starts_with('\u{fffd}') && kept.ends_with("... (1000 bytes)"));
+        assert!(kept.len() <= MAX_LOG_LINE + 20);
     }
 }

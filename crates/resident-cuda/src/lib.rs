@@ -60,7 +60,7 @@ pub use device::{
 };
 #[cfg(feature = "driver")]
 pub use error::DriverFault;
-pub use error::{CudaError, Result};
+pub use error::{bounded_log, CudaError, Result, MAX_LOG_BYTES, MAX_LOG_LINE};
 pub use launch::LaunchConfig;
 #[cfg(feature = "driver")]
 pub use memory::DeviceBuffer;

@@ -80,6 +80,49 @@ fn c_chars_to_string(v: Vec<std::ffi::c_char>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The stack of the thread NVRTC compiles on. NVRTC's parser recurses once per nesting level
+/// of the source and takes 1 to 2 KiB of stack for each (measured with NVRTC 13: 1024 nested
+/// parentheses overflow a 2 MiB thread stack, 4096 an 8 MiB one, and the overflow aborts the
+/// process). A stack this size is reserved, not used: only the pages a compile touches are
+/// ever backed by memory. It takes over 100 000 levels (a 256 MiB stack took 65 536 nested
+/// parentheses and 32 768 chained assignments, not twice that); `persistent::template` refuses
+/// ring-kernel sources whose brackets nest deeper than 256 or that hold more than 256 operator
+/// characters in a row before they get here.
+pub const COMPILE_STACK_BYTES: usize = 512 << 20;
+
+/// An `nvrtcProgram` handed to the compiling thread.
+#[derive(Clone, Copy)]
+struct ProgramHandle(cudarc::nvrtc::sys::nvrtcProgram);
+
+// SAFETY: NVRTC's API is thread-safe and a program may be used from any thread; this handle is
+// used by one thread at a time (its owner waits for the compiling thread to finish).
+unsafe impl Send for ProgramHandle {}
+
+/// `nvrtcCompileProgram` on a thread with a [`COMPILE_STACK_BYTES`] stack (in the calling
+/// thread when such a thread cannot be started).
+fn compile_program(prog: &Program, args: &[String]) -> std::result::Result<(), nr::NvrtcError> {
+    let handle = ProgramHandle(prog.0);
+    let run = move || {
+        let h = handle;
+        // SAFETY: the program is live (its owner `prog` outlives this call, which the caller
+        // or the scope below waits for); `args` hold no NUL (checked by `compile`, cudarc
+        // would panic otherwise).
+        unsafe { nr::compile_program(h.0, args) }
+    };
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new()
+            .name("nvrtc".into())
+            .stack_size(COMPILE_STACK_BYTES)
+            .spawn_scoped(scope, run)
+        {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => run(),
+        }
+    })
+}
+
 /// Runs NVRTC over `source` with `options`; a compile error returns [`CudaError::Compile`]
 /// with NVRTC's log.
 fn compile(source: &str, name: &str, options: &CompileOptions) -> Result<Program> {
@@ -99,19 +142,37 @@ fn compile(source: &str, name: &str, options: &CompileOptions) -> Result<Program
     }
     let prog =
         Program(nr::create_program(&src, Some(&cname)).map_err(nvrtc_err("nvrtcCreateProgram"))?);
-    // SAFETY: `prog` is live; `args` hold no NUL (checked above, cudarc would panic otherwise).
-    let compiled = unsafe { nr::compile_program(prog.0, &args) };
+    let compiled = compile_program(&prog, &args);
     if let Err(e) = compiled {
         if e.0 == cudarc::nvrtc::sys::nvrtcResult::NVRTC_ERROR_COMPILATION {
+            // The log quotes each offending source line: kept bounded, and the name quoted
+            // short (NVRTC's own log names the program too, see `persistent::template`).
             return Err(CudaError::Compile {
-                name: name.into(),
-                arch: options.arch.clone(),
-                log: program_log(&prog),
+                name: resident_ring::message::quoted_name(name),
+                arch: resident_ring::message::quoted_name(&options.arch),
+                log: crate::error::bounded_log(&program_log_bytes(&prog)),
             });
         }
         return Err(nvrtc_err("nvrtcCompileProgram")(e));
     }
     Ok(prog)
+}
+
+/// The program's log as bytes, up to its NUL (one copy of it is held: a log can be a hundred
+/// times the source).
+fn program_log_bytes(prog: &Program) -> Vec<u8> {
+    // SAFETY: `prog` is live.
+    match unsafe { nr::get_program_log(prog.0) } {
+        Ok(log) => {
+            // Reuses the allocation (`c_char` and `u8` have one size and alignment).
+            let mut bytes: Vec<u8> = log.into_iter().map(|c| c as u8).collect();
+            if let Some(nul) = bytes.iter().position(|&b| b == 0) {
+                bytes.truncate(nul);
+            }
+            bytes
+        }
+        Err(_) => b"<no log>".to_vec(),
+    }
 }
 
 fn program_log(prog: &Program) -> String {

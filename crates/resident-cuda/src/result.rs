@@ -488,7 +488,7 @@ pub unsafe fn module_load_data(image: *const c_void) -> Result<CUmodule> {
             Err(CudaError::ModuleLoad {
                 code: e.0,
                 message: describe(&e),
-                log: String::from_utf8_lossy(&log[..n]).into_owned(),
+                log: crate::error::bounded_log(&log[..n]),
             })
         }
     }

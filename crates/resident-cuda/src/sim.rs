@@ -315,9 +315,10 @@ impl SimModule {
             let log =
                 String::from_utf8_lossy(&out.stderr).replace(&*src.to_string_lossy(), "sim_shim.h");
             return Err(SimError::Compile {
-                name: name.to_string(),
+                name: resident_ring::message::quoted_name(name),
                 compiler: version,
-                log,
+                // The diagnostics quote each offending source line: kept bounded.
+                log: crate::error::bounded_log(log.as_bytes()),
             });
         }
         // Atomic publication: concurrent compilers of the same key each rename a whole file.

@@ -9,13 +9,15 @@
 //! gives the same inputs on every machine.
 //!
 //! An input fails ([`CrashKind`]) when a decoder panics (caught with `catch_unwind`), when an
-//! error's message is longer than [`MAX_ERROR_DISPLAY`] bytes, when decoding held more than
+//! error's message is longer than [`MAX_ERROR_DISPLAY`] bytes ([`MAX_COMPILE_ERROR_DISPLAY`]
+//! for an error that carries a compiler's log), when decoding held more than
 //! [`alloc_bound`] bytes at once (measured when [`alloc::CountingAlloc`] is the global
 //! allocator), or when what a decoder accepted breaks its invariants. Every rejection is
 //! classified by its error type's variant (an exhaustive match, so an untyped rejection cannot
 //! compile), and the report counts the variants seen.
 
 pub mod alloc;
+mod cuda_gen;
 mod gen;
 mod layout;
 mod targets;
@@ -35,6 +37,15 @@ pub use gen::Rng;
 /// The longest message an error may have, for an input of any size.
 pub const MAX_ERROR_DISPLAY: usize = 512;
 
+/// The longest message a compile error may have (the `cuda` target's
+/// `PersistentError::Compile`), for an input of any size: the compiler's log, which
+/// resident-cuda keeps to [`resident_cuda::MAX_LOG_BYTES`] (4 KiB, each line cut to
+/// [`resident_cuda::MAX_LOG_LINE`] bytes; see [`resident_cuda::bounded_log`]), after a header
+/// of at most [`MAX_ERROR_DISPLAY`] bytes. Larger than `MAX_ERROR_DISPLAY` on purpose: 512
+/// bytes hold one or two of NVRTC's errors with their quoted lines, and a compile error must
+/// show its first errors in full to be of use.
+pub const MAX_COMPILE_ERROR_DISPLAY: usize = resident_cuda::MAX_LOG_BYTES + MAX_ERROR_DISPLAY;
+
 /// The most bytes one input's decoding may hold at once: a fixed 256 KiB plus 32 bytes per
 /// input byte (the decoders keep what they parse: an edge list of `"0 1\n"` lines holds its
 /// pairs, their ids and the dense map).
@@ -46,10 +57,15 @@ pub fn alloc_bound(input_len: usize) -> usize {
 /// an expression of up to about 280 bytes for each one-byte token: a 557,860-byte handler whose
 /// type was cut by a run of unary `*` held 157 MB; its 10^7-input run at seed 1 saw 281 bytes
 /// per byte at most, after the engine stopped having naga render excerpts of thousands of
-/// lines).
+/// lines);
+/// `cuda` has 1 MiB plus 64 bytes per input byte (the text, read with replacement characters,
+/// is in up to three fields and the translation unit, which holds the 53 KB template, while
+/// it grows; `compile_ptx` renders it again, and NVRTC's log is read whole once, before it is
+/// bounded).
 pub fn target_alloc_bound(target: Target, input_len: usize) -> usize {
     match target {
         Target::Wgsl => 256 * 1024 + 512 * input_len,
+        Target::Cuda => (1 << 20) + 64 * input_len,
         _ => alloc_bound(input_len),
     }
 }
@@ -72,16 +88,23 @@ pub enum Target {
     /// WGSL handler source through naga's parse and validation: as given (a one-shot kernel's
     /// module) and as the module `WgslHandler::module_source` assembles around a handler.
     Wgsl,
+    /// A ring handler's CUDA C, and at times its other user-supplied fields (names, type
+    /// declarations, bound buffers, key field), through `KernelSource::render`; every
+    /// [`FuzzOptions::compile_every`]-th input and the seed corpus also through NVRTC
+    /// (`template::compile_ptx` for `compute_90`), when NVRTC is present. A compile error is
+    /// judged against [`MAX_COMPILE_ERROR_DISPLAY`].
+    Cuda,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 5] = [
+    pub const ALL: [Target; 6] = [
         Target::NatsCodec,
         Target::EdgeList,
         Target::Readings,
         Target::Layout,
         Target::Wgsl,
+        Target::Cuda,
     ];
 
     /// Its name on the command line.
@@ -92,6 +115,7 @@ impl Target {
             Target::Readings => "readings",
             Target::Layout => "layout",
             Target::Wgsl => "wgsl",
+            Target::Cuda => "cuda",
         }
     }
 
@@ -114,7 +138,9 @@ impl Display for Target {
 #[derive(Debug, thiserror::Error)]
 pub enum FuzzError {
     /// No target has this name.
-    #[error("unknown fuzz target '{0}' (nats-codec, edge-list, readings, layout, wgsl or all)")]
+    #[error(
+        "unknown fuzz target '{0}' (nats-codec, edge-list, readings, layout, wgsl, cuda or all)"
+    )]
     UnknownTarget(String),
     /// A failing input could not be saved.
     #[error("cannot save the failing input to {path}: {source}")]
@@ -126,6 +152,9 @@ pub enum FuzzError {
         source: std::io::Error,
     },
 }
+
+/// The `cuda` target compiles every this many inputs with NVRTC ([`FuzzOptions::compile_every`]).
+pub const DEFAULT_COMPILE_EVERY: u64 = 250;
 
 /// How many inputs, from which seed, how large.
 #[derive(Clone, Debug)]
@@ -140,10 +169,18 @@ pub struct FuzzOptions {
     pub huge: usize,
     /// Where failing inputs are saved (`<target>-<seed>-<index>.bin`); none: not saved.
     pub crash_dir: Option<PathBuf>,
+    /// The `cuda` target also compiles with NVRTC each input whose index is a multiple of this
+    /// (and each seed-corpus input); 0: none. An NVRTC compile of the ring template takes
+    /// about 0.6 s when it succeeds and 20 to 150 ms when it fails (0.15 s on average over
+    /// the fuzzed inputs), against some 70 us for the rest of an input (a debug build, on a
+    /// shared 2-vCPU VM): at the default [`DEFAULT_COMPILE_EVERY`], CI's 10^5 inputs compile
+    /// 400 of them and take about a minute.
+    pub compile_every: u64,
 }
 
 impl Default for FuzzOptions {
-    /// 10 000 inputs, seed 1, inputs up to 4 KiB, huge runs up to 1 MiB, nothing saved.
+    /// 10 000 inputs, seed 1, inputs up to 4 KiB, huge runs up to 1 MiB, nothing saved, every
+    /// [`DEFAULT_COMPILE_EVERY`]th `cuda` input compiled.
     fn default() -> Self {
         FuzzOptions {
             inputs: 10_000,
@@ -151,6 +188,7 @@ impl Default for FuzzOptions {
             max_len: 4096,
             huge: 1 << 20,
             crash_dir: None,
+            compile_every: DEFAULT_COMPILE_EVERY,
         }
     }
 }
@@ -163,7 +201,8 @@ pub enum CrashKind {
         /// The panic's message and location.
         message: String,
     },
-    /// An error's message is longer than [`MAX_ERROR_DISPLAY`].
+    /// An error's message is longer than [`MAX_ERROR_DISPLAY`] (a compile error's, than
+    /// [`MAX_COMPILE_ERROR_DISPLAY`]).
     LongError {
         /// The decoder.
         decoder: &'static str,
@@ -171,6 +210,8 @@ pub enum CrashKind {
         kind: &'static str,
         /// The message's length.
         bytes: usize,
+        /// The most it may have.
+        max: usize,
     },
     /// Decoding held more than [`alloc_bound`] bytes at once.
     Alloc {
@@ -196,9 +237,10 @@ impl Display for CrashKind {
                 decoder,
                 kind,
                 bytes,
+                max,
             } => write!(
                 f,
-                "{decoder}: a {kind} error of {bytes} bytes (at most {MAX_ERROR_DISPLAY})"
+                "{decoder}: a {kind} error of {bytes} bytes (at most {max})"
             ),
             CrashKind::Alloc { peak, bound } => {
                 write!(f, "held {peak} bytes at once, bound {bound}")
@@ -240,8 +282,15 @@ pub struct TargetReport {
     pub accepted: BTreeMap<&'static str, u64>,
     /// Rejections by decoder and error variant (`decoder: Variant`).
     pub error_kinds: BTreeMap<(&'static str, &'static str), u64>,
-    /// The longest error message seen.
+    /// The longest error message seen (of those judged against [`MAX_ERROR_DISPLAY`]).
     pub longest_error: usize,
+    /// The longest compile error's message seen (judged against
+    /// [`MAX_COMPILE_ERROR_DISPLAY`]; the `cuda` target's NVRTC compiles).
+    pub longest_compile_error: usize,
+    /// Decoder calls that did not run, by decoder and why (`cuda` without NVRTC).
+    pub skipped: BTreeMap<(&'static str, &'static str), u64>,
+    /// Every how many inputs the `cuda` target compiles one ([`FuzzOptions::compile_every`]).
+    pub compile_every: u64,
     /// The longest input.
     pub longest_input: usize,
     /// The most bytes one input's decoding held at once, and that input's length (none
@@ -252,7 +301,7 @@ pub struct TargetReport {
 impl TargetReport {
     /// The report as JSON: `{target, inputs, seconds, crashes, error_kinds: [...], ...}`.
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "target": self.target.name(),
             "inputs": self.inputs,
             "seconds": (self.seconds * 1000.0).round() / 1000.0,
@@ -271,11 +320,20 @@ impl TargetReport {
                 .collect::<serde_json::Map<_, _>>(),
             "accepted": self.accepted,
             "longest_error_bytes": self.longest_error,
+            "skipped": self.skipped.iter()
+                .map(|((d, why), n)| (format!("{d}: {why}"), json!(n)))
+                .collect::<serde_json::Map<_, _>>(),
             "longest_input_bytes": self.longest_input,
             "alloc_peak": self.alloc_peak.map(|(peak, len)| json!({
                 "bytes": peak, "input_bytes": len, "bound": target_alloc_bound(self.target, len),
             })),
-        })
+        });
+        if self.target == Target::Cuda {
+            v["compile_every"] = json!(self.compile_every);
+            v["longest_compile_error_bytes"] = json!(self.longest_compile_error);
+            v["max_compile_error_display"] = json!(MAX_COMPILE_ERROR_DISPLAY);
+        }
+        v
     }
 }
 
@@ -284,8 +342,32 @@ impl TargetReport {
 struct Record {
     accepted: BTreeMap<&'static str, u64>,
     error_kinds: BTreeMap<(&'static str, &'static str), u64>,
+    skipped: BTreeMap<(&'static str, &'static str), u64>,
     longest_error: usize,
+    longest_compile_error: usize,
     failure: Option<CrashKind>,
+}
+
+impl Record {
+    fn judge_error(
+        &mut self,
+        decoder: &'static str,
+        kind: &'static str,
+        error: &dyn Display,
+        max: usize,
+    ) -> usize {
+        *self.error_kinds.entry((decoder, kind)).or_default() += 1;
+        let bytes = targets::display_len(error);
+        if bytes > max && self.failure.is_none() {
+            self.failure = Some(CrashKind::LongError {
+                decoder,
+                kind,
+                bytes,
+                max,
+            });
+        }
+        bytes
+    }
 }
 
 impl targets::Sink for Record {
@@ -294,16 +376,22 @@ impl targets::Sink for Record {
     }
 
     fn rejected(&mut self, decoder: &'static str, kind: &'static str, error: &dyn Display) {
-        *self.error_kinds.entry((decoder, kind)).or_default() += 1;
-        let bytes = targets::display_len(error);
+        let bytes = self.judge_error(decoder, kind, error, MAX_ERROR_DISPLAY);
         self.longest_error = self.longest_error.max(bytes);
-        if bytes > MAX_ERROR_DISPLAY && self.failure.is_none() {
-            self.failure = Some(CrashKind::LongError {
-                decoder,
-                kind,
-                bytes,
-            });
-        }
+    }
+
+    fn rejected_with_log(
+        &mut self,
+        decoder: &'static str,
+        kind: &'static str,
+        error: &dyn Display,
+    ) {
+        let bytes = self.judge_error(decoder, kind, error, MAX_COMPILE_ERROR_DISPLAY);
+        self.longest_compile_error = self.longest_compile_error.max(bytes);
+    }
+
+    fn skipped(&mut self, decoder: &'static str, why: &'static str) {
+        *self.skipped.entry((decoder, why)).or_default() += 1;
     }
 
     fn violation(&mut self, decoder: &'static str, what: fmt::Arguments<'_>) {
@@ -354,15 +442,16 @@ fn install_panic_hook() {
     });
 }
 
-/// Runs one input through a target's decoders and judges it.
-fn judge(target: Target, input: &[u8], counting: bool) -> (Record, Option<usize>) {
+/// Runs one input through a target's decoders (`full`: its slow stages too, the `cuda`
+/// target's NVRTC compile) and judges it.
+fn judge(target: Target, input: &[u8], counting: bool, full: bool) -> (Record, Option<usize>) {
     let mut record = Record::default();
     FUZZING.with(|f| *f.borrow_mut() = Some(None));
     if counting {
         alloc::begin();
     }
     let result = catch_unwind(AssertUnwindSafe(|| {
-        targets::run(target, input, &mut record);
+        targets::run(target, input, &mut record, full);
     }));
     let peak = counting.then(alloc::end);
     let panic = FUZZING.with(|f| f.borrow_mut().take()).flatten();
@@ -379,11 +468,11 @@ fn judge(target: Target, input: &[u8], counting: bool) -> (Record, Option<usize>
     (record, peak)
 }
 
-/// Runs one input through `target` as a fuzzing run would (for regression tests): `Err` with
-/// why it fails.
+/// Runs one input through `target` as a fuzzing run would (for regression tests), its slow
+/// stages included (the `cuda` target compiles it): `Err` with why it fails.
 pub fn replay(target: Target, input: &[u8]) -> Result<(), CrashKind> {
     install_panic_hook();
-    let (record, _) = judge(target, input, alloc::installed());
+    let (record, _) = judge(target, input, alloc::installed(), true);
     record.failure.map_or(Ok(()), Err)
 }
 
@@ -397,6 +486,7 @@ pub fn run(target: Target, opts: &FuzzOptions) -> Result<TargetReport, FuzzError
         Target::Readings => 0x7265_6164,
         Target::Layout => 0x6c61_796f,
         Target::Wgsl => 0x7767_736c,
+        Target::Cuda => 0x6375_6461,
     };
     let mut rng = Rng::new(opts.seed ^ salt);
     let corpus = targets::corpus(target);
@@ -411,6 +501,9 @@ pub fn run(target: Target, opts: &FuzzOptions) -> Result<TargetReport, FuzzError
         accepted: BTreeMap::new(),
         error_kinds: BTreeMap::new(),
         longest_error: 0,
+        longest_compile_error: 0,
+        skipped: BTreeMap::new(),
+        compile_every: opts.compile_every,
         longest_input: 0,
         alloc_peak: None,
     };
@@ -434,9 +527,15 @@ pub fn run(target: Target, opts: &FuzzOptions) -> Result<TargetReport, FuzzError
                 input.truncate(if huge { 2 * opts.huge } else { opts.max_len });
             }
         }
-        let (record, peak) = judge(target, &input, counting);
+        // The seed corpus, and every `compile_every`-th input: the slow stages too.
+        let full = (index as usize) < corpus.len()
+            || (opts.compile_every > 0 && index % opts.compile_every == 0);
+        let (record, peak) = judge(target, &input, counting, full);
         report.longest_input = report.longest_input.max(input.len());
         report.longest_error = report.longest_error.max(record.longest_error);
+        report.longest_compile_error = report
+            .longest_compile_error
+            .max(record.longest_compile_error);
         if let Some(peak) = peak {
             if report.alloc_peak.is_none_or(|(p, _)| peak > p) {
                 report.alloc_peak = Some((peak, input.len()));
@@ -447,6 +546,9 @@ pub fn run(target: Target, opts: &FuzzOptions) -> Result<TargetReport, FuzzError
         }
         for (k, n) in record.error_kinds {
             *report.error_kinds.entry(k).or_default() += n;
+        }
+        for (k, n) in record.skipped {
+            *report.skipped.entry(k).or_default() += n;
         }
         if let Some(kind) = record.failure {
             report.crash_count += 1;

@@ -21,8 +21,14 @@ pub(crate) trait Sink {
     /// The input was accepted by `decoder`.
     fn accepted(&mut self, decoder: &'static str);
     /// `decoder` rejected the input with the typed error variant `kind`; `error` is the error
-    /// (its message is measured).
+    /// (its message is measured against `MAX_ERROR_DISPLAY`).
     fn rejected(&mut self, decoder: &'static str, kind: &'static str, error: &dyn Display);
+    /// [`Sink::rejected`] for an error that carries a compiler's log (measured against
+    /// `MAX_COMPILE_ERROR_DISPLAY`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // only the cuda target compiles
+    fn rejected_with_log(&mut self, decoder: &'static str, kind: &'static str, error: &dyn Display);
+    /// `decoder` could not run here (`why`: NVRTC is not available).
+    fn skipped(&mut self, decoder: &'static str, why: &'static str);
     /// An invariant of the decoder's result does not hold.
     fn violation(&mut self, decoder: &'static str, what: fmt::Arguments<'_>);
 }
@@ -58,6 +64,8 @@ pub(crate) fn corpus(t: Target) -> &'static [&'static [u8]] {
         Target::Layout => corpus!("layout": "tick.txt", "padded.txt", "grid.txt", "state.txt"),
         Target::Wgsl => corpus!("wgsl":
             "handler.wgsl", "loops.wgsl", "helpers.wgsl", "oneshot.wgsl"),
+        Target::Cuda => corpus!("cuda":
+            "handle.cu", "pipeline.cu", "keyed.cu", "buffers.cu", "loops.cu"),
     }
 }
 
@@ -129,6 +137,7 @@ pub(crate) fn dict(t: Target) -> &'static [&'static str] {
             "4,4",
         ],
         Target::Wgsl => super::wgsl_gen::DICT,
+        Target::Cuda => super::cuda_gen::DICT,
     }
 }
 
@@ -137,6 +146,7 @@ pub(crate) fn generate(t: Target, rng: &mut Rng, out: &mut Vec<u8>) {
     match t {
         Target::Layout => super::layout::generate(rng, out),
         Target::Wgsl => super::wgsl_gen::generate(rng, out),
+        Target::Cuda => super::cuda_gen::generate(rng, out),
         Target::NatsCodec => gen_json(rng, out),
         Target::EdgeList => {
             for _ in 0..rng.small_len(40) {
@@ -338,14 +348,16 @@ fn gen_string(rng: &mut Rng, out: &mut Vec<u8>, long_one_in: usize) {
     out.push(b'"');
 }
 
-/// Runs `input` through every decoder of the target.
-pub(crate) fn run(t: Target, input: &[u8], sink: &mut dyn Sink) {
+/// Runs `input` through every decoder of the target (`full`: the slow ones too, the `cuda`
+/// target's NVRTC compile).
+pub(crate) fn run(t: Target, input: &[u8], sink: &mut dyn Sink, full: bool) {
     match t {
         Target::NatsCodec => nats(input, sink),
         Target::EdgeList => edge_list(input, sink),
         Target::Readings => readings(input, sink),
         Target::Layout => super::layout::run(input, sink),
         Target::Wgsl => super::wgsl_gen::run(input, sink),
+        Target::Cuda => super::cuda_gen::run(input, sink, full),
     }
 }
 

@@ -165,7 +165,7 @@ fn load(
                         *failed_cubin.borrow_mut() = Some(e);
                         if compile {
                             CudaError::Compile {
-                                name: source.name.clone(),
+                                name: resident_ring::message::quoted_name(&source.name),
                                 arch: sm.to_string(),
                                 log: "see the kernel's compile error".into(),
                             }

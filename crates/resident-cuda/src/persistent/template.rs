@@ -179,6 +179,115 @@ pub struct KernelSource {
     pub key_field: Option<String>,
 }
 
+/// The deepest a kernel's source text (handler, type declarations) may nest brackets (`(`, `[`,
+/// `{` together, outside comments and literals) and statements without braces (`for`, `while`,
+/// `if`, `do`, `switch`, `template` before the statement's end). NVRTC's parser recurses once
+/// per level and takes 1 to 2 KiB of its thread's stack for each: 1024 nested parentheses
+/// abort a process whose compiling thread has a 2 MiB stack (found by `resident fuzz --target
+/// cuda`); its optimizer takes far more per nested loop (1000 nested `for` overflow even a
+/// 512 MiB stack).
+pub const MAX_NESTING: usize = 256;
+
+/// The most operator characters a kernel's source text may hold in a row (outside comments and
+/// literals, whitespace between them counted as nothing): each prefix operator of a chain
+/// (`!!!!x`, `- - - -x`, `****p`) is another level of NVRTC's recursion, like a bracket.
+pub const MAX_OPERATOR_RUN: usize = 256;
+
+/// Where `text` nests deeper than [`MAX_NESTING`] or runs more than [`MAX_OPERATOR_RUN`]
+/// operator characters: its line (from 1) and what it does. A C lexer's view, simplified:
+/// comments, string and character literals are skipped; digit separators (`1'000`) and raw
+/// strings may be misread, which can only miss a deep nesting inside them.
+fn too_deep(text: &str) -> Option<(usize, &'static str)> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum At {
+        Code,
+        LineComment,
+        BlockComment,
+        Literal(u8),
+    }
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || !b.is_ascii();
+    let bytes = text.as_bytes();
+    let (mut at, mut line, mut i) = (At::Code, 1usize, 0usize);
+    // Brackets open; statements opened without braces since the last `;`, `{` or `}`;
+    // parentheses open (a `;` inside them, as in `for (;;)`, ends no statement); operator
+    // characters in a row.
+    let (mut depth, mut chain, mut parens, mut run) = (0usize, 0usize, 0usize, 0usize);
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'\n' {
+            line += 1;
+        }
+        match at {
+            At::LineComment if b == b'\n' => at = At::Code,
+            At::BlockComment if b == b'*' && bytes.get(i + 1) == Some(&b'/') => {
+                at = At::Code;
+                i += 1;
+            }
+            At::Literal(_) if b == b'\\' => i += 1,
+            At::Literal(q) if b == q || b == b'\n' => at = At::Code,
+            At::LineComment | At::BlockComment | At::Literal(_) => {}
+            At::Code => match b {
+                b'/' if bytes.get(i + 1) == Some(&b'/') => at = At::LineComment,
+                b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                    at = At::BlockComment;
+                    i += 1;
+                }
+                b'"' | b'\'' => {
+                    at = At::Literal(b);
+                    run = 0;
+                }
+                b if b.is_ascii_whitespace() => {}
+                b if word(b) => {
+                    let start = i;
+                    while bytes.get(i + 1).is_some_and(|&b| word(b)) {
+                        i += 1;
+                    }
+                    run = 0;
+                    if matches!(
+                        &bytes[start..=i],
+                        b"for" | b"while" | b"if" | b"do" | b"switch" | b"template"
+                    ) {
+                        chain += 1;
+                    }
+                }
+                _ => {
+                    match b {
+                        b'(' => {
+                            depth += 1;
+                            parens += 1;
+                        }
+                        b')' => {
+                            depth = depth.saturating_sub(1);
+                            parens = parens.saturating_sub(1);
+                        }
+                        b'[' => depth += 1,
+                        b']' => depth = depth.saturating_sub(1),
+                        b'{' => {
+                            depth += 1;
+                            chain = 0;
+                        }
+                        b'}' => {
+                            depth = depth.saturating_sub(1);
+                            chain = 0;
+                        }
+                        b';' if parens == 0 => chain = 0,
+                        _ => {}
+                    }
+                    run += 1;
+                    if run > MAX_OPERATOR_RUN && depth + chain <= MAX_NESTING {
+                        return Some((line, "holds more than 256 operator characters in a row"));
+                    }
+                }
+            },
+        }
+        if depth + chain > MAX_NESTING {
+            return Some((line, "nests brackets or statements deeper than 256"));
+        }
+        i += 1;
+    }
+    None
+}
+
 /// Whether `s` is a C identifier (letters, digits, `_`; not starting with a digit).
 pub fn is_c_identifier(s: &str) -> bool {
     let mut chars = s.chars();
@@ -293,6 +402,25 @@ impl KernelSource {
         ];
         if texts.iter().any(|t| t.contains('\0')) {
             return bad("source text contains a NUL byte".into());
+        }
+        // NVRTC's parser recurses per nesting level: a deep enough text overflows its stack.
+        let named = [
+            ("the handler", &self.handler),
+            ("the input type's declaration", &self.input.c_decl),
+            ("the output type's declaration", &self.output.c_decl),
+            ("the state type's declaration", &self.state.c_decl),
+        ];
+        let deps = self
+            .buffers
+            .iter()
+            .flat_map(|b| &b.c_deps)
+            .map(|d| ("a bound buffer's type declaration", d));
+        for (what, text) in named.into_iter().chain(deps) {
+            if let Some((line, why)) = too_deep(text) {
+                return bad(format!(
+                    "{what} {why} (line {line}); the CUDA compiler's parser would overflow its stack"
+                ));
+            }
         }
         Ok(())
     }
@@ -435,10 +563,34 @@ pub fn nvrtc_available() -> Result<(), PersistentError> {
     }
 }
 
+/// A line of a ring kernel's translation unit longer than this makes NVRTC's diagnostics brief
+/// (`--brief-diagnostics=true`: no quoted source lines), so that NVRTC's log stays linear in
+/// the source (see `compile_ptx`).
+pub const BRIEF_DIAGNOSTICS_LINE: usize = 1024;
+
 #[cfg(feature = "driver")]
-/// NVRTC options of the template, for `arch` (`compute_NN` for PTX, `sm_NN` for machine code).
-fn template_options(arch: &str, extra: &[&str]) -> crate::CompileOptions {
-    let mut extra_opts = vec!["--std=c++17".to_string(), "-default-device".to_string()];
+/// NVRTC options of the template, for `arch` (`compute_NN` for PTX, `sm_NN` for machine code),
+/// for the translation unit `text`.
+///
+/// NVRTC quotes the source line (and a caret line as long) with every diagnostic, so its log
+/// grows as the number of diagnostics times the length of the lines they are on: a handler
+/// line of 39 KB holding 3000 statements that each draw a warning gave a 176 MB log and a
+/// 12 s compile (a 130 KB line: gigabytes), and one 1 MB line holding 100 errors a 105 MB log
+/// (found by `resident fuzz --target cuda`). So:
+/// * warnings are off (`-w`): a kernel that compiles never shows its log, and a compile error
+///   keeps its errors (at most 100: NVRTC stops there);
+/// * a translation unit with a line longer than [`BRIEF_DIAGNOSTICS_LINE`] is compiled with
+///   `--brief-diagnostics=true` (no quoted lines): the error keeps at most
+///   [`crate::MAX_LOG_LINE`] bytes of a log line anyway.
+fn template_options(arch: &str, extra: &[&str], text: &str) -> crate::CompileOptions {
+    let mut extra_opts = vec![
+        "--std=c++17".to_string(),
+        "-default-device".to_string(),
+        "-w".to_string(),
+    ];
+    if text.split('\n').any(|l| l.len() > BRIEF_DIAGNOSTICS_LINE) {
+        extra_opts.push(BRIEF_DIAGNOSTICS.to_string());
+    }
     extra_opts.extend(extra.iter().map(|s| s.to_string()));
     crate::CompileOptions {
         arch: arch.to_string(),
@@ -447,12 +599,39 @@ fn template_options(arch: &str, extra: &[&str]) -> crate::CompileOptions {
 }
 
 #[cfg(feature = "driver")]
+const BRIEF_DIAGNOSTICS: &str = "--brief-diagnostics=true";
+
+#[cfg(feature = "driver")]
+/// Runs `compile` (an NVRTC call) over `text` with the template's options; an NVRTC that does
+/// not know `--brief-diagnostics` (older than the one this was measured with) is asked again
+/// without it.
+fn with_template_options<T>(
+    text: &str,
+    arch: &str,
+    extra: &[&str],
+    compile: impl Fn(&crate::CompileOptions) -> crate::Result<T>,
+) -> crate::Result<T> {
+    let mut opts = template_options(arch, extra, text);
+    match compile(&opts) {
+        Err(crate::CudaError::Nvrtc {
+            code: crate::nvrtcResult::NVRTC_ERROR_INVALID_OPTION,
+            ..
+        }) if opts.extra.iter().any(|o| o == BRIEF_DIAGNOSTICS) => {
+            opts.extra.retain(|o| o != BRIEF_DIAGNOSTICS);
+            compile(&opts)
+        }
+        r => r,
+    }
+}
+
+#[cfg(feature = "driver")]
 /// Maps the NVRTC layer's errors for `source` compiled for `arch`.
 fn compile_error(source: &KernelSource, arch: &str, e: crate::CudaError) -> PersistentError {
     match e {
+        // The log is bounded where NVRTC's error is made (`crate::error::bounded_log`).
         crate::CudaError::Compile { log, .. } => PersistentError::Compile {
-            name: source.name.clone(),
-            arch: arch.into(),
+            name: resident_ring::message::quoted_name(&source.name),
+            arch: resident_ring::message::quoted_name(arch),
             log,
         },
         e @ (crate::CudaError::NvrtcNotFound
@@ -465,8 +644,32 @@ fn compile_error(source: &KernelSource, arch: &str, e: crate::CudaError) -> Pers
 }
 
 #[cfg(feature = "driver")]
+/// The most bytes of a kernel's name that its NVRTC program name keeps.
+const PROGRAM_NAME_BYTES: usize = 64;
+
+/// The NVRTC program name of a kernel: its name with every byte but ASCII letters, digits, `_`,
+/// `-` and `.` made `_`, cut to [`PROGRAM_NAME_BYTES`], and `.cu`. NVRTC names the program in
+/// its log, once per diagnostic of the generated prelude (`ping.cu(12): error: ...`), so a
+/// user's megabyte-long name would make every such line a megabyte long.
+#[cfg(feature = "driver")]
 fn program_name(source: &KernelSource) -> String {
-    format!("{}.cu", source.name.replace(['\0', '/'], "_"))
+    let mut name: String = source
+        .name
+        .chars()
+        .take(PROGRAM_NAME_BYTES)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.is_empty() {
+        name.push_str("kernel");
+    }
+    name.push_str(".cu");
+    name
 }
 
 #[cfg(feature = "driver")]
@@ -479,12 +682,16 @@ pub fn compile_ptx(source: &KernelSource, arch: &str) -> Result<CompiledKernel, 
     let text = source.render()?;
     if !arch.starts_with("compute_") || !arch[8..].chars().all(|c| c.is_ascii_alphanumeric()) {
         return Err(PersistentError::config(format!(
-            "architecture `{arch}` is not of the form compute_NN"
+            "architecture `{}` is not of the form compute_NN",
+            resident_ring::message::quoted_name(arch)
         )));
     }
     nvrtc_available()?;
-    let ptx = crate::nvrtc::compile_ptx(&text, &program_name(source), &template_options(arch, &[]))
-        .map_err(|e| compile_error(source, arch, e))?;
+    let name = program_name(source);
+    let ptx = with_template_options(&text, arch, &[], |o| {
+        crate::nvrtc::compile_ptx(&text, &name, o)
+    })
+    .map_err(|e| compile_error(source, arch, e))?;
     Ok(CompiledKernel {
         ptx,
         arch: arch.into(),
@@ -515,8 +722,9 @@ pub fn compile_sim_with(
         options,
     )
     .map_err(|e| match e {
+        // The log is bounded where the host compiler's error is made (`crate::sim`).
         crate::sim::SimError::Compile { log, compiler, .. } => PersistentError::Compile {
-            name: source.name.clone(),
+            name: resident_ring::message::quoted_name(&source.name),
             arch: format!("{SIM_ARCH}, {compiler}"),
             log,
         },
@@ -530,9 +738,12 @@ pub fn compile_sim_with(
 pub fn compile_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, PersistentError> {
     let text = source.render()?;
     nvrtc_available()?;
-    crate::nvrtc::compile_cubin(&text, &program_name(source), &template_options(sm, &[]))
-        .map(|(image, _)| image)
-        .map_err(|e| compile_error(source, sm, e))
+    let name = program_name(source);
+    with_template_options(&text, sm, &[], |o| {
+        crate::nvrtc::compile_cubin(&text, &name, o)
+    })
+    .map(|(image, _)| image)
+    .map_err(|e| compile_error(source, sm, e))
 }
 
 /// What `ptxas` reported for one kernel entry compiled to machine code.
@@ -587,10 +798,12 @@ pub fn compile_sass_report(
     sm: &str,
 ) -> Result<Vec<SassReport>, PersistentError> {
     let text = source.render()?;
-    let opts = template_options(sm, &["--ptxas-options=-v"]);
-    crate::nvrtc::compile_cubin(&text, &program_name(source), &opts)
-        .map(|(_, log)| parse_ptxas_report(&log))
-        .map_err(|e| compile_error(source, sm, e))
+    let name = program_name(source);
+    with_template_options(&text, sm, &["--ptxas-options=-v"], |o| {
+        crate::nvrtc::compile_cubin(&text, &name, o)
+    })
+    .map(|(_, log)| parse_ptxas_report(&log))
+    .map_err(|e| compile_error(source, sm, e))
 }
 
 #[cfg(test)]
@@ -746,5 +959,267 @@ mod buffer_tests {
             (0..6).map(word).collect::<Vec<_>>(),
             vec![0x1000, 3, 7, 0x2000, 0, 9]
         );
+    }
+}
+
+/// What `resident fuzz --target cuda` found: compile errors as long as the user's text.
+#[cfg(test)]
+mod fuzz_regressions {
+    use super::*;
+
+    /// The longest message a compile error may have: its log (bounded) after a short header.
+    const MAX_COMPILE_ERROR: usize = crate::MAX_LOG_BYTES + 512;
+
+    fn ping(name: &str, handler: &str) -> KernelSource {
+        KernelSource::new(
+            name,
+            MessageDecl::new("Ping", "typedef struct { unsigned int x; } Ping;", 4),
+            MessageDecl::new("Ping", "", 4),
+            MessageDecl::new("St", "typedef struct { unsigned int n; } St;", 4),
+            handler,
+            64,
+        )
+    }
+
+    /// A handler with a megabyte-long line (a comment) holding 20 typos: NVRTC quotes the
+    /// line, and a caret line as long, with each of its errors (a 21 MB log and a second's
+    /// compile, before diagnostics were made brief for long lines).
+    fn long_line_handler() -> String {
+        let typos: String = (0..20).map(|i| format!("undefined_{i} + ")).collect();
+        format!(
+            "__device__ bool handle(St* s, const Ping* in, Ping* out, const Envelope* env) {{\n    out->x = {typos}in->x; /*{}*/\n    return true;\n}}\n",
+            "c".repeat(1 << 20)
+        )
+    }
+
+    #[cfg(feature = "driver")]
+    fn compiled(source: &KernelSource) -> Option<Result<CompiledKernel, PersistentError>> {
+        match compile_ptx(source, "compute_90") {
+            Err(PersistentError::NvrtcUnavailable(e)) => {
+                eprintln!("SKIP: NVRTC not available: {e}");
+                None
+            }
+            r => Some(r),
+        }
+    }
+
+    /// Found by `resident fuzz --target cuda`: NVRTC's log quotes each offending source line,
+    /// and the error kept the whole log, so a handler with a 1 MB line and a typo failed with
+    /// an error of megabytes.
+    #[cfg(feature = "driver")]
+    #[test]
+    fn regression_fuzz_compile_error_of_a_long_line_is_short() {
+        let handler = long_line_handler();
+        assert!(handler.len() > 1 << 20);
+        let Some(r) = compiled(&ping("ping", &handler)) else {
+            return;
+        };
+        match r {
+            Err(e @ PersistentError::Compile { .. }) => {
+                let text = e.to_string();
+                assert!(text.len() <= MAX_COMPILE_ERROR, "{} bytes", text.len());
+                assert!(text.contains("handler.cu(2): error"), "{text}");
+                assert!(text.contains("undefined_0"), "{text}");
+            }
+            other => panic!("expected a compile error, got {:?}", other.map(|k| k.arch)),
+        }
+        // Brief diagnostics only for long lines: an ordinary error still quotes its line.
+        let typo = "__device__ bool handle(St* s, const Ping* in, Ping* out, const Envelope* env) {\n    out->x = in->x + y;\n    return true;\n}\n";
+        match compiled(&ping("ping", typo)).unwrap() {
+            Err(e @ PersistentError::Compile { .. }) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("handler.cu(2): error: identifier \"y\" is undefined\n"),
+                    "{text}"
+                );
+                assert!(text.contains("  out->x = in->x + y;\n"), "{text}");
+                // Warnings are off: the template's own no longer pad the log.
+                assert!(!text.contains("warning"), "{text}");
+            }
+            other => panic!("expected a compile error, got {:?}", other.map(|k| k.arch)),
+        }
+    }
+
+    /// Found by `resident fuzz --target cuda`: NVRTC quotes the line of each warning, so a
+    /// handler line of 39 KB holding 3000 statements that each draw a warning took 12 s and a
+    /// 176 MB log to compile (quadratic: a 130 KB line, minutes and gigabytes). Warnings are
+    /// off now; this 130 KB line compiles in about half a second here.
+    #[cfg(feature = "driver")]
+    #[test]
+    fn regression_fuzz_a_line_of_warnings_compiles_in_linear_time() {
+        let handler = format!(
+            "__device__ bool handle(St* s, const Ping* in, Ping* out, const Envelope* env) {{\n    {}\n    out->x = in->x;\n    return true;\n}}\n",
+            "in->x == 1u; ".repeat(10_000)
+        );
+        let start = std::time::Instant::now();
+        let Some(r) = compiled(&ping("ping", &handler)) else {
+            return;
+        };
+        let took = start.elapsed();
+        assert!(r.is_ok(), "{:?}", r.err().map(|e| e.to_string()));
+        assert!(took.as_secs() < 60, "{took:?}");
+    }
+
+    /// Found by `resident fuzz --target cuda`: the error and NVRTC's program name held the
+    /// kernel's name whole, and NVRTC names the program on each diagnostic of the prelude (a
+    /// layout `static_assert` here), so a 1 MB name made every line of the log 1 MB long.
+    #[cfg(feature = "driver")]
+    #[test]
+    fn regression_fuzz_compile_error_of_a_long_kernel_name_is_short() {
+        let name = "k/\"\u{e9}".repeat(1 << 18);
+        let mut source = ping(&name, "");
+        source.input.size = 8; // the static_assert fails
+        assert!(program_name(&source).len() <= PROGRAM_NAME_BYTES + 3);
+        assert!(program_name(&source).starts_with("k___k___"));
+        assert_eq!(program_name(&ping("", "")), "kernel.cu");
+        assert_eq!(program_name(&ping("ping-2.x", "")), "ping-2.x.cu");
+        let Some(r) = compiled(&source) else {
+            return;
+        };
+        match r {
+            Err(e @ PersistentError::Compile { .. }) => {
+                let text = e.to_string();
+                assert!(text.len() <= 2048, "{} bytes", text.len());
+                assert!(text.contains("is not the 8 bytes"), "{text}");
+                assert!(text.contains(&format!("({} bytes)", name.len())), "{text}");
+            }
+            other => panic!("expected a compile error, got {:?}", other.map(|k| k.arch)),
+        }
+        // A name that is not of the form compute_NN is quoted short.
+        let arch = format!("sm_{}", "9".repeat(1 << 20));
+        match compile_ptx(&ping("ping", ""), &arch) {
+            Err(e @ PersistentError::Config { .. }) => assert!(e.to_string().len() < 300),
+            other => panic!("expected a config error, got {:?}", other.map(|k| k.arch)),
+        }
+    }
+
+    /// Found by `resident fuzz --target cuda`: NVRTC's parser recurses per nesting level (1 to
+    /// 2 KiB of stack each), so a handler of 1024 nested parentheses aborted the process when
+    /// compiled on a 2 MiB thread (4096 on an 8 MiB main thread). Sources nesting deeper than
+    /// 256 are refused, and NVRTC compiles on a thread with a 512 MiB stack.
+    #[test]
+    fn regression_fuzz_deep_nesting_is_refused_before_it_reaches_the_compiler() {
+        let base = "__device__ bool handle(St* s, const Ping* in, Ping* out, const Envelope* env) {\n    out->x = ";
+        let nested = |open: &str, n: usize, close: &str| {
+            format!(
+                "{base}{}in->x{};\n    return true;\n}}\n",
+                open.repeat(n),
+                close.repeat(n)
+            )
+        };
+        for (handler, why) in [
+            (
+                nested("(", 1 << 20, ")"),
+                "nests brackets or statements deeper than 256 (line 2)",
+            ),
+            (
+                nested("{", 300, "}"),
+                "nests brackets or statements deeper than 256 (line 2)",
+            ),
+            (
+                nested("!", 1 << 20, ""),
+                "256 operator characters in a row (line 2)",
+            ),
+            (
+                nested("- ", 257, ""),
+                "256 operator characters in a row (line 2)",
+            ),
+            (
+                nested("*", 1000, ""),
+                "256 operator characters in a row (line 2)",
+            ),
+        ] {
+            match ping("ping", &handler).render() {
+                Err(e @ PersistentError::Config { .. }) => {
+                    let text = e.to_string();
+                    assert!(text.contains(why) && text.len() < 300, "{text}");
+                }
+                other => panic!("expected a config error, got {:?}", other.map(|t| t.len())),
+            }
+        }
+        // Up to the limits, and in comments and literals, anything goes.
+        let mut deep = nested("(", 250, ")");
+        deep.push_str(&format!(
+            "// {}\n/* {} */\nconst char* s = \"{}\";\nconst char c = ')';\n",
+            "(".repeat(1000),
+            "{".repeat(1000),
+            "[\\\"".repeat(1000)
+        ));
+        ping("ping", &deep).render().unwrap();
+        ping("ping", &nested("!", 250, "")).render().unwrap();
+        // Statements nested without braces (500 nested loops took NVRTC 222 s, 1000 overflowed
+        // a 512 MiB stack), and `template` chains.
+        for (chain, n) in [
+            ("for (int i = 0; i < 4; ++i) ", 300),
+            ("if (in->x) ", 1 << 16),
+            ("template <typename T> ", 1000),
+        ] {
+            let text = format!(
+                "{base}1u;\n    {}out->x = 2u;\n    return true;\n}}\n",
+                chain.repeat(n)
+            );
+            let e = ping("ping", &text).render().unwrap_err().to_string();
+            assert!(e.contains("statements deeper than 256 (line 3)"), "{e}");
+        }
+        let loops = format!(
+            "{base}1u;\n{}\n    return true;\n}}\n",
+            "for (int i = 0; i < 4; ++i) { if (in->x) { out->x += 1u; } }\n".repeat(1000)
+        );
+        ping("ping", &loops).render().unwrap();
+        let mut decl = ping("ping", "");
+        decl.state.c_decl = format!(
+            "typedef struct {{ unsigned int n; }} St; {}",
+            "(".repeat(300)
+        );
+        assert!(decl
+            .render()
+            .unwrap_err()
+            .to_string()
+            .contains("the state type's declaration"));
+    }
+
+    /// NVRTC compiles on a thread of its own with a large stack: 8192 nested parentheses (which
+    /// abort a process compiling them on an 8 MiB stack) compile on the test's 2 MiB thread.
+    #[cfg(feature = "driver")]
+    #[test]
+    fn regression_fuzz_nvrtc_compiles_on_a_large_stack() {
+        if crate::nvrtc::nvrtc_present() {
+            let n = 8192;
+            let src = format!(
+                "extern \"C\" __global__ void k(int* p) {{ p[0] = {}1{}; }}",
+                "(".repeat(n),
+                ")".repeat(n)
+            );
+            let opts = crate::CompileOptions::for_arch("compute_90");
+            match crate::nvrtc::compile_ptx(&src, "deep", &opts) {
+                Ok(ptx) => assert!(ptx.contains(".entry k"), "{ptx}"),
+                Err(e @ crate::CudaError::Nvrtc { .. }) => eprintln!("SKIP: {e}"),
+                Err(e) => panic!("{e}"),
+            }
+        } else {
+            eprintln!("SKIP: NVRTC not available");
+        }
+    }
+
+    /// The host compiler's diagnostics (CudaSim) go through the same bound.
+    #[test]
+    fn regression_fuzz_cudasim_compile_error_of_a_long_line_is_short() {
+        if !crate::sim::available() {
+            eprintln!("SKIP: no host C++ compiler");
+            return;
+        }
+        let name = "n".repeat(1 << 20);
+        match compile_sim(&ping(&name, &long_line_handler())) {
+            Err(e @ PersistentError::Compile { .. }) => {
+                let text = e.to_string();
+                assert!(text.len() <= MAX_COMPILE_ERROR, "{} bytes", text.len());
+                assert!(text.contains("undefined_0"), "{text}");
+                assert!(text.contains(&format!("({} bytes)", name.len())), "{text}");
+            }
+            other => panic!(
+                "expected a compile error, got {:?}",
+                other.map(|m| m.path().to_path_buf())
+            ),
+        }
     }
 }
