@@ -26,7 +26,7 @@ use resident_cuda::persistent::template::TEMPLATE_BODY;
 use resident_cuda::persistent::{BufferDecl, KernelSource, MessageDecl, PersistentError};
 
 use super::gen::Rng;
-use super::targets::{Bytes, Sink};
+use super::sink::{Bytes, Sink};
 
 /// The input message's C declaration (24 bytes).
 const IN_DECL: &str =

@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 use resident::ring::message::{FieldLayout, LayoutError, Scalar, StructLayout};
 
 use super::gen::{Rng, NUMBERS};
-use super::targets::{Bytes, Sink};
+use super::sink::{Bytes, Sink};
 
 /// Why a descriptor text is not a field list (the harness's reader, not the decoder).
 #[derive(Debug, thiserror::Error)]

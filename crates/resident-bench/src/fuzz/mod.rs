@@ -20,6 +20,7 @@ pub mod alloc;
 mod cuda_gen;
 mod gen;
 mod layout;
+mod sink;
 mod targets;
 mod wgsl_gen;
 
@@ -357,7 +358,7 @@ impl Record {
         max: usize,
     ) -> usize {
         *self.error_kinds.entry((decoder, kind)).or_default() += 1;
-        let bytes = targets::display_len(error);
+        let bytes = sink::display_len(error);
         if bytes > max && self.failure.is_none() {
             self.failure = Some(CrashKind::LongError {
                 decoder,
@@ -370,7 +371,7 @@ impl Record {
     }
 }
 
-impl targets::Sink for Record {
+impl sink::Sink for Record {
     fn accepted(&mut self, decoder: &'static str) {
         *self.accepted.entry(decoder).or_default() += 1;
     }

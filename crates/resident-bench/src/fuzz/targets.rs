@@ -2,7 +2,7 @@
 //! and how its outcome is judged (the error's variant, the error's length, the invariants of
 //! what it accepted).
 
-use std::fmt::{self, Display, Write as _};
+use std::fmt::Write as _;
 use std::path::Path;
 
 use resident_nats::async_nats::{HeaderMap, HeaderValue, Message, Subject};
@@ -14,38 +14,8 @@ use resident_workloads::input::{parse_edge_list, parse_readings};
 use resident_workloads::{InputError, LineError};
 
 use super::gen::{Rng, NUMBERS};
+use super::sink::{Bytes, Sink};
 use super::Target;
-
-/// What one decoder call gave, as the runner records it.
-pub(crate) trait Sink {
-    /// The input was accepted by `decoder`.
-    fn accepted(&mut self, decoder: &'static str);
-    /// `decoder` rejected the input with the typed error variant `kind`; `error` is the error
-    /// (its message is measured against `MAX_ERROR_DISPLAY`).
-    fn rejected(&mut self, decoder: &'static str, kind: &'static str, error: &dyn Display);
-    /// [`Sink::rejected`] for an error that carries a compiler's log (measured against
-    /// `MAX_COMPILE_ERROR_DISPLAY`).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // only the cuda target compiles
-    fn rejected_with_log(&mut self, decoder: &'static str, kind: &'static str, error: &dyn Display);
-    /// `decoder` could not run here (`why`: NVRTC is not available).
-    fn skipped(&mut self, decoder: &'static str, why: &'static str);
-    /// An invariant of the decoder's result does not hold.
-    fn violation(&mut self, decoder: &'static str, what: fmt::Arguments<'_>);
-}
-
-/// The length of a message, counted without writing it anywhere.
-pub(crate) fn display_len(d: &dyn Display) -> usize {
-    struct Count(usize);
-    impl fmt::Write for Count {
-        fn write_str(&mut self, s: &str) -> fmt::Result {
-            self.0 += s.len();
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
-    let _ = write!(c, "{d}");
-    c.0
-}
 
 macro_rules! corpus {
     ($dir:literal: $($file:literal),+ $(,)?) => {
@@ -203,16 +173,6 @@ fn push_float(rng: &mut Rng, out: &mut Vec<u8>) {
         _ => {
             let _ = write!(Bytes(out), "{}", (rng.next_u64() as i64) as f64 / 1e6);
         }
-    }
-}
-
-/// `fmt::Write` into a byte buffer.
-pub(crate) struct Bytes<'a>(pub(crate) &'a mut Vec<u8>);
-
-impl fmt::Write for Bytes<'_> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
     }
 }
 

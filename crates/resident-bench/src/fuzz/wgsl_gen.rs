@@ -9,7 +9,7 @@ use resident::backend::wgpu::wgsl::{check, WgslError};
 use resident::prelude::*;
 
 use super::gen::Rng;
-use super::targets::{Bytes, Sink};
+use super::sink::{Bytes, Sink};
 
 device_message! {
     /// The fuzzed handlers' input and output.
