@@ -187,7 +187,7 @@ fn cuda_corpus_is_accepted() {
 /// holding 100 typos: 105 MB) and the kernel's whole name; a source nesting brackets 1024 deep
 /// overflowed NVRTC's stack and aborted the process.
 #[test]
-fn regression_cuda_errors_are_short_and_deep_sources_are_refused() {
+fn regression_fuzz_cuda_errors_are_short_and_deep_sources_are_refused() {
     let typos: String = (0..100).map(|i| format!("undefined_{i} + ")).collect();
     let handler = format!(
         "__device__ bool handle(FuzzState* s, const FuzzIn* in, FuzzOut* out, const Envelope* env) {{\n    out->x = {typos}in->x; /*{}*/\n    return true;\n}}\n",
