@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 use resident_cuda::persistent::template::TEMPLATE_BODY;
 use resident_cuda::persistent::{BufferDecl, KernelSource, MessageDecl, PersistentError};
 
-use super::gen::Rng;
+use super::gen::{expr, Expr, Rng};
 use super::sink::{Bytes, Sink};
 
 /// The input message's C declaration (24 bytes).
@@ -402,45 +402,24 @@ const KEY_STMTS: &[&str] = &[
     "if (ks->n == 0ull) return false;",
 ];
 
-fn expr(rng: &mut Rng, out: &mut Vec<u8>, depth: usize) {
-    if depth == 0 || rng.one_in(3) {
-        let leaf = [
-            "in->x",
-            "1u",
-            "0u",
-            "4294967295u",
-            "7u",
-            "(unsigned int)in->y",
-            "(unsigned int)env->flags",
-            "2147483648u",
-            "out->x",
-        ];
-        out.extend_from_slice(leaf[rng.below(leaf.len())].as_bytes());
-        return;
-    }
-    match rng.below(4) {
-        0 => {
-            out.push(b'(');
-            expr(rng, out, depth - 1);
-            out.push(b')');
-        }
-        1 => {
-            out.extend_from_slice(b"(in->x > 2u ? ");
-            expr(rng, out, depth - 1);
-            out.extend_from_slice(b" : ");
-            expr(rng, out, depth - 1);
-            out.push(b')');
-        }
-        _ => {
-            expr(rng, out, depth - 1);
-            let ops = [
-                " + ", " * ", " ^ ", " & ", " << ", " % ", " - ", " == ", " / ",
-            ];
-            out.extend_from_slice(ops[rng.below(ops.len())].as_bytes());
-            expr(rng, out, depth - 1);
-        }
-    }
-}
+/// C expressions for [`expr`].
+const EXPR: Expr = Expr {
+    leaves: &[
+        "in->x",
+        "1u",
+        "0u",
+        "4294967295u",
+        "7u",
+        "(unsigned int)in->y",
+        "(unsigned int)env->flags",
+        "2147483648u",
+        "out->x",
+    ],
+    select: ["(in->x > 2u ? ", " : ", ")"],
+    ops: &[
+        " + ", " * ", " ^ ", " & ", " << ", " % ", " - ", " == ", " / ",
+    ],
+};
 
 /// A text for a name field: an identifier (sometimes long), or not one.
 fn name(rng: &mut Rng, out: &mut Vec<u8>) {
@@ -517,7 +496,7 @@ pub(crate) fn generate(rng: &mut Rng, out: &mut Vec<u8>) {
         if rng.one_in(3) {
             b.0.extend_from_slice(b"    out->x = ");
             let depth = rng.small_len(12);
-            expr(rng, b.0, depth);
+            expr(rng, b.0, depth, &EXPR);
             b.0.extend_from_slice(b";\n");
         } else if !stmts.is_empty() && rng.one_in(2) {
             let _ = writeln!(b, "    {}", stmts[rng.below(stmts.len())]);

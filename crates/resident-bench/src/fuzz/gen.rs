@@ -209,3 +209,42 @@ pub fn mutate(
     }
     false
 }
+
+/// The pieces of a generated expression language ([`expr`]).
+pub(crate) struct Expr {
+    /// Operands.
+    pub leaves: &'static [&'static str],
+    /// A three-way choice: what comes before the first operand, between the two, after the
+    /// second.
+    pub select: [&'static str; 3],
+    /// Binary operators, spaced.
+    pub ops: &'static [&'static str],
+}
+
+/// An expression of `g` nested up to `depth` levels: a leaf, a parenthesized expression, a
+/// choice of two, or two joined by an operator.
+pub(crate) fn expr(rng: &mut Rng, out: &mut Vec<u8>, depth: usize, g: &Expr) {
+    if depth == 0 || rng.one_in(3) {
+        out.extend_from_slice(g.leaves[rng.below(g.leaves.len())].as_bytes());
+        return;
+    }
+    match rng.below(4) {
+        0 => {
+            out.push(b'(');
+            expr(rng, out, depth - 1, g);
+            out.push(b')');
+        }
+        1 => {
+            out.extend_from_slice(g.select[0].as_bytes());
+            expr(rng, out, depth - 1, g);
+            out.extend_from_slice(g.select[1].as_bytes());
+            expr(rng, out, depth - 1, g);
+            out.extend_from_slice(g.select[2].as_bytes());
+        }
+        _ => {
+            expr(rng, out, depth - 1, g);
+            out.extend_from_slice(g.ops[rng.below(g.ops.len())].as_bytes());
+            expr(rng, out, depth - 1, g);
+        }
+    }
+}

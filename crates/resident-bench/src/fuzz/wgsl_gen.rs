@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use resident::backend::wgpu::wgsl::{check, WgslError};
 use resident::prelude::*;
 
-use super::gen::Rng;
+use super::gen::{expr, Expr, Rng};
 use super::sink::{Bytes, Sink};
 
 device_message! {
@@ -146,42 +146,21 @@ const STMTS: &[&str] = &[
     "const k = 1u << 31u; m.x |= k;",
 ];
 
-fn expr(rng: &mut Rng, out: &mut Vec<u8>, depth: usize) {
-    if depth == 0 || rng.one_in(3) {
-        let leaf = [
-            "m.x",
-            "1u",
-            "0u",
-            "4294967295u",
-            "7u",
-            "u32(m.y)",
-            "input.x",
-            "2147483648u",
-        ];
-        out.extend_from_slice(leaf[rng.below(leaf.len())].as_bytes());
-        return;
-    }
-    match rng.below(4) {
-        0 => {
-            out.push(b'(');
-            expr(rng, out, depth - 1);
-            out.push(b')');
-        }
-        1 => {
-            out.extend_from_slice(b"select(");
-            expr(rng, out, depth - 1);
-            out.extend_from_slice(b", ");
-            expr(rng, out, depth - 1);
-            out.extend_from_slice(b", m.x > 2u)");
-        }
-        _ => {
-            expr(rng, out, depth - 1);
-            let ops = [" + ", " * ", " ^ ", " & ", " << ", " % ", " - ", " == "];
-            out.extend_from_slice(ops[rng.below(ops.len())].as_bytes());
-            expr(rng, out, depth - 1);
-        }
-    }
-}
+/// WGSL expressions for [`expr`].
+const EXPR: Expr = Expr {
+    leaves: &[
+        "m.x",
+        "1u",
+        "0u",
+        "4294967295u",
+        "7u",
+        "u32(m.y)",
+        "input.x",
+        "2147483648u",
+    ],
+    select: ["select(", ", ", ", m.x > 2u)"],
+    ops: &[" + ", " * ", " ^ ", " & ", " << ", " % ", " - ", " == "],
+};
 
 /// A ring handler built of statements that mostly type-check, with expressions of random
 /// depth, sometimes a helper function, a stray binding or an entry point of its own.
@@ -208,7 +187,7 @@ pub(crate) fn generate(rng: &mut Rng, out: &mut Vec<u8>) {
         if rng.one_in(3) {
             b.0.extend_from_slice(b"    m.x = ");
             let depth = rng.small_len(12);
-            expr(rng, b.0, depth);
+            expr(rng, b.0, depth, &EXPR);
             b.0.extend_from_slice(b";\n");
         } else {
             let _ = writeln!(b, "    {}", STMTS[rng.below(STMTS.len())]);
