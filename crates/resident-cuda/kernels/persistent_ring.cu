@@ -14,8 +14,12 @@
 //   read-modify-write ever crosses PCIe.
 // * Slot bytes are moved with ld/st.relaxed.sys so no stale L1 line of a reused slot is ever
 //   read; queue memory is never read through __ldg or const __restrict__.
+// * Input lane slots are in the LL format (see "input lanes" below): every 8 bytes carry a flag
+//   that says whether they hold the message expected, so a poll that reads the head slot finds
+//   and delivers a message in one bus read. Warp 0 polls; the tails are read in the same round.
 // * One thread (thread 0) owns every index and the control block; the other threads only copy
-//   slots and run the handler, ordered against thread 0 by __syncthreads().
+//   slots and run the handler, ordered against thread 0 by __syncthreads() (__syncwarp() in
+//   warp 0's poll).
 // * Device-side forwarding: the control block's peer-input slot may name another kernel's
 //   OUTPUT ring (its producer is that kernel's thread 0). While the slot names it, this kernel's
 //   thread 0 is that ring's consumer (the host's consumer has stepped back): it reads the ring's
@@ -27,6 +31,11 @@
 #define RESIDENT_CMD_RUN 0u
 #define RESIDENT_CMD_IDLE 1u
 #define RESIDENT_CMD_EXIT 2u
+// What warp 0's next round does (thread 0 decides; see the poll loop).
+#define RESIDENT_ACT_WAIT 0u
+#define RESIDENT_ACT_POLL 1u
+#define RESIDENT_ACT_RUN 2u
+#define RESIDENT_ACT_EXIT 3u
 
 // RESIDENT_RUN_*, RESIDENT_DEV_* and RESIDENT_ERR_* are generated from the Rust enums
 // (persistent::control::c_state_defines) and prepended when the template is rendered.
@@ -37,6 +46,12 @@
 // rounds with 16-byte loads: 6 for 64-byte payloads, 18 for 256-byte ones.
 #ifndef RESIDENT_PREFETCH
 #define RESIDENT_PREFETCH 8u
+#endif
+// The same for a lane's run in the LL format: one 16-byte load per data word, so a warp's run
+// of 32 slots of W words takes W rounds; 12 covers a full warp of 64-byte payloads in one round
+// trip, as the 8 above do for plain slots.
+#ifndef RESIDENT_LL_PREFETCH
+#define RESIDENT_LL_PREFETCH 12u
 #endif
 // Index of the peer ring in the gather tables (s_take / s_head): after the 8 lanes.
 #define RESIDENT_PEER 8u
@@ -96,6 +111,8 @@ __device__ __forceinline__ void resident_bus_begin(const void* control, unsigned
 }
 __device__ __forceinline__ void resident_bus_poll() { resident_sim::bus_poll(); }
 __device__ __forceinline__ void resident_bus_batch(unsigned int messages) { resident_sim::bus_batch(messages); }
+// The thread uses the values of its loads so far (a branch on them): it waits for them.
+__device__ __forceinline__ void resident_bus_use() { resident_sim::bus_use(); }
 __device__ __forceinline__ unsigned long long resident_ld_acquire_u64(const unsigned long long* p) {
     return resident_sim_load(p, std::memory_order_acquire);
 }
@@ -213,6 +230,7 @@ __device__ __forceinline__ void resident_st_relaxed_v2_u64(unsigned long long* p
 __device__ __forceinline__ void resident_bus_begin(const void*, unsigned long long) {}
 __device__ __forceinline__ void resident_bus_poll() {}
 __device__ __forceinline__ void resident_bus_batch(unsigned int) {}
+__device__ __forceinline__ void resident_bus_use() {}
 
 __device__ __forceinline__ void resident_fence_acquire() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
@@ -243,6 +261,73 @@ __device__ __forceinline__ void resident_copy_in(S* dst, const S* src) {
         for (unsigned int i = 0; i < sizeof(S) / 8; ++i) d[i] = resident_ld_relaxed_u64(s + i);
     }
 }
+
+// ---- input lanes: one bus read finds a message and delivers it ----
+// The host writes lane slots in the LL format (after NCCL's low-latency protocol): InSlot's
+// 8-byte word g travels as the slot's 16-byte chunk g, whose two 8-byte halves each carry 32
+// bits of the word (the low bits in the first half) in their low 32 bits and a flag in their
+// high 32 bits, the flag being the slot's position + 1 (mod 2^32). Only an aligned 8-byte
+// access is single-copy atomic across PCIe, so each half stands alone: a half whose flag is the
+// one expected holds its 32 data bits from that same write, whatever order the bus delivers the
+// halves in and however a wider read is split. A poll that reads a slot whose every flag is the
+// expected one therefore holds the message: it arrives in one dependent bus read, with no tail
+// read before it. A lane slot takes 2 * sizeof(InSlot) bytes (LL's price: half the bus bytes
+// carry flags). The tail is still published (after the slot) and read in the same round trip as
+// the slot: it says whether more follow, which the copy below then reads behind one fence.
+#define RESIDENT_LL_W ((unsigned int)(sizeof(InSlot) / 8))
+__device__ __forceinline__ unsigned int resident_ll_flag(unsigned long long pos) { return (unsigned int)(pos + 1ull); }
+// Chunk 0 of lane slot `pos` (a ring of `cap` slots at `ring`: its header, then the slots).
+__device__ __forceinline__ const unsigned long long* resident_ll_slot(unsigned long long ring, unsigned long long pos,
+                                                                     unsigned int cap) {
+    return (const unsigned long long*)(ring + sizeof(RingHeader)) +
+           (pos & (unsigned long long)(cap - 1u)) * (2ull * RESIDENT_LL_W);
+}
+// Decodes one chunk into its data word; true when both halves carry `flag`.
+__device__ __forceinline__ bool resident_ll_decode(unsigned long long a, unsigned long long b, unsigned int flag,
+                                                   unsigned long long* word) {
+    *word = (a & 0xffffffffull) | (b << 32);
+    return (unsigned int)(a >> 32) == flag && (unsigned int)(b >> 32) == flag;
+}
+// A chunk of a slot below a published tail that does not show its flag yet (its stores not yet
+// visible here): re-read until it does. Bounded: the host stored the chunk before the tail, so
+// only memory written outside the protocol can keep it wrong; after 1 s the block traps (the
+// batch's inputs are then never marked consumed, so the host takes them back).
+__device__ __noinline__ unsigned long long resident_ll_wait(const unsigned long long* chunk, unsigned int flag) {
+    const unsigned long long t0 = resident_now_ns();
+    for (;;) {
+        unsigned long long a, b, w;
+        resident_ld_relaxed_v2_u64(chunk, &a, &b);
+        resident_bus_use();
+        if (resident_ll_decode(a, b, flag, &w)) return w;
+        if (resident_now_ns() - t0 > 1000000000ull) __trap();
+        __nanosleep(256);
+    }
+}
+// Copies lane slot `src` (LL format, position flag `flag`) into thread-private memory: the
+// loads of up to RESIDENT_LL_PREFETCH chunks are issued before any is checked, so they share
+// one round trip (a check branches on a load's value, so it waits for it).
+__device__ __forceinline__ void resident_copy_in_ll(InSlot* dst, const unsigned long long* src, unsigned int flag) {
+    unsigned long long* d = (unsigned long long*)dst;
+    constexpr unsigned int G = RESIDENT_LL_W < RESIDENT_LL_PREFETCH ? RESIDENT_LL_W : RESIDENT_LL_PREFETCH;
+    for (unsigned int g0 = 0; g0 < RESIDENT_LL_W; g0 += G) {
+        unsigned long long a[G], b[G];
+#pragma unroll
+        for (unsigned int k = 0; k < G; ++k)
+            if (g0 + k < RESIDENT_LL_W) resident_ld_relaxed_v2_u64(src + 2u * (g0 + k), &a[k], &b[k]);
+        resident_bus_use();
+#pragma unroll
+        for (unsigned int k = 0; k < G; ++k) {
+            const unsigned int g = g0 + k;
+            if (g < RESIDENT_LL_W && !resident_ll_decode(a[k], b[k], flag, &d[g])) d[g] = resident_ll_wait(src + 2u * g, flag);
+        }
+    }
+}
+// The poll reads the whole head slot of every lane that looks empty, its chunks spread over
+// warp 0, at most RESIDENT_FAST_K per thread (registers): 32 * K chunks in all, enough for 8
+// lanes of slots up to 128 bytes, or fewer lanes of wider ones. A kernel whose lanes need more
+// polls the tails alone, and its messages wait for two round trips (tail, then slot).
+#define RESIDENT_FAST_K ((8u * RESIDENT_LL_W + 31u) / 32u < 4u ? (8u * RESIDENT_LL_W + 31u) / 32u : 4u)
+#define RESIDENT_FAST_WORDS (32u * RESIDENT_FAST_K)
 
 // Copies one slot from thread-private memory into queue memory.
 template <typename S>
@@ -295,6 +380,8 @@ struct ResidentOwner {
     // peer_seq adopted, and whether we stopped at a call reply at its head.
     unsigned long long peer, peer_head, peer_cached_tail, peer_taken;
     unsigned int peer_cap, peer_seq, peer_blocked;
+    // Lanes whose tail covered a head slot that did not show its flags in the last poll.
+    unsigned int covered;
 };
 
 // Device counters: relaxed stores (the device is their only writer); the release store of
@@ -333,8 +420,11 @@ __device__ void resident_check_peer(const PersistentParams* p, ControlBlock* ctl
         // taken before the ring's. A cached tail that still showed some of the lane's messages
         // would let the ring's fill the batch ahead of the lane's newer ones (seen on CudaSim
         // under load: a forwarded message overtook two relayed by the host).
-        for (unsigned int l = 0; l < p->lane_count; ++l)
-            o->cached_tail[l] = resident_ld_acquire_u64(&((RingHeader*)p->lanes[l])->tail);
+        // Never below the head: a slot taken by its flags may be ahead of its tail.
+        for (unsigned int l = 0; l < p->lane_count; ++l) {
+            const unsigned long long t = resident_ld_acquire_u64(&((RingHeader*)p->lanes[l])->tail);
+            o->cached_tail[l] = t > o->head[l] ? t : o->head[l];
+        }
     } else {
         o->peer = 0;
         o->peer_cap = 0;
@@ -424,6 +514,15 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     __shared__ unsigned long long s_stage[RESIDENT_BATCH / 32][64];  // per-warp copy staging (64 words: 16-byte accesses)
     __shared__ unsigned int s_abandon;
     __shared__ unsigned long long s_out_base;
+    // Warp 0's poll: the round's act, the lanes polled by slot and their heads, the lanes whose
+    // slot did not match (atomicOr), the staged head slots' data words (lane l's at l * W), and
+    // the lanes of this batch whose one slot comes from there.
+    __shared__ unsigned int s_act;
+    __shared__ unsigned int s_poll_mask;
+    __shared__ unsigned int s_poll_bad;
+    __shared__ unsigned long long s_poll_head[8];
+    __shared__ unsigned long long s_fast[RESIDENT_FAST_WORDS > 0u ? RESIDENT_FAST_WORDS : 1u];
+    __shared__ unsigned int s_fast_mask;
 #ifdef RESIDENT_KEYED
     __shared__ unsigned int s_key[RESIDENT_BATCH];  // each message's key, gathered order
     __shared__ unsigned int s_rounds;               // messages of the busiest key of the batch
@@ -441,8 +540,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     unsigned long long batch_start = 0;
     unsigned int handled = 0;  // thread 0: messages of the batch handed to the handler
     bool heads_early = false;  // thread 0: this batch's lane heads went out before its output wait
-// The ring and capacity of gather index l (a lane, or the peer ring).
-#define RESIDENT_RING_OF(l) ((l) == RESIDENT_PEER ? s_peer_ring : p.lanes[(l)])
+// The capacity of gather index l's ring (a lane, or the peer ring).
 #define RESIDENT_CAP_OF(l) ((l) == RESIDENT_PEER ? s_peer_cap : p.lane_capacity)
 
     if (tid == 0) {
@@ -467,8 +565,10 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                     RingHeader* r = (RingHeader*)p.lanes[l];
                     // Own index: the host never writes it, a relaxed read is exact.
                     o.head[l] = resident_ld_relaxed_u64(&r->head);
-                    // Acquire: pairs with the host's release store of tail.
-                    o.cached_tail[l] = resident_ld_acquire_u64(&r->tail);
+                    // Acquire: pairs with the host's release store of tail. Never below the
+                    // head (a slot taken by its flags before a quiesce may be ahead of it).
+                    const unsigned long long t = resident_ld_acquire_u64(&r->tail);
+                    o.cached_tail[l] = t > o.head[l] ? t : o.head[l];
                 }
             }
             RingHeader* out = (RingHeader*)p.out;
@@ -495,86 +595,188 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             o.shown_state = 0;
             o.backoff_ns = RESIDENT_MIN_BACKOFF_NS;
             o.last_outputs = 0;
+            o.covered = 0;
         }
     }
     __syncthreads();
     if (s_start == RESIDENT_CMD_EXIT) return;
 
     for (;;) {
-        // ---- thread 0: control, then gather (highest lane first) ----
-        // Idle polls stay inside thread 0's loop: the other threads wait at barrier A (on the
-        // GPU a warp waiting at bar.sync costs no issue slots) and shared memory is written only
-        // when there is a batch or an exit to announce. So s_cmd is never rewritten while
-        // another thread may still read it (the race compute-sanitizer's racecheck reported
-        // when idle polls went through the barriers), and an idle poll costs no barrier.
-        if (tid == 0) {
+        // ---- warp 0: control (thread 0), a poll of the lanes (the warp), the gather (thread 0) ----
+        // Idle polls stay inside warp 0's loop: the other warps wait at barrier A (on the GPU a
+        // warp waiting at bar.sync costs no issue slots) and the block's shared state (s_cmd,
+        // s_take, ...) is written only when there is a batch or an exit to announce. So s_cmd is
+        // never rewritten while another thread may still read it (the race compute-sanitizer's
+        // racecheck reported when idle polls went through the block's barriers), and an idle
+        // poll costs two warp barriers, not block ones.
+        //
+        // One round of the loop: thread 0 checks the control block and decides (s_act: poll,
+        // wait while inactive, run the batch found, exit); warp barrier S1; in a poll, every
+        // thread of the warp reads its chunks of the head slots of the lanes that look empty
+        // (the LL format: each chunk shows by its flags whether the message is there) while
+        // thread 0 reads those lanes' tails in the same round trip; warp barrier S2; thread 0
+        // gathers. A message that finds the kernel polling therefore waits for one bus read.
+        if (tid < 32u) {
             unsigned int cmd = RESIDENT_CMD_IDLE;
             unsigned int total = 0;
-            // s_take is written here on every poll: no other thread reads it before barrier A.
+            bool found = false;
+            // Thread 0's loads of a poll, used after S2.
+            unsigned long long t[RESIDENT_PEER + 1] = {};
+            unsigned long long out_head = 0;
+            bool out_low = false, peer_on = false;
+            const bool fast_on = p.lane_count * RESIDENT_LL_W <= RESIDENT_FAST_WORDS;
             for (;;) {
-                unsigned long long now = resident_now_ns();
-                // The control block is read on every poll only while not active (it is all the
-                // kernel waits for then); while active, at most every control_poll_ns, so a poll
-                // of an idle kernel costs the lane tails, not the control line.
-                if (o.run_state != RESIDENT_RUN_ACTIVE || now - o.last_check_ns >= p.control_poll_ns) {
-                    exit_state = resident_check_control(ctl, &o, now);
-                    if (exit_state == 0) {
-                        resident_check_peer(&p, ctl, &o);
-                        resident_show_state(ctl, &o, o.run_state == RESIDENT_RUN_ACTIVE ? RESIDENT_DEV_RUNNING : RESIDENT_DEV_IDLE);
+                if (tid == 0) {
+                    unsigned int act = RESIDENT_ACT_WAIT;
+                    if (found) {
+                        act = RESIDENT_ACT_RUN;
+                    } else {
+                        unsigned long long now = resident_now_ns();
+                        // The control block is read on every poll only while not active (it is
+                        // all the kernel waits for then); while active, at most every
+                        // control_poll_ns, so a poll of an idle kernel costs the lanes, not the
+                        // control line.
+                        if (o.run_state != RESIDENT_RUN_ACTIVE || now - o.last_check_ns >= p.control_poll_ns) {
+                            exit_state = resident_check_control(ctl, &o, now);
+                            if (exit_state == 0) {
+                                resident_check_peer(&p, ctl, &o);
+                                resident_show_state(ctl, &o, o.run_state == RESIDENT_RUN_ACTIVE ? RESIDENT_DEV_RUNNING : RESIDENT_DEV_IDLE);
+                            }
+                        }
+                        if (exit_state != 0) {
+                            act = RESIDENT_ACT_EXIT;
+                        } else if (o.run_state == RESIDENT_RUN_ACTIVE) {
+                            act = RESIDENT_ACT_POLL;
+                            resident_bus_poll();
+                            unsigned int m = 0;
+                            for (unsigned int l = 0; fast_on && l < p.lane_count; ++l) {
+                                if (o.cached_tail[l] == o.head[l]) {
+                                    m |= 1u << l;
+                                    s_poll_head[l] = o.head[l];
+                                }
+                            }
+                            s_poll_mask = m;
+                            s_poll_bad = 0;
+                        }
                     }
+                    s_act = act;
                 }
-                if (exit_state != 0) {
-                    cmd = RESIDENT_CMD_EXIT;
+                __syncwarp();  // S1: s_act / s_poll_* visible to the warp
+                const unsigned int act = s_act;
+                if (act == RESIDENT_ACT_EXIT) {
+                    if (tid == 0) cmd = RESIDENT_CMD_EXIT;
                     break;
                 }
-                if (o.run_state == RESIDENT_RUN_ACTIVE) {
-                    resident_bus_poll();
-                    // Re-read the tails that look empty with relaxed loads, all issued before
-                    // any is used (independent, so they overlap in one PCIe round trip instead
-                    // of one each; unrolled so each is its own load) ...
-                    const bool peer_on = o.peer != 0 && !o.peer_blocked;
-                    unsigned long long t[RESIDENT_PEER + 1] = {};
+                if (act == RESIDENT_ACT_RUN) {
+                    if (tid == 0) cmd = RESIDENT_CMD_RUN;
+                    break;
+                }
+                if (act == RESIDENT_ACT_POLL) {
+                    // Every load of the poll is issued before any is used: independent, so they
+                    // overlap in one PCIe round trip (unrolled so each is its own load).
+                    const unsigned int pm = s_poll_mask;
+                    unsigned long long ra[RESIDENT_FAST_K], rb[RESIDENT_FAST_K];
 #pragma unroll
-                    for (unsigned int l = 0; l < 8; ++l) {
-                        if (l < p.lane_count && o.cached_tail[l] == o.head[l])
-                            t[l] = resident_ld_fenced(&((RingHeader*)p.lanes[l])->tail);
+                    for (unsigned int k = 0; k < RESIDENT_FAST_K; ++k) {
+                        const unsigned int c = tid + 32u * k;
+                        const unsigned int l = c / RESIDENT_LL_W;
+                        ra[k] = 0;
+                        rb[k] = 0;
+                        if (l < 8u && ((pm >> l) & 1u) != 0u)
+                            resident_ld_relaxed_v2_u64(resident_ll_slot(p.lanes[l], s_poll_head[l], p.lane_capacity) +
+                                                           2u * (c - l * RESIDENT_LL_W),
+                                                       &ra[k], &rb[k]);
                     }
-                    // The producing kernel's tail likewise (pairs with its release store of the
-                    // tail after its slot writes).
-                    if (peer_on && o.peer_cached_tail == o.peer_head)
-                        t[RESIDENT_PEER] = resident_ld_fenced(&((RingHeader*)o.peer)->tail);
-                    // And the host's output head, when the room it last showed would not take
-                    // as many outputs as the last batch made: read in the same round trip as
-                    // the tails, not after the handlers as one more (pairs with the host's
-                    // release store of head). One message in flight reads it about once per
-                    // ring's worth of outputs; full batches on every poll.
-                    const unsigned long long room = p.out_capacity - (o.out_tail - o.out_cached_head);
-                    const bool out_low = room < (o.last_outputs > 0u ? o.last_outputs : 1u);
-                    unsigned long long out_head = 0;
-                    if (out_low) out_head = resident_ld_fenced(&((RingHeader*)p.out)->head);
+                    if (tid == 0) {
+                        // The tails of the lanes that look empty: whether more than the head slot
+                        // is there (pairs, behind the fence below, with the host's release store
+                        // of tail after its slot stores).
+                        peer_on = o.peer != 0 && !o.peer_blocked;
+#pragma unroll
+                        for (unsigned int l = 0; l < 8; ++l) {
+                            t[l] = 0;
+                            if (l < p.lane_count && o.cached_tail[l] == o.head[l])
+                                t[l] = resident_ld_fenced(&((RingHeader*)p.lanes[l])->tail);
+                        }
+                        // The producing kernel's tail likewise (pairs with its release store of
+                        // the tail after its slot writes).
+                        if (peer_on && o.peer_cached_tail == o.peer_head)
+                            t[RESIDENT_PEER] = resident_ld_fenced(&((RingHeader*)o.peer)->tail);
+                        // And the host's output head, when the room it last showed would not
+                        // take as many outputs as the last batch made: read in the same round
+                        // trip, not after the handlers as one more (pairs with the host's release
+                        // store of head). One message in flight reads it about once per ring's
+                        // worth of outputs; full batches on every poll.
+                        const unsigned long long room = p.out_capacity - (o.out_tail - o.out_cached_head);
+                        out_low = room < (o.last_outputs > 0u ? o.last_outputs : 1u);
+                        if (out_low) out_head = resident_ld_fenced(&((RingHeader*)p.out)->head);
+                    }
+                    // Each chunk's data word goes to the staging line (read only for a lane
+                    // whose every chunk matched); a mismatch marks its lane.
+                    unsigned int bad = 0;
+#pragma unroll
+                    for (unsigned int k = 0; k < RESIDENT_FAST_K; ++k) {
+                        const unsigned int c = tid + 32u * k;
+                        const unsigned int l = c / RESIDENT_LL_W;
+                        if (l < 8u && ((pm >> l) & 1u) != 0u) {
+                            unsigned long long w;
+                            if (resident_ll_decode(ra[k], rb[k], resident_ll_flag(s_poll_head[l]), &w))
+                                s_fast[c] = w;
+                            else
+                                bad |= 1u << l;
+                        }
+                    }
+                    if (bad != 0u) atomicOr(&s_poll_bad, bad);
+                }
+                __syncwarp();  // S2: s_poll_bad final; every thread has read s_act / s_poll_*
+                if (tid == 0 && act == RESIDENT_ACT_POLL) {
+                    const unsigned int ready = s_poll_mask & ~s_poll_bad;
+                    unsigned int fast = 0;
                     bool fresh = false;
 #pragma unroll
                     for (unsigned int l = 0; l < 8; ++l) {
                         if (l < p.lane_count && o.cached_tail[l] == o.head[l]) {
-                            fresh |= t[l] != o.cached_tail[l];
-                            o.cached_tail[l] = t[l];
+                            // The tail may trail a slot already seen by its flags (the host
+                            // stores the slot first): never below the head.
+                            unsigned long long tl = t[l] > o.head[l] ? t[l] : o.head[l];
+                            const bool seen = ((ready >> l) & 1u) != 0u;
+                            const bool was_covered = ((o.covered >> l) & 1u) != 0u;
+                            o.covered &= ~(1u << l);
+                            if (seen && tl <= o.head[l] + 1u) {
+                                // The head slot is in the staging line and nothing is behind
+                                // it: no fence, no further read.
+                                fast |= 1u << l;
+                                o.cached_tail[l] = o.head[l] + 1u;
+                            } else if (seen || !fast_on || was_covered) {
+                                // More than the head slot (or no slot poll, or a slot the tail
+                                // covered a round ago that still shows no flags: its copy
+                                // then waits for them, bounded): read behind the fence.
+                                fresh |= tl != o.head[l];
+                                o.cached_tail[l] = tl;
+                            } else if (tl != o.head[l]) {
+                                // The tail shows a message whose slot did not: it landed while
+                                // the round's loads were in flight (the tail was read later
+                                // than the slot). The next round reads it by its flags.
+                                o.covered |= 1u << l;
+                            }
                         }
                     }
                     if (peer_on && o.peer_cached_tail == o.peer_head) {
                         fresh |= t[RESIDENT_PEER] != o.peer_cached_tail;
                         o.peer_cached_tail = t[RESIDENT_PEER];
                     }
-                    // ... then one acquire fence: pairs with the host's release stores of those
-                    // tails, so the slots up to them are visible to this thread and, via barrier
-                    // A, to all.
+                    // One acquire fence for what the tails show beyond a staged slot: pairs with
+                    // the host's release stores of those tails, so the slots up to them are
+                    // visible to this thread and, via barrier A, to all.
                     if (out_low) o.out_cached_head = out_head;
                     if (fresh || out_low) resident_fence_acquire();
+                    total = 0;
                     for (int l = (int)p.lane_count - 1; l >= 0; --l) {
                         unsigned long long avail = o.cached_tail[l] - o.head[l];
                         unsigned int room = RESIDENT_BATCH - total;
-                        unsigned int t = avail < room ? (unsigned int)avail : room;
-                        s_take[l] = t;
-                        total += t;
+                        unsigned int tk = avail < room ? (unsigned int)avail : room;
+                        s_take[l] = tk;
+                        total += tk;
                     }
                     // The peer ring fills what room the own lanes leave: inputs sent to this
                     // kernel directly come first, as a higher lane would; forwarded ones keep
@@ -588,39 +790,50 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                     }
                     s_take[RESIDENT_PEER] = pt;
                     total += pt;
-                    if (total > 0) {
-                        cmd = RESIDENT_CMD_RUN;
-                        break;
+                    // A staged lane gives its one slot from the staging line.
+                    unsigned int staged = 0;
+                    for (unsigned int l = 0; l < p.lane_count; ++l)
+                        if (((fast >> l) & 1u) != 0u && s_take[l] == 1u) staged |= 1u << l;
+                    s_fast_mask = staged;
+                    found = total > 0;
+                    // No pause before the next round when a message is known to be landing.
+                    if (!found && o.covered == 0u) resident_backoff(&o, p.max_backoff_ns);
+                } else if (tid == 0 && act == RESIDENT_ACT_WAIT) {
+                    resident_backoff(&o, p.max_backoff_ns);
+                }
+            }
+            if (tid == 0) {
+                if (cmd == RESIDENT_CMD_RUN) {
+                    for (unsigned int l = 0; l < 8; ++l) {
+                        if (l >= p.lane_count) s_take[l] = 0;
+                        s_head[l] = o.head[l];
                     }
+                    s_head[RESIDENT_PEER] = o.peer_head;
+                    s_peer_ring = o.peer;
+                    s_peer_cap = o.peer_cap;
+                    s_peer_stop = s_take[RESIDENT_PEER];
+                } else {
+                    total = 0;
                 }
-                resident_backoff(&o, p.max_backoff_ns);
+                s_count = total;
+                s_cmd = cmd;
+                o.backoff_ns = RESIDENT_MIN_BACKOFF_NS;
+                batch_start = clock64();
             }
-            if (cmd == RESIDENT_CMD_RUN) {
-                for (unsigned int l = 0; l < 8; ++l) {
-                    if (l >= p.lane_count) s_take[l] = 0;
-                    s_head[l] = o.head[l];
-                }
-                s_head[RESIDENT_PEER] = o.peer_head;
-                s_peer_ring = o.peer;
-                s_peer_cap = o.peer_cap;
-                s_peer_stop = s_take[RESIDENT_PEER];
-            }
-            s_count = total;
-            s_cmd = cmd;
-            o.backoff_ns = RESIDENT_MIN_BACKOFF_NS;
-            batch_start = clock64();
         }
         __syncthreads();  // A: s_cmd / s_take / s_head visible to all
         const unsigned int cmd = s_cmd;
         if (cmd == RESIDENT_CMD_EXIT) break;
 
         // ---- all threads: copy the batch out of the lanes, warp by warp ----
-        // A warp whose 32 slots are one contiguous run of one lane (the common case) reads it
-        // in 32-word chunks, lane L reading word L of the chunk (consecutive lanes, consecutive
-        // 8-byte words: coalesced), and hands each word to its slot's thread through a
-        // per-warp staging line in shared memory. Runs that cross lanes or wrap the ring fall
-        // back to one slot per thread. The choice is warp-uniform, so every lane takes part in
-        // every __syncwarp.
+        // A warp whose 32 slots are one contiguous run of one ring (the common case) reads it
+        // in rounds of 32 loads, lane L making load L of the round (consecutive lanes,
+        // consecutive addresses: coalesced), and hands each word to its slot's thread through a
+        // per-warp staging line in shared memory. A lane's run is LL chunks (one 16-byte load
+        // per data word, checked by its flags); the peer ring's is plain slots (another
+        // kernel's output ring, published by its tail). Runs that cross rings or wrap, and a
+        // lane's slot staged by the poll, go one slot per thread. The choice is warp-uniform,
+        // so every lane takes part in every __syncwarp.
         const unsigned int n = s_count;
         const unsigned int lane = tid & 31u;
         const unsigned int warp = tid >> 5;
@@ -635,18 +848,57 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             resident_locate(&p, s_take, w_first + w_count - 1u, &l1, &r1);
             const unsigned int cap0 = RESIDENT_CAP_OF(l0);
             const unsigned long long pos0 = (s_head[l0] + r0) & (unsigned long long)(cap0 - 1);
-            if (l0 == l1 && pos0 + w_count <= cap0) {
-                const unsigned int W = (unsigned int)(sizeof(InSlot) / 8);
-                const unsigned long long* src = (const unsigned long long*)(resident_in_slots(RESIDENT_RING_OF(l0)) + pos0);
-                unsigned long long* mine = (unsigned long long*)&in;
+            const unsigned int W = (unsigned int)(sizeof(InSlot) / 8);
+            unsigned long long* mine = (unsigned long long*)&in;
+            const bool staged0 = l0 != RESIDENT_PEER && ((s_fast_mask >> l0) & 1u) != 0u;
+            if (l0 == l1 && pos0 + w_count <= cap0 && l0 != RESIDENT_PEER && !staged0) {
+                // A lane's run: chunk g is data word g of the run, its flag its slot's position.
+                const unsigned long long first_pos = s_head[l0] + r0;
+                const unsigned long long* src = resident_ll_slot(p.lanes[l0], first_pos, cap0);
+                const unsigned int words = w_count * W;
+                // The loads of up to RESIDENT_LL_PREFETCH rounds are all issued into registers
+                // before the first is staged, so they share one bus round trip instead of one
+                // each (staging waits for a load's value; see CudaSim's bus model). A full
+                // warp's run takes W rounds.
+                constexpr unsigned int KL = RESIDENT_LL_W < RESIDENT_LL_PREFETCH ? RESIDENT_LL_W : RESIDENT_LL_PREFETCH;
+                for (unsigned int group = 0; group < words; group += 32u * KL) {
+                    unsigned long long ra[KL], rb[KL];
+#pragma unroll
+                    for (unsigned int k = 0; k < KL; ++k) {
+                        const unsigned int w = group + k * 32u + lane;
+                        ra[k] = 0;
+                        rb[k] = 0;
+                        if (w < words) resident_ld_relaxed_v2_u64(src + 2u * w, &ra[k], &rb[k]);
+                    }
+#pragma unroll
+                    for (unsigned int k = 0; k < KL; ++k) {
+                        const unsigned int base = group + k * 32u;
+                        if (base >= words) break;  // warp-uniform
+                        const unsigned int w = base + lane;
+                        if (w < words) {
+                            const unsigned int f = resident_ll_flag(first_pos + w / W);
+                            unsigned long long v;
+                            if (!resident_ll_decode(ra[k], rb[k], f, &v)) v = resident_ll_wait(src + 2u * w, f);
+                            s_stage[warp][lane] = v;
+                        }
+                        __syncwarp();
+                        if (lane < w_count) {
+                            const unsigned int first = lane * W;
+                            const unsigned int lo = first > base ? first : base;
+                            const unsigned int hi = first + W < base + 32u ? first + W : base + 32u;
+                            for (unsigned int g = lo; g < hi; ++g) mine[g - first] = s_stage[warp][g - base];
+                        }
+                        __syncwarp();
+                    }
+                }
+            } else if (l0 == l1 && pos0 + w_count <= cap0 && l0 == RESIDENT_PEER) {
+                const unsigned long long* src = (const unsigned long long*)(resident_in_slots(s_peer_ring) + pos0);
                 const unsigned int words = w_count * W;
                 // 16-byte loads (64 words per round, half the bus reads) where the run starts
                 // on a 16-byte boundary; 8-byte ones otherwise. Warp-uniform: one src per warp.
-                // The loads of up to RESIDENT_PREFETCH rounds are all issued into registers
-                // before the first is staged, so they share one bus round trip instead of one
-                // each (staging waits for a load's value; see CudaSim's bus model).
-                // As many rounds as a full warp's run takes with 16-byte loads, at most
-                // RESIDENT_PREFETCH (registers: the 1024-thread block has 64 per thread).
+                // Prefetched as above: as many rounds as a full warp's run takes with 16-byte
+                // loads, at most RESIDENT_PREFETCH (registers: the 1024-thread block has 64 per
+                // thread).
                 constexpr unsigned int KP = (32u * (sizeof(InSlot) / 8) + 63u) / 64u < RESIDENT_PREFETCH
                                                 ? (32u * (sizeof(InSlot) / 8) + 63u) / 64u
                                                 : RESIDENT_PREFETCH;
@@ -683,8 +935,15 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             } else if (tid < n) {
                 unsigned int l, rem;
                 resident_locate(&p, s_take, tid, &l, &rem);
-                const InSlot* src = resident_in_slots(RESIDENT_RING_OF(l)) + ((s_head[l] + rem) & (unsigned long long)(RESIDENT_CAP_OF(l) - 1));
-                resident_copy_in(&in, src);
+                if (l == RESIDENT_PEER) {
+                    resident_copy_in(&in, resident_in_slots(s_peer_ring) + ((s_head[l] + rem) & (unsigned long long)(s_peer_cap - 1)));
+                } else if (((s_fast_mask >> l) & 1u) != 0u) {
+                    // The poll's staged slot (its one slot of the batch: rem is 0).
+                    for (unsigned int g = 0; g < W; ++g) mine[g] = s_fast[l * W + g];
+                } else {
+                    const unsigned long long pos = s_head[l] + rem;
+                    resident_copy_in_ll(&in, resident_ll_slot(p.lanes[l], pos, p.lane_capacity), resident_ll_flag(pos));
+                }
             }
         }
 
@@ -910,7 +1169,6 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     }
 }
 
-#undef RESIDENT_RING_OF
 #undef RESIDENT_CAP_OF
 
 // Launch-per-batch baseline (handlers without bound buffers only: it passes no table, and the

@@ -195,8 +195,8 @@ struct Bus {
     std::size_t control_bytes = 0;
     bool on = false;
     // Thread 0's window: the block's totals and the depth at the poll that opened it, and
-    // thread 0's own counters then (between batches only thread 0 touches the bus, so a poll
-    // moves the mark by thread 0's own traffic and never sums the block).
+    // warp 0's counters then (between batches only warp 0 touches the bus, so a poll moves the
+    // mark by warp 0's own traffic and never sums the block).
     unsigned long long mark[4] = {0, 0, 0, 0};
     unsigned long long t0_mark[4] = {0, 0, 0, 0};
     unsigned long long base_depth = 0;
@@ -279,6 +279,16 @@ inline void bus_thread_totals(const BusThread& t, unsigned long long out[4]) {
     out[3] = t.write_bytes.load(std::memory_order_relaxed);
 }
 
+// Warp 0's counters (between batches only warp 0 touches the bus: its poll).
+inline void bus_warp0_totals(unsigned long long out[4]) {
+    out[0] = out[1] = out[2] = out[3] = 0;
+    for (unsigned int i = 0; i < 32; ++i) {
+        unsigned long long t[4];
+        bus_thread_totals(g_bus.threads[i], t);
+        for (int k = 0; k < 4; ++k) out[k] += t[k];
+    }
+}
+
 inline void bus_totals(unsigned long long out[4]) {
     out[0] = out[1] = out[2] = out[3] = 0;
     for (auto& t : g_bus.threads) {
@@ -289,6 +299,9 @@ inline void bus_totals(unsigned long long out[4]) {
     }
 }
 
+// The thread branches on the values of its loads so far: it waits for every pending one.
+inline void bus_use() { t_ready = depth_now(); }
+
 // Thread 0, before the kernel's first barrier: the model counts this kernel from here.
 inline void bus_begin(const void* control, std::size_t bytes) {
     g_bus.control = (const unsigned char*)control;
@@ -297,17 +310,18 @@ inline void bus_begin(const void* control, std::size_t bytes) {
     g_bus.window = false;
     // A relaunch continues the counters: the marks start from where they stand.
     bus_totals(g_bus.mark);
-    bus_thread_totals(g_bus.threads[threadIdx.x & 1023u], g_bus.t0_mark);
+    bus_warp0_totals(g_bus.t0_mark);
 }
 
-// Thread 0, at the start of each poll for work (after its control checks): a poll that opened
+// Thread 0, at the start of each poll for work (after its control checks, while the rest of
+// warp 0 waits at a warp barrier and has no load in flight): a poll that opened
 // the window and found nothing was idle; this one opens a new window. A message that lands
 // just after a poll read its lane waits for the next poll; the chain counts from the poll that
 // finds it.
 inline void bus_poll() {
     if (!g_bus.on) return;
     unsigned long long t0[4];
-    bus_thread_totals(g_bus.threads[threadIdx.x & 1023u], t0);
+    bus_warp0_totals(t0);
     if (g_bus.window) {
         bus_add(g_bus.v[BUS_IDLE_POLLS], 1);
         bus_add(g_bus.v[BUS_IDLE_READS], t0[0] - g_bus.t0_mark[0]);
@@ -343,7 +357,7 @@ inline void bus_batch(unsigned int messages) {
     while (chain > m && !g_bus.v[BUS_CHAIN_MAX].compare_exchange_weak(m, chain, std::memory_order_relaxed)) {
     }
     for (int i = 0; i < 4; ++i) g_bus.mark[i] = now[i];
-    bus_thread_totals(g_bus.threads[threadIdx.x & 1023u], g_bus.t0_mark);
+    bus_warp0_totals(g_bus.t0_mark);
     g_bus.window = false;
 }
 

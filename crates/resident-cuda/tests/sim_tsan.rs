@@ -115,11 +115,15 @@ fn persistent_kernel_is_clean_under_thread_sanitizer_for_every_batch_size() {
 
 /// The harness has teeth: the template's start-up broadcast as it was before the fix (thread 0
 /// reused `s_cmd` for it, then rewrote `s_cmd` in the loop while other threads could still be
-/// reading the start value) is reported as a data race.
+/// reading the start value) is reported as a data race. Eight warps: warp 0 polls behind warp
+/// barriers with thread 0, which order its own reads of the start value before thread 0's
+/// rewrite, so the race is between thread 0 and the other warps (with one warp, as at batch
+/// 32, that barrier closes it; with two, TSan's four-entry history of the word often kept
+/// only warp 0's ordered reads, and 4 runs under load reported nothing).
 #[test]
 fn thread_sanitizer_reports_the_old_s_cmd_race() {
     let dir = work_dir("race");
-    let rendered = source(32).render().unwrap();
+    let rendered = source(256).render().unwrap();
     let old = rendered
         .replace("s_start = RESIDENT_CMD_RUN;", "s_cmd = RESIDENT_CMD_RUN;")
         .replace("s_start = RESIDENT_CMD_EXIT;", "s_cmd = RESIDENT_CMD_EXIT;")
@@ -131,11 +135,23 @@ fn thread_sanitizer_reports_the_old_s_cmd_race() {
         old, rendered,
         "the template still has the start-up broadcast"
     );
-    // The race needs the reading threads to be scheduled between thread 0's two writes; on a
-    // loaded 2-core machine one run may not interleave so. A few runs must report it.
+    // The race needs the reading threads to read the start value before thread 0 rewrites it:
+    // a thread that wakes from the start-up barrier later takes the barrier's mutex after
+    // thread 0 released it at barrier A, which orders the two for TSan. So the kernel stays
+    // inactive for 500 ms (the driver's first pause, 30 ms otherwise), time for every thread
+    // of the block to wake on a loaded 2-core machine. One of six runs must report it (under a
+    // parallel build, four runs once reported nothing, with no log kept; the panic keeps it).
+    let pause = "std::this_thread::sleep_for(std::chrono::milliseconds(30));";
+    assert!(DRIVER.contains(pause), "the driver's first pause moved");
+    let driver = DRIVER.replacen(
+        pause,
+        "std::this_thread::sleep_for(std::chrono::milliseconds(500));",
+        1,
+    );
     let mut last = String::new();
-    for attempt in 0..4 {
-        let Some((ok, stdout, stderr)) = build_and_run(&dir, &format!("old_s_cmd_{attempt}"), &old)
+    for attempt in 0..6 {
+        let Some((ok, stdout, stderr)) =
+            build_and_run_with(&dir, &format!("old_s_cmd_{attempt}"), &old, &driver)
         else {
             return;
         };
@@ -145,7 +161,7 @@ fn thread_sanitizer_reports_the_old_s_cmd_race() {
         }
         last = format!("{stdout}\n{stderr}");
     }
-    panic!("expected a data race report in one of 4 runs:\n{last}");
+    panic!("expected a data race report in one of 6 runs:\n{last}");
 }
 
 /// Device-side forwarding under TSan: two blocks, the consumer taking the producer's output

@@ -9,10 +9,11 @@ use core::marker::PhantomData;
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use resident_ring::spsc::{ring_bytes, Consumer, HeapMemory, Producer, Ring, RingMemory};
+use resident_ring::spsc::{ring_bytes, Consumer, HeapMemory, Ring, RingMemory};
 use resident_ring::{Envelope, Slot};
 
 use super::control::{ControlBlock, DeviceCounters, RunState, CONTROL_BLOCK_BYTES};
+use super::lane::{lane_bytes, LaneWriter};
 use super::{lane_for_priority, PersistentError, SharedMemory, MAX_LANES};
 
 /// Queue geometry of one persistent kernel.
@@ -100,7 +101,7 @@ fn control_ref(mem: &SharedMemory) -> &ControlBlock {
 
 /// The host side of one persistent kernel's queues.
 pub struct PersistentQueues<In: Pod + Send, Out: Pod + Send> {
-    lanes: Vec<Producer<Slot<In>>>,
+    lanes: Vec<LaneWriter<In>>,
     out: Consumer<Slot<Out>>,
     view: DeviceView<In, Out>,
     /// Messages accepted per lane, for telemetry.
@@ -130,7 +131,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
     pub fn allocation_sizes(config: QueueConfig) -> Vec<usize> {
         let mut v = vec![CONTROL_BLOCK_BYTES];
         v.extend(std::iter::repeat_n(
-            ring_bytes::<Slot<In>>(config.lane_capacity),
+            lane_bytes::<In>(config.lane_capacity),
             config.lanes,
         ));
         v.push(ring_bytes::<Slot<Out>>(config.out_capacity));
@@ -175,14 +176,10 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
         let mut lane_mems = Vec::with_capacity(config.lanes);
         let mut lanes = Vec::with_capacity(config.lanes);
         for _ in 0..config.lanes {
-            let mem = get("input lane", ring_bytes::<Slot<In>>(config.lane_capacity))?;
-            // The consumer half is the device's role: dropped here, played on the memory.
-            // SAFETY: fresh memory (just zeroed, contract of `alloc`): this producer is the
-            // host's only writer of the lane; the device plays the consumer.
-            let (tx, _device_half) = unsafe {
-                Ring::<Slot<In>>::with_memory(config.lane_capacity, Box::new(mem.clone()))?
-            };
-            lanes.push(tx);
+            let mem = get("input lane", lane_bytes::<In>(config.lane_capacity))?;
+            // SAFETY: fresh memory (just zeroed, contract of `alloc`): this writer is the
+            // host's only writer of the lane; the device plays the reader.
+            lanes.push(unsafe { LaneWriter::new(mem.clone(), config.lane_capacity)? });
             lane_mems.push(mem);
         }
         let out_mem = get("output ring", ring_bytes::<Slot<Out>>(config.out_capacity))?;
@@ -230,12 +227,11 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
     pub fn send(&mut self, env: Envelope, payload: In) -> Result<(), Full<In>> {
         let lane = self.lane_of(env.priority);
         let slot = Slot::new(env, payload);
-        match self.lanes[lane].push(slot) {
-            Ok(()) => {
-                self.sent[lane] += 1;
-                Ok(())
-            }
-            Err(slot) => Err(Full { lane, slot }),
+        if self.lanes[lane].push(slot) {
+            self.sent[lane] += 1;
+            Ok(())
+        } else {
+            Err(Full { lane, slot })
         }
     }
 
@@ -297,7 +293,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
 
     /// Messages sent but not yet taken by the device, over all lanes.
     pub fn pending_input(&self) -> usize {
-        self.lanes.iter().map(|p| p.ring().len()).sum()
+        self.lanes.iter().map(|l| l.len()).sum()
     }
 
     /// Messages accepted per lane since creation (lanes beyond `config.lanes` are 0).
@@ -331,18 +327,10 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
     /// the consumer's part on memory nobody else reads.
     pub unsafe fn reclaim_input(&mut self) -> Vec<Slot<In>> {
         let mut out = Vec::new();
-        for mem in self.view.lanes.iter().rev() {
-            // A second view of the same memory starts at its current indices; its consumer
-            // half pops what is left. The geometry was validated at construction.
+        for lane in self.lanes.iter_mut().rev() {
             // SAFETY: this function's contract: the device side stopped reading the lane for
-            // good, and `&mut self` keeps the host's producer from pushing meanwhile, so this
-            // consumer is the lane's only user while it lives.
-            let view = unsafe {
-                Ring::<Slot<In>>::with_memory(self.view.config.lane_capacity, Box::new(mem.clone()))
-            };
-            if let Ok((_tx, mut rx)) = view {
-                rx.pop_into(&mut out, usize::MAX);
-            }
+            // good, and `&mut self` keeps the host from pushing meanwhile.
+            out.extend(unsafe { lane.reclaim() });
         }
         out
     }

@@ -3,8 +3,10 @@
 //!
 //! The parts, bottom up:
 //! * [`control`]: the 256-byte [`ControlBlock`] the host steers the kernel through;
-//! * [`host`]: [`PersistentQueues`], the host's half of the protocol (lane producers, output
+//! * [`host`]: [`PersistentQueues`], the host's half of the protocol (lane writers, output
 //!   consumer, control block) over any [`RingMemory`];
+//! * [`lane`]: an input lane's LL format (a flag in every 8 bytes, so the kernel finds and
+//!   reads a message in one bus read) and its host writer;
 //! * [`sim`]: [`SimKernel`], the same template and handler compiled by the host C++ compiler
 //!   (CudaSim, see [`crate::sim`]) and run as one block of OS threads over the same memory, so
 //!   the kernel source and the whole protocol run without a GPU;
@@ -31,6 +33,7 @@ pub mod control;
 pub mod host;
 #[cfg(feature = "driver")]
 pub mod kernel;
+pub mod lane;
 pub mod peer;
 pub mod sim;
 pub mod template;

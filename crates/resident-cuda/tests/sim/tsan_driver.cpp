@@ -1,9 +1,9 @@
 // ThreadSanitizer driver for the persistent ring kernel (appended to a CudaSim translation unit:
 // shim + generated prelude + handler + template; see tests/sim_tsan.rs).
 //
-// It plays the host's half of the protocol exactly as resident-ring / PersistentQueues do it:
-// producers write slots with plain stores and publish the lane tail with a release store (after
-// an acquire load of the head for room); the consumer loads the output tail with acquire, reads
+// It plays the host's half of the protocol exactly as PersistentQueues does it: producers write
+// lane slots in the LL format with relaxed 8-byte atomic stores and publish the lane tail with a
+// release store (after an acquire load of the head for room); the consumer loads the output tail with acquire, reads
 // the slots with plain loads and publishes the head with release; the control block's host line
 // is written with release stores. The kernel runs as one block of RESIDENT_BATCH threads.
 // Checks: every message exactly once, FIFO per lane, correct payload, the device counters and the
@@ -45,6 +45,23 @@ Ring make_ring(unsigned cap) {
     return Ring{(RingHeader*)mem, (unsigned char*)mem + sizeof(RingHeader), cap};
 }
 
+// An input lane in the LL format (the template's "input lanes"; resident_cuda::persistent::lane):
+// a header, then 2 * sizeof(InSlot) bytes a slot.
+Ring make_lane(unsigned cap) { return make_ring<InSlot[2]>(cap); }
+
+// Writes slot `pos` of lane `r` as the host does: every 8 bytes a relaxed atomic store of 32
+// data bits and the flag pos + 1 in the high 32 bits (the kernel may read the slot meanwhile).
+void ll_write(Ring& r, unsigned long long pos, const InSlot& s) {
+    unsigned long long w[sizeof(InSlot) / 8];
+    std::memcpy(w, &s, sizeof s);
+    unsigned long long* dst = (unsigned long long*)(r.slots + 2 * sizeof(InSlot) * (pos & (r.cap - 1)));
+    const unsigned long long f = (unsigned long long)(unsigned int)(pos + 1) << 32;
+    for (size_t g = 0; g < sizeof(InSlot) / 8; ++g) {
+        std::atomic_ref<unsigned long long>(dst[2 * g]).store((w[g] & 0xffffffffull) | f, std::memory_order_relaxed);
+        std::atomic_ref<unsigned long long>(dst[2 * g + 1]).store((w[g] >> 32) | f, std::memory_order_relaxed);
+    }
+}
+
 unsigned long long deadline_ns(unsigned long long s) { return resident_sim::now_ns() + s * 1000000000ull; }
 
 }  // namespace drv
@@ -55,7 +72,7 @@ int main() {
     ControlBlock* ctl = (ControlBlock*)std::aligned_alloc(128, sizeof(ControlBlock));
     std::memset((void*)ctl, 0, sizeof(ControlBlock));
     Ring lanes[LANES];
-    for (unsigned l = 0; l < LANES; ++l) lanes[l] = make_ring<InSlot>(LANE_CAP);
+    for (unsigned l = 0; l < LANES; ++l) lanes[l] = make_lane(LANE_CAP);
     Ring out = make_ring<OutSlot>(OUT_CAP);
     ResidentState* state = (ResidentState*)std::aligned_alloc(128, 128);
     std::memset((void*)state, 0, 128);
@@ -120,7 +137,7 @@ int main() {
             s.env.priority = prio;
             s.env.timestamp_ns = id * 10;
             s.payload = (ResidentIn)id;
-            std::memcpy(r.slots + sizeof(InSlot) * (tails[l] & (r.cap - 1)), &s, sizeof s);
+            ll_write(r, tails[l], s);
             store_rel(&r.hdr->tail, ++tails[l]);
         }
     });

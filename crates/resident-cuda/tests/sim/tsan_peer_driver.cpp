@@ -54,6 +54,9 @@ Ring make_ring(unsigned cap) {
     return Ring{(RingHeader*)mem, (unsigned char*)mem + sizeof(RingHeader), cap};
 }
 
+// An input lane in the LL format (the template's "input lanes"): 2 * sizeof(InSlot) bytes a slot.
+Ring make_lane(unsigned cap) { return make_ring<InSlot[2]>(cap); }
+
 unsigned long long deadline_ns(unsigned long long s) { return resident_sim::now_ns() + s * 1000000000ull; }
 
 struct Block {
@@ -68,7 +71,7 @@ struct Block {
     void start() {
         ctl = (ControlBlock*)std::aligned_alloc(128, sizeof(ControlBlock));
         std::memset((void*)ctl, 0, sizeof(ControlBlock));
-        lane = make_ring<InSlot>(LANE_CAP);
+        lane = make_lane(LANE_CAP);
         out = make_ring<OutSlot>(OUT_CAP);
         state = (ResidentState*)std::aligned_alloc(128, 128);
         std::memset((void*)state, 0, 128);
