@@ -263,15 +263,7 @@ impl<T: Copy + Send> Ring<T> {
         mem: Box<dyn RingMemory>,
     ) -> Result<(Producer<T>, Consumer<T>), RingError> {
         check_capacity::<T>(capacity)?;
-        let need = ring_bytes::<T>(capacity);
-        let align = 1usize << (mem.as_mut_ptr() as usize).trailing_zeros().min(12);
-        if mem.len() < need || align < 128 {
-            return Err(RingError::BadMemory {
-                need,
-                got: mem.len(),
-                align,
-            });
-        }
+        check_memory(ring_bytes::<T>(capacity), &*mem)?;
         let storage = Storage::new(mem);
         Ok(Self::split(Ring {
             storage,
@@ -324,6 +316,21 @@ impl<T: Copy + Send> Ring<T> {
     pub fn memory(&self) -> &dyn RingMemory {
         &*self.storage.mem
     }
+}
+
+/// Checks that `mem` holds `need` bytes aligned to 128, as every layout over shared memory
+/// needs (this ring's, and the CUDA engine's input lanes).
+#[cfg(not(loom))]
+pub fn check_memory(need: usize, mem: &dyn RingMemory) -> Result<(), RingError> {
+    let align = 1usize << (mem.as_mut_ptr() as usize).trailing_zeros().min(12);
+    if mem.len() < need || align < 128 {
+        return Err(RingError::BadMemory {
+            need,
+            got: mem.len(),
+            align,
+        });
+    }
+    Ok(())
 }
 
 fn check_capacity<T>(capacity: usize) -> Result<(), RingError> {

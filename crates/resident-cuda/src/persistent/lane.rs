@@ -31,7 +31,7 @@ use core::mem::size_of;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use bytemuck::Pod;
-use resident_ring::spsc::{RingError, RingHeader, RingMemory, HEADER_BYTES};
+use resident_ring::spsc::{check_memory, RingError, RingHeader, RingMemory, HEADER_BYTES};
 use resident_ring::{Envelope, Slot};
 
 use super::SharedMemory;
@@ -129,18 +129,10 @@ impl<In: Pod> LaneWriter<In> {
     /// One writer per lane: while this writer lives, nothing else on the host writes this
     /// memory's header or slots (the kernel plays the reader).
     pub unsafe fn new(mem: SharedMemory, capacity: usize) -> Result<Self, RingError> {
-        let need = lane_bytes::<In>(capacity);
         if capacity == 0 || !capacity.is_power_of_two() {
             return Err(RingError::BadCapacity(capacity));
         }
-        let align = 1usize << (mem.as_mut_ptr() as usize).trailing_zeros().min(12);
-        if mem.len() < need || align < 128 {
-            return Err(RingError::BadMemory {
-                need,
-                got: mem.len(),
-                align,
-            });
-        }
+        check_memory(lane_bytes::<In>(capacity), &mem)?;
         let lane = LaneMemory {
             mem,
             cap: capacity as u64,
