@@ -81,25 +81,19 @@ impl<In: Pod> LaneMemory<In> {
     }
 }
 
-/// The words of a `Slot<In>` (its bytes, the tail padding zero), without reading padding.
-fn slot_words<In: Pod>(slot: &Slot<In>, words: &mut [u64]) {
-    let mut bytes = [0u8; 8];
+/// A `Slot<In>`'s bytes into `buf` (`size_of::<Slot<In>>()` long), the tail padding zero:
+/// copied field by field, so no padding byte is ever read.
+fn slot_bytes<In: Pod>(slot: &Slot<In>, buf: &mut [u8]) {
     let env = bytemuck::bytes_of(&slot.env);
     let payload = bytemuck::bytes_of(&slot.payload);
-    for (w, out) in words.iter_mut().enumerate() {
-        for (b, byte) in bytes.iter_mut().enumerate() {
-            let at = 8 * w + b;
-            *byte = if at < env.len() {
-                env[at]
-            } else {
-                payload.get(at - env.len()).copied().unwrap_or(0)
-            };
-        }
-        *out = u64::from_le_bytes(bytes);
-    }
+    let (head, rest) = buf.split_at_mut(env.len());
+    head.copy_from_slice(env);
+    let (body, pad) = rest.split_at_mut(payload.len());
+    body.copy_from_slice(payload);
+    pad.fill(0);
 }
 
-/// The `Slot<In>` made of `words` (inverse of [`slot_words`]).
+/// The `Slot<In>` made of `words` (the inverse of [`slot_bytes`], word by word).
 fn slot_of<In: Pod>(words: &[u64]) -> Slot<In> {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     let env_len = size_of::<Envelope>();
@@ -117,8 +111,8 @@ pub struct LaneWriter<In> {
     tail: u64,
     /// The kernel's head as last read (maybe stale = smaller: the lane only looks fuller).
     cached_head: u64,
-    /// A slot's words, reused.
-    words: Vec<u64>,
+    /// A slot's bytes, reused.
+    bytes: Vec<u8>,
 }
 
 impl<In: Pod> LaneWriter<In> {
@@ -144,7 +138,7 @@ impl<In: Pod> LaneWriter<In> {
             lane,
             tail,
             cached_head,
-            words: vec![0; size_of::<Slot<In>>() / 8],
+            bytes: vec![0; size_of::<Slot<In>>()],
         })
     }
 
@@ -175,12 +169,15 @@ impl<In: Pod> LaneWriter<In> {
         if n == 0 {
             return 0;
         }
-        let mut words = core::mem::take(&mut self.words);
+        let mut bytes = core::mem::take(&mut self.bytes);
         for (i, s) in slots[..n].iter().enumerate() {
             let pos = self.tail + i as u64;
             let f = flag(pos);
-            slot_words(s, &mut words);
-            for (g, w) in words.iter().enumerate() {
+            slot_bytes(s, &mut bytes);
+            for (g, b) in bytes.chunks_exact(8).enumerate() {
+                let mut le = [0u8; 8];
+                le.copy_from_slice(b);
+                let w = u64::from_le_bytes(le);
                 // Relaxed: each half carries its own flag; the kernel accepts a half only with
                 // the flag of this position, so no order among them is needed. The slot is
                 // free (checked above): the kernel does not read it before these stores.
@@ -192,7 +189,7 @@ impl<In: Pod> LaneWriter<In> {
                     .store((w >> 32) | f, Ordering::Relaxed);
             }
         }
-        self.words = words;
+        self.bytes = bytes;
         self.tail += n as u64;
         // Release: the slots' stores are visible to whoever acquires this tail.
         self.lane.header().tail.store(self.tail, Ordering::Release);
