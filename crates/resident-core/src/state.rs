@@ -9,6 +9,8 @@ use std::fmt;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+// Ids come from users (and over the wire when served): errors quote at most 64 bytes of each.
+use resident_ring::message::quoted_name;
 
 /// Where a kernel is in its lifecycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -153,7 +155,7 @@ impl fmt::Debug for Returned {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The operation is not valid in the kernel's current state.
-    #[error("kernel '{id}': cannot {op} while {state}")]
+    #[error("kernel '{qid}': cannot {op} while {state}", qid = quoted_name(.id))]
     InvalidState {
         /// Kernel id.
         id: String,
@@ -163,7 +165,7 @@ pub enum Error {
         state: KernelState,
     },
     /// A send to a kernel that no longer accepts messages (terminating, terminated, failed).
-    #[error("kernel '{id}' is {state}: {op} refused, message returned")]
+    #[error("kernel '{qid}' is {state}: {op} refused, message returned", qid = quoted_name(.id))]
     NotAccepting {
         /// Kernel id.
         id: String,
@@ -175,7 +177,7 @@ pub enum Error {
         message: Returned,
     },
     /// The input lane was full under `Backpressure::Reject`.
-    #[error("kernel '{id}': input queue full, {op} rejected, message returned")]
+    #[error("kernel '{qid}': input queue full, {op} rejected, message returned", qid = quoted_name(.id))]
     QueueFull {
         /// Kernel id.
         id: String,
@@ -185,7 +187,7 @@ pub enum Error {
         message: Returned,
     },
     /// Nothing happened within the timeout.
-    #[error("kernel '{id}': {op} timed out after {timeout:?}")]
+    #[error("kernel '{qid}': {op} timed out after {timeout:?}", qid = quoted_name(.id))]
     Timeout {
         /// Kernel id.
         id: String,
@@ -197,7 +199,7 @@ pub enum Error {
         message: Option<Returned>,
     },
     /// The kernel failed; waiting callers and receivers get this promptly.
-    #[error("kernel '{id}' failed: {reason}")]
+    #[error("kernel '{qid}' failed: {reason}", qid = quoted_name(.id))]
     KernelFailed {
         /// Kernel id.
         id: String,
@@ -206,7 +208,7 @@ pub enum Error {
         reason: Failure,
     },
     /// A `call` was answered with no output (the handler returned `None`).
-    #[error("kernel '{id}': the handler produced no reply to message {message_id}")]
+    #[error("kernel '{qid}': the handler produced no reply to message {message_id}", qid = quoted_name(.id))]
     NoReply {
         /// Kernel id.
         id: String,
@@ -214,13 +216,13 @@ pub enum Error {
         message_id: u64,
     },
     /// No kernel has this id.
-    #[error("no kernel with id '{id}'")]
+    #[error("no kernel with id '{qid}'", qid = quoted_name(.id))]
     UnknownKernel {
         /// The id asked for.
         id: String,
     },
     /// The kernel exists with other message types.
-    #[error("kernel '{id}' is RingKernel<{actual}>, not RingKernel<{expected}>")]
+    #[error("kernel '{qid}' is RingKernel<{actual}>, not RingKernel<{expected}>", qid = quoted_name(.id))]
     TypeMismatch {
         /// Kernel id.
         id: String,
@@ -230,7 +232,7 @@ pub enum Error {
         actual: String,
     },
     /// A live kernel already has this id.
-    #[error("kernel '{id}' already exists and is {state}; terminate it first")]
+    #[error("kernel '{qid}' already exists and is {state}; terminate it first", qid = quoted_name(.id))]
     DuplicateKernel {
         /// Kernel id.
         id: String,
@@ -238,7 +240,7 @@ pub enum Error {
         state: KernelState,
     },
     /// The kernel definition is not usable.
-    #[error("kernel '{id}': invalid configuration: {reason}")]
+    #[error("kernel '{qid}': invalid configuration: {reason}", qid = quoted_name(.id))]
     InvalidConfig {
         /// Kernel id.
         id: String,
@@ -260,7 +262,7 @@ pub enum Error {
     /// device language cannot match, a residency or adapter limit, a lost device. `source` is
     /// the backend's own error: match it to tell e.g. `ResidencyExceeded`, `DeviceLost` or a
     /// compile error apart.
-    #[error("kernel '{id}': {op} failed: {source}")]
+    #[error("kernel '{qid}': {op} failed: {source}", qid = quoted_name(.id))]
     Device {
         /// Kernel id.
         id: String,
@@ -271,7 +273,7 @@ pub enum Error {
         source: Box<crate::engine::error::DeviceError>,
     },
     /// A queue or buffer is too large for this machine's memory.
-    #[error("kernel '{id}': cannot allocate {bytes} bytes for its {what}")]
+    #[error("kernel '{qid}': cannot allocate {bytes} bytes for its {what}", qid = quoted_name(.id))]
     OutOfMemory {
         /// Kernel id.
         id: String,
@@ -281,7 +283,7 @@ pub enum Error {
         bytes: usize,
     },
     /// A `call`'s request was dropped by the kernel's `DropOldest`/`DropNewest` policy.
-    #[error("kernel '{id}': request {message_id} was dropped by the backpressure policy")]
+    #[error("kernel '{qid}': request {message_id} was dropped by the backpressure policy", qid = quoted_name(.id))]
     Dropped {
         /// Kernel id.
         id: String,
@@ -289,7 +291,7 @@ pub enum Error {
         message_id: u64,
     },
     /// A keyed kernel was sent (or asked for) a key it does not have: nothing was queued.
-    #[error("kernel '{id}': {op} with key {key}, but the kernel has keys 0..{keys}")]
+    #[error("kernel '{qid}': {op} with key {key}, but the kernel has keys 0..{keys}", qid = quoted_name(.id))]
     KeyOutOfRange {
         /// Kernel id.
         id: String,
@@ -304,7 +306,7 @@ pub enum Error {
     },
     /// `snapshot_keys` was asked for more keys than one snapshot reads
     /// (`runtime::keyed::MAX_SNAPSHOT_KEYS`).
-    #[error("kernel '{id}': snapshot_keys of {len} keys, more than the {max} one snapshot reads")]
+    #[error("kernel '{qid}': snapshot_keys of {len} keys, more than the {max} one snapshot reads", qid = quoted_name(.id))]
     KeyRangeTooLarge {
         /// Kernel id.
         id: String,
@@ -314,7 +316,7 @@ pub enum Error {
         max: u32,
     },
     /// The kernel's thread could not be started.
-    #[error("kernel '{id}': cannot start its thread: {source}")]
+    #[error("kernel '{qid}': cannot start its thread: {source}", qid = quoted_name(.id))]
     Spawn {
         /// Kernel id.
         id: String,
@@ -380,6 +382,25 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Kernel ids come from users, and over the wire when a kernel is served: an error quotes
+    /// at most 64 bytes of one, with its length (a 1 MB id printed whole was the case).
+    #[test]
+    fn errors_quote_long_ids_short() {
+        let id = "k".repeat(1 << 20);
+        let unknown = Error::UnknownKernel { id: id.clone() }.to_string();
+        let bind = crate::runtime::bind::BindError::NoBindings { kernel: id }.to_string();
+        for text in [unknown, bind] {
+            assert!(text.len() < 160, "{} bytes", text.len());
+            assert!(text.contains("(1048576 bytes)"), "{text}");
+        }
+        // Short ids are quoted whole, as before.
+        let short = Error::UnknownKernel {
+            id: "pagerank".into(),
+        }
+        .to_string();
+        assert_eq!(short, "no kernel with id 'pagerank'");
+    }
 
     #[test]
     fn errors_hand_back_messages_and_name_the_kernel() {

@@ -12,6 +12,8 @@ pub mod storage;
 use std::sync::Arc;
 use std::time::Duration;
 
+use resident_ring::message::quoted_name;
+
 pub use kernel::{Kernel, KernelArg};
 pub use resident_cuda::launch::{block_size_for, LaunchConfig};
 pub use storage::{DeviceMemory, HostMemory, Stream};
@@ -140,13 +142,13 @@ pub enum BackendError {
     #[error("CudaSim: {0}")]
     Sim(#[from] resident_cuda::sim::SimError),
     /// The kernel has no CPU closure but runs on the CPU backend.
-    #[error("kernel `{kernel}` has no CPU implementation")]
+    #[error("kernel `{qkernel}` has no CPU implementation", qkernel = quoted_name(.kernel))]
     NoCpuImplementation {
         /// Kernel name.
         kernel: String,
     },
     /// The kernel has no CUDA source but runs on the CUDA backend.
-    #[error("kernel `{kernel}` has no CUDA source")]
+    #[error("kernel `{qkernel}` has no CUDA source", qkernel = quoted_name(.kernel))]
     NoCudaSource {
         /// Kernel name.
         kernel: String,
@@ -195,13 +197,13 @@ pub enum BackendError {
         reason: String,
     },
     /// The kernel has no WGSL source but runs on the wgpu backend.
-    #[error("kernel `{kernel}` has no WGSL source")]
+    #[error("kernel `{qkernel}` has no WGSL source", qkernel = quoted_name(.kernel))]
     NoWgslSource {
         /// Kernel name.
         kernel: String,
     },
     /// A WGSL source did not compile (naga's message and line inside).
-    #[error("kernel `{kernel}`: {source}")]
+    #[error("kernel `{qkernel}`: {source}", qkernel = quoted_name(.kernel))]
     WgslCompile {
         /// Kernel name.
         kernel: String,

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 use parking_lot::{Mutex, RawMutex};
-use resident_ring::message::{CField, WgslLayoutError};
+use resident_ring::message::{quoted_name, CField, WgslLayoutError};
 
 use crate::memory::{MemoryError, UnifiedBuffer};
 
@@ -69,7 +69,7 @@ pub enum BindError {
         name: String,
     },
     /// No buffer of that name is bound to the kernel.
-    #[error("kernel '{kernel}' has no bound buffer named '{name}'")]
+    #[error("kernel '{qkernel}' has no bound buffer named '{name}'", qkernel = quoted_name(.kernel))]
     UnknownBuffer {
         /// Kernel id.
         kernel: String,
@@ -77,7 +77,7 @@ pub enum BindError {
         name: String,
     },
     /// No buffer with that id is bound to the kernel.
-    #[error("kernel '{kernel}' has no bound buffer with id {id}")]
+    #[error("kernel '{qkernel}' has no bound buffer with id {id}", qkernel = quoted_name(.kernel))]
     UnknownBufferId {
         /// Kernel id.
         kernel: String,
@@ -85,7 +85,7 @@ pub enum BindError {
         id: u64,
     },
     /// The buffer holds another element type.
-    #[error("bound buffer '{name}' of kernel '{kernel}' holds {actual}, asked for {expected}")]
+    #[error("bound buffer '{name}' of kernel '{qkernel}' holds {actual}, asked for {expected}", qkernel = quoted_name(.kernel))]
     TypeMismatch {
         /// Kernel id.
         kernel: String,
@@ -109,7 +109,7 @@ pub enum BindError {
         how: &'static str,
     },
     /// Accessed outside a batch (for example from the loop form, which has no batches).
-    #[error("bound buffer '{name}' of kernel '{kernel}' accessed outside a handler batch")]
+    #[error("bound buffer '{name}' of kernel '{qkernel}' accessed outside a handler batch", qkernel = quoted_name(.kernel))]
     NotInBatch {
         /// Kernel id.
         kernel: String,
@@ -117,7 +117,7 @@ pub enum BindError {
         name: String,
     },
     /// The host waited `waited` for the kernel's batch in hand and it did not finish.
-    #[error("bound buffer '{name}' of kernel '{kernel}': the kernel's batch did not finish within {waited:?}")]
+    #[error("bound buffer '{name}' of kernel '{qkernel}': the kernel's batch did not finish within {waited:?}", qkernel = quoted_name(.kernel))]
     Busy {
         /// Kernel id.
         kernel: String,
@@ -127,13 +127,13 @@ pub enum BindError {
         waited: Duration,
     },
     /// The kernel has no bound buffers at all (launched without `bind`).
-    #[error("kernel '{kernel}' was launched without bound buffers")]
+    #[error("kernel '{qkernel}' was launched without bound buffers", qkernel = quoted_name(.kernel))]
     NoBindings {
         /// Kernel id.
         kernel: String,
     },
     /// The device holding the buffer refused the read or the write.
-    #[error("bound buffer '{name}' of kernel '{kernel}': {source}")]
+    #[error("bound buffer '{name}' of kernel '{qkernel}': {source}", qkernel = quoted_name(.kernel))]
     Device {
         /// Kernel id.
         kernel: String,
@@ -144,7 +144,7 @@ pub enum BindError {
         source: Box<crate::engine::error::DeviceError>,
     },
     /// The buffer's state machine failed (a copy or an allocation).
-    #[error("bound buffer '{name}' of kernel '{kernel}': {source}")]
+    #[error("bound buffer '{name}' of kernel '{qkernel}': {source}", qkernel = quoted_name(.kernel))]
     Memory {
         /// Kernel id.
         kernel: String,

@@ -26,6 +26,7 @@
 
 use std::sync::Arc;
 
+use resident_ring::message::quoted_name;
 use resident_ring::spsc::{RingError, RingMemory};
 
 mod check;
@@ -87,7 +88,7 @@ pub enum PersistentError {
     },
     /// A bound buffer index past the kernel's buffers, or a host-side size that differs from
     /// the device buffer's.
-    #[error("kernel `{name}`: {}", match device_bytes {
+    #[error("kernel `{}`: {}", quoted_name(.name), match device_bytes {
         Some(n) => format!("bound buffer {index} holds {n} bytes, the host side {host_bytes}"),
         None => format!("no bound buffer {index}"),
     })]
@@ -146,7 +147,7 @@ pub enum PersistentError {
     #[error(transparent)]
     Cuda(crate::CudaError),
     /// The device faulted (trap, illegal address, ...) while the kernel ran.
-    #[error("kernel `{name}` failed on the device: {cause}")]
+    #[error("kernel `{qname}` failed on the device: {cause}", qname = quoted_name(.name))]
     DeviceFault {
         /// Kernel name.
         name: String,
@@ -156,7 +157,7 @@ pub enum PersistentError {
         cause: FaultCause,
     },
     /// The kernel exited on its own (heartbeat timeout or a detected error).
-    #[error("kernel `{name}` exited: {state:?} (error code {error_code})")]
+    #[error("kernel `{qname}` exited: {state:?} (error code {error_code})", qname = quoted_name(.name))]
     Exited {
         /// Kernel name.
         name: String,
@@ -166,7 +167,7 @@ pub enum PersistentError {
         error_code: u32,
     },
     /// An operation is not allowed in the current state.
-    #[error("kernel `{name}`: cannot {op} while {state}")]
+    #[error("kernel `{qname}`: cannot {op} while {state}", qname = quoted_name(.name))]
     InvalidState {
         /// Kernel name.
         name: String,
@@ -179,7 +180,7 @@ pub enum PersistentError {
     #[error("CudaSim: {0}")]
     Sim(#[from] crate::sim::SimError),
     /// Waiting for the device timed out.
-    #[error("kernel `{name}`: timed out waiting for {what}")]
+    #[error("kernel `{qname}`: timed out waiting for {what}", qname = quoted_name(.name))]
     Timeout {
         /// Kernel name.
         name: String,
@@ -240,5 +241,33 @@ unsafe impl RingMemory for SharedMemory {
     }
     fn len(&self) -> usize {
         self.0.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PersistentError;
+
+    /// Kernel names come from users: the runtime errors quote at most 64 bytes of one, as the
+    /// compile errors do.
+    #[test]
+    fn runtime_errors_quote_long_names_short() {
+        let name = "n".repeat(1 << 20);
+        for e in [
+            PersistentError::Timeout {
+                name: name.clone(),
+                what: "the kernel to exit",
+            },
+            PersistentError::BoundBuffer {
+                name,
+                index: 3,
+                device_bytes: None,
+                host_bytes: 8,
+            },
+        ] {
+            let text = e.to_string();
+            assert!(text.len() < 200, "{} bytes", text.len());
+            assert!(text.contains("(1048576 bytes)"), "{text}");
+        }
     }
 }
