@@ -1,4 +1,4 @@
-//! The host's half of the persistent-kernel protocol: one [`Producer`] per input lane, the
+//! The host's half of the persistent-kernel protocol: one [`LaneWriter`] per input lane, the
 //! [`Consumer`] of the output ring and the [`ControlBlock`], all over caller-provided
 //! [`RingMemory`] (heap memory in tests, pinned device-mapped memory on a GPU).
 //!
