@@ -9,7 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-// Ids come from users (and over the wire when served): errors quote at most 64 bytes of each.
+// Ids come from users (Python strings, CLI arguments): errors quote at most 64 bytes of each.
 use resident_ring::message::quoted_name;
 
 /// Where a kernel is in its lifecycle.
@@ -383,8 +383,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 mod tests {
     use super::*;
 
-    /// Kernel ids come from users, and over the wire when a kernel is served: an error quotes
-    /// at most 64 bytes of one, with its length (a 1 MB id printed whole was the case).
+    /// Kernel ids come from users (Python strings, CLI arguments): an error quotes at most 64
+    /// bytes of one, with its length (a 1 MB id printed whole was the case).
     #[test]
     fn errors_quote_long_ids_short() {
         let id = "k".repeat(1 << 20);
