@@ -688,11 +688,12 @@ fn wide_kernel(name: &str, batch: u32, queues: QueueConfig) -> SimKernel<[u64; 8
     SimKernel::launch(&src, &[0u8; 8], &opts).unwrap()
 }
 
-/// The bus model's exact figures for the index protocol (tail, then slots): one message in
-/// flight costs the tail read and the slot's six 16-byte reads, and its output is visible
-/// after a chain of two dependent reads; a batch of 256 costs one tail read for all of them
-/// and the same chain; each batch waits at two fences. Idle polls are counted apart. These are the figures CI holds; a
-/// protocol change that moves them must change this test on purpose.
+/// The bus model's exact figures for the LL lanes: one message in flight costs the tail read
+/// and the slot's twelve 16-byte reads (LL: a flag in every 8 bytes), all in the poll's one
+/// round, and its output is visible after a chain of one dependent read and one fence; a batch
+/// of 256 queued together costs the poll, then its slots behind the tail and one acquire fence:
+/// a chain of two and two fences. Idle polls are counted apart. These are the figures CI holds;
+/// a protocol change that moves them must change this test on purpose.
 #[test]
 fn bus_model_counts_reads_writes_and_the_dependent_chain() {
     const N: usize = 40;
