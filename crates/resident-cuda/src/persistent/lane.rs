@@ -79,6 +79,34 @@ impl<In: Pod> LaneMemory<In> {
         // (8-byte system-scope loads and stores), so treating it as an AtomicU64 is sound.
         unsafe { AtomicU64::from_ptr(self.mem.as_mut_ptr().add(off) as *mut u64) }
     }
+
+    /// Every 8-byte half of slot `pos`'s chunks, in order (`S / 4` of them): one bounds
+    /// computation per slot instead of one per half.
+    #[inline]
+    fn halves(&self, pos: u64) -> &[AtomicU64] {
+        let slot = (pos & (self.cap - 1)) as usize;
+        let off = HEADER_BYTES + slot * lane_slot_bytes::<In>();
+        // SAFETY: as `half`: the slot's `lane_slot_bytes` bytes lie inside the lane's
+        // `lane_bytes(cap)` (slot < cap), start 8-aligned (128-aligned base, every offset a
+        // multiple of 8), and are accessed only atomically by the kernel and this lane's host
+        // side, so they are `lane_slot_bytes / 8` AtomicU64s for the memory's life.
+        unsafe {
+            core::slice::from_raw_parts(
+                self.mem.as_mut_ptr().add(off) as *const AtomicU64,
+                lane_slot_bytes::<In>() / 8,
+            )
+        }
+    }
+}
+
+/// A `Slot<In>` as its 8-byte words into `words` (`size_of::<Slot<In>>() / 8` long), the
+/// tail padding zero: copied field by field, so no padding byte is ever read. Word `g` holds
+/// bytes `8g..8g + 8` in little-endian order, whatever the host's order (the kernel's).
+fn slot_words<In: Pod>(slot: &Slot<In>, words: &mut [u64]) {
+    slot_bytes(slot, bytemuck::cast_slice_mut(words));
+    for w in words.iter_mut() {
+        *w = u64::from_le(*w);
+    }
 }
 
 /// A `Slot<In>`'s bytes into `buf` (`size_of::<Slot<In>>()` long), the tail padding zero:
@@ -111,8 +139,8 @@ pub struct LaneWriter<In> {
     tail: u64,
     /// The kernel's head as last read (maybe stale = smaller: the lane only looks fuller).
     cached_head: u64,
-    /// A slot's bytes, reused.
-    bytes: Vec<u8>,
+    /// A slot's words, reused.
+    words: Vec<u64>,
 }
 
 impl<In: Pod> LaneWriter<In> {
@@ -138,7 +166,7 @@ impl<In: Pod> LaneWriter<In> {
             lane,
             tail,
             cached_head,
-            bytes: vec![0; size_of::<Slot<In>>()],
+            words: vec![0; size_of::<Slot<In>>() / 8],
         })
     }
 
@@ -169,27 +197,20 @@ impl<In: Pod> LaneWriter<In> {
         if n == 0 {
             return 0;
         }
-        let mut bytes = core::mem::take(&mut self.bytes);
+        let mut words = core::mem::take(&mut self.words);
         for (i, s) in slots[..n].iter().enumerate() {
             let pos = self.tail + i as u64;
             let f = flag(pos);
-            slot_bytes(s, &mut bytes);
-            for (g, b) in bytes.chunks_exact(8).enumerate() {
-                let mut le = [0u8; 8];
-                le.copy_from_slice(b);
-                let w = u64::from_le_bytes(le);
+            slot_words(s, &mut words);
+            for (half, &w) in self.lane.halves(pos).chunks_exact(2).zip(words.iter()) {
                 // Relaxed: each half carries its own flag; the kernel accepts a half only with
                 // the flag of this position, so no order among them is needed. The slot is
                 // free (checked above): the kernel does not read it before these stores.
-                self.lane
-                    .half(pos, 2 * g)
-                    .store((w & 0xffff_ffff) | f, Ordering::Relaxed);
-                self.lane
-                    .half(pos, 2 * g + 1)
-                    .store((w >> 32) | f, Ordering::Relaxed);
+                half[0].store((w & 0xffff_ffff) | f, Ordering::Relaxed);
+                half[1].store((w >> 32) | f, Ordering::Relaxed);
             }
         }
-        self.bytes = bytes;
+        self.words = words;
         self.tail += n as u64;
         // Release: the slots' stores are visible to whoever acquires this tail.
         self.lane.header().tail.store(self.tail, Ordering::Release);
