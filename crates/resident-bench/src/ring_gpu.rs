@@ -52,6 +52,10 @@ pub struct BenchRow {
     pub msgs_per_s: f64,
     /// Threads per block of the kernel measured (the most messages one batch handles).
     pub block_threads: u32,
+    /// The persistent rows only: the host's time inside `send`/`send_batch` per message sent
+    /// (writing the lane slots and publishing the tail), ns. The baselines' host work (copies,
+    /// launches) is inside their round trip and not split out.
+    pub host_send_ns_per_msg: Option<f64>,
 }
 
 /// Latency rows: one message's round trip, from send to its output received.
@@ -247,7 +251,13 @@ fn row(
         p999_ns: q(0.999),
         msgs_per_s: msgs as f64 / elapsed.as_secs_f64().max(1e-9),
         block_threads,
+        host_send_ns_per_msg: None,
     }
+}
+
+/// Nanoseconds per message of `ns` spent sending `msgs` messages.
+fn per_msg(ns: u64, msgs: u64) -> Option<f64> {
+    (msgs > 0).then(|| ns as f64 / msgs as f64)
 }
 
 fn bench_payload<const W: usize>(
@@ -284,12 +294,13 @@ where
         let mut k = PersistentKernel::<[u64; W], [u64; W]>::launch(&source, &[0u8; 8], &opts)?;
         k.activate()?;
         let mut rtts = Vec::with_capacity(iters);
+        let mut send_ns = 0u64;
         let start = Instant::now();
         for i in 0..iters + iters / 10 {
             let t0 = now_ns();
-            if k.send(Envelope::new(i as u64 + 1, 128, t0), [i as u64; W])
-                .is_err()
-            {
+            let sent = k.send(Envelope::new(i as u64 + 1, 128, t0), [i as u64; W]);
+            send_ns += now_ns() - t0;
+            if sent.is_err() {
                 return Err(BenchError::Check {
                     variant: "persistent",
                     check: OutputCheck::LaneFull,
@@ -302,14 +313,17 @@ where
             }
         }
         let el = start.elapsed();
-        rows.push(row(
-            ("persistent", persistent_block),
-            bytes,
-            1,
-            rtts,
-            (iters + iters / 10) as u64,
-            el,
-        ));
+        rows.push(BenchRow {
+            host_send_ns_per_msg: per_msg(send_ns, (iters + iters / 10) as u64),
+            ..row(
+                ("persistent", persistent_block),
+                bytes,
+                1,
+                rtts,
+                (iters + iters / 10) as u64,
+                el,
+            )
+        });
 
         // Throughput: keep `in_flight` messages outstanding.
         let total = (iters * 16) as u64;
@@ -317,6 +331,7 @@ where
         let mut buf = Vec::with_capacity(4096);
         let mut stage: Vec<Slot<[u64; W]>> = Vec::with_capacity(1024);
         let mut rtts = Vec::new();
+        let mut send_ns = 0u64;
         let start = Instant::now();
         let mut spins = 0u32;
         while got < total {
@@ -331,7 +346,9 @@ where
                 stage.extend(
                     (sent..sent + room).map(|i| Slot::new(Envelope::new(i + 1, 128, t), [i; W])),
                 );
+                let t0 = now_ns();
                 sent += k.send_batch(&stage) as u64;
+                send_ns += now_ns() - t0;
             }
             buf.clear();
             let n = k.receive_into(&mut buf, 4096);
@@ -364,19 +381,23 @@ where
                 }
             }
         }
-        rows.push(row(
-            ("persistent_streaming", persistent_block),
-            bytes,
-            in_flight,
-            rtts,
-            total,
-            start.elapsed(),
-        ));
+        rows.push(BenchRow {
+            host_send_ns_per_msg: per_msg(send_ns, sent),
+            ..row(
+                ("persistent_streaming", persistent_block),
+                bytes,
+                in_flight,
+                rtts,
+                total,
+                start.elapsed(),
+            )
+        });
 
         // The baselines' quantity: a closed-loop batch of `in_flight` messages, first send to
         // last output received.
         let reps = (iters * 16 / in_flight).max(10);
         let mut rtts = Vec::with_capacity(reps);
+        let (mut send_ns, mut sent_all) = (0u64, 0u64);
         let mut next = got;
         let start = Instant::now();
         for r in 0..reps + reps / 10 {
@@ -392,7 +413,11 @@ where
                         let i = first + sent_b + j;
                         Slot::new(Envelope::new(i + 1, 128, t), [i; W])
                     }));
-                    sent_b += k.send_batch(&stage) as u64;
+                    let t0 = now_ns();
+                    let n = k.send_batch(&stage) as u64;
+                    send_ns += now_ns() - t0;
+                    sent_b += n;
+                    sent_all += n;
                 }
                 buf.clear();
                 got_b += k.receive_into(&mut buf, 4096) as u64;
@@ -412,14 +437,17 @@ where
                 rtts.push(t0.elapsed().as_nanos() as u64);
             }
         }
-        rows.push(row(
-            ("persistent", persistent_block),
-            bytes,
-            in_flight,
-            rtts,
-            ((reps + reps / 10) * in_flight) as u64,
-            start.elapsed(),
-        ));
+        rows.push(BenchRow {
+            host_send_ns_per_msg: per_msg(send_ns, sent_all),
+            ..row(
+                ("persistent", persistent_block),
+                bytes,
+                in_flight,
+                rtts,
+                ((reps + reps / 10) * in_flight) as u64,
+                start.elapsed(),
+            )
+        });
         k.terminate(timeout)?;
     }
 
@@ -613,7 +641,8 @@ pub fn sweep_json(device: &str, date: &str, command: &str, rows: &[SweepRow]) ->
 
 /// The result file: `{device, date, command, measures: {latency, batch,
 /// persistent_streaming}, results: [{variant, payload_bytes, in_flight, p50_ns, p99_ns,
-/// p999_ns, msgs_per_s, block_threads, measures}]}`. Rows of the same `in_flight` measure the
+/// p999_ns, msgs_per_s, block_threads, measures, host_send_ns_per_msg}]}` (the last null for
+/// the baselines). Rows of the same `in_flight` measure the
 /// same quantity for every variant (`measures`); launch_per_batch and graph launch
 /// `ceil(n / block_threads)` blocks.
 pub fn to_json(device: &str, date: &str, command: &str, rows: &[BenchRow]) -> Value {
@@ -622,7 +651,8 @@ pub fn to_json(device: &str, date: &str, command: &str, rows: &[BenchRow]) -> Va
         .map(|r| {
             json!({"variant": r.variant, "payload_bytes": r.payload_bytes, "in_flight": r.in_flight,
                    "p50_ns": r.p50_ns, "p99_ns": r.p99_ns, "p999_ns": r.p999_ns, "msgs_per_s": r.msgs_per_s,
-                   "block_threads": r.block_threads, "measures": r.measures})
+                   "block_threads": r.block_threads, "measures": r.measures,
+                   "host_send_ns_per_msg": r.host_send_ns_per_msg})
         })
         .collect();
     json!({"device": device, "date": date, "command": command,
@@ -700,7 +730,23 @@ mod tests {
             j["results"][0],
             json!({"variant": "launch_per_batch", "payload_bytes": 16, "in_flight": 1,
                    "p50_ns": 10, "p99_ns": 20, "p999_ns": 20, "msgs_per_s": 2.0,
-                   "block_threads": 256, "measures": MEASURES_MESSAGE})
+                   "block_threads": 256, "measures": MEASURES_MESSAGE,
+                   "host_send_ns_per_msg": null})
         );
+        // A persistent row carries the host's send time per message.
+        let p = BenchRow {
+            host_send_ns_per_msg: per_msg(300, 4),
+            ..row(
+                ("persistent", 1024),
+                64,
+                4,
+                vec![9],
+                4,
+                Duration::from_secs(1),
+            )
+        };
+        let j = to_json("GPU", "2026-11-28", "resident bench-ring", &[p]);
+        assert_eq!(j["results"][0]["host_send_ns_per_msg"], 75.0);
+        assert_eq!(per_msg(5, 0), None);
     }
 }

@@ -43,8 +43,12 @@ pub fn ring(iters: usize, in_flight: usize, model: bool, out_dir: &Path) -> Resu
     let rows =
         resident_bench::ring_gpu::bench_ring(0, iters, in_flight).map_err(|e| e.to_string())?;
     for r in &rows {
+        let send = r
+            .host_send_ns_per_msg
+            .map(|ns| format!("  host send {ns:.1} ns/msg"))
+            .unwrap_or_default();
         println!(
-            "{:<20} {:>4} B in_flight {:>6}: p50 {:>8} ns p99 {:>8} ns p99.9 {:>8} ns {:>12.0} msg/s",
+            "{:<20} {:>4} B in_flight {:>6}: p50 {:>8} ns p99 {:>8} ns p99.9 {:>8} ns {:>12.0} msg/s{send}",
             r.variant, r.payload_bytes, r.in_flight, r.p50_ns, r.p99_ns, r.p999_ns, r.msgs_per_s
         );
     }
