@@ -53,6 +53,11 @@
 #ifndef RESIDENT_LL_PREFETCH
 #define RESIDENT_LL_PREFETCH 12u
 #endif
+// 1: the poll reads each empty lane's head slot, whose LL flags show a message in one bus read;
+// 0: it reads the lanes' tails alone, and a message waits for a second read (tail, then slot).
+#ifndef RESIDENT_FAST_POLL
+#define RESIDENT_FAST_POLL 1u
+#endif
 // Index of the peer ring in the gather tables (s_take / s_head): after the 8 lanes.
 #define RESIDENT_PEER 8u
 
@@ -624,7 +629,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             unsigned long long t[RESIDENT_PEER + 1] = {};
             unsigned long long out_head = 0;
             bool out_low = false, peer_on = false;
-            const bool fast_on = p.lane_count * RESIDENT_LL_W <= RESIDENT_FAST_WORDS;
+            const bool fast_on = RESIDENT_FAST_POLL != 0u && p.lane_count * RESIDENT_LL_W <= RESIDENT_FAST_WORDS;
             for (;;) {
                 if (tid == 0) {
                     unsigned int act = RESIDENT_ACT_WAIT;
