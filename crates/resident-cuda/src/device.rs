@@ -209,6 +209,15 @@ fn registry() -> &'static Mutex<Vec<RegistrySlot>> {
     REGISTRY.get_or_init(|| Mutex::new(Vec::new()))
 }
 
+/// Whether device `ordinal` is lost to this process for good: the driver refused a fresh
+/// context after a fault ([`RegistrySlot::gone`]), so every later [`Device::open`] answers
+/// [`CudaError::DeviceLost`] at once and waiting for it to clear is pointless. `false` while a
+/// `DeviceLost` may still clear (kernels of the lost context are still resident).
+pub(crate) fn lost_for_good(ordinal: usize) -> bool {
+    let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    reg.get(ordinal).is_some_and(|slot| slot.gone.is_some())
+}
+
 /// What `open` should do with an ordinal's registry slot.
 #[derive(Debug, PartialEq, Eq)]
 enum SlotDecision {
@@ -697,11 +706,33 @@ mod tests {
         live.residency.try_take(4).unwrap();
         let _ = live.lost.set(fault.clone());
         slot.reset_pending = true;
-        assert_eq!(decide(&slot), SlotDecision::Lost(fault));
+        assert_eq!(decide(&slot), SlotDecision::Lost(fault.clone()));
         // None is left: reset, although values of the lost context are still held.
         live.residency.give();
         assert_eq!(decide(&slot), SlotDecision::Fresh { reset: true });
         drop(live);
         assert_eq!(decide(&slot), SlotDecision::Fresh { reset: true });
+        // The driver refused the fresh context: lost for good, refused without a reset.
+        slot.gone = Some(fault.clone());
+        assert_eq!(decide(&slot), SlotDecision::Lost(fault));
+    }
+
+    #[test]
+    fn a_device_the_driver_refused_is_lost_for_good() {
+        // An ordinal no test opens: the registry is the process's.
+        let ordinal = 63;
+        assert!(!lost_for_good(ordinal));
+        {
+            let mut reg = registry().lock().unwrap();
+            if reg.len() <= ordinal {
+                reg.resize_with(ordinal + 1, RegistrySlot::default);
+            }
+            reg[ordinal].gone = Some(DriverFault {
+                call: "cuDevicePrimaryCtxRetain",
+                code: crate::CUresult::CUDA_ERROR_LAUNCH_FAILED,
+                message: "unspecified launch failure".into(),
+            });
+        }
+        assert!(lost_for_good(ordinal));
     }
 }

@@ -94,12 +94,16 @@ pub(crate) fn cuda_error(e: CudaError) -> PersistentError {
 ///
 /// After a device fault the context is reset once no resident kernel of it is left (each
 /// failed kernel gives its place back when its host lets go of it): this waits for that up to
-/// [`QUIESCE_TIMEOUT`], then answers the fault ([`CudaError::DeviceLost`]).
+/// [`QUIESCE_TIMEOUT`], then answers the fault ([`CudaError::DeviceLost`]). Where the driver
+/// refused the fresh context (the device is lost to the process) there is nothing to wait for:
+/// the fault is answered at once, as CudaSim's `SimContext::recover` does for that driver.
 pub fn open_device(ordinal: usize) -> Result<Arc<Device>, PersistentError> {
     let deadline = Instant::now() + QUIESCE_TIMEOUT;
     let device = loop {
         match Device::open(ordinal) {
-            Err(CudaError::DeviceLost { .. }) if Instant::now() < deadline => {
+            Err(CudaError::DeviceLost { .. })
+                if Instant::now() < deadline && !crate::device::lost_for_good(ordinal) =>
+            {
                 std::thread::sleep(Duration::from_millis(2));
             }
             r => break r.map_err(cuda_error)?,
@@ -691,18 +695,23 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     }
 
     /// Asks the kernel to exit and waits up to `timeout` for it; returns the messages left in
-    /// the lanes.
+    /// the lanes (never taken by the kernel: what [`reclaim_input`](Self::reclaim_input) gives
+    /// back).
     pub fn terminate(&mut self, timeout: Duration) -> Result<usize, PersistentError> {
         self.set_run_state(RunState::Terminate);
-        let left = self.q().pending_input();
         let deadline = Instant::now() + timeout;
         loop {
             match self.check() {
                 Ok(()) => {}
+                // Counted once the kernel has exited: its last lane heads are final then (its
+                // stream is done). Counted while it runs, they may lag: the kernel finishes the
+                // batch in hand, and it publishes a batch's output tail before the batch's lane
+                // heads (one fence, two relaxed stores), so a host that has received every
+                // output can still read the last batch's inputs as pending.
                 Err(PersistentError::Exited {
                     state: Some(DeviceState::Terminated | DeviceState::Quiesced),
                     ..
-                }) => return Ok(left),
+                }) => return Ok(self.q().pending_input()),
                 Err(e) => return Err(e),
             }
             if Instant::now() > deadline {
