@@ -270,6 +270,11 @@ pub struct Device {
     pub(crate) arena: crate::arena::Arena,
     /// The side stream of stream-ordered allocations and copies (made on first use).
     side: Mutex<Option<r::CUstream>>,
+    /// Spare non-blocking streams for ring kernels: `cuStreamCreate` may wait for the device
+    /// ([`crate::hazards`]), so they are made with no ring kernel resident or with the
+    /// resident ones parked ([`Device::fill_streams`]), and a ring kernel's stream comes back
+    /// here when it ends ([`crate::Stream`]'s drop).
+    streams: Mutex<Vec<r::CUstream>>,
     /// Whether the device has memory pools (stream-ordered allocation).
     pools: bool,
 }
@@ -380,6 +385,7 @@ impl Device {
             alive: Arc::new(AtomicBool::new(true)),
             arena: crate::arena::Arena::new(),
             side: Mutex::new(None),
+            streams: Mutex::new(Vec::new()),
             pools,
         });
         dev.bind()?;
@@ -414,6 +420,37 @@ impl Device {
         let raw = unsafe { r::stream_create()? };
         *s = Some(raw);
         Ok(raw)
+    }
+
+    /// Spare ring-kernel streams, taken with no driver call.
+    pub(crate) fn spare_streams(&self) -> usize {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Makes streams until `n` are spare: `cuStreamCreate`, which may wait for the device, so
+    /// call it with no ring kernel resident or under [`Device::with_quiesced`].
+    pub(crate) fn fill_streams(&self, n: usize) -> Result<()> {
+        self.bind()?;
+        let mut spare = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        while spare.len() < n {
+            // SAFETY: the context is current; each stream is handed out once (`take_stream`)
+            // or destroyed once (Drop).
+            spare.push(unsafe { r::stream_create()? });
+        }
+        Ok(())
+    }
+
+    /// A spare stream (no driver call), `None` when there is none.
+    pub(crate) fn take_stream(&self) -> Option<r::CUstream> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    /// Takes back a stream from [`Device::take_stream`] whose work has finished.
+    pub(crate) fn give_stream(&self, raw: r::CUstream) {
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(raw);
     }
 
     /// The pinned queue memory of this device's ring kernels.
@@ -641,10 +678,11 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         let side = self.side.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(raw) = side {
-            // SAFETY: made in `side_stream`, destroyed once; skipped when a reset destroyed
-            // the context (and the stream with it).
-            if self.is_alive() && self.bind().is_ok() {
+        let spare = std::mem::take(&mut *self.streams.lock().unwrap_or_else(|p| p.into_inner()));
+        if self.is_alive() && self.bind().is_ok() {
+            for raw in side.into_iter().chain(spare) {
+                // SAFETY: made in `side_stream` or `fill_streams`, destroyed once; skipped when
+                // a reset destroyed the context (and the streams with it).
                 let _ = unsafe { r::stream_destroy(raw) };
             }
         }

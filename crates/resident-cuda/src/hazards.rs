@@ -20,7 +20,12 @@
 //!   resizes it, which waits for the device (`CU_CTX_LMEM_RESIZE_TO_MAX`'s note).
 //! - **h200**: what the first GPU run showed (`shared/gpu-results/2026-11-27-h200`):
 //!   `cuMemAlloc` + `cuMemFree` of 1 MiB did not return within 10 s while one ring kernel was
-//!   resident.
+//!   resident. And `bench/results/gpu-h200-2026-11-28`: the 35th ring-kernel launch (one
+//!   `cuStreamCreate` each) never returned with 34 resident, and the driver probe's 120 streams
+//!   with a spinning kernel each took 7 s instead of about 1 (its spinners end themselves after
+//!   3 s): `cuStreamCreate` now and then grows something of the driver's that waits for the
+//!   device (also reported by pmodels/yaksa#228: "when a wait kernel is running, the CUDA
+//!   stream creation will get blocked").
 
 /// A driver call the launchers make, classified by whether it waits for the whole device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,7 +54,8 @@ pub enum DriverCall {
     MemsetSync,
     /// `cuMemcpy*Async` on a side (non-blocking) stream, then that stream's synchronize.
     MemcpyAsync,
-    /// `cuStreamCreateWithFlags(CU_STREAM_NON_BLOCKING)`.
+    /// `cuStreamCreateWithFlags(CU_STREAM_NON_BLOCKING)`: usually quick, but now and then it
+    /// waits for the device (h200), so it counts as synchronizing.
     StreamCreate,
     /// `cuLaunchKernel` of a function whose local memory fits what the context holds.
     LaunchKernel,
@@ -93,11 +99,11 @@ impl DriverCall {
             | DriverCall::CtxSynchronize
             | DriverCall::MemcpySync
             | DriverCall::MemsetSync
+            | DriverCall::StreamCreate
             | DriverCall::LaunchGrowingLocalMemory => true,
             DriverCall::MemAllocAsync
             | DriverCall::MemFreeAsync
             | DriverCall::MemcpyAsync
-            | DriverCall::StreamCreate
             | DriverCall::LaunchKernel
             | DriverCall::StreamQuery => false,
         }
@@ -144,7 +150,9 @@ impl DriverCall {
                 "api (stream-ordered: waits for its own stream only)"
             }
             DriverCall::MemcpyAsync => "api (ordered on its own non-blocking stream)",
-            DriverCall::StreamCreate => "api (creates a stream; no device work)",
+            DriverCall::StreamCreate => {
+                "h200 (the 35th launch hung with 34 ring kernels resident; 120 streams took 7 s)"
+            }
             DriverCall::LaunchKernel => "api (asynchronous launch)",
             DriverCall::StreamQuery => "api (never blocks)",
         }
@@ -173,6 +181,7 @@ mod tests {
             DriverCall::CtxSynchronize,
             DriverCall::MemcpySync,
             DriverCall::MemsetSync,
+            DriverCall::StreamCreate,
             DriverCall::LaunchGrowingLocalMemory,
         ] {
             assert!(c.synchronizes(), "{c}");

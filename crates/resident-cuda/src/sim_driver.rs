@@ -139,6 +139,9 @@ struct CtxState {
     host_dilation: u32,
     /// Modules loaded in the current generation (by key).
     loaded: HashSet<String>,
+    /// Spare ring-kernel streams of the current generation (the GPU launcher's pool on its
+    /// `Device`; a reset takes them with the context).
+    spare_streams: usize,
     /// Synchronizing calls that would have hung.
     hazards: Vec<Hazard>,
     /// Calls made, by kind.
@@ -179,6 +182,23 @@ impl Drop for KernelLife {
         let mut st = ctx.lock();
         if st.generation == self.generation {
             st.live = st.live.saturating_sub(1);
+        }
+    }
+}
+
+/// A ring kernel's stream from [`SimContext::take_stream`]: held while any block of the kernel
+/// may still run, then given back to the spare ones.
+#[derive(Debug)]
+pub struct SimStream {
+    generation: u64,
+}
+
+impl Drop for SimStream {
+    fn drop(&mut self) {
+        let ctx = SimContext::get();
+        let mut st = ctx.lock();
+        if st.generation == self.generation {
+            st.spare_streams += 1;
         }
     }
 }
@@ -361,7 +381,39 @@ impl SimContext {
         st.history.push((g, f));
         st.generation += 1;
         st.loaded.clear();
+        st.spare_streams = 0;
         true
+    }
+
+    /// Spare ring-kernel streams: a launch that takes one makes no driver call.
+    pub fn spare_streams(&self) -> usize {
+        self.lock().spare_streams
+    }
+
+    /// Makes streams until `n` are spare, each a `StreamCreate` call: synchronizing (it may
+    /// wait for the device: the H200's 35th ring-kernel launch hung in it with 34 resident), so
+    /// strict mode refuses it beside running blocks, as it does a module load.
+    pub fn fill_streams(&self, n: usize) -> Result<(), SimError> {
+        self.fill_streams_waiting(n, sync_wait())
+    }
+
+    /// [`fill_streams`](Self::fill_streams) with its own bound on each call's wait.
+    fn fill_streams_waiting(&self, n: usize, wait: Duration) -> Result<(), SimError> {
+        while self.spare_streams() < n {
+            self.call_waiting(DriverCall::StreamCreate, wait)?;
+            self.lock().spare_streams += 1;
+        }
+        Ok(())
+    }
+
+    /// Takes a spare stream (no driver call), `None` when there is none. It comes back when
+    /// the [`SimStream`] drops, unless a reset took the context's streams since.
+    pub fn take_stream(&self) -> Option<SimStream> {
+        let mut st = self.lock();
+        st.spare_streams = st.spare_streams.checked_sub(1)?;
+        Some(SimStream {
+            generation: st.generation,
+        })
     }
 
     /// Whether a reset clears a fault: `false` models the driver measured on a GPU (a lost
@@ -517,5 +569,36 @@ mod tests {
         ctx.call(DriverCall::MemAllocAsync).unwrap();
         let b = ctx.block_started("fresh", fresh.generation()).unwrap();
         drop(b);
+
+        // Ring-kernel streams: made while no block runs, taken with no driver call, given back
+        // when dropped; making one beside a running block would wait for it (refused in
+        // strict mode); a reset takes the spare ones with the context.
+        assert_eq!(ctx.spare_streams(), 0);
+        ctx.fill_streams(2).unwrap();
+        let s1 = ctx.take_stream().unwrap();
+        let b = ctx.block_started("resident", fresh.generation()).unwrap();
+        let s2 = ctx.take_stream().unwrap();
+        assert!(ctx.take_stream().is_none());
+        if strict() {
+            match ctx.fill_streams_waiting(1, Duration::from_millis(100)) {
+                Err(SimError::WouldWaitForDevice { call, .. }) => {
+                    assert_eq!(call, DriverCall::StreamCreate)
+                }
+                other => panic!("expected WouldWaitForDevice, got {other:?}"),
+            }
+        }
+        drop(s1);
+        assert_eq!(ctx.spare_streams(), 1);
+        ctx.poison("resident", "trap");
+        drop(b);
+        drop(fresh);
+        assert!(ctx.recover(Duration::from_secs(1)));
+        assert_eq!(ctx.spare_streams(), 0, "a reset takes the spare streams");
+        drop(s2);
+        assert_eq!(
+            ctx.spare_streams(),
+            0,
+            "a stream of a reset context does not come back"
+        );
     }
 }

@@ -9,6 +9,8 @@ use std::sync::Arc;
 pub struct Stream {
     raw: r::CUstream,
     device: Arc<Device>,
+    /// From the device's spare streams ([`Stream::from_pool`]): given back on drop.
+    pooled: bool,
 }
 
 // SAFETY: a stream handle may be used from any thread with its context current; every method
@@ -32,6 +34,18 @@ impl Stream {
         Ok(Stream {
             raw,
             device: device.clone(),
+            pooled: false,
+        })
+    }
+
+    /// One of `device`'s spare streams, with no driver call (`cuStreamCreate` may wait for the
+    /// device, see [`crate::hazards`]); `None` when it has none ([`Device::fill_streams`]).
+    /// Given back to the device on drop: drop it only once its work has finished.
+    pub(crate) fn from_pool(device: &Arc<Device>) -> Option<Self> {
+        device.take_stream().map(|raw| Stream {
+            raw,
+            device: device.clone(),
+            pooled: true,
         })
     }
 
@@ -104,6 +118,14 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        if self.pooled {
+            // Reused by the next ring kernel: no driver call. A reset context takes its
+            // streams with it.
+            if self.device.is_alive() {
+                self.device.give_stream(self.raw);
+            }
+            return;
+        }
         if self.device.bind().is_ok() {
             // SAFETY: created in `new`, destroyed once; the driver lets queued work finish.
             let _ = unsafe { r::stream_destroy(self.raw) };

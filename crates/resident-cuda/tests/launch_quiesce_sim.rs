@@ -169,3 +169,64 @@ fn a_real_exit_while_starting_is_still_a_typed_error_at_once() {
         "a real exit took {took:?} to report (deadline 60 s)"
     );
 }
+
+/// Ring kernels beyond CudaSim's spare streams, launched as the engine launches them: a launch
+/// that finds no spare stream parks the resident kernels around `prepare`, which makes more,
+/// so no stream is made beside a running block (on the H200 the 35th launch hung in
+/// `cuStreamCreate` with 34 kernels resident; CudaSim's strict driver model refuses that call
+/// beside running blocks and records the hazard). Every kernel answers afterwards.
+#[test]
+fn launches_beyond_the_spare_streams_make_no_stream_beside_resident_kernels() {
+    use resident_cuda::hazards::DriverCall;
+    use resident_cuda::sim_driver::SimContext;
+
+    let src = source("many_streams");
+    let opts = opts(None);
+    let module = compile_sim(&src).unwrap();
+    let ctx = SimContext::get();
+    let stream_hazards = || {
+        ctx.hazards()
+            .iter()
+            .filter(|h| h.call == DriverCall::StreamCreate)
+            .count()
+    };
+    let before = stream_hazards();
+    let mut kernels = Vec::new();
+    // More than one refill's worth (16), all resident at once.
+    for _ in 0..20 {
+        if SimKernel::<u64, u64>::launch_needs_idle_device(&module, &opts) {
+            with_all_quiesced(Duration::from_secs(60), || {
+                SimKernel::<u64, u64>::prepare(&module, &opts)
+            })
+            .expect("the resident kernels parked")
+            .expect("streams made while they were parked");
+        }
+        let k = SimKernel::<u64, u64>::launch_compiled(&module, &src, &[0u8; 8], &opts)
+            .expect("a launch with a spare stream");
+        k.activate();
+        kernels.push(k);
+    }
+    assert_eq!(
+        stream_hazards(),
+        before,
+        "a stream was made beside resident kernels"
+    );
+    for (i, k) in kernels.iter_mut().enumerate() {
+        let v = i as u64 + 1;
+        k.send(Envelope::new(v, 0, 0), v).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (i, k) in kernels.iter_mut().enumerate() {
+        let mut out = Vec::new();
+        while out.is_empty() {
+            k.check().unwrap();
+            assert!(Instant::now() < deadline, "kernel {i} gave no output");
+            k.receive_into(&mut out, 1);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        assert_eq!(out[0].payload, 2 * (i as u64 + 1));
+    }
+    for mut k in kernels {
+        k.terminate(Duration::from_secs(30)).unwrap();
+    }
+}

@@ -331,6 +331,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         let arch = opts.arch.as_deref();
         let ready = module_ready(&device, source, arch, PERSISTENT_KERNEL_NAME)
             && device.arena().fits(&sizes)
+            && device.spare_streams() > 0
             && device.has_memory_pools();
         if !ready {
             let dev = device.clone();
@@ -339,6 +340,10 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     load(&dev, source, arch, PERSISTENT_KERNEL_NAME)?;
                     if !dev.arena().fits(&sizes) {
                         crate::pinned::grow_arena(&dev, &sizes).map_err(cuda_error)?;
+                    }
+                    if dev.spare_streams() == 0 {
+                        dev.fill_streams(spare_stream_target(&dev))
+                            .map_err(cuda_error)?;
                     }
                     Ok(())
                 })
@@ -427,7 +432,19 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     ))),
                 }))
             };
-            let stream = Stream::new(&device).map_err(cuda_error)?;
+            // A spare stream: `cuStreamCreate` may wait for the device (crate::hazards), so it
+            // runs only parked. Another launch may have taken the last one since `ready`.
+            let stream = match Stream::from_pool(&device) {
+                Some(s) => s,
+                None => device
+                    .with_quiesced(QUIESCE_TIMEOUT, || {
+                        device.fill_streams(spare_stream_target(&device))?;
+                        Stream::from_pool(&device)
+                            .ok_or_else(|| CudaError::invalid("cuStreamCreate", "no spare stream"))
+                    })
+                    .map_err(cuda_error)?
+                    .map_err(cuda_error)?,
+            };
 
             let mut params = PersistentParams {
                 buffers: buffers.as_ref().map_or(0, |b| b.table_ptr()),
@@ -820,6 +837,12 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
         // first so no quiesce asks a kernel that is gone to park.
         self.resident.take();
     }
+}
+
+/// How many spare streams a refill makes: one per place in the residency budget and one more,
+/// so kernels within the budget never need another (ended kernels give theirs back).
+fn spare_stream_target(device: &Device) -> usize {
+    device.resident_limit() + 1
 }
 
 /// Whether `source`'s module is loaded on `device` with its function `name` looked up, so a

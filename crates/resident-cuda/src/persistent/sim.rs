@@ -258,6 +258,11 @@ fn sim_arena() -> &'static Arena {
     A.get_or_init(Arena::new)
 }
 
+/// Streams a refill of CudaSim's spare ring-kernel streams makes (the GPU launcher makes its
+/// device's residency limit + 1; CudaSim has no such limit, so a fixed batch: a launch beyond
+/// it parks the resident kernels for the next refill, as a GPU launch beyond the limit would).
+const SIM_STREAM_REFILL: usize = 16;
+
 /// The key the driver model knows a module by (its compiled object).
 fn module_key(module: &crate::sim::SimModule) -> String {
     module.path().to_string_lossy().into_owned()
@@ -273,8 +278,10 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         module: &crate::sim::SimModule,
         opts: &SimLaunchOptions,
     ) -> bool {
-        !SimContext::get().is_loaded(&module_key(module))
+        let ctx = SimContext::get();
+        !ctx.is_loaded(&module_key(module))
             || !sim_arena().fits(&PersistentQueues::<In, Out>::allocation_sizes(opts.queues))
+            || ctx.spare_streams() == 0
     }
 
     /// Makes the synchronizing calls a launch of `module` with `opts` needs: loads the module
@@ -295,6 +302,9 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 let base = m.as_mut_ptr() as u64;
                 Ok((m, base))
             })?;
+        }
+        if ctx.spare_streams() == 0 {
+            ctx.fill_streams(SIM_STREAM_REFILL)?;
         }
         Ok(())
     }
@@ -552,6 +562,20 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         // arena must grow (the engine parks the resident kernels first, see
         // `launch_needs_idle_device`); nothing here waits for the device otherwise.
         Self::prepare(module, opts)?;
+        // Its stream, from the spare ones (another launch may have taken the last since
+        // `prepare`: then one more is made here, which strict mode refuses beside running
+        // blocks with a typed error, as the GPU launcher's fill would wait).
+        let stream = match ctx.take_stream() {
+            Some(s) => s,
+            None => {
+                ctx.fill_streams(1)?;
+                ctx.take_stream().ok_or(SimError::WouldWaitForDevice {
+                    call: DriverCall::StreamCreate,
+                    running: Vec::new(),
+                    waited: Duration::ZERO,
+                })?
+            }
+        };
         // Each kernel runs a private copy of the object (its `__shared__` statics are its
         // own); on a GPU one loaded module serves every kernel of the source.
         let instance = Arc::new(module.instantiate()?);
@@ -634,8 +658,9 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         let thread = std::thread::Builder::new()
             .name(format!("resident-sim-{}", source.name))
             .spawn(move || {
-                // The memory the kernel addresses lives as long as this thread.
-                let _keep = (view, keep_state, keep_buffers);
+                // The memory the kernel addresses, and its stream, live as long as this
+                // thread (the stream goes back to the spare ones after the last block exits).
+                let _keep = (view, keep_state, keep_buffers, stream);
                 let mut p = params;
                 let arg = &mut p as *mut PersistentParams as *mut core::ffi::c_void;
                 let ctx = SimContext::get();
