@@ -30,8 +30,15 @@ static int streams(int n) {
     memset(h, 0, 4096); CK(cuMemHostGetDevicePointer(&d, h, 0));
     volatile unsigned int* started = h; volatile unsigned int* stop = h + 512; volatile unsigned int* flag = h + 600;
     std::vector<CUstream> s(n + 2);
+    // Whether creating a stream waits for the spinners already running (they end themselves
+    // after 3 s): every create over 50 ms, with its index, goes into the JSON line.
+    std::string slow; int slow_n = 0; double create_max = 0;
     for (int i = 0; i < n; ++i) {
+        auto tc = std::chrono::steady_clock::now();
         CK(cuStreamCreate(&s[i], CU_STREAM_NON_BLOCKING));
+        double cm = ms_since(tc);
+        create_max = std::max(create_max, cm);
+        if (cm > 50) { slow += (slow.empty() ? "" : ",") + std::to_string(i) + ":" + std::to_string((int)cm); ++slow_n; }
         CUdeviceptr a = d, b = d + 512 * 4; unsigned int idx = i;
         void* args[] = {&a, &b, &idx};
         auto tl = std::chrono::steady_clock::now();
@@ -51,7 +58,9 @@ static int streams(int n) {
     double oneshot = *flag ? ms_since(t) : -1;
     const char* env = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     printf("{\"probe\":\"streams\",\"CUDA_DEVICE_MAX_CONNECTIONS\":\"%s\",\"streams\":%d,\"started_after_300ms\":%d,"
-           "\"bitmap\":\"%s\",\"oneshot_on_stream_%d_ms\":%.3f}\n", env ? env : "unset", n, count, bits.c_str(), n + 1, oneshot);
+           "\"bitmap\":\"%s\",\"oneshot_on_stream_%d_ms\":%.3f,\"create_max_ms\":%.3f,\"slow_creates\":%d,"
+           "\"slow_at_ms\":\"%s\"}\n", env ? env : "unset", n, count, bits.c_str(), n + 1, oneshot, create_max, slow_n,
+           slow.c_str());
     fflush(stdout);
     *stop = 1;
     t = std::chrono::steady_clock::now();
@@ -132,6 +141,51 @@ static int pingpong(unsigned int mode, unsigned int sleep_ns) {
     return 0;
 }
 
+// Zero-copy read bandwidth by grid size (is one block's read of host memory the ring's volume
+// limit?), beside the same kernel on device memory and cuMemcpyHtoD (the copy engine).
+static int zcread() {
+    CUdevice dev; CUcontext ctx; CUmodule mod; CUfunction k;
+    CK(cuDeviceGet(&dev, 0)); CK(cuDevicePrimaryCtxRetain(&ctx, dev)); CK(cuCtxSetCurrent(ctx));
+    CK(cuModuleLoadData(&mod, ptx.c_str()));
+    CK(cuModuleGetFunction(&k, mod, "zcread"));
+    const size_t big = 64u << 20;
+    void* h; CUdeviceptr dh, dd, sink;
+    CK(cuMemHostAlloc(&h, big, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    memset(h, 1, big); CK(cuMemHostGetDevicePointer(&dh, h, 0));
+    CK(cuMemAlloc(&dd, big)); CK(cuMemAlloc(&sink, 64));
+    CK(cuMemcpyHtoD(dd, h, big));
+    CUstream st; CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    CUevent e0, e1; CK(cuEventCreate(&e0, 0)); CK(cuEventCreate(&e1, 0));
+    auto timed = [&](auto&& launch) -> double {  // median of 5 after a warm-up, ms
+        std::vector<double> v;
+        for (int r = 0; r < 6; ++r) {
+            cuEventRecord(e0, st); launch(); cuEventRecord(e1, st); cuEventSynchronize(e1);
+            float ms = 0; cuEventElapsedTime(&ms, e0, e1);
+            if (r) v.push_back(ms);
+        }
+        std::sort(v.begin(), v.end()); return v[v.size() / 2];
+    };
+    const size_t sizes[] = {786432, big};  // a 4096-message batch of 64-byte LL slots; 64 MiB
+    const unsigned int grids[] = {1, 2, 4, 8, 16, 33, 66, 132};
+    for (size_t bytes : sizes) {
+        for (int where = 0; where < 2; ++where) {
+            for (unsigned int g : grids) {
+                if (where == 1 && g != 1 && g != 132) continue;
+                CUdeviceptr src = where == 0 ? dh : dd; unsigned long long n16 = bytes / 16;
+                void* args[] = {&src, &n16, &sink};
+                double ms = timed([&] { cuLaunchKernel(k, g, 1, 1, 1024, 1, 1, 0, st, args, nullptr); });
+                printf("{\"probe\":\"zcread\",\"memory\":\"%s\",\"bytes\":%zu,\"blocks\":%u,\"threads\":1024,\"ms\":%.4f,\"GBps\":%.2f}\n",
+                       where == 0 ? "host (mapped, zero-copy)" : "device", bytes, g, ms, bytes / ms / 1e6);
+            }
+        }
+        double ms = timed([&] { cuMemcpyHtoDAsync(dd, h, bytes, st); });
+        printf("{\"probe\":\"zcread\",\"memory\":\"cuMemcpyHtoDAsync from pinned\",\"bytes\":%zu,\"ms\":%.4f,\"GBps\":%.2f}\n",
+               bytes, ms, bytes / ms / 1e6);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 int main(int argc, char** argv) {
     if (argc < 3) { fprintf(stderr, "probe PTX streams N | probe PTX sticky 0|1\n"); return 2; }
     FILE* f = fopen(argv[1], "rb"); if (!f) { perror("ptx"); return 2; }
@@ -139,6 +193,7 @@ int main(int argc, char** argv) {
     if (cuInit(0) != CUDA_SUCCESS) { printf("{\"fatal\":\"cuInit\"}\n"); return 1; }
     if (!strcmp(argv[2], "streams")) return streams(argc > 3 ? atoi(argv[3]) : 40);
     if (!strcmp(argv[2], "sticky")) return sticky(argc > 3 ? atoi(argv[3]) : 0);
+    if (!strcmp(argv[2], "zcread")) return zcread();
     if (!strcmp(argv[2], "pingpong")) return pingpong(argc > 3 ? atoi(argv[3]) : 0, argc > 4 ? atoi(argv[4]) : 0);
     return 2;
 }
