@@ -60,16 +60,7 @@ if ! tar -xJf "$PACK" -C "$W"; then
   finish; exit 1
 fi
 
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
-# NVRTC from the image's Python packages (nvidia-cuda-nvrtc), after the toolkit's.
-nv=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null)
-for d in "$nv"/cu13/lib "$nv"/cuda_nvrtc/lib; do
-  [ -n "$nv" ] && [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
-export RESIDENT_REQUIRE_GPU=1 RESIDENT_REQUIRE_NVRTC=1 RESIDENT_KERNEL_CACHE=/tmp/resident-kcache \
-  RUST_BACKTRACE=1
+. scripts/gpu-env.sh
 
 # The Vulkan loader for wgpu, and the NVIDIA ICD if the loader's own search does not find it.
 for deb in "$W"/deb/*.deb; do [ -e "$deb" ] && dpkg -x "$deb" /; done

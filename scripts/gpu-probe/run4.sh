@@ -10,15 +10,7 @@ O="${OUT:-gpu-out/run4-$(date -u +%Y%m%dT%H%M%SZ)}"; mkdir -p "$O"
 START=$SECONDS
 OUT="$O/run" BUDGET="${RUN_BUDGET:-280}" HARD="${RUN_HARD:-300}" bash scripts/gpu-run.sh
 L="$O/extra.log" J="$O/probe.jsonl"; : >"$J"
-export PATH=/usr/local/cuda/bin:$PATH
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
-nv=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null)
-for d in "$nv"/cu13/lib "$nv"/cuda_nvrtc/lib; do
-  [ -n "$nv" ] && [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
-export RESIDENT_REQUIRE_GPU=1 RESIDENT_REQUIRE_NVRTC=1 RESIDENT_KERNEL_CACHE=/tmp/resident-kcache RUST_BACKTRACE=1
+. scripts/gpu-env.sh
 W=/tmp/resident-gpu   # unpacked by gpu-run.sh
 LIMIT="${EXTRA_LIMIT:-190}"   # this part's own budget, after gpu-run.sh
 T() {

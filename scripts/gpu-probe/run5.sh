@@ -18,15 +18,7 @@ O="${OUT:-gpu-out/run5-$(date -u +%Y%m%dT%H%M%SZ)}"; mkdir -p "$O"
 K=/tmp/run5; rm -rf "$K"; mkdir -p "$K/fp1" "$K/fp0"
 S="$O/status.txt" L="$K/run5.log"; : >"$S"
 TOTAL="${TOTAL:-380}"   # seconds for the whole script
-export PATH=/usr/local/cuda/bin:$PATH
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
-nv=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null)
-for d in "$nv"/cu13/lib "$nv"/cuda_nvrtc/lib; do
-  [ -n "$nv" ] && [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
-export RESIDENT_REQUIRE_GPU=1 RESIDENT_REQUIRE_NVRTC=1 RESIDENT_KERNEL_CACHE=/tmp/resident-kcache RUST_BACKTRACE=1
+. scripts/gpu-env.sh
 W=/tmp/resident-gpu; rm -rf "$W"; mkdir -p "$W"
 tar -xJf .gpu/pack.tar.xz -C "$W" || { echo "FAIL pack unpack" | tee -a "$S"; exit 1; }
 { head -3 "$W/MANIFEST"; nvidia-smi -L; } >>"$L" 2>&1
