@@ -226,9 +226,16 @@ impl ComputeDevice for CudaDevice {
         )?)
     }
 
+    // `cuStreamCreate` can wait for the device (resident_cuda::hazards: on an H200 the 35th
+    // ring-kernel launch hung in it with 34 resident), so a stream is made with the resident
+    // ring kernels parked, as pinned memory is; with none resident nothing parks.
     fn create_stream(&self) -> Result<Stream> {
+        let q = crate::QUIESCE_TIMEOUT;
+        let stream = self
+            .device
+            .with_quiesced(q, || resident_cuda::Stream::new(&self.device))??;
         Ok(Stream {
-            engine: Some(Arc::new(resident_cuda::Stream::new(&self.device)?)),
+            engine: Some(Arc::new(stream)),
         })
     }
 
