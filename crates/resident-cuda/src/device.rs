@@ -430,6 +430,9 @@ impl Device {
     /// Makes streams until `n` are spare: `cuStreamCreate`, which may wait for the device, so
     /// call it with no ring kernel resident or under [`Device::with_quiesced`].
     pub(crate) fn fill_streams(&self, n: usize) -> Result<()> {
+        // The side stream too, if it is not made yet: made here, it is never made later
+        // beside resident kernels (by their allocations on it).
+        self.side_stream()?;
         self.bind()?;
         let mut spare = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         while spare.len() < n {
