@@ -103,7 +103,7 @@ pub enum SimError {
     /// A driver call that waits for the whole device was made while kernels ran and did not
     /// finish within the model's wait: on a GPU this call would not return while they are
     /// resident (see [`crate::hazards`]).
-    #[error("{call} waits for every kernel of the context, and {running:?} still ran after {waited:?}: on a GPU this call would hang while they are resident")]
+    #[error("{call} waits for every kernel of the context, and {} still ran after {waited:?}: on a GPU this call would hang while they are resident", running_names(running))]
     WouldWaitForDevice {
         /// The call.
         call: crate::hazards::DriverCall,
@@ -483,9 +483,46 @@ impl SimInstance {
     }
 }
 
+/// The kernels a [`SimError::WouldWaitForDevice`] names: at most 4, each quoted at most 64
+/// bytes long, and how many more (a context may hold thousands of kernels, and their names come
+/// from users).
+fn running_names(names: &[String]) -> String {
+    const SHOWN: usize = 4;
+    let mut s: Vec<String> = names
+        .iter()
+        .take(SHOWN)
+        .map(|n| format!("`{}`", resident_ring::message::quoted_name(n)))
+        .collect();
+    if names.len() > SHOWN {
+        s.push(format!("{} more", names.len() - SHOWN));
+    }
+    format!("[{}]", s.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hazard_names_a_few_running_kernels_short() {
+        let e = SimError::WouldWaitForDevice {
+            call: crate::hazards::DriverCall::StreamCreate,
+            running: (0..1000)
+                .map(|i| format!("{i}{}", "k".repeat(1 << 20)))
+                .collect(),
+            waited: std::time::Duration::from_millis(5),
+        };
+        let text = e.to_string();
+        assert!(text.len() < 800, "{} bytes", text.len());
+        assert!(text.contains("996 more"), "{text}");
+        assert!(text.contains("(1048577 bytes)"), "{text}");
+        let one = SimError::WouldWaitForDevice {
+            call: crate::hazards::DriverCall::ModuleLoad,
+            running: vec!["resident".into()],
+            waited: std::time::Duration::ZERO,
+        };
+        assert!(one.to_string().contains("[`resident`] still ran"), "{one}");
+    }
 
     #[test]
     fn translation_unit_keeps_user_line_numbers() {
