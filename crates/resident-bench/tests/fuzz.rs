@@ -276,3 +276,55 @@ fn crash_kinds_print_short() {
     };
     assert!(k.to_string().contains("600") && k.to_string().contains("at most 512"));
 }
+
+/// The report of a run is the same on one job as on several (but for its seconds): one thread
+/// draws the inputs in order whatever the number of jobs.
+#[test]
+fn jobs_do_not_change_the_report() {
+    for (target, inputs, compile_every) in [
+        (Target::NatsCodec, 3000, 0),
+        (Target::Layout, 3000, 0),
+        (Target::Cuda, 400, 100),
+    ] {
+        let report = |jobs: usize| {
+            let opts = FuzzOptions {
+                inputs,
+                seed: 11,
+                compile_every,
+                jobs: std::num::NonZeroUsize::new(jobs).unwrap(),
+                ..FuzzOptions::default()
+            };
+            let mut json = fuzz::run(target, &opts).unwrap().to_json();
+            json.as_object_mut().unwrap().remove("seconds");
+            json
+        };
+        let one = report(1);
+        assert_eq!(one["inputs"], inputs);
+        assert_eq!(report(3), one, "{target}");
+    }
+}
+
+/// Progress is reported while a run goes, with the inputs judged so far.
+#[test]
+fn progress_is_reported() {
+    let seen = std::sync::Mutex::new(Vec::new());
+    let opts = FuzzOptions {
+        inputs: 4096,
+        jobs: std::num::NonZeroUsize::new(2).unwrap(),
+        progress_every: Some(std::time::Duration::ZERO),
+        ..FuzzOptions::default()
+    };
+    let r = fuzz::run_with_progress(Target::EdgeList, &opts, &|p| {
+        seen.lock().unwrap().push((p.judged, p.inputs))
+    })
+    .unwrap();
+    assert_eq!(r.crash_count, 0);
+    let seen = seen.into_inner().unwrap();
+    // A report every 256 inputs drawn (the last one after the last input is drawn).
+    assert_eq!(seen.len(), 16, "{seen:?}");
+    assert!(
+        seen.iter().all(|&(j, n)| j <= 4096 && n == 4096),
+        "{seen:?}"
+    );
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+}

@@ -33,6 +33,12 @@ pub struct FuzzArgs {
     /// and its seed corpus (0: none; a compile takes 20 to 600 ms).
     #[arg(long, default_value_t = fuzz::DEFAULT_COMPILE_EVERY)]
     compile_every: u64,
+    /// Threads that judge inputs (one more draws them); the report does not depend on it.
+    #[arg(long, default_value_t = std::num::NonZeroUsize::MIN)]
+    jobs: std::num::NonZeroUsize,
+    /// Print a progress line to stderr every this many seconds (0: none).
+    #[arg(long, default_value_t = 60)]
+    progress: u64,
 }
 
 pub fn run(a: FuzzArgs) -> ExitCode {
@@ -52,6 +58,8 @@ pub fn run(a: FuzzArgs) -> ExitCode {
         seed: a.seed,
         crash_dir: Some(a.crash_dir),
         compile_every: a.compile_every,
+        jobs: a.jobs,
+        progress_every: (a.progress > 0).then(|| std::time::Duration::from_secs(a.progress)),
         ..FuzzOptions::default()
     };
     if !fuzz::alloc::installed() {
@@ -60,7 +68,12 @@ pub fn run(a: FuzzArgs) -> ExitCode {
     let mut reports = Vec::new();
     let mut failed = false;
     for t in targets {
-        let r = match fuzz::run(t, &opts) {
+        let r = match fuzz::run_with_progress(t, &opts, &|p| {
+            eprintln!(
+                "{}: {} of {} inputs judged, {} failing, {:.0} s",
+                p.target, p.judged, p.inputs, p.failing, p.seconds
+            )
+        }) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -122,6 +135,7 @@ pub fn run(a: FuzzArgs) -> ExitCode {
             "machine": a.machine.map_or_else(provenance::machine, |m| json!(m)),
             "load": provenance::load(),
             "seed": a.seed,
+            "jobs": a.jobs.get(),
             "max_error_display": fuzz::MAX_ERROR_DISPLAY,
             "max_compile_error_display": fuzz::MAX_COMPILE_ERROR_DISPLAY,
             "alloc_bound": "256 KiB + 32 bytes per input byte, per input (peak held at once); wgsl 256 KiB + 512, cuda 1 MiB + 64 per input byte (each target's alloc_peak.bound)",

@@ -177,11 +177,16 @@ pub struct FuzzOptions {
     /// shared 2-vCPU VM): at the default [`DEFAULT_COMPILE_EVERY`], CI's 10^5 inputs compile
     /// 400 of them and take about a minute.
     pub compile_every: u64,
+    /// Threads that judge inputs (1: the calling thread alone; more: one thread draws the
+    /// inputs and this many judge them). The report does not depend on it.
+    pub jobs: std::num::NonZeroUsize,
+    /// How often [`run_with_progress`] reports (none: never).
+    pub progress_every: Option<std::time::Duration>,
 }
 
 impl Default for FuzzOptions {
     /// 10 000 inputs, seed 1, inputs up to 4 KiB, huge runs up to 1 MiB, nothing saved, every
-    /// [`DEFAULT_COMPILE_EVERY`]th `cuda` input compiled.
+    /// [`DEFAULT_COMPILE_EVERY`]th `cuda` input compiled, one job, no progress reports.
     fn default() -> Self {
         FuzzOptions {
             inputs: 10_000,
@@ -190,6 +195,8 @@ impl Default for FuzzOptions {
             huge: 1 << 20,
             crash_dir: None,
             compile_every: DEFAULT_COMPILE_EVERY,
+            jobs: std::num::NonZeroUsize::MIN,
+            progress_every: None,
         }
     }
 }
@@ -477,61 +484,292 @@ pub fn replay(target: Target, input: &[u8]) -> Result<(), CrashKind> {
     record.failure.map_or(Ok(()), Err)
 }
 
-/// Runs `opts.inputs` inputs through `target`.
+/// How far a run has got ([`run_with_progress`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// The target.
+    pub target: Target,
+    /// Inputs judged so far.
+    pub judged: u64,
+    /// Inputs the run will judge.
+    pub inputs: u64,
+    /// Failing inputs so far.
+    pub failing: u64,
+    /// Wall-clock seconds so far.
+    pub seconds: f64,
+}
+
+/// Runs `opts.inputs` inputs through `target` (see [`run_with_progress`]).
 pub fn run(target: Target, opts: &FuzzOptions) -> Result<TargetReport, FuzzError> {
+    run_with_progress(target, opts, &|_| {})
+}
+
+/// Runs `opts.inputs` inputs through `target` on [`FuzzOptions::jobs`] threads, calling
+/// `progress` about every [`FuzzOptions::progress_every`].
+///
+/// One thread draws the inputs in order from the seeded generator, so a seed gives the same
+/// inputs whatever the number of jobs; with more than one job, `jobs` threads judge them as
+/// they come (the NVRTC compiles of the `cuda` target, 90% of its time, run side by side).
+/// The report is the same for any number of jobs but for its seconds: counts are summed,
+/// failing inputs ordered by index (the first 20 kept; each job saves at most its own first 20
+/// to [`FuzzOptions::crash_dir`]), and the allocation peak is the earliest input's on a tie.
+pub fn run_with_progress(
+    target: Target,
+    opts: &FuzzOptions,
+    progress: &(dyn Fn(&Progress) + Sync),
+) -> Result<TargetReport, FuzzError> {
     install_panic_hook();
     let counting = alloc::installed();
-    let salt = match target {
-        Target::NatsCodec => 0x6e61_7473,
-        Target::EdgeList => 0x6564_6765,
-        Target::Readings => 0x7265_6164,
-        Target::Layout => 0x6c61_796f,
-        Target::Wgsl => 0x7767_736c,
-        Target::Cuda => 0x6375_6461,
-    };
-    let mut rng = Rng::new(opts.seed ^ salt);
-    let corpus = targets::corpus(target);
-    let dict = targets::dict(target);
-    let mut report = TargetReport {
+    let mut inputs = Inputs::new(target, opts);
+    let start = Instant::now();
+    let mut ticker = Ticker {
         target,
         inputs: opts.inputs,
-        seconds: 0.0,
-        seed: opts.seed,
-        crashes: Vec::new(),
-        crash_count: 0,
-        accepted: BTreeMap::new(),
-        error_kinds: BTreeMap::new(),
-        longest_error: 0,
-        longest_compile_error: 0,
-        skipped: BTreeMap::new(),
-        compile_every: opts.compile_every,
-        longest_input: 0,
-        alloc_peak: None,
+        start,
+        last: start,
+        every: opts.progress_every,
+        progress,
     };
-    let start = Instant::now();
-    let mut input = Vec::with_capacity(opts.max_len);
-    for index in 0..opts.inputs {
-        input.clear();
-        // The corpus as it is first, then mutated corpus and generated inputs.
-        if (index as usize) < corpus.len() {
-            input.extend_from_slice(corpus[index as usize]);
-        } else {
-            if rng.one_in(2) {
-                input.extend_from_slice(corpus[rng.below(corpus.len())]);
-            } else {
-                targets::generate(target, &mut rng, &mut input);
+    let jobs = opts.jobs.get();
+    let mut tally = if jobs == 1 {
+        let mut tally = Tally::new(target, opts);
+        let mut input = Vec::with_capacity(opts.max_len);
+        for index in 0..opts.inputs {
+            inputs.next(index, &mut input);
+            let (record, peak) = judge(
+                target,
+                &input,
+                counting,
+                opts.full(index, inputs.corpus_len()),
+            );
+            tally.add(index, &input, record, peak, opts)?;
+            ticker.tick(index + 1, index + 1, tally.report.crash_count);
+        }
+        tally
+    } else {
+        run_parallel(target, opts, counting, jobs, &mut inputs, &mut ticker)?
+    };
+    tally.report.seconds = start.elapsed().as_secs_f64();
+    Ok(tally.report)
+}
+
+/// [`run_with_progress`] with more than one job: this thread draws, `jobs` threads judge.
+fn run_parallel(
+    target: Target,
+    opts: &FuzzOptions,
+    counting: bool,
+    jobs: usize,
+    inputs: &mut Inputs,
+    ticker: &mut Ticker<'_>,
+) -> Result<Tally, FuzzError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{mpsc, Arc, Mutex, PoisonError};
+
+    // Bounded: at most 4 inputs a job wait (each at most 2 * `huge` bytes).
+    let (tx, rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(4 * jobs);
+    let rx = Arc::new(Mutex::new(rx));
+    // Counters for the progress line only (Relaxed: nothing is ordered by them).
+    let judged = AtomicU64::new(0);
+    let failing = AtomicU64::new(0);
+    let corpus_len = inputs.corpus_len();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..jobs)
+            .map(|_| {
+                // Each job holds a handle to the queue: when every job has ended (a failing
+                // input that could not be saved ends one), the queue closes and the drawing
+                // below stops instead of waiting for room.
+                let rx = Arc::clone(&rx);
+                let (judged, failing) = (&judged, &failing);
+                s.spawn(move || -> Result<Tally, FuzzError> {
+                    let mut tally = Tally::new(target, opts);
+                    loop {
+                        // The lock is held while waiting: the other jobs wait for the lock
+                        // instead of the queue, and inputs go out in order either way.
+                        let next = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
+                        let Ok((index, input)) = next else {
+                            return Ok(tally);
+                        };
+                        let full = opts.full(index, corpus_len);
+                        let (record, peak) = judge(target, &input, counting, full);
+                        if record.failure.is_some() {
+                            failing.fetch_add(1, Ordering::Relaxed);
+                        }
+                        tally.add(index, &input, record, peak, opts)?;
+                        judged.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        drop(rx);
+        for index in 0..opts.inputs {
+            let mut input = Vec::with_capacity(opts.max_len);
+            inputs.next(index, &mut input);
+            if tx.send((index, input)).is_err() {
+                break; // every job has ended: its error is returned below
             }
-            let mutations = if rng.one_in(5) { 0 } else { 1 + rng.below(9) };
-            let mut huge = false;
-            for _ in 0..mutations {
-                huge |= gen::mutate(&mut rng, &mut input, corpus, dict, opts.huge);
-                input.truncate(if huge { 2 * opts.huge } else { opts.max_len });
+            ticker.tick(
+                index + 1,
+                judged.load(Ordering::Relaxed),
+                failing.load(Ordering::Relaxed),
+            );
+        }
+        drop(tx);
+        let mut total = Tally::new(target, opts);
+        let mut first_error = None;
+        for w in workers {
+            match w.join() {
+                Ok(Ok(part)) => total.merge(part),
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                // `judge` catches the decoders' panics; one here is the harness's own.
+                Err(panic) => std::panic::resume_unwind(panic),
             }
         }
-        // The seed corpus, and every `compile_every`-th input: the slow stages too.
-        let full = (index as usize) < corpus.len()
-            || (opts.compile_every > 0 && index % opts.compile_every == 0);
-        let (record, peak) = judge(target, &input, counting, full);
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
+    })
+}
+
+impl FuzzOptions {
+    /// Whether input `index` also runs the slow stages: the seed corpus and every
+    /// [`FuzzOptions::compile_every`]-th input.
+    fn full(&self, index: u64, corpus_len: usize) -> bool {
+        (index as usize) < corpus_len || (self.compile_every > 0 && index % self.compile_every == 0)
+    }
+}
+
+/// The seeded input sequence of one target.
+struct Inputs {
+    rng: Rng,
+    corpus: &'static [&'static [u8]],
+    dict: &'static [&'static str],
+    target: Target,
+    max_len: usize,
+    huge: usize,
+}
+
+impl Inputs {
+    fn new(target: Target, opts: &FuzzOptions) -> Inputs {
+        let salt = match target {
+            Target::NatsCodec => 0x6e61_7473,
+            Target::EdgeList => 0x6564_6765,
+            Target::Readings => 0x7265_6164,
+            Target::Layout => 0x6c61_796f,
+            Target::Wgsl => 0x7767_736c,
+            Target::Cuda => 0x6375_6461,
+        };
+        Inputs {
+            rng: Rng::new(opts.seed ^ salt),
+            corpus: targets::corpus(target),
+            dict: targets::dict(target),
+            target,
+            max_len: opts.max_len,
+            huge: opts.huge,
+        }
+    }
+
+    fn corpus_len(&self) -> usize {
+        self.corpus.len()
+    }
+
+    /// Input `index` (called for 0, 1, 2, ... in turn) into `input`: the corpus as it is
+    /// first, then mutated corpus and generated inputs.
+    fn next(&mut self, index: u64, input: &mut Vec<u8>) {
+        input.clear();
+        let (rng, corpus) = (&mut self.rng, self.corpus);
+        if (index as usize) < corpus.len() {
+            input.extend_from_slice(corpus[index as usize]);
+            return;
+        }
+        if rng.one_in(2) {
+            input.extend_from_slice(corpus[rng.below(corpus.len())]);
+        } else {
+            targets::generate(self.target, rng, input);
+        }
+        let mutations = if rng.one_in(5) { 0 } else { 1 + rng.below(9) };
+        let mut huge = false;
+        for _ in 0..mutations {
+            huge |= gen::mutate(rng, input, corpus, self.dict, self.huge);
+            input.truncate(if huge { 2 * self.huge } else { self.max_len });
+        }
+    }
+}
+
+/// Calls the progress callback about every [`FuzzOptions::progress_every`].
+struct Ticker<'a> {
+    target: Target,
+    inputs: u64,
+    start: Instant,
+    last: Instant,
+    every: Option<std::time::Duration>,
+    progress: &'a (dyn Fn(&Progress) + Sync),
+}
+
+impl Ticker<'_> {
+    /// After `drawn` inputs were drawn (the clock is read every 256).
+    fn tick(&mut self, drawn: u64, judged: u64, failing: u64) {
+        let Some(every) = self.every else { return };
+        if drawn % 256 != 0 {
+            return;
+        }
+        let now = Instant::now();
+        if now.duration_since(self.last) >= every {
+            self.last = now;
+            (self.progress)(&Progress {
+                target: self.target,
+                judged,
+                inputs: self.inputs,
+                failing,
+                seconds: now.duration_since(self.start).as_secs_f64(),
+            });
+        }
+    }
+}
+
+/// A report being summed up, with the index of the allocation peak's input (the earliest
+/// input wins a tie, whichever job judged it).
+struct Tally {
+    report: TargetReport,
+    peak_index: u64,
+}
+
+impl Tally {
+    fn new(target: Target, opts: &FuzzOptions) -> Tally {
+        Tally {
+            report: TargetReport {
+                target,
+                inputs: opts.inputs,
+                seconds: 0.0,
+                seed: opts.seed,
+                crashes: Vec::new(),
+                crash_count: 0,
+                accepted: BTreeMap::new(),
+                error_kinds: BTreeMap::new(),
+                longest_error: 0,
+                longest_compile_error: 0,
+                skipped: BTreeMap::new(),
+                compile_every: opts.compile_every,
+                longest_input: 0,
+                alloc_peak: None,
+            },
+            peak_index: 0,
+        }
+    }
+
+    /// Counts input `index` (inputs come to one tally in increasing index); saves it when it
+    /// fails and is among the first 20 failing.
+    fn add(
+        &mut self,
+        index: u64,
+        input: &[u8],
+        record: Record,
+        peak: Option<usize>,
+        opts: &FuzzOptions,
+    ) -> Result<(), FuzzError> {
+        let report = &mut self.report;
         report.longest_input = report.longest_input.max(input.len());
         report.longest_error = report.longest_error.max(record.longest_error);
         report.longest_compile_error = report
@@ -540,6 +778,7 @@ pub fn run(target: Target, opts: &FuzzOptions) -> Result<TargetReport, FuzzError
         if let Some(peak) = peak {
             if report.alloc_peak.is_none_or(|(p, _)| peak > p) {
                 report.alloc_peak = Some((peak, input.len()));
+                self.peak_index = index;
             }
         }
         for (k, n) in record.accepted {
@@ -555,7 +794,7 @@ pub fn run(target: Target, opts: &FuzzOptions) -> Result<TargetReport, FuzzError
             report.crash_count += 1;
             if report.crashes.len() < 20 {
                 let saved = match &opts.crash_dir {
-                    Some(dir) => Some(save(dir, target, opts.seed, index, &input)?),
+                    Some(dir) => Some(save(dir, report.target, opts.seed, index, input)?),
                     None => None,
                 };
                 report.crashes.push(Crash {
@@ -566,9 +805,39 @@ pub fn run(target: Target, opts: &FuzzOptions) -> Result<TargetReport, FuzzError
                 });
             }
         }
+        Ok(())
     }
-    report.seconds = start.elapsed().as_secs_f64();
-    Ok(report)
+
+    /// Adds another job's tally.
+    fn merge(&mut self, other: Tally) {
+        let (a, b) = (&mut self.report, other.report);
+        a.longest_input = a.longest_input.max(b.longest_input);
+        a.longest_error = a.longest_error.max(b.longest_error);
+        a.longest_compile_error = a.longest_compile_error.max(b.longest_compile_error);
+        if let Some((peak, len)) = b.alloc_peak {
+            let wins = match a.alloc_peak {
+                None => true,
+                Some((p, _)) => peak > p || (peak == p && other.peak_index < self.peak_index),
+            };
+            if wins {
+                a.alloc_peak = Some((peak, len));
+                self.peak_index = other.peak_index;
+            }
+        }
+        for (k, n) in b.accepted {
+            *a.accepted.entry(k).or_default() += n;
+        }
+        for (k, n) in b.error_kinds {
+            *a.error_kinds.entry(k).or_default() += n;
+        }
+        for (k, n) in b.skipped {
+            *a.skipped.entry(k).or_default() += n;
+        }
+        a.crash_count += b.crash_count;
+        a.crashes.extend(b.crashes);
+        a.crashes.sort_by_key(|c| c.index);
+        a.crashes.truncate(20);
+    }
 }
 
 fn save(
@@ -586,4 +855,75 @@ fn save(
             source,
         })?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failing(kind: &str) -> Record {
+        Record {
+            failure: Some(CrashKind::Invariant {
+                decoder: "test",
+                what: kind.into(),
+            }),
+            ..Record::default()
+        }
+    }
+
+    /// Two jobs' tallies merge into the one a single job makes: failing inputs by index, the
+    /// first 20 kept, every one counted, the earliest input's allocation peak on a tie.
+    #[test]
+    fn tallies_merge_as_one_job_counts() {
+        let opts = FuzzOptions::default();
+        let mut one = Tally::new(Target::Layout, &opts);
+        let mut parts = [
+            Tally::new(Target::Layout, &opts),
+            Tally::new(Target::Layout, &opts),
+        ];
+        for index in 0..50u64 {
+            let input = vec![0u8; index as usize];
+            let (record, peak) = if index % 2 == 0 {
+                (failing("even"), Some(1000))
+            } else {
+                (
+                    Record::default(),
+                    Some(if index == 7 { 5000 } else { 1000 }),
+                )
+            };
+            let record2 = Record {
+                failure: record.failure.clone(),
+                ..Record::default()
+            };
+            one.add(index, &input, record, peak, &opts).unwrap();
+            // Job 0 takes the inputs below 10 and over 30, job 1 the rest.
+            let job = usize::from((10..=30).contains(&index));
+            parts[job].add(index, &input, record2, peak, &opts).unwrap();
+        }
+        let [a, b] = parts;
+        let mut merged = Tally::new(Target::Layout, &opts);
+        merged.merge(b);
+        merged.merge(a);
+        let (one, merged) = (one.report, merged.report);
+        assert_eq!(merged.crash_count, 25);
+        assert_eq!(merged.crash_count, one.crash_count);
+        let idx = |r: &TargetReport| r.crashes.iter().map(|c| c.index).collect::<Vec<_>>();
+        assert_eq!(idx(&merged), (0..40).step_by(2).collect::<Vec<_>>());
+        assert_eq!(idx(&merged), idx(&one));
+        assert_eq!(merged.alloc_peak, Some((5000, 7)));
+        assert_eq!(merged.alloc_peak, one.alloc_peak);
+        assert_eq!(merged.longest_input, 49);
+
+        // A tie: the earliest input's length, whichever job's tally is merged first.
+        let mut x = Tally::new(Target::Layout, &opts);
+        x.add(9, &[0; 9], Record::default(), Some(100), &opts)
+            .unwrap();
+        let mut y = Tally::new(Target::Layout, &opts);
+        y.add(3, &[0; 3], Record::default(), Some(100), &opts)
+            .unwrap();
+        let mut m = Tally::new(Target::Layout, &opts);
+        m.merge(x);
+        m.merge(y);
+        assert_eq!(m.report.alloc_peak, Some((100, 3)));
+    }
 }
