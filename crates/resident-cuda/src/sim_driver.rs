@@ -68,7 +68,7 @@ fn host_dilation_by_env() -> u32 {
 }
 
 /// Environment variable: how long, in milliseconds, a synchronizing call waits for the running
-/// blocks before it is reported as a call that would hang on a GPU (default 2000).
+/// blocks before it is reported as a call that would hang on a GPU (default 10000).
 pub const SYNC_WAIT_ENV: &str = "RESIDENT_CUDASIM_SYNC_WAIT_MS";
 
 /// Whether synchronizing calls wait for the running blocks (the strict model).

@@ -263,6 +263,10 @@ fn sim_arena() -> &'static Arena {
 /// it parks the resident kernels for the next refill, as a GPU launch beyond the limit would).
 const SIM_STREAM_REFILL: usize = 16;
 
+/// How long a launch that found no spare stream waits for the resident kernels to park for a
+/// refill (CudaSim runs a batch some hundred times slower than a GPU).
+const SIM_STREAM_QUIESCE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The key the driver model knows a module by (its compiled object).
 fn module_key(module: &crate::sim::SimModule) -> String {
     module.path().to_string_lossy().into_owned()
@@ -562,19 +566,20 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         // arena must grow (the engine parks the resident kernels first, see
         // `launch_needs_idle_device`); nothing here waits for the device otherwise.
         Self::prepare(module, opts)?;
-        // Its stream, from the spare ones (another launch may have taken the last since
-        // `prepare`: then one more is made here, which strict mode refuses beside running
-        // blocks with a typed error, as the GPU launcher's fill would wait).
+        // Its stream, from the spare ones. Another launch may have taken the last since
+        // `prepare`: then more are made with every resident kernel parked, as the GPU
+        // launcher does (`StreamCreate` waits for the device; strict mode refuses it beside
+        // running blocks).
         let stream = match ctx.take_stream() {
             Some(s) => s,
-            None => {
-                ctx.fill_streams(1)?;
+            None => with_all_quiesced(SIM_STREAM_QUIESCE_TIMEOUT, || {
+                ctx.fill_streams(SIM_STREAM_REFILL)?;
                 ctx.take_stream().ok_or(SimError::WouldWaitForDevice {
                     call: DriverCall::StreamCreate,
                     running: Vec::new(),
                     waited: Duration::ZERO,
-                })?
-            }
+                })
+            })??,
         };
         // Each kernel runs a private copy of the object (its `__shared__` statics are its
         // own); on a GPU one loaded module serves every kernel of the source.
