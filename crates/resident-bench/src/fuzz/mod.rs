@@ -729,6 +729,13 @@ impl Ticker<'_> {
     }
 }
 
+/// Adds the counts of `from` to those of `into`.
+fn sum_into<K: Ord>(into: &mut BTreeMap<K, u64>, from: BTreeMap<K, u64>) {
+    for (k, n) in from {
+        *into.entry(k).or_default() += n;
+    }
+}
+
 /// A report being summed up, with the index of the allocation peak's input (the earliest
 /// input wins a tie, whichever job judged it).
 struct Tally {
@@ -781,15 +788,9 @@ impl Tally {
                 self.peak_index = index;
             }
         }
-        for (k, n) in record.accepted {
-            *report.accepted.entry(k).or_default() += n;
-        }
-        for (k, n) in record.error_kinds {
-            *report.error_kinds.entry(k).or_default() += n;
-        }
-        for (k, n) in record.skipped {
-            *report.skipped.entry(k).or_default() += n;
-        }
+        sum_into(&mut report.accepted, record.accepted);
+        sum_into(&mut report.error_kinds, record.error_kinds);
+        sum_into(&mut report.skipped, record.skipped);
         if let Some(kind) = record.failure {
             report.crash_count += 1;
             if report.crashes.len() < 20 {
@@ -824,15 +825,9 @@ impl Tally {
                 self.peak_index = other.peak_index;
             }
         }
-        for (k, n) in b.accepted {
-            *a.accepted.entry(k).or_default() += n;
-        }
-        for (k, n) in b.error_kinds {
-            *a.error_kinds.entry(k).or_default() += n;
-        }
-        for (k, n) in b.skipped {
-            *a.skipped.entry(k).or_default() += n;
-        }
+        sum_into(&mut a.accepted, b.accepted);
+        sum_into(&mut a.error_kinds, b.error_kinds);
+        sum_into(&mut a.skipped, b.skipped);
         a.crash_count += b.crash_count;
         a.crashes.extend(b.crashes);
         a.crashes.sort_by_key(|c| c.index);
