@@ -637,7 +637,8 @@ impl FuzzOptions {
     /// Whether input `index` also runs the slow stages: the seed corpus and every
     /// [`FuzzOptions::compile_every`]-th input.
     fn full(&self, index: u64, corpus_len: usize) -> bool {
-        (index as usize) < corpus_len || (self.compile_every > 0 && index % self.compile_every == 0)
+        (index as usize) < corpus_len
+            || (self.compile_every > 0 && index.is_multiple_of(self.compile_every))
     }
 }
 
@@ -712,7 +713,7 @@ impl Ticker<'_> {
     /// After `drawn` inputs were drawn (the clock is read every 256).
     fn tick(&mut self, drawn: u64, judged: u64, failing: u64) {
         let Some(every) = self.every else { return };
-        if drawn % 256 != 0 {
+        if !drawn.is_multiple_of(256) {
             return;
         }
         let now = Instant::now();
