@@ -172,6 +172,22 @@ __device__ __forceinline__ void resident_st_covered_u64(unsigned long long* p, u
     resident_sim::bus_store(p, sizeof(v), false);
     std::atomic_ref<unsigned long long>(*p).store(v, std::memory_order_release);
 }
+// Loads of device memory (the bulk lanes' device rings and tails line): L2 reads on a GPU, no
+// bus round trip; the bus model counts them apart and leaves them out of the dependent chain.
+__device__ __forceinline__ unsigned long long resident_ld_dev_acquire_u64(const unsigned long long* p) {
+    resident_sim::bus_dev_load(8);
+    return std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load(std::memory_order_acquire);
+}
+__device__ __forceinline__ unsigned long long resident_ld_dev_u64(const unsigned long long* p) {
+    resident_sim::bus_dev_load(8);
+    return std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load(std::memory_order_relaxed);
+}
+__device__ __forceinline__ void resident_ld_dev_v2_u64(const unsigned long long* p, unsigned long long* a,
+                                                       unsigned long long* b) {
+    resident_sim::bus_dev_load(16);
+    *a = std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p)).load(std::memory_order_relaxed);
+    *b = std::atomic_ref<unsigned long long>(*const_cast<unsigned long long*>(p + 1)).load(std::memory_order_relaxed);
+}
 __device__ __forceinline__ unsigned long long resident_now_ns() { return resident_sim::now_ns(); }
 #else
 __device__ __forceinline__ unsigned long long resident_ld_acquire_u64(const unsigned long long* p) {
@@ -245,6 +261,25 @@ __device__ __forceinline__ void resident_st_covered_u64(unsigned long long* p, u
     resident_st_relaxed_u64(p, v);
 }
 
+// Device memory (the bulk lanes): the tails line is written by the copy stream's memory
+// operations after their copies, read with an acquire; the device ring's slots with relaxed
+// gpu-scope loads, which read L2 (where the copy engine writes), never a stale L1 line of a
+// reused slot.
+__device__ __forceinline__ unsigned long long resident_ld_dev_acquire_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long resident_ld_dev_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void resident_ld_dev_v2_u64(const unsigned long long* p, unsigned long long* a,
+                                                       unsigned long long* b) {
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+}
+
 __device__ __forceinline__ unsigned long long resident_now_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -265,6 +300,33 @@ __device__ __forceinline__ void resident_copy_in(S* dst, const S* src) {
 #pragma unroll 4
         for (unsigned int i = 0; i < sizeof(S) / 8; ++i) d[i] = resident_ld_relaxed_u64(s + i);
     }
+}
+
+// Copies one slot of a bulk lane's device ring into thread-private memory (device memory: L2).
+__device__ __forceinline__ void resident_copy_in_dev(InSlot* dst, const InSlot* src) {
+    unsigned long long* d = (unsigned long long*)dst;
+    const unsigned long long* s = (const unsigned long long*)src;
+    if (sizeof(InSlot) % 16 == 0 && (((unsigned long long)src) & 15ull) == 0) {
+#pragma unroll 4
+        for (unsigned int i = 0; i < sizeof(InSlot) / 8; i += 2) resident_ld_dev_v2_u64(s + i, &d[i], &d[i + 1]);
+    } else {
+#pragma unroll 4
+        for (unsigned int i = 0; i < sizeof(InSlot) / 8; ++i) d[i] = resident_ld_dev_u64(s + i);
+    }
+}
+
+// ---- bulk lanes: deep queues by the copy engine (resident_cuda::persistent::bulk) ----
+// Each lane may also have a device ring (lane_capacity plain InSlots in device memory, position
+// pos at slot pos % capacity) whose tail the copy stream's memory operation publishes in the
+// tails line (device memory) after the copy of the slots below it, and whose head thread 0
+// publishes in the heads line (pinned host memory) as it does the LL head. The host writes a
+// lane's other path only once the head of the path in use covers everything sent on it, so at
+// most one path of a lane holds messages: a lane's batch comes from whichever is not empty.
+__device__ __forceinline__ unsigned long long* resident_bulk_tail(const PersistentParams* p, unsigned int l) {
+    return (unsigned long long*)p->bulk_tails + l;
+}
+__device__ __forceinline__ unsigned long long* resident_bulk_head(const PersistentParams* p, unsigned int l) {
+    return (unsigned long long*)p->bulk_heads + l;
 }
 
 // ---- input lanes: one bus read finds a message and delivers it ----
@@ -387,6 +449,10 @@ struct ResidentOwner {
     unsigned int peer_cap, peer_seq, peer_blocked;
     // Lanes whose tail covered a head slot that did not show its flags in the last poll.
     unsigned int covered;
+    // The bulk lanes: own heads (exact) and the copy stream's tails as last read (maybe stale =
+    // smaller); all 0 without bulk lanes.
+    unsigned long long bulk_head[8];
+    unsigned long long bulk_cached_tail[8];
 };
 
 // Device counters: relaxed stores (the device is their only writer); the release store of
@@ -429,6 +495,11 @@ __device__ void resident_check_peer(const PersistentParams* p, ControlBlock* ctl
         for (unsigned int l = 0; l < p->lane_count; ++l) {
             const unsigned long long t = resident_ld_acquire_u64(&((RingHeader*)p->lanes[l])->tail);
             o->cached_tail[l] = t > o->head[l] ? t : o->head[l];
+            // And the bulk tails: those messages too were accepted before the link.
+            if (p->bulk_tails != 0ull) {
+                const unsigned long long b = resident_ld_dev_acquire_u64(resident_bulk_tail(p, l));
+                o->bulk_cached_tail[l] = b > o->bulk_head[l] ? b : o->bulk_head[l];
+            }
         }
     } else {
         o->peer = 0;
@@ -528,6 +599,8 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
     __shared__ unsigned long long s_poll_head[8];
     __shared__ unsigned long long s_fast[RESIDENT_FAST_WORDS > 0u ? RESIDENT_FAST_WORDS : 1u];
     __shared__ unsigned int s_fast_mask;
+    // The lanes of this batch whose slots come from their bulk device ring.
+    __shared__ unsigned int s_bulk_mask;
 #ifdef RESIDENT_KEYED
     __shared__ unsigned int s_key[RESIDENT_BATCH];  // each message's key, gathered order
     __shared__ unsigned int s_rounds;               // messages of the busiest key of the batch
@@ -558,6 +631,11 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
         else if (p.lane_count < 1 || p.lane_count > 8 || !resident_is_pow2(p.lane_capacity) ||
                  !resident_is_pow2(p.out_capacity) || p.out_capacity < RESIDENT_BATCH)
             err = RESIDENT_ERR_BAD_PARAMS;
+        else if (p.bulk_tails != 0ull) {
+            if (p.bulk_heads == 0ull) err = RESIDENT_ERR_BAD_PARAMS;
+            for (unsigned int l = 0; l < p.lane_count; ++l)
+                if (p.bulk_slots[l] == 0ull) err = RESIDENT_ERR_BAD_PARAMS;
+        }
         if (err != 0) {
             resident_st_relaxed_u32(&ctl->error_code, err);
             resident_st_release_u32(&ctl->device_state, RESIDENT_DEV_ERROR);
@@ -574,6 +652,15 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                     // head (a slot taken by its flags before a quiesce may be ahead of it).
                     const unsigned long long t = resident_ld_acquire_u64(&r->tail);
                     o.cached_tail[l] = t > o.head[l] ? t : o.head[l];
+                }
+                o.bulk_head[l] = 0;
+                o.bulk_cached_tail[l] = 0;
+                if (l < p.lane_count && p.bulk_tails != 0ull) {
+                    // Own index (relaxed is exact), then the copy stream's tail (acquire: its
+                    // copies are visible); a relaunch after a quiesce resumes from both.
+                    o.bulk_head[l] = resident_ld_relaxed_u64(resident_bulk_head(&p, l));
+                    const unsigned long long b = resident_ld_dev_acquire_u64(resident_bulk_tail(&p, l));
+                    o.bulk_cached_tail[l] = b > o.bulk_head[l] ? b : o.bulk_head[l];
                 }
             }
             RingHeader* out = (RingHeader*)p.out;
@@ -627,6 +714,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             bool found = false;
             // Thread 0's loads of a poll, used after S2.
             unsigned long long t[RESIDENT_PEER + 1] = {};
+            unsigned long long bt[8] = {};  // the bulk tails of lanes whose device ring looks empty
             unsigned long long out_head = 0;
             bool out_low = false, peer_on = false;
             const bool fast_on = RESIDENT_FAST_POLL != 0u && p.lane_count * RESIDENT_LL_W <= RESIDENT_FAST_WORDS;
@@ -703,6 +791,15 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                             if (l < p.lane_count && o.cached_tail[l] == o.head[l])
                                 t[l] = resident_ld_fenced(&((RingHeader*)p.lanes[l])->tail);
                         }
+                        // The bulk tails of the lanes whose device ring looks empty: device memory
+                        // (L2), in the same round; each an acquire (pairs with the stream order
+                        // of the copy before the memory operation that wrote it).
+                        if (p.bulk_tails != 0ull) {
+#pragma unroll
+                            for (unsigned int l = 0; l < 8; ++l)
+                                if (l < p.lane_count && o.bulk_cached_tail[l] == o.bulk_head[l])
+                                    bt[l] = resident_ld_dev_acquire_u64(resident_bulk_tail(&p, l));
+                        }
                         // The producing kernel's tail likewise (pairs with its release store of
                         // the tail after its slot writes).
                         if (peer_on && o.peer_cached_tail == o.peer_head)
@@ -775,14 +872,24 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                     // visible to this thread and, via barrier A, to all.
                     if (out_low) o.out_cached_head = out_head;
                     if (fresh || out_low) resident_fence_acquire();
+#pragma unroll
+                    for (unsigned int l = 0; l < 8; ++l)
+                        if (l < p.lane_count && o.bulk_cached_tail[l] == o.bulk_head[l] && bt[l] > o.bulk_head[l])
+                            o.bulk_cached_tail[l] = bt[l];
                     total = 0;
+                    unsigned int bulk = 0;
                     for (int l = (int)p.lane_count - 1; l >= 0; --l) {
+                        // One path per lane holds messages: the LL lane's, else the bulk lane's.
                         unsigned long long avail = o.cached_tail[l] - o.head[l];
+                        const bool from_bulk = avail == 0 && o.bulk_cached_tail[l] != o.bulk_head[l];
+                        if (from_bulk) avail = o.bulk_cached_tail[l] - o.bulk_head[l];
                         unsigned int room = RESIDENT_BATCH - total;
                         unsigned int tk = avail < room ? (unsigned int)avail : room;
                         s_take[l] = tk;
+                        if (from_bulk && tk != 0u) bulk |= 1u << l;
                         total += tk;
                     }
+                    s_bulk_mask = bulk;
                     // The peer ring fills what room the own lanes leave: inputs sent to this
                     // kernel directly come first, as a higher lane would; forwarded ones keep
                     // their ring's FIFO order, and wait (their producer backpressured) while the
@@ -811,7 +918,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                 if (cmd == RESIDENT_CMD_RUN) {
                     for (unsigned int l = 0; l < 8; ++l) {
                         if (l >= p.lane_count) s_take[l] = 0;
-                        s_head[l] = o.head[l];
+                        s_head[l] = ((s_bulk_mask >> l) & 1u) != 0u ? o.bulk_head[l] : o.head[l];
                     }
                     s_head[RESIDENT_PEER] = o.peer_head;
                     s_peer_ring = o.peer;
@@ -856,7 +963,8 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             const unsigned int W = (unsigned int)(sizeof(InSlot) / 8);
             unsigned long long* mine = (unsigned long long*)&in;
             const bool staged0 = l0 != RESIDENT_PEER && ((s_fast_mask >> l0) & 1u) != 0u;
-            if (l0 == l1 && pos0 + w_count <= cap0 && l0 != RESIDENT_PEER && !staged0) {
+            const bool bulk0 = l0 != RESIDENT_PEER && ((s_bulk_mask >> l0) & 1u) != 0u;
+            if (l0 == l1 && pos0 + w_count <= cap0 && l0 != RESIDENT_PEER && !staged0 && !bulk0) {
                 // A lane's run: chunk g is data word g of the run, its flag its slot's position.
                 const unsigned long long first_pos = s_head[l0] + r0;
                 const unsigned long long* src = resident_ll_slot(p.lanes[l0], first_pos, cap0);
@@ -896,8 +1004,13 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                         __syncwarp();
                     }
                 }
-            } else if (l0 == l1 && pos0 + w_count <= cap0 && l0 == RESIDENT_PEER) {
-                const unsigned long long* src = (const unsigned long long*)(resident_in_slots(s_peer_ring) + pos0);
+            } else if (l0 == l1 && pos0 + w_count <= cap0 && (l0 == RESIDENT_PEER || bulk0)) {
+                // Plain slots: the peer ring (another kernel's output ring, host memory) or a
+                // bulk lane's device ring (device memory: L2 reads, the copy engine put them
+                // there). Warp-uniform either way.
+                const unsigned long long* src =
+                    bulk0 ? (const unsigned long long*)((const InSlot*)p.bulk_slots[l0] + pos0)
+                          : (const unsigned long long*)(resident_in_slots(s_peer_ring) + pos0);
                 const unsigned int words = w_count * W;
                 // 16-byte loads (64 words per round, half the bus reads) where the run starts
                 // on a 16-byte boundary; 8-byte ones otherwise. Warp-uniform: one src per warp.
@@ -916,10 +1029,14 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                         const unsigned int w = group + k * step + per * lane;
                         ra[k] = 0;
                         rb[k] = 0;
-                        if (per == 2u && w + 1u < words)
-                            resident_ld_relaxed_v2_u64(src + w, &ra[k], &rb[k]);
-                        else if (w < words)
-                            ra[k] = resident_ld_relaxed_u64(src + w);
+                        if (per == 2u && w + 1u < words) {
+                            if (bulk0)
+                                resident_ld_dev_v2_u64(src + w, &ra[k], &rb[k]);
+                            else
+                                resident_ld_relaxed_v2_u64(src + w, &ra[k], &rb[k]);
+                        } else if (w < words) {
+                            ra[k] = bulk0 ? resident_ld_dev_u64(src + w) : resident_ld_relaxed_u64(src + w);
+                        }
                     }
 #pragma unroll
                     for (unsigned int k = 0; k < KP; ++k) {
@@ -942,6 +1059,8 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                 resident_locate(&p, s_take, tid, &l, &rem);
                 if (l == RESIDENT_PEER) {
                     resident_copy_in(&in, resident_in_slots(s_peer_ring) + ((s_head[l] + rem) & (unsigned long long)(s_peer_cap - 1)));
+                } else if (((s_bulk_mask >> l) & 1u) != 0u) {
+                    resident_copy_in_dev(&in, (const InSlot*)p.bulk_slots[l] + ((s_head[l] + rem) & (unsigned long long)(p.lane_capacity - 1)));
                 } else if (((s_fast_mask >> l) & 1u) != 0u) {
                     // The poll's staged slot (its one slot of the batch: rem is 0).
                     for (unsigned int g = 0; g < W; ++g) mine[g] = s_fast[l * W + g];
@@ -1051,7 +1170,11 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             heads_early = o.out_tail + sum - o.out_cached_head > cap;
             if (heads_early) {
                 for (unsigned int l = 0; l < p.lane_count; ++l) {
-                    if (s_take[l] != 0) {
+                    if (s_take[l] == 0) continue;
+                    if (((s_bulk_mask >> l) & 1u) != 0u) {
+                        o.bulk_head[l] += s_take[l];
+                        resident_st_release_u64(resident_bulk_head(&p, l), o.bulk_head[l]);
+                    } else {
                         o.head[l] += s_take[l];
                         resident_st_release_u64(&((RingHeader*)p.lanes[l])->head, o.head[l]);
                     }
@@ -1154,7 +1277,11 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                 resident_st_covered_u64(&((RingHeader*)p.out)->tail, o.out_tail);
             }
             for (unsigned int l = 0; heads_move && l < p.lane_count; ++l) {
-                if (s_take[l] != 0) {
+                if (s_take[l] == 0) continue;
+                if (((s_bulk_mask >> l) & 1u) != 0u) {
+                    o.bulk_head[l] += s_take[l];
+                    resident_st_covered_u64(resident_bulk_head(&p, l), o.bulk_head[l]);
+                } else {
                     o.head[l] += s_take[l];
                     resident_st_covered_u64(&((RingHeader*)p.lanes[l])->head, o.head[l]);
                 }

@@ -179,12 +179,19 @@ enum BusField : unsigned int {
     BUS_IDLE_READS,         // their queue loads
     BUS_TORN_READS,         // wide loads split in two with the writer let run between
     BUS_BATCH_FENCES,       // fences and release stores inside batches (each waits on a GPU)
+    BUS_DEV_READS,          // loads of device memory (bulk lanes: L2 on a GPU, no bus round trip)
+    BUS_DEV_READ_BYTES,
+    BUS_BATCH_DEV_READS,    // the same inside batches
+    BUS_BATCH_DEV_READ_BYTES,
     BUS_FIELDS
 };
+// Per-thread totals: queue reads, writes, read bytes, write bytes, device reads, device bytes.
+constexpr int BUS_T = 6;
 
 struct BusThread {
     std::atomic<unsigned long long> reads{0}, writes{0}, read_bytes{0}, write_bytes{0};
-    char pad[64 - 4 * sizeof(std::atomic<unsigned long long>) > 0 ? 64 - 4 * sizeof(std::atomic<unsigned long long>) : 1];
+    std::atomic<unsigned long long> dev_reads{0}, dev_read_bytes{0};
+    char pad[64 - BUS_T * sizeof(std::atomic<unsigned long long>) > 0 ? 64 - BUS_T * sizeof(std::atomic<unsigned long long>) : 1];
 };
 
 struct Bus {
@@ -197,8 +204,8 @@ struct Bus {
     // Thread 0's window: the block's totals and the depth at the poll that opened it, and
     // warp 0's counters then (between batches only warp 0 touches the bus, so a poll moves the
     // mark by warp 0's own traffic and never sums the block).
-    unsigned long long mark[4] = {0, 0, 0, 0};
-    unsigned long long t0_mark[4] = {0, 0, 0, 0};
+    unsigned long long mark[BUS_T] = {0, 0, 0, 0, 0, 0};
+    unsigned long long t0_mark[BUS_T] = {0, 0, 0, 0, 0, 0};
     unsigned long long base_depth = 0;
     bool window = false;
     // Fences and release stores since the poll that opened the window (a batch's, once it
@@ -265,6 +272,15 @@ inline void bus_store(const void* p, unsigned int bytes, bool release) {
     bus_add(t.write_bytes, bytes);
 }
 
+// A load of device memory (a bulk lane's device ring or tails line): an L2 read on a GPU, not a
+// bus transaction, so it is counted apart and never deepens the dependent bus chain.
+inline void bus_dev_load(unsigned int bytes) {
+    if (!g_bus.on) return;
+    BusThread& t = g_bus.threads[threadIdx.x & 1023u];
+    bus_add(t.dev_reads, 1);
+    bus_add(t.dev_read_bytes, bytes);
+}
+
 // A fence (acquire or release: fence.acq_rel.sys on a GPU): waits for every pending load and,
 // on a GPU, for this thread's earlier writes to reach their destination; counted per batch.
 inline void bus_fence() {
@@ -272,30 +288,31 @@ inline void bus_fence() {
     if (g_bus.on && g_bus.window) bus_add(g_bus.win_fences, 1);
 }
 
-inline void bus_thread_totals(const BusThread& t, unsigned long long out[4]) {
+inline void bus_thread_totals(const BusThread& t, unsigned long long out[BUS_T]) {
     out[0] = t.reads.load(std::memory_order_relaxed);
     out[1] = t.writes.load(std::memory_order_relaxed);
     out[2] = t.read_bytes.load(std::memory_order_relaxed);
     out[3] = t.write_bytes.load(std::memory_order_relaxed);
+    out[4] = t.dev_reads.load(std::memory_order_relaxed);
+    out[5] = t.dev_read_bytes.load(std::memory_order_relaxed);
 }
 
 // Warp 0's counters (between batches only warp 0 touches the bus: its poll).
-inline void bus_warp0_totals(unsigned long long out[4]) {
-    out[0] = out[1] = out[2] = out[3] = 0;
+inline void bus_warp0_totals(unsigned long long out[BUS_T]) {
+    for (int k = 0; k < BUS_T; ++k) out[k] = 0;
     for (unsigned int i = 0; i < 32; ++i) {
-        unsigned long long t[4];
+        unsigned long long t[BUS_T];
         bus_thread_totals(g_bus.threads[i], t);
-        for (int k = 0; k < 4; ++k) out[k] += t[k];
+        for (int k = 0; k < BUS_T; ++k) out[k] += t[k];
     }
 }
 
-inline void bus_totals(unsigned long long out[4]) {
-    out[0] = out[1] = out[2] = out[3] = 0;
-    for (auto& t : g_bus.threads) {
-        out[0] += t.reads.load(std::memory_order_relaxed);
-        out[1] += t.writes.load(std::memory_order_relaxed);
-        out[2] += t.read_bytes.load(std::memory_order_relaxed);
-        out[3] += t.write_bytes.load(std::memory_order_relaxed);
+inline void bus_totals(unsigned long long out[BUS_T]) {
+    for (int k = 0; k < BUS_T; ++k) out[k] = 0;
+    for (auto& th : g_bus.threads) {
+        unsigned long long t[BUS_T];
+        bus_thread_totals(th, t);
+        for (int k = 0; k < BUS_T; ++k) out[k] += t[k];
     }
 }
 
@@ -320,13 +337,13 @@ inline void bus_begin(const void* control, std::size_t bytes) {
 // finds it.
 inline void bus_poll() {
     if (!g_bus.on) return;
-    unsigned long long t0[4];
+    unsigned long long t0[BUS_T];
     bus_warp0_totals(t0);
     if (g_bus.window) {
         bus_add(g_bus.v[BUS_IDLE_POLLS], 1);
         bus_add(g_bus.v[BUS_IDLE_READS], t0[0] - g_bus.t0_mark[0]);
     }
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < BUS_T; ++i) {
         g_bus.mark[i] += t0[i] - g_bus.t0_mark[i];
         g_bus.t0_mark[i] = t0[i];
     }
@@ -342,9 +359,11 @@ inline void bus_poll() {
 // batch are before it, ordered by the batch's barriers): closes the window.
 inline void bus_batch(unsigned int messages) {
     if (!g_bus.on || !g_bus.window) return;
-    unsigned long long now[4];
+    unsigned long long now[BUS_T];
     bus_totals(now);
     bus_add(g_bus.v[BUS_BATCHES], 1);
+    bus_add(g_bus.v[BUS_BATCH_DEV_READS], now[4] - g_bus.mark[4]);
+    bus_add(g_bus.v[BUS_BATCH_DEV_READ_BYTES], now[5] - g_bus.mark[5]);
     bus_add(g_bus.v[BUS_MESSAGES], messages);
     bus_add(g_bus.v[BUS_BATCH_READS], now[0] - g_bus.mark[0]);
     bus_add(g_bus.v[BUS_BATCH_WRITES], now[1] - g_bus.mark[1]);
@@ -356,7 +375,7 @@ inline void bus_batch(unsigned int messages) {
     unsigned long long m = g_bus.v[BUS_CHAIN_MAX].load(std::memory_order_relaxed);
     while (chain > m && !g_bus.v[BUS_CHAIN_MAX].compare_exchange_weak(m, chain, std::memory_order_relaxed)) {
     }
-    for (int i = 0; i < 4; ++i) g_bus.mark[i] = now[i];
+    for (int i = 0; i < BUS_T; ++i) g_bus.mark[i] = now[i];
     bus_warp0_totals(g_bus.t0_mark);
     g_bus.window = false;
 }
@@ -721,10 +740,17 @@ inline int launch(void (*f)(A...), const Dims* d, void** args, const unsigned lo
 extern "C" __attribute__((visibility("default"))) unsigned int resident_sim_bus_stats(unsigned long long* out,
                                                                                         unsigned int n) {
     unsigned int k = n < resident_sim::BUS_FIELDS ? n : (unsigned int)resident_sim::BUS_FIELDS;
-    unsigned long long tot[4];
+    unsigned long long tot[resident_sim::BUS_T];
     resident_sim::bus_totals(tot);
     for (unsigned int i = 0; i < k; ++i) {
-        out[i] = i < 4 ? tot[i] : resident_sim::g_bus.v[i].load(std::memory_order_relaxed);
+        if (i < 4)
+            out[i] = tot[i];
+        else if (i == resident_sim::BUS_DEV_READS)
+            out[i] = tot[4];
+        else if (i == resident_sim::BUS_DEV_READ_BYTES)
+            out[i] = tot[5];
+        else
+            out[i] = resident_sim::g_bus.v[i].load(std::memory_order_relaxed);
     }
     return k;
 }

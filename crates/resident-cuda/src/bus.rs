@@ -64,10 +64,25 @@ pub struct BusStats {
     /// Fences and release stores inside batches: on a GPU each waits for the thread's earlier
     /// writes to reach host memory (a PCIe write flush) as well as for its pending loads.
     pub batch_fences: u64,
+    /// Loads of device memory by the kernel (the bulk lanes' device rings and tails line: L2
+    /// reads on a GPU, no bus round trip; never in the dependent chain).
+    pub dev_reads: u64,
+    /// Bytes of `dev_reads`.
+    pub dev_read_bytes: u64,
+    /// Device-memory loads inside batches.
+    pub batch_dev_reads: u64,
+    /// Bytes of `batch_dev_reads`.
+    pub batch_dev_read_bytes: u64,
+    /// Bytes the copy engine moved into the bulk lanes' device rings (counted by the host's
+    /// submits, [`crate::persistent::BulkStats`]; not the shim's).
+    pub copy_engine_bytes: u64,
+    /// Driver calls of those submits (a copy per contiguous range, a stream memory operation
+    /// per submit).
+    pub driver_calls: u64,
 }
 
 /// How many counters the shim exports, in [`BusStats::from_fields`] order.
-pub const BUS_FIELDS: usize = 18;
+pub const BUS_FIELDS: usize = 22;
 
 /// Figures divided by a count (per message or per batch).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -84,6 +99,12 @@ pub struct BusRates {
     pub chain: f64,
     /// Fences and release stores (see [`BusStats::batch_fences`]).
     pub fences: f64,
+    /// Bytes loaded from device memory (bulk lanes).
+    pub dev_read_bytes: f64,
+    /// Bytes the copy engine moved.
+    pub copy_engine_bytes: f64,
+    /// Driver calls the host made for the copies.
+    pub driver_calls: f64,
 }
 
 impl BusStats {
@@ -109,6 +130,12 @@ impl BusStats {
             idle_reads: f(15),
             torn_reads: f(16),
             batch_fences: f(17),
+            dev_reads: f(18),
+            dev_read_bytes: f(19),
+            batch_dev_reads: f(20),
+            batch_dev_read_bytes: f(21),
+            copy_engine_bytes: 0,
+            driver_calls: 0,
         }
     }
 
@@ -135,6 +162,12 @@ impl BusStats {
             idle_reads: d(self.idle_reads, earlier.idle_reads),
             torn_reads: d(self.torn_reads, earlier.torn_reads),
             batch_fences: d(self.batch_fences, earlier.batch_fences),
+            dev_reads: d(self.dev_reads, earlier.dev_reads),
+            dev_read_bytes: d(self.dev_read_bytes, earlier.dev_read_bytes),
+            batch_dev_reads: d(self.batch_dev_reads, earlier.batch_dev_reads),
+            batch_dev_read_bytes: d(self.batch_dev_read_bytes, earlier.batch_dev_read_bytes),
+            copy_engine_bytes: d(self.copy_engine_bytes, earlier.copy_engine_bytes),
+            driver_calls: d(self.driver_calls, earlier.driver_calls),
         }
     }
 
@@ -146,6 +179,9 @@ impl BusStats {
             read_bytes: per(self.batch_read_bytes),
             write_bytes: per(self.batch_write_bytes),
             fences: per(self.batch_fences),
+            dev_read_bytes: per(self.batch_dev_read_bytes),
+            copy_engine_bytes: per(self.copy_engine_bytes),
+            driver_calls: per(self.driver_calls),
             chain: if self.batches == 0 {
                 0.0
             } else {

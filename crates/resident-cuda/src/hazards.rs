@@ -63,11 +63,17 @@ pub enum DriverCall {
     LaunchGrowingLocalMemory,
     /// `cuStreamQuery`: never waits.
     StreamQuery,
+    /// `cuMemcpyHtoDAsync` from pinned host memory on a non-blocking copy stream, with no
+    /// synchronize after it (the bulk input lane's copy engine).
+    MemcpyHtoDAsyncPinned,
+    /// `cuStreamWriteValue64` (or 32) of device memory on a non-blocking stream: a stream
+    /// memory operation, ordered after the stream's earlier work (the bulk lane's tail).
+    StreamWriteValue,
 }
 
 impl DriverCall {
     /// Every call, for tables and tests.
-    pub const ALL: [DriverCall; 16] = [
+    pub const ALL: [DriverCall; 18] = [
         DriverCall::MemAlloc,
         DriverCall::MemFree,
         DriverCall::MemAllocAsync,
@@ -84,6 +90,8 @@ impl DriverCall {
         DriverCall::LaunchKernel,
         DriverCall::LaunchGrowingLocalMemory,
         DriverCall::StreamQuery,
+        DriverCall::MemcpyHtoDAsyncPinned,
+        DriverCall::StreamWriteValue,
     ];
 
     /// Whether the call waits until no kernel of the context runs (and so never returns while
@@ -105,7 +113,9 @@ impl DriverCall {
             | DriverCall::MemFreeAsync
             | DriverCall::MemcpyAsync
             | DriverCall::LaunchKernel
-            | DriverCall::StreamQuery => false,
+            | DriverCall::StreamQuery
+            | DriverCall::MemcpyHtoDAsyncPinned
+            | DriverCall::StreamWriteValue => false,
         }
     }
 
@@ -128,6 +138,8 @@ impl DriverCall {
             DriverCall::LaunchKernel => "cuLaunchKernel",
             DriverCall::LaunchGrowingLocalMemory => "cuLaunchKernel (local memory grows)",
             DriverCall::StreamQuery => "cuStreamQuery",
+            DriverCall::MemcpyHtoDAsyncPinned => "cuMemcpyHtoDAsync (pinned, copy stream)",
+            DriverCall::StreamWriteValue => "cuStreamWriteValue64",
         }
     }
 
@@ -155,6 +167,14 @@ impl DriverCall {
             }
             DriverCall::LaunchKernel => "api (asynchronous launch)",
             DriverCall::StreamQuery => "api (never blocks)",
+            DriverCall::MemcpyHtoDAsyncPinned => {
+                "api (asynchronous from page-locked memory; a non-blocking stream does not \
+                 order against the NULL stream); not yet timed beside a resident kernel"
+            }
+            DriverCall::StreamWriteValue => {
+                "api (a stream memory operation: enqueued, ordered on its stream only); not yet \
+                 timed beside a resident kernel"
+            }
         }
     }
 }
@@ -191,6 +211,8 @@ mod tests {
             DriverCall::MemFreeAsync,
             DriverCall::MemcpyAsync,
             DriverCall::LaunchKernel,
+            DriverCall::MemcpyHtoDAsyncPinned,
+            DriverCall::StreamWriteValue,
         ] {
             assert!(!c.synchronizes(), "{c}");
         }

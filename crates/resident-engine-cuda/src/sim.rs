@@ -66,6 +66,8 @@ impl<In: Message, Out: Message> CudaRing<SimKernel<In, Out>> {
             queues: g.queues(),
             heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
             buffers,
+            // RESIDENT_BULK_LANE / RESIDENT_BULK_THRESHOLD; a bad value is a typed error.
+            bulk: resident_cuda::persistent::BulkConfig::from_env()?,
             ..SimLaunchOptions::default()
         };
         // Compiling touches no device: outside the quiesce, so resident kernels keep running.

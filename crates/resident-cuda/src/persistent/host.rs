@@ -12,6 +12,7 @@ use bytemuck::Pod;
 use resident_ring::spsc::{ring_bytes, Consumer, HeapMemory, Ring, RingMemory};
 use resident_ring::{Envelope, Slot};
 
+use super::bulk::{choose, BulkLanes, BulkStats, Path, BULK_LINE_BYTES};
 use super::control::{ControlBlock, DeviceCounters, RunState, CONTROL_BLOCK_BYTES};
 use super::lane::{lane_bytes, LaneWriter};
 use super::{lane_for_priority, PersistentError, SharedMemory, MAX_LANES};
@@ -106,6 +107,8 @@ pub struct PersistentQueues<In: Pod + Send, Out: Pod + Send> {
     view: DeviceView<In, Out>,
     /// Messages accepted per lane, for telemetry.
     sent: [u64; MAX_LANES],
+    /// The lanes' bulk paths (see [`super::bulk`]); `None`: LL lanes only.
+    bulk: Option<BulkLanes<In>>,
 }
 
 impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
@@ -135,6 +138,29 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
             config.lanes,
         ));
         v.push(ring_bytes::<Slot<Out>>(config.out_capacity));
+        v
+    }
+
+    /// The pinned allocations a kernel's bulk lanes take (staging rings, lane 0 first, then
+    /// the heads line), beside [`allocation_sizes`](Self::allocation_sizes); their device rings
+    /// and tails line are device memory ([`bulk_device_sizes`](Self::bulk_device_sizes)).
+    pub fn bulk_allocation_sizes(config: QueueConfig) -> Vec<usize> {
+        let mut v = vec![
+            config
+                .lane_capacity
+                .saturating_mul(core::mem::size_of::<Slot<In>>());
+            config.lanes
+        ];
+        v.push(BULK_LINE_BYTES);
+        v
+    }
+
+    /// The device allocations of the bulk lanes: the device rings, lane 0 first, then the
+    /// tails line.
+    pub fn bulk_device_sizes(config: QueueConfig) -> Vec<usize> {
+        let mut v = Self::bulk_allocation_sizes(config);
+        v.pop();
+        v.push(BULK_LINE_BYTES);
         v
     }
 
@@ -199,7 +225,45 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
                 _t: PhantomData,
             },
             sent: [0; MAX_LANES],
+            bulk: None,
         })
+    }
+
+    /// Gives the lanes their bulk paths (before the kernel starts).
+    pub fn attach_bulk(&mut self, bulk: BulkLanes<In>) {
+        self.bulk = Some(bulk);
+    }
+
+    /// The bulk paths' counters (`None`: LL lanes only).
+    pub fn bulk_stats(&self) -> Option<Arc<BulkStats>> {
+        self.bulk.as_ref().map(|b| b.stats())
+    }
+
+    /// The first copy engine error of a bulk submit, if one failed (then nothing more is
+    /// accepted on the bulk paths; the messages stay with the caller).
+    pub fn bulk_error(&self) -> Option<&str> {
+        self.bulk.as_ref().and_then(|b| b.error())
+    }
+
+    /// Puts the leading run of `slots` (all of lane `lane`) on the path [`choose`] gives;
+    /// returns how many were accepted (0 while the run waits for the LL path to drain).
+    fn push_run(&mut self, lane: usize, slots: &[Slot<In>]) -> usize {
+        let path = match &self.bulk {
+            None => Some(Path::Ll),
+            Some(b) => choose(
+                &b.config(),
+                self.lanes[lane].len(),
+                b.pending(lane),
+                slots.len(),
+            ),
+        };
+        let n = match (path, &mut self.bulk) {
+            (Some(Path::Bulk), Some(b)) => b.push(lane, slots),
+            (Some(_), _) => self.lanes[lane].push_slice(slots),
+            (None, _) => 0,
+        };
+        self.sent[lane] += n as u64;
+        n
     }
 
     /// The geometry.
@@ -227,8 +291,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
     pub fn send(&mut self, env: Envelope, payload: In) -> Result<(), Full<In>> {
         let lane = self.lane_of(env.priority);
         let slot = Slot::new(env, payload);
-        if self.lanes[lane].push(slot) {
-            self.sent[lane] += 1;
+        if self.push_run(lane, core::slice::from_ref(&slot)) == 1 {
             Ok(())
         } else {
             Err(Full { lane, slot })
@@ -236,8 +299,9 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
     }
 
     /// Enqueues the longest prefix of `slots` that fits, publishing each lane's tail once per
-    /// run of consecutive same-lane messages. Returns how many were accepted; the rest were not
-    /// touched (so order within a lane is kept when the caller retries them).
+    /// run of consecutive same-lane messages (on the lane's LL or bulk path, see
+    /// [`super::bulk`]). Returns how many were accepted; the rest were not touched (so order
+    /// within a lane is kept when the caller retries them).
     pub fn send_batch(&mut self, slots: &[Slot<In>]) -> usize {
         let mut done = 0;
         while done < slots.len() {
@@ -246,8 +310,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
                 .iter()
                 .take_while(|s| self.lane_of(s.env.priority) == lane)
                 .count();
-            let n = self.lanes[lane].push_slice(&slots[done..done + run]);
-            self.sent[lane] += n as u64;
+            let n = self.push_run(lane, &slots[done..done + run]);
             done += n;
             if n < run {
                 break;
@@ -291,9 +354,13 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
         Ok(())
     }
 
-    /// Messages sent but not yet taken by the device, over all lanes.
+    /// Messages sent but not yet taken by the device, over all lanes and both paths.
     pub fn pending_input(&self) -> usize {
-        self.lanes.iter().map(|l| l.len()).sum()
+        let bulk = self
+            .bulk
+            .as_ref()
+            .map_or(0, |b| (0..self.lanes.len()).map(|l| b.pending(l)).sum());
+        self.lanes.iter().map(|l| l.len()).sum::<usize>() + bulk
     }
 
     /// Messages accepted per lane since creation (lanes beyond `config.lanes` are 0).
@@ -327,10 +394,15 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
     /// the consumer's part on memory nobody else reads.
     pub unsafe fn reclaim_input(&mut self) -> Vec<Slot<In>> {
         let mut out = Vec::new();
-        for lane in self.lanes.iter_mut().rev() {
+        for (l, lane) in self.lanes.iter_mut().enumerate().rev() {
             // SAFETY: this function's contract: the device side stopped reading the lane for
             // good, and `&mut self` keeps the host from pushing meanwhile.
             out.extend(unsafe { lane.reclaim() });
+            // At most one of a lane's paths holds messages (super::bulk), so this keeps FIFO.
+            if let Some(b) = &mut self.bulk {
+                // SAFETY: as above.
+                out.extend(unsafe { b.reclaim(l) });
+            }
         }
         out
     }

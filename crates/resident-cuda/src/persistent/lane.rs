@@ -111,7 +111,7 @@ fn slot_words<In: Pod>(slot: &Slot<In>, words: &mut [u64]) {
 
 /// A `Slot<In>`'s bytes into `buf` (`size_of::<Slot<In>>()` long), the tail padding zero:
 /// copied field by field, so no padding byte is ever read.
-fn slot_bytes<In: Pod>(slot: &Slot<In>, buf: &mut [u8]) {
+pub(super) fn slot_bytes<In: Pod>(slot: &Slot<In>, buf: &mut [u8]) {
     let env = bytemuck::bytes_of(&slot.env);
     let payload = bytemuck::bytes_of(&slot.payload);
     let (head, rest) = buf.split_at_mut(env.len());
@@ -124,6 +124,12 @@ fn slot_bytes<In: Pod>(slot: &Slot<In>, buf: &mut [u8]) {
 /// The `Slot<In>` made of `words` (the inverse of [`slot_bytes`], word by word).
 fn slot_of<In: Pod>(words: &[u64]) -> Slot<In> {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    slot_from_bytes(&bytes)
+}
+
+/// The `Slot<In>` whose bytes are `bytes` (the inverse of [`slot_bytes`]; at least
+/// `size_of::<Slot<In>>()` long).
+pub(super) fn slot_from_bytes<In: Pod>(bytes: &[u8]) -> Slot<In> {
     let env_len = size_of::<Envelope>();
     Slot {
         env: bytemuck::pod_read_unaligned(&bytes[..env_len]),

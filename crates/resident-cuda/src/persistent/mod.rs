@@ -5,6 +5,8 @@
 //! * [`control`]: the 256-byte [`ControlBlock`] the host steers the kernel through;
 //! * [`host`]: [`PersistentQueues`], the host's half of the protocol (lane writers, output
 //!   consumer, control block) over any [`RingMemory`];
+//! * [`bulk`]: an input lane's second path for deep queues: staging ring, copy engine, device
+//!   ring, and the one-path-at-a-time rule that keeps FIFO across the switch;
 //! * [`lane`]: an input lane's LL format (a flag in every 8 bytes, so the kernel finds and
 //!   reads a message in one bus read) and its host writer;
 //! * [`sim`]: [`SimKernel`], the same template and handler compiled by the host C++ compiler
@@ -29,6 +31,7 @@ use std::sync::Arc;
 use resident_ring::message::quoted_name;
 use resident_ring::spsc::{RingError, RingMemory};
 
+pub mod bulk;
 mod check;
 pub mod control;
 pub mod host;
@@ -39,6 +42,10 @@ pub mod peer;
 pub mod sim;
 pub mod template;
 
+pub use bulk::{
+    choose, BulkConfig, BulkLanes, BulkMemory, BulkMode, BulkStats, CopyEngine, CopyRange, Path,
+    SimCopyEngine,
+};
 pub use check::batch_scan_bytes;
 #[doc(hidden)] // test support for the crates of this workspace
 pub use check::{on_resident_wait, ResidentWaitHook};
@@ -179,6 +186,15 @@ pub enum PersistentError {
     /// The CudaSim layer failed (loading, launching, or a fault of the kernel's block).
     #[error("CudaSim: {0}")]
     Sim(#[from] crate::sim::SimError),
+    /// A bulk lane's copy engine refused a submit (its stream failed, or CudaSim's copy thread
+    /// is gone); the kernel's messages not yet accepted stay with the caller.
+    #[error("kernel `{qname}`: the bulk lanes' copy engine failed: {reason}", qname = quoted_name(.name))]
+    CopyEngine {
+        /// Kernel name.
+        name: String,
+        /// The copy engine's error, as text (it was reported once; later submits are refused).
+        reason: String,
+    },
     /// Waiting for the device timed out.
     #[error("kernel `{qname}`: timed out waiting for {what}", qname = quoted_name(.name))]
     Timeout {

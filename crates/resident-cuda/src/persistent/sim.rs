@@ -46,6 +46,9 @@ pub struct SimLaunchOptions {
     /// copied into host memory the block's threads use, reachable through
     /// [`SimKernel::buffers`].
     pub buffers: Vec<super::BufferInit>,
+    /// The lanes' bulk paths ([`super::bulk`]): a copy engine thread, a staging ring and a
+    /// device ring per lane unless [`BulkMode::Off`](super::BulkMode::Off).
+    pub bulk: super::BulkConfig,
 }
 
 impl Default for SimLaunchOptions {
@@ -61,6 +64,7 @@ impl Default for SimLaunchOptions {
             control_poll: Duration::from_micros(200),
             start_timeout: Duration::from_secs(30),
             buffers: Vec::new(),
+            bulk: super::BulkConfig::default(),
         }
     }
 }
@@ -284,8 +288,25 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     ) -> bool {
         let ctx = SimContext::get();
         !ctx.is_loaded(&module_key(module))
-            || !sim_arena().fits(&PersistentQueues::<In, Out>::allocation_sizes(opts.queues))
-            || ctx.spare_streams() == 0
+            || !sim_arena().fits(&Self::pinned_sizes(opts))
+            || ctx.spare_streams() < Self::streams(opts)
+    }
+
+    /// The pinned pieces a launch takes from the arena: the queues, and the bulk lanes'
+    /// staging rings and heads line when they are on.
+    fn pinned_sizes(opts: &SimLaunchOptions) -> Vec<usize> {
+        let mut sizes = PersistentQueues::<In, Out>::allocation_sizes(opts.queues);
+        if opts.bulk.enabled() {
+            sizes.extend(PersistentQueues::<In, Out>::bulk_allocation_sizes(
+                opts.queues,
+            ));
+        }
+        sizes
+    }
+
+    /// Streams a launch takes: the kernel's, and a copy stream for its bulk lanes.
+    fn streams(opts: &SimLaunchOptions) -> usize {
+        1 + opts.bulk.enabled() as usize
     }
 
     /// Makes the synchronizing calls a launch of `module` with `opts` needs: loads the module
@@ -297,7 +318,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     ) -> Result<(), PersistentError> {
         let ctx = SimContext::get();
         ctx.load_module(&module_key(module))?;
-        let sizes = PersistentQueues::<In, Out>::allocation_sizes(opts.queues);
+        let sizes = Self::pinned_sizes(opts);
         if !sim_arena().fits(&sizes) {
             sim_arena().grow(&sizes, |n| -> Result<_, PersistentError> {
                 ctx.call(DriverCall::MemHostAlloc)?;
@@ -307,7 +328,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 Ok((m, base))
             })?;
         }
-        if ctx.spare_streams() == 0 {
+        if ctx.spare_streams() < Self::streams(opts) {
             ctx.fill_streams(SIM_STREAM_REFILL)?;
         }
         Ok(())
@@ -569,22 +590,28 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         // Its stream, from the spare ones. Another launch may have taken the last since
         // `prepare`: then more are made with every resident kernel parked, as the GPU
         // launcher does (`StreamCreate` waits for the device; strict mode refuses it beside
-        // running blocks).
-        let stream = match ctx.take_stream() {
-            Some(s) => s,
-            None => with_all_quiesced(SIM_STREAM_QUIESCE_TIMEOUT, || {
+        // running blocks). The bulk lanes' copy stream comes from the same spares.
+        let take_stream = || match ctx.take_stream() {
+            Some(s) => Ok::<_, PersistentError>(s),
+            None => Ok(with_all_quiesced(SIM_STREAM_QUIESCE_TIMEOUT, || {
                 ctx.fill_streams(SIM_STREAM_REFILL)?;
                 ctx.take_stream().ok_or(SimError::WouldWaitForDevice {
                     call: DriverCall::StreamCreate,
                     running: Vec::new(),
                     waited: Duration::ZERO,
                 })
-            })??,
+            })??),
+        };
+        let stream = take_stream()?;
+        let copy_stream = if opts.bulk.enabled() {
+            Some(take_stream()?)
+        } else {
+            None
         };
         // Each kernel runs a private copy of the object (its `__shared__` statics are its
         // own); on a GPU one loaded module serves every kernel of the source.
         let instance = Arc::new(module.instantiate()?);
-        let queues = PersistentQueues::<In, Out>::in_arena(opts.queues, sim_arena())?;
+        let mut queues = PersistentQueues::<In, Out>::in_arena(opts.queues, sim_arena())?;
         // Device memory: stream-ordered allocation and copies on a side stream.
         let device_alloc = |len: usize| -> Result<SharedMemory, PersistentError> {
             ctx.call(DriverCall::MemAllocAsync)?;
@@ -624,6 +651,54 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 table_bytes.len(),
             )
         };
+        // The bulk lanes: staging rings and the heads line from the pinned arena, device rings
+        // and the tails line in device memory, and a host thread for the copy engine.
+        let mut bulk_keep: Vec<SharedMemory> = Vec::new();
+        let mut bulk_params = None;
+        if opts.bulk.enabled() {
+            let pinned = |len: usize| -> Result<SharedMemory, PersistentError> {
+                let l = sim_arena().take(len).ok_or(PersistentError::Memory {
+                    what: "bulk staging (the pinned arena has no room)",
+                    need: len,
+                    got: 0,
+                })?;
+                // SAFETY: a fresh piece of `len` bytes (128-aligned), not shared yet.
+                unsafe { core::ptr::write_bytes(l.as_mut_ptr(), 0, len) };
+                Ok(SharedMemory(Arc::new(l)))
+            };
+            let pinned_sizes = PersistentQueues::<In, Out>::bulk_allocation_sizes(opts.queues);
+            let device_sizes = PersistentQueues::<In, Out>::bulk_device_sizes(opts.queues);
+            let lanes = opts.queues.lanes;
+            let staging = pinned_sizes[..lanes]
+                .iter()
+                .map(|&n| pinned(n))
+                .collect::<Result<Vec<_>, _>>()?;
+            let heads = pinned(pinned_sizes[lanes])?;
+            let rings = device_sizes[..lanes]
+                .iter()
+                .map(|&n| device_alloc(n))
+                .collect::<Result<Vec<_>, _>>()?;
+            let tails = device_alloc(device_sizes[lanes])?;
+            let mut keep = staging.clone();
+            keep.extend(rings.iter().cloned());
+            keep.push(tails.clone());
+            let engine = super::SimCopyEngine::new(&source.name, keep.clone())?;
+            keep.push(heads.clone());
+            let mem = super::BulkMemory {
+                device_slots: rings.iter().map(|m| m.as_mut_ptr() as u64).collect(),
+                heads_device: heads.as_mut_ptr() as u64,
+                tails_device: tails.as_mut_ptr() as u64,
+                staging,
+                heads,
+            };
+            bulk_params = Some((mem.device_slots.clone(), mem.tails_device, mem.heads_device));
+            // SAFETY: fresh memory; these lanes are the host's only writers of it.
+            let bulk = unsafe {
+                super::BulkLanes::new(mem, opts.queues.lane_capacity, opts.bulk, Box::new(engine))
+            }?;
+            queues.attach_bulk(bulk);
+            bulk_keep = keep;
+        }
         queues.set_heartbeat_timeout(opts.heartbeat_timeout);
         queues.heartbeat();
         let view = queues.device_view();
@@ -646,6 +721,11 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         for (l, m) in view.lanes.iter().enumerate() {
             params.lanes[l] = m.as_mut_ptr() as u64;
         }
+        if let Some((slots, tails, heads)) = bulk_params {
+            params.bulk_slots[..slots.len()].copy_from_slice(&slots);
+            params.bulk_tails = tails;
+            params.bulk_heads = heads;
+        }
         let (tx, done) = mpsc::channel();
         let inst = instance.clone();
         let keep_state = state.clone();
@@ -665,7 +745,14 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             .spawn(move || {
                 // The memory the kernel addresses, and its stream, live as long as this
                 // thread (the stream goes back to the spare ones after the last block exits).
-                let _keep = (view, keep_state, keep_buffers, stream);
+                let _keep = (
+                    view,
+                    keep_state,
+                    keep_buffers,
+                    stream,
+                    copy_stream,
+                    bulk_keep,
+                );
                 let mut p = params;
                 let arg = &mut p as *mut PersistentParams as *mut core::ffi::c_void;
                 let ctx = SimContext::get();
@@ -800,6 +887,12 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     /// (heartbeat timeout, parameter error).
     pub fn check(&mut self) -> Result<(), PersistentError> {
         self.poll_exit();
+        if let Some(reason) = self.queues.bulk_error() {
+            return Err(PersistentError::CopyEngine {
+                name: self.name.clone(),
+                reason: reason.chars().take(256).collect(),
+            });
+        }
         if self.exit.is_none() {
             if let Some(f) = self.life.fault() {
                 // Another kernel's fault lost the context: on a GPU this block is gone too.
@@ -900,7 +993,12 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     /// CudaSim's bus model of this kernel: its queue traffic and dependent read chains since
     /// its launch (see [`crate::bus`]).
     pub fn bus_stats(&self) -> Option<crate::bus::BusStats> {
-        self.instance.as_ref().and_then(|i| i.bus_stats())
+        let mut s = self.instance.as_ref().and_then(|i| i.bus_stats())?;
+        if let Some(b) = self.queues.bulk_stats() {
+            s.copy_engine_bytes = b.copy_engine_bytes.load(Ordering::Relaxed);
+            s.driver_calls = b.driver_calls.load(Ordering::Relaxed);
+        }
+        Some(s)
     }
 
     /// The device-written counters (see [`DeviceCounters`]).

@@ -49,9 +49,16 @@ pub struct PersistentParams {
     /// Device address of the kernel's `ResidentBuffers` table (see [`BufferDecl`]); 0 when the
     /// kernel has no bound buffers.
     pub buffers: u64,
+    /// Device address of each lane's bulk device ring (`lane_capacity` plain slots; see
+    /// [`super::bulk`]); unused lanes 0.
+    pub bulk_slots: [u64; MAX_LANES],
+    /// Device address of the bulk tails line (device memory); 0: the kernel has no bulk lanes.
+    pub bulk_tails: u64,
+    /// Device address of the bulk heads line (pinned host memory); 0 with `bulk_tails`.
+    pub bulk_heads: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<PersistentParams>() == 120);
+const _: () = assert!(core::mem::size_of::<PersistentParams>() == 200);
 
 /// The C declaration of [`PersistentParams`].
 pub const PERSISTENT_PARAMS_C_DECL: &str = "typedef struct {
@@ -65,6 +72,9 @@ pub const PERSISTENT_PARAMS_C_DECL: &str = "typedef struct {
     unsigned int max_backoff_ns;
     unsigned long long control_poll_ns;
     unsigned long long buffers;
+    unsigned long long bulk_slots[8];
+    unsigned long long bulk_tails;
+    unsigned long long bulk_heads;
 } PersistentParams;
 ";
 
@@ -445,7 +455,7 @@ impl KernelSource {
         s.push_str("static_assert(sizeof(RingHeader) == 256, \"RingHeader layout\");\n");
         s.push_str("static_assert(sizeof(ControlBlock) == 256, \"ControlBlock layout\");\n");
         s.push_str(
-            "static_assert(sizeof(PersistentParams) == 120, \"PersistentParams layout\");\n",
+            "static_assert(sizeof(PersistentParams) == 200, \"PersistentParams layout\");\n",
         );
         let mut declared: Vec<&str> = Vec::new();
         for d in [&self.input, &self.output, &self.state] {
