@@ -714,7 +714,6 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
             bool found = false;
             // Thread 0's loads of a poll, used after S2.
             unsigned long long t[RESIDENT_PEER + 1] = {};
-            unsigned long long bt[8] = {};  // the bulk tails of lanes whose device ring looks empty
             unsigned long long out_head = 0;
             bool out_low = false, peer_on = false;
             const bool fast_on = RESIDENT_FAST_POLL != 0u && p.lane_count * RESIDENT_LL_W <= RESIDENT_FAST_WORDS;
@@ -791,15 +790,6 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                             if (l < p.lane_count && o.cached_tail[l] == o.head[l])
                                 t[l] = resident_ld_fenced(&((RingHeader*)p.lanes[l])->tail);
                         }
-                        // The bulk tails of the lanes whose device ring looks empty: device memory
-                        // (L2), in the same round; each an acquire (pairs with the stream order
-                        // of the copy before the memory operation that wrote it).
-                        if (p.bulk_tails != 0ull) {
-#pragma unroll
-                            for (unsigned int l = 0; l < 8; ++l)
-                                if (l < p.lane_count && o.bulk_cached_tail[l] == o.bulk_head[l])
-                                    bt[l] = resident_ld_dev_acquire_u64(resident_bulk_tail(&p, l));
-                        }
                         // The producing kernel's tail likewise (pairs with its release store of
                         // the tail after its slot writes).
                         if (peer_on && o.peer_cached_tail == o.peer_head)
@@ -812,6 +802,18 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                         const unsigned long long room = p.out_capacity - (o.out_tail - o.out_cached_head);
                         out_low = room < (o.last_outputs > 0u ? o.last_outputs : 1u);
                         if (out_low) out_head = resident_ld_fenced(&((RingHeader*)p.out)->head);
+                        // Last, once the bus loads above are in flight: the bulk tails of the
+                        // lanes whose device ring looks empty. Device memory (L2, no bus round
+                        // trip); each an acquire, which pairs with the stream order of the copy
+                        // before the memory operation that wrote it, so the slots below are
+                        // visible to this thread and, via barrier A, to all.
+                        if (p.bulk_tails != 0ull) {
+                            for (unsigned int l = 0; l < p.lane_count; ++l) {
+                                if (o.bulk_cached_tail[l] != o.bulk_head[l]) continue;
+                                const unsigned long long b = resident_ld_dev_acquire_u64(resident_bulk_tail(&p, l));
+                                if (b > o.bulk_head[l]) o.bulk_cached_tail[l] = b;
+                            }
+                        }
                     }
                     // Each chunk's data word goes to the staging line (read only for a lane
                     // whose every chunk matched); a mismatch marks its lane.
@@ -872,10 +874,6 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                     // visible to this thread and, via barrier A, to all.
                     if (out_low) o.out_cached_head = out_head;
                     if (fresh || out_low) resident_fence_acquire();
-#pragma unroll
-                    for (unsigned int l = 0; l < 8; ++l)
-                        if (l < p.lane_count && o.bulk_cached_tail[l] == o.bulk_head[l] && bt[l] > o.bulk_head[l])
-                            o.bulk_cached_tail[l] = bt[l];
                     total = 0;
                     unsigned int bulk = 0;
                     for (int l = (int)p.lane_count - 1; l >= 0; --l) {

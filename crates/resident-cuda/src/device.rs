@@ -34,6 +34,10 @@ pub struct DeviceInfo {
     pub concurrent_kernels: bool,
     /// Copy engines (2 means H2D and D2H overlap each other and compute).
     pub async_engines: u32,
+    /// Whether the device takes 64-bit stream memory operations (`cuStreamWriteValue64`,
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`), which publish the bulk input lanes'
+    /// tails; `false` also where the driver does not know the attribute.
+    pub stream_mem_ops_64: bool,
     /// The driver's CUDA version (major, minor).
     pub driver_version: (u32, u32),
 }
@@ -74,6 +78,8 @@ pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
         can_map_host_memory: attr(A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? != 0,
         concurrent_kernels: attr(A::CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS)? != 0,
         async_engines: attr(A::CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT)?,
+        stream_mem_ops_64: attr(A::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS).unwrap_or(0)
+            != 0,
         driver_version: r::driver_version()?,
     })
 }

@@ -333,6 +333,18 @@ pub unsafe fn memcpy_htod_async(
         .map_err(drv("cuMemcpyHtoDAsync"))
 }
 
+/// Writes `value` to the device address `addr` after the stream's earlier work (a stream
+/// memory operation, `cuStreamWriteValue64`; `CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS`
+/// says whether the device takes it).
+///
+/// # Safety
+/// `stream` is live; `addr` is an 8-aligned `u64` of live device memory.
+pub unsafe fn stream_write_value64(stream: CUstream, addr: CUdeviceptr, value: u64) -> Result<()> {
+    sys::cuStreamWriteValue64_v2(stream, addr, value, 0)
+        .result()
+        .map_err(drv("cuStreamWriteValue64"))
+}
+
 /// Copies device to host on a stream.
 ///
 /// # Safety

@@ -482,6 +482,8 @@ impl<In: Message, Out: Message> CudaRing<PersistentKernel<In, Out>> {
         let opts = LaunchOptions {
             queues: g.queues(),
             buffers,
+            // RESIDENT_BULK_LANE / RESIDENT_BULK_THRESHOLD; a bad value is a typed error.
+            bulk: resident_cuda::persistent::BulkConfig::from_env()?,
             ..LaunchOptions::default()
         };
         let kernel = PersistentKernel::launch(&source, &handler.state, &opts)?;

@@ -52,6 +52,10 @@ pub struct LaunchOptions {
     /// allocated in device memory with the queues (under the residency rule) and reachable
     /// through [`PersistentKernel::buffers`].
     pub buffers: Vec<super::BufferInit>,
+    /// The lanes' bulk paths ([`super::bulk`]): a copy stream, a staging ring and a device ring
+    /// per lane unless [`BulkMode::Off`](super::BulkMode::Off). A device without 64-bit stream
+    /// memory operations gets LL lanes only under `Auto`, and a typed error under `On`.
+    pub bulk: super::BulkConfig,
 }
 
 /// How often [`PersistentKernel::receive`] polls the kernel's stream while it waits.
@@ -72,6 +76,7 @@ impl Default for LaunchOptions {
             control_poll: Duration::from_micros(50),
             start_timeout: Duration::from_secs(10),
             buffers: Vec::new(),
+            bulk: super::BulkConfig::default(),
         }
     }
 }
@@ -327,11 +332,25 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         // else (queues from the arena, stream-ordered device memory, copies on the side
         // stream, the stream, the launch) waits for no other kernel, so resident kernels keep
         // running through it, a stuck one included.
-        let sizes = PersistentQueues::<In, Out>::allocation_sizes(opts.queues);
+        if opts.bulk.mode == super::BulkMode::On && !device.info().stream_mem_ops_64 {
+            return Err(PersistentError::config(
+                "RESIDENT_BULK_LANE = on, but the device does not take 64-bit stream memory \
+                 operations (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0), which \
+                 publish the bulk lanes' tails",
+            ));
+        }
+        let bulk_on = opts.bulk.enabled() && device.info().stream_mem_ops_64;
+        let mut sizes = PersistentQueues::<In, Out>::allocation_sizes(opts.queues);
+        if bulk_on {
+            sizes.extend(PersistentQueues::<In, Out>::bulk_allocation_sizes(
+                opts.queues,
+            ));
+        }
+        let streams = 1 + bulk_on as usize;
         let arch = opts.arch.as_deref();
         let ready = module_ready(&device, source, arch, PERSISTENT_KERNEL_NAME)
             && device.arena().fits(&sizes)
-            && device.spare_streams() > 0
+            && device.spare_streams() >= streams
             && device.has_memory_pools();
         if !ready {
             let dev = device.clone();
@@ -341,7 +360,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     if !dev.arena().fits(&sizes) {
                         crate::pinned::grow_arena(&dev, &sizes).map_err(cuda_error)?;
                     }
-                    if dev.spare_streams() == 0 {
+                    if dev.spare_streams() < streams {
                         dev.fill_streams(spare_stream_target(&dev))
                             .map_err(cuda_error)?;
                     }
@@ -365,15 +384,16 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             // Allocation order in `with_allocator`: control block, lanes 0.., output ring,
             // each a piece of the device's pinned arena (no driver call).
             let mut device_ptrs = Vec::new();
-            let queues = PersistentQueues::<In, Out>::with_allocator(opts.queues, &mut |len| {
-                let piece = device.arena().take(len).ok_or(PersistentError::Memory {
-                    what: "queues (the pinned arena has no room)",
-                    need: len,
-                    got: 0,
+            let mut queues =
+                PersistentQueues::<In, Out>::with_allocator(opts.queues, &mut |len| {
+                    let piece = device.arena().take(len).ok_or(PersistentError::Memory {
+                        what: "queues (the pinned arena has no room)",
+                        need: len,
+                        got: 0,
+                    })?;
+                    device_ptrs.push(piece.device_ptr());
+                    Ok(Arc::new(piece) as Arc<dyn RingMemory>)
                 })?;
-                device_ptrs.push(piece.device_ptr());
-                Ok(Arc::new(piece) as Arc<dyn RingMemory>)
-            })?;
             let lanes = opts.queues.lanes;
             if device_ptrs.len() != lanes + 2 {
                 return Err(PersistentError::config(format!(
@@ -434,17 +454,77 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             };
             // A spare stream: `cuStreamCreate` may wait for the device (crate::hazards), so it
             // runs only parked. Another launch may have taken the last one since `ready`.
-            let stream = match Stream::from_pool(&device) {
-                Some(s) => s,
-                None => device
-                    .with_quiesced(QUIESCE_TIMEOUT, || {
-                        device.fill_streams(spare_stream_target(&device))?;
-                        Stream::from_pool(&device)
-                            .ok_or_else(|| CudaError::invalid("cuStreamCreate", "no spare stream"))
-                    })
-                    .map_err(cuda_error)?
-                    .map_err(cuda_error)?,
+            let spare_stream = || -> Result<Stream, PersistentError> {
+                match Stream::from_pool(&device) {
+                    Some(s) => Ok(s),
+                    None => device
+                        .with_quiesced(QUIESCE_TIMEOUT, || {
+                            device.fill_streams(spare_stream_target(&device))?;
+                            Stream::from_pool(&device).ok_or_else(|| {
+                                CudaError::invalid("cuStreamCreate", "no spare stream")
+                            })
+                        })
+                        .map_err(cuda_error)?
+                        .map_err(cuda_error),
+                }
             };
+            let stream = spare_stream()?;
+            // The bulk lanes: staging rings and the heads line from the pinned arena (no driver
+            // call), device rings and the tails line in stream-ordered device memory, and a copy
+            // stream from the spares; the copies and tail stores on it never wait for the
+            // device (crate::hazards).
+            let mut bulk_params = None;
+            if bulk_on {
+                let pinned = |len: usize| -> Result<(SharedMemory, u64), PersistentError> {
+                    let piece = device.arena().take(len).ok_or(PersistentError::Memory {
+                        what: "bulk staging (the pinned arena has no room)",
+                        need: len,
+                        got: 0,
+                    })?;
+                    let at = piece.device_ptr();
+                    // SAFETY: a fresh piece of at least `len` bytes, not shared yet.
+                    unsafe { core::ptr::write_bytes(piece.as_mut_ptr(), 0, len) };
+                    Ok((SharedMemory(Arc::new(piece)), at))
+                };
+                let pinned_sizes = PersistentQueues::<In, Out>::bulk_allocation_sizes(opts.queues);
+                let device_sizes = PersistentQueues::<In, Out>::bulk_device_sizes(opts.queues);
+                let staging = pinned_sizes[..lanes]
+                    .iter()
+                    .map(|&n| pinned(n).map(|m| m.0))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let (heads, heads_device) = pinned(pinned_sizes[lanes])?;
+                let rings = device_sizes[..lanes]
+                    .iter()
+                    .map(|&n| DeviceBuffer::alloc(&device, n))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(cuda_error)?;
+                let tails =
+                    DeviceBuffer::zeroed(&device, device_sizes[lanes]).map_err(cuda_error)?;
+                let mem = super::BulkMemory {
+                    staging,
+                    device_slots: rings.iter().map(|r| r.device_ptr()).collect(),
+                    heads,
+                    heads_device,
+                    tails_device: tails.device_ptr(),
+                };
+                bulk_params = Some((mem.device_slots.clone(), mem.tails_device, heads_device));
+                let engine = GpuCopyEngine {
+                    device: device.clone(),
+                    stream: spare_stream()?,
+                    _rings: rings,
+                    _tails: tails,
+                };
+                // SAFETY: fresh memory; these lanes are the host's only writers of it.
+                let bulk = unsafe {
+                    super::BulkLanes::new(
+                        mem,
+                        opts.queues.lane_capacity,
+                        opts.bulk,
+                        Box::new(engine),
+                    )
+                }?;
+                queues.attach_bulk(bulk);
+            }
 
             let mut params = PersistentParams {
                 buffers: buffers.as_ref().map_or(0, |b| b.table_ptr()),
@@ -459,6 +539,11 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 ..Default::default()
             };
             params.lanes[..lanes].copy_from_slice(&device_ptrs[1..=lanes]);
+            if let Some((slots, tails, heads)) = bulk_params {
+                params.bulk_slots[..slots.len()].copy_from_slice(&slots);
+                params.bulk_tails = tails;
+                params.bulk_heads = heads;
+            }
 
             queues.set_heartbeat_timeout(Some(opts.heartbeat_timeout));
             queues.heartbeat();
@@ -566,6 +651,12 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
     /// `Err(Exited)` when it exited on its own (heartbeat timeout, error). Also keeps the host's
     /// view of mapped memory fresh (see GPU-NOTES: spinning hosts must call a CUDA query).
     pub fn check(&mut self) -> Result<(), PersistentError> {
+        if let Some(reason) = self.q().bulk_error() {
+            return Err(PersistentError::CopyEngine {
+                name: self.name.clone(),
+                reason: reason.chars().take(256).collect(),
+            });
+        }
         if let Some(cause) = &self.fault {
             return Err(PersistentError::DeviceFault {
                 name: self.name.clone(),
@@ -836,6 +927,55 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for PersistentKernel<In, Out> {
         // memory) free themselves when their last holder drops them. Our registration goes
         // first so no quiesce asks a kernel that is gone to park.
         self.resident.take();
+    }
+}
+
+/// The bulk lanes' copy engine on a GPU: `cuMemcpyHtoDAsync` of each range from pinned staging
+/// and `cuStreamWriteValue64` of the lane's tail, in that order on one copy stream, so the kernel
+/// that sees the tail sees the copies. It owns the device rings and the tails line: dropped
+/// only after the kernel has exited (its queues go with it, or are leaked with a stuck kernel),
+/// it first waits for its own stream (that stream alone) so no copy lands in freed memory.
+struct GpuCopyEngine {
+    device: Arc<Device>,
+    stream: Stream,
+    _rings: Vec<DeviceBuffer>,
+    _tails: DeviceBuffer,
+}
+
+impl super::CopyEngine for GpuCopyEngine {
+    fn copy_then_publish(
+        &mut self,
+        copies: &[super::CopyRange],
+        tail: u64,
+        value: u64,
+    ) -> Result<(), PersistentError> {
+        self.device.bind().map_err(cuda_error)?;
+        for c in copies {
+            // SAFETY: `src` is `len` bytes of this kernel's pinned staging ring, which the host
+            // does not write again before the kernel's head passes it (super::bulk, "Reuse");
+            // `dst` the same bytes' place in this engine's device ring (`_rings`), alive while
+            // the engine is; the stream is live.
+            unsafe {
+                crate::result::memcpy_htod_async(
+                    c.dst,
+                    c.src as *const core::ffi::c_void,
+                    c.len,
+                    self.stream.raw(),
+                )
+            }
+            .map_err(cuda_error)?;
+        }
+        // SAFETY: `tail` is an 8-aligned u64 of `_tails` (the tails line), written only by this
+        // stream; the stream is live.
+        unsafe { crate::result::stream_write_value64(self.stream.raw(), tail, value) }
+            .map_err(cuda_error)
+    }
+}
+
+impl Drop for GpuCopyEngine {
+    fn drop(&mut self) {
+        // Its own stream only (never the device): the copies finish before the rings are freed.
+        let _ = self.stream.synchronize();
     }
 }
 
