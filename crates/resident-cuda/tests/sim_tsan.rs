@@ -164,6 +164,30 @@ fn thread_sanitizer_reports_the_old_s_cmd_race() {
     panic!("expected a data race report in one of 6 runs:\n{last}");
 }
 
+/// The bulk lanes under TSan (`DRV_BULK`): runs switch lanes between their LL and bulk paths
+/// while the kernel runs (and parks, and runs again), a copy-engine thread copies staging into
+/// the device rings and releases the bulk tails; every message exactly once, FIFO per lane,
+/// and no race report between the copies, the kernel's device-ring reads and its head stores.
+#[test]
+fn bulk_lanes_are_clean_under_thread_sanitizer() {
+    let dir = work_dir("bulk");
+    let driver = format!("#define DRV_BULK 1\n{DRIVER}");
+    for &batch in &[32u32, 256] {
+        let rendered = source(batch).render().unwrap();
+        let Some((ok, stdout, stderr)) =
+            build_and_run_with(&dir, &format!("tsan_bulk_{batch}"), &rendered, &driver)
+        else {
+            return;
+        };
+        assert!(
+            ok && !stderr.contains("ThreadSanitizer") && stdout.contains("bulk path:"),
+            "batch {batch}:\n{stdout}\n{stderr}"
+        );
+        println!("batch {batch}: {}", stdout.trim());
+    }
+    finish(&dir);
+}
+
 /// Device-side forwarding under TSan: two blocks, the consumer taking the producer's output
 /// ring through its peer-input slot, linked and unlinked over and over while messages flow
 /// (with `call` replies the consumer must stop at), the host popping the ring between links.

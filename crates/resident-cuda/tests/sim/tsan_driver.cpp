@@ -10,8 +10,19 @@
 // device state agree. Any data race is reported by TSan (the test fails on any report).
 //
 // The handler is expected to compute out = in * 2 + 1 and count messages in state->n.
+//
+// With DRV_BULK defined (tests/sim_tsan.rs prepends it), the lanes also have bulk paths
+// (resident_cuda::persistent::bulk) and the producer sends runs: a run of 16 or more goes to the
+// lane's staging ring and a copy-engine thread copies it into the lane's device ring and then
+// stores the lane's bulk tail with a release store, as the copy stream's memory operation does;
+// shorter runs go to the LL lane. One path per lane at a time, as the host does: a bulk run
+// waits for the lane's LL head to cover its LL tail, a short run follows the lane's bulk messages
+// onto the bulk path.
 
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
 
 namespace drv {
 
@@ -64,6 +75,44 @@ void ll_write(Ring& r, unsigned long long pos, const InSlot& s) {
 
 unsigned long long deadline_ns(unsigned long long s) { return resident_sim::now_ns() + s * 1000000000ull; }
 
+#ifdef DRV_BULK
+// The copy engine: jobs in order, each a copy of `n` slots (at most two ranges, the ring may
+// wrap) and then the release store of a lane's bulk tail.
+struct CopyJob {
+    const unsigned char* src[2];
+    unsigned char* dst[2];
+    size_t len[2];
+    unsigned long long* tail;
+    unsigned long long value;
+};
+struct CopyEngine {
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<CopyJob> q;
+    bool stop = false;
+    void submit(const CopyJob& j) {
+        std::lock_guard<std::mutex> g(m);
+        q.push_back(j);
+        cv.notify_one();
+    }
+    void run() {
+        for (;;) {
+            CopyJob j;
+            {
+                std::unique_lock<std::mutex> g(m);
+                cv.wait(g, [&] { return stop || !q.empty(); });
+                if (q.empty()) return;
+                j = q.front();
+                q.pop_front();
+            }
+            for (int k = 0; k < 2; ++k)
+                if (j.len[k] != 0) std::memcpy(j.dst[k], j.src[k], j.len[k]);
+            store_rel(j.tail, j.value);
+        }
+    }
+};
+#endif
+
 }  // namespace drv
 
 int main() {
@@ -87,6 +136,28 @@ int main() {
     p.out_capacity = OUT_CAP;
     p.max_backoff_ns = 20000;
     p.control_poll_ns = 100000;
+#ifdef DRV_BULK
+    // Device rings and staging rings (plain slots), the heads line (device-written) and the
+    // tails line (written by the copy engine).
+    unsigned char* dev_ring[LANES];
+    unsigned char* staging[LANES];
+    for (unsigned l = 0; l < LANES; ++l) {
+        dev_ring[l] = (unsigned char*)std::aligned_alloc(128, sizeof(InSlot) * LANE_CAP);
+        staging[l] = (unsigned char*)std::aligned_alloc(128, sizeof(InSlot) * LANE_CAP);
+        std::memset(dev_ring[l], 0, sizeof(InSlot) * LANE_CAP);
+        std::memset(staging[l], 0, sizeof(InSlot) * LANE_CAP);
+        p.bulk_slots[l] = (unsigned long long)dev_ring[l];
+    }
+    unsigned long long* bulk_heads = (unsigned long long*)std::aligned_alloc(128, 128);
+    unsigned long long* bulk_tails = (unsigned long long*)std::aligned_alloc(128, 128);
+    std::memset(bulk_heads, 0, 128);
+    std::memset(bulk_tails, 0, 128);
+    p.bulk_heads = (unsigned long long)bulk_heads;
+    p.bulk_tails = (unsigned long long)bulk_tails;
+    CopyEngine engine;
+    std::thread copier([&] { engine.run(); });
+    unsigned long long bulk_sent = 0;
+#endif
 
     store_rel(&ctl->heartbeat_timeout_ns, 0ull);
     store_rel(&ctl->heartbeat, 1ull);
@@ -122,6 +193,65 @@ int main() {
     });
     std::thread producer([&] {
         unsigned long long tails[LANES] = {0, 0, 0, 0};
+#ifdef DRV_BULK
+        unsigned long long btails[LANES] = {0, 0, 0, 0};
+        unsigned long long id = 1;
+        while (id <= N) {
+            const unsigned long long h = id * 2654435761ull;
+            unsigned char prio = (unsigned char)(h >> 8);
+            unsigned l = (unsigned)prio * LANES >> 8;
+            unsigned long long len = 1 + (h >> 20) % 40;
+            if (id + len > N + 1) len = N + 1 - id;
+            Ring& r = lanes[l];
+            unsigned long long dl2 = deadline_ns(120);
+            const bool bulk_pending = btails[l] != load_acq(&bulk_heads[l]);
+            if (len >= 16 || bulk_pending) {
+                // The bulk path: the LL path drained first (its head covers its tail), room in
+                // the ring, the staging slots written, then one job.
+                while (load_acq(&r.hdr->head) != tails[l] || btails[l] + len - load_acq(&bulk_heads[l]) > LANE_CAP) {
+                    if (resident_sim::now_ns() > dl2) fail("bulk lane never drained", l, btails[l]);
+                    std::this_thread::yield();
+                }
+                for (unsigned long long k = 0; k < len; ++k) {
+                    InSlot s{};
+                    s.env.message_id = id + k;
+                    s.env.priority = prio;
+                    s.env.timestamp_ns = (id + k) * 10;
+                    s.payload = (ResidentIn)(id + k);
+                    std::memcpy(staging[l] + sizeof(InSlot) * ((btails[l] + k) & (LANE_CAP - 1)), &s, sizeof s);
+                }
+                CopyJob j{};
+                const unsigned long long first = btails[l] & (LANE_CAP - 1);
+                const unsigned long long until_wrap = LANE_CAP - first < len ? LANE_CAP - first : len;
+                j.src[0] = staging[l] + sizeof(InSlot) * first;
+                j.dst[0] = dev_ring[l] + sizeof(InSlot) * first;
+                j.len[0] = sizeof(InSlot) * until_wrap;
+                j.src[1] = staging[l];
+                j.dst[1] = dev_ring[l];
+                j.len[1] = sizeof(InSlot) * (len - until_wrap);
+                btails[l] += len;
+                j.tail = &bulk_tails[l];
+                j.value = btails[l];
+                engine.submit(j);
+                bulk_sent += len;
+                id += len;
+                continue;
+            }
+            for (unsigned long long k = 0; k < len; ++k, ++id) {
+                while (tails[l] - load_acq(&r.hdr->head) >= r.cap) {
+                    if (resident_sim::now_ns() > dl2) fail("lane never drained", l, tails[l]);
+                    std::this_thread::yield();
+                }
+                InSlot s{};
+                s.env.message_id = id;
+                s.env.priority = prio;
+                s.env.timestamp_ns = id * 10;
+                s.payload = (ResidentIn)id;
+                ll_write(r, tails[l], s);
+                store_rel(&r.hdr->tail, ++tails[l]);
+            }
+        }
+#else
         for (unsigned long long id = 1; id <= N; ++id) {
             unsigned char prio = (unsigned char)((id * 2654435761ull) >> 8);
             unsigned l = (unsigned)prio * LANES >> 8;
@@ -140,6 +270,7 @@ int main() {
             ll_write(r, tails[l], s);
             store_rel(&r.hdr->tail, ++tails[l]);
         }
+#endif
     });
     // The control line changes while messages flow: queued before activation, then active,
     // parked (the producer stalls on full lanes), active again.
@@ -193,6 +324,16 @@ int main() {
     if (processed != N) fail("processed", processed, N);
     if (state->n != N) fail("state counter", (unsigned long long)state->n, N);
     if (load_acq(&out.hdr->tail) != N) fail("output tail", load_acq(&out.hdr->tail));
+#ifdef DRV_BULK
+    {
+        std::lock_guard<std::mutex> g(engine.m);
+        engine.stop = true;
+        engine.cv.notify_one();
+    }
+    copier.join();
+    if (bulk_sent == 0 || bulk_sent == N) fail("both paths must carry messages", bulk_sent, N);
+    std::printf("bulk path: %llu of %llu messages\n", bulk_sent, N);
+#endif
     std::printf("ok: %llu messages, %llu batches, batch size %d\n", N,
                 std::atomic_ref<unsigned long long>(ctl->batches).load(), RESIDENT_BATCH);
     return 0;
