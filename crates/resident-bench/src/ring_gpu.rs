@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use bytemuck::Pod;
 use resident_cuda::persistent::template::nvrtc_available;
 use resident_cuda::persistent::{
-    batch_scan_bytes, load_batch_kernel, open_device, KernelSource, LaunchOptions, PersistentError,
-    PersistentKernel, QueueConfig,
+    batch_scan_bytes, load_batch_kernel, open_device, BulkConfig, BulkMode, KernelSource,
+    LaunchOptions, PersistentError, PersistentKernel, QueueConfig,
 };
 use resident_cuda::{
     CudaError, Device, DeviceBuffer, Function, Graph, KernelParams, LaunchConfig, PinnedMemory,
@@ -237,7 +237,7 @@ fn row(
     let q = |q| quantile(&rtts, q).unwrap_or(0);
     BenchRow {
         variant,
-        measures: if variant == "persistent_streaming" {
+        measures: if variant.ends_with("_streaming") {
             MEASURES_STREAMING
         } else if in_flight == 1 {
             MEASURES_MESSAGE
@@ -260,15 +260,24 @@ fn per_msg(ns: u64, msgs: u64) -> Option<f64> {
     (msgs > 0).then(|| ns as f64 / msgs as f64)
 }
 
+/// The persistent kernel's variants: its input lanes' path choice (`RESIDENT_BULK_LANE`'s
+/// three values), the name of its round-trip and batch rows, and of its streaming rows.
+const PERSISTENT_VARIANTS: [(BulkMode, &str, &str); 3] = [
+    (BulkMode::Auto, "persistent", "persistent_streaming"),
+    (BulkMode::Off, "persistent_ll", "persistent_ll_streaming"),
+    (BulkMode::On, "persistent_bulk", "persistent_bulk_streaming"),
+];
+
 fn bench_payload<const W: usize>(
     device: usize,
     iters: usize,
-    in_flight: usize,
+    in_flights: &[usize],
     rows: &mut Vec<BenchRow>,
 ) -> Result<(), BenchError>
 where
     [u64; W]: Pod,
 {
+    let deepest = in_flights.iter().copied().max().unwrap_or(1);
     let bytes = W * 8;
     // Each variant at the block size that suits it: the persistent kernel drains up to 1024
     // messages per poll; the baseline kernel is built at 256 threads, where it never spills
@@ -276,21 +285,25 @@ where
     let (persistent_block, baseline_block) = (1024u32, 256u32);
     let source = bench_source(W, persistent_block);
     let base_source = bench_source(W, baseline_block);
-    let opts = LaunchOptions {
-        device,
-        queues: QueueConfig {
-            lanes: 1,
-            lane_capacity: in_flight.next_power_of_two().max(1024),
-            out_capacity: in_flight.next_power_of_two().max(1024),
-        },
-        ..Default::default()
-    };
     let epoch = Instant::now();
     let now_ns = || epoch.elapsed().as_nanos() as u64;
     let timeout = Duration::from_secs(5);
 
-    // ---- persistent ----
-    {
+    // ---- persistent: automatic path choice, LL lanes only, bulk lanes only ----
+    for (mode, variant, streaming) in PERSISTENT_VARIANTS {
+        let opts = LaunchOptions {
+            device,
+            queues: QueueConfig {
+                lanes: 1,
+                lane_capacity: deepest.next_power_of_two().max(1024),
+                out_capacity: deepest.next_power_of_two().max(1024),
+            },
+            bulk: BulkConfig {
+                mode,
+                ..BulkConfig::default()
+            },
+            ..Default::default()
+        };
         let mut k = PersistentKernel::<[u64; W], [u64; W]>::launch(&source, &[0u8; 8], &opts)?;
         k.activate()?;
         let mut rtts = Vec::with_capacity(iters);
@@ -302,12 +315,12 @@ where
             send_ns += now_ns() - t0;
             if sent.is_err() {
                 return Err(BenchError::Check {
-                    variant: "persistent",
+                    variant,
                     check: OutputCheck::LaneFull,
                 });
             }
             let r = k.receive(timeout)?;
-            check(&r, "persistent")?;
+            check(&r, variant)?;
             if i >= iters / 10 {
                 rtts.push(now_ns() - r.env.timestamp_ns);
             }
@@ -316,7 +329,7 @@ where
         rows.push(BenchRow {
             host_send_ns_per_msg: per_msg(send_ns, (iters + iters / 10) as u64),
             ..row(
-                ("persistent", persistent_block),
+                (variant, persistent_block),
                 bytes,
                 1,
                 rtts,
@@ -324,139 +337,146 @@ where
                 el,
             )
         });
-
-        // Throughput: keep `in_flight` messages outstanding.
-        let total = (iters * 16) as u64;
-        let (mut sent, mut got) = (0u64, 0u64);
-        let mut buf = Vec::with_capacity(4096);
-        let mut stage: Vec<Slot<[u64; W]>> = Vec::with_capacity(1024);
-        let mut rtts = Vec::new();
-        let mut send_ns = 0u64;
-        let start = Instant::now();
-        let mut spins = 0u32;
-        while got < total {
-            // Refill in chunks (one release of the lane's tail per chunk), as a streaming
-            // producer would.
-            let room = (in_flight as u64 - (sent - got))
-                .min(total - sent)
-                .min(1024);
-            if room > 0 {
-                stage.clear();
-                let t = now_ns();
-                stage.extend(
-                    (sent..sent + room).map(|i| Slot::new(Envelope::new(i + 1, 128, t), [i; W])),
-                );
-                let t0 = now_ns();
-                sent += k.send_batch(&stage) as u64;
-                send_ns += now_ns() - t0;
-            }
-            buf.clear();
-            let n = k.receive_into(&mut buf, 4096);
-            let t = now_ns();
-            for (j, s) in buf.iter().enumerate() {
-                if s.env.correlation_id != got + j as u64 + 1 {
-                    return Err(BenchError::Check {
-                        variant: "persistent",
-                        check: OutputCheck::Order {
-                            want: got + j as u64 + 1,
-                            got: s.env.correlation_id,
-                        },
-                    });
-                }
-                check(s, "persistent")?;
-                if rtts.len() < 1_000_000 {
-                    rtts.push(t - s.env.timestamp_ns);
-                }
-            }
-            got += n as u64;
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(1024) {
-                k.check()?;
-                if start.elapsed() > timeout * 10 {
-                    return Err(PersistentError::Timeout {
-                        name: k.name().into(),
-                        what: "throughput run",
-                    }
-                    .into());
-                }
-            }
-        }
-        rows.push(BenchRow {
-            host_send_ns_per_msg: per_msg(send_ns, sent),
-            ..row(
-                ("persistent_streaming", persistent_block),
-                bytes,
-                in_flight,
-                rtts,
-                total,
-                start.elapsed(),
-            )
-        });
-
-        // The baselines' quantity: a closed-loop batch of `in_flight` messages, first send to
-        // last output received.
-        let reps = (iters * 16 / in_flight).max(10);
-        let mut rtts = Vec::with_capacity(reps);
-        let (mut send_ns, mut sent_all) = (0u64, 0u64);
-        let mut next = got;
-        let start = Instant::now();
-        for r in 0..reps + reps / 10 {
-            let t0 = Instant::now();
-            let first = next;
-            let (mut sent_b, mut got_b) = (0u64, 0u64);
-            while got_b < in_flight as u64 {
-                if sent_b < in_flight as u64 {
-                    let room = (in_flight as u64 - sent_b).min(1024);
+        let mut next_id = (iters + iters / 10) as u64;
+        for &in_flight in in_flights.iter().filter(|&&n| n > 1) {
+            // Throughput: keep `in_flight` messages outstanding.
+            let total = ((iters * 16) as u64).max(4 * in_flight as u64);
+            let base = next_id;
+            let (mut sent, mut got) = (0u64, 0u64);
+            let mut buf = Vec::with_capacity(4096);
+            let mut stage: Vec<Slot<[u64; W]>> = Vec::with_capacity(1024);
+            let mut rtts = Vec::new();
+            let mut send_ns = 0u64;
+            let start = Instant::now();
+            let mut spins = 0u32;
+            while got < total {
+                // Refill in chunks (one release of the lane's tail per chunk), as a streaming
+                // producer would.
+                let room = (in_flight as u64 - (sent - got))
+                    .min(total - sent)
+                    .min(1024);
+                if room > 0 {
                     stage.clear();
                     let t = now_ns();
-                    stage.extend((0..room).map(|j| {
-                        let i = first + sent_b + j;
-                        Slot::new(Envelope::new(i + 1, 128, t), [i; W])
-                    }));
+                    stage
+                        .extend((sent..sent + room).map(|i| {
+                            Slot::new(Envelope::new(base + i + 1, 128, t), [base + i; W])
+                        }));
                     let t0 = now_ns();
-                    let n = k.send_batch(&stage) as u64;
+                    sent += k.send_batch(&stage) as u64;
                     send_ns += now_ns() - t0;
-                    sent_b += n;
-                    sent_all += n;
                 }
                 buf.clear();
-                got_b += k.receive_into(&mut buf, 4096) as u64;
-                for s in &buf {
-                    check(s, "persistent")?;
-                }
-                if t0.elapsed() > timeout {
-                    return Err(PersistentError::Timeout {
-                        name: k.name().into(),
-                        what: "batch round trip",
+                let n = k.receive_into(&mut buf, 4096);
+                let t = now_ns();
+                for (j, s) in buf.iter().enumerate() {
+                    if s.env.correlation_id != base + got + j as u64 + 1 {
+                        return Err(BenchError::Check {
+                            variant: streaming,
+                            check: OutputCheck::Order {
+                                want: base + got + j as u64 + 1,
+                                got: s.env.correlation_id,
+                            },
+                        });
                     }
-                    .into());
+                    check(s, streaming)?;
+                    if rtts.len() < 1_000_000 {
+                        rtts.push(t - s.env.timestamp_ns);
+                    }
+                }
+                got += n as u64;
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(1024) {
+                    k.check()?;
+                    if start.elapsed() > timeout * 10 {
+                        return Err(PersistentError::Timeout {
+                            name: k.name().into(),
+                            what: "throughput run",
+                        }
+                        .into());
+                    }
                 }
             }
-            next += in_flight as u64;
-            if r >= reps / 10 {
-                rtts.push(t0.elapsed().as_nanos() as u64);
+            rows.push(BenchRow {
+                host_send_ns_per_msg: per_msg(send_ns, sent),
+                ..row(
+                    (streaming, persistent_block),
+                    bytes,
+                    in_flight,
+                    rtts,
+                    total,
+                    start.elapsed(),
+                )
+            });
+
+            // The baselines' quantity: a closed-loop batch of `in_flight` messages, first send to
+            // last output received.
+            let reps = (iters * 16 / in_flight).max(10);
+            let mut rtts = Vec::with_capacity(reps);
+            let (mut send_ns, mut sent_all) = (0u64, 0u64);
+            let mut next = base + got;
+            let start = Instant::now();
+            for r in 0..reps + reps / 10 {
+                let t0 = Instant::now();
+                let first = next;
+                let (mut sent_b, mut got_b) = (0u64, 0u64);
+                while got_b < in_flight as u64 {
+                    if sent_b < in_flight as u64 {
+                        let room = (in_flight as u64 - sent_b).min(1024);
+                        stage.clear();
+                        let t = now_ns();
+                        stage.extend((0..room).map(|j| {
+                            let i = first + sent_b + j;
+                            Slot::new(Envelope::new(i + 1, 128, t), [i; W])
+                        }));
+                        let t0 = now_ns();
+                        let n = k.send_batch(&stage) as u64;
+                        send_ns += now_ns() - t0;
+                        sent_b += n;
+                        sent_all += n;
+                    }
+                    buf.clear();
+                    got_b += k.receive_into(&mut buf, 4096) as u64;
+                    for s in &buf {
+                        check(s, variant)?;
+                    }
+                    if t0.elapsed() > timeout {
+                        return Err(PersistentError::Timeout {
+                            name: k.name().into(),
+                            what: "batch round trip",
+                        }
+                        .into());
+                    }
+                }
+                next += in_flight as u64;
+                if r >= reps / 10 {
+                    rtts.push(t0.elapsed().as_nanos() as u64);
+                }
             }
+            rows.push(BenchRow {
+                host_send_ns_per_msg: per_msg(send_ns, sent_all),
+                ..row(
+                    (variant, persistent_block),
+                    bytes,
+                    in_flight,
+                    rtts,
+                    ((reps + reps / 10) * in_flight) as u64,
+                    start.elapsed(),
+                )
+            });
+            next_id = next;
         }
-        rows.push(BenchRow {
-            host_send_ns_per_msg: per_msg(send_ns, sent_all),
-            ..row(
-                ("persistent", persistent_block),
-                bytes,
-                in_flight,
-                rtts,
-                ((reps + reps / 10) * in_flight) as u64,
-                start.elapsed(),
-            )
-        });
         k.terminate(timeout)?;
     }
 
     // ---- launch per batch and graph ----
     let dev = open_device(device)?;
     let mut runner =
-        BatchRunner::<[u64; W], [u64; W]>::new(&dev, &base_source, &[0u8; 8], in_flight.max(1))?;
+        BatchRunner::<[u64; W], [u64; W]>::new(&dev, &base_source, &[0u8; 8], deepest.max(1))?;
+    let mut depths = vec![1usize];
+    depths.extend(in_flights.iter().copied().filter(|&n| n > 1));
     for (variant, graph) in [("launch_per_batch", false), ("graph", true)] {
-        for n in [1usize, in_flight] {
+        for &n in &depths {
             let inputs: Vec<Slot<[u64; W]>> = (0..n)
                 .map(|i| Slot::new(Envelope::new(i as u64 + 1, 128, 0), [i as u64; W]))
                 .collect();
@@ -504,15 +524,18 @@ where
 }
 
 /// Measures, for 16 / 64 / 256-byte payloads, round-trip latency at 1 in flight (p50 / p99 /
-/// p99.9) and throughput with `in_flight` messages outstanding, for the `persistent`,
-/// `launch_per_batch` and `graph` variants of the same kernel template. `iters` latency
-/// samples per configuration (throughput runs move `16 * iters` messages).
+/// p99.9) and, for each of `in_flights` above 1, throughput with that many messages outstanding
+/// and the round trip of a closed-loop batch of that many, for the persistent kernel with its
+/// lanes' path chosen automatically (`persistent`), by the LL lanes only (`persistent_ll`) and
+/// by the bulk lanes only (`persistent_bulk`), and for the `launch_per_batch` and `graph`
+/// baselines of the same kernel template, all in one run. `iters` latency samples per
+/// configuration (throughput runs move `16 * iters` messages, at least four times the depth).
 ///
 /// Needs a GPU, the driver and NVRTC; returns their absence as a typed error.
 pub fn bench_ring(
     device: usize,
     iters: usize,
-    in_flight: usize,
+    in_flights: &[usize],
 ) -> Result<Vec<BenchRow>, BenchError> {
     if iters == 0 {
         return Err(BenchError::Parameter {
@@ -521,19 +544,26 @@ pub fn bench_ring(
             must: "above 0",
         });
     }
-    if in_flight == 0 || in_flight > 1 << 20 {
+    if in_flights.is_empty() {
         return Err(BenchError::Parameter {
             name: "in_flight",
-            value: in_flight as u64,
+            value: 0,
+            must: "at least one depth",
+        });
+    }
+    if let Some(&bad) = in_flights.iter().find(|&&n| n == 0 || n > 1 << 20) {
+        return Err(BenchError::Parameter {
+            name: "in_flight",
+            value: bad as u64,
             must: "in 1..=2^20",
         });
     }
     open_device(device)?;
     nvrtc_available()?;
     let mut rows = Vec::new();
-    bench_payload::<2>(device, iters, in_flight, &mut rows)?;
-    bench_payload::<8>(device, iters, in_flight, &mut rows)?;
-    bench_payload::<32>(device, iters, in_flight, &mut rows)?;
+    bench_payload::<2>(device, iters, in_flights, &mut rows)?;
+    bench_payload::<8>(device, iters, in_flights, &mut rows)?;
+    bench_payload::<32>(device, iters, in_flights, &mut rows)?;
     Ok(rows)
 }
 

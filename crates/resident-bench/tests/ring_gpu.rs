@@ -17,7 +17,7 @@ fn without_a_driver_bench_ring_is_a_typed_error() {
         eprintln!("SKIP: a CUDA driver is present; covered by bench_ring_on_a_gpu");
         return;
     }
-    let r = bench_ring(0, 10, 64);
+    let r = bench_ring(0, 10, &[64]);
     assert!(
         matches!(
             r,
@@ -32,7 +32,12 @@ fn without_a_driver_bench_ring_is_a_typed_error() {
 #[test]
 fn bad_parameters_are_refused_before_touching_the_driver() {
     for (iters, in_flight) in [(0, 64), (10, 0), (10, (1 << 20) + 1)] {
-        let r = bench_ring(0, iters, in_flight);
+        let r = bench_ring(0, iters, &[in_flight]);
+        assert!(matches!(r, Err(BenchError::Parameter { .. })), "{r:?}");
+    }
+    // No depth at all, and a bad one among good ones.
+    for depths in [&[][..], &[64, 0][..]] {
+        let r = bench_ring(0, 10, depths);
         assert!(matches!(r, Err(BenchError::Parameter { .. })), "{r:?}");
     }
 }
@@ -46,10 +51,10 @@ fn bench_ring_on_a_gpu() {
         eprintln!("SKIP: CUDA driver or NVRTC not available: bench_ring_on_a_gpu");
         return;
     }
-    let rows = bench_ring(0, 10, 64).unwrap();
-    // Per payload: persistent at 1 and 64 in flight, persistent_streaming, and the two
-    // baselines at 1 and 64.
-    assert_eq!(rows.len(), 3 * 7);
+    let rows = bench_ring(0, 10, &[64]).unwrap();
+    // Per payload: each persistent variant (auto, LL only, bulk only) at 1 and 64 in flight and
+    // streaming at 64, and the two baselines at 1 and 64.
+    assert_eq!(rows.len(), 3 * (3 * 3 + 2 * 2));
     for bytes in [16, 64, 256] {
         let of = |v: &str, n: usize| {
             rows.iter()
@@ -61,10 +66,19 @@ fn bench_ring_on_a_gpu() {
             assert_eq!(of(v, 64), 1, "{v} {bytes} B at 64 in flight");
         }
         assert_eq!(of("persistent_streaming", 64), 1);
+        for v in ["persistent_ll", "persistent_bulk"] {
+            assert_eq!(of(v, 1), 1, "{v} {bytes} B at 1 in flight");
+            assert_eq!(of(v, 64), 1, "{v} {bytes} B at 64 in flight");
+            assert_eq!(
+                of(&format!("{v}_streaming"), 64),
+                1,
+                "{v} {bytes} B streaming"
+            );
+        }
     }
     for r in &rows {
         let want = match (r.variant, r.in_flight) {
-            ("persistent_streaming", _) => MEASURES_STREAMING,
+            (v, _) if v.ends_with("_streaming") => MEASURES_STREAMING,
             (_, 1) => MEASURES_MESSAGE,
             _ => MEASURES_BATCH,
         };

@@ -60,9 +60,10 @@ enum Command {
         /// Round trips per latency point.
         #[arg(long, default_value_t = 20_000)]
         iters: usize,
-        /// Messages in flight for the throughput points.
-        #[arg(long, default_value_t = 4096)]
-        in_flight: usize,
+        /// Depths for the throughput and batch points, comma-separated (the round trip at one
+        /// message in flight is always measured).
+        #[arg(long, value_delimiter = ',', default_value = "64,1024,4096,65536")]
+        in_flight: Vec<usize>,
         /// Folder for ring-<device>-<date>.json.
         #[arg(long, default_value = "bench/results")]
         out_dir: PathBuf,
@@ -257,7 +258,7 @@ fn main() -> ExitCode {
             } else if sweep {
                 gpu_bench::ring_sweep(iters, &out_dir)
             } else {
-                gpu_bench::ring(iters, in_flight, !no_model, &out_dir)
+                gpu_bench::ring(iters, &in_flight, !no_model, &out_dir)
             })
         }
         Command::BenchWgpu {

@@ -957,8 +957,7 @@ fn bus_model_counts_the_bulk_path_apart() {
     let run: Vec<_> = (21..=276u64).map(|i| Slot::new(env(i, 128), i)).collect();
     assert_eq!(q.send_batch(&run), 256);
     // Let the copy engine finish before the kernel looks, so one batch takes all 256.
-    wait_until("the copies", || q.queues().pending_input() == 256);
-    std::thread::sleep(Duration::from_millis(50));
+    assert!(q.queues().wait_bulk_copies(T), "the copies landed");
     q.activate();
     let out = receive_n(&mut q, 256);
     assert!(out.iter().zip(21u64..).all(|(s, i)| s.payload == 2 * i));

@@ -168,6 +168,7 @@ fn kind(e: &PersistentError) -> &'static str {
         PersistentError::InvalidState { .. } => "InvalidState",
         PersistentError::Sim(_) => "Sim",
         PersistentError::Timeout { .. } => "Timeout",
+        PersistentError::CopyEngine { .. } => "CopyEngine",
     }
 }
 

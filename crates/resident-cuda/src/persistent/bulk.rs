@@ -226,6 +226,11 @@ pub trait CopyEngine: Send {
         tail: u64,
         value: u64,
     ) -> Result<(), PersistentError>;
+
+    /// Waits up to `timeout` until every submit so far has landed (its tail stored); `false`
+    /// when they had not by then. For benchmarks and tests that need a batch whole on the
+    /// device before the kernel looks; the data path never waits for the copy engine.
+    fn wait_idle(&mut self, timeout: std::time::Duration) -> bool;
 }
 
 /// Counts of a kernel's bulk submits (host side: the same for every engine).
@@ -493,6 +498,12 @@ impl<In: Pod> BulkLanes<In> {
         }
     }
 
+    /// Waits up to `timeout` for every submit so far to land on the device
+    /// ([`CopyEngine::wait_idle`]).
+    pub fn wait_copies(&mut self, timeout: std::time::Duration) -> bool {
+        self.engine.wait_idle(timeout)
+    }
+
     /// Takes back lane `l`'s untaken messages, in order.
     ///
     /// # Safety
@@ -509,6 +520,9 @@ impl<In: Pod> BulkLanes<In> {
 /// on the submitting thread (where a GPU's host thread makes them), so strict mode checks them.
 pub struct SimCopyEngine {
     tx: Option<std::sync::mpsc::Sender<SimJob>>,
+    /// Jobs sent, and jobs done (the thread's count).
+    sent: u64,
+    done: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Keeps the memory the jobs address alive until the thread has finished them.
     _keep: Vec<SharedMemory>,
@@ -526,6 +540,8 @@ impl SimCopyEngine {
     pub fn new(name: &str, keep: Vec<SharedMemory>) -> Result<Self, PersistentError> {
         let (tx, rx) = std::sync::mpsc::channel::<SimJob>();
         let keep_thread = keep.clone();
+        let done = Arc::new(AtomicU64::new(0));
+        let done_thread = done.clone();
         let thread = std::thread::Builder::new()
             .name(format!("resident-sim-copy-{}", short(name)))
             .spawn(move || {
@@ -552,6 +568,8 @@ impl SimCopyEngine {
                     let cell = unsafe { AtomicU64::from_ptr(job.tail as *mut u64) };
                     // Release: the copies above are visible to the kernel's acquire of the tail.
                     cell.store(job.value, Ordering::Release);
+                    // Release: a waiter that sees the count sees the tail stored.
+                    done_thread.fetch_add(1, Ordering::Release);
                 }
             })
             .map_err(|source| PersistentError::Spawn {
@@ -560,6 +578,8 @@ impl SimCopyEngine {
             })?;
         Ok(SimCopyEngine {
             tx: Some(tx),
+            sent: 0,
+            done,
             thread: Some(thread),
             _keep: keep,
         })
@@ -595,7 +615,21 @@ impl CopyEngine for SimCopyEngine {
             .ok_or(PersistentError::Spawn {
                 what: "the CudaSim copy engine (its thread has ended)",
                 source: std::io::Error::other("copy engine thread gone"),
-            })
+            })?;
+        self.sent += 1;
+        Ok(())
+    }
+
+    fn wait_idle(&mut self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        // Acquire: pairs with the thread's count after each tail store.
+        while self.done.load(Ordering::Acquire) < self.sent {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        true
     }
 }
 
@@ -639,6 +673,9 @@ mod tests {
             unsafe { AtomicU64::from_ptr(tail as *mut u64) }.store(value, Ordering::Release);
             self.0.push((copies.to_vec(), tail, value));
             Ok(())
+        }
+        fn wait_idle(&mut self, _: std::time::Duration) -> bool {
+            true
         }
     }
 

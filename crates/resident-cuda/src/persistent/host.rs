@@ -245,6 +245,13 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
         self.bulk.as_ref().and_then(|b| b.error())
     }
 
+    /// Waits up to `timeout` until every bulk submit so far has landed on the device (`true`
+    /// at once without bulk lanes): for benchmarks and tests that want a queued batch whole
+    /// before the kernel looks.
+    pub fn wait_bulk_copies(&mut self, timeout: std::time::Duration) -> bool {
+        self.bulk.as_mut().is_none_or(|b| b.wait_copies(timeout))
+    }
+
     /// Puts the leading run of `slots` (all of lane `lane`) on the path [`choose`] gives;
     /// returns how many were accepted (0 while the run waits for the LL path to drain).
     fn push_run(&mut self, lane: usize, slots: &[Slot<In>]) -> usize {
