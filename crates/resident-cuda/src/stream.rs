@@ -49,8 +49,9 @@ impl Stream {
         })
     }
 
-    /// The raw handle, for this crate's calls.
-    pub(crate) fn raw(&self) -> r::CUstream {
+    /// The raw handle, for this crate's calls and for [`crate::result`]'s (tests and probes
+    /// that time one driver call).
+    pub fn raw(&self) -> r::CUstream {
         self.raw
     }
 

@@ -7,7 +7,7 @@ use resident_cuda::persistent::{
     DeviceState, KernelSource, LaunchOptions, MessageDecl, PersistentError, PersistentKernel,
     QueueConfig,
 };
-use resident_ring::Envelope;
+use resident_ring::{Envelope, Slot};
 
 fn source() -> KernelSource {
     KernelSource::new(
@@ -261,6 +261,11 @@ fn residency_probe_times_driver_calls_while_a_ring_kernel_is_resident() {
         )
         .unwrap();
     let deadline = Duration::from_secs(5);
+    // The bulk lanes' memory, made before anything is resident (pinned memory and a stream
+    // wait for the device): 1 MiB of staging, its place in device memory and a tail word.
+    let staging = resident_cuda::PinnedMemory::new(&dev, 1 << 20).unwrap();
+    let ring = resident_cuda::DeviceBuffer::zeroed(&dev, (1 << 20) + 128).unwrap();
+    let copy_stream = resident_cuda::Stream::new(&dev).unwrap();
     let mut k = resident();
     let mut blocked_any_expected_free = Vec::new();
     let mut probe = |what: &'static str,
@@ -349,6 +354,49 @@ fn residency_probe_times_driver_calls_while_a_ring_kernel_is_resident() {
             let r = unsafe { f.launch(resident_cuda::LaunchConfig::new(4, 256), &stream, &mut p) }
                 .and_then(|_| stream.synchronize());
             format!("{r:?}")
+        }),
+    );
+    let d = dev.clone();
+    probe(
+        "bulk lane: cuMemcpyHtoDAsync (1 MiB pinned) + cuStreamWriteValue64 + that stream's sync",
+        true,
+        &mut k,
+        Box::new(move || {
+            if d.bind().is_err() {
+                return "lost".into();
+            }
+            let t = std::time::Instant::now();
+            // SAFETY: `staging` is 1 MiB of pinned memory and `ring` 1 MiB + 128 B of device
+            // memory, both moved into this closure and alive until it returns, after the
+            // stream's synchronize; the tail word is the 8 bytes after the copy's bytes.
+            let r = unsafe {
+                resident_cuda::result::memcpy_htod_async(
+                    ring.device_ptr(),
+                    staging.as_ptr() as *const core::ffi::c_void,
+                    1 << 20,
+                    copy_stream.raw(),
+                )
+                .map(|_| t.elapsed())
+                .and_then(|c| {
+                    let t2 = std::time::Instant::now();
+                    resident_cuda::result::stream_write_value64(
+                        copy_stream.raw(),
+                        ring.device_ptr() + (1 << 20),
+                        7,
+                    )
+                    .map(|_| (c, t2.elapsed()))
+                })
+                .and_then(|c| copy_stream.synchronize().map(|_| c))
+            };
+            match r {
+                Ok((c, w)) => format!(
+                    "copy call {:.1} us, write-value call {:.1} us, 64-bit memops {}",
+                    c.as_secs_f64() * 1e6,
+                    w.as_secs_f64() * 1e6,
+                    d.info().stream_mem_ops_64
+                ),
+                Err(e) => e.to_string(),
+            }
         }),
     );
     let d = dev.clone();
@@ -583,4 +631,57 @@ fn a_kernel_dropped_while_parked_is_not_relaunched() {
         fresh.device_counters()
     );
     fresh.terminate(Duration::from_secs(5)).unwrap();
+}
+
+/// The bulk lanes on a GPU: every message by staging, the copy engine and the device ring
+/// (`BulkMode::On`), then the automatic choice with runs long and short, over two lanes; every
+/// answer once, FIFO within its lane, the doubled value.
+#[test]
+fn bulk_lanes_round_trip_on_a_gpu() {
+    let Some(_turn) = gpu_turn("bulk_lanes_round_trip_on_a_gpu") else {
+        return;
+    };
+    use resident_cuda::persistent::{BulkConfig, BulkMode};
+    for mode in [BulkMode::On, BulkMode::Auto] {
+        let mut o = opts(2, 1024);
+        o.bulk = BulkConfig {
+            mode,
+            threshold: 64,
+        };
+        let mut k = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &o).unwrap();
+        k.activate().unwrap();
+        let mut expect: [std::collections::VecDeque<u64>; 2] = Default::default();
+        let mut next = 1u64;
+        let mut pending: Vec<Slot<u64>> = Vec::new();
+        let start = std::time::Instant::now();
+        while next <= 20_000 || expect.iter().any(|e| !e.is_empty()) {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{mode:?}: timed out"
+            );
+            if pending.is_empty() && next <= 20_000 {
+                let prio = if next % 7 < 3 { 0 } else { 200 };
+                let len = if next.is_multiple_of(5) { 1 } else { 300 };
+                for id in next..next + len {
+                    pending.push(Slot::new(Envelope::new(id, prio, 0), id));
+                    if id % 3 != 0 {
+                        expect[(prio >= 128) as usize].push_back(id);
+                    }
+                }
+                next += len;
+            }
+            let n = k.send_batch(&pending);
+            pending.drain(..n);
+            while let Some(s) = k.try_receive() {
+                let lane = (s.env.priority >= 128) as usize;
+                assert_eq!(
+                    expect[lane].pop_front(),
+                    Some(s.env.correlation_id),
+                    "{mode:?}"
+                );
+                assert_eq!(s.payload, 2 * s.env.correlation_id);
+            }
+        }
+        assert_eq!(k.terminate(Duration::from_secs(5)).unwrap(), 0, "{mode:?}");
+    }
 }
