@@ -977,3 +977,68 @@ fn bus_model_counts_the_bulk_path_apart() {
     assert_eq!(b.driver_calls, 2, "one copy and one tail store: {b:?}");
     q.terminate(T).unwrap();
 }
+
+// ---- untrusted source (persistent::untrusted): nothing from the host's disk ----
+
+/// Handlers that ask the compiler for a file of the host are refused before any compiler
+/// runs: a device file that never ends, a host file whose lines an error would quote, a file
+/// that includes itself, a 1 GB file, and the spellings that hide a directive. Each ends at
+/// once with a typed error naming what was asked for, and quotes nothing of the file.
+#[test]
+fn hostile_includes_are_refused_before_any_compiler_runs() {
+    let dir = std::env::temp_dir().join(format!("resident-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cycle = dir.join("cycle.h");
+    std::fs::write(&cycle, format!("#include \"{}\"\n", cycle.display())).unwrap();
+    let big = dir.join("big.h");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(1 << 30).unwrap(); // sparse: 1 GB of zeros, no disk used
+    drop(f);
+    let cases = [
+        "#include \"/dev/zero\"".to_string(),
+        "#include </etc/passwd>".to_string(),
+        format!("#include \"{}\"", cycle.display()),
+        format!("#include \"{}\"", big.display()),
+        "%:include \"/etc/passwd\"".to_string(),
+        "#  /* x */ inc\\\nlude \"/etc/passwd\"".to_string(),
+        "#if __has_include(\"/etc/shadow\")\n#endif".to_string(),
+    ];
+    for inc in cases {
+        let handler = format!("{inc}\n{DOUBLE}");
+        let start = Instant::now();
+        let e = launch_with("hostile", &handler, 32, cfg(1, 64, 64), None)
+            .err()
+            .unwrap_or_else(|| panic!("launched: {inc:?}"));
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{inc:?} took {:?}",
+            start.elapsed()
+        );
+        assert!(
+            matches!(e, PersistentError::Include { line: 1, .. }),
+            "{inc:?}: {e}"
+        );
+        let text = e.to_string();
+        assert!(!text.contains("root:"), "{text}");
+        assert!(text.len() < 400, "{text}");
+        // The NVRTC path renders the same source first: refused the same way.
+        let src = source("hostile", &handler, 32);
+        assert!(matches!(src.render(), Err(PersistentError::Include { .. })));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // NVRTC's own half-precision header is allowed (CudaSim's compiler has none: a compile
+    // error naming it, no file of the host read).
+    let e = launch_with(
+        "fp16",
+        &format!("#include <cuda_fp16.h>\n{DOUBLE}"),
+        32,
+        cfg(1, 64, 64),
+        None,
+    )
+    .err()
+    .expect("CudaSim has no cuda_fp16.h");
+    assert!(
+        matches!(e, PersistentError::Compile { .. }) && e.to_string().contains("cuda_fp16.h"),
+        "{e}"
+    );
+}

@@ -169,6 +169,7 @@ fn kind(e: &PersistentError) -> &'static str {
         PersistentError::Sim(_) => "Sim",
         PersistentError::Timeout { .. } => "Timeout",
         PersistentError::CopyEngine { .. } => "CopyEngine",
+        PersistentError::Include { .. } => "Include",
     }
 }
 

@@ -41,6 +41,7 @@ pub mod lane;
 pub mod peer;
 pub mod sim;
 pub mod template;
+pub mod untrusted;
 
 pub use bulk::{
     choose, BulkConfig, BulkLanes, BulkMemory, BulkMode, BulkStats, CopyEngine, CopyRange, Path,
@@ -140,6 +141,23 @@ pub enum PersistentError {
     /// persistent kernels.
     #[error("CUDA driver not available: {0}")]
     DriverUnavailable(#[source] Unavailable),
+    /// A kernel's source text asks the compiler for a file of the host (`#include`, `#embed`,
+    /// `__has_include`, ...) other than NVRTC's built-in headers
+    /// ([`untrusted::ALLOWED_INCLUDES`]): refused before any compiler runs, so no file is read
+    /// and none is quoted back.
+    #[error("kernel `{qname}`: {what} asks for a file of the host (`#{directive} {file}`, line {line}); a kernel's source may include only {allowed}", qname = quoted_name(.name), allowed = untrusted::ALLOWED_INCLUDES.map(|h| format!("<{h}>")).join(", "))]
+    Include {
+        /// Kernel name.
+        name: String,
+        /// Which text (the handler, a type's declaration).
+        what: &'static str,
+        /// Its line (from 1).
+        line: usize,
+        /// The directive or operator.
+        directive: String,
+        /// The file asked for, as written (at most 64 bytes).
+        file: String,
+    },
     /// Kernel source failed to compile (the NVRTC log is included).
     #[error("kernel `{name}` failed to compile for {arch}:\n{log}")]
     Compile {

@@ -426,6 +426,16 @@ impl KernelSource {
             .flat_map(|b| &b.c_deps)
             .map(|d| ("a bound buffer's type declaration", d));
         for (what, text) in named.into_iter().chain(deps) {
+            // Users' text reads nothing from the host's disk (see `untrusted`).
+            if let Some(f) = super::untrusted::forbidden_file(text) {
+                return Err(PersistentError::Include {
+                    name: self.name.clone(),
+                    what,
+                    line: f.line,
+                    directive: f.directive,
+                    file: f.name,
+                });
+            }
             if let Some((line, why)) = too_deep(text) {
                 return bad(format!(
                     "{what} {why} (line {line}); the CUDA compiler's parser would overflow its stack"
