@@ -197,6 +197,16 @@ def _spec(kernel_id: str, func: Optional[Callable[..., Any]], overrides: Dict[st
     return spec
 
 
+def _compiles(spec: Any) -> bool:
+    """Whether launching ``spec`` may compile a device handler (a device kernel, or a keyed
+    kernel with a CUDA or WGSL handler): the asyncio launch runs it on a thread then."""
+    if isinstance(spec, _device.DeviceKernelSpec):
+        return True
+    return isinstance(spec, _keyed.KeyedKernelSpec) and (
+        spec.cuda is not None or spec.wgsl is not None
+    )
+
+
 class Runtime:
     """The blocking runtime: one engine runtime and its Python kernels.
 
@@ -713,10 +723,11 @@ class RingKernelRuntime:
     async def launch(
         self, kernel_id: str, kernel_func: Optional[Callable[..., Any]] = None, **overrides: Any
     ) -> None:
-        """Like ``Runtime.launch``. A device kernel's launch (which compiles its handler:
-        g++ for CudaSim, NVRTC for CUDA) runs on a thread of its own; the loop goes on."""
+        """Like ``Runtime.launch``. The launch of a device kernel, or of a keyed kernel with a
+        device handler (which compiles it: g++ for CudaSim, NVRTC for CUDA) runs on a thread
+        of its own; the loop goes on."""
         s = _spec(kernel_id, kernel_func, overrides)
-        if isinstance(s, _device.DeviceKernelSpec):
+        if _compiles(s):
             await _in_thread(self.sync.launch, kernel_id, kernel_func, **overrides)
         else:
             self.sync.launch(kernel_id, kernel_func, **overrides)
