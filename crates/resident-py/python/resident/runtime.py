@@ -33,6 +33,7 @@ from .errors import (
     CallTimeoutError,
     InvalidConfigError,
     KernelNotFoundError,
+    KernelStateError,
     MessageTypeError,
     ReceiveTimeoutError,
     ResidentError,
@@ -236,6 +237,10 @@ class Runtime:
         self._block: Dict[str, float] = {}
         # Final states of device kernels terminated (the last ``_GONE_MAX``).
         self._final_states: Dict[str, np.ndarray] = {}
+        # Final telemetry of kernels terminated (the last ``_GONE_MAX``).
+        self._final_telemetry: Dict[str, Telemetry] = {}
+        self._telemetry_on = bool(enable_telemetry)
+        self._started = time.monotonic()
 
     @property
     def backend(self) -> str:
@@ -315,15 +320,16 @@ class Runtime:
 
         The kernel is freed then, as in Rust: its queues, the objects they held and its id
         (``kernel_ids`` no longer lists it; the id can be launched again). The runtime
-        remembers the last 256 terminated ids with their final state: ``state`` returns it,
-        and a late ``send`` or ``call`` raises ``KernelNotAcceptingError`` with its message
-        handed back."""
+        remembers the last 256 terminated ids with their final state and telemetry: ``state``
+        and ``get_telemetry`` return them, and a late ``send`` or ``call`` raises
+        ``KernelNotAcceptingError`` with its message handed back."""
         try:
             d = self._rt.terminate(kernel_id, timeout)
         finally:
             self._abandon_stuck([kernel_id])
         try:
             rep = self._report(d)
+            self._keep_final_telemetry(kernel_id)
             spec = self._batch.get(kernel_id)
             if isinstance(spec, _device.DeviceKernelSpec) and spec.state_dtype is not None:
                 # A device kernel's final state stays readable (``snapshot_state``).
@@ -333,6 +339,17 @@ class Runtime:
         finally:
             self._forget(kernel_id)
         return rep
+
+    def _keep_final_telemetry(self, kernel_id: str) -> None:
+        """Remembers a terminated kernel's last figures (``get_telemetry`` returns them)."""
+        try:
+            final = Telemetry(**self._rt.telemetry(kernel_id))
+        except ResidentError:  # nothing to remember; the report is what matters
+            return
+        self._final_telemetry.pop(kernel_id, None)
+        self._final_telemetry[kernel_id] = final
+        while len(self._final_telemetry) > _GONE_MAX:
+            self._final_telemetry.pop(next(iter(self._final_telemetry)))
 
     def _abandon_stuck(self, kernel_ids: List[str]) -> None:
         """Raises ``KernelAbandoned`` in the handlers of these kernels that the engine gave up
@@ -643,8 +660,41 @@ class Runtime:
             )
         return r
 
-    def get_telemetry(self, kernel_id: str) -> Telemetry:
-        return Telemetry(**self._rt.telemetry(kernel_id))
+    def get_telemetry(self, kernel_id: str) -> Optional[Telemetry]:
+        """The kernel's figures; after ``terminate``, its final figures (state
+        ``terminated``; the last 256 terminated kernels are remembered). None when the
+        runtime was made with ``enable_telemetry=False``."""
+        if not self._telemetry_on:
+            self._rt.state(kernel_id)  # KernelNotFoundError for an unknown id
+            return None
+        try:
+            return Telemetry(**self._rt.telemetry(kernel_id))
+        except KernelStateError:
+            final = self._final_telemetry.get(kernel_id)
+            if final is None:
+                raise
+            return final
+
+    def get_all_telemetry(self) -> Dict[str, Telemetry]:
+        """Every live kernel's figures by id (empty with ``enable_telemetry=False``)."""
+        if not self._telemetry_on:
+            return {}
+        return {k: Telemetry(**self._rt.telemetry(k)) for k in self._rt.kernel_ids()}
+
+    def get_summary(self) -> Dict[str, Any]:
+        """Totals over the live kernels: ``kernel_count``, ``total_messages_processed``,
+        ``total_messages_dropped``, ``total_errors``, ``uptime_seconds`` (since the runtime
+        was made) and ``gpu_utilization`` (None: not read here). With
+        ``enable_telemetry=False`` the totals are 0."""
+        every = self.get_all_telemetry().values()
+        return {
+            "kernel_count": len(self._rt.kernel_ids()),
+            "total_messages_processed": sum(t.messages_processed for t in every),
+            "total_messages_dropped": sum(t.messages_dropped for t in every),
+            "total_errors": sum(t.errors for t in every),
+            "uptime_seconds": time.monotonic() - self._started,
+            "gpu_utilization": None,
+        }
 
     def shutdown(self) -> List[KernelReport]:
         """Lets active kernels drain (up to ``shutdown_timeout``), terminates every kernel
@@ -1063,11 +1113,17 @@ class RingKernelRuntime:
             return np.zeros(0, spec.out_dtype)
         return _batch.from_records(raw, spec.record, spec.out_dtype)
 
-    def get_telemetry(self, kernel_id: str) -> Telemetry:
+    def get_telemetry(self, kernel_id: str) -> Optional[Telemetry]:
+        """As ``Runtime.get_telemetry`` (final figures after ``terminate``; None with
+        ``enable_telemetry=False``)."""
         return self.sync.get_telemetry(kernel_id)
 
     def get_all_telemetry(self) -> Dict[str, Telemetry]:
-        return {k: self.sync.get_telemetry(k) for k in self.sync.kernel_ids}
+        return self.sync.get_all_telemetry()
+
+    def get_summary(self) -> Dict[str, Any]:
+        """As ``Runtime.get_summary``."""
+        return self.sync.get_summary()
 
     async def shutdown(self) -> List[KernelReport]:
         return await _in_thread(self.sync.shutdown)
