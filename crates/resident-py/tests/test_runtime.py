@@ -385,3 +385,24 @@ def test_telemetry_off_when_enable_telemetry_is_false():
     with resident.Runtime("cpu", enable_telemetry=False) as r:
         k = launch_echo(r)
         assert r.get_telemetry(k) is None
+
+
+def test_available_backends_lists_what_opens_here():
+    """``resident.available_backends()`` names the backends a runtime can use here, in the
+    engine's order (the CPU first); one it does not name raises ``BackendNotAvailableError``.
+    ``backend_report()`` says why each other one is not available."""
+    names = resident.available_backends()
+    assert names[0] == "cpu" and len(set(names)) == len(names)
+    assert set(names) <= {"cpu", "cuda", "wgpu", "cudasim"}
+    report = {r["name"]: r for r in resident.backend_report()}
+    assert list(report) == ["cpu", "cuda", "wgpu", "cudasim"]
+    for name, r in report.items():
+        assert r["available"] == (name in names)
+        assert (r["reason"] is None) == r["available"]
+        assert all(d["backend"] == name for d in r["devices"])
+    for b in ("cpu", "cuda", "cudasim"):
+        if b in names:
+            resident.Runtime(b).shutdown()
+        else:
+            with pytest.raises(resident.BackendNotAvailableError):
+                resident.Runtime(b)

@@ -26,6 +26,7 @@
 """
 
 from . import _resident, workloads
+from .accelerator import available_backends, backend_report
 from .batch import BatchKernelSpec, batch_kernel
 from .device import DeviceKernelSpec, declarations, device_kernel
 from .dlpack import DLPackArray, DeviceView, from_dlpack
@@ -42,6 +43,8 @@ __version__ = _resident.__version__
 __all__ = [
     "RingKernelRuntime",
     "Runtime",
+    "available_backends",
+    "backend_report",
     "ring_kernel",
     "batch_kernel",
     "BatchKernelSpec",
