@@ -4,6 +4,7 @@ Rust keyed kernel on every backend here."""
 
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -497,3 +498,54 @@ def test_asyncio_launch_of_a_keyed_device_kernel_compiles_off_the_loop():
     assert gaps and max(gaps) < 0.25, (
         f"the loop stalled {max(gaps or [took]):.2f} s during a {took:.2f} s launch"
     )
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cudasim"])
+def test_asyncio_snapshot_keys_can_be_awaited(backend):
+    """``await runtime.snapshot_keys_async(...)`` reads the key states on a thread of its own
+    (on a device the engine parks the kernel between two batches for the copy), not the
+    loop's: the same records as ``snapshot_keys``, also after ``terminate``, and the same
+    ``KeyOutOfRange`` outside the keys."""
+    import asyncio
+
+    runtime_or_skip(backend).shutdown()
+
+    async def main():
+        async with resident.RingKernelRuntime(
+            backend=backend, shutdown_timeout=2.0, terminate_timeout=10.0
+        ) as art:
+            kid = fresh("keyed_await")
+            await art.launch(kid, keyed_kernel(counter, kernel_id=kid, keys=4, in_dtype=IN,
+                                               out_dtype=OUT, state_dtype=ST, key_field="key",
+                                               cuda=CUDA))
+            await art.activate(kid)
+            msgs = np.zeros(40, IN)
+            msgs["key"] = np.arange(40) % 4
+            msgs["seq"] = np.arange(40)
+            await art.send_batch(kid, msgs)
+            deadline = time.monotonic() + 30
+            while art.get_telemetry(kid).messages_processed < 40 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            threads = []
+            read = art.sync.snapshot_keys
+
+            def spy(*a):
+                threads.append(threading.get_ident())
+                return read(*a)
+
+            art.sync.snapshot_keys = spy
+            snap = await art.snapshot_keys_async(kid)
+            part = await art.snapshot_keys_async(kid, 1, 3)
+            del art.sync.snapshot_keys
+            with pytest.raises(KeyOutOfRange):
+                await art.snapshot_keys_async(kid, 0, 5)
+            same = art.snapshot_keys(kid)
+            await art.terminate(kid)
+            after = await art.snapshot_keys_async(kid)
+            return snap, part, same, after, threads
+
+    snap, part, same, after, threads = asyncio.run(main())
+    assert list(snap["n"]) == [10] * 4 and list(snap["bad"]) == [0] * 4
+    assert (snap == same).all() and (after == same).all()
+    assert list(part["n"]) == [10, 10]
+    assert len(threads) == 2 and threading.get_ident() not in threads  # not the loop's

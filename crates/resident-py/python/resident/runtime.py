@@ -1067,12 +1067,21 @@ class RingKernelRuntime:
         return sent
 
     def snapshot_keys(self, kernel_id: str, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
-        """As ``Runtime.snapshot_keys``."""
+        """As ``Runtime.snapshot_keys``, on the caller's thread (a device kernel's copy waits
+        for the end of its batch: ``await snapshot_keys_async(...)`` does not hold the
+        loop)."""
         return self.sync.snapshot_keys(kernel_id, start, stop)
 
     def snapshot_key(self, kernel_id: str, key: int) -> Any:
         """As ``Runtime.snapshot_key``."""
         return self.sync.snapshot_key(kernel_id, key)
+
+    async def snapshot_keys_async(
+        self, kernel_id: str, start: int = 0, stop: Optional[int] = None
+    ) -> np.ndarray:
+        """``snapshot_keys`` as a coroutine: the copy (for which the engine parks a device
+        kernel between two batches) runs on a thread of its own; the loop goes on."""
+        return await _in_thread(self.sync.snapshot_keys, kernel_id, start, stop)
 
     async def receive_batch(
         self, kernel_id: str, max: int, timeout: Optional[float] = 0.0, *, out: Any = None
