@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import difflib
+import sys
 import threading
 import time
+import types
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional
@@ -502,3 +504,18 @@ def _abandon(keys: Iterable[Any], grace: float = 0.1) -> None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(
             ctypes.c_ulong(ident), ctypes.py_object(KernelAbandoned)
         )
+
+
+class _KernelModule(types.ModuleType):
+    """This module is also PyDotCompute's top-level ``kernel`` decorator (``from resident
+    import kernel``; ``@kernel(block=(256,))``): calling it calls ``resident.decorators.kernel``
+    (a Numba-compiled function), while its names (``KernelContext``, ``KernelAbandoned``, ...)
+    stay where they are."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .decorators import kernel
+
+        return kernel(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _KernelModule

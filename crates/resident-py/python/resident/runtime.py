@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import dataclasses
+import enum
 import functools
+import importlib.util
+import sys
 import threading
 import time
 import weakref
 
 import numpy as np
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
 
 import resident._resident as _resident
 from .errors import (
@@ -45,12 +49,38 @@ from . import kernel as _kernel
 from . import keyed as _keyed
 from .kernel import KernelSpec, _run_kernel, get_kernel
 
-__all__ = ["Runtime", "RingKernelRuntime", "Telemetry", "KernelReport"]
+__all__ = [
+    "Runtime",
+    "RingKernelRuntime",
+    "RingKernel",
+    "KernelState",
+    "Telemetry",
+    "KernelReport",
+    "get_loop_info",
+]
 
 # What the engine returns when no output came (any object, None included, is a message).
 _NOTHING = _resident.NOTHING
 # Terminated kernels whose id and final state the runtime remembers (as the engine does).
 _GONE_MAX = 256
+
+
+class KernelState(str, enum.Enum):
+    """A kernel's state, as ``get_kernel_state`` returns it (PyDotCompute's names). A ``str``
+    equal to the engine's name that ``state()`` returns: ``KernelState.DEACTIVATED ==
+    "inactive"``. ``CREATED`` is never a launched kernel's state (a kernel exists from
+    ``launch``); ``FAILED`` is resident's: the handler raised or ended early."""
+
+    CREATED = "created"
+    LAUNCHED = "launched"
+    ACTIVE = "active"
+    DEACTIVATED = "inactive"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -597,7 +627,15 @@ class Runtime:
         ``failed``."""
         return self._rt.state(kernel_id)
 
-    get_kernel_state = state
+    def get_kernel_state(self, kernel_id: str) -> KernelState:
+        """The kernel's state as a ``KernelState`` (a ``str``, equal to what ``state``
+        returns)."""
+        return KernelState(self._rt.state(kernel_id))
+
+    @property
+    def is_active(self) -> bool:
+        """True from construction until ``shutdown`` (the engine runs from construction)."""
+        return self._reports is None
 
     def failure(self, kernel_id: str) -> Optional[str]:
         """Why the kernel failed, if it did."""
@@ -748,7 +786,12 @@ class RingKernelRuntime:
         *,
         shutdown_timeout: float = 5.0,
         terminate_timeout: float = 10.0,
+        use_uvloop: bool = False,
+        use_eager_tasks: bool = False,
     ) -> None:
+        # ``use_uvloop`` and ``use_eager_tasks`` are PyDotCompute's: accepted and ignored (the
+        # runtime works on whatever loop the caller runs, and installs no loop policy or
+        # task factory; ``get_loop_info`` says what the running loop is).
         self.sync = Runtime(
             backend,
             enable_telemetry,
@@ -770,17 +813,42 @@ class RingKernelRuntime:
     async def start(self) -> None:
         """Nothing to start (the engine runs from construction); kept for PyDotCompute."""
 
+    @property
+    def is_active(self) -> bool:
+        """True from construction until ``shutdown``."""
+        return self.sync.is_active
+
     async def launch(
         self, kernel_id: str, kernel_func: Optional[Callable[..., Any]] = None, **overrides: Any
-    ) -> None:
-        """Like ``Runtime.launch``. The launch of a device kernel, or of a keyed kernel with a
-        device handler (which compiles it: g++ for CudaSim, NVRTC for CUDA) runs on a thread
-        of its own; the loop goes on."""
+    ) -> "RingKernel":
+        """Like ``Runtime.launch``; returns the launched kernel (a ``RingKernel``: its id and
+        this runtime's operations on it). The launch of a device kernel, or of a keyed kernel
+        with a device handler (which compiles it: g++ for CudaSim, NVRTC for CUDA) runs on a
+        thread of its own; the loop goes on."""
         s = _spec(kernel_id, kernel_func, overrides)
         if _compiles(s):
             await _in_thread(self.sync.launch, kernel_id, kernel_func, **overrides)
         else:
             self.sync.launch(kernel_id, kernel_func, **overrides)
+        return RingKernel(self, kernel_id)
+
+    @contextlib.asynccontextmanager
+    async def kernel_scope(
+        self, kernel_id: str, kernel_func: Optional[Callable[..., Any]] = None, **overrides: Any
+    ) -> AsyncIterator["RingKernel"]:
+        """``async with runtime.kernel_scope(id) as k:`` launches and activates the kernel,
+        and terminates it when the block ends (also when it raises)."""
+        k = await self.launch(kernel_id, kernel_func, **overrides)
+        try:
+            await self.activate(kernel_id)
+            yield k
+        finally:
+            if self.sync.state(kernel_id) not in ("terminated",):
+                await self.terminate(kernel_id)
+
+    def get_loop_info(self) -> Dict[str, Any]:
+        """As the module's ``get_loop_info()`` (the runtime changes none of these)."""
+        return get_loop_info()
 
     async def activate(self, kernel_id: str) -> None:
         self.sync.activate(kernel_id)
@@ -794,10 +862,12 @@ class RingKernelRuntime:
     async def terminate(self, kernel_id: str, timeout: Optional[float] = None) -> KernelReport:
         return await _in_thread(self.sync.terminate, kernel_id, timeout)
 
-    def get_kernel_state(self, kernel_id: str) -> str:
-        return self.sync.state(kernel_id)
+    def get_kernel_state(self, kernel_id: str) -> KernelState:
+        """As ``Runtime.get_kernel_state`` (a ``KernelState``, equal to ``state``'s string)."""
+        return self.sync.get_kernel_state(kernel_id)
 
-    state = get_kernel_state
+    def state(self, kernel_id: str) -> str:
+        return self.sync.state(kernel_id)
 
     @property
     def kernel_ids(self) -> List[str]:
@@ -903,17 +973,24 @@ class RingKernelRuntime:
                 msg,
             )
 
-    async def send(self, kernel_id: str, msg: Any, *, priority: Optional[int] = None) -> int:
+    async def send(
+        self,
+        kernel_id: str,
+        msg: Any,
+        *,
+        priority: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> int:
         """Like ``Runtime.send``. Under ``backpressure="block"`` a send to a full queue awaits
-        room (the loop goes on), at most the kernel's block timeout, then raises
-        ``SendTimeoutError`` with ``msg`` handed back."""
+        room (the loop goes on), at most the kernel's block timeout (and ``timeout`` seconds
+        when given), then raises ``SendTimeoutError`` with ``msg`` handed back."""
         if priority is None:
             priority = getattr(msg, "priority", 128)
         if priority.__class__ is not int or not 0 <= priority <= 255:
             priority = _priority(msg, priority)  # checks it (raises when invalid)
         rt = self._rt
         if rt.would_block(kernel_id):
-            await self._room(kernel_id, msg, None)
+            await self._room(kernel_id, msg, self._deadline(timeout))
         try:
             return rt.send(kernel_id, msg, priority)
         except KernelNotFoundError:
@@ -1136,6 +1213,82 @@ class RingKernelRuntime:
 
     async def shutdown(self) -> List[KernelReport]:
         return await _in_thread(self.sync.shutdown)
+
+
+def get_loop_info() -> Dict[str, Any]:
+    """What the running event loop is: ``loop_class`` (``"no_running_loop"`` outside
+    one), ``uvloop_available``, ``uvloop_installed`` (the running loop is uvloop's),
+    ``eager_tasks_available`` (Python 3.12+), ``eager_tasks_installed`` (the running
+    loop's task factory is ``asyncio.eager_task_factory``), ``platform``,
+    ``python_version``."""
+    try:
+        loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    uv = importlib.util.find_spec("uvloop") is not None
+    eager = getattr(asyncio, "eager_task_factory", None)
+    return {
+        "loop_class": type(loop).__name__ if loop is not None else "no_running_loop",
+        "uvloop_available": uv,
+        "uvloop_installed": loop is not None and type(loop).__module__.startswith("uvloop"),
+        "eager_tasks_available": eager is not None,
+        "eager_tasks_installed": (
+            loop is not None and eager is not None and loop.get_task_factory() is eager
+        ),
+        "platform": sys.platform,
+        "python_version": "%d.%d.%d" % sys.version_info[:3],
+    }
+
+
+class RingKernel:
+    """A launched kernel, as ``RingKernelRuntime.launch`` returns it: its id and the
+    runtime's operations on it (each is the runtime's, with this kernel's id)."""
+
+    __slots__ = ("runtime", "kernel_id")
+
+    def __init__(self, runtime: RingKernelRuntime, kernel_id: str) -> None:
+        self.runtime = runtime
+        self.kernel_id = kernel_id
+
+    @property
+    def state(self) -> KernelState:
+        return self.runtime.get_kernel_state(self.kernel_id)
+
+    @property
+    def is_active(self) -> bool:
+        return self.state is KernelState.ACTIVE
+
+    @property
+    def telemetry(self) -> Optional[Telemetry]:
+        return self.runtime.get_telemetry(self.kernel_id)
+
+    async def activate(self) -> None:
+        await self.runtime.activate(self.kernel_id)
+
+    async def deactivate(self) -> None:
+        await self.runtime.deactivate(self.kernel_id)
+
+    async def reactivate(self) -> None:
+        await self.runtime.reactivate(self.kernel_id)
+
+    async def terminate(self, timeout: Optional[float] = None) -> KernelReport:
+        return await self.runtime.terminate(self.kernel_id, timeout)
+
+    async def send(self, msg: Any, **kw: Any) -> int:
+        return await self.runtime.send(self.kernel_id, msg, **kw)
+
+    async def receive(self, timeout: Optional[float] = None) -> Any:
+        return await self.runtime.receive(self.kernel_id, timeout)
+
+    async def call(self, msg: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
+        return await self.runtime.call(self.kernel_id, msg, timeout, **kw)
+
+    def __repr__(self) -> str:
+        try:
+            st = self.state.value
+        except ResidentError:
+            st = "unknown"
+        return f"RingKernel({self.kernel_id!r}, state={st})"
 
 
 class _LoopWake:
