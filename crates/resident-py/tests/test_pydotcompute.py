@@ -83,6 +83,15 @@ def test_submodules_hold_the_package_s_own_objects(mod):
             assert obj is top, f"{mod}.{name} is not resident's own"
 
 
+def test_submodule_names_do_not_hide_the_decorators():
+    """``resident.ring_kernels.message`` (a submodule) does not replace the ``message``
+    decorator that ``resident.ring_kernels`` exports, whichever is imported first."""
+    importlib.import_module("resident.ring_kernels.message")
+    rk = importlib.import_module("resident.ring_kernels")
+    assert rk.message is resident.message and callable(rk.message)
+    assert not isinstance(rk.message, type(sys))
+
+
 def test_exception_bases_and_aliases():
     ex = resident.exceptions
     assert ex.PyDotComputeError is resident.ResidentError
@@ -172,6 +181,8 @@ def test_subclass_messages_serialize_and_register():
     assert (t.value, t.priority, t.message_id) == (3, 10, s.message_id)
     u = resident.deserialize_message(s.serialize())
     assert type(u) is Sub and u.value == 3
+    # The base class reads any registered type back (as deserialize_message does).
+    assert type(resident.RingKernelMessage.deserialize(Point(x=1.0).serialize())) is Point
 
 
 def test_serialization_errors_are_typed():
@@ -302,6 +313,12 @@ def test_unified_buffer_allocates_lazily_and_frees():
     buf.mark_device_dirty()
     buf.synchronize()
     assert buf.state is BS.SYNCHRONIZED  # (one memory on the CPU backend: no copy)
+    buf.fill(1.0)
+    asyncio.run(buf.ensure_on_device())  # awaited, the copy on a thread
+    assert buf.state is BS.SYNCHRONIZED
+    buf.mark_device_dirty()
+    asyncio.run(buf.ensure_on_host())
+    assert buf.state is BS.SYNCHRONIZED and (buf.host == 1.0).all()
     buf.free()
     assert not buf.is_allocated and buf.state is BS.UNINITIALIZED
     lazy = resident.UnifiedBuffer((4,), np.int32, backend="cpu")

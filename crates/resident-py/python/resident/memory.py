@@ -17,6 +17,7 @@ import numpy as np
 import resident._resident as _resident
 from . import dlpack as _dlpack
 from .errors import BufferNotAllocatedError, BufferStateError
+from .runtime import _in_thread
 
 __all__ = [
     "BufferState",
@@ -153,6 +154,17 @@ class UnifiedBuffer:
         buffer."""
         self.host[...] = value
         return self
+
+    async def ensure_on_device(self) -> None:
+        """Awaits ``sync_to_device()`` when the host copy is newer (the copy runs on a thread
+        of its own; the loop goes on)."""
+        if self.state in (BufferState.HOST_DIRTY, BufferState.HOST_ONLY):
+            await _in_thread(self.sync_to_device)
+
+    async def ensure_on_host(self) -> None:
+        """Awaits ``sync_to_host()`` when the device copy is newer (on a thread of its own)."""
+        if self.state in (BufferState.DEVICE_DIRTY, BufferState.DEVICE_ONLY):
+            await _in_thread(self.sync_to_host)
 
     def synchronize(self) -> None:
         """Makes both copies equal: copies the newer (or only) one over the other; nothing

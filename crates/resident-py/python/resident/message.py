@@ -104,11 +104,12 @@ class Message:
     @classmethod
     def deserialize(cls, data: bytes) -> Any:
         """The message ``serialize`` wrote, as an instance of this class (or of a registered
-        subclass the bytes name). Bytes that are not a serialized message, a message of
+        subclass the bytes name; ``Message.deserialize`` takes any registered type, as
+        ``deserialize_message`` does). Bytes that are not a serialized message, a message of
         another type, or fields this class does not have raise
         ``MessageDeserializationError``."""
         msg = _decode_bytes(data, cls.__name__)
-        if not isinstance(msg, cls):
+        if cls is not Message and not isinstance(msg, cls):
             raise MessageDeserializationError(
                 f"the bytes hold a {type(msg).__name__}, not a {cls.__name__}"
             )

@@ -3,8 +3,11 @@
 package's own object; nothing is defined here."""
 
 from ..kernel import KernelContext, ring_kernel
-from ..message import RingKernelMessage, deserialize_message, get_message_type, message
 from ..runtime import KernelState, RingKernel, RingKernelRuntime, Telemetry, get_loop_info
+
+# Through the submodule, so that ``message`` ends as the decorator, not the submodule of that
+# name (loading a submodule sets the package's attribute).
+from .message import RingKernelMessage, deserialize_message, get_message_type, message
 
 __all__ = [
     "RingKernelRuntime",
