@@ -406,3 +406,15 @@ def test_available_backends_lists_what_opens_here():
         else:
             with pytest.raises(resident.BackendNotAvailableError):
                 resident.Runtime(b)
+
+
+def test_the_engine_s_telemetry_refusal_reads_well(rt):
+    """Past the remembered final figures, the engine's refusal to read a freed kernel's
+    telemetry names the kernel and the operation ("cannot read the telemetry while
+    terminated"; it read "cannot read the telemetry of while terminated")."""
+    kid = launch_echo(rt)
+    rt.terminate(kid)
+    with pytest.raises(KernelStateError) as e:
+        rt._rt.telemetry(kid)  # the engine itself, under the Python layer's memory
+    assert str(e.value) == f"kernel '{kid}': cannot read the telemetry while terminated"
+    assert e.value.kernel_id == kid and e.value.state == "terminated"
