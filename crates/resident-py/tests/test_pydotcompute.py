@@ -232,7 +232,12 @@ def test_launch_returns_the_kernel_and_kernel_state():
             assert await kern.call(5, timeout=5) == ("echo", 5)
             await kern.send(6)
             assert await kern.receive(timeout=5) == ("echo", 6)
-            assert kern.telemetry.messages_processed == 2
+            t = kern.telemetry
+            assert t.messages_processed == 2 and t.error_count == 0
+            assert t.max_latency_ns == t.latency_max_ns > 0
+            assert t.avg_latency_ns == t.latency_mean_ns
+            assert t.avg_latency_ms == t.latency_mean_ns / 1e6
+            assert t.total_latency_ns == t.latency_mean_ns * t.latency_count
             await kern.deactivate()
             assert kern.state is KS.DEACTIVATED and KS.DEACTIVATED == "inactive"
             rep = await kern.terminate()

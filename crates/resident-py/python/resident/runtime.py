@@ -121,6 +121,18 @@ class Telemetry:
     def avg_latency_ns(self) -> float:  # PyDotCompute's name
         return float(self.latency_mean_ns)
 
+    @property
+    def avg_latency_ms(self) -> float:  # PyDotCompute's name
+        return self.latency_mean_ns / 1e6
+
+    @property
+    def max_latency_ns(self) -> int:  # PyDotCompute's name
+        return self.latency_max_ns
+
+    @property
+    def total_latency_ns(self) -> int:  # PyDotCompute's name (from the mean: within 1 ns a message)
+        return self.latency_mean_ns * self.latency_count
+
 
 @dataclass
 class KernelReport:
