@@ -522,3 +522,17 @@ def test_kernel_compiles_with_numba_on_the_cpu():
     if not resident.Accelerator().cuda_available:
         with pytest.raises(resident.BackendNotAvailableError):
             on_gpu(np.zeros(4))
+
+
+def test_kernel_scope_after_the_block_terminated_the_kernel_itself():
+    async def main():
+        async with art() as rt:
+            k = fresh("echo")
+            async with rt.kernel_scope(k, echo_body) as kern:
+                rep = await kern.terminate()
+            assert rep.kernel_id == k and rt.state(k) == "terminated"
+            with pytest.raises(resident.KernelNotFoundError):
+                async with rt.kernel_scope(fresh("never"), None):
+                    pass
+
+    asyncio.run(main())

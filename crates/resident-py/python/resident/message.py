@@ -94,7 +94,8 @@ class Message:
 
     def serialize(self) -> bytes:
         """The message as bytes (``deserialize`` and ``deserialize_message`` read them back):
-        its type's name and every field. A field value may be None, a bool, int, float, str,
+        its type's name and every field its constructor takes (a dataclass's ``init``
+        fields; a plain subclass's attributes). A field value may be None, a bool, int, float, str,
         bytes, UUID, a list, tuple or dict of those, a numpy array or scalar (not of Python
         objects) or another message; anything else raises ``MessageSerializationError``
         naming the field. The bytes are self-describing data, never code: reading them runs

@@ -66,10 +66,10 @@ _GONE_MAX = 256
 
 
 class KernelState(str, enum.Enum):
-    """A kernel's state, as ``get_kernel_state`` returns it (PyDotCompute's names). A ``str``
-    equal to the engine's name that ``state()`` returns: ``KernelState.DEACTIVATED ==
-    "inactive"``. ``CREATED`` is never a launched kernel's state (a kernel exists from
-    ``launch``); ``FAILED`` is resident's: the handler raised or ended early."""
+    """A kernel's state, as ``get_kernel_state`` returns it: the engine's states by
+    PyDotCompute's names. A ``str`` equal to the engine's name that ``state()`` returns
+    (``KernelState.DEACTIVATED == "inactive"``). ``FAILED`` is resident's: the handler raised
+    or its loop ended early (``failure()`` says how)."""
 
     CREATED = "created"
     LAUNCHED = "launched"
@@ -855,7 +855,11 @@ class RingKernelRuntime:
             await self.activate(kernel_id)
             yield k
         finally:
-            if self.sync.state(kernel_id) not in ("terminated",):
+            try:
+                done = self.sync.state(kernel_id) == "terminated"  # by the block itself
+            except KernelNotFoundError:
+                done = True
+            if not done:
                 await self.terminate(kernel_id)
 
     def get_loop_info(self) -> Dict[str, Any]:
