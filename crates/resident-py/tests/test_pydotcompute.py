@@ -523,6 +523,17 @@ def test_kernel_compiles_with_numba_on_the_cpu():
         with pytest.raises(resident.BackendNotAvailableError):
             on_gpu(np.zeros(4))
 
+        async def orchestrated():
+            async with resident.ComputeOrchestrator() as o:
+                with pytest.raises(resident.BackendNotAvailableError):
+                    await o.launch_kernel(on_gpu, resident.KernelLaunchConfig(1, 32), np.zeros(4))
+                out = np.zeros(5)
+                await o.launch_kernel(saxpy, None, 1.0, x, y, out)  # the CPU kernel, on a thread
+                return o.get_execution_history(), out
+
+        hist, out2 = asyncio.run(orchestrated())
+        assert [h.success for h in hist] == [False, True] and list(out2) == [1, 2, 3, 4, 5]
+
 
 def test_kernel_scope_after_the_block_terminated_the_kernel_itself():
     async def main():

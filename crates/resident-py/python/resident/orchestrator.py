@@ -62,10 +62,10 @@ class ComputeOrchestrator:
     """``async with ComputeOrchestrator() as o: await o.launch_kernel(f, config, *args)``.
 
     A coroutine function is awaited; a CUDA ``@kernel``/``@gpu_kernel`` is launched with the
-    configuration; any other function (a CPU ``@kernel`` included) runs on a thread of its
-    own, so the loop goes on meanwhile. Kernels may be registered by name. Entering takes the
-    process's ``Accelerator`` and memory pool (enabled); leaving frees the pool's idle
-    memory."""
+    configuration, and any other function (a CPU ``@kernel`` included) is called, both on a
+    thread of its own, so the loop goes on meanwhile. Kernels may be registered by name.
+    Entering takes the process's ``Accelerator`` and memory pool (enabled); leaving frees the
+    pool's idle memory."""
 
     def __init__(self) -> None:
         self._accelerator: Optional[Accelerator] = None
@@ -143,7 +143,8 @@ class ComputeOrchestrator:
         run = KernelExecution(kernel_name=name, config=cfg, start_time=time.perf_counter())
         try:
             if isinstance(f, NumbaKernel) and f.target == "cuda":
-                f[cfg.grid_size, cfg.block_size](*args, **kwargs)
+                # The first launch compiles: on a thread, as every other function runs.
+                await _in_thread(lambda: f[cfg.grid_size, cfg.block_size](*args, **kwargs))
             elif asyncio.iscoroutinefunction(f):
                 await f(*args, **kwargs)
             else:
