@@ -495,7 +495,10 @@ def test_asyncio_launch_of_a_keyed_device_kernel_compiles_off_the_loop():
     assert placement == "cudasim"
     assert len(out) == 8 and sorted(out["seq"]) == list(range(8))
     assert took > 0.3, f"the launch took {took:.2f} s: too short to tell a stalled loop"
-    assert gaps and max(gaps) < 0.25, (
+    # A loop held by the compile shows one gap as long as the launch; slack for a loaded
+    # shared machine, where a tick can come late without the launch holding the loop.
+    limit = min(0.5, took / 2)
+    assert gaps and max(gaps) < limit, (
         f"the loop stalled {max(gaps or [took]):.2f} s during a {took:.2f} s launch"
     )
 
