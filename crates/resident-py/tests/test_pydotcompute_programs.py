@@ -158,7 +158,43 @@ assert asyncio.run(main()) == 1000
 '''
 
 
-@pytest.mark.parametrize("source", [ECHO, BATCH], ids=["echo", "batch_processor"])
+# The batch processor with its batch computed by a Numba kernel (``@kernel(block=(256,))``, as
+# the seed guide writes one); needs the ``numba`` extra.
+NUMBA_BATCH = BATCH.replace(
+    "from pydotcompute import RingKernelRuntime, message, ring_kernel",
+    "from pydotcompute import RingKernelRuntime, kernel, message, ring_kernel",
+).replace(
+    "@ring_kernel(kernel_id=\"batcher\"",
+    """@kernel(block=(256,))
+def root_plus_one(xs, out):
+    for i in range(xs.shape[0]):
+        out[i] = np.sqrt(xs[i]) + 1.0
+
+
+@ring_kernel(kernel_id=\"batcher\"""",
+).replace(
+    "        for msg, y in zip(batch, np.sqrt(xs) + 1.0):",
+    "        ys = np.empty_like(xs)\n        root_plus_one(xs, ys)\n        for msg, y in zip(batch, ys):",
+)
+
+try:
+    import numba  # noqa: F401
+
+    HAVE_NUMBA = True
+except ImportError:
+    HAVE_NUMBA = False
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        ECHO,
+        BATCH,
+        pytest.param(NUMBA_BATCH, marks=pytest.mark.skipif(
+            not HAVE_NUMBA, reason="numba is not installed (pip install resident[numba])")),
+    ],
+    ids=["echo", "batch_processor", "batch_processor_numba"],
+)
 def test_pydotcompute_program_runs_with_only_its_imports_changed(source, tmp_path):
     assert "pydotcompute" in source and "resident" not in source
     script = tmp_path / "program.py"
