@@ -30,6 +30,8 @@ __all__ = [
 ]
 
 Shape = Union[int, Tuple[int, ...]]
+# Serializes buffers' lazy allocation (rare: once per buffer).
+_alloc_lock = threading.Lock()
 
 
 class BufferState(enum.Enum):
@@ -112,10 +114,14 @@ class UnifiedBuffer:
 
     @property
     def _raw(self) -> Any:
-        """The engine's buffer, allocated on first use."""
-        if self._mem is None:
-            self._mem = _resident.Buffer(self._nbytes, self._pinned, self._backend_name)
-        return self._mem
+        """The engine's buffer, allocated on first use (once, if threads race to it)."""
+        mem = self._mem
+        if mem is None:
+            with _alloc_lock:
+                if self._mem is None:
+                    self._mem = _resident.Buffer(self._nbytes, self._pinned, self._backend_name)
+                mem = self._mem
+        return mem
 
     def _b(self) -> Any:
         if self._released:
@@ -193,11 +199,15 @@ class UnifiedBuffer:
 
     @property
     def pinned(self) -> bool:
-        return self._b().pinned if self.is_allocated else self._pinned
+        if self._mem is None and not self._released:
+            return self._pinned
+        return self._b().pinned
 
     @property
     def backend(self) -> str:
-        return self._b().backend if self.is_allocated else self._kind
+        if self._mem is None and not self._released:
+            return self._kind
+        return self._b().backend
 
     @property
     def state(self) -> BufferState:
