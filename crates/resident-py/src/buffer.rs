@@ -10,6 +10,7 @@ use numpy::PyArray1;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use resident::backend::{open, BackendKind, DeviceHandle};
 use resident::memory::BufferOptions;
 use resident::{BufferState, MemoryError, UnifiedBuffer};
@@ -298,7 +299,53 @@ fn device_of(py: Python<'_>, backend: &str) -> PyResult<(String, usize)> {
     Ok((d.kind().to_string(), d.info().ordinal))
 }
 
+/// Every backend this build knows, probed now (`resident::backend::probe`): one dict each,
+/// `name`, `available`, `reason` (why not, or None), `nvrtc` (CUDA only, else None) and
+/// `devices` (a dict of each device's properties).
+#[pyfunction]
+fn probe_backends(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    let reports = py.detach(resident::backend::probe);
+    let mut out = Vec::with_capacity(reports.len());
+    for r in reports {
+        let d = PyDict::new(py);
+        d.set_item("name", backend_name(r.backend))?;
+        d.set_item("available", r.unavailable.is_none())?;
+        d.set_item("reason", r.unavailable)?;
+        d.set_item("nvrtc", r.nvrtc)?;
+        let mut devices = Vec::with_capacity(r.devices.len());
+        for i in r.devices {
+            let dev = PyDict::new(py);
+            dev.set_item("backend", backend_name(i.backend))?;
+            dev.set_item("ordinal", i.ordinal)?;
+            dev.set_item("name", i.name)?;
+            dev.set_item("compute_units", i.compute_units)?;
+            dev.set_item("total_memory", i.total_memory)?;
+            dev.set_item("max_threads_per_block", i.max_threads_per_block)?;
+            dev.set_item("compute_capability", i.compute_capability)?;
+            dev.set_item("shared_memory_per_block", i.shared_memory_per_block)?;
+            dev.set_item("shared_memory_per_sm", i.shared_memory_per_sm)?;
+            dev.set_item("can_map_host_memory", i.can_map_host_memory)?;
+            dev.set_item("driver_version", i.driver_version)?;
+            devices.push(dev);
+        }
+        d.set_item("devices", devices)?;
+        out.push(d);
+    }
+    Ok(out)
+}
+
+/// A backend as `Runtime(backend=...)` names it.
+fn backend_name(b: BackendKind) -> &'static str {
+    match b {
+        BackendKind::Cpu => "cpu",
+        BackendKind::Cuda => "cuda",
+        BackendKind::Wgpu => "wgpu",
+        BackendKind::CudaSim => "cudasim",
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(probe_backends, m)?)?;
     m.add_class::<PyBuffer>()?;
     m.add_function(wrap_pyfunction!(size_class, m)?)?;
     m.add_function(wrap_pyfunction!(device_of, m)?)?;

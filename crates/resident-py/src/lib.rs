@@ -2024,7 +2024,7 @@ impl PyRuntime {
 
     /// Telemetry as a dict (all figures from the engine).
     fn telemetry<'py>(&self, py: Python<'py>, kernel_id: &str) -> PyResult<Bound<'py, PyDict>> {
-        let k = self.ops(py, kernel_id, "read the telemetry of")?;
+        let k = self.ops(py, kernel_id, "read the telemetry")?;
         let held = self
             .kernels
             .lock()

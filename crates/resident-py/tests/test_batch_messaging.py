@@ -568,3 +568,44 @@ def test_cancelled_kernel_receive_batch_loses_nothing():
 
     asyncio.run(main())
     assert cancels, "no receive_batch was cancelled while waiting"
+
+
+def test_replies_named_by_reply_to_carry_the_request_correlation_id():
+    """``ctx.send_batch(replies, reply_to=requests)`` and ``ctx.send(reply, reply_to=req)``
+    set each reply's ``correlation_id`` to its request's ``message_id`` (left as it is when
+    the reply already names one); the callers get their own replies."""
+
+    async def body(ctx):
+        while not ctx.should_terminate:
+            if not ctx.is_active:
+                await ctx.wait_active()
+                continue
+            batch = await ctx.receive_batch(16, timeout=0.05)
+            if not batch:
+                continue
+            # Answered out of order, each named by reply_to: the last one singly.
+            head = list(reversed(batch[:-1]))
+            await ctx.send_batch([Resp(value=m.value * 2) for m in head], reply_to=head)
+            await ctx.send(Resp(value=batch[-1].value * 2), reply_to=batch[-1])
+
+    async def main():
+        async with art() as rt:
+            kid = fresh("corr")
+            await rt.launch(kid, body)
+            await rt.activate(kid)
+            reqs = [Req(value=i) for i in range(6)]
+            sent = await rt.send_batch(kid, reqs)
+            assert sent == 6
+            got = []
+            while len(got) < 6:
+                got += await rt.receive_batch(kid, 6, timeout=5)
+            calls = [Req(value=100 + i) for i in range(4)]
+            replies = await asyncio.gather(*(rt.call(kid, r, timeout=5) for r in calls))
+            return reqs, got, calls, replies
+
+    reqs, got, calls, replies = asyncio.run(main())
+    by_id = {r.message_id: r for r in reqs}
+    assert all(g.correlation_id in by_id for g in got)
+    assert sorted(by_id[g.correlation_id].value * 2 for g in got) == sorted(g.value for g in got)
+    for c, r in zip(calls, replies):
+        assert r.correlation_id == c.message_id and r.value == c.value * 2

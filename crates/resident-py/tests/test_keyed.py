@@ -4,6 +4,7 @@ Rust keyed kernel on every backend here."""
 
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -442,3 +443,112 @@ def test_asyncio_send_batch_is_woken_by_room(backend):
     assert list(states["n"]) == [1000] * 4
     assert list(states["bad"]) == [0] * 4
     assert list(states["last_seq"]) == [3996, 3997, 3998, 3999]
+
+
+def test_asyncio_launch_of_a_keyed_device_kernel_compiles_off_the_loop():
+    """``await launch`` of a keyed kernel with a CUDA handler on cudasim compiles it (g++,
+    about a second or two) on a thread of its own, as a device kernel's launch does: a ticker
+    task on the loop keeps ticking through the launch, and the kernel works afterwards. The
+    source carries a fresh comment so that no compile cache can shorten the launch."""
+    import asyncio
+
+    runtime_or_skip("cudasim").shutdown()
+    src = CUDA + f"\n// {fresh('fresh_source')} {time.time_ns()}\n"
+
+    async def main():
+        async with resident.RingKernelRuntime(
+            backend="cudasim", shutdown_timeout=2.0, terminate_timeout=10.0
+        ) as art:
+            ticks = []
+            done = asyncio.Event()
+
+            async def ticker():
+                while not done.is_set():
+                    ticks.append(time.perf_counter())
+                    await asyncio.sleep(0.01)
+
+            t = asyncio.create_task(ticker())
+            await asyncio.sleep(0.05)
+            kid = fresh("keyed_offloop")
+            t0 = time.perf_counter()
+            await art.launch(kid, keyed_kernel(counter, kernel_id=kid, keys=4, in_dtype=IN,
+                                               out_dtype=OUT, state_dtype=ST, key_field="key",
+                                               cuda=src))
+            t1 = time.perf_counter()
+            done.set()
+            await t
+            placement = art.sync.placement(kid)
+            await art.activate(kid)
+            msgs = np.zeros(8, IN)
+            msgs["key"] = np.arange(8) % 4
+            msgs["seq"] = np.arange(8)
+            assert await art.send_batch(kid, msgs) == 8
+            got = []
+            deadline = time.monotonic() + 30
+            while sum(len(a) for a in got) < 8 and time.monotonic() < deadline:
+                got.append(await art.receive_batch(kid, 8, timeout=0.5))
+            await art.terminate(kid)
+            inside = [b - a for a, b in zip(ticks, ticks[1:]) if b > t0 and a < t1]
+            return t1 - t0, inside, placement, np.concatenate(got)
+
+    took, gaps, placement, out = asyncio.run(main())
+    assert placement == "cudasim"
+    assert len(out) == 8 and sorted(out["seq"]) == list(range(8))
+    assert took > 0.3, f"the launch took {took:.2f} s: too short to tell a stalled loop"
+    # A loop held by the compile shows one gap as long as the launch; slack for a loaded
+    # shared machine, where a tick can come late without the launch holding the loop.
+    limit = min(0.5, took / 2)
+    assert gaps and max(gaps) < limit, (
+        f"the loop stalled {max(gaps or [took]):.2f} s during a {took:.2f} s launch"
+    )
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cudasim"])
+def test_asyncio_snapshot_keys_can_be_awaited(backend):
+    """``await runtime.snapshot_keys_async(...)`` reads the key states on a thread of its own
+    (on a device the engine parks the kernel between two batches for the copy), not the
+    loop's: the same records as ``snapshot_keys``, also after ``terminate``, and the same
+    ``KeyOutOfRange`` outside the keys."""
+    import asyncio
+
+    runtime_or_skip(backend).shutdown()
+
+    async def main():
+        async with resident.RingKernelRuntime(
+            backend=backend, shutdown_timeout=2.0, terminate_timeout=10.0
+        ) as art:
+            kid = fresh("keyed_await")
+            await art.launch(kid, keyed_kernel(counter, kernel_id=kid, keys=4, in_dtype=IN,
+                                               out_dtype=OUT, state_dtype=ST, key_field="key",
+                                               cuda=CUDA))
+            await art.activate(kid)
+            msgs = np.zeros(40, IN)
+            msgs["key"] = np.arange(40) % 4
+            msgs["seq"] = np.arange(40)
+            await art.send_batch(kid, msgs)
+            deadline = time.monotonic() + 30
+            while art.get_telemetry(kid).messages_processed < 40 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            threads = []
+            read = art.sync.snapshot_keys
+
+            def spy(*a):
+                threads.append(threading.get_ident())
+                return read(*a)
+
+            art.sync.snapshot_keys = spy
+            snap = await art.snapshot_keys_async(kid)
+            part = await art.snapshot_keys_async(kid, 1, 3)
+            del art.sync.snapshot_keys
+            with pytest.raises(KeyOutOfRange):
+                await art.snapshot_keys_async(kid, 0, 5)
+            same = art.snapshot_keys(kid)
+            await art.terminate(kid)
+            after = await art.snapshot_keys_async(kid)
+            return snap, part, same, after, threads
+
+    snap, part, same, after, threads = asyncio.run(main())
+    assert list(snap["n"]) == [10] * 4 and list(snap["bad"]) == [0] * 4
+    assert (snap == same).all() and (after == same).all()
+    assert list(part["n"]) == [10, 10]
+    assert len(threads) == 2 and threading.get_ident() not in threads  # not the loop's

@@ -331,3 +331,90 @@ def test_bad_arguments():
         kid = launch_echo(r)
         with pytest.raises(ValueError):
             r.receive(kid, timeout=-1)
+
+
+def test_telemetry_after_terminate_is_the_final_one(rt):
+    """``get_telemetry`` of a terminated kernel returns its final figures (state
+    ``terminated``), from the blocking and the asyncio runtime; a relaunch under the same id
+    reads the new kernel's. An id never launched is still ``KernelNotFoundError``."""
+    kid = launch_echo(rt)
+    rt.activate(kid)
+    for i in range(3):
+        rt.send(kid, i)
+    assert [rt.receive(kid, timeout=5) for _ in range(3)] == [("echo", i) for i in range(3)]
+    rt.terminate(kid)
+    t = rt.get_telemetry(kid)
+    assert t.kernel_id == kid and t.state == "terminated"
+    assert t.messages_received == 3 and t.messages_processed == 3
+    rt.launch(kid, echo_body)
+    t2 = rt.get_telemetry(kid)
+    assert t2.state == "launched" and t2.messages_processed == 0
+    with pytest.raises(KernelNotFoundError):
+        rt.get_telemetry(fresh("never"))
+
+    async def main():
+        async with RingKernelRuntime(backend="cpu", shutdown_timeout=2.0) as art:
+            k = fresh("echo")
+            await art.launch(k, echo_body)
+            await art.activate(k)
+            assert await art.call(k, 7, timeout=5) == ("echo", 7)
+            await art.terminate(k)
+            return art.get_telemetry(k), art.get_all_telemetry()
+
+    final, every = asyncio.run(main())
+    assert final.state == "terminated" and final.messages_processed == 1
+    assert every == {}  # only live kernels
+
+
+def test_telemetry_off_when_enable_telemetry_is_false():
+    """``enable_telemetry=False``: ``get_telemetry`` returns None, ``get_all_telemetry`` an
+    empty dict and ``get_summary`` counts the kernels with zero totals; the kernels work."""
+
+    async def main():
+        async with RingKernelRuntime(enable_telemetry=False, backend="cpu") as art:
+            k = fresh("echo")
+            await art.launch(k, echo_body)
+            await art.activate(k)
+            assert await art.call(k, 1, timeout=5) == ("echo", 1)
+            return art.get_telemetry(k), art.get_all_telemetry(), art.get_summary()
+
+    one, every, summary = asyncio.run(main())
+    assert one is None and every == {}
+    assert summary["kernel_count"] == 1
+    assert summary["total_messages_processed"] == 0 and summary["total_errors"] == 0
+    with resident.Runtime("cpu", enable_telemetry=False) as r:
+        k = launch_echo(r)
+        assert r.get_telemetry(k) is None
+
+
+def test_available_backends_lists_what_opens_here():
+    """``resident.available_backends()`` names the backends a runtime can use here, in the
+    engine's order (the CPU first); one it does not name raises ``BackendNotAvailableError``.
+    ``backend_report()`` says why each other one is not available."""
+    names = resident.available_backends()
+    assert names[0] == "cpu" and len(set(names)) == len(names)
+    assert set(names) <= {"cpu", "cuda", "wgpu", "cudasim"}
+    report = {r["name"]: r for r in resident.backend_report()}
+    assert list(report) == ["cpu", "cuda", "wgpu", "cudasim"]
+    for name, r in report.items():
+        assert r["available"] == (name in names)
+        assert (r["reason"] is None) == r["available"]
+        assert all(d["backend"] == name for d in r["devices"])
+    for b in ("cpu", "cuda", "cudasim"):
+        if b in names:
+            resident.Runtime(b).shutdown()
+        else:
+            with pytest.raises(resident.BackendNotAvailableError):
+                resident.Runtime(b)
+
+
+def test_the_engine_s_telemetry_refusal_reads_well(rt):
+    """Past the remembered final figures, the engine's refusal to read a freed kernel's
+    telemetry names the kernel and the operation ("cannot read the telemetry while
+    terminated"; it read "cannot read the telemetry of while terminated")."""
+    kid = launch_echo(rt)
+    rt.terminate(kid)
+    with pytest.raises(KernelStateError) as e:
+        rt._rt.telemetry(kid)  # the engine itself, under the Python layer's memory
+    assert str(e.value) == f"kernel '{kid}': cannot read the telemetry while terminated"
+    assert e.value.kernel_id == kid and e.value.state == "terminated"

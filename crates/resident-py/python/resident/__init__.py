@@ -26,6 +26,14 @@
 """
 
 from . import _resident, workloads
+from .accelerator import (
+    Accelerator,
+    DeviceProperties,
+    DeviceType,
+    available_backends,
+    backend_report,
+    get_accelerator,
+)
 from .batch import BatchKernelSpec, batch_kernel
 from .device import DeviceKernelSpec, declarations, device_kernel
 from .dlpack import DLPackArray, DeviceView, from_dlpack
@@ -33,15 +41,47 @@ from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .kernel import KernelContext, KernelSpec, get_kernel, ring_kernel
 from .keyed import KeyedKernelSpec, keyed_kernel
-from .memory import BufferState, DevicePointer, MemoryPool, PoolStatistics, UnifiedBuffer, get_memory_pool
-from .message import Message, message
-from .runtime import KernelReport, RingKernelRuntime, Runtime, Telemetry
+from .memory import (
+    BufferState,
+    DevicePointer,
+    MemoryPool,
+    PoolStatistics,
+    UnifiedBuffer,
+    configure_memory_pool,
+    get_memory_pool,
+)
+from .message import Message, RingKernelMessage, deserialize_message, get_message_type, message
+from .runtime import (
+    KernelReport,
+    KernelState,
+    RingKernel,
+    RingKernelRuntime,
+    Runtime,
+    Telemetry,
+    get_loop_info,
+)
+from . import kernel  # the module, callable: PyDotCompute's ``@kernel`` (see kernel.py)
+from .decorators import NumbaKernel, gpu_kernel
+from .orchestrator import ComputeOrchestrator, KernelExecution, KernelLaunchConfig
 
 __version__ = _resident.__version__
 
 __all__ = [
     "RingKernelRuntime",
     "Runtime",
+    "available_backends",
+    "backend_report",
+    "Accelerator",
+    "DeviceProperties",
+    "DeviceType",
+    "get_accelerator",
+    "ComputeOrchestrator",
+    "KernelLaunchConfig",
+    "KernelExecution",
+    "kernel",
+    "gpu_kernel",
+    "NumbaKernel",
+    "get_loop_info",
     "ring_kernel",
     "batch_kernel",
     "BatchKernelSpec",
@@ -52,6 +92,11 @@ __all__ = [
     "KeyedKernelSpec",
     "message",
     "Message",
+    "RingKernelMessage",
+    "get_message_type",
+    "deserialize_message",
+    "RingKernel",
+    "KernelState",
     "KernelContext",
     "KernelSpec",
     "KernelReport",
@@ -63,6 +108,7 @@ __all__ = [
     "MemoryPool",
     "PoolStatistics",
     "get_memory_pool",
+    "configure_memory_pool",
     "from_dlpack",
     "DLPackArray",
     "DeviceView",

@@ -12,6 +12,16 @@ from typing import Any, Optional
 
 __all__ = [
     "ResidentError",
+    "KernelError",
+    "MessageError",
+    "MessageSerializationError",
+    "MessageDeserializationError",
+    "QueueError",
+    "QueueTimeoutError",
+    "BackendError",
+    "ValidationError",
+    "BufferNotAllocatedError",
+    "NumbaNotAvailableError",
     "KernelNotFoundError",
     "KernelStateError",
     "DuplicateKernelError",
@@ -68,14 +78,44 @@ class ResidentError(Exception):
         return None if self._message is _NO_MESSAGE else self._message
 
 
-class KernelNotFoundError(ResidentError, KeyError):
+class KernelError(ResidentError):
+    """Base class of the errors about one kernel: not found, wrong state, failed."""
+
+
+class MessageError(ResidentError):
+    """Base class of the errors about a message: its type, its serialization."""
+
+
+class MessageSerializationError(MessageError, TypeError):
+    """``msg.serialize()`` met a value it cannot encode (``detail`` names the field); the
+    cause is chained. Also a ``TypeError``."""
+
+
+class MessageDeserializationError(MessageError, ValueError):
+    """``deserialize`` got bytes that are not a serialized message (or not of this class);
+    the cause is chained. Also a ``ValueError``."""
+
+
+class QueueError(ResidentError):
+    """Base class of a kernel queue's refusals: full, or nothing within the timeout."""
+
+
+class BackendError(ResidentError):
+    """Base class of the errors of a backend or its device."""
+
+
+class ValidationError(ResidentError, ValueError):
+    """Base class of the errors about a definition or an argument. Also a ``ValueError``."""
+
+
+class KernelNotFoundError(KernelError, KeyError):
     """No kernel has this id (never launched, or unknown to the registry)."""
 
     def __str__(self) -> str:  # KeyError would quote the text
         return str(self.args[0]) if self.args else ""
 
 
-class KernelStateError(ResidentError):
+class KernelStateError(KernelError):
     """The operation is not valid in the kernel's state (``detail`` is the state)."""
 
     @property
@@ -92,7 +132,7 @@ class KernelNotAcceptingError(KernelStateError):
     message is in ``message``."""
 
 
-class KernelFailedError(ResidentError):
+class KernelFailedError(KernelError):
     """The kernel's handler raised (or its loop ended early); ``reason`` says how."""
 
     @property
@@ -100,7 +140,7 @@ class KernelFailedError(ResidentError):
         return self.detail
 
 
-class QueueFullError(ResidentError):
+class QueueFullError(QueueError):
     """The input lane was full under ``backpressure="reject"``; ``message`` is the refused
     message."""
 
@@ -116,16 +156,22 @@ class KernelTimeoutError(ResidentError, *_TIMEOUT_BASES):  # type: ignore[misc]
     ``asyncio.TimeoutError``."""
 
 
-class SendTimeoutError(KernelTimeoutError):
+class QueueTimeoutError(QueueError, KernelTimeoutError):
+    """A send, receive or call found no room or no answer within its timeout (the class of
+    the three below). Unlike PyDotCompute's, also a ``TimeoutError`` and an
+    ``asyncio.TimeoutError``, so ``asyncio.wait_for``-style handlers catch it."""
+
+
+class SendTimeoutError(QueueTimeoutError):
     """A send under ``backpressure="block"`` found no room within the block timeout;
     ``message`` is the refused message."""
 
 
-class ReceiveTimeoutError(KernelTimeoutError):
+class ReceiveTimeoutError(QueueTimeoutError):
     """No output arrived within the timeout."""
 
 
-class CallTimeoutError(KernelTimeoutError):
+class CallTimeoutError(QueueTimeoutError):
     """No reply arrived within the timeout (a later reply is counted as dropped)."""
 
 
@@ -137,7 +183,7 @@ class NoReplyError(ResidentError):
     """The handler produced no reply to a ``call``."""
 
 
-class BackendNotAvailableError(ResidentError):
+class BackendNotAvailableError(BackendError):
     """The requested backend cannot be used on this machine."""
 
 
@@ -145,11 +191,11 @@ class CompilationError(ResidentError):
     """A device handler did not compile; the text holds the compiler's log."""
 
 
-class DeviceError(ResidentError):
+class DeviceError(BackendError):
     """The kernel's device refused an operation."""
 
 
-class InvalidConfigError(ResidentError, ValueError):
+class InvalidConfigError(ValidationError):
     """The kernel definition is not usable."""
 
 
@@ -173,6 +219,15 @@ class BufferStateError(ResidentError):
     """A buffer operation is not valid in its state (e.g. syncing a buffer never written)."""
 
 
+class BufferNotAllocatedError(BufferStateError, ValueError):
+    """The buffer holds no memory: it was released to its pool. Also a ``ValueError``."""
+
+
+class NumbaNotAvailableError(BackendNotAvailableError, ImportError):
+    """``@kernel``/``@gpu_kernel`` need Numba, which is not installed (``pip install
+    resident[numba]``). Also an ``ImportError``."""
+
+
 class OutOfMemoryError(ResidentError, MemoryError):
     """An allocation failed or its size overflows."""
 
@@ -194,7 +249,7 @@ class DLPackDtypeError(DLPackError, TypeError):
     lanes). Also a ``TypeError``."""
 
 
-class MessageTypeError(ResidentError, TypeError):
+class MessageTypeError(MessageError, TypeError):
     """A batch call got something that is not a batch of the kernel's messages: a message
     kernel's ``send_batch``/``ctx.send_batch`` takes a list (or tuple, or other iterable) of
     message objects, not an array of records (those go to a ``@batch_kernel``), a string, a

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import difflib
+import sys
 import threading
 import time
+import types
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional
@@ -275,8 +277,9 @@ class KernelContext:
     async def send(self, msg: Any, *, reply_to: Any = _NOTHING) -> None:
         """Sends ``msg`` on the kernel's output queue as the reply to a received message
         (which one: see the class's text; ``reply_to`` names it). A ``call`` waiting for that
-        message gets ``msg``. ``reply_to`` that is not a message this kernel received and has
-        not answered yet raises ``ValueError``."""
+        message gets ``msg``; with ``reply_to``, ``msg.correlation_id`` (when it has the field,
+        unset) becomes the request's ``message_id``. ``reply_to`` that is not a message this
+        kernel received and has not answered yet raises ``ValueError``."""
         if reply_to is not _NOTHING:
             eid = self._find(reply_to)
             if eid is None:
@@ -284,6 +287,7 @@ class KernelContext:
                     f"kernel '{self.kernel_id}': reply_to is not a message this kernel "
                     f"received and has not answered yet"
                 )
+            _correlate(msg, reply_to)
         else:
             eid = None
             cid = getattr(msg, "correlation_id", None)
@@ -353,7 +357,8 @@ class KernelContext:
         ``send(msg)`` would be (its ``correlation_id`` names its request, else the oldest
         unanswered ``call``, else the last message received); with ``reply_to`` (one
         received message per output, e.g. the batch ``receive_batch`` returned) output ``i``
-        answers ``reply_to[i]``. An empty batch does nothing. Not a batch of objects
+        answers ``reply_to[i]`` (and gets its ``message_id`` as ``correlation_id`` when it has
+        that field unset, as ``send`` does). An empty batch does nothing. Not a batch of objects
         (an array of records, a string, a mapping): ``MessageTypeError``."""
         what = f"kernel '{self.kernel_id}': ctx.send_batch"
         if msgs.__class__ is not list:
@@ -378,9 +383,25 @@ class KernelContext:
                 eids.append(eid)
             if len(set(eids)) != len(eids):
                 raise ValueError(f"{what}: reply_to names one message twice")
+            for m, r in zip(msgs, reqs):
+                _correlate(m, r)
         self._c.send_many(
             msgs, eids, self._envs, self._by_mid, self._by_obj, self._calls, self._last
         )
+
+
+def _correlate(reply: Any, request: Any) -> None:
+    """Sets a reply's ``correlation_id`` to its request's ``message_id`` when the reply has
+    the field unset (None); a reply that names one already, or has no such field (any
+    object), or cannot be changed (a frozen dataclass), is left as it is."""
+    if getattr(reply, "correlation_id", _NOTHING) is not None:
+        return
+    mid = getattr(request, "message_id", None)
+    if mid is not None:
+        try:
+            reply.correlation_id = mid
+        except (AttributeError, TypeError):
+            pass
 
 
 def as_batch(msgs: Any, what: str) -> List[Any]:
@@ -483,3 +504,18 @@ def _abandon(keys: Iterable[Any], grace: float = 0.1) -> None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(
             ctypes.c_ulong(ident), ctypes.py_object(KernelAbandoned)
         )
+
+
+class _KernelModule(types.ModuleType):
+    """This module is also PyDotCompute's top-level ``kernel`` decorator (``from resident
+    import kernel``; ``@kernel(block=(256,))``): calling it calls ``resident.decorators.kernel``
+    (a Numba-compiled function), while its names (``KernelContext``, ``KernelAbandoned``, ...)
+    stay where they are."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .decorators import kernel
+
+        return kernel(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _KernelModule

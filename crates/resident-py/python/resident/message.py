@@ -1,14 +1,28 @@
-"""``@message``: a dataclass with ``message_id``, ``priority`` and ``correlation_id``."""
+"""``@message``: a dataclass with ``message_id``, ``priority`` and ``correlation_id``; its
+serialization to bytes and the registry of message types by name."""
 
 from __future__ import annotations
 
+import base64
+import copy
 import dataclasses
+import json
 import os
-from typing import Any, Optional, Type, TypeVar, overload
+import uuid
+from typing import Any, Dict, Optional, Type, TypeVar, overload
+
+import numpy as np
 
 import resident._resident as _resident
+from .errors import MessageDeserializationError, MessageSerializationError
 
-__all__ = ["message", "Message"]
+__all__ = [
+    "message",
+    "Message",
+    "RingKernelMessage",
+    "get_message_type",
+    "deserialize_message",
+]
 
 T = TypeVar("T")
 
@@ -35,6 +49,7 @@ class Message:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _register(cls)
         known = set()
         for base in cls.__mro__[1:]:
             known.update(getattr(base, "__dataclass_fields__", {}))
@@ -67,6 +82,187 @@ class Message:
     def reply(self, response_class: Optional[type] = None, **fields: Any) -> Any:
         cls = response_class or type(self)
         return cls(correlation_id=self.message_id, **fields)
+
+    def with_correlation(self, correlation_id: Any) -> Any:
+        """A copy of this message (the same ``message_id`` and fields) whose
+        ``correlation_id`` is ``correlation_id``."""
+        if dataclasses.is_dataclass(self):
+            return dataclasses.replace(self, correlation_id=correlation_id)  # type: ignore[type-var]
+        c = copy.copy(self)
+        c.correlation_id = correlation_id
+        return c
+
+    def serialize(self) -> bytes:
+        """The message as bytes (``deserialize`` and ``deserialize_message`` read them back):
+        its type's name and every field its constructor takes (a dataclass's ``init``
+        fields; a plain subclass's attributes). A field value may be None, a bool, int, float, str,
+        bytes, UUID, a list, tuple or dict of those, a numpy array or scalar (not of Python
+        objects) or another message; anything else raises ``MessageSerializationError``
+        naming the field. The bytes are self-describing data, never code: reading them runs
+        nothing but the message class's own constructor."""
+        return _MAGIC + json.dumps(_encode_message(self, type(self).__name__)).encode()
+
+    @classmethod
+    def deserialize(cls, data: bytes) -> Any:
+        """The message ``serialize`` wrote, as an instance of this class (or of a registered
+        subclass the bytes name; ``Message.deserialize`` takes any registered type, as
+        ``deserialize_message`` does). Bytes that are not a serialized message, a message of
+        another type, or fields this class does not have raise
+        ``MessageDeserializationError``."""
+        msg = _decode_bytes(data, cls.__name__)
+        if cls is not Message and not isinstance(msg, cls):
+            raise MessageDeserializationError(
+                f"the bytes hold a {type(msg).__name__}, not a {cls.__name__}"
+            )
+        return msg
+
+
+RingKernelMessage = Message
+"""PyDotCompute's name of the message base class."""
+
+# Message classes by ``__name__`` (the last one defined under a name wins), for
+# ``get_message_type`` and ``deserialize_message``.
+_registry: Dict[str, type] = {}
+
+
+def _register(cls: type) -> None:
+    _registry[cls.__name__] = cls
+
+
+def get_message_type(name: str) -> Optional[type]:
+    """The message class registered under ``name`` (every ``@message`` class and every
+    subclass of ``Message``), or None."""
+    return _registry.get(name)
+
+
+def deserialize_message(data: bytes) -> Any:
+    """The message ``serialize`` wrote, as an instance of the registered class its bytes
+    name; ``MessageDeserializationError`` for bytes that are not a serialized message or
+    that name no registered class."""
+    return _decode_bytes(data, None)
+
+
+# Serialized form: these 4 bytes, then JSON in which every object is one tag: ``{"$m":
+# [type, [[field, value], ...]]}`` a message, ``{"$u": hex}`` a UUID, ``{"$b": base64}``
+# bytes, ``{"$t": [...]}`` a tuple, ``{"$d": [[key, value], ...]}`` a dict, ``{"$a": [dtype,
+# shape, base64]}`` a numpy array, ``{"$s": [dtype, base64]}`` a numpy scalar. Lists, str,
+# int, float, bool and None are themselves.
+_MAGIC = b"RKM\x01"
+
+
+def _fields_of(msg: Any) -> Dict[str, Any]:
+    if dataclasses.is_dataclass(msg):
+        return {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg) if f.init}
+    return dict(vars(msg))
+
+
+def _encode_message(msg: Any, where: str) -> Any:
+    name = type(msg).__name__
+    return {"$m": [name, [[k, _encode(v, f"{where}.{k}")] for k, v in _fields_of(msg).items()]]}
+
+
+def _dtype_str(dt: np.dtype, where: str) -> Any:
+    if dt.hasobject:
+        raise MessageSerializationError(
+            f"{where}: a numpy array of Python objects cannot be serialized", None, where
+        )
+    if dt.fields is None:
+        return dt.str
+    return [[n, _dtype_str(dt.fields[n][0], where), dt.fields[n][1]] for n in dt.names]
+
+
+def _encode(v: Any, where: str) -> Any:
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, (int, float)) and not isinstance(v, np.generic):
+        return v
+    if isinstance(v, uuid.UUID):
+        return {"$u": v.hex}
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"$b": base64.b64encode(bytes(v)).decode()}
+    if isinstance(v, list):
+        return [_encode(x, f"{where}[{i}]") for i, x in enumerate(v)]
+    if isinstance(v, tuple):
+        return {"$t": [_encode(x, f"{where}[{i}]") for i, x in enumerate(v)]}
+    if isinstance(v, dict):
+        return {"$d": [[_encode(k, where), _encode(x, f"{where}[{k!r}]")] for k, x in v.items()]}
+    if isinstance(v, np.ndarray):
+        a = np.ascontiguousarray(v)
+        return {"$a": [_dtype_str(a.dtype, where), list(a.shape), base64.b64encode(a.tobytes()).decode()]}
+    if isinstance(v, np.generic):
+        a = np.asarray(v)
+        return {"$s": [_dtype_str(a.dtype, where), base64.b64encode(a.tobytes()).decode()]}
+    if _registry.get(type(v).__name__) is type(v):
+        return _encode_message(v, where)
+    raise MessageSerializationError(
+        f"{where}: a {type(v).__name__} cannot be serialized (None, bool, int, float, str, "
+        f"bytes, UUID, list, tuple, dict, numpy arrays and scalars and messages can)",
+        None,
+        where,
+    )
+
+
+def _dtype(d: Any) -> np.dtype:
+    if isinstance(d, str):
+        return np.dtype(d)
+    return np.dtype({"names": [f[0] for f in d], "formats": [_dtype(f[1]) for f in d],
+                     "offsets": [f[2] for f in d]})
+
+
+def _decode(v: Any) -> Any:
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if len(v) != 1:
+        raise ValueError(f"not a tagged value: {sorted(v)!r}")
+    (tag, x), = v.items()
+    if tag == "$u":
+        return uuid.UUID(hex=x)
+    if tag == "$b":
+        return base64.b64decode(x, validate=True)
+    if tag == "$t":
+        return tuple(_decode(e) for e in x)
+    if tag == "$d":
+        return {_decode(k): _decode(e) for k, e in x}
+    if tag == "$a":
+        dt, shape, data = x
+        return np.frombuffer(base64.b64decode(data, validate=True), _dtype(dt)).reshape(shape).copy()
+    if tag == "$s":
+        dt, data = x
+        return np.frombuffer(base64.b64decode(data, validate=True), _dtype(dt))[0]
+    if tag == "$m":
+        name, fields = x
+        cls = _registry.get(name)
+        if cls is None:
+            raise LookupError(f"no message type '{name}' is registered")
+        kw = {k: _decode(e) for k, e in fields}
+        if dataclasses.is_dataclass(cls):
+            return cls(**kw)
+        obj = cls.__new__(cls)
+        obj.__dict__.update(kw)
+        return obj
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def _decode_bytes(data: Any, expect: Optional[str]) -> Any:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise MessageDeserializationError(
+            f"deserialize takes the bytes serialize returned, got {type(data).__name__}"
+        )
+    data = bytes(data)
+    if not data.startswith(_MAGIC):
+        raise MessageDeserializationError("these bytes are not a serialized message")
+    try:
+        tree = json.loads(data[len(_MAGIC):].decode())
+        if not (isinstance(tree, dict) and list(tree) == ["$m"]):
+            raise ValueError("no message at the top")
+        return _decode(tree)
+    except MessageDeserializationError:
+        raise
+    except Exception as e:  # a damaged or foreign payload, a field the class refuses
+        what = expect or "message"
+        raise MessageDeserializationError(f"cannot deserialize the {what}: {e}") from e
 
 
 # Fresh ids are version-4 UUIDs like ``uuid.uuid4()``'s (122 random bits), made in the
@@ -137,9 +333,12 @@ def message(cls: Optional[type] = None, **dataclass_kwargs: Any) -> Any:
                 user_post(self, *a)
 
         c.__post_init__ = __post_init__  # type: ignore[attr-defined]
-        if not hasattr(c, "reply"):
-            c.reply = Message.reply  # type: ignore[attr-defined]
-        return dataclasses.dataclass(c, **dataclass_kwargs)
+        for name in ("reply", "with_correlation", "serialize", "deserialize"):
+            if not hasattr(c, name):
+                setattr(c, name, Message.__dict__[name])
+        out = dataclasses.dataclass(c, **dataclass_kwargs)
+        _register(out)
+        return out
 
     if cls is not None:
         return wrap(cls)

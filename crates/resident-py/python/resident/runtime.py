@@ -18,21 +18,26 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import dataclasses
+import enum
 import functools
+import importlib.util
+import sys
 import threading
 import time
 import weakref
 
 import numpy as np
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
 
 import resident._resident as _resident
 from .errors import (
     CallTimeoutError,
     InvalidConfigError,
     KernelNotFoundError,
+    KernelStateError,
     MessageTypeError,
     ReceiveTimeoutError,
     ResidentError,
@@ -44,12 +49,38 @@ from . import kernel as _kernel
 from . import keyed as _keyed
 from .kernel import KernelSpec, _run_kernel, get_kernel
 
-__all__ = ["Runtime", "RingKernelRuntime", "Telemetry", "KernelReport"]
+__all__ = [
+    "Runtime",
+    "RingKernelRuntime",
+    "RingKernel",
+    "KernelState",
+    "Telemetry",
+    "KernelReport",
+    "get_loop_info",
+]
 
 # What the engine returns when no output came (any object, None included, is a message).
 _NOTHING = _resident.NOTHING
 # Terminated kernels whose id and final state the runtime remembers (as the engine does).
 _GONE_MAX = 256
+
+
+class KernelState(str, enum.Enum):
+    """A kernel's state, as ``get_kernel_state`` returns it: the engine's states by
+    PyDotCompute's names. A ``str`` equal to the engine's name that ``state()`` returns
+    (``KernelState.DEACTIVATED == "inactive"``). ``FAILED`` is resident's: the handler raised
+    or its loop ended early (``failure()`` says how)."""
+
+    CREATED = "created"
+    LAUNCHED = "launched"
+    ACTIVE = "active"
+    DEACTIVATED = "inactive"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -89,6 +120,18 @@ class Telemetry:
     @property
     def avg_latency_ns(self) -> float:  # PyDotCompute's name
         return float(self.latency_mean_ns)
+
+    @property
+    def avg_latency_ms(self) -> float:  # PyDotCompute's name
+        return self.latency_mean_ns / 1e6
+
+    @property
+    def max_latency_ns(self) -> int:  # PyDotCompute's name
+        return self.latency_max_ns
+
+    @property
+    def total_latency_ns(self) -> int:  # PyDotCompute's name (from the mean: within 1 ns a message)
+        return self.latency_mean_ns * self.latency_count
 
 
 @dataclass
@@ -197,6 +240,16 @@ def _spec(kernel_id: str, func: Optional[Callable[..., Any]], overrides: Dict[st
     return spec
 
 
+def _compiles(spec: Any) -> bool:
+    """Whether launching ``spec`` may compile a device handler (a device kernel, or a keyed
+    kernel with a CUDA or WGSL handler): the asyncio launch runs it on a thread then."""
+    if isinstance(spec, _device.DeviceKernelSpec):
+        return True
+    return isinstance(spec, _keyed.KeyedKernelSpec) and (
+        spec.cuda is not None or spec.wgsl is not None
+    )
+
+
 class Runtime:
     """The blocking runtime: one engine runtime and its Python kernels.
 
@@ -226,6 +279,10 @@ class Runtime:
         self._block: Dict[str, float] = {}
         # Final states of device kernels terminated (the last ``_GONE_MAX``).
         self._final_states: Dict[str, np.ndarray] = {}
+        # Final telemetry of kernels terminated (the last ``_GONE_MAX``).
+        self._final_telemetry: Dict[str, Telemetry] = {}
+        self._telemetry_on = bool(enable_telemetry)
+        self._started = time.monotonic()
 
     @property
     def backend(self) -> str:
@@ -305,15 +362,16 @@ class Runtime:
 
         The kernel is freed then, as in Rust: its queues, the objects they held and its id
         (``kernel_ids`` no longer lists it; the id can be launched again). The runtime
-        remembers the last 256 terminated ids with their final state: ``state`` returns it,
-        and a late ``send`` or ``call`` raises ``KernelNotAcceptingError`` with its message
-        handed back."""
+        remembers the last 256 terminated ids with their final state and telemetry: ``state``
+        and ``get_telemetry`` return them, and a late ``send`` or ``call`` raises
+        ``KernelNotAcceptingError`` with its message handed back."""
         try:
             d = self._rt.terminate(kernel_id, timeout)
         finally:
             self._abandon_stuck([kernel_id])
         try:
             rep = self._report(d)
+            self._keep_final_telemetry(kernel_id)
             spec = self._batch.get(kernel_id)
             if isinstance(spec, _device.DeviceKernelSpec) and spec.state_dtype is not None:
                 # A device kernel's final state stays readable (``snapshot_state``).
@@ -323,6 +381,17 @@ class Runtime:
         finally:
             self._forget(kernel_id)
         return rep
+
+    def _keep_final_telemetry(self, kernel_id: str) -> None:
+        """Remembers a terminated kernel's last figures (``get_telemetry`` returns them)."""
+        try:
+            final = Telemetry(**self._rt.telemetry(kernel_id))
+        except ResidentError:  # nothing to remember; the report is what matters
+            return
+        self._final_telemetry.pop(kernel_id, None)
+        self._final_telemetry[kernel_id] = final
+        while len(self._final_telemetry) > _GONE_MAX:
+            self._final_telemetry.pop(next(iter(self._final_telemetry)))
 
     def _abandon_stuck(self, kernel_ids: List[str]) -> None:
         """Raises ``KernelAbandoned`` in the handlers of these kernels that the engine gave up
@@ -570,7 +639,15 @@ class Runtime:
         ``failed``."""
         return self._rt.state(kernel_id)
 
-    get_kernel_state = state
+    def get_kernel_state(self, kernel_id: str) -> KernelState:
+        """The kernel's state as a ``KernelState`` (a ``str``, equal to what ``state``
+        returns)."""
+        return KernelState(self._rt.state(kernel_id))
+
+    @property
+    def is_active(self) -> bool:
+        """True from construction until ``shutdown`` (the engine runs from construction)."""
+        return self._reports is None
 
     def failure(self, kernel_id: str) -> Optional[str]:
         """Why the kernel failed, if it did."""
@@ -633,8 +710,41 @@ class Runtime:
             )
         return r
 
-    def get_telemetry(self, kernel_id: str) -> Telemetry:
-        return Telemetry(**self._rt.telemetry(kernel_id))
+    def get_telemetry(self, kernel_id: str) -> Optional[Telemetry]:
+        """The kernel's figures; after ``terminate``, its final figures (state
+        ``terminated``; the last 256 terminated kernels are remembered). None when the
+        runtime was made with ``enable_telemetry=False``."""
+        if not self._telemetry_on:
+            self._rt.state(kernel_id)  # KernelNotFoundError for an unknown id
+            return None
+        try:
+            return Telemetry(**self._rt.telemetry(kernel_id))
+        except KernelStateError:
+            final = self._final_telemetry.get(kernel_id)
+            if final is None:
+                raise
+            return final
+
+    def get_all_telemetry(self) -> Dict[str, Telemetry]:
+        """Every live kernel's figures by id (empty with ``enable_telemetry=False``)."""
+        if not self._telemetry_on:
+            return {}
+        return {k: Telemetry(**self._rt.telemetry(k)) for k in self._rt.kernel_ids()}
+
+    def get_summary(self) -> Dict[str, Any]:
+        """Totals over the live kernels: ``kernel_count``, ``total_messages_processed``,
+        ``total_messages_dropped``, ``total_errors``, ``uptime_seconds`` (since the runtime
+        was made) and ``gpu_utilization`` (None: not read here). With
+        ``enable_telemetry=False`` the totals are 0."""
+        every = self.get_all_telemetry().values()
+        return {
+            "kernel_count": len(self._rt.kernel_ids()),
+            "total_messages_processed": sum(t.messages_processed for t in every),
+            "total_messages_dropped": sum(t.messages_dropped for t in every),
+            "total_errors": sum(t.errors for t in every),
+            "uptime_seconds": time.monotonic() - self._started,
+            "gpu_utilization": None,
+        }
 
     def shutdown(self) -> List[KernelReport]:
         """Lets active kernels drain (up to ``shutdown_timeout``), terminates every kernel
@@ -688,7 +798,12 @@ class RingKernelRuntime:
         *,
         shutdown_timeout: float = 5.0,
         terminate_timeout: float = 10.0,
+        use_uvloop: bool = False,
+        use_eager_tasks: bool = False,
     ) -> None:
+        # ``use_uvloop`` and ``use_eager_tasks`` are PyDotCompute's: accepted and ignored (the
+        # runtime works on whatever loop the caller runs, and installs no loop policy or
+        # task factory; ``get_loop_info`` says what the running loop is).
         self.sync = Runtime(
             backend,
             enable_telemetry,
@@ -710,16 +825,46 @@ class RingKernelRuntime:
     async def start(self) -> None:
         """Nothing to start (the engine runs from construction); kept for PyDotCompute."""
 
+    @property
+    def is_active(self) -> bool:
+        """True from construction until ``shutdown``."""
+        return self.sync.is_active
+
     async def launch(
         self, kernel_id: str, kernel_func: Optional[Callable[..., Any]] = None, **overrides: Any
-    ) -> None:
-        """Like ``Runtime.launch``. A device kernel's launch (which compiles its handler:
-        g++ for CudaSim, NVRTC for CUDA) runs on a thread of its own; the loop goes on."""
+    ) -> "RingKernel":
+        """Like ``Runtime.launch``; returns the launched kernel (a ``RingKernel``: its id and
+        this runtime's operations on it). The launch of a device kernel, or of a keyed kernel
+        with a device handler (which compiles it: g++ for CudaSim, NVRTC for CUDA) runs on a
+        thread of its own; the loop goes on."""
         s = _spec(kernel_id, kernel_func, overrides)
-        if isinstance(s, _device.DeviceKernelSpec):
+        if _compiles(s):
             await _in_thread(self.sync.launch, kernel_id, kernel_func, **overrides)
         else:
             self.sync.launch(kernel_id, kernel_func, **overrides)
+        return RingKernel(self, kernel_id)
+
+    @contextlib.asynccontextmanager
+    async def kernel_scope(
+        self, kernel_id: str, kernel_func: Optional[Callable[..., Any]] = None, **overrides: Any
+    ) -> AsyncIterator["RingKernel"]:
+        """``async with runtime.kernel_scope(id) as k:`` launches and activates the kernel,
+        and terminates it when the block ends (also when it raises)."""
+        k = await self.launch(kernel_id, kernel_func, **overrides)
+        try:
+            await self.activate(kernel_id)
+            yield k
+        finally:
+            try:
+                done = self.sync.state(kernel_id) == "terminated"  # by the block itself
+            except KernelNotFoundError:
+                done = True
+            if not done:
+                await self.terminate(kernel_id)
+
+    def get_loop_info(self) -> Dict[str, Any]:
+        """As the module's ``get_loop_info()`` (the runtime changes none of these)."""
+        return get_loop_info()
 
     async def activate(self, kernel_id: str) -> None:
         self.sync.activate(kernel_id)
@@ -733,10 +878,12 @@ class RingKernelRuntime:
     async def terminate(self, kernel_id: str, timeout: Optional[float] = None) -> KernelReport:
         return await _in_thread(self.sync.terminate, kernel_id, timeout)
 
-    def get_kernel_state(self, kernel_id: str) -> str:
-        return self.sync.state(kernel_id)
+    def get_kernel_state(self, kernel_id: str) -> KernelState:
+        """As ``Runtime.get_kernel_state`` (a ``KernelState``, equal to ``state``'s string)."""
+        return self.sync.get_kernel_state(kernel_id)
 
-    state = get_kernel_state
+    def state(self, kernel_id: str) -> str:
+        return self.sync.state(kernel_id)
 
     @property
     def kernel_ids(self) -> List[str]:
@@ -842,17 +989,24 @@ class RingKernelRuntime:
                 msg,
             )
 
-    async def send(self, kernel_id: str, msg: Any, *, priority: Optional[int] = None) -> int:
+    async def send(
+        self,
+        kernel_id: str,
+        msg: Any,
+        *,
+        priority: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> int:
         """Like ``Runtime.send``. Under ``backpressure="block"`` a send to a full queue awaits
-        room (the loop goes on), at most the kernel's block timeout, then raises
-        ``SendTimeoutError`` with ``msg`` handed back."""
+        room (the loop goes on), at most the kernel's block timeout (and ``timeout`` seconds
+        when given), then raises ``SendTimeoutError`` with ``msg`` handed back."""
         if priority is None:
             priority = getattr(msg, "priority", 128)
         if priority.__class__ is not int or not 0 <= priority <= 255:
             priority = _priority(msg, priority)  # checks it (raises when invalid)
         rt = self._rt
         if rt.would_block(kernel_id):
-            await self._room(kernel_id, msg, None)
+            await self._room(kernel_id, msg, self._deadline(timeout))
         try:
             return rt.send(kernel_id, msg, priority)
         except KernelNotFoundError:
@@ -1006,12 +1160,21 @@ class RingKernelRuntime:
         return sent
 
     def snapshot_keys(self, kernel_id: str, start: int = 0, stop: Optional[int] = None) -> np.ndarray:
-        """As ``Runtime.snapshot_keys``."""
+        """As ``Runtime.snapshot_keys``, on the caller's thread (a device kernel's copy waits
+        for the end of its batch: ``await snapshot_keys_async(...)`` does not hold the
+        loop)."""
         return self.sync.snapshot_keys(kernel_id, start, stop)
 
     def snapshot_key(self, kernel_id: str, key: int) -> Any:
         """As ``Runtime.snapshot_key``."""
         return self.sync.snapshot_key(kernel_id, key)
+
+    async def snapshot_keys_async(
+        self, kernel_id: str, start: int = 0, stop: Optional[int] = None
+    ) -> np.ndarray:
+        """``snapshot_keys`` as a coroutine: the copy (for which the engine parks a device
+        kernel between two batches) runs on a thread of its own; the loop goes on."""
+        return await _in_thread(self.sync.snapshot_keys, kernel_id, start, stop)
 
     async def receive_batch(
         self, kernel_id: str, max: int, timeout: Optional[float] = 0.0, *, out: Any = None
@@ -1052,14 +1215,96 @@ class RingKernelRuntime:
             return np.zeros(0, spec.out_dtype)
         return _batch.from_records(raw, spec.record, spec.out_dtype)
 
-    def get_telemetry(self, kernel_id: str) -> Telemetry:
+    def get_telemetry(self, kernel_id: str) -> Optional[Telemetry]:
+        """As ``Runtime.get_telemetry`` (final figures after ``terminate``; None with
+        ``enable_telemetry=False``)."""
         return self.sync.get_telemetry(kernel_id)
 
     def get_all_telemetry(self) -> Dict[str, Telemetry]:
-        return {k: self.sync.get_telemetry(k) for k in self.sync.kernel_ids}
+        return self.sync.get_all_telemetry()
+
+    def get_summary(self) -> Dict[str, Any]:
+        """As ``Runtime.get_summary``."""
+        return self.sync.get_summary()
 
     async def shutdown(self) -> List[KernelReport]:
         return await _in_thread(self.sync.shutdown)
+
+
+def get_loop_info() -> Dict[str, Any]:
+    """What the running event loop is: ``loop_class`` (``"no_running_loop"`` outside
+    one), ``uvloop_available``, ``uvloop_installed`` (the running loop is uvloop's),
+    ``eager_tasks_available`` (Python 3.12+), ``eager_tasks_installed`` (the running
+    loop's task factory is ``asyncio.eager_task_factory``), ``platform``,
+    ``python_version``."""
+    try:
+        loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    uv = importlib.util.find_spec("uvloop") is not None
+    eager = getattr(asyncio, "eager_task_factory", None)
+    return {
+        "loop_class": type(loop).__name__ if loop is not None else "no_running_loop",
+        "uvloop_available": uv,
+        "uvloop_installed": loop is not None and type(loop).__module__.startswith("uvloop"),
+        "eager_tasks_available": eager is not None,
+        "eager_tasks_installed": (
+            loop is not None and eager is not None and loop.get_task_factory() is eager
+        ),
+        "platform": sys.platform,
+        "python_version": "%d.%d.%d" % sys.version_info[:3],
+    }
+
+
+class RingKernel:
+    """A launched kernel, as ``RingKernelRuntime.launch`` returns it: its id and the
+    runtime's operations on it (each is the runtime's, with this kernel's id)."""
+
+    __slots__ = ("runtime", "kernel_id")
+
+    def __init__(self, runtime: RingKernelRuntime, kernel_id: str) -> None:
+        self.runtime = runtime
+        self.kernel_id = kernel_id
+
+    @property
+    def state(self) -> KernelState:
+        return self.runtime.get_kernel_state(self.kernel_id)
+
+    @property
+    def is_active(self) -> bool:
+        return self.state is KernelState.ACTIVE
+
+    @property
+    def telemetry(self) -> Optional[Telemetry]:
+        return self.runtime.get_telemetry(self.kernel_id)
+
+    async def activate(self) -> None:
+        await self.runtime.activate(self.kernel_id)
+
+    async def deactivate(self) -> None:
+        await self.runtime.deactivate(self.kernel_id)
+
+    async def reactivate(self) -> None:
+        await self.runtime.reactivate(self.kernel_id)
+
+    async def terminate(self, timeout: Optional[float] = None) -> KernelReport:
+        return await self.runtime.terminate(self.kernel_id, timeout)
+
+    async def send(self, msg: Any, **kw: Any) -> int:
+        return await self.runtime.send(self.kernel_id, msg, **kw)
+
+    async def receive(self, timeout: Optional[float] = None) -> Any:
+        return await self.runtime.receive(self.kernel_id, timeout)
+
+    async def call(self, msg: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
+        return await self.runtime.call(self.kernel_id, msg, timeout, **kw)
+
+    def __repr__(self) -> str:
+        try:
+            st = self.state.value
+        except ResidentError:
+            st = "unknown"
+        return f"RingKernel({self.kernel_id!r}, state={st})"
 
 
 class _LoopWake:

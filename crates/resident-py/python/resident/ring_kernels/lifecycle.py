@@ -1,0 +1,6 @@
+"""PyDotCompute's ``ring_kernels.lifecycle`` names (the package's own objects)."""
+
+from ..kernel import KernelContext
+from ..runtime import KernelState, RingKernel
+
+__all__ = ["KernelState", "RingKernel", "KernelContext"]

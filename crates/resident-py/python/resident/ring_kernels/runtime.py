@@ -1,0 +1,5 @@
+"""PyDotCompute's ``ring_kernels.runtime`` names (the package's own objects)."""
+
+from ..runtime import RingKernelRuntime
+
+__all__ = ["RingKernelRuntime"]
