@@ -26,6 +26,7 @@ pub mod device;
 pub mod error;
 pub mod hazards;
 pub mod launch;
+pub mod limits;
 #[cfg(feature = "driver")]
 mod loaded;
 #[cfg(feature = "driver")]

@@ -54,6 +54,35 @@ pub enum SimError {
         /// The compiler's diagnostics.
         log: String,
     },
+    /// The compile ran past its wall-time limit ([`crate::limits`]) and was killed, with every
+    /// process it had started.
+    #[error("`{name}` did not compile for CudaSim within {limit:?} (the compile was stopped; {env} sets the limit)", env = crate::limits::TIMEOUT_ENV)]
+    CompileTimeout {
+        /// Program name (at most 64 bytes).
+        name: String,
+        /// The limit.
+        limit: std::time::Duration,
+    },
+    /// The compile ran out of its address-space limit ([`crate::limits`]): its allocations
+    /// failed and it stopped, or the system killed it for memory.
+    #[error("`{name}` ran out of memory compiling for CudaSim (limit {} MiB; {env} sets it)", limit_bytes >> 20, env = crate::limits::MEMORY_ENV)]
+    CompileOutOfMemory {
+        /// Program name (at most 64 bytes).
+        name: String,
+        /// The limit.
+        limit_bytes: u64,
+    },
+    /// The compiler crashed (a signal, or an internal compiler error) on the source.
+    #[error("the host C++ compiler crashed on `{name}`: {reason}")]
+    CompileCrashed {
+        /// Program name (at most 64 bytes).
+        name: String,
+        /// The signal or the compiler's report (at most 256 bytes).
+        reason: String,
+    },
+    /// A compile limit's setting is not a number ([`crate::limits`]).
+    #[error(transparent)]
+    CompileLimitSetting(#[from] crate::limits::BadLimit),
     /// The disk cache could not be used.
     #[error("CudaSim cache {path}: {source}")]
     Io {
@@ -182,6 +211,12 @@ pub fn available() -> bool {
 pub struct SimOptions {
     /// Extra compiler arguments (e.g. `-DNAME=1`).
     pub extra: Vec<String>,
+    /// The compile's wall-time and memory limits; `None`: [`CompileLimits::from_env`]
+    /// (`RESIDENT_COMPILE_TIMEOUT_S`, `RESIDENT_COMPILE_MEMORY_MB`, else 120 s and 4 GiB).
+    /// Not part of the cache key: a cached module pays no compile.
+    ///
+    /// [`CompileLimits::from_env`]: crate::limits::CompileLimits::from_env
+    pub limits: Option<crate::limits::CompileLimits>,
 }
 
 /// The folder of compiled CudaSim objects: `<kernel cache>/sim`.
@@ -254,6 +289,10 @@ impl SimModule {
         options: &SimOptions,
     ) -> Result<SimModule, SimError> {
         let (cxx, version) = compiler()?;
+        let limits = match options.limits {
+            Some(l) => l,
+            None => crate::limits::CompileLimits::from_env()?,
+        };
         if let Some(bad) = entries.iter().find(|e| !is_identifier(e)) {
             return Err(SimError::BadLaunch {
                 entry: bad.to_string(),
@@ -299,21 +338,46 @@ impl SimModule {
         let src = dir.join(format!("{key}.{suffix}.cpp"));
         let tmp = dir.join(format!("{key}.{suffix}.so.tmp"));
         std::fs::write(&src, &tu).map_err(io_err(&src))?;
-        let out = Command::new(&cxx)
-            .args(&args)
-            .arg("-o")
-            .arg(&tmp)
-            .arg(&src)
-            .output();
+        // A child process under limits (crate::limits): the source comes from users.
+        let ended = crate::limits::run(
+            Command::new(&cxx).args(&args).arg("-o").arg(&tmp).arg(&src),
+            &limits,
+        );
         let _ = std::fs::remove_file(&src);
-        let out = out.map_err(|e| SimError::CompilerUnavailable {
+        let ended = ended.map_err(|e| SimError::CompilerUnavailable {
             compiler: cxx.clone(),
             reason: CompilerFault::Run(Arc::new(e)),
         })?;
-        if !out.status.success() {
+        let qname = resident_ring::message::quoted_name(name);
+        let stderr = match ended {
+            crate::limits::Ended::Exited { success: true, .. } => None,
+            crate::limits::Ended::Exited { stderr, .. } => Some(stderr),
+            crate::limits::Ended::Timeout => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(SimError::CompileTimeout {
+                    name: qname,
+                    limit: limits.wall,
+                });
+            }
+            crate::limits::Ended::OutOfMemory => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(SimError::CompileOutOfMemory {
+                    name: qname,
+                    limit_bytes: limits.memory_bytes,
+                });
+            }
+            crate::limits::Ended::Crashed { reason } => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(SimError::CompileCrashed {
+                    name: qname,
+                    reason,
+                });
+            }
+        };
+        if let Some(stderr) = stderr {
             let _ = std::fs::remove_file(&tmp);
             let log =
-                String::from_utf8_lossy(&out.stderr).replace(&*src.to_string_lossy(), "sim_shim.h");
+                String::from_utf8_lossy(&stderr).replace(&*src.to_string_lossy(), "sim_shim.h");
             return Err(SimError::Compile {
                 name: resident_ring::message::quoted_name(name),
                 compiler: version,

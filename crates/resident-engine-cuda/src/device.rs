@@ -257,6 +257,7 @@ impl ComputeDevice for CudaDevice {
                 .ok_or_else(|| BackendError::NoCudaSource {
                     kernel: kernel.name().to_string(),
                 })?;
+        crate::check_source(kernel, source)?;
         let f = self.device.kernel(source, entry, options, None)?;
         let mut params = KernelParams::new();
         for a in args {

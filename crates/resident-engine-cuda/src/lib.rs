@@ -29,3 +29,21 @@ pub use ring::{CudaHandler, BUFFER_SYNC_TIMEOUT};
 /// a shared machine, hence generous). The driver layer's own kernel launch and teardown keep
 /// `resident_cuda::persistent::kernel::QUIESCE_TIMEOUT`.
 pub const QUIESCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A one-shot kernel's CUDA source comes from users: it may ask the compiler for no file of the
+/// host (`resident_cuda::persistent::untrusted`), on either launcher, before any compile.
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+pub(crate) fn check_source(
+    kernel: &resident_core::engine::Kernel,
+    source: &str,
+) -> std::result::Result<(), resident_core::engine::BackendError> {
+    match resident_cuda::persistent::untrusted::forbidden_file(source) {
+        None => Ok(()),
+        Some(f) => Err(resident_core::engine::BackendError::ForbiddenFile {
+            kernel: kernel.name().to_string(),
+            line: f.line,
+            directive: f.directive,
+            file: f.name,
+        }),
+    }
+}

@@ -177,6 +177,7 @@ impl CudaSimDevice {
                 kernel: kernel.name().to_string(),
             });
         };
+        crate::check_source(kernel, source)?;
         let key = (source.clone(), entry.clone(), options.clone());
         if let Some(i) = self.modules.lock().get(&key) {
             return Ok((i.clone(), entry.clone()));
@@ -192,7 +193,10 @@ impl CudaSimDevice {
             kernel.name(),
             source,
             &[entry.as_str()],
-            &SimOptions { extra },
+            &SimOptions {
+                extra,
+                ..SimOptions::default()
+            },
         )?;
         let instance = Arc::new(module.instantiate()?);
         self.modules.lock().insert(key, instance.clone());

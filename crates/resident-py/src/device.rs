@@ -318,12 +318,14 @@ impl DeviceSpec {
 }
 
 /// Whether a device error is a handler that did not compile (NVRTC, the host compiler of
-/// CudaSim, naga's WGSL front end and validator): its text then carries the compiler's log.
+/// CudaSim, naga's WGSL front end and validator, or a source refused before any compiler ran
+/// for asking for a file of the host): its text then carries the compiler's log or the reason.
 pub(crate) fn is_compile_error(e: &DeviceError) -> bool {
     use resident::cuda::{sim::SimError, CudaError};
     matches!(
         e,
         DeviceError::Cuda(PersistentError::Compile { .. })
+            | DeviceError::Cuda(PersistentError::Include { .. })
             | DeviceError::Cuda(PersistentError::Sim(SimError::Compile { .. }))
             | DeviceError::Cuda(PersistentError::Cuda(CudaError::Compile { .. }))
             | DeviceError::Wgsl(WgslLaunchError::Compile(_))

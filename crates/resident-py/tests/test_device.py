@@ -3,6 +3,7 @@ WGSL (wgpu, lavapipe in CI), each equal to the kernel's vectorized CPU form on t
 with the state kept on the device between batches."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -264,6 +265,23 @@ def test_cuda_compile_error_raises_with_the_compiler_log():
             rt.state(kid)
     finally:
         rt.shutdown()
+
+
+def test_a_handler_that_includes_a_host_file_is_a_compilation_error_quoting_nothing():
+    rt = open_runtime("cudasim")
+    for include in ('#include "/etc/passwd"', "#include </dev/zero>"):
+        kid = fresh("hostile_cuda")
+        resident.device_kernel(
+            kernel_id=kid, in_dtype=IN, out_dtype=OUT, state_dtype=STATE,
+            cuda=include + "\n" + CUDA,
+        )(scale)
+        started = time.monotonic()
+        with pytest.raises(resident.CompilationError) as e:
+            rt.launch(kid)
+        assert time.monotonic() - started < 10
+        text = str(e.value)
+        assert "asks for a file of the host" in text and "root:" not in text, text
+    rt.shutdown()
 
 
 def test_wgsl_compile_error_raises_with_the_compiler_log():

@@ -152,6 +152,25 @@ fn launch_errors_are_typed() {
         matches!(&e, BackendError::Sim(SimError::Compile { log, .. }) if log.contains("__syncthreads_count")),
         "{e}"
     );
+    // A source that asks for a file of the host: refused before the compiler runs, quoting
+    // nothing of the file.
+    let hostile = Kernel::new("hostile").cuda(
+        "#include \"/etc/passwd\"\nextern \"C\" __global__ void k(unsigned int* p) { p[0] = 1u; }",
+        "k",
+    );
+    let e = d
+        .launch(
+            &hostile,
+            LaunchConfig::new(1, 32),
+            &[KernelArg::buffer_mut(&mut m)],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, BackendError::ForbiddenFile { line: 1, file, .. } if file == "\"/etc/passwd\""),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("root:"), "{e}");
     // No CUDA source at all.
     let cpu_only = Kernel::new("cpu_only").cpu(|_| Ok(()));
     assert!(matches!(

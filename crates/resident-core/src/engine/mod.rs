@@ -153,6 +153,20 @@ pub enum BackendError {
         /// Kernel name.
         kernel: String,
     },
+    /// A kernel's source asks the compiler for a file of the host (`#include`, `#embed`,
+    /// `__has_include`, ...) other than the built-in headers an engine allows: refused before
+    /// any compiler runs, so no file is read and none is quoted back.
+    #[error("kernel `{}`: its source asks for a file of the host (`#{directive} {file}`, line {line}); only built-in headers may be included", resident_ring::message::quoted_name(.kernel))]
+    ForbiddenFile {
+        /// Kernel name.
+        kernel: String,
+        /// The source's line (from 1).
+        line: usize,
+        /// The directive or operator.
+        directive: String,
+        /// The file asked for, as written (at most 64 bytes).
+        file: String,
+    },
     /// A kernel argument is missing or of the wrong kind or size.
     #[error("kernel argument {index}: {reason}")]
     BadArgument {

@@ -1,0 +1,333 @@
+//! Limits on a compiler run over source that came from users: a wall-time limit, an
+//! address-space limit and no core file, with the compiler and everything it starts (g++ runs
+//! `cc1plus`, `as` and `ld`) in a process group of its own that is killed whole at the limit.
+//!
+//! The host C++ compiler of CudaSim runs as a child process; this is how it is run. A compile
+//! that never ends is [`Ended::Timeout`], one that allocates without bound [`Ended::OutOfMemory`]
+//! (the address-space limit makes its allocations fail, so it ends, and the machine's other
+//! programs never meet an OOM kill), one that dies of a signal or reports an internal compiler
+//! error [`Ended::Crashed`]; the caller turns each into its typed error
+//! (`SimError::CompileTimeout`, `CompileOutOfMemory`, `CompileCrashed`).
+
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Environment variable: the wall-time limit of one compile, in seconds (default 120).
+pub const TIMEOUT_ENV: &str = "RESIDENT_COMPILE_TIMEOUT_S";
+/// Environment variable: the address-space limit of one compile, in MiB (default 4096).
+pub const MEMORY_ENV: &str = "RESIDENT_COMPILE_MEMORY_MB";
+
+/// The most of a compiler's standard output or error kept (the rest is read and dropped, so a
+/// compiler that prints without end neither blocks nor fills memory).
+const KEEP_BYTES: usize = 4 << 20;
+
+/// Limits on one compile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CompileLimits {
+    /// Wall time, from the compiler's start to its exit.
+    pub wall: Duration,
+    /// Address space of each process of the compile, in bytes.
+    pub memory_bytes: u64,
+}
+
+impl Default for CompileLimits {
+    /// 120 s and 4 GiB: a ring kernel compiles in about a second and under 300 MB here.
+    fn default() -> Self {
+        CompileLimits {
+            wall: Duration::from_secs(120),
+            memory_bytes: 4 << 30,
+        }
+    }
+}
+
+/// A limit setting that is not a whole positive number.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{name} = {value:?} is not a whole number above 0")]
+pub struct BadLimit {
+    /// The variable.
+    pub name: &'static str,
+    /// Its value (at most 64 bytes).
+    pub value: String,
+}
+
+impl CompileLimits {
+    /// The defaults, with [`TIMEOUT_ENV`] and [`MEMORY_ENV`] applied where set.
+    pub fn from_env() -> Result<Self, BadLimit> {
+        let mut l = CompileLimits::default();
+        let read = |name: &'static str| -> Result<Option<u64>, BadLimit> {
+            match std::env::var(name) {
+                Err(_) => Ok(None),
+                Ok(v) if v.trim().is_empty() => Ok(None),
+                Ok(v) => match v.trim().parse::<u64>() {
+                    Ok(n) if n > 0 => Ok(Some(n)),
+                    _ => Err(BadLimit {
+                        name,
+                        value: v.chars().take(64).collect(),
+                    }),
+                },
+            }
+        };
+        if let Some(s) = read(TIMEOUT_ENV)? {
+            l.wall = Duration::from_secs(s);
+        }
+        if let Some(mb) = read(MEMORY_ENV)? {
+            l.memory_bytes = mb.saturating_mul(1 << 20);
+        }
+        Ok(l)
+    }
+}
+
+/// How a limited compile ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// It exited by itself (successfully or with diagnostics): its status and output.
+    Exited {
+        /// Whether the exit status was 0.
+        success: bool,
+        /// Standard output (at most 4 MiB).
+        stdout: Vec<u8>,
+        /// Standard error (at most 4 MiB).
+        stderr: Vec<u8>,
+    },
+    /// It ran past the wall-time limit and was killed.
+    Timeout,
+    /// It ran out of its address space (or was killed as the system ran out of memory).
+    OutOfMemory,
+    /// It died of a signal, or reported an internal compiler error; `reason` says which.
+    Crashed {
+        /// The signal or the compiler's report (at most 256 bytes).
+        reason: String,
+    },
+}
+
+/// Runs `cmd` under `limits`; an error only when it cannot be started.
+pub fn run(cmd: &mut Command, limits: &CompileLimits) -> std::io::Result<Ended> {
+    let mem = limits.memory_bytes;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: the closure runs in the child between fork and exec and calls only setrlimit,
+    // which is async-signal-safe; it touches no memory of the parent but its captured copy.
+    unsafe {
+        cmd.pre_exec(move || {
+            let set = |res, v: u64| {
+                let r = libc::rlimit {
+                    rlim_cur: v as libc::rlim_t,
+                    rlim_max: v as libc::rlim_t,
+                };
+                if libc::setrlimit(res, &r) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            };
+            set(libc::RLIMIT_AS, mem)?;
+            set(libc::RLIMIT_CORE, 0)?;
+            Ok(())
+        })
+    };
+    let mut child = cmd.spawn()?;
+    let pgid = child.id() as libc::pid_t;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            if let Some(mut r) = r {
+                let mut buf = [0u8; 64 << 10];
+                while let Ok(n) = r.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let room = KEEP_BYTES.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+            kept
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let kill_group = || {
+        // SAFETY: kill(2) of the process group the child leads (made by `process_group(0)`);
+        // no memory is touched. ESRCH (already gone) is fine.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    };
+    // The child is waited for on a thread of its own, so its exit is seen at once (no polling)
+    // and the limit is a plain timed wait.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(limits.wall) {
+        Ok(s) => Some(s?),
+        Err(_) => {
+            kill_group();
+            // The wait returns once the killed leader is reaped.
+            let _ = rx.recv();
+            None
+        }
+    };
+    let _ = waiter.join();
+    // Whatever the compiler left running in its group (an assembler, a linker) goes with it.
+    kill_group();
+    let stdout = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
+    let Some(status) = status else {
+        return Ok(Ended::Timeout);
+    };
+    Ok(classify(status, stdout, stderr))
+}
+
+/// What the exit status and the compiler's report say.
+fn classify(status: std::process::ExitStatus, stdout: Vec<u8>, stderr: Vec<u8>) -> Ended {
+    let text = String::from_utf8_lossy(&stderr);
+    if let Some(sig) = status.signal() {
+        // SIGKILL that was not ours: the system's OOM killer.
+        if sig == libc::SIGKILL {
+            return Ended::OutOfMemory;
+        }
+        return Ended::Crashed {
+            reason: format!("the compiler died of signal {sig}"),
+        };
+    }
+    if !status.success() {
+        const OOM: [&str; 4] = [
+            "out of memory allocating",
+            "virtual memory exhausted",
+            "Cannot allocate memory",
+            "std::bad_alloc",
+        ];
+        if OOM.iter().any(|m| text.contains(m)) || text.contains("Killed signal terminated program")
+        {
+            return Ended::OutOfMemory;
+        }
+        if let Some(i) = text
+            .find("internal compiler error")
+            .or_else(|| text.find("terminated program"))
+        {
+            let line = text[i..].lines().next().unwrap_or_default();
+            return Ended::Crashed {
+                reason: line.chars().take(256).collect(),
+            };
+        }
+    }
+    Ended::Exited {
+        success: status.success(),
+        stdout,
+        stderr,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn sh(script: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(script);
+        c
+    }
+
+    #[test]
+    fn a_run_past_its_time_is_killed_with_its_children() {
+        let l = CompileLimits {
+            wall: Duration::from_millis(300),
+            ..CompileLimits::default()
+        };
+        let start = Instant::now();
+        // A child of the child that would outlive it: killed with the group.
+        let r = run(&mut sh("sleep 30 & sleep 30"), &l).unwrap();
+        assert!(matches!(r, Ended::Timeout), "{r:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn an_allocation_past_the_limit_fails_in_the_child() {
+        let l = CompileLimits {
+            memory_bytes: 64 << 20,
+            ..CompileLimits::default()
+        };
+        // `head -c` of 1 GiB into a shell variable: the shell's allocation fails.
+        let r = run(
+            &mut sh("x=$(head -c 1073741824 /dev/zero | tr '\\0' a); echo ${#x}"),
+            &l,
+        )
+        .unwrap();
+        match r {
+            Ended::Exited {
+                success, stdout, ..
+            } => {
+                assert!(
+                    !success || stdout.len() < 5,
+                    "allocated past the limit: {stdout:?}"
+                )
+            }
+            Ended::OutOfMemory | Ended::Crashed { .. } => {}
+            Ended::Timeout => panic!("timed out"),
+        }
+    }
+
+    #[test]
+    fn exits_and_signals_are_told_apart() {
+        let l = CompileLimits::default();
+        match run(&mut sh("echo out; echo err >&2; exit 3"), &l).unwrap() {
+            Ended::Exited {
+                success,
+                stdout,
+                stderr,
+            } => {
+                assert!(!success);
+                assert_eq!(
+                    (stdout.as_slice(), stderr.as_slice()),
+                    (&b"out\n"[..], &b"err\n"[..])
+                );
+            }
+            e => panic!("{e:?}"),
+        }
+        assert!(matches!(
+            run(&mut sh("kill -SEGV $$"), &l).unwrap(),
+            Ended::Crashed { .. }
+        ));
+        assert!(matches!(
+            run(
+                &mut sh("echo 'cc1plus: out of memory allocating 65536 bytes' >&2; exit 1"),
+                &l
+            )
+            .unwrap(),
+            Ended::OutOfMemory
+        ));
+        // A compiler that prints without end is read to its exit, its output kept bounded.
+        match run(&mut sh("head -c 20000000 /dev/zero"), &l).unwrap() {
+            Ended::Exited { stdout, .. } => assert_eq!(stdout.len(), KEEP_BYTES),
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_settings_are_typed() {
+        assert_eq!(
+            BadLimit {
+                name: TIMEOUT_ENV,
+                value: "x".into()
+            }
+            .to_string(),
+            "RESIDENT_COMPILE_TIMEOUT_S = \"x\" is not a whole number above 0"
+        );
+    }
+}
