@@ -77,6 +77,16 @@ pub enum CudaError {
         /// The NVRTC program log.
         log: String,
     },
+    /// NVRTC ran past the compile's wall-time limit (`RESIDENT_COMPILE_TIMEOUT_S`, see
+    /// [`crate::limits`]): the caller is answered at once, the compile finishes on its own
+    /// thread and its program is never freed.
+    #[error("NVRTC did not compile `{name}` within {limit:?} ({env} sets the limit)", env = crate::limits::TIMEOUT_ENV)]
+    CompileTimeout {
+        /// Program name (at most 64 bytes).
+        name: String,
+        /// The limit.
+        limit: std::time::Duration,
+    },
     /// The kernel cache could not read or write its folder.
     #[error("kernel cache at {path}: {source}")]
     Cache {

@@ -98,29 +98,53 @@ struct ProgramHandle(cudarc::nvrtc::sys::nvrtcProgram);
 // used by one thread at a time (its owner waits for the compiling thread to finish).
 unsafe impl Send for ProgramHandle {}
 
+/// How a compile on the NVRTC thread ended.
+enum Compiled {
+    /// NVRTC returned.
+    Done(std::result::Result<(), nr::NvrtcError>),
+    /// It ran past the wall-time limit; the program is left to the thread, which frees nothing
+    /// it still uses (see [`compile_program`]).
+    TimedOut,
+}
+
 /// `nvrtcCompileProgram` on a thread with a [`COMPILE_STACK_BYTES`] stack (in the calling
-/// thread when such a thread cannot be started).
-fn compile_program(prog: &Program, args: &[String]) -> std::result::Result<(), nr::NvrtcError> {
+/// thread when such a thread cannot be started), waited for at most `wall`
+/// ([`crate::limits::CompileLimits`]). NVRTC runs in this process and cannot be stopped: past
+/// the limit the caller gets [`Compiled::TimedOut`] at once, the thread finishes on its own,
+/// and the program is never destroyed (a leak, not a use after free). Memory cannot be
+/// limited in process; the source checks of `persistent::template` keep out the inputs known
+/// to make NVRTC run long or deep.
+fn compile_program(prog: &Program, args: &[String], wall: std::time::Duration) -> Compiled {
     let handle = ProgramHandle(prog.0);
+    let owned: Vec<String> = args.to_vec();
     let run = move || {
         let h = handle;
-        // SAFETY: the program is live (its owner `prog` outlives this call, which the caller
-        // or the scope below waits for); `args` hold no NUL (checked by `compile`, cudarc
-        // would panic otherwise).
-        unsafe { nr::compile_program(h.0, args) }
+        // SAFETY: the program is live: its owner waits for this call or, past the limit,
+        // forgets the program so it is never destroyed; `owned` holds no NUL (checked by
+        // `compile`, cudarc would panic otherwise).
+        unsafe { nr::compile_program(h.0, &owned) }
     };
-    std::thread::scope(|scope| {
-        match std::thread::Builder::new()
-            .name("nvrtc".into())
-            .stack_size(COMPILE_STACK_BYTES)
-            .spawn_scoped(scope, run)
-        {
-            Ok(thread) => thread
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            Err(_) => run(),
+    let (tx, rx) = std::sync::mpsc::channel();
+    match std::thread::Builder::new()
+        .name("nvrtc".into())
+        .stack_size(COMPILE_STACK_BYTES)
+        .spawn(move || {
+            let _ = tx.send(run());
+        }) {
+        Ok(_) => match rx.recv_timeout(wall) {
+            Ok(r) => Compiled::Done(r),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Compiled::TimedOut,
+            // The thread ended without a result: it panicked inside cudarc.
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Compiled::Done(Err(
+                nr::NvrtcError(cudarc::nvrtc::sys::nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR),
+            )),
+        },
+        Err(_) => {
+            // SAFETY: as above; here the caller's thread runs it and so outlives it.
+            let r = unsafe { nr::compile_program(prog.0, args) };
+            Compiled::Done(r)
         }
-    })
+    }
 }
 
 /// Runs NVRTC over `source` with `options`; a compile error returns [`CudaError::Compile`]
@@ -142,7 +166,19 @@ fn compile(source: &str, name: &str, options: &CompileOptions) -> Result<Program
     }
     let prog =
         Program(nr::create_program(&src, Some(&cname)).map_err(nvrtc_err("nvrtcCreateProgram"))?);
-    let compiled = compile_program(&prog, &args);
+    let limits = crate::limits::CompileLimits::from_env()
+        .map_err(|e| CudaError::invalid("nvrtcCompileProgram", e.to_string()))?;
+    let compiled = match compile_program(&prog, &args, limits.wall) {
+        Compiled::Done(r) => r,
+        Compiled::TimedOut => {
+            // The NVRTC thread still uses the program: never destroyed (see compile_program).
+            std::mem::forget(prog);
+            return Err(CudaError::CompileTimeout {
+                name: resident_ring::message::quoted_name(name),
+                limit: limits.wall,
+            });
+        }
+    };
     if let Err(e) = compiled {
         if e.0 == cudarc::nvrtc::sys::nvrtcResult::NVRTC_ERROR_COMPILATION {
             // The log quotes each offending source line: kept bounded, and the name quoted

@@ -326,8 +326,15 @@ pub(crate) fn is_compile_error(e: &DeviceError) -> bool {
         e,
         DeviceError::Cuda(PersistentError::Compile { .. })
             | DeviceError::Cuda(PersistentError::Include { .. })
-            | DeviceError::Cuda(PersistentError::Sim(SimError::Compile { .. }))
-            | DeviceError::Cuda(PersistentError::Cuda(CudaError::Compile { .. }))
+            | DeviceError::Cuda(PersistentError::Sim(
+                SimError::Compile { .. }
+                    | SimError::CompileTimeout { .. }
+                    | SimError::CompileOutOfMemory { .. }
+                    | SimError::CompileCrashed { .. }
+            ))
+            | DeviceError::Cuda(PersistentError::Cuda(
+                CudaError::Compile { .. } | CudaError::CompileTimeout { .. }
+            ))
             | DeviceError::Wgsl(WgslLaunchError::Compile(_))
     )
 }

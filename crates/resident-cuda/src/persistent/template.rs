@@ -203,8 +203,16 @@ pub const MAX_NESTING: usize = 256;
 /// (`!!!!x`, `- - - -x`, `****p`) is another level of NVRTC's recursion, like a bracket.
 pub const MAX_OPERATOR_RUN: usize = 256;
 
-/// Where `text` nests deeper than [`MAX_NESTING`] or runs more than [`MAX_OPERATOR_RUN`]
-/// operator characters: its line (from 1) and what it does. A C lexer's view, simplified:
+/// The most assignments, conditional operators and casts one statement may chain (outside
+/// comments and literals): each is another level of NVRTC's recursion, and long chains
+/// (`a = a = a = ...`, `c ? x : c ? x : ...`, `(int)(int)(int)x`) kept its parser busy for
+/// minutes (`resident fuzz --target cuda`). Counted: an `=` that is not part of `==`, `<=`,
+/// `>=` or `!=`; a `?`; a `)` followed by `(`, a name or a number.
+pub const MAX_CHAIN: usize = 256;
+
+/// Where `text` nests deeper than [`MAX_NESTING`], runs more than [`MAX_OPERATOR_RUN`]
+/// operator characters or chains more than [`MAX_CHAIN`] in a statement: its line (from 1) and
+/// what it does. A C lexer's view, simplified:
 /// comments, string and character literals are skipped; digit separators (`1'000`) and raw
 /// strings may be misread, which can only miss a deep nesting inside them.
 fn too_deep(text: &str) -> Option<(usize, &'static str)> {
@@ -222,6 +230,8 @@ fn too_deep(text: &str) -> Option<(usize, &'static str)> {
     // parentheses open (a `;` inside them, as in `for (;;)`, ends no statement); operator
     // characters in a row.
     let (mut depth, mut chain, mut parens, mut run) = (0usize, 0usize, 0usize, 0usize);
+    // Assignments, conditionals and casts since the statement began.
+    let mut links = 0usize;
     while i < bytes.len() {
         let b = bytes[i];
         if b == b'\n' {
@@ -258,6 +268,8 @@ fn too_deep(text: &str) -> Option<(usize, &'static str)> {
                         b"for" | b"while" | b"if" | b"do" | b"switch" | b"template"
                     ) {
                         chain += 1;
+                        // A statement of its own begins: its chain counts from nothing.
+                        links = 0;
                     }
                 }
                 _ => {
@@ -275,13 +287,38 @@ fn too_deep(text: &str) -> Option<(usize, &'static str)> {
                         b'{' => {
                             depth += 1;
                             chain = 0;
+                            links = 0;
                         }
                         b'}' => {
                             depth = depth.saturating_sub(1);
                             chain = 0;
+                            links = 0;
                         }
-                        b';' if parens == 0 => chain = 0,
+                        b';' if parens == 0 => {
+                            chain = 0;
+                            links = 0;
+                        }
+                        b'=' => {
+                            let prev = if i > 0 { bytes[i - 1] } else { b' ' };
+                            let next = bytes.get(i + 1).copied().unwrap_or(b' ');
+                            if !matches!(prev, b'=' | b'<' | b'>' | b'!') && next != b'=' {
+                                links += 1;
+                            }
+                        }
+                        b'?' => links += 1,
                         _ => {}
+                    }
+                    if b == b')' {
+                        let next = bytes[i + 1..].iter().find(|c| !c.is_ascii_whitespace());
+                        if next.is_some_and(|&c| c == b'(' || word(c)) {
+                            links += 1;
+                        }
+                    }
+                    if links > MAX_CHAIN {
+                        return Some((
+                            line,
+                            "chains more than 256 assignments, conditional operators or casts in one statement",
+                        ));
                     }
                     run += 1;
                     if run > MAX_OPERATOR_RUN && depth + chain <= MAX_NESTING {
@@ -1254,6 +1291,22 @@ mod fuzz_regressions {
             );
             let e = ping("ping", &text).render().unwrap_err().to_string();
             assert!(e.contains("statements deeper than 256 (line 3)"), "{e}");
+        }
+        // Long chains in one statement: assignments, conditionals, casts (NVRTC's parser spent
+        // minutes on them); 256 of each still pass.
+        for (link, n) in [
+            ("in->x = ", 300),
+            ("in->x ? 1u : ", 300),
+            ("(unsigned int)", 300),
+        ] {
+            let text = format!("{base}{}0u;\n    return true;\n}}\n", link.repeat(n));
+            let e = ping("ping", &text).render().unwrap_err().to_string();
+            assert!(
+                e.contains("chains more than 256") && e.contains("(line 2)"),
+                "{e}"
+            );
+            let ok = format!("{base}{}0u;\n    return true;\n}}\n", link.repeat(250));
+            ping("ping", &ok).render().unwrap();
         }
         let loops = format!(
             "{base}1u;\n{}\n    return true;\n}}\n",
