@@ -50,6 +50,16 @@ pub struct Options {
     /// Inputs per second.
     #[arg(long, default_value_t = 200)]
     pub rate: u32,
+    /// Publishes the producer keeps waiting for their acknowledgement at once (1: one at a
+    /// time, as before; a single publish's round trip then bounds the rate).
+    #[arg(long, default_value_t = 256)]
+    pub in_flight: u32,
+    /// Find the highest rate sustained with faults on: trials of `--seconds` (default 30) from
+    /// `--rate` up, doubling while a trial keeps up (verdict pass, at least 95% of the rate
+    /// produced, every output within 15 s of the producer's end), then halving the step between
+    /// the last rate kept up with and the first not -> soak-rate-<date>.json.
+    #[arg(long)]
+    pub find_rate: bool,
     /// Folder for soak-<date>.json.
     #[arg(long, default_value = "bench/results")]
     pub out_dir: PathBuf,
@@ -403,13 +413,23 @@ impl Drop for Fleet {
 
 // ---------------------------------------------------------------- reading streams
 
-/// Every message of `stream` on `filter`, in stream order: (sequence, id, payload). Bounded:
-/// each message within 10 s.
+/// A message read back from a stream.
+struct Stored {
+    #[allow(dead_code)]
+    seq: u64,
+    /// Its `Nats-Msg-Id`.
+    id: String,
+    payload: Vec<u8>,
+    /// When the server stored it (its clock, nanoseconds since the Unix epoch).
+    published_ns: u64,
+}
+
+/// Every message of `stream` on `filter`, in stream order. Bounded: each message within 10 s.
 async fn read_all(
     js: &jetstream::Context,
     stream: &str,
     filter: &str,
-) -> Result<Vec<(u64, String, Vec<u8>)>, SoakError> {
+) -> Result<Vec<Stored>, SoakError> {
     let err = |what: String| {
         move |e: async_nats::Error| SoakError::Io {
             what,
@@ -464,17 +484,28 @@ async fn read_all(
                 )))
             }
         };
-        let (seq, pending) = m
+        let (seq, pending, published_ns) = m
             .info()
-            .map(|i| (i.stream_sequence, i.pending))
-            .unwrap_or((0, 0));
+            .map(|i| {
+                (
+                    i.stream_sequence,
+                    i.pending,
+                    i.published.unix_timestamp_nanos().max(0) as u64,
+                )
+            })
+            .unwrap_or((0, 0, 0));
         let id = m
             .headers
             .as_ref()
             .and_then(|h| h.get("Nats-Msg-Id"))
             .map(|v| v.as_str().to_string())
             .unwrap_or_default();
-        out.push((seq, id, m.payload.to_vec()));
+        out.push(Stored {
+            seq,
+            id,
+            payload: m.payload.to_vec(),
+            published_ns,
+        });
         if pending == 0 {
             break;
         }
@@ -490,9 +521,15 @@ async fn count(js: &jetstream::Context, stream: &str) -> Option<u64> {
 
 // ---------------------------------------------------------------- the soak
 
-/// Runs the soak; the exit status is 1 when the verdict is not "pass".
+/// Runs the soak (or, with `--find-rate`, its trials); the exit status is 1 when the verdict
+/// is not "pass" (for `--find-rate`: when no rate kept up).
 pub fn run(o: &Options) -> std::process::ExitCode {
-    match run_inner(o) {
+    let r = if o.find_rate {
+        find_rate(o)
+    } else {
+        run_inner(o)
+    };
+    match r {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(SoakError::Interrupted) => {
@@ -512,24 +549,113 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
         (None, Some(s)) => s,
         (None, None) => 60,
     };
-    if secs < 10 {
-        return Err(SoakError::Options("the soak needs at least 10 seconds"));
-    }
-    if o.workers < 2 {
-        return Err(SoakError::Options("--workers must be at least 2"));
-    }
-    if o.rate == 0 || o.rate > 100_000 {
-        return Err(SoakError::Options("--rate must be 1 to 100000"));
-    }
+    check_out_dir(o)?;
+    let out_path = o
+        .out_dir
+        .join(format!("soak-{}.json", resident_bench::provenance::today()));
+    let t = trial(o, o.rate, secs)?;
+    resident_bench::provenance::write_json(&out_path, &t.doc)?;
+    println!("soak: -> {}", out_path.display());
+    Ok(t.pass)
+}
+
+fn check_out_dir(o: &Options) -> Result<(), SoakError> {
     if !o.out_dir.is_dir() {
         return Err(SoakError::Io {
             what: format!("--out-dir {}", o.out_dir.display()),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a folder"),
         });
     }
-    let out_path = o
-        .out_dir
-        .join(format!("soak-{}.json", resident_bench::provenance::today()));
+    Ok(())
+}
+
+/// `--find-rate`: trials at rising rates; the highest kept up with, and every trial's figures.
+fn find_rate(o: &Options) -> Result<bool, SoakError> {
+    check_out_dir(o)?;
+    let secs = o.seconds.unwrap_or(30);
+    let out_path = o.out_dir.join(format!(
+        "soak-rate-{}.json",
+        resident_bench::provenance::today()
+    ));
+    let mut trials: Vec<Value> = Vec::new();
+    let (mut kept, mut failed): (Option<u32>, Option<u32>) = (None, None);
+    let mut rate = o.rate.max(1);
+    // Doubling, then bisecting between the last rate kept up with and the first not, until
+    // the step is under a tenth of the rate; at most 8 trials.
+    for _ in 0..8 {
+        let t = trial(o, rate, secs)?;
+        println!(
+            "soak: rate {rate}/s: produced {:.0}/s, outputs {:.1} s after the producer's end, verdict {} -> {}",
+            t.achieved_rate,
+            t.settle_s,
+            if t.pass { "pass" } else { "fail" },
+            if t.kept_up { "kept up" } else { "did not keep up" }
+        );
+        trials.push(json!({"rate_per_s": rate, "kept_up": t.kept_up, "achieved_per_s": t.achieved_rate,
+                           "settle_s": t.settle_s, "verdict": if t.pass { "pass" } else { "fail" },
+                           "latency_ms": t.doc["latency_ms"].clone(), "faults": t.doc["faults"].clone(),
+                           "counts": t.doc["counts"].clone(), "load_after": t.doc["load_after"].clone()}));
+        if t.kept_up {
+            kept = Some(kept.map_or(rate, |k| k.max(rate)));
+        } else {
+            failed = Some(failed.map_or(rate, |f| f.min(rate)));
+        }
+        rate = match (kept, failed) {
+            (Some(k), None) => k.saturating_mul(2).min(100_000),
+            (None, Some(f)) => (f / 2).max(1),
+            (Some(k), Some(f)) if f > k && f - k > k / 10 => k + (f - k) / 2,
+            _ => break,
+        };
+        if trials
+            .iter()
+            .any(|t| t["rate_per_s"].as_u64() == Some(rate as u64))
+        {
+            break;
+        }
+    }
+    let doc = json!({
+        "command": resident_bench::provenance::command(),
+        "reproduce": resident_bench::provenance::cargo_command("resident-cli"),
+        "date": resident_bench::provenance::today(),
+        "machine": resident_bench::provenance::machine(),
+        "what": "the highest input rate the JetStream soak keeps up with, faults on: each trial a soak of `seconds` at `rate_per_s` (SIGKILLed workers, nats-server restarts, SIGSTOPped workers, drawn from the seed); kept up = verdict pass, at least 95% of the rate produced, every output stored within 15 s of the producer's end. latency_ms: input stored to output stored (the server's clock), during faults (an input stored within 10 s after a fault began, or after a pause ended) and outside them",
+        "seconds_per_trial": secs, "seed": o.seed, "workers": o.workers, "in_flight": o.in_flight,
+        "highest_kept_up_per_s": kept,
+        "lowest_not_kept_up_per_s": failed,
+        "trials": trials,
+    });
+    resident_bench::provenance::write_json(&out_path, &doc)?;
+    println!(
+        "soak: highest rate kept up with: {} inputs/s -> {}",
+        kept.map_or("none".to_string(), |k| k.to_string()),
+        out_path.display()
+    );
+    Ok(kept.is_some())
+}
+
+/// One soak's outcome.
+struct Trial {
+    pass: bool,
+    kept_up: bool,
+    achieved_rate: f64,
+    settle_s: f64,
+    doc: Value,
+}
+
+/// One soak at `rate` inputs/s for `secs` seconds.
+fn trial(o: &Options, rate: u32, secs: u64) -> Result<Trial, SoakError> {
+    if secs < 10 {
+        return Err(SoakError::Options("the soak needs at least 10 seconds"));
+    }
+    if o.workers < 2 {
+        return Err(SoakError::Options("--workers must be at least 2"));
+    }
+    if rate == 0 || rate > 100_000 {
+        return Err(SoakError::Options("--rate must be 1 to 100000"));
+    }
+    if o.in_flight == 0 || o.in_flight > 65_536 {
+        return Err(SoakError::Options("--in-flight must be 1 to 65536"));
+    }
     let load_before = resident_bench::provenance::load();
     let binary = nats_server_binary().ok_or(SoakError::NoServer)?;
     let mut server = NatsServer::start(binary).map_err(io("start nats-server"))?;
@@ -609,27 +735,37 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
     }
     println!(
         "soak: {secs} s, {} workers, {partitions} partitions of {KEYS} keys, {} inputs/s, seed {}, nats-server at {url}",
-        o.workers, o.rate, o.seed
+        o.workers, rate, o.seed
     );
 
-    // The producer: a fixed rate, each input retried (same Nats-Msg-Id) until stored.
+    // The producer: a fixed rate, each input retried (same Nats-Msg-Id) until stored, with up
+    // to `in_flight` publishes awaiting their acknowledgement at once (one at a time, a
+    // publish's round trip would bound the rate). Inputs of one key may be stored out of their
+    // production order; the replay follows the stream's order, as the workers do.
     let produced = Arc::new(AtomicU64::new(0));
+    let acked: Arc<std::sync::Mutex<Vec<u64>>> = Arc::new(std::sync::Mutex::new(Vec::new()));
     let last_seq: Arc<seqs::Seqs> = Arc::new(seqs::Seqs::new(partitions));
     let start = Instant::now();
+    let start_unix_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     let end = start + Duration::from_secs(secs);
     let producer = {
-        let (js, opts, produced, last_seq, interrupted) = (
+        let (js, opts, produced, acked, last_seq, interrupted) = (
             js.clone(),
             opts.clone(),
             produced.clone(),
+            acked.clone(),
             last_seq.clone(),
             interrupted.clone(),
         );
-        let (rate, seed) = (o.rate, o.seed);
+        let (seed, in_flight) = (o.seed, o.in_flight as usize);
         tokio.spawn(async move {
             let mut rng = Rng::new(seed);
             let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let window = Arc::new(tokio::sync::Semaphore::new(in_flight));
+            let mut tasks = tokio::task::JoinSet::new();
             let mut n = 0u64;
             let mut failed_publishes = 0u64;
             while Instant::now() < end && !interrupted.load(Ordering::Acquire) {
@@ -640,39 +776,64 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
                     n,
                     value: rng.next(),
                 };
+                let Ok(permit) = window.clone().acquire_owned().await else {
+                    break;
+                };
+                let (js, produced, acked, last_seq, interrupted) = (
+                    js.clone(),
+                    produced.clone(),
+                    acked.clone(),
+                    last_seq.clone(),
+                    interrupted.clone(),
+                );
                 let subject = opts.subject_for_key(input.key);
-                let mut h = async_nats::HeaderMap::new();
-                h.insert("Nats-Msg-Id", format!("in-{n}").as_str());
-                let give_up = Instant::now() + Duration::from_secs(60);
-                loop {
-                    let sent = js
-                        .publish_with_headers(
-                            subject.clone(),
-                            h.clone(),
-                            bytemuck::bytes_of(&input).to_vec().into(),
-                        )
-                        .await;
-                    let acked = match sent {
-                        Ok(f) => tokio::time::timeout(Duration::from_secs(2), f)
-                            .await
-                            .ok()
-                            .and_then(|r| r.ok()),
-                        Err(_) => None,
-                    };
-                    if let Some(a) = acked {
-                        last_seq.raise(opts.partition_of(input.key), a.sequence);
-                        break;
+                let partition = opts.partition_of(input.key);
+                tasks.spawn(async move {
+                    let _permit = permit;
+                    let mut h = async_nats::HeaderMap::new();
+                    h.insert("Nats-Msg-Id", format!("in-{}", input.n).as_str());
+                    let give_up = Instant::now() + Duration::from_secs(60);
+                    let mut failed = 0u64;
+                    loop {
+                        let sent = js
+                            .publish_with_headers(
+                                subject.clone(),
+                                h.clone(),
+                                bytemuck::bytes_of(&input).to_vec().into(),
+                            )
+                            .await;
+                        let ack = match sent {
+                            Ok(f) => tokio::time::timeout(Duration::from_secs(2), f)
+                                .await
+                                .ok()
+                                .and_then(|r| r.ok()),
+                            Err(_) => None,
+                        };
+                        if let Some(a) = ack {
+                            last_seq.raise(partition, a.sequence);
+                            acked
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(input.n);
+                            produced.fetch_add(1, Ordering::AcqRel);
+                            return failed;
+                        }
+                        failed += 1;
+                        if Instant::now() > give_up || interrupted.load(Ordering::Acquire) {
+                            // Not known to be stored: not counted as produced; the check
+                            // below finds it in the stream if it was.
+                            return failed;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
-                    failed_publishes += 1;
-                    if Instant::now() > give_up || interrupted.load(Ordering::Acquire) {
-                        // Not known to be stored: the input is not counted as produced; the
-                        // check below finds it in the stream if it was.
-                        return failed_publishes;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                });
                 n += 1;
-                produced.store(n, Ordering::Release);
+                while let Some(r) = tasks.try_join_next() {
+                    failed_publishes += r.unwrap_or(0);
+                }
+            }
+            while let Some(r) = tasks.join_next().await {
+                failed_publishes += r.unwrap_or(0);
             }
             failed_publishes
         })
@@ -683,6 +844,11 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
     let mut log: Vec<Value> = Vec::new();
     let mut paused: Vec<(Instant, u32, u32)> = Vec::new(); // (resume at, slot, pid)
     let mut counts: HashMap<&'static str, u64> = HashMap::new();
+    // When each fault's effect may show (the server's clock, ns): from the fault to 10 s after
+    // it (a pause: after its end), for the latency split.
+    let mut windows: Vec<(u64, u64)> = Vec::new();
+    let since_start_ns = |start: Instant| start_unix_ns + start.elapsed().as_nanos() as u64;
+    const AFTER: u64 = 10_000_000_000;
     let mut next = 0usize;
     let stamp = |start: Instant| (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
     while Instant::now() < end || !paused.is_empty() {
@@ -711,13 +877,17 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
                     let old = fleet.kill(slot);
                     paused.retain(|p| p.1 != slot);
                     let new = fleet.spawn(slot)?;
+                    let at = since_start_ns(start);
+                    windows.push((at, at + AFTER));
                     log.push(json!({"t_s": stamp(start), "kind": kind.name(),
                         "target": format!("worker {slot} (pid {})", old.unwrap_or(0)),
                         "replacement_pid": new}));
                 }
                 FaultKind::RestartServer => {
                     let t0 = Instant::now();
+                    let at = since_start_ns(start);
                     server.restart().map_err(io("restart nats-server"))?;
+                    windows.push((at, since_start_ns(start) + AFTER));
                     log.push(json!({"t_s": stamp(start), "kind": kind.name(),
                         "target": format!("nats-server ({url})"),
                         "down_s": (t0.elapsed().as_secs_f64() * 1000.0).round() / 1000.0}));
@@ -726,6 +896,8 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
                     Some(pid) if !paused.iter().any(|p| p.1 == slot) => {
                         sig::send(pid, sig::STOP);
                         paused.push((Instant::now() + PAUSE, slot, pid));
+                        let at = since_start_ns(start);
+                        windows.push((at, at + PAUSE.as_nanos() as u64 + AFTER));
                         log.push(json!({"t_s": stamp(start), "kind": kind.name(),
                             "target": format!("worker {slot} (pid {pid})"),
                             "for_s": PAUSE.as_secs_f64()}));
@@ -749,6 +921,7 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
         .map_err(|_| SoakError::Timeout("the producer did not finish within 90 s".into()))?
         .unwrap_or(0);
     let produced = produced.load(Ordering::Acquire);
+    let acked = std::mem::take(&mut *acked.lock().unwrap_or_else(|p| p.into_inner()));
     let produce_s = start.elapsed().as_secs_f64();
     println!("soak: produced {produced} inputs in {produce_s:.1} s; waiting for the outputs");
 
@@ -803,7 +976,7 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
     fleet.stop_all(Duration::from_secs(15));
 
     // The verdict.
-    let report = tokio.block_on(verify(&js, &opts, partitions, produced))?;
+    let report = tokio.block_on(verify(&js, &opts, partitions, &acked, &windows))?;
     let mut workers_sum: HashMap<String, u64> = HashMap::new();
     let mut generations = 0;
     for entry in std::fs::read_dir(&dir)
@@ -827,6 +1000,8 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
     }
     let applied = workers_sum.get("applied").copied().unwrap_or(0);
     let pass = report.pass && drained;
+    let achieved_rate = produced as f64 / produce_s.max(1e-9);
+    let kept_up = pass && achieved_rate >= 0.95 * rate as f64 && settle_s <= 15.0;
     let doc = json!({
         "command": resident_bench::provenance::command(),
         "reproduce": resident_bench::provenance::cargo_command("resident-cli"),
@@ -836,7 +1011,8 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
         "load_after": resident_bench::provenance::load(),
         "nats_server": nats_version(),
         "setup": {
-            "seconds": secs, "seed": o.seed, "workers": o.workers, "rate_per_s": o.rate,
+            "seconds": secs, "seed": o.seed, "workers": o.workers, "rate_per_s": rate,
+            "producer_in_flight": o.in_flight,
             "keys": KEYS, "partitions": partitions, "storage": "file",
             "lease_s": LEASE.as_secs_f64(), "pause_s": PAUSE.as_secs_f64(),
             "checkpoint_interval_s": opts.checkpoint_interval.as_secs_f64(),
@@ -876,12 +1052,15 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
             "checkpoints_caught_up": drained,
         },
         "seconds": {"producing": produce_s, "settling": settle_s, "total": start.elapsed().as_secs_f64()},
+        "achieved_rate_per_s": achieved_rate,
+        "kept_up": kept_up,
+        "latency_ms": report.latency,
+        "latency_note": "input stored to its output stored, by the server's clock; during_faults: inputs stored from a fault's start to 10 s after it (a pause: after its end), outside: the rest",
         "verdict": if pass { "pass" } else { "fail" },
         "notes": report.notes,
     });
-    resident_bench::provenance::write_json(&out_path, &doc)?;
     println!(
-        "soak: {} inputs, {} outputs ({} duplicates deduplicated by id), faults: {} kills, {} server restarts, {} pauses; verdict {} -> {}",
+        "soak: {} inputs, {} outputs ({} duplicates deduplicated by id), faults: {} kills, {} server restarts, {} pauses; verdict {}; latency {}",
         report.inputs,
         report.outputs_distinct,
         report.duplicates_stored,
@@ -889,14 +1068,20 @@ fn run_inner(o: &Options) -> Result<bool, SoakError> {
         counts.get("restart_nats_server").copied().unwrap_or(0),
         counts.get("sigstop_worker").copied().unwrap_or(0),
         if pass { "PASS" } else { "FAIL" },
-        out_path.display()
+        report.latency
     );
     for n in &report.notes {
         println!("soak: {n}");
     }
     drop(fleet);
     drop(server);
-    Ok(pass)
+    Ok(Trial {
+        pass,
+        kept_up,
+        achieved_rate,
+        settle_s,
+        doc,
+    })
 }
 
 fn nats_version() -> String {
@@ -940,6 +1125,8 @@ struct Report {
     produced_missing: u64,
     state_mismatch: u64,
     notes: Vec<String>,
+    /// Input-to-output latency during faults and outside them.
+    latency: Value,
 }
 
 /// Reads the input stream (the log), replays it here, and checks the outputs and checkpoints.
@@ -947,7 +1134,8 @@ async fn verify(
     js: &jetstream::Context,
     opts: &KeyedOptions,
     partitions: u32,
-    produced: u64,
+    acked: &[u64],
+    windows: &[(u64, u64)],
 ) -> Result<Report, SoakError> {
     let inputs = read_all(js, "SOAK", "soak.p.*").await?;
     let outputs = read_all(js, "SOAK_OUT", "soak.out").await?;
@@ -956,8 +1144,16 @@ async fn verify(
     // The replay: stream order is each partition's order, so each key's order.
     let mut states = vec![FoldState::default(); KEYS as usize];
     let mut expected: HashMap<String, FoldOutput> = HashMap::with_capacity(inputs.len());
+    let mut stored_at: HashMap<&str, u64> = HashMap::with_capacity(inputs.len());
     let mut ns = std::collections::HashSet::with_capacity(inputs.len());
-    for (_, id, payload) in &inputs {
+    for Stored {
+        id,
+        payload,
+        published_ns,
+        ..
+    } in &inputs
+    {
+        stored_at.insert(id.as_str(), *published_ns);
         if payload.len() != std::mem::size_of::<FoldInput>() {
             notes.push(format!("input {id} has {} bytes", payload.len()));
             continue;
@@ -981,7 +1177,7 @@ async fn verify(
             notes.push(format!("input id {id} stored twice in the input stream"));
         }
     }
-    let produced_missing = (0..produced).filter(|n| !ns.contains(n)).count() as u64;
+    let produced_missing = acked.iter().filter(|n| !ns.contains(n)).count() as u64;
     if produced_missing > 0 {
         notes.push(format!(
             "{produced_missing} inputs acknowledged to the producer are not in the stream"
@@ -989,7 +1185,14 @@ async fn verify(
     }
     let mut seen: HashMap<&str, FoldOutput> = HashMap::with_capacity(outputs.len());
     let (mut wrong, mut unknown, mut dups) = (0u64, 0u64, 0u64);
-    for (_, id, payload) in &outputs {
+    let (mut during, mut outside) = (Vec::new(), Vec::new());
+    for Stored {
+        id,
+        payload,
+        published_ns,
+        ..
+    } in &outputs
+    {
         let Some(want) = expected.get(id) else {
             unknown += 1;
             continue;
@@ -1008,8 +1211,18 @@ async fn verify(
         }
         if seen.insert(id.as_str(), got).is_some() {
             dups += 1;
+        } else if let Some(&t_in) = stored_at.get(id.as_str()) {
+            // The first output of each input: its latency, split by when its input came.
+            let ns = published_ns.saturating_sub(t_in);
+            if windows.iter().any(|&(a, b)| t_in >= a && t_in <= b) {
+                during.push(ns);
+            } else {
+                outside.push(ns);
+            }
         }
     }
+    let latency = json!({"during_faults": latency_summary(&mut during),
+                         "outside_faults": latency_summary(&mut outside)});
     let missing = expected
         .keys()
         .filter(|id| !seen.contains_key(id.as_str()))
@@ -1068,5 +1281,16 @@ async fn verify(
         produced_missing,
         state_mismatch,
         notes,
+        latency,
     })
+}
+
+/// `{count, p50, p99, max}` in milliseconds of `ns` (nearest-rank quantiles).
+fn latency_summary(ns: &mut [u64]) -> Value {
+    ns.sort_unstable();
+    let ms = |v: Option<u64>| v.map(|v| (v as f64 / 1e4).round() / 100.0);
+    json!({"count": ns.len(),
+           "p50": ms(resident_bench::stats::quantile(ns, 0.5)),
+           "p99": ms(resident_bench::stats::quantile(ns, 0.99)),
+           "max": ms(ns.last().copied())})
 }
