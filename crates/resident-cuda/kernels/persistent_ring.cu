@@ -287,31 +287,24 @@ __device__ __forceinline__ unsigned long long resident_now_ns() {
 }
 #endif
 
-// Copies one slot out of queue memory into thread-private memory.
-// Independent loads (one bus round trip for all); 16-byte ones where the slot is aligned.
-template <typename S>
+// Copies one slot into thread-private memory: from queue memory (system-scope loads, a bus
+// round trip on a GPU) or, with DEV, from a bulk lane's device ring (device memory: L2).
+// Independent loads (one round trip for all); 16-byte ones where the slot is aligned.
+template <bool DEV = false, typename S>
 __device__ __forceinline__ void resident_copy_in(S* dst, const S* src) {
     unsigned long long* d = (unsigned long long*)dst;
     const unsigned long long* s = (const unsigned long long*)src;
     if (sizeof(S) % 16 == 0 && (((unsigned long long)src) & 15ull) == 0) {
 #pragma unroll 4
-        for (unsigned int i = 0; i < sizeof(S) / 8; i += 2) resident_ld_relaxed_v2_u64(s + i, &d[i], &d[i + 1]);
+        for (unsigned int i = 0; i < sizeof(S) / 8; i += 2) {
+            if (DEV)
+                resident_ld_dev_v2_u64(s + i, &d[i], &d[i + 1]);
+            else
+                resident_ld_relaxed_v2_u64(s + i, &d[i], &d[i + 1]);
+        }
     } else {
 #pragma unroll 4
-        for (unsigned int i = 0; i < sizeof(S) / 8; ++i) d[i] = resident_ld_relaxed_u64(s + i);
-    }
-}
-
-// Copies one slot of a bulk lane's device ring into thread-private memory (device memory: L2).
-__device__ __forceinline__ void resident_copy_in_dev(InSlot* dst, const InSlot* src) {
-    unsigned long long* d = (unsigned long long*)dst;
-    const unsigned long long* s = (const unsigned long long*)src;
-    if (sizeof(InSlot) % 16 == 0 && (((unsigned long long)src) & 15ull) == 0) {
-#pragma unroll 4
-        for (unsigned int i = 0; i < sizeof(InSlot) / 8; i += 2) resident_ld_dev_v2_u64(s + i, &d[i], &d[i + 1]);
-    } else {
-#pragma unroll 4
-        for (unsigned int i = 0; i < sizeof(InSlot) / 8; ++i) d[i] = resident_ld_dev_u64(s + i);
+        for (unsigned int i = 0; i < sizeof(S) / 8; ++i) d[i] = DEV ? resident_ld_dev_u64(s + i) : resident_ld_relaxed_u64(s + i);
     }
 }
 
@@ -1058,7 +1051,7 @@ extern "C" __global__ void __launch_bounds__(RESIDENT_BATCH, 1) resident_persist
                 if (l == RESIDENT_PEER) {
                     resident_copy_in(&in, resident_in_slots(s_peer_ring) + ((s_head[l] + rem) & (unsigned long long)(s_peer_cap - 1)));
                 } else if (((s_bulk_mask >> l) & 1u) != 0u) {
-                    resident_copy_in_dev(&in, (const InSlot*)p.bulk_slots[l] + ((s_head[l] + rem) & (unsigned long long)(p.lane_capacity - 1)));
+                    resident_copy_in<true>(&in, (const InSlot*)p.bulk_slots[l] + ((s_head[l] + rem) & (unsigned long long)(p.lane_capacity - 1)));
                 } else if (((s_fast_mask >> l) & 1u) != 0u) {
                     // The poll's staged slot (its one slot of the batch: rem is 0).
                     for (unsigned int g = 0; g < W; ++g) mine[g] = s_fast[l * W + g];

@@ -193,6 +193,22 @@ int main() {
     });
     std::thread producer([&] {
         unsigned long long tails[LANES] = {0, 0, 0, 0};
+        // One message on lane l's LL path: room from an acquire of the device's head (its reads
+        // of the old slot happened before), the slot, then the tail with a release store.
+        auto ll_send = [&](unsigned l, unsigned long long id, unsigned char prio, unsigned long long dl2) {
+            Ring& r = lanes[l];
+            while (tails[l] - load_acq(&r.hdr->head) >= r.cap) {
+                if (resident_sim::now_ns() > dl2) fail("lane never drained", l, tails[l]);
+                std::this_thread::yield();
+            }
+            InSlot s{};
+            s.env.message_id = id;
+            s.env.priority = prio;
+            s.env.timestamp_ns = id * 10;
+            s.payload = (ResidentIn)id;
+            ll_write(r, tails[l], s);
+            store_rel(&r.hdr->tail, ++tails[l]);
+        };
 #ifdef DRV_BULK
         unsigned long long btails[LANES] = {0, 0, 0, 0};
         unsigned long long id = 1;
@@ -237,38 +253,12 @@ int main() {
                 id += len;
                 continue;
             }
-            for (unsigned long long k = 0; k < len; ++k, ++id) {
-                while (tails[l] - load_acq(&r.hdr->head) >= r.cap) {
-                    if (resident_sim::now_ns() > dl2) fail("lane never drained", l, tails[l]);
-                    std::this_thread::yield();
-                }
-                InSlot s{};
-                s.env.message_id = id;
-                s.env.priority = prio;
-                s.env.timestamp_ns = id * 10;
-                s.payload = (ResidentIn)id;
-                ll_write(r, tails[l], s);
-                store_rel(&r.hdr->tail, ++tails[l]);
-            }
+            for (unsigned long long k = 0; k < len; ++k, ++id) ll_send(l, id, prio, dl2);
         }
 #else
         for (unsigned long long id = 1; id <= N; ++id) {
             unsigned char prio = (unsigned char)((id * 2654435761ull) >> 8);
-            unsigned l = (unsigned)prio * LANES >> 8;
-            Ring& r = lanes[l];
-            unsigned long long dl2 = deadline_ns(120);
-            // Room: acquire of the device's head (its reads of the old slot happened before).
-            while (tails[l] - load_acq(&r.hdr->head) >= r.cap) {
-                if (resident_sim::now_ns() > dl2) fail("lane never drained", l, tails[l]);
-                std::this_thread::yield();
-            }
-            InSlot s{};
-            s.env.message_id = id;
-            s.env.priority = prio;
-            s.env.timestamp_ns = id * 10;
-            s.payload = (ResidentIn)id;
-            ll_write(r, tails[l], s);
-            store_rel(&r.hdr->tail, ++tails[l]);
+            ll_send((unsigned)prio * LANES >> 8, id, prio, deadline_ns(120));
         }
 #endif
     });
