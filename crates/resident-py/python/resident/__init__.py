@@ -61,7 +61,7 @@ from .runtime import (
     get_loop_info,
 )
 from . import kernel  # the module, callable: PyDotCompute's ``@kernel`` (see kernel.py)
-from .decorators import NumbaKernel, gpu_kernel
+from .numba_kernels import NumbaKernel, gpu_kernel
 from .orchestrator import ComputeOrchestrator, KernelExecution, KernelLaunchConfig
 
 __version__ = _resident.__version__

@@ -508,12 +508,12 @@ def _abandon(keys: Iterable[Any], grace: float = 0.1) -> None:
 
 class _KernelModule(types.ModuleType):
     """This module is also PyDotCompute's top-level ``kernel`` decorator (``from resident
-    import kernel``; ``@kernel(block=(256,))``): calling it calls ``resident.decorators.kernel``
+    import kernel``; ``@kernel(block=(256,))``): calling it calls ``resident.numba_kernels.kernel``
     (a Numba-compiled function), while its names (``KernelContext``, ``KernelAbandoned``, ...)
     stay where they are."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from .decorators import kernel
+        from .numba_kernels import kernel
 
         return kernel(*args, **kwargs)
 

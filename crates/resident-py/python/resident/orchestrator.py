@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from .accelerator import Accelerator, get_accelerator
-from .decorators import NumbaKernel
+from .numba_kernels import NumbaKernel
 from .errors import InvalidConfigError, KernelNotFoundError
 from .memory import MemoryPool, get_memory_pool
 from .runtime import _in_thread
