@@ -168,22 +168,28 @@ fn thread_sanitizer_reports_the_old_s_cmd_race() {
 /// while the kernel runs (and parks, and runs again), a copy-engine thread copies staging into
 /// the device rings and releases the bulk tails; every message exactly once, FIFO per lane,
 /// and no race report between the copies, the kernel's device-ring reads and its head stores.
+/// Twice: runs of 16 or more by the bulk path (as `auto`), and every message by it (as `on`);
+/// the LL-only driver above is `off`.
 #[test]
 fn bulk_lanes_are_clean_under_thread_sanitizer() {
     let dir = work_dir("bulk");
-    let driver = format!("#define DRV_BULK 1\n{DRIVER}");
-    for &batch in &[32u32, 256] {
+    for (mode, threshold, batch) in [("auto", 16u32, 32u32), ("auto", 16, 256), ("on", 1, 256)] {
+        let driver =
+            format!("#define DRV_BULK 1\n#define DRV_BULK_THRESHOLD {threshold}\n{DRIVER}");
         let rendered = source(batch).render().unwrap();
-        let Some((ok, stdout, stderr)) =
-            build_and_run_with(&dir, &format!("tsan_bulk_{batch}"), &rendered, &driver)
-        else {
+        let Some((ok, stdout, stderr)) = build_and_run_with(
+            &dir,
+            &format!("tsan_bulk_{mode}_{batch}"),
+            &rendered,
+            &driver,
+        ) else {
             return;
         };
         assert!(
             ok && !stderr.contains("ThreadSanitizer") && stdout.contains("bulk path:"),
-            "batch {batch}:\n{stdout}\n{stderr}"
+            "{mode}, batch {batch}:\n{stdout}\n{stderr}"
         );
-        println!("batch {batch}: {}", stdout.trim());
+        println!("{mode}, batch {batch}: {}", stdout.trim());
     }
     finish(&dir);
 }

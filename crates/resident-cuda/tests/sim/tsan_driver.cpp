@@ -76,6 +76,10 @@ void ll_write(Ring& r, unsigned long long pos, const InSlot& s) {
 unsigned long long deadline_ns(unsigned long long s) { return resident_sim::now_ns() + s * 1000000000ull; }
 
 #ifdef DRV_BULK
+// Runs this long or longer take the bulk path (1: every message, as RESIDENT_BULK_LANE=on).
+#ifndef DRV_BULK_THRESHOLD
+#define DRV_BULK_THRESHOLD 16
+#endif
 // The copy engine: jobs in order, each a copy of `n` slots (at most two ranges, the ring may
 // wrap) and then the release store of a lane's bulk tail.
 struct CopyJob {
@@ -221,7 +225,7 @@ int main() {
             Ring& r = lanes[l];
             unsigned long long dl2 = deadline_ns(120);
             const bool bulk_pending = btails[l] != load_acq(&bulk_heads[l]);
-            if (len >= 16 || bulk_pending) {
+            if (len >= DRV_BULK_THRESHOLD || bulk_pending) {
                 // The bulk path: the LL path drained first (its head covers its tail), room in
                 // the ring, the staging slots written, then one job.
                 while (load_acq(&r.hdr->head) != tails[l] || btails[l] + len - load_acq(&bulk_heads[l]) > LANE_CAP) {
@@ -321,7 +325,11 @@ int main() {
         engine.cv.notify_one();
     }
     copier.join();
+#if DRV_BULK_THRESHOLD == 1
+    if (bulk_sent != N) fail("every message must take the bulk path", bulk_sent, N);
+#else
     if (bulk_sent == 0 || bulk_sent == N) fail("both paths must carry messages", bulk_sent, N);
+#endif
     std::printf("bulk path: %llu of %llu messages\n", bulk_sent, N);
 #endif
     std::printf("ok: %llu messages, %llu batches, batch size %d\n", N,
