@@ -41,7 +41,7 @@
 //! head has passed `p`: the kernel read `p` from the device ring after the bulk tail covering it,
 //! which the memory operation wrote after the copy of `p` finished. So one index, the head, says
 //! both that the device ring's slot and the staging slot are free, and the staging ring still
-//! holds every message the kernel has not taken: [`BulkLane::reclaim`] takes them from there.
+//! holds every message the kernel has not taken: [`BulkLanes::reclaim`] takes them from there.
 
 use core::marker::PhantomData;
 use core::mem::size_of;
@@ -507,7 +507,8 @@ impl<In: Pod> BulkLanes<In> {
     /// Takes back lane `l`'s untaken messages, in order.
     ///
     /// # Safety
-    /// As [`BulkLane::reclaim`]: the kernel has stopped reading the lanes for good.
+    /// The kernel must have stopped reading the lanes for good (it exited, or its thread or
+    /// launch is gone): the host then plays its part.
     pub unsafe fn reclaim(&mut self, l: usize) -> Vec<Slot<In>> {
         // SAFETY: this function's contract.
         unsafe { self.lanes[l].reclaim() }
