@@ -21,7 +21,7 @@ use crate::runtime::host::RingHost;
 use crate::runtime::io::KernelIo;
 pub use crate::runtime::io::StateSnapshot;
 use crate::runtime::publisher::Publisher;
-use crate::runtime::state::Failure;
+use crate::state::Failure;
 
 /// Counters a device kernel keeps about itself.
 #[derive(Clone, Copy, Debug, Default)]
