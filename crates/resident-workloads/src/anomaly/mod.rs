@@ -227,7 +227,7 @@ pub fn kernel(
         // batch's work is linear in its size (the guide's keyed chapter), and fewer, larger
         // batches measured best (bench/results/anomaly-wgpu-keyed-on-2026-11-26.json).
         BackendKind::Cpu | BackendKind::Wgpu => resident::runtime::keyed::KEYED_BATCH,
-        kind => crate::device::batch_size(kind, 1024),
+        kind => crate::batch_size(kind, 1024),
     };
     Ok(RingKernel::<ReadingMsg, AlertMsg>::new(id)
         .queue_size(QUEUE)
@@ -457,7 +457,7 @@ pub fn read_stats(
 /// micro-batches; every micro-batch uploads them and its readings into `UnifiedBuffer`s, runs
 /// one one-shot kernel and downloads the statistics and scores again. On the CPU that kernel
 /// is [`run_stateless_cpu`]'s closure; on CUDA and CudaSim the CUDA C kernel of
-/// [`crate::device::cuda`]; on wgpu the WGSL kernel of [`crate::device::wgsl`].
+/// [`run_stateless_cuda`]; on wgpu the WGSL kernel of [`run_stateless_wgpu`].
 pub fn run_stateless(
     device: &DeviceHandle,
     r: &SlottedReadings,
