@@ -57,9 +57,21 @@ resident::ring::device_message! {
 /// Scores `x` against `s`, folds it in, and returns `Some(z)` when it is an anomaly.
 #[inline]
 pub fn observe(s: &mut SensorStats, x: f64) -> Option<f64> {
+    match score_and_fold(s, x) {
+        (z, true) => z,
+        _ => None,
+    }
+}
+
+/// Scores `x` against `s` and folds it in, as [`observe`] does, for a caller that needs the
+/// score of every reading (the NATS demo answers each one): the z-score against the
+/// statistics before `x` (`None` on the sensor's first reading and while `v = 0`), and
+/// whether `x` is an anomaly.
+#[inline]
+pub fn score_and_fold(s: &mut SensorStats, x: f64) -> (Option<f64>, bool) {
     if s.n == 0 {
         *s = SensorStats { m: x, v: 0.0, n: 1 };
-        return None;
+        return (None, false);
     }
     let z = (s.v > 0.0).then(|| (x - s.m).abs() / s.v.sqrt());
     let d = x - s.m;
@@ -67,7 +79,7 @@ pub fn observe(s: &mut SensorStats, x: f64) -> Option<f64> {
     s.v = (1.0 - ALPHA) * (s.v + ALPHA * d * d);
     let prior = s.n;
     s.n += 1;
-    z.filter(|&z| z > Z_THRESHOLD && prior >= WARMUP)
+    (z, z.is_some_and(|z| z > Z_THRESHOLD && prior >= WARMUP))
 }
 
 /// One anomaly.
