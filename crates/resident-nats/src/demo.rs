@@ -245,7 +245,8 @@ pub struct DemoOptions {
     /// Messages per input lane (and the in-flight limit the server uses).
     pub queue_size: usize,
     /// Simulated device time per message (0 = none): makes a slow kernel for tests of
-    /// backpressure and of a worker dying with messages in flight.
+    /// backpressure and of a worker dying with messages in flight (the CPU handlers: the
+    /// anomaly kernel, and the pipeline's normalizer where it runs on the CPU).
     pub delay: Duration,
 }
 
@@ -309,7 +310,9 @@ pub struct Pipeline {
 impl Pipeline {
     /// Launches `<prefix>-normalizer` and `<prefix>-scorer` on `rt`, activated: the pipeline
     /// workload's kernels ([`pipeline::normalizer`], [`pipeline::scorer`]) with the demo's
-    /// queue size and backpressure.
+    /// queue size and backpressure. Like every workload kernel they run where `rt` runs
+    /// device kernels (the workload's CUDA C on CUDA and CudaSim, in f64; its WGSL on wgpu, in
+    /// f32) and on the CPU otherwise; `opts.delay` slows the CPU normalizer only.
     pub fn launch(rt: &Runtime, prefix: &str, opts: DemoOptions) -> resident::Result<Pipeline> {
         let scorer_id = format!("{prefix}-scorer");
         // Under Block backpressure a full scorer queue makes the normalizer wait for room; if
