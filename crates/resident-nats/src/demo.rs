@@ -1,17 +1,20 @@
 //! The two demo workloads that `resident serve --demo` puts on NATS, as ring kernels, with
-//! their JSON wire types. Definitions follow the workloads issue exactly:
+//! their JSON wire types. The definitions are `resident-workloads`' (issue 11), not a copy:
 //!
-//! * **pipeline**: a normalizer kernel (clamp to 0..100, scale to [0, 1]) sends kernel to
-//!   kernel (`ctx.send_to`) to a scorer kernel (x^2; `low` below 0.3, `medium` below 0.7,
-//!   else `high`). A reply cannot come back through `call` across two kernels (the scorer's
-//!   output correlates with the normalizer's `send_to`, not with the caller), so
-//!   [`Pipeline`] is the call-equivalent: it tags each input, sends it to the normalizer, and
-//!   one collector thread routes the scorer's outputs back to their callers by tag.
-//! * **anomaly**: one kernel keeps per-sensor EWMA statistics (a = 0.01) in its state: the
-//!   first reading sets m = x, v = 0; every later reading is scored z = |x - m| / sqrt(v)
-//!   (z = 0 and no anomaly while v = 0), then folded in: d = x - m; m += a d;
-//!   v = (1 - a)(v + a d^2). Anomaly when z > 4.0 and the sensor had already seen at least 100
-//!   readings before this one.
+//! * **pipeline**: the pipeline workload's two kernels ([`pipeline::normalizer`] and
+//!   [`pipeline::scorer`]): the normalizer (clamp to 0..100, scale to [0, 1]) forwards kernel
+//!   to kernel to the scorer (x^2; `low` below 0.3, `medium` below 0.7, else `high`). A reply
+//!   cannot come back through `call` across two kernels (the scorer's output correlates with
+//!   the normalizer's output, not with the caller), so [`Pipeline`] is the call-equivalent: it
+//!   tags each input (the workload's `seq`), sends it to the normalizer, and one collector
+//!   thread routes the scorer's outputs back to their callers by tag.
+//! * **anomaly**: one kernel keeps per-sensor EWMA statistics (a = 0.01) in its state, folded
+//!   by the anomaly workload's [`anomaly::score_and_fold`]: the first reading sets m = x,
+//!   v = 0; every later reading is scored z = |x - m| / sqrt(v) (z = 0 and no anomaly while
+//!   v = 0), then folded in: d = x - m; m += a d; v = (1 - a)(v + a d^2). Anomaly when z > 4.0
+//!   and the sensor had already seen at least 100 readings before this one. The workload's own
+//!   kernel is keyed over dense sensor slots and answers anomalies only; served over NATS every
+//!   reading needs its verdict, and sensors are any `u32`, so this kernel is the demo's own.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,28 +26,24 @@ use std::time::{Duration, Instant};
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
 use resident::prelude::*;
+use resident_workloads::pipeline::{Normalized, Raw, Scored};
+use resident_workloads::{anomaly, pipeline};
 use serde::{Deserialize, Serialize};
 
 use crate::service::Service;
 
 /// EWMA weight of the anomaly detector.
-pub const ANOMALY_ALPHA: f64 = 0.01;
+pub const ANOMALY_ALPHA: f64 = anomaly::ALPHA;
 /// z above which a reading is an anomaly.
-pub const ANOMALY_Z: f64 = 4.0;
+pub const ANOMALY_Z: f64 = anomaly::Z_THRESHOLD;
 /// Readings a sensor must have seen before one of its readings can be an anomaly.
-pub const ANOMALY_WARMUP: u64 = 100;
+pub const ANOMALY_WARMUP: u64 = anomaly::WARMUP;
 
 // ---------------------------------------------------------------------------------------------
-// Reference definitions (plain f64), used by the kernels and by the tests.
+// Reference definitions (plain f64; the workloads'), used by the kernels and by the tests.
 
 /// The normalizer: clamp to 0..100, scale to [0, 1]. NaN becomes 0.
-pub fn normalize(value: f64) -> f64 {
-    if value.is_nan() {
-        0.0
-    } else {
-        value.clamp(0.0, 100.0) / 100.0
-    }
-}
+pub use resident_workloads::pipeline::normalize;
 
 /// The scorer's class of a normalized value's score.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,50 +57,34 @@ pub enum Class {
     High,
 }
 
+impl Class {
+    /// The class of the pipeline workload's `level` ([`pipeline::LOW`], `MEDIUM`, `HIGH`).
+    fn of_level(level: u32) -> Class {
+        match level {
+            pipeline::LOW => Class::Low,
+            pipeline::MEDIUM => Class::Medium,
+            _ => Class::High,
+        }
+    }
+}
+
 /// The scorer: score = x^2 and its class.
 pub fn score(x: f64) -> (f64, Class) {
-    let s = x * x;
-    let class = if s < 0.3 {
-        Class::Low
-    } else if s < 0.7 {
-        Class::Medium
-    } else {
-        Class::High
-    };
-    (s, class)
+    let (s, level) = pipeline::score(x);
+    (s, Class::of_level(level))
 }
 
-/// Per-sensor EWMA statistics.
+/// Per-sensor EWMA statistics: the anomaly workload's ([`anomaly::SensorStats`]: mean `m`,
+/// variance `v`, readings seen `n`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct SensorStats {
-    /// Readings seen.
-    pub count: u64,
-    /// Mean.
-    pub m: f64,
-    /// Variance.
-    pub v: f64,
-}
+pub struct SensorStats(pub anomaly::SensorStats);
 
 impl SensorStats {
-    /// Scores `x` against the statistics so far, then folds it in. Returns (anomaly, z).
+    /// Scores `x` against the statistics so far, then folds it in. Returns (anomaly, z), z = 0
+    /// on the sensor's first reading and while its variance is 0.
     pub fn observe(&mut self, x: f64) -> (bool, f64) {
-        if self.count == 0 {
-            self.count = 1;
-            self.m = x;
-            self.v = 0.0;
-            return (false, 0.0);
-        }
-        let z = if self.v > 0.0 {
-            (x - self.m).abs() / self.v.sqrt()
-        } else {
-            0.0
-        };
-        let anomaly = self.v > 0.0 && z > ANOMALY_Z && self.count >= ANOMALY_WARMUP;
-        let d = x - self.m;
-        self.m += ANOMALY_ALPHA * d;
-        self.v = (1.0 - ANOMALY_ALPHA) * (self.v + ANOMALY_ALPHA * d * d);
-        self.count += 1;
-        (anomaly, z)
+        let (z, anomaly) = anomaly::score_and_fold(&mut self.0, x);
+        (anomaly, z.unwrap_or(0.0))
     }
 }
 
@@ -115,16 +98,6 @@ pub struct PipelineIn {
     /// The reading, any number (clamped by the normalizer).
     pub value: f64,
     /// Set by [`Pipeline::call`]; callers leave it 0.
-    pub tag: u64,
-}
-
-/// Normalizer -> scorer.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
-pub struct Normalized {
-    /// In [0, 1].
-    pub x: f64,
-    /// The input's tag.
     pub tag: u64,
 }
 
@@ -164,14 +137,6 @@ pub struct Verdict {
     pub anomaly: u32,
     /// Padding (0).
     pub _pad: u32,
-}
-
-fn class_code(c: Class) -> u32 {
-    match c {
-        Class::Low => 0,
-        Class::Medium => 1,
-        Class::High => 2,
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -226,11 +191,28 @@ impl From<PipelineOut> for PipelineReply {
     fn from(o: PipelineOut) -> Self {
         PipelineReply {
             score: o.score,
-            class: match o.class {
-                0 => Class::Low,
-                1 => Class::Medium,
-                _ => Class::High,
-            },
+            class: Class::of_level(o.class),
+        }
+    }
+}
+
+impl From<PipelineIn> for Raw {
+    /// The tag travels through both kernels as the workload's `seq`.
+    fn from(m: PipelineIn) -> Self {
+        Raw {
+            seq: m.tag,
+            value: m.value,
+        }
+    }
+}
+
+impl From<Scored> for PipelineOut {
+    fn from(s: Scored) -> Self {
+        PipelineOut {
+            score: s.score,
+            class: s.level,
+            _pad: 0,
+            tag: s.seq,
         }
     }
 }
@@ -263,7 +245,8 @@ pub struct DemoOptions {
     /// Messages per input lane (and the in-flight limit the server uses).
     pub queue_size: usize,
     /// Simulated device time per message (0 = none): makes a slow kernel for tests of
-    /// backpressure and of a worker dying with messages in flight.
+    /// backpressure and of a worker dying with messages in flight (the CPU handlers: the
+    /// anomaly kernel, and the pipeline's normalizer where it runs on the CPU).
     pub delay: Duration,
 }
 
@@ -311,11 +294,12 @@ pub fn launch_anomaly(
 }
 
 /// The two-kernel pipeline as a [`Service`]: `call` tags the input, sends it to the normalizer
-/// kernel, which sends (kernel to kernel) to the scorer kernel; a collector thread takes the
-/// scorer's outputs and hands each to the caller waiting for its tag.
+/// kernel, whose outputs the runtime forwards (kernel to kernel) to the scorer kernel; a
+/// collector thread takes the scorer's outputs and hands each to the caller waiting for its
+/// tag.
 pub struct Pipeline {
-    normalizer: KernelHandle<PipelineIn, Normalized>,
-    scorer: KernelHandle<Normalized, PipelineOut>,
+    normalizer: KernelHandle<Raw, Normalized>,
+    scorer: KernelHandle<Normalized, Scored>,
     waiters: Arc<Mutex<HashMap<u64, SyncSender<PipelineOut>>>>,
     next_tag: AtomicU64,
     stop: Arc<AtomicBool>,
@@ -324,45 +308,36 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Launches `<prefix>-normalizer` and `<prefix>-scorer` on `rt`, activated.
+    /// Launches `<prefix>-normalizer` and `<prefix>-scorer` on `rt`, activated: the pipeline
+    /// workload's kernels ([`pipeline::normalizer`], [`pipeline::scorer`]) with the demo's
+    /// queue size and backpressure. Like every workload kernel they run where `rt` runs
+    /// device kernels (the workload's CUDA C on CUDA and CudaSim, in f64; its WGSL on wgpu, in
+    /// f32) and on the CPU otherwise; `opts.delay` slows the CPU normalizer only.
     pub fn launch(rt: &Runtime, prefix: &str, opts: DemoOptions) -> resident::Result<Pipeline> {
         let scorer_id = format!("{prefix}-scorer");
-        let delay = opts.delay;
+        // Under Block backpressure a full scorer queue makes the normalizer wait for room; if
+        // it still fails the caller's wait times out (a typed Timeout), nothing panics.
+        let block = Backpressure::Block(Duration::from_secs(1));
         let scorer = rt.launch(
-            RingKernel::<Normalized, PipelineOut>::new(scorer_id.clone())
+            pipeline::scorer(&scorer_id)
                 .queue_size(opts.queue_size)
-                .backpressure(Backpressure::Block(Duration::from_secs(1)))
-                .handler(move |_ctx: &mut Context<()>, n: Normalized| {
-                    let (s, c) = score(n.x);
-                    Some(PipelineOut {
-                        score: s,
-                        class: class_code(c),
-                        _pad: 0,
-                        tag: n.tag,
-                    })
-                }),
+                .backpressure(block),
         )?;
-        let normalizer = rt.launch(
-            RingKernel::<PipelineIn, Normalized>::new(format!("{prefix}-normalizer"))
-                .queue_size(opts.queue_size)
-                .backpressure(Backpressure::Block(Duration::from_secs(1)))
-                .handler(move |ctx: &mut Context<()>, m: PipelineIn| {
-                    if !delay.is_zero() {
-                        std::thread::sleep(delay);
-                    }
-                    let n = Normalized {
-                        x: normalize(m.value),
-                        tag: m.tag,
-                    };
-                    // Under Block backpressure this waits for room in the scorer's queue; if
-                    // it still fails the caller's wait times out (a typed Timeout), nothing
-                    // panics.
-                    if let Err(e) = ctx.send_to(&scorer_id, n) {
-                        tracing::warn!(error = %e, "normalizer -> scorer send failed");
-                    }
-                    None
-                }),
-        )?;
+        let mut normalizer = pipeline::normalizer(&format!("{prefix}-normalizer"), &scorer_id)
+            .queue_size(opts.queue_size)
+            .backpressure(block);
+        let delay = opts.delay;
+        if !delay.is_zero() {
+            // The slow kernel of the tests: the workload's normalizer, after the delay.
+            normalizer = normalizer.handler(move |_ctx: &mut Context<()>, r: Raw| {
+                std::thread::sleep(delay);
+                Some(Normalized {
+                    seq: r.seq,
+                    x: normalize(r.value),
+                })
+            });
+        }
+        let normalizer = rt.launch(normalizer)?;
         scorer.activate()?;
         normalizer.activate()?;
         let waiters: Arc<Mutex<HashMap<u64, SyncSender<PipelineOut>>>> = Default::default();
@@ -378,9 +353,9 @@ impl Pipeline {
                     // `stop` is set or the scorer is gone.
                     while !stop.load(Ordering::Acquire) {
                         match scorer.receive(Duration::from_millis(50)) {
-                            Ok(out) => match waiters.lock().remove(&out.tag) {
+                            Ok(scored) => match waiters.lock().remove(&scored.seq) {
                                 Some(tx) => {
-                                    let _ = tx.try_send(out);
+                                    let _ = tx.try_send(PipelineOut::from(scored));
                                 }
                                 None => {
                                     late.fetch_add(1, Ordering::Relaxed);
@@ -408,12 +383,12 @@ impl Pipeline {
     }
 
     /// The normalizer kernel (first stage).
-    pub fn normalizer(&self) -> &KernelHandle<PipelineIn, Normalized> {
+    pub fn normalizer(&self) -> &KernelHandle<Raw, Normalized> {
         &self.normalizer
     }
 
     /// The scorer kernel (second stage).
-    pub fn scorer(&self) -> &KernelHandle<Normalized, PipelineOut> {
+    pub fn scorer(&self) -> &KernelHandle<Normalized, Scored> {
         &self.scorer
     }
 
@@ -455,7 +430,7 @@ impl Pipeline {
         msg.tag = tag;
         let (tx, rx) = sync_channel(1);
         self.waiters.lock().insert(tag, tx);
-        if let Err(e) = self.normalizer.send(msg) {
+        if let Err(e) = self.normalizer.send(Raw::from(msg)) {
             self.waiters.lock().remove(&tag);
             return Err(e);
         }
@@ -693,6 +668,30 @@ mod tests {
         assert_eq!(outs.len(), values.len());
         for (out, &value) in outs.into_iter().zip(&values) {
             assert_eq!(out.unwrap().score, score(normalize(value)).0);
+        }
+        assert_eq!(p.late_outputs(), 0);
+    }
+
+    /// With a delay the normalizer is the demo's slow kernel, and still the workload's
+    /// normalizer: the same answers, in order.
+    #[test]
+    fn pipeline_with_a_delay_answers_as_without() {
+        let rt = Runtime::builder().backend(Backend::Cpu).build().unwrap();
+        let opts = DemoOptions {
+            delay: Duration::from_millis(1),
+            ..DemoOptions::default()
+        };
+        let p = Pipeline::launch(&rt, "pd", opts).unwrap();
+        let values = [-1.0, 30.0, 54.8, 83.7, f64::NAN];
+        let msgs = values
+            .iter()
+            .map(|&value| PipelineIn { value, tag: 0 })
+            .collect();
+        let outs = p.call_batch(msgs, Duration::from_secs(5));
+        for (out, &value) in outs.into_iter().zip(&values) {
+            let reply = PipelineReply::from(out.unwrap());
+            let (score, class) = score(normalize(value));
+            assert_eq!(reply, PipelineReply { score, class }, "value {value}");
         }
         assert_eq!(p.late_outputs(), 0);
     }

@@ -16,8 +16,8 @@
 //!
 //! Each workload is one folder: its Rust, its CUDA C (`.cu`, run on a GPU through NVRTC and on
 //! CudaSim) and its WGSL (`.wgsl`), with the handler builders beside the message types they
-//! use. [`device`] is the index of every device source and handler, and holds what is shared:
-//! the batch size per device kind.
+//! use. [`device`] is the index of every device source and handler; what the workloads share
+//! per device kind (the batch size, [`batch_size`], and the arithmetic, [`Precision`]) is here.
 #![deny(missing_docs)]
 
 pub mod anomaly;
@@ -51,5 +51,32 @@ impl Precision {
             BackendKind::Wgpu => Precision::F32,
             _ => Precision::F64,
         }
+    }
+}
+
+/// Threads CudaSim gives a batch at most: the template runs one thread per message of a batch,
+/// and on CudaSim every thread is an OS thread (a block of 1024 on two cores spends its time in
+/// the scheduler, not in the handler).
+pub const CUDASIM_MAX_BATCH: usize = 64;
+
+/// The device kind a runtime of `backend` launches its device kernels on (`Auto` and the CPU:
+/// the CPU; `Auto` picks a GPU only when one is present, which these workloads then treat
+/// like CUDA).
+pub fn kind_of(backend: resident::prelude::Backend) -> BackendKind {
+    use resident::prelude::Backend;
+    match backend {
+        Backend::Cuda => BackendKind::Cuda,
+        Backend::CudaSim => BackendKind::CudaSim,
+        Backend::Wgpu => BackendKind::Wgpu,
+        _ => BackendKind::Cpu,
+    }
+}
+
+/// The batch size (one device thread per message) a workload kernel uses on `kind`: `gpu` on
+/// a GPU, wgpu and the CPU, at most [`CUDASIM_MAX_BATCH`] on CudaSim.
+pub fn batch_size(kind: BackendKind, gpu: usize) -> usize {
+    match kind {
+        BackendKind::CudaSim => gpu.min(CUDASIM_MAX_BATCH),
+        _ => gpu,
     }
 }

@@ -33,6 +33,9 @@ pub use resident_core::{engine, memory, telemetry};
 /// build: [`backend::AllEngines`]).
 pub mod runtime {
     pub use resident_core::runtime::*;
+    /// The kernel lifecycle and the runtime's typed errors (`resident-core`'s `state`, below
+    /// its runtime; here beside the runtime, where users of `resident` name it).
+    pub use resident_core::state;
     /// Hosts ring kernels on every engine of this build. Dropping it drains and terminates
     /// every kernel.
     pub type Runtime = resident_core::runtime::Runtime<crate::backend::AllEngines>;

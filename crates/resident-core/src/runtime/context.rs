@@ -15,7 +15,7 @@ use crate::runtime::bind::{BindError, BufMut, BufRef, BufferId};
 use crate::runtime::io::{Control, InputPort, KernelIo, Next};
 use crate::runtime::publisher::Publisher;
 use crate::runtime::registry::RuntimeCore;
-use crate::runtime::state::{Error, KernelState, Result};
+use crate::state::{Error, KernelState, Result};
 use bytemuck::Pod;
 
 /// A CPU kernel's state, shared between its host thread and `KernelHandle::snapshot_state`.

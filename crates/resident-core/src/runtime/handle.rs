@@ -28,7 +28,7 @@ use resident_ring::{
 use crate::runtime::bind::{BindError, BufferId, BufferReadGuard, BufferWriteGuard};
 use crate::runtime::io::KernelIo;
 pub use crate::runtime::report::{Placement, TerminateReport};
-use crate::runtime::state::{Error, Failure, KernelState, Result};
+use crate::state::{Error, Failure, KernelState, Result};
 use crate::telemetry::Telemetry;
 
 /// A `call` whose reply has not been taken yet ([`KernelHandle::call_start`]).

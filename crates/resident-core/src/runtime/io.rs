@@ -33,7 +33,7 @@ use crate::runtime::port::DroppedCalls;
 pub use crate::runtime::port::InputPort;
 use crate::runtime::registry::RuntimeCore;
 use crate::runtime::report::TerminateReport;
-use crate::runtime::state::{Error, Failure, KernelState, Result};
+use crate::state::{Error, Failure, KernelState, Result};
 use crate::telemetry::KernelMetrics;
 
 /// What [`RingKernel::on_publish`](crate::runtime::kernel::RingKernel::on_publish) calls after

@@ -60,7 +60,7 @@ use crate::runtime::kernel::{DeviceKeys, KeyStatesFactory};
 use crate::runtime::keys::{KeyCheck, KeyStates, KeyedError};
 pub use crate::runtime::keys::{Keyed, KEYED_BATCH, KEYS_BUFFER, MAX_SNAPSHOT_KEYS};
 use crate::runtime::publisher::Publisher;
-use crate::runtime::state::{Error, Failure, Result};
+use crate::state::{Error, Failure, Result};
 
 /// The per-key states of a keyed kernel being built (the `S` of `RingKernel<In, Out, Keys<S>>`).
 pub struct Keys<S> {

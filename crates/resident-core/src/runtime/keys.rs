@@ -6,7 +6,7 @@ use std::any::Any;
 use std::ops::Range;
 
 use crate::memory::MemoryError;
-use crate::runtime::state::Result;
+use crate::state::Result;
 
 /// A message that names the key it is for.
 ///

@@ -17,8 +17,6 @@ pub(crate) mod port;
 pub(crate) mod publisher;
 pub(crate) mod registry;
 pub mod report;
-/// The kernel lifecycle and the runtime's errors (below the runtime: [`crate::state`]).
-pub use crate::state;
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -32,6 +30,7 @@ use resident_ring::{Backpressure, Mailbox, MailboxConfig, Message, WaitStrategy}
 
 use crate::engine::cpu::CpuOnly;
 use crate::engine::{Backend, BackendKind, DeviceHandle, Engines};
+use crate::state::{Error, Failure, KernelState, Result};
 use crate::telemetry::{RuntimeTelemetry, Telemetry};
 use context::Context;
 use handle::{Begin, KernelHandle};
@@ -42,7 +41,6 @@ use port::InputPort;
 pub use registry::RECENT_KERNELS;
 use registry::{KernelEntry, RuntimeCore};
 use report::KernelReport;
-use state::{Error, Failure, KernelState, Result};
 use std::marker::PhantomData;
 
 struct Entry<In, Out> {

@@ -10,7 +10,7 @@ use resident_ring::mailbox::{SendError, Sent};
 use resident_ring::{Backpressure, Envelope, Mailbox, Message, MessageId, Slot};
 
 use crate::runtime::ids::Ids;
-use crate::runtime::state::{Error, KernelState, Result, Returned};
+use crate::state::{Error, KernelState, Result, Returned};
 
 /// What the input side needs to tell a kernel about a `call` its policy dropped.
 pub(crate) trait DroppedCalls: Send + Sync {

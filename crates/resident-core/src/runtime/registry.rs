@@ -15,7 +15,7 @@ use resident_ring::{Message, WaitStrategy};
 use crate::runtime::ids::Ids;
 use crate::runtime::port::InputPort;
 use crate::runtime::report::KernelReport;
-use crate::runtime::state::{Error, Failure, KernelState, Result};
+use crate::state::{Error, Failure, KernelState, Result};
 use crate::telemetry::Telemetry;
 
 /// Type-erased view of a kernel, for the registry.

@@ -5,7 +5,7 @@ use std::any::Any;
 
 use resident_ring::{Envelope, Message};
 
-use crate::runtime::state::Failure;
+use crate::state::Failure;
 
 /// Where a kernel's handler runs ([`KernelHandle::placement`](crate::runtime::handle::KernelHandle::placement)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +69,7 @@ pub struct KernelReport {
     /// Outputs handed back (never received).
     pub unreceived: usize,
     /// The failure, if the kernel failed or was abandoned.
-    pub failure: Option<crate::runtime::state::Failure>,
+    pub failure: Option<crate::state::Failure>,
     report: Box<dyn Any + Send>,
 }
 

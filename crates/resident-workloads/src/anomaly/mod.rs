@@ -57,9 +57,21 @@ resident::ring::device_message! {
 /// Scores `x` against `s`, folds it in, and returns `Some(z)` when it is an anomaly.
 #[inline]
 pub fn observe(s: &mut SensorStats, x: f64) -> Option<f64> {
+    match score_and_fold(s, x) {
+        (z, true) => z,
+        _ => None,
+    }
+}
+
+/// Scores `x` against `s` and folds it in, as [`observe`] does, for a caller that needs the
+/// score of every reading (the NATS demo answers each one): the z-score against the
+/// statistics before `x` (`None` on the sensor's first reading and while `v = 0`), and
+/// whether `x` is an anomaly.
+#[inline]
+pub fn score_and_fold(s: &mut SensorStats, x: f64) -> (Option<f64>, bool) {
     if s.n == 0 {
         *s = SensorStats { m: x, v: 0.0, n: 1 };
-        return None;
+        return (None, false);
     }
     let z = (s.v > 0.0).then(|| (x - s.m).abs() / s.v.sqrt());
     let d = x - s.m;
@@ -67,7 +79,7 @@ pub fn observe(s: &mut SensorStats, x: f64) -> Option<f64> {
     s.v = (1.0 - ALPHA) * (s.v + ALPHA * d * d);
     let prior = s.n;
     s.n += 1;
-    z.filter(|&z| z > Z_THRESHOLD && prior >= WARMUP)
+    (z, z.is_some_and(|z| z > Z_THRESHOLD && prior >= WARMUP))
 }
 
 /// One anomaly.
@@ -227,7 +239,7 @@ pub fn kernel(
         // batch's work is linear in its size (the guide's keyed chapter), and fewer, larger
         // batches measured best (bench/results/anomaly-wgpu-keyed-on-2026-11-26.json).
         BackendKind::Cpu | BackendKind::Wgpu => resident::runtime::keyed::KEYED_BATCH,
-        kind => crate::device::batch_size(kind, 1024),
+        kind => crate::batch_size(kind, 1024),
     };
     Ok(RingKernel::<ReadingMsg, AlertMsg>::new(id)
         .queue_size(QUEUE)
@@ -457,7 +469,7 @@ pub fn read_stats(
 /// micro-batches; every micro-batch uploads them and its readings into `UnifiedBuffer`s, runs
 /// one one-shot kernel and downloads the statistics and scores again. On the CPU that kernel
 /// is [`run_stateless_cpu`]'s closure; on CUDA and CudaSim the CUDA C kernel of
-/// [`crate::device::cuda`]; on wgpu the WGSL kernel of [`crate::device::wgsl`].
+/// [`run_stateless_cuda`]; on wgpu the WGSL kernel of [`run_stateless_wgpu`].
 pub fn run_stateless(
     device: &DeviceHandle,
     r: &SlottedReadings,

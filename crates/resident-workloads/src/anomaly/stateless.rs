@@ -51,7 +51,7 @@ pub fn run_stateless_cuda(
     let mut order_buf = UnifiedBuffer::<u32>::new(device, 1, BufferOptions::default())?;
     let k = anomaly_stateless_kernel();
     // The actor's batch on this device: one thread per reading, the same count.
-    let block = crate::device::batch_size(device.kind(), STATELESS_BLOCK as usize) as u32;
+    let block = crate::batch_size(device.kind(), STATELESS_BLOCK as usize) as u32;
     drive_stateless(device, r, batch, true, progress, |b, n| {
         order_buf.host_mut()?[0] = 0;
         let (sv, vv, tv) = (b.slots.device()?, b.values.device()?, b.tickets.device()?);

@@ -410,7 +410,7 @@ pub fn full_kernel(
     let mut contrib: Vec<f64> = Vec::new();
     let k = RingKernel::<PageRankStep, StepDone>::new(id)
         .queue_size(4096)
-        .batch_size(crate::device::batch_size(device.kind(), 256))
+        .batch_size(crate::batch_size(device.kind(), 256))
         .bind(
             "in_offsets",
             UnifiedBuffer::from_slice(device, &csr.in_offsets, o)?,

@@ -613,7 +613,7 @@ pub fn stream_kernel_with_spare(
     let graph = DynGraph::new(g);
     let k = RingKernel::<StreamMsg, StreamAnswer>::new(id)
         .queue_size(4096)
-        .batch_size(crate::device::batch_size(device.kind(), 1024))
+        .batch_size(crate::batch_size(device.kind(), 1024))
         .backpressure(Backpressure::Block(Duration::from_secs(60)));
     let f64s = |len: usize| UnifiedBuffer::<f64>::new(device, len, o);
     let u32s = |v: &[u32]| UnifiedBuffer::from_slice(device, v, o);

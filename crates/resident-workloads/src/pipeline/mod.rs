@@ -178,7 +178,7 @@ pub fn run_with(
 ) -> Result<Report, WorkloadError> {
     let tag = unique();
     let (nid, sid) = (format!("normalizer-{tag}"), format!("scorer-{tag}"));
-    let batch = crate::device::batch_size(crate::device::kind_of(rt.backend()), 256);
+    let batch = crate::batch_size(crate::kind_of(rt.backend()), 256);
     let s = rt.launch(scorer(&sid).batch_size(batch))?;
     let n = rt.launch(normalizer(&nid, &sid).batch_size(batch).forward_path(path))?;
     s.activate()?;

@@ -126,7 +126,7 @@ pub fn run(
             UnifiedBuffer::from_slice(device, &b[..n], o)?,
             UnifiedBuffer::new(device, n, o)?,
         )
-        .batch_size(crate::device::batch_size(device.kind(), 256)),
+        .batch_size(crate::batch_size(device.kind(), 256)),
     )?;
     k.activate()?;
     let t = Instant::now();

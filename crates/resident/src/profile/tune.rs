@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{Backend, BackendKind};
 use crate::runtime::Runtime;
 use resident_core::runtime::kernel::RingKernel;
-use resident_core::runtime::state::{Error, Result};
+use resident_core::state::{Error, Result};
 
 /// What to try.
 #[derive(Clone, Debug)]

@@ -7,7 +7,7 @@
 //! bounds the handler, bindings that do not match (element type, name) are typed errors, and
 //! nothing of the kernel holds the buffers once it is terminated and its handle dropped.
 //!
-//! Included from `conformance.rs`; one `backends!` line per engine at the bottom, like the
+//! A module of the suite (`main.rs`); one `backends!` line per engine at the bottom, like the
 //! suite's own.
 
 use std::sync::Arc;

@@ -17,7 +17,7 @@ use crate::runtime::host::{panic_text, RingHost};
 use crate::runtime::io::KernelIo;
 use crate::runtime::kernel::{Body, HandlerFn, LoopFn};
 use crate::runtime::publisher::Publisher;
-use crate::runtime::state::Failure;
+use crate::state::Failure;
 
 /// Hosts a kernel whose handler is a Rust closure (or loop) on a host thread.
 pub(crate) struct CpuHost<In, Out, S> {

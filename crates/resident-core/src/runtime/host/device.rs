@@ -21,7 +21,7 @@ use crate::runtime::host::RingHost;
 use crate::runtime::io::KernelIo;
 pub use crate::runtime::io::StateSnapshot;
 use crate::runtime::publisher::Publisher;
-use crate::runtime::state::Failure;
+use crate::state::Failure;
 
 /// Counters a device kernel keeps about itself.
 #[derive(Clone, Copy, Debug, Default)]
@@ -98,9 +98,9 @@ pub trait DeviceRing<In, Out>: Send {
 
 /// Pause between two link attempts of a producer (after a refusal, a cancelled request or a
 /// `call` reply that took the ring back). A target that is not there yet is no refusal: it is
-/// looked up again as soon as a kernel is registered (`DeviceForward::looked_at`). Waiting this
-/// pause for it instead lost the whole first chain to the host on an H100 (2026-11-27: 3000
-/// messages relayed in a few milliseconds, before the first offer after the target appeared).
+/// looked up again as soon as a kernel is registered (`DeviceForward::looked_at`): waiting this
+/// pause for it instead would relay a whole first chain through the host, which a GPU runs in
+/// a few milliseconds, before the first offer after the target appeared.
 const RELINK_PAUSE: Duration = Duration::from_millis(20);
 
 /// A producer's device-side link to its forward target (`RingKernel::forward_to` between two

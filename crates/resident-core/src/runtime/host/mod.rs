@@ -22,7 +22,7 @@ use resident_ring::{Message, Writer};
 
 use crate::runtime::io::KernelIo;
 use crate::runtime::publisher::Publisher;
-use crate::runtime::state::{Error, Result};
+use crate::state::{Error, Result};
 
 /// Hosts one ring kernel. `run` is called once, on the kernel's own host thread, right after
 /// launch, with the kernel's one [`Publisher`]; it returns when the kernel terminates or fails

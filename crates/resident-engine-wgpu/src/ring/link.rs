@@ -59,7 +59,8 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::{Condvar, Mutex};
 use resident_ring::{Envelope, Mailbox, Message, Slot};
 
-use super::{BatchBuffers, BatchGeometry, RingPipeline, WgpuFault};
+use super::engine::WgpuFault;
+use super::pipeline::{BatchBuffers, BatchGeometry, RingPipeline};
 use crate::{padded, WgpuContext};
 use resident_core::engine::BackendError;
 use resident_core::runtime::io::KernelIo;
@@ -172,9 +173,9 @@ impl<CIn: Message> Inbox<CIn> {
                     });
                 }
                 let read = ::wgpu::BufferBindingType::Storage { read_only: true };
-                let mut entries = super::batch_layout_entries().to_vec();
+                let mut entries = super::pipeline::batch_layout_entries().to_vec();
                 // The producer's outputs, read by the consumer's dispatch.
-                entries.push(super::buffer_entry(6, read));
+                entries.push(super::pipeline::buffer_entry(6, read));
                 ctx.scoped("create linked pipeline", || {
                     let module = ctx
                         .device

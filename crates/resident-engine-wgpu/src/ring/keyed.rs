@@ -12,9 +12,9 @@
 //! * bits 0..31 hold the index of the key's next message in the batch, or [`END`] on the key's
 //!   last message.
 //!
-//! A leader follows the links, so every invocation runs only its own key's messages (before,
-//! each one scanned the batch ahead of it to learn whether it led, and each leader scanned the
-//! rest of the batch for its key's messages: O(n^2) per batch). The key is read on the host
+//! A leader follows the links, so every invocation runs only its own key's messages and a
+//! batch's work is linear in its size (finding its key's messages on the device, by scanning
+//! the batch, would be O(n^2) per batch). The key is read on the host
 //! from the same bytes the device reads (the key field's offset in the input struct, as naga
 //! lays it out), and two messages share a key exactly when those four bytes are equal, as the
 //! device's `==` on the field's `u32`/`i32` value.

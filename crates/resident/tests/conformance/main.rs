@@ -1510,5 +1510,4 @@ backends! {
 }
 
 // Bound buffers on every backend (its own file and its own `backends!` lines).
-#[path = "conformance/bound_buffers.rs"]
 mod bound_buffers;
