@@ -183,13 +183,17 @@ class KernelContext:
     """
 
     __slots__ = (
-        "_c", "kernel_id", "_envs", "_by_mid", "_by_obj", "_calls", "_last", "_current", "_w"
+        "_c", "kernel_id", "_envs", "_by_mid", "_by_obj", "_calls", "_last", "_current", "_w",
+        "_room",
     )
 
     def __init__(self, raw: Any, wake: Any = None) -> None:
         self._c = raw
         # The caller's loop's wake-up (``runtime._LoopWake``) for a kernel on that loop.
         self._w = wake
+        # On the caller's loop: outputs that fit the output queue without looking again (the
+        # kernel is its only producer; receivers only make room).
+        self._room = 0
         self.kernel_id: str = raw.kernel_id
         # engine message id -> (envelope, message_id or None, id(obj)), oldest first
         self._envs: Dict[int, Any] = {}
@@ -316,8 +320,10 @@ class KernelContext:
             w.futs.discard(f)
 
     async def _on_loop(self, look: Callable[[], Any], timeout: Optional[float]) -> Any:
-        """``look()`` (which never waits) while the kernel is active, until it returns
-        something other than None; None once ``timeout`` passed. Parks between looks."""
+        """``look()`` (which never waits; the engine gives nothing while the kernel is
+        inactive or terminating) after each wake-up, until it returns something other than
+        None; None once ``timeout`` passed. The caller looked just before; nothing can have
+        come since (this loop's thread is here)."""
         c = self._c
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
@@ -325,13 +331,12 @@ class KernelContext:
         while True:
             if c.should_terminate:
                 raise asyncio.CancelledError()
-            if c.is_active:
-                r = look()
-                if r is not None:
-                    return r
             if self._w_past(deadline):
                 return None
             await self._park(deadline)
+            r = look()
+            if r is not None:
+                return r
 
     async def _out_room(self) -> int:
         """Room in the output queue (at least 1), awaited by looking again while it is full
@@ -376,8 +381,12 @@ class KernelContext:
         message gets ``msg``; with ``reply_to``, ``msg.correlation_id`` (when it has the field,
         unset) becomes the request's ``message_id``. ``reply_to`` that is not a message this
         kernel received and has not answered yet raises ``ValueError``."""
-        if self._w is not None and self._c.output_room == 0:
-            await self._out_room()
+        if self._w is not None:
+            if self._room <= 0:
+                self._room = self._c.output_room
+                if self._room <= 0:
+                    self._room = await self._out_room()
+            self._room -= 1
         if reply_to is not _NOTHING:
             eid = self._find(reply_to)
             if eid is None:
@@ -505,6 +514,7 @@ class KernelContext:
                     self._last,
                 )
                 i = j
+            self._room = 0
             return
         self._c.send_many(
             msgs, eids, self._envs, self._by_mid, self._by_obj, self._calls, self._last

@@ -929,11 +929,19 @@ class RingKernelRuntime:
         look: Callable[[], Any],
         deadline: Optional[float],
         fast_looks: bool = False,
+        looked: bool = False,
     ) -> Any:
         """Calls ``look()`` (which never waits) until it returns something other than
         ``_NOTHING``, awaiting the kernel's wake-up between looks; ``_NOTHING`` once the
         loop's clock passed ``deadline``. ``fast_looks``: the kernel's outputs come from a
-        device, which delivers no wake-up: look again after 0.5 ms, doubling to 8 ms."""
+        device, which delivers no wake-up: look again after 0.5 ms, doubling to 8 ms.
+        ``looked``: the caller looked just before (a kernel on this loop cannot have run
+        since)."""
+        here = self.sync._on_loop.get(kernel_id)
+        if here is not None and not fast_looks:
+            loop = asyncio.get_running_loop()
+            if here[0] is loop:
+                return await self._until_here(loop, look, deadline, looked)
         r = look()
         if r is not _NOTHING:
             return r
@@ -981,6 +989,40 @@ class RingKernelRuntime:
                     w.futs.discard(f)
         finally:
             w.waker.disarm()
+
+    async def _until_here(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        look: Callable[[], Any],
+        deadline: Optional[float],
+        looked: bool,
+    ) -> Any:
+        """``_until`` for a kernel that runs on this very loop: it cannot run while this
+        coroutine looks, its bell is this loop's (subscribed and armed for the kernel's life,
+        see ``Runtime._launch_on_loop``) and a ring made on this thread completes the waiting
+        future directly: one look after each wake-up does, with no linger, subscribe or arm."""
+        if not looked:
+            r = look()
+            if r is not _NOTHING:
+                return r
+        w = _loop_wake(loop)
+        gap = self.look_interval
+        while True:
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                return _NOTHING
+            until = now + gap if deadline is None else min(deadline, now + gap)
+            f = loop.create_future()
+            w.futs.add(f)
+            h = loop.call_at(until, _settle, f)
+            try:
+                await f
+            finally:
+                h.cancel()
+                w.futs.discard(f)
+            r = look()
+            if r is not _NOTHING:
+                return r
 
     def _deadline(self, timeout: Optional[float]) -> Optional[float]:
         if timeout is None:
@@ -1062,7 +1104,9 @@ class RingKernelRuntime:
             raise
         if r is not _NOTHING:
             return r
-        r = await self._until(kernel_id, lambda: rt.take(kernel_id, 0.0), self._deadline(timeout))
+        r = await self._until(
+            kernel_id, lambda: rt.take(kernel_id, 0.0), self._deadline(timeout), looked=True
+        )
         if r is _NOTHING:
             raise ReceiveTimeoutError(
                 f"kernel '{kernel_id}': no output within {timeout} s", kernel_id, "receive"
@@ -1097,7 +1141,7 @@ class RingKernelRuntime:
             _wrong_kernel(self.sync, kernel_id, "call", msg)
             raise
         try:
-            r = await self._until(kernel_id, pc.poll, deadline)
+            r = await self._until(kernel_id, pc.poll, deadline, looked=True)
         except BaseException:
             pc.cancel()
             raise
