@@ -404,6 +404,12 @@ impl Store {
         self.objects.lock().len()
     }
 
+    /// Whether any of `keys` is held now.
+    fn holds_any(&self, mut keys: impl Iterator<Item = u64>) -> bool {
+        let g = self.objects.lock();
+        keys.any(|k| g.contains_key(&k))
+    }
+
     /// Remembers that the caller of call `id` gave up while the kernel had its request.
     fn abandon(&self, id: u64) {
         let mut g = self.gave_up.lock();
@@ -869,11 +875,21 @@ impl KernelCtx {
     /// Next message within `timeout` seconds (GIL released while waiting): `(obj, envelope)`,
     /// or `None` on timeout, while inactive, or once terminating.
     fn receive(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<(Py<PyAny>, EnvTuple)>> {
-        let got = self.next_message(py, secs(timeout)?)?;
-        Ok(got.and_then(|(env, key)| {
+        loop {
+            let got = self.next_message(py, secs(timeout)?)?;
+            let Some((env, key)) = got else {
+                return Ok(None);
+            };
             self.last_key.store(key, Ordering::Relaxed);
-            self.store.take(key).map(|obj| (obj, env_tuple(&env)))
-        }))
+            if let Some(obj) = self.store.take(key) {
+                return Ok(Some((obj, env_tuple(&env))));
+            }
+            // A request whose caller gave up (its object released). On the caller's loop
+            // the kernel parks after an empty look, so it looks again for what follows.
+            if self.outside.is_none() {
+                return Ok(None);
+            }
+        }
     }
 
     /// Up to `max` messages within `timeout` seconds (one engine call; GIL released while
@@ -896,7 +912,13 @@ impl KernelCtx {
         if max == 0 {
             return Ok(None);
         }
-        let got = self.next_messages(py, max, secs(timeout)?)?;
+        let mut got = self.next_messages(py, max, secs(timeout)?)?;
+        // Requests whose callers gave up hold no object: a batch of only those is no batch
+        // (the caller's `objs[-1]` needs one), and on the caller's loop the kernel parks
+        // after an empty look, so look again past them (without waiting).
+        while !got.is_empty() && !self.store.holds_any(got.iter().map(|(_, k)| *k)) {
+            got = self.next_messages(py, max, Duration::ZERO)?;
+        }
         let Some(&(_, last_key)) = got.last() else {
             return Ok(None);
         };
