@@ -195,9 +195,30 @@ struct WakeReg {
     tx: UnixStream,
     armed: AtomicUsize,
     pending: AtomicBool,
+    /// The loop's thread: a ring made on it calls `local` instead of writing the socket.
+    owner: ThreadId,
+    /// Called (GIL taken) for a ring made on the loop's own thread: settles the loop's
+    /// waiting futures directly (no socket, no round through the selector).
+    local: Mutex<Option<Py<PyAny>>>,
 }
 
 impl WakeReg {
+    /// A ring made on the loop's own thread: the loop's waiters are woken by completing
+    /// their futures now (the loop runs them at its next turn).
+    fn ring_local(&self) {
+        Python::attach(|py| {
+            let cb = self.local.lock().as_ref().map(|c| c.clone_ref(py));
+            if let Some(cb) = cb {
+                if let Err(e) = cb.call0(py) {
+                    e.write_unraisable(py, None);
+                }
+            } else {
+                // No local wake-up set: the socket, as from another thread.
+                self.ring();
+            }
+        })
+    }
+
     fn ring(&self) {
         if self.armed.load(Ordering::SeqCst) > 0 && !self.pending.swap(true, Ordering::SeqCst) {
             // A full socket buffer already holds a byte that wakes the loop.
@@ -225,7 +246,15 @@ impl Waker {
             tx,
             armed: AtomicUsize::new(0),
             pending: AtomicBool::new(false),
+            owner: std::thread::current().id(),
+            local: Mutex::new(None),
         })))
+    }
+
+    /// Sets what a ring made on this loop's own thread calls (the thread that made this
+    /// waker), instead of writing the socket: `f()` settles the loop's waiting futures.
+    fn set_local(&self, f: Py<PyAny>) {
+        *self.0.local.lock() = Some(f);
     }
 
     /// The file descriptor the loop watches for reading (owned by this object).
@@ -293,13 +322,24 @@ impl Bell {
     pub(crate) fn ring(&self) {
         // Pairs with the waiter's `arm` (SeqCst) before it looks at the engine's state.
         std::sync::atomic::fence(Ordering::SeqCst);
+        // Loops running on this thread are woken directly, after the lock is let go (their
+        // wake-up takes the GIL).
+        let mut here: Vec<Arc<WakeReg>> = Vec::new();
         {
+            let me = std::thread::current().id();
             let loops = self.loops.lock();
             for w in loops.iter() {
                 if let Some(r) = w.upgrade() {
-                    r.ring();
+                    if r.owner == me {
+                        here.push(r);
+                    } else {
+                        r.ring();
+                    }
                 }
             }
+        }
+        for r in here {
+            r.ring_local();
         }
         // Taking the lock orders this ring after a sleeper's look at its condition.
         drop(self.lock.lock());
@@ -362,6 +402,12 @@ impl Store {
 
     fn len(&self) -> usize {
         self.objects.lock().len()
+    }
+
+    /// Whether any of `keys` is held now.
+    fn holds_any(&self, mut keys: impl Iterator<Item = u64>) -> bool {
+        let g = self.objects.lock();
+        keys.any(|k| g.contains_key(&k))
     }
 
     /// Remembers that the caller of call `id` gave up while the kernel had its request.
@@ -494,6 +540,9 @@ fn refused(py: Python<'_>, store: &Store, e: Error, sent: Py<PyAny>) -> PyErr {
 // ---- the kernel context (the handler's `ctx`) --------------------------------------------
 
 type Lctx = LoopContext<u64, u64, ()>;
+/// A kernel on its caller's event loop (no thread): its loop context, held by its ctx until
+/// the kernel's task ends.
+type Outside = Arc<Mutex<Option<OutsideLoop<u64, u64, ()>>>>;
 
 /// The engine's loop context, reachable from Python only on the kernel's own thread and only
 /// while the loop body runs.
@@ -508,6 +557,9 @@ unsafe impl Sync for CtxPtr {}
 #[pyclass(frozen, module = "resident._resident")]
 struct KernelCtx {
     ptr: Mutex<CtxPtr>,
+    /// Set for a kernel on its caller's event loop (`launch(..., outside=True)`): its loop
+    /// context, used on the loop's thread (`thread`) and never waiting.
+    outside: Option<Outside>,
     thread: ThreadId,
     store: Arc<Store>,
     kernel_id: String,
@@ -531,6 +583,16 @@ impl KernelCtx {
                 "kernel '{}': its ctx may only be used by the kernel's own coroutine",
                 self.kernel_id
             )));
+        }
+        if let Some(o) = &self.outside {
+            let mut g = o.lock();
+            return match g.as_mut() {
+                Some(ol) if !ol.is_finished() => Ok(f(ol)),
+                _ => Err(PyRuntimeError::new_err(format!(
+                    "kernel '{}': ctx used after the kernel's coroutine ended",
+                    self.kernel_id
+                ))),
+            };
         }
         let p = self.ptr.lock().0;
         if p.is_null() {
@@ -573,7 +635,7 @@ impl KernelCtx {
     ) -> PyResult<Vec<(Envelope, u64)>> {
         let got = self.with(|c| {
             let now = c.receive_batch_envelopes(max, Duration::ZERO);
-            if !now.is_empty() || t.is_zero() {
+            if !now.is_empty() || t.is_zero() || self.outside.is_some() {
                 return now;
             }
             let p = SendPtr(c as *mut Lctx);
@@ -608,7 +670,7 @@ impl KernelCtx {
     fn next_message_inner(&self, py: Python<'_>, t: Duration) -> PyResult<Option<(Envelope, u64)>> {
         self.with(|c| {
             let now = c.receive_envelope(Duration::ZERO);
-            if now.is_some() || t.is_zero() {
+            if now.is_some() || t.is_zero() || self.outside.is_some() {
                 return now;
             }
             let p = SendPtr(c as *mut Lctx);
@@ -668,8 +730,9 @@ impl KernelCtx {
 
     fn publish_inner(&self, py: Python<'_>, key: u64, request: Option<Envelope>) -> PyResult<()> {
         self.with(|c| {
-            if c.output_has_room() {
-                // The kernel is its output's only producer: this send does not wait.
+            if c.output_has_room() || self.outside.is_some() {
+                // The kernel is its output's only producer: this send does not wait (one on
+                // its caller's loop awaits room before it sends: `KernelContext.send`).
                 return match request {
                     Some(env) => c.send_reply(&env, key),
                     None => c.send(key),
@@ -738,6 +801,16 @@ fn forget_entry<'py>(
     Ok(Some(env_from(env)))
 }
 
+impl KernelCtx {
+    /// A kernel on its caller's loop whose loop ended (finished, or terminated from the
+    /// loop's own thread).
+    fn ended(&self) -> bool {
+        self.outside
+            .as_ref()
+            .is_some_and(|o| o.lock().as_ref().is_none_or(|ol| ol.is_finished()))
+    }
+}
+
 struct SendPtr(*mut Lctx);
 // SAFETY: moved into `py.detach` on the same thread (detach runs the closure on the calling
 // thread); only the GIL is released.
@@ -752,22 +825,71 @@ impl KernelCtx {
 
     #[getter]
     fn should_terminate(&self) -> PyResult<bool> {
+        if self.ended() {
+            return Ok(true);
+        }
         self.with(|c| c.should_terminate())
     }
 
     #[getter]
     fn is_active(&self) -> PyResult<bool> {
+        if self.ended() {
+            return Ok(false);
+        }
         self.with(|c| c.is_active())
+    }
+
+    /// Whether the kernel runs as a task of its caller's event loop (no thread).
+    #[getter]
+    fn on_loop(&self) -> bool {
+        self.outside.is_some()
+    }
+
+    /// How many outputs the output queue takes now before a send would wait.
+    #[getter]
+    fn output_room(&self) -> PyResult<usize> {
+        self.with(|c| c.output_room())
+    }
+
+    /// Ends a kernel on its caller's loop (its task ended): `error` (the exception its
+    /// coroutine raised) fails it, as a handler that raised on a thread fails its kernel;
+    /// without, it ends as terminated (or fails as a loop that returned early). Once.
+    #[pyo3(signature = (error=None))]
+    fn finish(&self, py: Python<'_>, error: Option<Bound<'_, PyAny>>) {
+        let failure = error.map(|e| {
+            format!(
+                "Python handler raised: {}",
+                py_failure(py, PyErr::from_value(e))
+            )
+        });
+        if let Some(o) = &self.outside {
+            let taken = o.lock().take();
+            if let Some(mut ol) = taken {
+                ol.finish(failure);
+            }
+        }
+        // Waiters look again (the failure, if any, is recorded now).
+        self.bell.ring();
     }
 
     /// Next message within `timeout` seconds (GIL released while waiting): `(obj, envelope)`,
     /// or `None` on timeout, while inactive, or once terminating.
     fn receive(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<(Py<PyAny>, EnvTuple)>> {
-        let got = self.next_message(py, secs(timeout)?)?;
-        Ok(got.and_then(|(env, key)| {
+        loop {
+            let got = self.next_message(py, secs(timeout)?)?;
+            let Some((env, key)) = got else {
+                return Ok(None);
+            };
             self.last_key.store(key, Ordering::Relaxed);
-            self.store.take(key).map(|obj| (obj, env_tuple(&env)))
-        }))
+            if let Some(obj) = self.store.take(key) {
+                return Ok(Some((obj, env_tuple(&env))));
+            }
+            // A request whose caller gave up (its object released). On the caller's loop
+            // the kernel parks after an empty look, so it looks again for what follows.
+            if self.outside.is_none() {
+                return Ok(None);
+            }
+        }
     }
 
     /// Up to `max` messages within `timeout` seconds (one engine call; GIL released while
@@ -790,7 +912,13 @@ impl KernelCtx {
         if max == 0 {
             return Ok(None);
         }
-        let got = self.next_messages(py, max, secs(timeout)?)?;
+        let mut got = self.next_messages(py, max, secs(timeout)?)?;
+        // Requests whose callers gave up hold no object: a batch of only those is no batch
+        // (the caller's `objs[-1]` needs one), and on the caller's loop the kernel parks
+        // after an empty look, so look again past them (without waiting).
+        while !got.is_empty() && !self.store.holds_any(got.iter().map(|(_, k)| *k)) {
+            got = self.next_messages(py, max, Duration::ZERO)?;
+        }
         let Some(&(_, last_key)) = got.last() else {
             return Ok(None);
         };
@@ -998,6 +1126,10 @@ impl KernelCtx {
     /// terminating; returns `is_active`.
     fn wait_active(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         let t = secs(timeout)?;
+        if self.outside.is_some() {
+            // On the caller's loop: never waits (the coroutine awaits the bell instead).
+            return self.with(|c| c.is_active());
+        }
         let bell = &*self.bell;
         self.with(|c| {
             let p = SendPtr(c as *mut Lctx);
@@ -1104,6 +1236,18 @@ struct Kern {
     blocks: bool,
     /// The block timeout under `Block` (how long a send waits for room).
     block: Duration,
+    /// Runs on its caller's event loop (no thread): inputs sent ring its bell.
+    outside: bool,
+}
+
+impl Kern {
+    /// After inputs were queued: a kernel on its caller's loop learns of them by its bell
+    /// (a kernel on a thread waits in the engine).
+    fn inputs_sent(&self) {
+        if self.outside {
+            self.bell.ring();
+        }
+    }
 }
 
 /// How many terminated kernels the binding remembers (id, final state) after freeing them,
@@ -1530,8 +1674,10 @@ impl PyRuntime {
         &self.backend
     }
 
-    /// Launches a Python kernel: `runner(func, ctx)` runs on the kernel's own thread.
-    #[pyo3(signature = (kernel_id, runner, func, queue_size, backpressure, block_timeout, priority_lanes, output_queue_size=None))]
+    /// Launches a Python kernel: `runner(func, ctx)` runs on the kernel's own thread. With
+    /// `outside`, no thread: the kernel's ctx is returned, for the caller to run the
+    /// coroutine as a task of its event loop (on this thread) and `finish` it when it ends.
+    #[pyo3(signature = (kernel_id, runner, func, queue_size, backpressure, block_timeout, priority_lanes, output_queue_size=None, outside=false))]
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
@@ -1544,7 +1690,8 @@ impl PyRuntime {
         block_timeout: f64,
         priority_lanes: usize,
         output_queue_size: Option<usize>,
-    ) -> PyResult<()> {
+        outside: bool,
+    ) -> PyResult<Option<Py<KernelCtx>>> {
         let policy = parse_policy(backpressure, block_timeout)?;
         let blocks = matches!(policy, Backpressure::Block(_));
         let block = match policy {
@@ -1574,38 +1721,50 @@ impl PyRuntime {
         // Inputs taken: room for a sender waiting on a full lane (rings only while one waits).
         let take_bell = bell.clone();
         k = k.on_take(move || take_bell.ring_room());
-        let k = k.run(move |lctx: &mut Lctx| {
-            let in_python = InPython::enter();
-            let outcome: PyResult<()> = Python::attach(|py| {
-                body_hand.kernel_in_python.store(true, Ordering::Release);
-                let ctx = KernelCtx {
-                    ptr: Mutex::new(CtxPtr(lctx as *mut Lctx)),
-                    thread: std::thread::current().id(),
-                    store: body_store,
-                    kernel_id: id.clone(),
-                    hand: body_hand.clone(),
-                    bell: body_bell.clone(),
-                    last_key: AtomicU64::new(0),
-                    pending: PyDict::new(py).unbind(),
-                };
-                let ctx = Py::new(py, ctx)?;
-                let r = runner.call1(py, (func.clone_ref(py), ctx.clone_ref(py)));
-                ctx.get().ptr.lock().0 = std::ptr::null_mut();
-                body_hand.kernel_in_python.store(false, Ordering::Release);
-                r.map(|_| ())
-            });
-            // Waiters look again (the engine marks a failure after this returns: they see
-            // it at their next periodic look).
-            body_bell.ring();
-            if let Err(e) = outcome {
-                // The exception's text and traceback (formatted under the GIL).
-                let reason = Python::attach(|py| py_failure(py, e));
-                drop(in_python);
-                // The engine turns a panic of the loop body into `Failed(reason)` and tells
-                // waiting callers at once.
-                std::panic::resume_unwind(Box::new(format!("Python handler raised: {reason}")));
-            }
-        });
+        let slot: Outside = Arc::new(Mutex::new(None));
+        let k = if outside {
+            // The loop's task learns of a terminate (also the engine's own, at shutdown) by
+            // the bell.
+            let term_bell = bell.clone();
+            let put = slot.clone();
+            drop((runner, func, body_store, body_hand, body_bell, id));
+            k.on_terminate(move || term_bell.ring())
+                .run_outside(move |ol| *put.lock() = Some(ol))
+        } else {
+            k.run(move |lctx: &mut Lctx| {
+                let in_python = InPython::enter();
+                let outcome: PyResult<()> = Python::attach(|py| {
+                    body_hand.kernel_in_python.store(true, Ordering::Release);
+                    let ctx = KernelCtx {
+                        ptr: Mutex::new(CtxPtr(lctx as *mut Lctx)),
+                        outside: None,
+                        thread: std::thread::current().id(),
+                        store: body_store,
+                        kernel_id: id.clone(),
+                        hand: body_hand.clone(),
+                        bell: body_bell.clone(),
+                        last_key: AtomicU64::new(0),
+                        pending: PyDict::new(py).unbind(),
+                    };
+                    let ctx = Py::new(py, ctx)?;
+                    let r = runner.call1(py, (func.clone_ref(py), ctx.clone_ref(py)));
+                    ctx.get().ptr.lock().0 = std::ptr::null_mut();
+                    body_hand.kernel_in_python.store(false, Ordering::Release);
+                    r.map(|_| ())
+                });
+                // Waiters look again (the engine marks a failure after this returns: they see
+                // it at their next periodic look).
+                body_bell.ring();
+                if let Err(e) = outcome {
+                    // The exception's text and traceback (formatted under the GIL).
+                    let reason = Python::attach(|py| py_failure(py, e));
+                    drop(in_python);
+                    // The engine turns a panic of the loop body into `Failed(reason)` and tells
+                    // waiting callers at once.
+                    std::panic::resume_unwind(Box::new(format!("Python handler raised: {reason}")));
+                }
+            })
+        };
         let rt = self.rt.lock();
         let rt = rt
             .as_ref()
@@ -1613,6 +1772,22 @@ impl PyRuntime {
         let handle = py
             .detach(|| rt.launch(k))
             .map_err(|e| engine_error(py, &e))?;
+        let ctx = if outside {
+            let ctx = KernelCtx {
+                ptr: Mutex::new(CtxPtr(std::ptr::null_mut())),
+                outside: Some(slot),
+                thread: std::thread::current().id(),
+                store: store.clone(),
+                kernel_id: kernel_id.clone(),
+                hand: hand.clone(),
+                bell: bell.clone(),
+                last_key: AtomicU64::new(0),
+                pending: PyDict::new(py).unbind(),
+            };
+            Some(Py::new(py, ctx)?)
+        } else {
+            None
+        };
         self.bells.lock().insert(kernel_id.clone(), bell.clone());
         self.kernels.lock().insert(
             kernel_id,
@@ -1623,9 +1798,10 @@ impl PyRuntime {
                 bell,
                 blocks,
                 block,
+                outside,
             }),
         );
-        Ok(())
+        Ok(ctx)
     }
 
     fn activate(&self, py: Python<'_>, kernel_id: &str) -> PyResult<()> {
@@ -1684,7 +1860,10 @@ impl PyRuntime {
             k.handle.send_tracked(key, priority)
         };
         match r {
-            Ok((id, SendOutcome::Queued)) => Ok(id),
+            Ok((id, SendOutcome::Queued)) => {
+                k.inputs_sent();
+                Ok(id)
+            }
             Ok((id, SendOutcome::DroppedOldest(_, old))) => {
                 k.store.take(old);
                 // The discarded message may be a call: its caller looks again.
@@ -1765,6 +1944,14 @@ impl PyRuntime {
                 .map(|o| priority_of(o.bind(py)))
                 .collect::<PyResult<Vec<u8>>>()?,
         };
+        // A kernel on its caller's loop learns of what was queued when this returns.
+        struct Rung<'a>(&'a Kern);
+        impl Drop for Rung<'_> {
+            fn drop(&mut self) {
+                self.0.inputs_sent();
+            }
+        }
+        let _rung = Rung(&k);
         for (i, (obj, &p)) in objs.iter().zip(&prios).enumerate() {
             let full = k.blocks && !k.handle.input_has_room();
             if full && !wait {
@@ -1964,11 +2151,14 @@ impl PyRuntime {
             start(&k.handle)
         };
         match r {
-            Ok(pc) => Ok(PendingCallPy {
-                pc: Mutex::new(Some(pc)),
-                kern: k.clone(),
-                request: key,
-            }),
+            Ok(pc) => {
+                k.inputs_sent();
+                Ok(PendingCallPy {
+                    pc: Mutex::new(Some(pc)),
+                    kern: k.clone(),
+                    request: key,
+                })
+            }
             Err(e) => Err(refused(py, &k.store, e, sent)),
         }
     }

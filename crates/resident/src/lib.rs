@@ -114,7 +114,7 @@ pub mod prelude {
     pub use crate::runtime::bind::{
         BindError, Bindings, BufMut, BufRef, BufferId, BufferReadGuard, BufferWriteGuard,
     };
-    pub use crate::runtime::context::{Context, LoopContext};
+    pub use crate::runtime::context::{Context, LoopContext, OutsideLoop};
     pub use crate::runtime::handle::{
         ForwardingStats, KernelHandle, PendingCall, Placement, SendOutcome, TerminateReport,
     };

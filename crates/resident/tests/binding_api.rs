@@ -1,7 +1,8 @@
 //! The handle API language bindings use: `send_tracked` says what a drop policy discarded,
 //! `call_start`/`PendingCall` waits for a reply in slices, `input_has_room`, and
 //! `LoopContext::output_has_room`/`send_all`, and the batch forms `input_room`,
-//! `LoopContext::receive_batch_envelopes`/`output_room`/`send_replies`.
+//! `LoopContext::receive_batch_envelopes`/`output_room`/`send_replies`, and kernels driven from
+//! outside the engine (`run_outside`, `OutsideLoop`, `on_terminate`).
 
 use std::time::Duration;
 
@@ -180,4 +181,107 @@ fn batch_envelopes_and_replies_pair_each_output_with_its_request() {
     let base = got[0].0;
     assert_eq!(got, vec![(base, 10), (base + 1, 20), (base + 2, 30)]);
     assert_eq!(k.input_room(), 8, "all taken");
+}
+
+type Held = std::sync::Arc<std::sync::Mutex<Option<OutsideLoop<u32, u32, ()>>>>;
+
+/// A kernel driven from outside the engine (`run_outside`): no host thread; the holder
+/// receives and sends with zero timeouts.
+fn outside(rt: &Runtime, id: &str) -> (KernelHandle<u32, u32>, Held) {
+    let held: Held = Default::default();
+    let put = held.clone();
+    let rang = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let k = rt
+        .launch(
+            RingKernel::<u32, u32>::new(id)
+                .priority_lanes(4)
+                .on_terminate(move || rang.store(true, std::sync::atomic::Ordering::SeqCst))
+                .run_outside(move |ol| *put.lock().unwrap() = Some(ol)),
+        )
+        .unwrap();
+    assert!(held.lock().unwrap().is_some(), "handed over during launch");
+    (k, held)
+}
+
+#[test]
+fn run_outside_is_driven_by_its_holder_through_the_engines_queues() {
+    let rt = rt();
+    let (k, held) = outside(&rt, "outside");
+    k.send_with_priority(1, 0).unwrap();
+    k.send_with_priority(2, 255).unwrap();
+    {
+        let mut g = held.lock().unwrap();
+        let ol = g.as_mut().unwrap();
+        assert!(
+            ol.receive(Duration::ZERO).is_none(),
+            "nothing before activate"
+        );
+    }
+    k.activate().unwrap();
+    let got: Vec<u32> = {
+        let mut g = held.lock().unwrap();
+        let ol = g.as_mut().unwrap();
+        let got = (0..2).filter_map(|_| ol.receive(Duration::ZERO)).collect();
+        assert!(ol.receive(Duration::ZERO).is_none());
+        ol.send(99);
+        got
+    };
+    assert_eq!(got, vec![2, 1], "priority order");
+    assert_eq!(k.receive(Duration::from_secs(5)).unwrap(), 99);
+    // A terminate from another thread waits for the holder to finish the loop.
+    k.send(3).unwrap();
+    let k2 = k.clone();
+    let t = std::thread::spawn(move || k2.terminate().unwrap());
+    loop {
+        let mut g = held.lock().unwrap();
+        let ol = g.as_mut().unwrap();
+        if ol.should_terminate() {
+            ol.finish(None);
+            assert!(ol.is_finished());
+            break;
+        }
+        drop(g);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let rep = t.join().unwrap();
+    assert!(rep.failure.is_none(), "{:?}", rep.failure);
+    assert_eq!(rep.undelivered.len(), 1, "the message left in the queue");
+    assert_eq!(k.telemetry().messages_processed, 2);
+}
+
+#[test]
+fn run_outside_terminated_on_its_own_thread_ends_at_once() {
+    let rt = rt();
+    let (k, held) = outside(&rt, "outside_here");
+    k.activate().unwrap();
+    k.send(7).unwrap();
+    let t0 = std::time::Instant::now();
+    let rep = k.terminate().unwrap(); // this thread drives it: no wait
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    assert!(rep.failure.is_none());
+    assert_eq!(rep.undelivered.len(), 1);
+    assert!(held.lock().unwrap().as_ref().unwrap().is_finished());
+    held.lock().unwrap().as_mut().unwrap().finish(None); // later finish: no effect
+    assert_eq!(k.state(), KernelState::Terminated);
+}
+
+#[test]
+fn run_outside_finished_with_a_failure_fails_the_kernel() {
+    let rt = rt();
+    let (k, held) = outside(&rt, "outside_bad");
+    k.activate().unwrap();
+    held.lock()
+        .unwrap()
+        .as_mut()
+        .unwrap()
+        .finish(Some("boom".into()));
+    assert!(matches!(
+        k.state(),
+        KernelState::Failed(Failure::LoopPanicked { .. })
+    ));
+    drop(held.lock().unwrap().take());
+    let (k2, held2) = outside(&rt, "outside_dropped");
+    k2.activate().unwrap();
+    drop(held2.lock().unwrap().take()); // dropped unfinished
+    assert!(matches!(k2.state(), KernelState::Failed(_)));
 }

@@ -15,7 +15,7 @@ use crate::runtime::bind::{BindError, BufMut, BufRef, BufferId};
 use crate::runtime::io::{Control, InputPort, KernelIo, Next};
 use crate::runtime::publisher::Publisher;
 use crate::runtime::registry::RuntimeCore;
-use crate::state::{Error, KernelState, Result};
+use crate::state::{Error, Failure, KernelState, Result};
 use bytemuck::Pod;
 
 /// A CPU kernel's state, shared between its host thread and `KernelHandle::snapshot_state`.
@@ -173,6 +173,85 @@ impl<S> Context<S> {
         let port = core.input_port::<T>(id)?;
         self.routes.insert(id.to_string(), Box::new(port.clone()));
         Ok(port)
+    }
+}
+
+/// A loop-form kernel driven from outside the engine (`RingKernel::run_outside`): its
+/// [`LoopContext`] (through `Deref`), held by whoever drives it, on any thread. Receive and
+/// send with zero timeouts (a wait would hold the driver's thread); `finish` ends it.
+/// Dropped unfinished, the kernel fails (`LoopPanicked`, "dropped") unless terminating.
+pub struct OutsideLoop<In, Out, S> {
+    lctx: Option<LoopContext<In, Out, S>>,
+    end: Arc<dyn OutsideEnd>,
+}
+
+/// How an [`OutsideLoop`] ends its kernel (its `KernelIo`, without the message types).
+pub(crate) trait OutsideEnd: Send + Sync {
+    fn exited(&self) -> bool;
+    fn end(&self, failure: Option<String>);
+}
+
+impl<In: Message, Out: Message> OutsideEnd for KernelIo<In, Out> {
+    fn exited(&self) -> bool {
+        self.has_exited()
+    }
+
+    fn end(&self, failure: Option<String>) {
+        if self.has_exited() {
+            return; // a terminate on the launching thread ended it already
+        }
+        match failure {
+            Some(panic) => self.fail(Failure::LoopPanicked { panic }, None, Vec::new()),
+            None if !self.terminating() => self.fail(Failure::LoopReturned, None, Vec::new()),
+            None => {}
+        }
+        self.host_exited();
+    }
+}
+
+impl<In: Message, Out: Message, S> OutsideLoop<In, Out, S> {
+    pub(crate) fn new(lctx: LoopContext<In, Out, S>, io: Arc<KernelIo<In, Out>>) -> Self {
+        OutsideLoop {
+            lctx: Some(lctx),
+            end: io,
+        }
+    }
+}
+
+impl<In, Out, S> OutsideLoop<In, Out, S> {
+    /// Whether the kernel's loop ended (`finish` called, or a terminate on the launching
+    /// thread ended it): the context is not to be used any more.
+    pub fn is_finished(&self) -> bool {
+        self.lctx.is_none() || self.end.exited()
+    }
+
+    /// Ends the kernel's loop: with `failure` (the loop's error text) the kernel fails
+    /// (`Failure::LoopPanicked`); without, it fails with `LoopReturned` unless it is
+    /// terminating, as a `run` loop that returns. Only the first call counts.
+    pub fn finish(&mut self, failure: Option<String>) {
+        if let Some(lctx) = self.lctx.take() {
+            drop(lctx);
+            self.end.end(failure);
+        }
+    }
+}
+
+impl<In, Out, S> Drop for OutsideLoop<In, Out, S> {
+    fn drop(&mut self) {
+        self.finish(Some("its loop was dropped without finishing".into()));
+    }
+}
+
+impl<In, Out, S> std::ops::Deref for OutsideLoop<In, Out, S> {
+    type Target = LoopContext<In, Out, S>;
+    fn deref(&self) -> &LoopContext<In, Out, S> {
+        self.lctx.as_ref().expect("OutsideLoop used after finish")
+    }
+}
+
+impl<In, Out, S> std::ops::DerefMut for OutsideLoop<In, Out, S> {
+    fn deref_mut(&mut self) -> &mut LoopContext<In, Out, S> {
+        self.lctx.as_mut().expect("OutsideLoop used after finish")
     }
 }
 

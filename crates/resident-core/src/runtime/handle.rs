@@ -525,6 +525,9 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         io.control.terminate.store(true, Ordering::Release);
         io.control.signal.notify();
         io.input.notify_receivers();
+        if let Some(hook) = io.on_terminate.get() {
+            hook();
+        }
         Ok(Begin::Started(failure))
     }
 
@@ -539,6 +542,11 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         let io = &self.io;
         let mut abandoned = (None, Vec::new());
         let failed_before = failure.is_some();
+        // A kernel driven from outside the engine by the thread terminating it cannot run its
+        // loop while this waits: it ends here (what it had not taken goes to the report).
+        if *io.outside_thread.lock() == Some(std::thread::current().id()) {
+            io.host_exited();
+        }
         let gave_up = !io.wait_exit(deadline);
         if gave_up {
             // The handler never returned: take its batch back and give up on the thread.

@@ -43,6 +43,8 @@ pub type PublishHook = Arc<dyn Fn() + Send + Sync>;
 /// What [`RingKernel::on_take`](crate::runtime::kernel::RingKernel::on_take) calls after the
 /// kernel's host took inputs from its input queue.
 pub type TakeHook = Arc<dyn Fn() + Send + Sync>;
+/// Called when a terminate begins (`RingKernel::on_terminate`).
+pub type TerminateHook = Arc<dyn Fn() + Send + Sync>;
 
 /// A message whose deadline is nearer than this is held by a device pump until the device has
 /// handled everything before it, then checked again (see [`KernelIo::deadline_near`]). A
@@ -214,6 +216,10 @@ pub struct KernelIo<In, Out> {
     /// Called by the intake after inputs left the input queue (`RingKernel::on_take`), set
     /// once at launch.
     pub(crate) on_take: std::sync::OnceLock<TakeHook>,
+    /// Called when a terminate begins (`RingKernel::on_terminate`), set once at launch.
+    pub(crate) on_terminate: std::sync::OnceLock<TerminateHook>,
+    /// The thread that launched a kernel with no host thread (`RingKernel::run_outside`).
+    pub(crate) outside_thread: Mutex<Option<ThreadId>>,
     exited: AtomicBool,
     exit_signal: Signal,
     pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
@@ -301,6 +307,8 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
             placement: std::sync::OnceLock::new(),
             on_publish: std::sync::OnceLock::new(),
             on_take: std::sync::OnceLock::new(),
+            on_terminate: std::sync::OnceLock::new(),
+            outside_thread: Mutex::new(None),
             exited: AtomicBool::new(false),
             exit_signal: Signal::new(),
             thread: Mutex::new(None),

@@ -7,12 +7,13 @@ use std::time::Duration;
 use resident_ring::{Backpressure, Message, WaitStrategy};
 
 use crate::runtime::bind::PendingBinding;
-use crate::runtime::context::{Context, LoopContext};
+use crate::runtime::context::{Context, LoopContext, OutsideLoop};
 use crate::runtime::device_handler::{CudaSource, WgslSource};
 pub use crate::runtime::io::ForwardPath;
 
 pub(crate) type HandlerFn<In, Out, S> = Box<dyn FnMut(&mut Context<S>, In) -> Option<Out> + Send>;
 pub(crate) type LoopFn<In, Out, S> = Box<dyn FnOnce(&mut LoopContext<In, Out, S>) + Send>;
+pub(crate) type OutsideFn<In, Out, S> = Box<dyn FnOnce(OutsideLoop<In, Out, S>) + Send>;
 /// Builds a kernel's own host from its state at launch (a keyed kernel's `KeyedHost`);
 /// `Err` is the reason the configuration is invalid.
 pub(crate) type HostFactory<In, Out, S> = Box<
@@ -25,11 +26,12 @@ pub(crate) type HostFactory<In, Out, S> = Box<
         > + Send,
 >;
 
-pub use crate::runtime::io::{PublishHook, TakeHook};
+pub use crate::runtime::io::{PublishHook, TakeHook, TerminateHook};
 
 pub(crate) enum Body<In, Out, S> {
     Handler(HandlerFn<In, Out, S>),
     Loop(LoopFn<In, Out, S>),
+    Outside(OutsideFn<In, Out, S>),
 }
 
 /// The definition of a ring kernel: an actor with an input and an output queue and state that
@@ -82,6 +84,8 @@ pub struct RingKernel<In, Out, S = ()> {
     pub(crate) on_publish: Option<PublishHook>,
     /// Called after the host took inputs (`RingKernel::on_take`).
     pub(crate) on_take: Option<TakeHook>,
+    /// Called when a terminate begins (`RingKernel::on_terminate`).
+    pub(crate) on_terminate: Option<TerminateHook>,
     _types: PhantomData<fn(In) -> Out>,
 }
 
@@ -110,6 +114,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             device_keys: None,
             on_publish: None,
             on_take: None,
+            on_terminate: None,
             _types: PhantomData,
         }
     }
@@ -139,6 +144,7 @@ impl<In: Message, Out: Message> RingKernel<In, Out, ()> {
             device_keys: None,
             on_publish: self.on_publish,
             on_take: self.on_take,
+            on_terminate: self.on_terminate,
             _types: PhantomData,
         }
     }
@@ -210,6 +216,30 @@ impl<In: Message, Out: Message, S: Send + 'static> RingKernel<In, Out, S> {
         F: FnOnce(&mut LoopContext<In, Out, S>) + Send + 'static,
     {
         self.body = Some(Body::Loop(Box::new(f)));
+        self
+    }
+
+    /// The loop form without a thread: `launch` calls `f` once, on the launching thread,
+    /// with the kernel's [`OutsideLoop`] (its `LoopContext`), and starts no thread. Whoever
+    /// holds it drives the kernel (an event loop's task: receive and send with zero
+    /// timeouts, waiting elsewhere) and calls [`OutsideLoop::finish`] when the loop ends;
+    /// queues, policies, deadlines, telemetry and the terminate report are the engine's as
+    /// for `run`. `f` runs while the runtime's kernel table is locked: it must only store
+    /// the loop. A terminate made on the thread that launched the kernel does not wait for
+    /// the loop (that thread cannot drive it meanwhile): it ends the kernel at once.
+    pub fn run_outside<F>(mut self, f: F) -> Self
+    where
+        F: FnOnce(OutsideLoop<In, Out, S>) + Send + 'static,
+    {
+        self.body = Some(Body::Outside(Box::new(f)));
+        self
+    }
+
+    /// Calls `f` when a terminate of this kernel begins (intake closed, the terminate flag
+    /// set), on the terminating thread: for a loop driven from outside the engine
+    /// ([`RingKernel::run_outside`]) to learn of it without polling. `f` must not block.
+    pub fn on_terminate(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_terminate = Some(std::sync::Arc::new(f));
         self
     }
 

@@ -72,7 +72,10 @@ impl<In: Message, Out: Message> KernelEntry for Entry<In, Out> {
         &self.port
     }
     fn drain_until(&self, deadline: Instant) {
-        if self.handle.state() == KernelState::Active {
+        // A kernel driven from outside by this very thread cannot drain while it waits.
+        let outside_here =
+            *self.handle.io.outside_thread.lock() == Some(std::thread::current().id());
+        if self.handle.state() == KernelState::Active && !outside_here {
             let left = deadline.saturating_duration_since(Instant::now());
             let _ = self.handle.drain(left);
         }
@@ -331,7 +334,12 @@ impl<E: Engines> Runtime<E> {
         {
             None => None,
             Some(t) if runs_on_device => Some(t),
-            Some(_) if matches!(kernel.body, Some(kernel::Body::Loop(_))) => {
+            Some(_)
+                if matches!(
+                    kernel.body,
+                    Some(kernel::Body::Loop(_) | kernel::Body::Outside(_))
+                ) =>
+            {
                 return Err(invalid(
                     "bound buffers need the handler form (.handler), not .run".into(),
                 ))
@@ -403,6 +411,9 @@ impl<E: Engines> Runtime<E> {
         }
         if let Some(hook) = kernel.on_take.take() {
             let _ = io.on_take.set(hook);
+        }
+        if let Some(hook) = kernel.on_terminate.take() {
+            let _ = io.on_terminate.set(hook);
         }
         if let Some(target) = kernel.forward.take() {
             // A target already running must take `Out`; one launched later is checked by type

@@ -47,6 +47,11 @@ class KernelSpec:
     backpressure: str = "block"
     block_timeout: float = 1.0
     priority_lanes: int = 4
+    thread: bool = True
+    """True (the default): the coroutine runs on a thread of its own, in an event loop of its
+    own (what a handler that blocks or computes for long needs). False: a kernel launched by
+    ``RingKernelRuntime.launch`` runs as a task of the caller's loop, with no thread (launched
+    by the blocking ``Runtime.launch``, it keeps its thread)."""
 
     def __post_init__(self) -> None:
         if not asyncio.iscoroutinefunction(self.func):
@@ -96,6 +101,7 @@ def ring_kernel(
     block_size: Any = None,
     input_type: Any = None,
     output_type: Any = None,
+    thread: bool = True,
     **unknown: Any,
 ) -> Any:
     """Declares ``async def f(ctx)`` as a ring kernel (a persistent actor).
@@ -108,6 +114,14 @@ def ring_kernel(
     lane). PyDotCompute's ``grid_size``, ``block_size``, ``input_type`` and ``output_type``
     are accepted and ignored: a Python handler runs on a host thread. Any other keyword
     argument raises ``UnknownArgumentError`` naming the closest known one.
+
+    Where the coroutine runs: by default (``thread=True``) on a thread of its own with an
+    event loop of its own. With ``thread=False``, a kernel launched by
+    ``RingKernelRuntime.launch`` (from a coroutine) runs as a task of the caller's event loop,
+    with no thread of its own (a waiter on that loop is woken by completing its future; an
+    idle kernel costs nothing); launched by the blocking ``Runtime.launch`` it keeps a thread.
+    A handler that blocks or computes for long keeps ``thread=True``: on the caller's loop it
+    would hold every other task of the loop meanwhile.
     """
     reject_unknown("@ring_kernel", unknown, _RING_KERNEL_ARGS)
 
@@ -120,6 +134,7 @@ def ring_kernel(
             backpressure=backpressure,
             block_timeout=block_timeout,
             priority_lanes=priority_lanes,
+            thread=thread,
         )
         f._ring_kernel_spec = spec  # type: ignore[attr-defined]
         if auto_register:
@@ -140,16 +155,24 @@ _RING_KERNEL_ARGS = (
     "block_timeout",
     "priority_lanes",
     "auto_register",
+    "thread",
 ) + _PYDOTCOMPUTE_IGNORED
 
 
 class KernelContext:
     """What a kernel's coroutine sees: receive, send, and the lifecycle flags.
 
-    The coroutine runs on the kernel's own thread, in an event loop of its own; waits release
-    the GIL and give the loop's other tasks a turn every 10 ms (when the coroutine is the
-    loop's only task, a wait lasts up to 0.5 s: activate, deactivate, terminate and new
-    messages end it at once, and an idle kernel uses no CPU).
+    On the caller's event loop (``thread=False``, launched by ``RingKernelRuntime.launch``) the
+    coroutine is a task of that loop: a wait awaits a future that a send, activate, deactivate or terminate
+    completes (directly from the same loop's thread, through the loop's wake-up socket from
+    another thread), and an idle kernel costs nothing (no thread, no timer). A full output
+    queue is awaited by looking again (every 50 us, doubling to 10 ms).
+
+    On a thread (``thread=True``, the default, or launched by the blocking ``Runtime``) the
+    coroutine runs in an event loop of its own; waits release the GIL and give the loop's
+    other tasks a turn every 10 ms (when the coroutine is the loop's only task, a wait lasts
+    up to 0.5 s: activate, deactivate, terminate and new messages end it at once, and an idle
+    kernel uses no CPU).
 
     Replies: ``send(reply)`` answers, in this order of choice, the message ``reply_to``
     names; the message whose ``message_id`` is ``reply.correlation_id``; the oldest ``call``
@@ -159,10 +182,18 @@ class KernelContext:
     must name the request (``reply_to=msg``, or a ``correlation_id``).
     """
 
-    __slots__ = ("_c", "kernel_id", "_envs", "_by_mid", "_by_obj", "_calls", "_last", "_current")
+    __slots__ = (
+        "_c", "kernel_id", "_envs", "_by_mid", "_by_obj", "_calls", "_last", "_current", "_w",
+        "_room",
+    )
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, wake: Any = None) -> None:
         self._c = raw
+        # The caller's loop's wake-up (``runtime._LoopWake``) for a kernel on that loop.
+        self._w = wake
+        # On the caller's loop: outputs that fit the output queue without looking again (the
+        # kernel is its only producer; receivers only make room).
+        self._room = 0
         self.kernel_id: str = raw.kernel_id
         # engine message id -> (envelope, message_id or None, id(obj)), oldest first
         self._envs: Dict[int, Any] = {}
@@ -190,6 +221,14 @@ class KernelContext:
         """Waits until the kernel is active or terminating; returns ``is_active``. Parks the
         kernel's thread meanwhile (no CPU)."""
         c = self._c
+        if self._w is not None:
+            deadline = self._w_deadline(timeout)
+            while True:
+                if c.is_active or c.should_terminate:
+                    return c.is_active
+                if self._w_past(deadline):
+                    return False
+                await self._park(deadline)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             s = _slice()
@@ -255,8 +294,70 @@ class KernelContext:
         eid = self._by_obj.get(id(request))
         return eid if eid is not None and eid in self._envs else None
 
+    # ---- on the caller's loop ------------------------------------------------------------
+
+    def _w_deadline(self, timeout: Optional[float]) -> Optional[float]:
+        return None if timeout is None else self._w.loop.time() + timeout
+
+    def _w_past(self, deadline: Optional[float]) -> bool:
+        return deadline is not None and self._w.loop.time() >= deadline
+
+    async def _park(self, deadline: Optional[float]) -> None:
+        """Awaits the kernel's bell (an input sent, activate, deactivate, terminate) or the
+        loop's clock passing ``deadline``. The loop's wake-up is armed for the kernel's whole
+        life (see ``Runtime._launch_on_loop``): a ring from another thread after the caller's
+        last look writes the socket, and the loop settles this future when it reads it."""
+        w = self._w
+        loop = w.loop
+        f = loop.create_future()
+        w.futs.add(f)
+        h = None if deadline is None else loop.call_at(deadline, _settle, f)
+        try:
+            await f
+        finally:
+            if h is not None:
+                h.cancel()
+            w.futs.discard(f)
+
+    async def _on_loop(self, look: Callable[[], Any], timeout: Optional[float]) -> Any:
+        """``look()`` (which never waits; the engine gives nothing while the kernel is
+        inactive or terminating) after each wake-up, until it returns something other than
+        None; None once ``timeout`` passed. The caller looked just before; nothing can have
+        come since (this loop's thread is here)."""
+        c = self._c
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        deadline = self._w_deadline(timeout)
+        while True:
+            if c.should_terminate:
+                raise asyncio.CancelledError()
+            if self._w_past(deadline):
+                return None
+            await self._park(deadline)
+            r = look()
+            if r is not None:
+                return r
+
+    async def _out_room(self) -> int:
+        """Room in the output queue (at least 1), awaited by looking again while it is full
+        (its receivers take outputs without ringing this kernel). Terminating: 1 (the send
+        goes to the engine, which refuses or drops it as for a kernel on a thread)."""
+        c = self._c
+        pause = 50e-6
+        while True:
+            r = c.output_room
+            if r > 0 or c.should_terminate:
+                return max(r, 1)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
     async def _wait(self, timeout: Optional[float]) -> Any:
         c = self._c
+        if self._w is not None:
+            r = await self._on_loop(lambda: c.receive(0.0), timeout)
+            if r is None:
+                raise asyncio.TimeoutError()
+            return r
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if c.should_terminate:
@@ -280,6 +381,12 @@ class KernelContext:
         message gets ``msg``; with ``reply_to``, ``msg.correlation_id`` (when it has the field,
         unset) becomes the request's ``message_id``. ``reply_to`` that is not a message this
         kernel received and has not answered yet raises ``ValueError``."""
+        if self._w is not None:
+            if self._room <= 0:
+                self._room = self._c.output_room
+                if self._room <= 0:
+                    self._room = await self._out_room()
+            self._room -= 1
         if reply_to is not _NOTHING:
             eid = self._find(reply_to)
             if eid is None:
@@ -331,6 +438,13 @@ class KernelContext:
 
     async def _wait_many(self, max: int, timeout: Optional[float]) -> Any:
         c = self._c
+        if self._w is not None:
+            return await self._on_loop(
+                lambda: c.receive_many(
+                    max, 0.0, self._envs, self._by_mid, self._by_obj, self._calls
+                ),
+                timeout,
+            )
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -385,6 +499,23 @@ class KernelContext:
                 raise ValueError(f"{what}: reply_to names one message twice")
             for m, r in zip(msgs, reqs):
                 _correlate(m, r)
+        if self._w is not None:
+            # On the caller's loop: what fits the output queue at a time, awaiting room.
+            i = 0
+            while i < len(msgs):
+                j = min(len(msgs), i + await self._out_room())
+                self._c.send_many(
+                    msgs[i:j],
+                    None if eids is None else eids[i:j],
+                    self._envs,
+                    self._by_mid,
+                    self._by_obj,
+                    self._calls,
+                    self._last,
+                )
+                i = j
+            self._room = 0
+            return
         self._c.send_many(
             msgs, eids, self._envs, self._by_mid, self._by_obj, self._calls, self._last
         )
@@ -444,6 +575,33 @@ async def _guard(func: Callable[[KernelContext], Awaitable[Any]], ctx: KernelCon
         if ctx._current is not _NOTHING:
             ctx._c.hand_back(ctx._current)
         raise
+
+
+def _settle(f: "asyncio.Future[Any]") -> None:
+    if not f.done():
+        f.set_result(None)
+
+
+async def _run_on_loop(func: Callable[[KernelContext], Awaitable[Any]], ctx: KernelContext) -> None:
+    """A kernel's coroutine as a task of its caller's loop: ends the kernel when it ends (an
+    exception fails it with its text and traceback, as on a thread)."""
+    raw = ctx._c
+    try:
+        await _guard(func, ctx)
+    except asyncio.CancelledError:
+        raw.finish(
+            RuntimeError(
+                f"kernel '{raw.kernel_id}': its task was cancelled before the kernel was "
+                f"terminated (its event loop ended, or task.cancel())"
+            )
+        )
+        raise
+    except BaseException as e:
+        raw.finish(e)
+        if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: the loop's to see
+            raise
+    else:
+        raw.finish(None)
 
 
 class KernelAbandoned(BaseException):

@@ -283,6 +283,8 @@ class Runtime:
         self._final_telemetry: Dict[str, Telemetry] = {}
         self._telemetry_on = bool(enable_telemetry)
         self._started = time.monotonic()
+        # Kernels running as tasks of their caller's loop: id -> (loop, task).
+        self._on_loop: Dict[str, Tuple[asyncio.AbstractEventLoop, "asyncio.Task[None]"]] = {}
 
     @property
     def backend(self) -> str:
@@ -345,6 +347,34 @@ class Runtime:
             s.output_queue_size,
         )
         self._block[s.kernel_id] = s.block_timeout
+
+    def _launch_on_loop(self, s: KernelSpec) -> None:
+        """Launches the Python kernel ``s`` as a task of the running event loop: the engine
+        starts no thread; its queues, policies, deadlines, telemetry and terminate report are
+        the engine's, as for a kernel on a thread. The loop's wake-up stays armed for the
+        kernel's life: a send, activate or terminate made on another thread reaches the
+        kernel's waiting future through the loop's socket; one made on the loop's own thread
+        completes it directly."""
+        loop = asyncio.get_running_loop()
+        w = _loop_wake(loop)
+        raw = self._rt.launch(
+            s.kernel_id,
+            None,
+            s.func,
+            s.queue_size,
+            s.backpressure,
+            s.block_timeout,
+            s.priority_lanes,
+            s.output_queue_size,
+            True,
+        )
+        self._block[s.kernel_id] = s.block_timeout
+        self._rt.subscribe(s.kernel_id, w.waker)
+        w.waker.arm()
+        ctx = _kernel.KernelContext(raw, w)
+        task = loop.create_task(_kernel._run_on_loop(s.func, ctx), name=f"resident:{s.kernel_id}")
+        task.add_done_callback(lambda _t: w.waker.disarm())
+        self._on_loop[s.kernel_id] = (loop, task)
 
     def activate(self, kernel_id: str) -> None:
         """``launched | inactive -> active``."""
@@ -409,7 +439,7 @@ class Runtime:
     def _forget(self, kernel_id: str) -> None:
         if self._rt.state(kernel_id) in ("terminated", "failed"):
             self._rt.forget(kernel_id)
-            for d in (self._batch, self._host_state, self._host_buffers, self._block):
+            for d in (self._batch, self._host_state, self._host_buffers, self._block, self._on_loop):
                 d.pop(kernel_id, None)
 
     def _report(self, d: Dict[str, Any]) -> KernelReport:
@@ -836,10 +866,14 @@ class RingKernelRuntime:
         """Like ``Runtime.launch``; returns the launched kernel (a ``RingKernel``: its id and
         this runtime's operations on it). The launch of a device kernel, or of a keyed kernel
         with a device handler (which compiles it: g++ for CudaSim, NVRTC for CUDA) runs on a
-        thread of its own; the loop goes on."""
+        thread of its own; the loop goes on. A Python ring kernel with ``thread=False`` runs as a
+        task of this loop, with no thread (by default it gets a thread, as with
+        ``Runtime.launch``)."""
         s = _spec(kernel_id, kernel_func, overrides)
         if _compiles(s):
             await _in_thread(self.sync.launch, kernel_id, kernel_func, **overrides)
+        elif isinstance(s, KernelSpec) and s.thread is False:
+            self.sync._launch_on_loop(s)
         else:
             self.sync.launch(kernel_id, kernel_func, **overrides)
         return RingKernel(self, kernel_id)
@@ -895,16 +929,28 @@ class RingKernelRuntime:
         look: Callable[[], Any],
         deadline: Optional[float],
         fast_looks: bool = False,
+        looked: bool = False,
     ) -> Any:
         """Calls ``look()`` (which never waits) until it returns something other than
         ``_NOTHING``, awaiting the kernel's wake-up between looks; ``_NOTHING`` once the
         loop's clock passed ``deadline``. ``fast_looks``: the kernel's outputs come from a
-        device, which delivers no wake-up: look again after 0.5 ms, doubling to 8 ms."""
+        device, which delivers no wake-up: look again after 0.5 ms, doubling to 8 ms.
+        ``looked``: the caller looked just before (a kernel on this loop cannot have run
+        since)."""
+        here = self.sync._on_loop.get(kernel_id)
+        if here is not None and not fast_looks:
+            loop = asyncio.get_running_loop()
+            if here[0] is loop:
+                return await self._until_here(loop, look, deadline, looked)
         r = look()
         if r is not _NOTHING:
             return r
         loop = asyncio.get_running_loop()
-        if self.linger > 0 and len(asyncio.all_tasks(loop)) <= self.linger_tasks:
+        if (
+            self.linger > 0
+            and kernel_id not in self.sync._on_loop  # it runs on this thread: it would wait
+            and len(asyncio.all_tasks(loop)) <= self.linger_tasks
+        ):
             # Bounded (1 ms at most in all) and idle (the GIL is released): the kernel's
             # answer usually comes within it, and then costs no round through the loop. The
             # bell also rings for other news (an input taken): look after each ring.
@@ -943,6 +989,40 @@ class RingKernelRuntime:
                     w.futs.discard(f)
         finally:
             w.waker.disarm()
+
+    async def _until_here(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        look: Callable[[], Any],
+        deadline: Optional[float],
+        looked: bool,
+    ) -> Any:
+        """``_until`` for a kernel that runs on this very loop: it cannot run while this
+        coroutine looks, its bell is this loop's (subscribed and armed for the kernel's life,
+        see ``Runtime._launch_on_loop``) and a ring made on this thread completes the waiting
+        future directly: one look after each wake-up does, with no linger, subscribe or arm."""
+        if not looked:
+            r = look()
+            if r is not _NOTHING:
+                return r
+        w = _loop_wake(loop)
+        gap = self.look_interval
+        while True:
+            now = loop.time()
+            if deadline is not None and now >= deadline:
+                return _NOTHING
+            until = now + gap if deadline is None else min(deadline, now + gap)
+            f = loop.create_future()
+            w.futs.add(f)
+            h = loop.call_at(until, _settle, f)
+            try:
+                await f
+            finally:
+                h.cancel()
+                w.futs.discard(f)
+            r = look()
+            if r is not _NOTHING:
+                return r
 
     def _deadline(self, timeout: Optional[float]) -> Optional[float]:
         if timeout is None:
@@ -1024,7 +1104,9 @@ class RingKernelRuntime:
             raise
         if r is not _NOTHING:
             return r
-        r = await self._until(kernel_id, lambda: rt.take(kernel_id, 0.0), self._deadline(timeout))
+        r = await self._until(
+            kernel_id, lambda: rt.take(kernel_id, 0.0), self._deadline(timeout), looked=True
+        )
         if r is _NOTHING:
             raise ReceiveTimeoutError(
                 f"kernel '{kernel_id}': no output within {timeout} s", kernel_id, "receive"
@@ -1059,7 +1141,7 @@ class RingKernelRuntime:
             _wrong_kernel(self.sync, kernel_id, "call", msg)
             raise
         try:
-            r = await self._until(kernel_id, pc.poll, deadline)
+            r = await self._until(kernel_id, pc.poll, deadline, looked=True)
         except BaseException:
             pc.cancel()
             raise
@@ -1308,21 +1390,39 @@ class RingKernel:
 
 
 class _LoopWake:
-    """One event loop's wake-up: the socket it watches and the futures waiting on it."""
+    """One event loop's wake-up: the socket it watches and the futures waiting on it. A
+    kernel's ring made on the loop's own thread (a send from a coroutine to a kernel on the
+    loop, a kernel on the loop publishing) settles the futures directly (``_settle_all``),
+    without the socket."""
 
-    __slots__ = ("waker", "futs", "__weakref__")
+    __slots__ = ("waker", "futs", "loop", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.waker = _resident.Waker()
         self.futs: "set[asyncio.Future[Any]]" = set()
+        self.loop = loop
         loop.add_reader(self.waker.fileno(), self._on_wake)
+        # A weak reference: the waker (held by this object) must not keep it alive.
+        self.waker.set_local(functools.partial(_local_wake, weakref.ref(self)))
 
     def _on_wake(self) -> None:
         self.waker.drain()
+        self._settle_all()
+
+    def _settle_all(self) -> None:
         futs, self.futs = self.futs, set()
         for f in futs:
             if not f.done():
-                f.set_result(None)
+                try:
+                    f.set_result(None)
+                except RuntimeError:  # its loop was closed meanwhile: nobody awaits it
+                    pass
+
+
+def _local_wake(ref: "weakref.ref[_LoopWake]") -> None:
+    w = ref()
+    if w is not None:
+        w._settle_all()
 
 
 _wakes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWake]" = (

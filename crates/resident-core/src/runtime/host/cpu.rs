@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use resident_ring::{Envelope, Message, Slot};
 
-use crate::runtime::context::{Context, LoopContext};
+use crate::runtime::context::{Context, LoopContext, OutsideLoop};
 use crate::runtime::host::{panic_text, RingHost};
 use crate::runtime::io::KernelIo;
 use crate::runtime::kernel::{Body, HandlerFn, LoopFn};
@@ -37,7 +37,12 @@ impl<In: Message, Out: Message, S: Send + 'static> RingHost<In, Out> for CpuHost
         match body {
             Body::Handler(h) => run_handler(io, out, ctx, h),
             Body::Loop(f) => run_loop(io, out, ctx, f),
+            Body::Outside(f) => f(OutsideLoop::new(LoopContext::new(ctx, out), io.clone())),
         }
+    }
+
+    fn threadless(&self) -> bool {
+        matches!(self.body, Body::Outside(_))
     }
 }
 
@@ -159,5 +164,9 @@ impl<In: Message, Out: Message, S: Send + 'static> RingHost<In, Out>
         let KeepState { host, state } = *self;
         Box::new(host).run(io, out);
         drop(state);
+    }
+
+    fn threadless(&self) -> bool {
+        self.host.threadless()
     }
 }

@@ -36,6 +36,12 @@ pub trait RingHost<In: Message, Out: Message>: Send + 'static {
     /// kernel can be found by id: whatever producers must find the moment they find the kernel
     /// (a device kernel's peer-input slot, `device::DeviceHost`).
     fn publish(&self, _io: &Arc<KernelIo<In, Out>>) {}
+    /// Whether `run` only hands the kernel to whoever drives it from outside the engine
+    /// (`RingKernel::run_outside`) and returns: no host thread is started then, `run` is
+    /// called on the launching thread, and the driver reports the exit itself.
+    fn threadless(&self) -> bool {
+        false
+    }
 }
 
 /// Starts the kernel's host thread, which waits for `activate` before handling anything.
@@ -47,6 +53,11 @@ pub(crate) fn spawn<In: Message, Out: Message>(
     host.publish(&io);
     let io2 = io.clone();
     let publisher = Publisher::new(io.clone(), output);
+    if host.threadless() {
+        *io.outside_thread.lock() = Some(std::thread::current().id());
+        host.run(&io2, publisher);
+        return Ok(());
+    }
     let handle = std::thread::Builder::new()
         .name(format!("resident:{}", io.id))
         .spawn(move || {
