@@ -83,8 +83,19 @@ fn env(id: u64, priority: u8) -> Envelope {
 
 const T: Duration = Duration::from_secs(30);
 
+/// The tests of this file take turns. They share one strict CudaSim context, where a module load
+/// waits for every running block (as the driver does) and fails after 10 s: a test that loads
+/// its module while a neighbour's long run holds its block would fail for the neighbour's sake
+/// (it did, under load: `WouldWaitForDevice { call: ModuleLoad, .. }`). One at a time, each
+/// test's loads meet no other test's blocks.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn fifo_within_a_lane_and_reply_envelope() {
+    let _serial = serial();
     let mut q = launch("fifo", DOUBLE, 32, cfg(1, 64, 64));
     q.activate();
     let mut e = env(1, 7);
@@ -117,6 +128,7 @@ fn fifo_within_a_lane_and_reply_envelope() {
 
 #[test]
 fn highest_lane_drains_first() {
+    let _serial = serial();
     let mut q = launch("lanes", DOUBLE, 256, cfg(4, 64, 256));
     // Queue everything before activation so the first batch sees all lanes full.
     let prios = [0u8, 64, 128, 255, 10, 70, 200, 130];
@@ -153,6 +165,7 @@ fn highest_lane_drains_first() {
 
 #[test]
 fn batches_are_at_most_the_batch_size() {
+    let _serial = serial();
     let mut q = launch("batches", DOUBLE, 64, cfg(2, 1024, 64));
     for i in 0..1000u64 {
         q.send(env(i + 1, (i % 256) as u8), i).unwrap();
@@ -169,6 +182,7 @@ fn batches_are_at_most_the_batch_size() {
 
 #[test]
 fn handler_without_output_is_compacted() {
+    let _serial = serial();
     let mut q = launch("compact", EVEN, 64, cfg(1, 256, 256));
     for i in 1..=200u64 {
         q.send(env(i, 1), i).unwrap();
@@ -184,6 +198,7 @@ fn handler_without_output_is_compacted() {
 
 #[test]
 fn deactivate_parks_and_activate_resumes() {
+    let _serial = serial();
     let mut q = launch("park", DOUBLE, 32, cfg(1, 64, 64));
     wait_until("idle before activation", || {
         q.device_counters().state == Some(DeviceState::Idle)
@@ -221,6 +236,7 @@ fn deactivate_parks_and_activate_resumes() {
 
 #[test]
 fn terminate_reports_what_was_left() {
+    let _serial = serial();
     let mut q = launch("left", DOUBLE, 32, cfg(2, 64, 64));
     for i in 1..=5u64 {
         q.send(env(i, 200), i).unwrap();
@@ -239,6 +255,7 @@ fn terminate_reports_what_was_left() {
 
 #[test]
 fn heartbeat_keeps_alive_and_its_absence_stops_the_device() {
+    let _serial = serial();
     // A timeout far above the beat period: on a loaded 2-core machine the beating thread can
     // be descheduled for tens of milliseconds.
     let mut q = launch_with(
@@ -274,6 +291,7 @@ fn heartbeat_keeps_alive_and_its_absence_stops_the_device() {
 
 #[test]
 fn full_lane_hands_the_message_back_and_output_backpressure_never_drops() {
+    let _serial = serial();
     let mut q = launch("backpressure", DOUBLE, 32, cfg(1, 16, 32));
     q.activate();
     // The host does not receive: the device fills the output ring (32), then the lane (16)
@@ -316,6 +334,7 @@ fn full_lane_hands_the_message_back_and_output_backpressure_never_drops() {
 
 #[test]
 fn terminate_with_full_output_counts_undelivered() {
+    let _serial = serial();
     let mut q = launch("undelivered", DOUBLE, 32, cfg(1, 64, 32));
     for i in 1..=64u64 {
         q.send(env(i, 0), i).unwrap();
@@ -335,6 +354,7 @@ fn terminate_with_full_output_counts_undelivered() {
 
 #[test]
 fn stress_exactly_once_across_lanes() {
+    let _serial = serial();
     // Fewer messages than the CPU stress test: every batch is ~6 block-wide barriers of real
     // OS threads on a 2-core machine.
     const N: u64 = 200_000;
@@ -385,6 +405,7 @@ fn stress_exactly_once_across_lanes() {
 
 #[test]
 fn invalid_configurations_are_typed_errors() {
+    let _serial = serial();
     for bad in [cfg(0, 8, 8), cfg(9, 8, 8), cfg(1, 3, 8), cfg(1, 8, 0)] {
         assert!(matches!(
             resident_cuda::persistent::PersistentQueues::<u64, u64>::on_heap(bad),
@@ -405,6 +426,7 @@ fn invalid_configurations_are_typed_errors() {
 
 #[test]
 fn priority_mapping_covers_every_lane_in_order() {
+    let _serial = serial();
     for n in 1..=8 {
         let lanes: Vec<usize> = (0..=255u8).map(|p| lane_for_priority(p, n)).collect();
         assert_eq!(lanes[0], 0);
@@ -432,6 +454,7 @@ __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out,
 
 #[test]
 fn device_state_persists_across_batches() {
+    let _serial = serial();
     let mut q = launch("state", COUNT_OR_TRAP, 32, cfg(1, 256, 256));
     q.activate();
     let mut seen = Vec::new();
@@ -455,6 +478,7 @@ fn device_state_persists_across_batches() {
 
 #[test]
 fn a_trapping_handler_faults_the_block_and_check_reports_it() {
+    let _serial = serial();
     // A fault loses the context for the whole process (as on a GPU): alone, in its own.
     if !resident_cuda::sim_driver::fault_test_in_own_process(
         "a_trapping_handler_faults_the_block_and_check_reports_it",
@@ -504,6 +528,7 @@ fn a_trapping_handler_faults_the_block_and_check_reports_it() {
 
 #[test]
 fn a_handler_using_what_the_shim_lacks_is_a_compile_error_naming_it() {
+    let _serial = serial();
     let src = "__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) { \
                *out = __syncthreads_count(*in > 3); return true; }";
     match launch_with("lacks", src, 32, cfg(1, 64, 64), None) {
@@ -524,6 +549,7 @@ fn a_handler_using_what_the_shim_lacks_is_a_compile_error_naming_it() {
 /// blocks), compacting outputs in input order across blocks through its chained scan.
 #[test]
 fn launch_per_batch_kernel_covers_the_batch_with_a_grid_and_keeps_order() {
+    let _serial = serial();
     use resident_cuda::persistent::{batch_scan_bytes, compile_sim};
     let src = source("batch-grid", EVEN, 64);
     let inst = compile_sim(&src).unwrap().instantiate().unwrap();
@@ -587,6 +613,7 @@ __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out,
 /// would catch handlers between their two adds (each sleeps 1 ms between them).
 #[test]
 fn state_reads_while_running_see_only_batch_boundaries() {
+    let _serial = serial();
     let u64_decl = MessageDecl::new("U64", "typedef unsigned long long U64;", 8);
     let src = KernelSource::new(
         "state_reads",
@@ -696,6 +723,7 @@ fn wide_kernel(name: &str, batch: u32, queues: QueueConfig) -> SimKernel<[u64; 8
 /// a protocol change that moves them must change this test on purpose.
 #[test]
 fn bus_model_counts_reads_writes_and_the_dependent_chain() {
+    let _serial = serial();
     const N: usize = 40;
     let mut k = wide_kernel("bus_one", 256, cfg(1, 1024, 1024));
     k.activate();
@@ -790,6 +818,7 @@ fn launch_bulk(
 /// a switch): every message comes back exactly once, FIFO within its lane, with its value.
 #[test]
 fn bulk_lane_keeps_fifo_per_lane_across_path_switches() {
+    let _serial = serial();
     const N: u64 = 60_000;
     const THRESHOLD: usize = 24;
     for mode in [BulkMode::Auto, BulkMode::On] {
@@ -860,6 +889,7 @@ fn bulk_lane_keeps_fifo_per_lane_across_path_switches() {
 /// history were handled.
 #[test]
 fn bulk_lane_messages_come_back_at_terminate() {
+    let _serial = serial();
     let mut q = launch_bulk("bulk_left", DOUBLE, 32, cfg(2, 64, 64), BulkMode::Auto, 8);
     // Never activated: a short run on lane 1 (LL), a long run on lane 0 (bulk).
     for i in 1..=3u64 {
@@ -890,6 +920,7 @@ fn bulk_lane_messages_come_back_at_terminate() {
 /// twice, order kept.
 #[test]
 fn bulk_lane_survives_quiesce_and_resume() {
+    let _serial = serial();
     let mut q = launch_bulk("bulk_park", DOUBLE, 32, cfg(1, 256, 256), BulkMode::On, 1);
     q.activate();
     let mut got: Vec<Slot<u64>> = Vec::new();
@@ -928,6 +959,7 @@ fn bulk_lane_survives_quiesce_and_resume() {
 /// the rest from device memory.
 #[test]
 fn bus_model_counts_the_bulk_path_apart() {
+    let _serial = serial();
     let mut q = launch_bulk(
         "bulk_bus",
         DOUBLE,
@@ -986,6 +1018,7 @@ fn bus_model_counts_the_bulk_path_apart() {
 /// once with a typed error naming what was asked for, and quotes nothing of the file.
 #[test]
 fn hostile_includes_are_refused_before_any_compiler_runs() {
+    let _serial = serial();
     let dir = std::env::temp_dir().join(format!("resident-hostile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cycle = dir.join("cycle.h");
