@@ -979,14 +979,7 @@ class RingKernelRuntime:
                 until = now + gap if deadline is None else min(deadline, now + gap)
                 if fast_looks:
                     gap = min(gap * 2, 8e-3)
-                f = loop.create_future()
-                w.futs.add(f)
-                h = loop.call_at(until, _settle, f)
-                try:
-                    await f
-                finally:
-                    h.cancel()
-                    w.futs.discard(f)
+                await _park(loop, w, until)
         finally:
             w.waker.disarm()
 
@@ -1012,14 +1005,7 @@ class RingKernelRuntime:
             if deadline is not None and now >= deadline:
                 return _NOTHING
             until = now + gap if deadline is None else min(deadline, now + gap)
-            f = loop.create_future()
-            w.futs.add(f)
-            h = loop.call_at(until, _settle, f)
-            try:
-                await f
-            finally:
-                h.cancel()
-                w.futs.discard(f)
+            await _park(loop, w, until)
             r = look()
             if r is not _NOTHING:
                 return r
@@ -1440,6 +1426,19 @@ def _loop_wake(loop: asyncio.AbstractEventLoop) -> _LoopWake:
 def _settle(f: "asyncio.Future[Any]") -> None:
     if not f.done():
         f.set_result(None)
+
+
+async def _park(loop: asyncio.AbstractEventLoop, w: _LoopWake, until: float) -> None:
+    """Waits on this loop until a ring of ``w`` completes the wait's future, or ``until``
+    (loop time), whichever is first; the future and its timer are gone afterwards."""
+    f = loop.create_future()
+    w.futs.add(f)
+    h = loop.call_at(until, _settle, f)
+    try:
+        await f
+    finally:
+        h.cancel()
+        w.futs.discard(f)
 
 
 async def _in_thread(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
