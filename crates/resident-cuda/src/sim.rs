@@ -524,6 +524,29 @@ impl SimInstance {
         }
     }
 
+    /// Sets this copy's function pointer `name` (an `extern "C"` pointer variable of the
+    /// module, such as the one an external handler is called through) to `addr`. Other copies
+    /// of the module keep their own.
+    ///
+    /// # Safety
+    /// `addr` must be a function of the pointer's C signature that stays callable for as long
+    /// as any kernel of this instance runs.
+    pub unsafe fn bind_fn(&self, name: &str, addr: usize) -> Result<(), SimError> {
+        let missing = || SimError::NoEntry {
+            module: self.module.clone(),
+            entry: name.into(),
+        };
+        let lib = self.lib.as_ref().ok_or_else(missing)?;
+        let symbol = format!("{name}\0");
+        // SAFETY: the symbol is a pointer-sized global of the module (the template declares it
+        // as a function pointer); no kernel of this instance runs yet, so nothing reads it
+        // while it is written.
+        let var: libloading::Symbol<*mut usize> =
+            lib.get(symbol.as_bytes()).map_err(|_| missing())?;
+        std::ptr::write_volatile(*var, addr);
+        Ok(())
+    }
+
     /// The bus model's counters of this instance's kernel (see [`crate::bus`]); `None` for an
     /// object built without them. Readable while the kernel runs (a snapshot).
     pub fn bus_stats(&self) -> Option<crate::bus::BusStats> {

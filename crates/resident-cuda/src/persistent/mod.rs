@@ -59,9 +59,9 @@ pub use kernel::{
 pub use peer::{LinkRefused, PeerInput, PeerPhase, PeerRing, UnlinkTimeout};
 pub use sim::{SimBuffers, SimKernel, SimLaunchOptions, SimState, MIN_RUN_BETWEEN_ACCESSES};
 pub use template::{
-    buffer_table_bytes, compile_sim, compile_sim_with, is_c_identifier, parse_ptxas_report,
-    BufferDecl, BufferInit, CompiledKernel, KernelSource, MessageDecl, SassReport,
-    BUFFER_ENTRY_BYTES, SIM_ARCH,
+    buffer_table_bytes, compile_sim, compile_sim_with, external_pointer_name, is_c_identifier,
+    parse_ptxas_report, BufferDecl, BufferInit, CompiledKernel, ExternalFn, KernelSource,
+    MessageDecl, SassReport, BUFFER_ENTRY_BYTES, EXTERNAL_FN_SIGNATURE, SIM_ARCH,
 };
 #[cfg(feature = "driver")]
 pub use template::{compile_ptx, compile_sass_report};

@@ -570,6 +570,13 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         opts: &SimLaunchOptions,
     ) -> Result<Self, PersistentError> {
         check_launch::<In, Out>(source, initial_state, &opts.queues, &opts.buffers)?;
+        if source
+            .external
+            .as_ref()
+            .is_some_and(|f| f.host_fn.is_none())
+        {
+            return Err(no_host_fn(source));
+        }
         let ctx = SimContext::get();
         // The driver model: a lost context with no kernel of it left is reset (as the GPU
         // launcher's `Device::open` does); a kernel of a lost context cannot launch
@@ -610,7 +617,15 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         };
         // Each kernel runs a private copy of the object (its `__shared__` statics are its
         // own); on a GPU one loaded module serves every kernel of the source.
-        let instance = Arc::new(module.instantiate()?);
+        let instance = module.instantiate()?;
+        if let Some(f) = &source.external {
+            let addr = f.host_fn.ok_or_else(|| no_host_fn(source))?;
+            // SAFETY: `ExternalFn::host_fn` is a function of the template's declared signature
+            // that its maker keeps callable while kernels of the source run; nothing runs on
+            // this copy yet.
+            unsafe { instance.bind_fn(&super::template::external_pointer_name(&f.symbol), addr)? };
+        }
+        let instance = Arc::new(instance);
         let mut queues = PersistentQueues::<In, Out>::in_arena(opts.queues, sim_arena())?;
         // Device memory: stream-ordered allocation and copies on a side stream.
         let device_alloc = |len: usize| -> Result<SharedMemory, PersistentError> {
@@ -1131,4 +1146,12 @@ impl<In: Pod + Send, Out: Pod + Send> Drop for SimKernel<In, Out> {
             }
         }
     }
+}
+
+/// The error for a kernel whose external handler has no native form for CudaSim.
+fn no_host_fn(source: &KernelSource) -> PersistentError {
+    PersistentError::config(format!(
+        "kernel `{}`: its external function has no host form to run on CudaSim (compiled for a GPU only)",
+        resident_ring::message::quoted_name(&source.name)
+    ))
 }

@@ -187,6 +187,39 @@ pub struct KernelSource {
     /// const Envelope*)`, `KeyState` being the buffer's element type, and messages of one key
     /// are handled in batch order (one round per message of the busiest key of the batch).
     pub key_field: Option<String>,
+    /// A handler compiled outside the template (a Python function compiled by Numba) that the
+    /// handler text calls: see [`ExternalFn`].
+    pub external: Option<ExternalFn>,
+}
+
+/// A function compiled outside the template that the handler calls by its C name, with the C
+/// signature [`EXTERNAL_FN_SIGNATURE`]: `int symbol(void* state, const void* in, void* out,
+/// const void* env)`, nonzero to send `out` (the Python package's `numba=` handlers: Numba
+/// compiles the user's function once per engine). The template declares it (the handler text
+/// must not): on a GPU as an `extern "C" __device__` function that nvJitLink links in from
+/// [`ltoir`](Self::ltoir); on CudaSim as a function pointer the launcher sets, in each loaded
+/// copy of the module, to [`host_fn`](Self::host_fn).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ExternalFn {
+    /// The C name (an identifier).
+    pub symbol: String,
+    /// The function as LTO-IR for the real architecture it names (`sm_90`): what nvJitLink
+    /// links with the template's own LTO-IR into the kernel's machine code. `None`: the kernel
+    /// cannot run on a GPU.
+    pub ltoir: Option<(String, Vec<u8>)>,
+    /// CudaSim: the address of a native function of this process with the same C signature,
+    /// which must stay callable for as long as any kernel of this source runs. `None`: the
+    /// kernel cannot run on CudaSim.
+    pub host_fn: Option<usize>,
+}
+
+/// The C signature of an [`ExternalFn`], as the template declares it (`%s` its name).
+pub const EXTERNAL_FN_SIGNATURE: &str =
+    "int %s(void* state, const void* in, void* out, const void* env)";
+
+/// The CudaSim module's function pointer an [`ExternalFn`] named `symbol` is called through.
+pub fn external_pointer_name(symbol: &str) -> String {
+    format!("{symbol}_resident_host_fn")
 }
 
 /// The deepest a kernel's source text (handler, type declarations) may nest brackets (`(`, `[`,
@@ -362,7 +395,14 @@ impl KernelSource {
             batch_size,
             buffers: Vec::new(),
             key_field: None,
+            external: None,
         }
+    }
+
+    /// The same source calling `f` (see [`ExternalFn`]); the handler text calls it by name.
+    pub fn with_external(mut self, f: ExternalFn) -> Self {
+        self.external = Some(f);
+        self
     }
 
     /// The same source with `buffers` bound (the handler takes `ResidentBuffers*`).
@@ -437,6 +477,19 @@ impl KernelSource {
             if self.buffers.first().map(|b| b.name.as_str()) != Some("keys") {
                 return bad(
                     "a keyed kernel's first bound buffer must be its key states, `keys`".into(),
+                );
+            }
+        }
+        if let Some(f) = &self.external {
+            if !is_c_identifier(&f.symbol) {
+                return bad(format!(
+                    "external function `{}` is not a C identifier",
+                    q(&f.symbol)
+                ));
+            }
+            if !self.buffers.is_empty() && self.key_field.is_none() {
+                return bad(
+                    "an external function takes no bound buffers (state, in, out, env only)".into(),
                 );
             }
         }
@@ -587,6 +640,18 @@ impl KernelSource {
         );
         // `#line` so compiler diagnostics (NVRTC's and the host compiler's) name the handler's
         // own lines and the template's.
+        if let Some(f) = &self.external {
+            // On CudaSim a pointer the launcher sets per loaded copy (`external_pointer_name`),
+            // called through a function of the same name; on a GPU a function nvJitLink links in.
+            let sig = |name: &str| EXTERNAL_FN_SIGNATURE.replace("%s", name);
+            let ptr = external_pointer_name(&f.symbol);
+            let _ = writeln!(
+                s,
+                "#ifdef RESIDENT_SIM\nextern \"C\" {{ __attribute__((visibility(\"default\"))) int (*{ptr})(void*, const void*, void*, const void*) = 0; }}\nstatic __device__ {} {{ return {ptr}(state, in, out, env); }}\n#else\nextern \"C\" __device__ {};\n#endif",
+                sig(&f.symbol),
+                sig(&f.symbol)
+            );
+        }
         s.push_str("// ---- user handler ----\n#line 1 \"handler.cu\"\n");
         s.push_str(&self.handler);
         s.push_str("\n// ---- template body ----\n#line 1 \"persistent_ring.cu\"\n");
