@@ -7,7 +7,9 @@ use std::sync::Arc;
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 use std::time::Duration;
 
-use resident_cuda::persistent::{BufferDecl, BufferInit, KernelSource, MessageDecl, QueueConfig};
+use resident_cuda::persistent::{
+    BufferDecl, BufferInit, ExternalFn, KernelSource, MessageDecl, QueueConfig,
+};
 #[cfg(feature = "cuda")]
 use resident_cuda::persistent::{GpuBuffers, LaunchOptions, PersistentKernel};
 use resident_ring::message::{CField, LayoutError, StructLayout};
@@ -74,6 +76,8 @@ pub struct CudaHandler<In, Out> {
     pub(crate) buffers: Vec<(String, ElemDecl)>,
     /// A keyed kernel's key field in the input message (`CudaHandler::keyed`).
     pub(crate) key_field: Option<String>,
+    /// A function compiled outside the template that `source` calls (`CudaHandler::external`).
+    pub(crate) external: Option<ExternalFn>,
     _types: std::marker::PhantomData<fn(In) -> Out>,
 }
 
@@ -89,6 +93,7 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
             state_decl: MessageDecl::new("ResidentNoState", NO_STATE_DECL, 4),
             buffers: Vec::new(),
             key_field: None,
+            external: None,
             _types: std::marker::PhantomData,
             decls: (
                 MessageDecl::new(In::C_NAME, In::c_declarations(), std::mem::size_of::<In>()),
@@ -143,6 +148,14 @@ impl<In: DeviceMessage, Out: DeviceMessage> CudaHandler<In, Out> {
 }
 
 impl<In: Message, Out: Message> CudaHandler<In, Out> {
+    /// A function compiled elsewhere that `source` calls by its C name (the Python package's
+    /// `numba=` handlers): the template declares it, nvJitLink links its LTO-IR into the
+    /// kernel on a GPU and CudaSim calls its native form (see [`ExternalFn`]).
+    pub fn external(mut self, f: ExternalFn) -> Self {
+        self.external = Some(f);
+        self
+    }
+
     /// The name of the handler function in `source` (default `handle`).
     pub fn function(mut self, name: impl Into<String>) -> Self {
         self.function = name.into();
@@ -170,6 +183,7 @@ impl<In: Message, Out: Message> CudaHandler<In, Out> {
             _types: std::marker::PhantomData,
             decls: io_decls(input, output)?,
             key_field: None,
+            external: None,
         })
     }
 
@@ -301,6 +315,7 @@ impl<In, Out> CudaHandler<In, Out> {
         );
         source.handler_fn = self.function.clone();
         source.key_field = self.key_field.clone();
+        source.external = self.external.clone();
         source.with_buffers(buffers)
     }
 

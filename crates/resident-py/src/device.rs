@@ -11,7 +11,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use resident::backend::wgpu::ring::WgslLaunchError;
 use resident::backend::DeviceError;
-use resident::cuda::persistent::PersistentError;
+use resident::cuda::persistent::{ExternalFn, PersistentError};
 use resident::prelude::{CudaHandler, WgslHandler};
 use resident::ring::message::{FieldLayout, LayoutError, Scalar, StructLayout};
 
@@ -96,11 +96,18 @@ pub(crate) fn bind_error(
     )
 }
 
+/// A `numba=` handler's compiled forms, as Python passes them: its C name, its LTO-IR for a
+/// GPU architecture (`("sm_90", bytes)`) and the address of its native form for CudaSim (a
+/// Numba `cfunc` the Python spec keeps alive for the kernel's life).
+pub(crate) type ExternalArgs = (String, Option<(String, Vec<u8>)>, Option<usize>);
+
 /// One CUDA or WGSL handler: its source and function name.
 #[derive(Clone)]
 pub(crate) struct Source {
     pub text: String,
     pub function: String,
+    /// A `numba=` handler's compiled function, which `text` calls.
+    pub external: Option<ExternalFn>,
 }
 
 /// A device kernel's layouts and handler sources, checked when it is declared.
@@ -123,7 +130,7 @@ impl DeviceSpec {
     /// Checks the layouts (every record padded to `record` bytes) and, when a WGSL source is
     /// given, that WGSL can hold them byte for byte; raises `DtypeLayoutError` otherwise.
     #[new]
-    #[pyo3(signature = (record, in_fields, out_fields, state_fields, state_size, state_init, cuda, wgsl, function, wgsl_in_order, workgroup_size, origins, atomic_buffers=Vec::new(), buffer_types=Vec::new()))]
+    #[pyo3(signature = (record, in_fields, out_fields, state_fields, state_size, state_init, cuda, wgsl, function, wgsl_in_order, workgroup_size, origins, atomic_buffers=Vec::new(), buffer_types=Vec::new(), external=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -141,6 +148,7 @@ impl DeviceSpec {
         origins: (String, String, String),
         atomic_buffers: Vec<String>,
         buffer_types: Vec<(String, String)>,
+        external: Option<ExternalArgs>,
     ) -> PyResult<Self> {
         if cuda.is_none() && wgsl.is_none() {
             return Err(PyValueError::new_err(
@@ -175,10 +183,16 @@ impl DeviceSpec {
             cuda: cuda.map(|text| Source {
                 text,
                 function: function.clone(),
+                external: external.map(|(symbol, ltoir, host_fn)| ExternalFn {
+                    symbol,
+                    ltoir,
+                    host_fn,
+                }),
             }),
             wgsl: wgsl.map(|text| Source {
                 text,
                 function: function.clone(),
+                external: None,
             }),
             wgsl_in_order,
             workgroup_size,
@@ -268,6 +282,9 @@ impl DeviceSpec {
         let mut h =
             CudaHandler::<In, Out>::with_layouts(src.text.clone(), &self.input, &self.output)?
                 .function(src.function.clone());
+        if let Some(f) = &src.external {
+            h = h.external(f.clone());
+        }
         if let Some((l, init)) = &self.state {
             h = h.state_layout(l, init.clone())?;
         }

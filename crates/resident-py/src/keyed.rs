@@ -326,6 +326,10 @@ fn launch_nm<const N: usize, const M: usize>(a: Args<'_>) -> Result<Launched, La
             .map_err(LaunchError::Layout)?
             .function(CUDA_ENTRY)
             .keyed::<KeyBlob<M>>(a.key_field.clone());
+            let h = match &src.external {
+                Some(f) => h.external(f.clone()),
+                None => h,
+            };
             k = k.key_cuda(h);
         }
         if let Some(src) = &d.wgsl {

@@ -366,7 +366,21 @@ fn anomaly<'py>(
     ))
 }
 
+/// The CUDA C handlers of a workload as `resident-workloads` ships them (`"anomaly"`,
+/// `"pipeline"`): the twins of the Python package's `numba=` handlers.
+#[pyfunction]
+fn workload_cuda_source(name: &str) -> PyResult<&'static str> {
+    match name {
+        "anomaly" => Ok(detector::ANOMALY_CU),
+        "pipeline" => Ok(resident_workloads::pipeline::PIPELINE_CU),
+        other => Err(PyValueError::new_err(format!(
+            "no CUDA C source of a workload named {other:?}: \"anomaly\" or \"pipeline\""
+        ))),
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(workload_cuda_source, m)?)?;
     m.add_function(wrap_pyfunction!(pagerank, m)?)?;
     m.add_function(wrap_pyfunction!(streaming_pagerank, m)?)?;
     m.add_function(wrap_pyfunction!(anomaly, m)?)?;

@@ -71,7 +71,9 @@ pub mod cuda {
     ///
     /// [`DeviceError::Cuda`]: crate::backend::DeviceError::Cuda
     pub mod persistent {
-        pub use resident_cuda::persistent::{FaultCause, PersistentError, SassReport, Unavailable};
+        pub use resident_cuda::persistent::{
+            ExternalFn, FaultCause, PersistentError, SassReport, Unavailable, EXTERNAL_FN_SIGNATURE,
+        };
 
         /// CudaSim's persistent kernels.
         #[doc(hidden)]

@@ -70,19 +70,41 @@ def batch_kernel(
     backpressure: str = "block",
     block_timeout: float = 1.0,
     max_batch: int = 1024,
+    numba: Any = None,
     **unknown: Any,
 ) -> Any:
     """Declares ``def handle(state, batch) -> out`` as a batch kernel: ``batch`` is a numpy
     array of ``in_dtype`` records, ``out`` an array (or anything ``np.asarray`` turns into one)
     of ``out_dtype`` records (default: ``in_dtype``). ``state`` (e.g. a numpy array) is the
-    kernel's state, passed to every call; the kernel keeps it for its whole life. Any other
-    keyword argument raises ``UnknownArgumentError`` naming the closest known one."""
+    kernel's state, passed to every call; the kernel keeps it for its whole life.
+
+    ``numba=f`` (or ``numba=True`` over ``f``) makes it a ``@device_kernel`` whose handler is
+    ``f(state, inp, out, env) -> bool`` compiled by Numba for every engine
+    (``resident.numba_handlers``); ``state`` is then None or one record of a structured dtype.
+    Any other keyword argument raises ``UnknownArgumentError`` naming the closest known one."""
     reject_unknown(
         "@batch_kernel",
         unknown,
         ("kernel_id", "in_dtype", "out_dtype", "state", "queue_size", "backpressure",
-         "block_timeout", "max_batch"),
+         "block_timeout", "max_batch", "numba"),
     )
+    if numba is not None and numba is not False:
+        from .device import device_kernel
+
+        st = None if state is None else np.asarray(state)
+        return device_kernel(
+            func,
+            kernel_id=kernel_id,
+            in_dtype=in_dtype,
+            out_dtype=out_dtype,
+            state_dtype=None if st is None else st.dtype,
+            state=st,
+            queue_size=queue_size,
+            backpressure=backpressure,
+            block_timeout=block_timeout,
+            max_batch=max_batch,
+            numba=numba,
+        )
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         spec = BatchKernelSpec(

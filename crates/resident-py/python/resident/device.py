@@ -37,6 +37,7 @@ import resident._resident as _resident
 from .batch import BatchKernelSpec, RECORD_SIZES
 from .errors import DtypeLayoutError
 from .kernel import _registry, reject_unknown
+from . import numba_handlers as _numba
 
 __all__ = ["device_kernel", "DeviceKernelSpec", "declarations"]
 
@@ -208,8 +209,21 @@ class DeviceKernelSpec(BatchKernelSpec):
     workgroup_size: int = 64
     buffers: Dict[str, np.ndarray] = field(default_factory=dict)
     atomic_buffers: Tuple[str, ...] = ()
+    numba: Any = None
+    """The ``numba=`` handler (a ``NumbaHandler``), or None."""
 
     def __post_init__(self) -> None:
+        if self.numba is not None:
+            if self.cuda is not None or self.wgsl is not None:
+                raise ValueError(
+                    f"kernel '{self.kernel_id}': numba= is the kernel's handler on every "
+                    f"engine; it takes no cuda= or wgsl= beside it"
+                )
+            if self.buffers:
+                raise ValueError(
+                    f"kernel '{self.kernel_id}': a numba= handler takes no bound buffers "
+                    f"(f(state, inp, out, env) only)"
+                )
         if self.state_dtype is not None and not isinstance(self.state_dtype, np.dtype):
             object.__setattr__(self, "state_dtype", np.dtype(self.state_dtype))
         _state_array(self.state, self.state_dtype)
@@ -224,7 +238,8 @@ class DeviceKernelSpec(BatchKernelSpec):
         k = f"kernel '{self.kernel_id}'"
         for d, n in ((self.in_dtype, "in_dtype"), (self.out_dtype, "out_dtype"),
                      (self.state_dtype, "state_dtype")):
-            _check_names(d, f"{k} {n}", self.cuda is not None, self.wgsl is not None)
+            _check_names(d, f"{k} {n}", self.cuda is not None or self.numba is not None,
+                         self.wgsl is not None)
         self.device_spec()  # refuses a dtype the device cannot hold, now
 
     @property
@@ -264,8 +279,17 @@ class DeviceKernelSpec(BatchKernelSpec):
         """A fresh copy of the initial state (one record of ``state_dtype``)."""
         return _state_array(self.state, self.state_dtype)
 
-    def device_spec(self) -> Any:
-        """The engine's checked description of the layouts and sources."""
+    def device_spec(self, backend: Optional[str] = None) -> Any:
+        """The engine's checked description of the layouts and sources. A ``numba=`` handler
+        is compiled for ``backend`` (``"cuda"``, ``"cudasim"``: None for any other, which runs
+        its CPU form; None: the layouts are checked with its C shim only)."""
+        cuda, external = self.cuda, None
+        if self.numba is not None:
+            if backend not in (None, "cuda", "cudasim"):
+                return None
+            cuda = self.numba.shim()
+            if backend is not None:
+                external = self.numba.external(backend, _numba.device_cc(backend))
         k = f"kernel '{self.kernel_id}'"
         st = self.initial_state()
         sfields = None if self.state_dtype is None else _fields(self.state_dtype, f"{k} state_dtype")
@@ -285,7 +309,7 @@ class DeviceKernelSpec(BatchKernelSpec):
                 sfields,
                 ssize,
                 init,
-                self.cuda,
+                cuda,
                 self.wgsl,
                 self.function,
                 self.wgsl_in_order,
@@ -297,6 +321,7 @@ class DeviceKernelSpec(BatchKernelSpec):
                 ),
                 list(self.atomic_buffers),
                 [(n, _code(v.dtype)) for n, v in self.buffers.items()],
+                external,
             )
         except DtypeLayoutError as e:
             raise DtypeLayoutError(f"{k}: {e}", self.kernel_id, e.detail) from None
@@ -311,6 +336,8 @@ class DeviceKernelSpec(BatchKernelSpec):
 
     def cpu_func(self, buffers: Dict[str, np.ndarray]) -> Callable[..., Any]:
         """The CPU form as the batch runner calls it, ``f(state, batch)``."""
+        if self.numba is not None:
+            return self.numba.batch_runner()
         if not self.buffers:
             return self.func
         return functools.partial(_with_buffers, self.func, buffers)
@@ -323,7 +350,7 @@ class DeviceKernelSpec(BatchKernelSpec):
 _DEVICE_KERNEL_ARGS = (
     "kernel_id", "in_dtype", "out_dtype", "state_dtype", "state", "cuda", "wgsl", "function",
     "wgsl_in_order", "workgroup_size", "buffers", "atomic_buffers", "queue_size",
-    "backpressure", "block_timeout", "max_batch",
+    "backpressure", "block_timeout", "max_batch", "numba",
 )
 
 
@@ -346,6 +373,7 @@ def device_kernel(
     backpressure: str = "block",
     block_timeout: float = 1.0,
     max_batch: int = 1024,
+    numba: Any = None,
     **unknown: Any,
 ) -> Any:
     """Declares a device kernel whose CPU form is ``def handle(state, batch) -> out``.
@@ -365,13 +393,25 @@ def device_kernel(
     handler sees ``name: array<T>`` and ``name_len`` (``atomic_buffers`` lists those it
     updates with atomics), and the CPU form is called ``handle(state, batch, buffers)`` with a
     dict of numpy arrays. ``Runtime.read_buffer``/``write_buffer`` reach them from the host.
-    Any other keyword argument raises ``UnknownArgumentError`` naming the closest known one.
+
+    ``numba=f`` declares the kernel with ``f(state, inp, out, env) -> bool``, compiled by
+    Numba, as its handler on every engine (``resident.numba_handlers``; no ``cuda``/``wgsl``
+    beside it): the call returns ``f``, registered; ``@device_kernel(..., numba=True)`` over
+    ``f`` is the same. Any other keyword argument raises ``UnknownArgumentError`` naming the
+    closest known one.
     """
     reject_unknown("@device_kernel", unknown, _DEVICE_KERNEL_ARGS)
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        kid = kernel_id or f.__name__
+        handler = None
+        if numba is not None and numba is not False:
+            handler = _numba.NumbaHandler(
+                f, kid, "device", None if state_dtype is None else np.dtype(state_dtype),
+                np.dtype(in_dtype), np.dtype(out_dtype if out_dtype is not None else in_dtype),
+            )
         spec = DeviceKernelSpec(
-            kernel_id=kernel_id or f.__name__,
+            kernel_id=kid,
             func=f,
             in_dtype=np.dtype(in_dtype),
             out_dtype=np.dtype(out_dtype if out_dtype is not None else in_dtype),
@@ -388,6 +428,7 @@ def device_kernel(
             workgroup_size=workgroup_size,
             buffers=dict(buffers or {}),
             atomic_buffers=tuple(atomic_buffers),
+            numba=handler,
         )
         f._ring_kernel_spec = spec  # type: ignore[attr-defined]
         _registry[spec.kernel_id] = spec  # type: ignore[assignment]
@@ -395,6 +436,8 @@ def device_kernel(
 
     if func is not None:
         return wrap(func)
+    if callable(numba) and numba is not True:
+        return wrap(numba)
     return wrap
 
 

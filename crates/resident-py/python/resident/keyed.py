@@ -38,6 +38,7 @@ from .batch import BatchKernelSpec, to_records
 from .device import _check_names, _fields, _natural_size
 from .errors import DtypeLayoutError, KeyOutOfRange
 from .kernel import _registry, reject_unknown
+from . import numba_handlers as _numba
 
 __all__ = ["keyed_kernel", "KeyedKernelSpec", "KeyOutOfRange"]
 
@@ -78,9 +79,16 @@ class KeyedKernelSpec(BatchKernelSpec):
     function: str = "handle"
     workgroup_size: int = 64
     workers: int = 1
+    numba: Any = None
+    """The ``numba=`` handler (a ``NumbaHandler``), or None."""
 
     def __post_init__(self) -> None:
         k = f"kernel '{self.kernel_id}'"
+        if self.numba is not None and (self.cuda is not None or self.wgsl is not None):
+            raise ValueError(
+                f"{k}: numba= is the kernel's handler on every engine; it takes no cuda= or "
+                f"wgsl= beside it"
+            )
         if self.state_dtype is None:
             raise DtypeLayoutError(f"{k}: a keyed kernel needs its state_dtype", self.kernel_id)
         object.__setattr__(self, "state_dtype", np.dtype(self.state_dtype))
@@ -112,10 +120,11 @@ class KeyedKernelSpec(BatchKernelSpec):
                 self.kernel_id,
                 self.key_field,
             )
-        on_device = self.cuda is not None or self.wgsl is not None
+        on_device = self.cuda is not None or self.wgsl is not None or self.numba is not None
         for d, n in ((self.in_dtype, "in_dtype"), (self.out_dtype, "out_dtype"),
                      (self.state_dtype, "state_dtype")):
-            _check_names(d, f"{k} {n}", self.cuda is not None, self.wgsl is not None)
+            _check_names(d, f"{k} {n}", self.cuda is not None or self.numba is not None,
+                         self.wgsl is not None)
             if on_device:
                 _fields(d, f"{k} {n}")
         _ = self.state_size
@@ -158,10 +167,18 @@ class KeyedKernelSpec(BatchKernelSpec):
         raw[:, : dt.itemsize] = arr.view(np.uint8).reshape(len(arr), dt.itemsize)
         return raw.reshape(-1)
 
-    def device_spec(self) -> Any:
+    def device_spec(self, backend: Optional[str] = None) -> Any:
         """The engine's checked description of the message layouts and handler sources
-        (None without a device handler)."""
-        if self.cuda is None and self.wgsl is None:
+        (None without a device handler). A ``numba=`` handler is compiled for ``backend``
+        (``"cuda"``, ``"cudasim"``; None: the layouts are checked with its C shim only)."""
+        cuda, external = self.cuda, None
+        if self.numba is not None:
+            if backend not in (None, "cuda", "cudasim"):
+                return None
+            cuda = self.numba.shim()
+            if backend is not None:
+                external = self.numba.external(backend, _numba.device_cc(backend))
+        if cuda is None and self.wgsl is None:
             return None
         k = f"kernel '{self.kernel_id}'"
         try:
@@ -173,7 +190,7 @@ class KeyedKernelSpec(BatchKernelSpec):
                 _fields(self.state_dtype, f"{k} state_dtype"),  # type: ignore[arg-type]
                 self.state_size,
                 bytes(self.state_size),
-                self.cuda,
+                cuda,
                 self.wgsl,
                 self.function,
                 False,
@@ -183,6 +200,7 @@ class KeyedKernelSpec(BatchKernelSpec):
                     f"the numpy dtype {self.out_dtype}",
                     f"the numpy dtype {self.state_dtype}",
                 ),
+                external=external,
             )
         except DtypeLayoutError as e:
             raise DtypeLayoutError(f"{k}: {e}", self.kernel_id, e.detail) from None
@@ -193,6 +211,18 @@ class KeyedKernelSpec(BatchKernelSpec):
         raw = to_records(arr, self.record).reshape(-1, self.record)
         raw[:, -4:] = np.ascontiguousarray(arr[self.key_field], dtype="<u4").view(np.uint8).reshape(-1, 4)
         return raw.reshape(-1)
+
+
+def _run_numba_key(
+    spec: KeyedKernelSpec, run: Any, key: int, st: np.ndarray, raw: np.ndarray
+) -> Any:
+    """``_run_key`` for a ``numba=`` handler: its CPU form over one-record views."""
+    state = st[: spec.state_dtype.itemsize].view(spec.state_dtype)  # type: ignore[union-attr]
+    msg = raw[: spec.in_dtype.itemsize].view(spec.in_dtype)
+    out = run(state, msg)
+    if out is None:
+        return None
+    return out.view(np.uint8)
 
 
 def _run_key(spec: KeyedKernelSpec, func: Any, key: int, st: np.ndarray, raw: np.ndarray) -> Any:
@@ -209,7 +239,7 @@ def _run_key(spec: KeyedKernelSpec, func: Any, key: int, st: np.ndarray, raw: np
 _KEYED_KERNEL_ARGS = (
     "kernel_id", "keys", "in_dtype", "out_dtype", "state_dtype", "key_field", "state", "cuda",
     "wgsl", "function", "workgroup_size", "workers", "queue_size", "backpressure",
-    "block_timeout", "max_batch",
+    "block_timeout", "max_batch", "numba",
 )
 
 
@@ -232,6 +262,7 @@ def keyed_kernel(
     backpressure: str = "block",
     block_timeout: float = 1.0,
     max_batch: int = 4096,
+    numba: Any = None,
     **unknown: Any,
 ) -> Any:
     """Declares ``def handle(key, state, msg) -> out or None`` as a keyed kernel of ``keys``
@@ -241,11 +272,22 @@ def keyed_kernel(
     ``wgsl`` are the device key handlers (function ``function``), run on CUDA and CudaSim /
     wgpu; the Python handler runs on the other backends, on ``workers`` threads (the keys
     sharded over them; 1 by default, as Python handlers share the GIL). ``max_batch``
-    messages are taken per batch (the engine's keyed default, 4096). Any other keyword
+    messages are taken per batch (the engine's keyed default, 4096).
+
+    ``numba=f`` declares the kernel with ``f(state, inp, out, env) -> bool`` as its handler on
+    every engine, compiled by Numba (``resident.numba_handlers``): the call returns ``f``,
+    registered; ``@keyed_kernel(..., numba=True)`` over ``f`` is the same. Any other keyword
     argument raises ``UnknownArgumentError`` naming the closest known one."""
     reject_unknown("@keyed_kernel", unknown, _KEYED_KERNEL_ARGS)
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        kid = kernel_id or f.__name__
+        handler = None
+        if numba is not None and numba is not False:
+            handler = _numba.NumbaHandler(
+                f, kid, "keyed", np.dtype(state_dtype), np.dtype(in_dtype),
+                np.dtype(out_dtype if out_dtype is not None else in_dtype),
+            )
         spec = KeyedKernelSpec(
             kernel_id=kernel_id or f.__name__,
             func=f,
@@ -264,6 +306,7 @@ def keyed_kernel(
             function=function,
             workgroup_size=workgroup_size,
             workers=workers,
+            numba=handler,
         )
         f._ring_kernel_spec = spec  # type: ignore[attr-defined]
         _registry[spec.kernel_id] = spec  # type: ignore[assignment]
@@ -271,6 +314,8 @@ def keyed_kernel(
 
     if func is not None:
         return wrap(func)
+    if callable(numba) and numba is not True:
+        return wrap(numba)
     return wrap
 
 
@@ -285,7 +330,16 @@ def _handles(rt: Any) -> Dict[str, Any]:
 
 
 def _launch(rt: Any, s: KeyedKernelSpec) -> None:
-    dev = s.device_spec()
+    dev = s.device_spec(rt.backend)
+    key_fn = functools.partial(_run_key, s)
+    if s.numba is not None:
+        key_fn = functools.partial(_run_numba_key, s)
+        func: Any = s.numba.key_runner()
+        if dev is None:
+            # The CPU form runs; the function is checked for a GPU too.
+            s.numba.check_gpu()
+    else:
+        func = s.func
     state_fields = None
     if dev is not None:
         state_fields = _fields(s.state_dtype, f"kernel '{s.kernel_id}' state_dtype")  # type: ignore[arg-type]
@@ -297,8 +351,8 @@ def _launch(rt: Any, s: KeyedKernelSpec) -> None:
         s.state_dtype.itemsize,  # type: ignore[union-attr]
         s.initial_states(),
         s.key_field,
-        functools.partial(_run_key, s),
-        s.func,
+        key_fn,
+        func,
         s.queue_size,
         s.backpressure,
         s.block_timeout,

@@ -246,7 +246,7 @@ def _compiles(spec: Any) -> bool:
     if isinstance(spec, _device.DeviceKernelSpec):
         return True
     return isinstance(spec, _keyed.KeyedKernelSpec) and (
-        spec.cuda is not None or spec.wgsl is not None
+        spec.cuda is not None or spec.wgsl is not None or spec.numba is not None
     )
 
 
@@ -315,9 +315,11 @@ class Runtime:
             if isinstance(s, _device.DeviceKernelSpec):
                 # Each launch starts from the initial state and buffer values, on the device
                 # as on the CPU.
-                state, device = s.initial_state(), s.device_spec()
+                state, device = s.initial_state(), s.device_spec(self.backend)
                 buffers, args = s.initial_buffers(), s.buffer_args()
                 func = s.cpu_func(buffers)
+                if s.numba is not None and device is None:
+                    s.numba.check_gpu()  # the CPU form runs; refused if no GPU could
             self._rt.launch_batch(
                 s.kernel_id,
                 s.record,
