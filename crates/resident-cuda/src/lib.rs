@@ -73,7 +73,7 @@ pub use memory::DeviceBuffer;
 #[cfg(feature = "driver")]
 pub use module::{Function, KernelParams, Module};
 #[cfg(feature = "driver")]
-pub use nvjitlink::{link_cubin, nvjitlink_present, nvjitlink_version};
+pub use nvjitlink::{link_cubin, nvjitlink_available, nvjitlink_present, nvjitlink_version};
 #[cfg(feature = "driver")]
 pub use nvrtc::{compile_ltoir, compile_ptx, nvrtc_present, nvrtc_version, CompileOptions};
 #[cfg(feature = "driver")]

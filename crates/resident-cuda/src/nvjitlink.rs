@@ -105,6 +105,12 @@ pub fn nvjitlink_present() -> bool {
     api().is_ok()
 }
 
+/// `Ok` when nvJitLink can be loaded, else [`CudaError::JitLinkNotFound`] saying what was
+/// tried.
+pub fn nvjitlink_available() -> Result<()> {
+    api().map(|_| ())
+}
+
 /// nvJitLink's version as (major, minor), e.g. `(13, 0)`.
 pub fn nvjitlink_version() -> Result<(u32, u32)> {
     let api = api()?;
