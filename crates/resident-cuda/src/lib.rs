@@ -64,9 +64,7 @@ pub use device::{
 };
 #[cfg(feature = "driver")]
 pub use error::DriverFault;
-pub use error::{
-    bounded_log, jitlink_result_name, CudaError, Result, MAX_LOG_BYTES, MAX_LOG_LINE,
-};
+pub use error::{bounded_log, jitlink_result_name, CudaError, Result, MAX_LOG_BYTES, MAX_LOG_LINE};
 pub use launch::LaunchConfig;
 #[cfg(feature = "driver")]
 pub use memory::DeviceBuffer;

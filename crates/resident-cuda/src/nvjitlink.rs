@@ -195,7 +195,9 @@ fn is_real_arch(arch: &str) -> bool {
         return false;
     };
     let digits = rest.trim_end_matches(|c: char| c.is_ascii_lowercase());
-    !digits.is_empty() && digits.len() <= 4 && digits.chars().all(|c| c.is_ascii_digit())
+    !digits.is_empty()
+        && digits.len() <= 4
+        && digits.chars().all(|c| c.is_ascii_digit())
         && rest.len() - digits.len() <= 1
 }
 
@@ -307,7 +309,15 @@ mod tests {
         for ok in ["sm_90", "sm_80", "sm_90a", "sm_100f", "sm_120"] {
             assert!(is_real_arch(ok), "{ok}");
         }
-        for bad in ["compute_90", "sm_", "sm_9x0", "sm_90ab", "sm_90 -lto", "90", ""] {
+        for bad in [
+            "compute_90",
+            "sm_",
+            "sm_9x0",
+            "sm_90ab",
+            "sm_90 -lto",
+            "90",
+            "",
+        ] {
             assert!(!is_real_arch(bad), "{bad}");
         }
     }

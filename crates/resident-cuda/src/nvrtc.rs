@@ -294,9 +294,10 @@ pub fn compile_cubin(
 /// [`CudaError::Compile`] with NVRTC's log.
 pub fn compile_ltoir(source: &str, name: &str, options: &CompileOptions) -> Result<Vec<u8>> {
     let arch_ok = ["sm_", "compute_"].iter().any(|p| {
-        options.arch.strip_prefix(p).is_some_and(|n| {
-            !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric())
-        })
+        options
+            .arch
+            .strip_prefix(p)
+            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric()))
     });
     if !arch_ok {
         return Err(CudaError::invalid(

@@ -18,7 +18,9 @@ fn required(var: &str) -> bool {
 fn libraries_or_skip() -> bool {
     if let Err(e) = nvrtc_available() {
         if required("RESIDENT_REQUIRE_NVJITLINK") || required("RESIDENT_REQUIRE_NVRTC") {
-            panic!("NVRTC is required (RESIDENT_REQUIRE_NVJITLINK / RESIDENT_REQUIRE_NVRTC) but {e}");
+            panic!(
+                "NVRTC is required (RESIDENT_REQUIRE_NVJITLINK / RESIDENT_REQUIRE_NVRTC) but {e}"
+            );
         }
         eprintln!("SKIP: {e}");
         return false;
@@ -87,7 +89,10 @@ fn template_and_external_function_link_into_an_sm90_cubin() {
     if !libraries_or_skip() {
         return;
     }
-    let src = source(Some(("sm_90".into(), external_ltoir("ext_handle", "sm_90"))));
+    let src = source(Some((
+        "sm_90".into(),
+        external_ltoir("ext_handle", "sm_90"),
+    )));
     let start = std::time::Instant::now();
     let cubin = link_cubin(&src, "sm_90").unwrap_or_else(|e| panic!("{e}"));
     eprintln!(
@@ -95,7 +100,11 @@ fn template_and_external_function_link_into_an_sm90_cubin() {
         start.elapsed(),
         cubin.len()
     );
-    assert!(cubin.starts_with(b"\x7fELF"), "{:?}", &cubin[..16.min(cubin.len())]);
+    assert!(
+        cubin.starts_with(b"\x7fELF"),
+        "{:?}",
+        &cubin[..16.min(cubin.len())]
+    );
     // Both kernels of the template are in the image.
     for entry in ["resident_persistent", "resident_batch"] {
         assert!(
@@ -216,6 +225,9 @@ fn the_low_level_link_refuses_bad_arguments() {
     // LTO-IR for sm_90 linked for sm_80: nvJitLink's typed error.
     match resident_cuda::link_cubin("sm_80", &[("ext.ltoir", &ir)]) {
         Err(e @ CudaError::JitLink { .. }) => eprintln!("{e}"),
-        other => panic!("expected an nvJitLink error, got {:?}", other.map(|c| c.len())),
+        other => panic!(
+            "expected an nvJitLink error, got {:?}",
+            other.map(|c| c.len())
+        ),
     }
 }

@@ -257,7 +257,10 @@ fn linked_key(device: &Device, source: &KernelSource, text: &str, sm: &str) -> C
         format!("external={symbol}"),
         format!("ltoir={ltoir}"),
         format!("nvrtc={}", version(crate::nvrtc::nvrtc_version())),
-        format!("nvjitlink={}", version(crate::nvjitlink::nvjitlink_version())),
+        format!(
+            "nvjitlink={}",
+            version(crate::nvjitlink::nvjitlink_version())
+        ),
     ];
     CacheKey::new(text, &extra, sm, device.info().driver_version)
 }
