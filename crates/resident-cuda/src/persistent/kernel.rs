@@ -32,7 +32,9 @@ use crate::{
 pub struct LaunchOptions {
     /// Device ordinal.
     pub device: usize,
-    /// `compute_XY` to compile for; `None` = the device's own.
+    /// `compute_XY` to compile for; `None` = the device's own. A source with an external
+    /// function ([`KernelSource::external`]) takes `None` only: its LTO-IR is linked into
+    /// machine code for the device's exact `sm_XY` ([`super::template::link_cubin`]).
     pub arch: Option<String>,
     /// Queue geometry (`out_capacity` must be at least the source's batch size).
     pub queues: QueueConfig,
