@@ -95,7 +95,8 @@ pub enum CudaError {
         searched: String,
     },
     /// An nvJitLink call failed: it refused an input (not LTO-IR, another architecture) or the
-    /// link (an undefined symbol, a call that does not match its definition).
+    /// link (an undefined symbol, a symbol that is not a function). A function of the right
+    /// name with another signature is not caught (C names carry no types).
     #[error("{call} failed: {} ({code}){}{log}", jitlink_result_name(*code), if log.is_empty() { "" } else { "; nvJitLink's log:\n" })]
     JitLink {
         /// The nvJitLink function.

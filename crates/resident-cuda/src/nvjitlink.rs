@@ -208,8 +208,9 @@ fn is_real_arch(arch: &str) -> bool {
 /// Errors: [`CudaError::JitLinkNotFound`] without the library; [`CudaError::InvalidArgument`]
 /// for an `arch` that is not `sm_NN`, no inputs, an empty input or a name with NUL;
 /// [`CudaError::JitLink`] with nvJitLink's (bounded) log when it refuses an input (not LTO-IR,
-/// another architecture) or the link (an undefined symbol, a call that does not match its
-/// definition).
+/// LTO-IR for a newer architecture) or the link (an undefined symbol, a symbol that is not a
+/// function). Symbols are C names, which carry no types: a function defined with another
+/// signature than its callers declare links, and calling it is undefined behaviour.
 pub fn link_cubin(arch: &str, inputs: &[(&str, &[u8])]) -> Result<Vec<u8>> {
     let api = api()?;
     if !is_real_arch(arch) {

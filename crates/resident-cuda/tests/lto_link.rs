@@ -231,3 +231,30 @@ fn the_low_level_link_refuses_bad_arguments() {
         ),
     }
 }
+
+/// C names carry no types: a function of the right name with another signature links (LTO
+/// calls it through a cast, which is undefined behaviour on the device). Whoever makes the
+/// LTO-IR must give it [`resident_cuda::persistent::EXTERNAL_FN_SIGNATURE`]; this test pins
+/// what nvJitLink does, so a version that starts refusing it is noticed.
+#[test]
+fn a_mismatched_signature_is_not_caught_by_the_link() {
+    if !libraries_or_skip() {
+        return;
+    }
+    let opts = CompileOptions::for_arch("sm_90");
+    let wrong = "extern \"C\" __device__ float ext_handle(float a, int b) { return a * b; }\n";
+    let ir = resident_cuda::compile_ltoir(wrong, "ext.cu", &opts).unwrap();
+    let linked = link_cubin(&source(Some(("sm_90".into(), ir))), "sm_90");
+    assert!(
+        linked.is_ok(),
+        "nvJitLink now refuses a mismatched signature: {:?}",
+        linked.err().map(|e| e.to_string())
+    );
+    // A variable of that name is refused (NVVM finds the call broken): the typed link error.
+    let variable = "extern \"C\" __device__ int ext_handle = 3;\n";
+    let ir = resident_cuda::compile_ltoir(variable, "ext.cu", &opts).unwrap();
+    match link_cubin(&source(Some(("sm_90".into(), ir))), "sm_90") {
+        Err(PersistentError::Link { log, .. }) => assert!(log.len() <= MAX_LOG_BYTES),
+        other => panic!("expected a link error, got {:?}", other.map(|c| c.len())),
+    }
+}

@@ -175,8 +175,9 @@ pub enum PersistentError {
     JitLinkUnavailable(#[source] crate::CudaError),
     /// nvJitLink refused to link the kernel's template with its external function
     /// ([`KernelSource::external`]): an input that is not LTO-IR (or not for `arch`), a symbol
-    /// neither defines, a call that does not match its definition. `log` is nvJitLink's,
-    /// bounded ([`crate::bounded_log`]).
+    /// neither defines, a symbol that is not a function. `log` is nvJitLink's, bounded
+    /// ([`crate::bounded_log`]). A function of the right name with another signature links
+    /// (C names carry no types): the LTO-IR must have [`EXTERNAL_FN_SIGNATURE`].
     #[error("kernel `{qname}` failed to link for {arch}: {call} returned {} ({code}){}{log}", crate::jitlink_result_name(*code), if log.is_empty() { "" } else { "; nvJitLink's log:\n" }, qname = quoted_name(.name))]
     Link {
         /// Kernel name.
