@@ -67,13 +67,23 @@ fn load() -> std::result::Result<Api, String> {
         match unsafe { Library::new(name) } {
             Ok(lib) => match bind(lib) {
                 Ok(api) => return Ok(api),
-                Err(e) => why.push(format!("{name}: {e}")),
+                Err(e) => why.push(describe(&e)),
             },
-            Err(e) => why.push(format!("{name}: {e}")),
+            Err(e) => why.push(describe(&e)),
         }
     }
-    // dlerror's text names the file: bounded, a path in the environment can be long.
-    Err(bounded_log(why.join("; ").as_bytes()))
+    Err(why.join("; "))
+}
+
+/// libloading's error with the loader's own text (`dlerror`, which names the file), kept as
+/// its source.
+/// Bounded ([`bounded_log`]'s line limit): a path in the environment can be long.
+fn describe(e: &libloading::Error) -> String {
+    let text = match std::error::Error::source(e) {
+        Some(s) => s.to_string(),
+        None => e.to_string(),
+    };
+    bounded_log(text.replace('\n', " ").as_bytes())
 }
 
 /// Looks the entry points up in `lib`; a library without them (another major version) is
