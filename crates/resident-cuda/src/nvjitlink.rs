@@ -75,9 +75,9 @@ fn load() -> std::result::Result<Api, String> {
     Err(why.join("; "))
 }
 
-/// libloading's error with the loader's own text (`dlerror`, which names the file), kept as
-/// its source.
-/// Bounded ([`bounded_log`]'s line limit): a path in the environment can be long.
+/// libloading's error with the loader's own text (`dlerror`, which names the file), which
+/// libloading keeps as its source; bounded ([`bounded_log`]'s line limit), as a path in the
+/// environment can be long.
 fn describe(e: &libloading::Error) -> String {
     let text = match std::error::Error::source(e) {
         Some(s) => s.to_string(),
