@@ -87,6 +87,26 @@ pub enum CudaError {
         /// The limit.
         limit: std::time::Duration,
     },
+    /// `libnvJitLink` could not be loaded (or lacks the CUDA 13 entry points): no kernel that
+    /// links a function compiled elsewhere (LTO-IR, e.g. a Numba handler) can be built.
+    #[error("nvJitLink library not found ({searched}); install it with `pip install nvidia-nvjitlink` (CUDA 13; `pip install resident[numba]` brings it) and put its lib folder on LD_LIBRARY_PATH, or name the library in RESIDENT_NVJITLINK")]
+    JitLinkNotFound {
+        /// The names tried and why each failed (bounded).
+        searched: String,
+    },
+    /// An nvJitLink call failed: it refused an input (not LTO-IR, another architecture) or the
+    /// link (an undefined symbol, a symbol that is not a function). A function of the right
+    /// name with another signature is not caught (C names carry no types).
+    #[error("{call} failed: {} ({code}){}{log}", jitlink_result_name(*code), if log.is_empty() { "" } else { "; nvJitLink's log:\n" })]
+    JitLink {
+        /// The nvJitLink function.
+        call: &'static str,
+        /// Its `nvJitLinkResult`.
+        code: i32,
+        /// nvJitLink's error log, then its info log, bounded ([`bounded_log`]); empty when it
+        /// wrote none.
+        log: String,
+    },
     /// The kernel cache could not read or write its folder.
     #[error("kernel cache at {path}: {source}")]
     Cache {
@@ -240,6 +260,35 @@ impl CudaError {
             reason: reason.into(),
         }
     }
+}
+
+/// The name of an `nvJitLinkResult` code (nvJitLink.h), for errors.
+pub fn jitlink_result_name(code: i32) -> &'static str {
+    const NAMES: [&str; 19] = [
+        "NVJITLINK_SUCCESS",
+        "NVJITLINK_ERROR_UNRECOGNIZED_OPTION",
+        "NVJITLINK_ERROR_MISSING_ARCH",
+        "NVJITLINK_ERROR_INVALID_INPUT",
+        "NVJITLINK_ERROR_PTX_COMPILE",
+        "NVJITLINK_ERROR_NVVM_COMPILE",
+        "NVJITLINK_ERROR_INTERNAL",
+        "NVJITLINK_ERROR_THREADPOOL",
+        "NVJITLINK_ERROR_UNRECOGNIZED_INPUT",
+        "NVJITLINK_ERROR_FINALIZE",
+        "NVJITLINK_ERROR_NULL_INPUT",
+        "NVJITLINK_ERROR_INCOMPATIBLE_OPTIONS",
+        "NVJITLINK_ERROR_INCORRECT_INPUT_TYPE",
+        "NVJITLINK_ERROR_ARCH_MISMATCH",
+        "NVJITLINK_ERROR_OUTDATED_LIBRARY",
+        "NVJITLINK_ERROR_MISSING_FATBIN",
+        "NVJITLINK_ERROR_UNRECOGNIZED_ARCH",
+        "NVJITLINK_ERROR_UNSUPPORTED_ARCH",
+        "NVJITLINK_ERROR_LTO_NOT_ENABLED",
+    ];
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| NAMES.get(i).copied())
+        .unwrap_or("an unknown nvJitLinkResult")
 }
 
 /// Result of this crate.

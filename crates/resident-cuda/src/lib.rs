@@ -10,6 +10,7 @@
 //!   ([`PinnedMemory`] is also a `resident_ring` ring memory).
 //! * [`stream`]: [`Stream`] and [`Event`]; [`overlap`]: copy/compute double buffering.
 //! * [`nvrtc`], [`cache`], [`module`]: CUDA C -> PTX, the disk cache, loaded kernels.
+//! * [`nvjitlink`]: LTO-IR (the template's and a function compiled elsewhere) -> CUBIN.
 //! * [`launch`]: launch geometry shared with the CPU backend.
 //! * [`telemetry`]: NVML readings (the transfer benchmark lives in `resident-bench`).
 #![deny(missing_docs)]
@@ -33,6 +34,8 @@ mod loaded;
 pub mod memory;
 #[cfg(feature = "driver")]
 pub mod module;
+#[cfg(feature = "driver")]
+pub mod nvjitlink;
 #[cfg(feature = "driver")]
 pub mod nvrtc;
 #[cfg(feature = "driver")]
@@ -61,14 +64,16 @@ pub use device::{
 };
 #[cfg(feature = "driver")]
 pub use error::DriverFault;
-pub use error::{bounded_log, CudaError, Result, MAX_LOG_BYTES, MAX_LOG_LINE};
+pub use error::{bounded_log, jitlink_result_name, CudaError, Result, MAX_LOG_BYTES, MAX_LOG_LINE};
 pub use launch::LaunchConfig;
 #[cfg(feature = "driver")]
 pub use memory::DeviceBuffer;
 #[cfg(feature = "driver")]
 pub use module::{Function, KernelParams, Module};
 #[cfg(feature = "driver")]
-pub use nvrtc::{compile_ptx, nvrtc_present, nvrtc_version, CompileOptions};
+pub use nvjitlink::{link_cubin, nvjitlink_available, nvjitlink_present, nvjitlink_version};
+#[cfg(feature = "driver")]
+pub use nvrtc::{compile_ltoir, compile_ptx, nvrtc_present, nvrtc_version, CompileOptions};
 #[cfg(feature = "driver")]
 pub use overlap::{DoubleBuffer, PipelineTiming};
 #[cfg(feature = "driver")]

@@ -112,7 +112,8 @@ pub(crate) fn to_hex(b: &[u8]) -> String {
     s
 }
 
-fn from_hex(s: &str) -> Option<Vec<u8>> {
+/// The bytes of [`to_hex`] text; `None` when it is not.
+pub(crate) fn from_hex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
     }

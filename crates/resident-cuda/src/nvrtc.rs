@@ -285,3 +285,45 @@ pub fn compile_cubin(
         .map_err(nvrtc_err("nvrtcGetCUBIN"))?;
     Ok((image, program_log(&prog)))
 }
+
+/// Compiles CUDA C `source` to LTO-IR (NVVM's intermediate form, for link-time optimization)
+/// for `options.arch`: a real architecture (`sm_90`) or a virtual one (`compute_90`), as NVRTC
+/// accepts either with `-dlto`. `-dlto` and `-rdc=true` are added to `options.extra` (once):
+/// the result is relocatable, its `extern` functions resolved when nvJitLink links it with
+/// other LTO-IR ([`crate::nvjitlink::link_cubin`]). A compile error returns
+/// [`CudaError::Compile`] with NVRTC's log.
+pub fn compile_ltoir(source: &str, name: &str, options: &CompileOptions) -> Result<Vec<u8>> {
+    let arch_ok = ["sm_", "compute_"].iter().any(|p| {
+        options
+            .arch
+            .strip_prefix(p)
+            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric()))
+    });
+    if !arch_ok {
+        return Err(CudaError::invalid(
+            "nvrtcGetLTOIR",
+            format!(
+                "`{}` is not an architecture (sm_NN or compute_NN)",
+                resident_ring::message::quoted_name(&options.arch)
+            ),
+        ));
+    }
+    let mut options = options.clone();
+    for flag in ["-dlto", "-rdc=true"] {
+        if !options.extra.iter().any(|o| o == flag) {
+            options.extra.push(flag.to_string());
+        }
+    }
+    let prog = compile(source, name, &options)?;
+    let mut size = 0usize;
+    // SAFETY: `prog` is live and compiled; `size` is a valid out-pointer.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetLTOIRSize(prog.0, &mut size) }
+        .result()
+        .map_err(nvrtc_err("nvrtcGetLTOIRSize"))?;
+    let mut image = vec![0u8; size];
+    // SAFETY: `image` holds the `size` bytes NVRTC reported.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetLTOIR(prog.0, image.as_mut_ptr().cast()) }
+        .result()
+        .map_err(nvrtc_err("nvrtcGetLTOIR"))?;
+    Ok(image)
+}

@@ -72,9 +72,7 @@ fn a_compile_that_never_ends_is_stopped_at_its_time_limit() {
         ..CompileLimits::default()
     };
     let start = Instant::now();
-    let e = compile("endless", ENDLESS, limits)
-        .err()
-        .expect("it cannot compile");
+    let e = compile("endless", ENDLESS, limits).expect_err("it cannot compile");
     let took = start.elapsed();
     assert!(matches!(e, SimError::CompileTimeout { .. }), "{e}");
     assert!(took < Duration::from_secs(30), "{took:?}");
@@ -91,9 +89,7 @@ fn a_compile_that_allocates_without_bound_ends_at_its_memory_limit() {
         memory_bytes: 512 << 20,
     };
     let start = Instant::now();
-    let e = compile("boundless", &boundless(), limits)
-        .err()
-        .expect("it cannot compile");
+    let e = compile("boundless", &boundless(), limits).expect_err("it cannot compile");
     assert!(matches!(e, SimError::CompileOutOfMemory { .. }), "{e}");
     assert!(
         start.elapsed() < Duration::from_secs(30),

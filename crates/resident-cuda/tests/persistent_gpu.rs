@@ -123,6 +123,99 @@ fn persistent_kernel_round_trip() {
     assert_eq!(c.processed, 1000);
 }
 
+/// A ring kernel whose handler calls `ext_double`, a function compiled outside the template
+/// (what a Numba handler is), as LTO-IR for `arch`.
+fn external_source(arch: &str) -> KernelSource {
+    let ext = "extern \"C\" __device__ int ext_double(void* state, const void* in, void* out, const void* env) {\n\
+               unsigned long long v = *(const unsigned long long*)in;\n\
+               atomicAdd((unsigned long long*)state, 1ull);\n\
+               *(unsigned long long*)out = v * 2ull + 1ull;\n\
+               return (v % 3ull) != 0ull;\n}\n";
+    let ir = resident_cuda::compile_ltoir(
+        ext,
+        "ext.cu",
+        &resident_cuda::CompileOptions::for_arch(arch),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut src = source();
+    src.name = "gpu_external".into();
+    src.handler = "__device__ bool handle(St* s, const In64* in, Out64* out, const Envelope* env) { return ext_double(s, in, out, env) != 0; }\n".into();
+    src.with_external(resident_cuda::persistent::ExternalFn {
+        symbol: "ext_double".into(),
+        ltoir: Some((arch.to_string(), ir)),
+        host_fn: None,
+    })
+}
+
+/// Without a driver a kernel with an external function is the same typed error (the link
+/// needs the device's architecture, so nothing is compiled first).
+#[test]
+fn without_a_driver_an_external_kernel_is_a_typed_error() {
+    if gpu_present() || !resident_cuda::nvrtc_present() {
+        eprintln!("SKIP: a CUDA driver is present, or NVRTC is not (the source needs NVRTC)");
+        return;
+    }
+    let r =
+        PersistentKernel::<u64, u64>::launch(&external_source("sm_90"), &[0u8; 8], &opts(1, 256));
+    assert!(
+        matches!(r, Err(PersistentError::DriverUnavailable(_))),
+        "{:?}",
+        r.err()
+    );
+}
+
+/// The template linked with an external function by nvJitLink, for the device's own
+/// architecture, runs end to end; an explicit `compute_XY` with it is refused, typed.
+#[test]
+fn a_kernel_with_an_external_function_runs_linked_on_a_gpu() {
+    let Some(_turn) = gpu_turn("a_kernel_with_an_external_function_runs_linked_on_a_gpu") else {
+        return;
+    };
+    if let Err(e) = resident_cuda::nvjitlink_available() {
+        if std::env::var("RESIDENT_REQUIRE_NVJITLINK").as_deref() == Ok("1") {
+            panic!("RESIDENT_REQUIRE_NVJITLINK=1 but {e}");
+        }
+        eprintln!("SKIP: {e}");
+        return;
+    }
+    let (major, minor) = resident_cuda::device_info(0).unwrap().compute_capability;
+    let src = external_source(&format!("sm_{major}{minor}"));
+    let mut explicit = opts(1, 256);
+    explicit.arch = Some(format!("compute_{major}{minor}"));
+    let r = PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &explicit);
+    assert!(
+        matches!(r, Err(PersistentError::Config { .. })),
+        "{:?}",
+        r.err()
+    );
+    let mut k = PersistentKernel::<u64, u64>::launch(&src, &[0u8; 8], &opts(1, 256)).unwrap();
+    k.activate().unwrap();
+    let mut expect = Vec::new();
+    for i in 1..=300u64 {
+        while k.send(Envelope::new(i, 0, 0), i).is_err() {
+            std::thread::yield_now();
+        }
+        if i % 3 != 0 {
+            expect.push(i);
+        }
+        while let Some(s) = k.try_receive() {
+            assert_eq!(s.env.correlation_id, expect.remove(0));
+            assert_eq!(s.payload, s.env.correlation_id * 2 + 1);
+        }
+    }
+    while !expect.is_empty() {
+        let s = k.receive(Duration::from_secs(5)).unwrap();
+        assert_eq!(s.env.correlation_id, expect.remove(0));
+        assert_eq!(s.payload, s.env.correlation_id * 2 + 1);
+    }
+    let t = Duration::from_secs(5);
+    assert_eq!(
+        u64::from_le_bytes(k.state().read(t).unwrap().try_into().unwrap()),
+        300
+    );
+    assert_eq!(k.terminate(t).unwrap(), 0);
+}
+
 /// `PersistentKernel::state` reads the state under the residency rule (the kernel parked
 /// between two batches): each read sees whole batches only (the count of the outputs received
 /// by then at least, never past what was sent), and it stays readable after terminate and

@@ -162,6 +162,8 @@ fn kind(e: &PersistentError) -> &'static str {
         PersistentError::NvrtcUnavailable(_) => "NvrtcUnavailable",
         PersistentError::DriverUnavailable(_) => "DriverUnavailable",
         PersistentError::Compile { .. } => "Compile",
+        PersistentError::JitLinkUnavailable(_) => "JitLinkUnavailable",
+        PersistentError::Link { .. } => "Link",
         PersistentError::Cuda(_) => "Cuda",
         PersistentError::DeviceFault { .. } => "DeviceFault",
         PersistentError::Exited { .. } => "Exited",

@@ -32,7 +32,9 @@ use crate::{
 pub struct LaunchOptions {
     /// Device ordinal.
     pub device: usize,
-    /// `compute_XY` to compile for; `None` = the device's own.
+    /// `compute_XY` to compile for; `None` = the device's own. A source with an external
+    /// function ([`KernelSource::external`]) takes `None` only: its LTO-IR is linked into
+    /// machine code for the device's exact `sm_XY` ([`super::template::link_cubin`]).
     pub arch: Option<String>,
     /// Queue geometry (`out_capacity` must be at least the source's batch size).
     pub queues: QueueConfig,
@@ -133,6 +135,9 @@ fn load(
     let text = source.render()?;
     let mut failed: Option<PersistentError> = None;
     let module = match arch {
+        // An external function (a Numba handler): its LTO-IR is machine code for one exact
+        // architecture, linked with the template's into a CUBIN for the device's own.
+        _ if source.external.is_some() => load_linked(device, source, &text, arch)?,
         // An explicit `compute_XY`: PTX for it, JIT-compiled by the driver.
         Some(arch) => {
             let key = CacheKey::new(
@@ -214,6 +219,100 @@ fn load(
         )));
     }
     Ok(f)
+}
+
+/// The device's own real architecture, `sm_{major}{minor}`.
+fn device_sm(device: &Device) -> String {
+    let (major, minor) = device.info().compute_capability;
+    format!("sm_{major}{minor}")
+}
+
+/// The refusal of an explicit `compute_XY` for a kernel with an external function.
+fn external_needs_device_arch(source: &KernelSource, arch: &str) -> PersistentError {
+    PersistentError::config(format!(
+        "kernel `{}`: architecture {} asked for, but an external function's LTO-IR links into machine code for the device's exact architecture only (leave LaunchOptions::arch unset)",
+        resident_ring::message::quoted_name(&source.name),
+        resident_ring::message::quoted_name(arch)
+    ))
+}
+
+/// The disk and module cache key of `source` (rendered as `text`, with an external function)
+/// linked for `sm`: the text, a hash of the external LTO-IR and its symbol, the NVRTC and
+/// nvJitLink versions, the architecture and the driver version.
+fn linked_key(device: &Device, source: &KernelSource, text: &str, sm: &str) -> CacheKey {
+    let version = |v: crate::Result<(u32, u32)>| match v {
+        Ok((major, minor)) => format!("{major}.{minor}"),
+        Err(_) => "none".to_string(),
+    };
+    let (symbol, ltoir) = match &source.external {
+        Some(f) => (
+            f.symbol.as_str(),
+            f.ltoir
+                .as_ref()
+                .map(|(arch, ir)| format!("{arch}:{:032x}", crate::cache::fnv128(ir)))
+                .unwrap_or_default(),
+        ),
+        None => ("", String::new()),
+    };
+    let extra = [
+        "resident-persistent-lto".to_string(),
+        format!("external={symbol}"),
+        format!("ltoir={ltoir}"),
+        format!("nvrtc={}", version(crate::nvrtc::nvrtc_version())),
+        format!(
+            "nvjitlink={}",
+            version(crate::nvjitlink::nvjitlink_version())
+        ),
+    ];
+    CacheKey::new(text, &extra, sm, device.info().driver_version)
+}
+
+/// The linked CUBIN of `source` for `sm` as the disk cache stores it (hex text).
+fn build_linked(
+    source: &KernelSource,
+    sm: &str,
+    failed: &mut Option<PersistentError>,
+) -> crate::Result<String> {
+    super::template::link_cubin(source, sm)
+        .map(|b| crate::module::to_hex(&b))
+        .map_err(|e| {
+            *failed = Some(e);
+            CudaError::invalid("nvJitLinkComplete", "the kernel did not link")
+        })
+}
+
+/// Loads the module of `source`, which has an external function: the template and the
+/// function linked for the device's architecture ([`super::template::link_cubin`]), through
+/// the on-disk kernel cache when it can be opened and the device's module cache.
+fn load_linked(
+    device: &Arc<Device>,
+    source: &KernelSource,
+    text: &str,
+    arch: Option<&str>,
+) -> Result<Arc<crate::Module>, PersistentError> {
+    if let Some(a) = arch {
+        return Err(external_needs_device_arch(source, a));
+    }
+    let sm = device_sm(device);
+    let key = linked_key(device, source, text, &sm);
+    if let Some(m) = device.modules.get(key.0) {
+        return Ok(m);
+    }
+    let mut failed = None;
+    let hex = match KernelCache::from_env() {
+        Ok(cache) => cache
+            .get_or_build(&key, || build_linked(source, &sm, &mut failed))
+            .map(|(h, _)| h),
+        Err(_) => build_linked(source, &sm, &mut failed),
+    };
+    let hex = hex.map_err(|e| failed.take().unwrap_or_else(|| cuda_error(e)))?;
+    let image = crate::module::from_hex(&hex).ok_or_else(|| {
+        cuda_error(CudaError::invalid(
+            "cuModuleLoadDataEx",
+            "cached CUBIN is not hex",
+        ))
+    })?;
+    device.load_cubin(key.0, &image).map_err(cuda_error)
 }
 
 /// A persistent ring kernel resident on a GPU.
@@ -307,7 +406,17 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         // Compile before the quiesce (NVRTC needs no device): the machine code for the
         // device's architecture goes into the disk cache under the key `load` looks up, so the
         // resident kernels are parked only for the module load, allocations and launch.
-        if opts.arch.is_none() {
+        if let (Some(a), true) = (opts.arch.as_deref(), source.external.is_some()) {
+            return Err(external_needs_device_arch(source, a));
+        }
+        if opts.arch.is_none() && source.external.is_some() {
+            if let (Ok(cache), Ok(text)) = (KernelCache::from_env(), source.render()) {
+                let sm = device_sm(&device);
+                let key = linked_key(&device, source, &text, &sm);
+                // A failure here is reported by `load` inside the quiesce, with its log.
+                let _ = cache.get_or_build(&key, || build_linked(source, &sm, &mut None));
+            }
+        } else if opts.arch.is_none() {
             if let (Ok(cache), Ok(text)) = (KernelCache::from_env(), source.render()) {
                 let (major, minor) = device.info().compute_capability;
                 let sm = format!("sm_{major}{minor}");
@@ -1001,6 +1110,15 @@ fn module_ready(
     let Ok(text) = source.render() else {
         return false;
     };
+    if source.external.is_some() {
+        // The linked module's key (`load_linked`); an explicit arch is refused there.
+        let key = linked_key(device, source, &text, &device_sm(device));
+        return arch.is_none()
+            && device
+                .modules
+                .get(key.0)
+                .is_some_and(|m| m.has_function(name));
+    }
     let extra = ["resident-persistent".to_string()];
     let driver = device.info().driver_version;
     let archs = match arch {

@@ -64,7 +64,7 @@ pub use template::{
     MessageDecl, SassReport, BUFFER_ENTRY_BYTES, EXTERNAL_FN_SIGNATURE, SIM_ARCH,
 };
 #[cfg(feature = "driver")]
-pub use template::{compile_ptx, compile_sass_report};
+pub use template::{compile_ptx, compile_sass_report, link_cubin};
 
 /// Most priority lanes a kernel can have.
 pub const MAX_LANES: usize = 8;
@@ -166,6 +166,29 @@ pub enum PersistentError {
         /// Target architecture.
         arch: String,
         /// NVRTC's log.
+        log: String,
+    },
+    /// nvJitLink could not be loaded: the CUDA layer's
+    /// [`CudaError::JitLinkNotFound`](crate::CudaError::JitLinkNotFound). Only a kernel with an
+    /// external function ([`KernelSource::external`]) needs it on a GPU.
+    #[error("nvJitLink not available: {0}")]
+    JitLinkUnavailable(#[source] crate::CudaError),
+    /// nvJitLink refused to link the kernel's template with its external function
+    /// ([`KernelSource::external`]): an input that is not LTO-IR (or not for `arch`), a symbol
+    /// neither defines, a symbol that is not a function. `log` is nvJitLink's, bounded
+    /// ([`crate::bounded_log`]). A function of the right name with another signature links
+    /// (C names carry no types): the LTO-IR must have [`EXTERNAL_FN_SIGNATURE`].
+    #[error("kernel `{qname}` failed to link for {arch}: {call} returned {} ({code}){}{log}", crate::jitlink_result_name(*code), if log.is_empty() { "" } else { "; nvJitLink's log:\n" }, qname = quoted_name(.name))]
+    Link {
+        /// Kernel name.
+        name: String,
+        /// The real architecture linked for, e.g. `sm_90` (at most 64 bytes).
+        arch: String,
+        /// The nvJitLink call that failed.
+        call: &'static str,
+        /// Its `nvJitLinkResult`.
+        code: i32,
+        /// nvJitLink's log (bounded).
         log: String,
     },
     /// A call of the CUDA layer failed (driver error, device lost, residency limit, ...).

@@ -727,6 +727,12 @@ pub fn nvrtc_available() -> Result<(), PersistentError> {
     }
 }
 
+#[cfg(feature = "driver")]
+/// Whether nvJitLink can be loaded; `Err` says why not.
+pub fn nvjitlink_available() -> Result<(), PersistentError> {
+    crate::nvjitlink::nvjitlink_available().map_err(PersistentError::JitLinkUnavailable)
+}
+
 /// A line of a ring kernel's translation unit longer than this makes NVRTC's diagnostics brief
 /// (`--brief-diagnostics=true`: no quoted source lines), so that NVRTC's log stays linear in
 /// the source (see `compile_ptx`).
@@ -908,6 +914,110 @@ pub fn compile_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, Persist
     })
     .map(|(image, _)| image)
     .map_err(|e| compile_error(source, sm, e))
+}
+
+#[cfg(feature = "driver")]
+/// The NVRTC options that make the template LTO-IR, relocatable, for nvJitLink.
+pub const LTO_OPTIONS: [&str; 2] = ["-dlto", "-rdc=true"];
+
+#[cfg(feature = "driver")]
+/// The external function's LTO-IR, checked to be for `sm`; a typed config error otherwise.
+fn external_ltoir<'a>(source: &'a KernelSource, sm: &str) -> Result<&'a [u8], PersistentError> {
+    use resident_ring::message::quoted_name as q;
+    let Some(f) = &source.external else {
+        return Err(PersistentError::config(format!(
+            "kernel `{}` has no external function to link",
+            q(&source.name)
+        )));
+    };
+    match &f.ltoir {
+        None => Err(PersistentError::config(format!(
+            "kernel `{}`: external function `{}` has no LTO-IR, so the kernel cannot run on a GPU",
+            q(&source.name),
+            q(&f.symbol)
+        ))),
+        Some((arch, _)) if arch != sm => Err(PersistentError::config(format!(
+            "kernel `{}`: external function `{}` is LTO-IR for {}, not for {} (compile it for the device's own architecture)",
+            q(&source.name),
+            q(&f.symbol),
+            q(arch),
+            q(sm)
+        ))),
+        Some((_, bytes)) if bytes.is_empty() => Err(PersistentError::config(format!(
+            "kernel `{}`: external function `{}` has empty LTO-IR",
+            q(&source.name),
+            q(&f.symbol)
+        ))),
+        Some((_, bytes)) => Ok(bytes),
+    }
+}
+
+#[cfg(feature = "driver")]
+/// Whether `sm` is of the form `sm_NN` (digits, an optional letter suffix).
+fn is_sm(sm: &str) -> bool {
+    sm.strip_prefix("sm_").is_some_and(|n| {
+        let digits = n.trim_end_matches(|c: char| c.is_ascii_lowercase());
+        !digits.is_empty()
+            && digits.len() <= 4
+            && n.len() - digits.len() <= 1
+            && digits.chars().all(|c| c.is_ascii_digit())
+    })
+}
+
+#[cfg(feature = "driver")]
+/// Compiles `source`'s template to LTO-IR for `sm` (e.g. `sm_90`) with NVRTC and links it with
+/// nvJitLink to the LTO-IR of its external function ([`KernelSource::external`]) into machine
+/// code (a CUBIN) for exactly `sm`: the link-time optimizer inlines the function into the
+/// handler that calls it. What a kernel with an external function loads on a GPU.
+///
+/// Errors: [`PersistentError::Config`] when `sm` is not `sm_NN`, the source has no external
+/// function, or its LTO-IR is missing or for another architecture than `sm`;
+/// [`PersistentError::NvrtcUnavailable`] / [`PersistentError::JitLinkUnavailable`] when a
+/// library cannot be loaded; [`PersistentError::Compile`] with NVRTC's log on a compile error;
+/// [`PersistentError::Link`] with nvJitLink's log when the link fails (bytes that are not
+/// LTO-IR, an undefined symbol, a symbol that is not a function). The external function must
+/// have [`EXTERNAL_FN_SIGNATURE`]: one of another signature links (C names carry no types)
+/// and calling it is undefined behaviour.
+pub fn link_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, PersistentError> {
+    let text = source.render()?;
+    if !is_sm(sm) {
+        return Err(PersistentError::config(format!(
+            "architecture `{}` is not of the form sm_NN (an external function's LTO-IR links into machine code for one real architecture)",
+            resident_ring::message::quoted_name(sm)
+        )));
+    }
+    let external = external_ltoir(source, sm)?;
+    nvrtc_available()?;
+    nvjitlink_available()?;
+    let name = program_name(source);
+    let template = with_template_options(&text, sm, &LTO_OPTIONS, |o| {
+        crate::nvrtc::compile_ltoir(&text, &name, o)
+    })
+    .map_err(|e| compile_error(source, sm, e))?;
+    let symbol = source
+        .external
+        .as_ref()
+        .map(|f| f.symbol.as_str())
+        .unwrap_or_default();
+    let external_name = format!("{symbol}.ltoir");
+    crate::nvjitlink::link_cubin(sm, &[(&name, &template), (&external_name, external)])
+        .map_err(|e| link_error(source, sm, e))
+}
+
+#[cfg(feature = "driver")]
+/// Maps the nvJitLink layer's errors for `source` linked for `sm`.
+fn link_error(source: &KernelSource, sm: &str, e: crate::CudaError) -> PersistentError {
+    match e {
+        crate::CudaError::JitLink { call, code, log } => PersistentError::Link {
+            name: source.name.clone(),
+            arch: resident_ring::message::quoted_name(sm),
+            call,
+            code,
+            log,
+        },
+        e @ crate::CudaError::JitLinkNotFound { .. } => PersistentError::JitLinkUnavailable(e),
+        e => PersistentError::Cuda(e),
+    }
 }
 
 /// What `ptxas` reported for one kernel entry compiled to machine code.
