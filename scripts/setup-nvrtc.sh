@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fetches NVRTC 13.0 from PyPI into ./.nvrtc/ so CUDA C sources can be compiled to PTX on a
-# machine with no GPU and no CUDA toolkit (CI, laptops). Prints the LD_LIBRARY_PATH to use.
+# Fetches NVRTC 13.0 and nvJitLink 13.0 from PyPI into ./.nvrtc/ so CUDA C sources can be
+# compiled to PTX and machine code, and LTO-IR linked (the Python package's numba= handlers), on
+# a machine with no GPU and no CUDA toolkit (CI, laptops). Prints the LD_LIBRARY_PATH to use.
 #
 # Usage:  scripts/setup-nvrtc.sh            # installs into ./.nvrtc (idempotent)
 #         eval "$(scripts/setup-nvrtc.sh --env)"   # also exports LD_LIBRARY_PATH here
@@ -38,6 +39,22 @@ if [[ ! -e "$LIB/libnvrtc.so.13" ]]; then
     fi
 fi
 
+if [[ ! -e "$LIB/libnvJitLink.so.13" ]]; then
+    mkdir -p "$DEST/wheels"
+    log "downloading nvidia-nvjitlink==$VERSION (about 40 MB) into $DEST/wheels"
+    "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+        --platform manylinux_2_12_x86_64 --python-version 3.11 \
+        --dest "$DEST/wheels" "nvidia-nvjitlink==$VERSION"
+    wheel="$(ls "$DEST"/wheels/nvidia_nvjitlink-"$VERSION"-*.whl | head -n1)"
+    log "unpacking $(basename "$wheel")"
+    if command -v unzip >/dev/null; then
+        unzip -q -o "$wheel" 'nvidia/*' -d "$DEST"
+    else
+        "$PYTHON" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$DEST"
+    fi
+fi
+
 if [[ ! -e "$LIB/libnvrtc.so.13" ]]; then
     log "error: $LIB/libnvrtc.so.13 not found after unpacking"
     exit 1
@@ -47,6 +64,10 @@ if [[ ! -e "$LIB/libnvrtc-builtins.so.13.0" ]]; then
     exit 1
 fi
 ln -sf libnvrtc.so.13 "$LIB/libnvrtc.so"
+if [[ ! -e "$LIB/libnvJitLink.so.13" ]]; then
+    log "error: $LIB/libnvJitLink.so.13 not found after unpacking"
+    exit 1
+fi
 
 log "NVRTC $VERSION ready in $LIB"
 if [[ $want_env == 1 ]]; then

@@ -372,6 +372,22 @@ impl<In, Out> CudaHandler<In, Out> {
         let source = self.kernel_source(kernel_id, g.batch_size, self.declared_decls()?);
         resident_cuda::persistent::compile_sass_report(&source, sm).map_err(DeviceError::from)
     }
+
+    #[cfg(feature = "cuda")]
+    /// Links the handler's [`external`](CudaHandler::external) function into the
+    /// persistent-kernel template's machine code for `sm` (e.g. `sm_90`) with NVRTC and
+    /// nvJitLink, without a GPU, and returns the CUBIN: what a launch on a device of that
+    /// architecture loads. Needs NVRTC and nvJitLink (not the driver).
+    pub fn link_cubin(
+        &self,
+        kernel_id: &str,
+        batch_size: usize,
+        sm: &str,
+    ) -> Result<Vec<u8>, DeviceError> {
+        let g = DeviceGeometry::new(1, 2, batch_size);
+        let source = self.kernel_source(kernel_id, g.batch_size, self.declared_decls()?);
+        resident_cuda::persistent::link_cubin(&source, sm).map_err(DeviceError::from)
+    }
 }
 
 /// Geometry shared by both engines.

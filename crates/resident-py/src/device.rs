@@ -219,6 +219,57 @@ impl DeviceSpec {
         Ok(spec)
     }
 
+    /// The CUDA handler's `numba=` function linked into the persistent kernel's machine code
+    /// for `sm` (e.g. `"sm_90"`) with NVRTC and nvJitLink, without a GPU: the CUBIN a device of
+    /// that architecture would load. Raises `CompilationError` when it does not link,
+    /// `NumbaNotAvailableError` without nvJitLink.
+    fn link_cubin<'py>(
+        &self,
+        py: Python<'py>,
+        kernel_id: &str,
+        sm: &str,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let size = self.input.size();
+        macro_rules! sized {
+            ($($n:literal),*) => {
+                match size {
+                    $($n => self.cuda_handler::<[u8; $n], [u8; $n]>().map(|h| {
+                        h.map(|h| py.detach(|| h.link_cubin(kernel_id, 256, sm)))
+                    }),)*
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "no ring of {other}-byte records"
+                        )))
+                    }
+                }
+            };
+        }
+        match sized!(8, 16, 32, 64, 128, 256) {
+            Err(e) => Err(layout_error(py, &e)),
+            Ok(None) => Err(PyValueError::new_err("this kernel has no CUDA handler")),
+            Ok(Some(Ok(cubin))) => Ok(pyo3::types::PyBytes::new(py, &cubin)),
+            Ok(Some(Err(e))) => {
+                let class = match &e {
+                    DeviceError::Cuda(
+                        PersistentError::JitLinkUnavailable(_) | PersistentError::NvrtcUnavailable(_),
+                    ) => "NumbaNotAvailableError",
+                    e if is_compile_error(e) => "CompilationError",
+                    _ => "DeviceError",
+                };
+                Err(crate::build(
+                    py,
+                    crate::Described {
+                        class,
+                        text: e.to_string(),
+                        id: Some(kernel_id.to_string()),
+                        detail: None,
+                    },
+                    None,
+                ))
+            }
+        }
+    }
+
     /// The generated declarations the handler is compiled with: `"c"` (CUDA C, CudaSim) or
     /// `"wgsl"`.
     fn declarations(&self, py: Python<'_>, lang: &str) -> PyResult<String> {
@@ -342,6 +393,7 @@ pub(crate) fn is_compile_error(e: &DeviceError) -> bool {
     matches!(
         e,
         DeviceError::Cuda(PersistentError::Compile { .. })
+            | DeviceError::Cuda(PersistentError::Link { .. })
             | DeviceError::Cuda(PersistentError::Include { .. })
             | DeviceError::Cuda(PersistentError::Sim(
                 SimError::Compile { .. }

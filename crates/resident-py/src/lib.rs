@@ -472,7 +472,15 @@ fn describe(e: &Error, has_message: bool) -> Described {
         Error::NoReply { .. } => ("NoReplyError", None),
         Error::BackendUnavailable { .. } => ("BackendNotAvailableError", None),
         Error::Device { source, .. } => (
-            if device::is_compile_error(source) {
+            if matches!(
+                &**source,
+                resident::backend::DeviceError::Cuda(
+                    resident::cuda::persistent::PersistentError::JitLinkUnavailable(_)
+                )
+            ) {
+                // A numba= handler's kernel on a GPU without nvJitLink: the extra brings it.
+                "NumbaNotAvailableError"
+            } else if device::is_compile_error(source) {
                 "CompilationError"
             } else {
                 "DeviceError"

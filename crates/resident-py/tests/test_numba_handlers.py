@@ -394,3 +394,55 @@ def test_every_shipped_handler_compiles_to_ltoir_for_sm_90(name):
     assert h.symbol.startswith("resident_numba_")
     # The same function in another process gets the same C name (the kernel cache hits).
     assert h.symbol == NumbaHandler(func, name, kind, *dtypes).symbol
+
+
+def _nvjitlink_or_skip():
+    from resident.numba_handlers import use_wheel_nvjitlink
+
+    if use_wheel_nvjitlink() is None and not os.environ.get("LD_LIBRARY_PATH"):
+        if os.environ.get("RESIDENT_REQUIRE_NUMBA"):
+            raise AssertionError("no nvJitLink wheel (nvidia-nvjitlink) beside numba-cuda")
+        pytest.skip("no nvJitLink here (pip install 'resident[numba]')")
+
+
+@needs_numba
+@pytest.mark.skipif(not HAVE_NUMBA_CUDA, reason="numba-cuda is not installed")
+@pytest.mark.parametrize("name", sorted(W.HANDLERS))
+def test_every_shipped_handler_links_into_sm_90_machine_code(name):
+    """CI's check without a GPU: numba-cuda's LTO-IR of each shipped handler, linked by
+    nvJitLink with the persistent template's (NVRTC) into an sm_90 CUBIN."""
+    from resident.numba_handlers import NumbaHandler
+
+    _nvjitlink_or_skip()
+    func, kind = W.HANDLERS[name]
+    dtypes = {
+        "anomaly_detect": (W.SENSOR_STATS_DTYPE, W.READING_DTYPE, W.ALERT_DTYPE),
+        "pipeline_normalize": (None, W.RAW_DTYPE, W.NORMALIZED_DTYPE),
+        "pipeline_score": (None, W.NORMALIZED_DTYPE, W.SCORED_DTYPE),
+    }[name]
+    try:
+        cubin = NumbaHandler(func, name, kind, *dtypes).link_cubin((9, 0))
+    except resident.errors.NumbaNotAvailableError as e:
+        if os.environ.get("RESIDENT_REQUIRE_NUMBA") or os.environ.get("RESIDENT_REQUIRE_NVRTC"):
+            raise
+        pytest.skip(f"NVRTC or nvJitLink missing: {e}")
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 10000
+
+
+@needs_numba
+@pytest.mark.skipif(not HAVE_NUMBA_CUDA, reason="numba-cuda is not installed")
+def test_a_link_error_is_a_compilation_error():
+    """LTO-IR whose C name is not the one the shim calls: nvJitLink's undefined symbol comes
+    back as a CompilationError (bounded), not a crash."""
+    from resident.numba_handlers import NumbaHandler
+
+    _nvjitlink_or_skip()
+    h = NumbaHandler(count_and_sum, "renamed", "keyed", ST, IN, IN)
+    h.ltoir((9, 0))
+    h.symbol = h.symbol + "_other"  # the shim now calls a name the LTO-IR does not define
+    try:
+        with pytest.raises(CompilationError) as e:
+            h.link_cubin((9, 0))
+    except resident.errors.NumbaNotAvailableError as e:
+        pytest.skip(f"NVRTC or nvJitLink missing: {e}")
+    assert "_other" in str(e.value) and len(str(e.value)) < 20000

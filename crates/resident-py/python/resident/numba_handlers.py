@@ -111,6 +111,27 @@ def _cuda_available() -> bool:
 _CC: Dict[str, Optional[Tuple[int, int]]] = {}
 
 
+def use_wheel_nvjitlink() -> Optional[str]:
+    """Points the engine's nvJitLink loader (``RESIDENT_NVJITLINK``, unless already set) at
+    the ``nvidia-nvjitlink`` wheel the extra installs, the one of the same CUDA release as the
+    NVVM that compiles ``numba=`` handlers (nvJitLink links LTO-IR from its own release and
+    older only). Returns the path, or None when the wheel is absent."""
+    got = os.environ.get("RESIDENT_NVJITLINK")
+    if got:
+        return got
+    try:
+        nvidia = importlib.import_module("nvidia")
+    except ImportError:
+        return None
+    for root in getattr(nvidia, "__path__", []):
+        for sub in ("cu13/lib", "nvjitlink/lib"):
+            path = os.path.join(root, sub, "libnvJitLink.so.13")
+            if os.path.exists(path):
+                os.environ["RESIDENT_NVJITLINK"] = path
+                return path
+    return None
+
+
 def device_cc(backend: Optional[str]) -> Optional[Tuple[int, int]]:
     """The compute capability of the ``cuda`` backend's device 0 (what its LTO-IR is compiled
     for); None for any other backend."""
@@ -151,6 +172,9 @@ def _identity(func: Callable[..., Any], dtypes: Tuple[np.dtype, ...]) -> str:
         v = g.get(n)
         if isinstance(v, (bool, int, float, complex, np.generic)):
             h.update(f"{n}={v!r}".encode())
+        elif isinstance(v, np.ndarray):  # Numba freezes a global array into the code
+            h.update(f"{n}=array:{v.dtype.str}:{v.shape}".encode())
+            h.update(np.ascontiguousarray(v).tobytes())
         elif callable(v) and hasattr(v, "__code__"):
             h.update(f"{n}=fn:{_identity(v, ())}".encode())
     for cell in func.__closure__ or ():
@@ -166,6 +190,29 @@ def _identity(func: Callable[..., Any], dtypes: Tuple[np.dtype, ...]) -> str:
         h.update(repr(d.descr).encode())
         h.update(str(d.itemsize).encode())
     return h.hexdigest()[:24]
+
+
+def _cache_dir() -> Optional[str]:
+    """Where compiled LTO-IR is kept between processes: the engine's kernel cache folder
+    (``$RESIDENT_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/resident/kernels``, else
+    ``~/.cache/resident/kernels``), or None."""
+    d = os.environ.get("RESIDENT_KERNEL_CACHE")
+    if not d:
+        x = os.environ.get("XDG_CACHE_HOME")
+        home = os.environ.get("HOME")
+        d = os.path.join(x, "resident", "kernels") if x else (
+            os.path.join(home, ".cache", "resident", "kernels") if home else None)
+    return d
+
+
+def _tool_versions() -> str:
+    got = []
+    for m in ("numba", "numba_cuda", "llvmlite"):
+        try:
+            got.append(f"{m}={importlib.import_module(m).__version__}")
+        except Exception:
+            got.append(f"{m}=?")
+    return ",".join(got)
 
 
 def _bounded(text: str) -> str:
@@ -358,6 +405,19 @@ class NumbaHandler:
             got = self._ltoir.get(cc)
             if got is not None:
                 return got
+            path = None
+            d = _cache_dir()
+            if d is not None:
+                key = hashlib.sha256(
+                    f"{self.symbol}:{cc}:{_tool_versions()}".encode()
+                ).hexdigest()[:32]
+                path = os.path.join(d, f"numba-{key}.ltoir")
+                try:
+                    with open(path, "rb") as fh:
+                        self._ltoir[cc] = fh.read()
+                    return self._ltoir[cc]
+                except OSError:
+                    pass
             nb = _import("numba", "a numba= handler")
             cuda = _import("numba.cuda", "a numba= handler on CUDA (numba-cuda)")
             self.check_fields()
@@ -384,6 +444,16 @@ class NumbaHandler:
             except Exception as e:  # NVVM's own errors are not NumbaErrors
                 raise self._failed(f"a GPU (sm_{cc[0]}{cc[1]}, numba-cuda)", e) from None
             self._ltoir[cc] = bytes(code)
+            if path is not None:
+                # Whole files only: another process may read the name at any time.
+                try:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+                    with open(tmp, "wb") as fh:
+                        fh.write(self._ltoir[cc])
+                    os.replace(tmp, path)
+                except OSError:
+                    pass  # a read-only cache costs a compile next time, nothing else
             return self._ltoir[cc]
 
     def check_gpu(self) -> None:
@@ -412,11 +482,48 @@ class NumbaHandler:
         address or None)."""
         if backend == "cuda":
             cc = cc or (9, 0)
+            use_wheel_nvjitlink()
             return (self.symbol, (f"sm_{cc[0]}{cc[1]}", self.ltoir(cc)), None)
         if backend == "cudasim":
             self.check_gpu()
             return (self.symbol, None, self.host_fn())
         raise ValueError(f"no device form of a numba= handler for the backend {backend!r}")
+
+    def link_cubin(self, sm: Tuple[int, int] = (9, 0), kernel_id: Optional[str] = None) -> bytes:
+        """The handler linked into the persistent kernel's machine code for a GPU of compute
+        capability ``sm`` (NVRTC and nvJitLink, no GPU needed): the CUBIN such a device loads.
+        A keyed handler is linked into the device template with its key's state as the state
+        (the same C call)."""
+        import resident._resident as _resident
+        from .device import _fields
+
+        use_wheel_nvjitlink()
+        kid = kernel_id or self.kernel_id
+        ir = self.ltoir(sm)
+        shim = self.shim().replace("KeyState* s", "ResidentState* s")
+        st = self.state_dtype
+        need = max(st.itemsize, 4)
+        size = next(z for z in (4 << i for i in range(11)) if z >= need)
+        record = next(z for z in (8, 16, 32, 64, 128, 256)
+                      if z >= max(self.in_dtype.itemsize, self.out_dtype.itemsize))
+        spec = _resident.DeviceSpec(
+            record,
+            _fields(self.in_dtype, "in_dtype"),
+            _fields(self.out_dtype, "out_dtype"),
+            _fields(st, "state_dtype"),
+            size,
+            bytes(size),
+            shim,
+            None,
+            "handle",
+            False,
+            64,
+            ("in_dtype", "out_dtype", "state_dtype"),
+            [],
+            [],
+            (self.symbol, (f"sm_{sm[0]}{sm[1]}", ir), None),
+        )
+        return bytes(spec.link_cubin(kid, f"sm_{sm[0]}{sm[1]}"))
 
     def batch_runner(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """The CPU form of a device kernel, ``run(state, batch) -> out``: the handler over
