@@ -471,7 +471,9 @@ def test_async_handler_that_never_returns():
     async def main():
         async with resident.RingKernelRuntime(backend="cpu", terminate_timeout=0.5) as art:
             kid = fresh("stuck")
-            await art.launch(kid, never_returns)
+            # A handler that never returns asks for a thread: on the caller's loop (the
+            # default) it would hold the loop, as any coroutine that never awaits does.
+            await art.launch(kid, never_returns, thread=True)
             await art.activate(kid)
             t0 = time.monotonic()
             with pytest.raises(CallTimeoutError):
@@ -595,7 +597,7 @@ EXITS = {
         "    art = resident.RingKernelRuntime(backend='cpu')\n"
         "    await art.launch('a', echo); await art.activate('a')\n"
         "    assert await art.call('a', 2, timeout=5) == 2\n"
-        "    await art.launch('s', spin); await art.activate('s'); await art.send('s', 1)\n"
+        "    await art.launch('s', spin, thread=True); await art.activate('s'); await art.send('s', 1)\n"
         "    return art\n"
         "keep = asyncio.run(main())\n",
         0,

@@ -1,7 +1,7 @@
 """Kernels on the caller's event loop (issue 40, item 1): a Python ring kernel with
 ``thread=False`` launched by ``RingKernelRuntime.launch`` runs as a task of that loop, with no
 thread; its messages still pass through the engine's queues (order, priorities, backpressure,
-terminate accounting), ``thread=True`` (the default) keeps a thread, and a handler that raises
+terminate accounting), ``thread=True`` keeps a thread (``thread=False`` is the default, spelled out below), and a handler that raises
 fails its kernel as before.
 Timing bounds are generous: the machines that run this are shared."""
 
@@ -164,7 +164,9 @@ def test_a_send_from_another_thread_wakes_a_loop_kernel():
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-def test_thread_true_the_default_keeps_a_thread():
+def test_the_default_is_the_loop_and_thread_true_keeps_a_thread():
+    # Issue 40: on the caller's loop by default (it was a thread until the default flipped);
+    # thread=True, at launch or on the decorator, keeps a thread.
     seen = {}
 
     async def where(ctx):
@@ -173,12 +175,19 @@ def test_thread_true_the_default_keeps_a_thread():
 
     async def main():
         async with art() as rt:
-            k = fresh("threaded")
-            await rt.launch(k, where)  # the default: a thread
+            k = fresh("default")
+            await rt.launch(k, where)  # the default: the caller's loop
             await rt.activate(k)
             assert await rt.call(k, 7, timeout=5.0) == ("echo", 7)
+            assert seen["thread"] == threading.get_ident(), "on the caller's loop"
+            assert k in rt.sync._on_loop
+
+            t = fresh("threaded")
+            await rt.launch(t, where, thread=True)
+            await rt.activate(t)
+            assert await rt.call(t, 6, timeout=5.0) == ("echo", 6)
             assert seen["thread"] != threading.get_ident()
-            assert k not in rt.sync._on_loop
+            assert t not in rt.sync._on_loop
 
             d = fresh("decorated")
             async def decorated(ctx):

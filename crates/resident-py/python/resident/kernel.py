@@ -47,11 +47,11 @@ class KernelSpec:
     backpressure: str = "block"
     block_timeout: float = 1.0
     priority_lanes: int = 4
-    thread: bool = True
-    """True (the default): the coroutine runs on a thread of its own, in an event loop of its
-    own (what a handler that blocks or computes for long needs). False: a kernel launched by
-    ``RingKernelRuntime.launch`` runs as a task of the caller's loop, with no thread (launched
-    by the blocking ``Runtime.launch``, it keeps its thread)."""
+    thread: Optional[bool] = None
+    """None (the default) or False: a kernel launched by ``RingKernelRuntime.launch`` runs as a
+    task of the caller's loop, with no thread (launched by the blocking ``Runtime.launch``, it
+    gets a thread). True: the coroutine runs on a thread of its own, in an event loop of its
+    own, wherever it is launched (what a handler that blocks or computes for long needs)."""
 
     def __post_init__(self) -> None:
         if not asyncio.iscoroutinefunction(self.func):
@@ -101,7 +101,7 @@ def ring_kernel(
     block_size: Any = None,
     input_type: Any = None,
     output_type: Any = None,
-    thread: bool = True,
+    thread: Optional[bool] = None,
     **unknown: Any,
 ) -> Any:
     """Declares ``async def f(ctx)`` as a ring kernel (a persistent actor).
@@ -115,13 +115,13 @@ def ring_kernel(
     are accepted and ignored: a Python handler runs on a host thread. Any other keyword
     argument raises ``UnknownArgumentError`` naming the closest known one.
 
-    Where the coroutine runs: by default (``thread=True``) on a thread of its own with an
-    event loop of its own. With ``thread=False``, a kernel launched by
-    ``RingKernelRuntime.launch`` (from a coroutine) runs as a task of the caller's event loop,
-    with no thread of its own (a waiter on that loop is woken by completing its future; an
-    idle kernel costs nothing); launched by the blocking ``Runtime.launch`` it keeps a thread.
-    A handler that blocks or computes for long keeps ``thread=True``: on the caller's loop it
-    would hold every other task of the loop meanwhile.
+    Where the coroutine runs: by default a kernel launched by ``RingKernelRuntime.launch``
+    (from a coroutine) runs as a task of the caller's event loop, as PyDotCompute runs it, with
+    no thread of its own (a waiter on that loop is woken by completing its future; an idle
+    kernel costs nothing); launched by the blocking ``Runtime.launch`` it gets a thread. A
+    handler that blocks or computes for long asks for ``thread=True`` (a thread of its own with
+    an event loop of its own, wherever it is launched): on the caller's loop it would hold
+    every other task of the loop meanwhile.
     """
     reject_unknown("@ring_kernel", unknown, _RING_KERNEL_ARGS)
 
@@ -162,13 +162,14 @@ _RING_KERNEL_ARGS = (
 class KernelContext:
     """What a kernel's coroutine sees: receive, send, and the lifecycle flags.
 
-    On the caller's event loop (``thread=False``, launched by ``RingKernelRuntime.launch``) the
+    On the caller's event loop (the default for a kernel launched by
+    ``RingKernelRuntime.launch``) the
     coroutine is a task of that loop: a wait awaits a future that a send, activate, deactivate or terminate
     completes (directly from the same loop's thread, through the loop's wake-up socket from
     another thread), and an idle kernel costs nothing (no thread, no timer). A full output
     queue is awaited by looking again (every 50 us, doubling to 10 ms).
 
-    On a thread (``thread=True``, the default, or launched by the blocking ``Runtime``) the
+    On a thread (``thread=True``, or launched by the blocking ``Runtime``) the
     coroutine runs in an event loop of its own; waits release the GIL and give the loop's
     other tasks a turn every 10 ms (when the coroutine is the loop's only task, a wait lasts
     up to 0.5 s: activate, deactivate, terminate and new messages end it at once, and an idle

@@ -204,17 +204,18 @@ _CHUNK = 1024
 
 def _send(rt: Any, kernel_id: str, records: np.ndarray, got: List[np.ndarray],
           timeout: float) -> None:
-    """Sends every record of ``records`` (the rest again when the queue took only some),
-    taking outputs into ``got`` while the kernel's queue is full."""
+    """Sends every record of ``records`` in runs of at most ``_CHUNK`` (the rest of a run
+    again when the queue took only some), taking the outputs ready before each run into
+    ``got``, so that a full output queue never holds the kernel while this waits for room."""
     end = time.monotonic() + timeout
-    while len(records):
+    at = 0
+    while at < len(records):
+        got.append(rt.receive_batch(kernel_id, 1 << 16, timeout=0.0))
         try:
-            records = records[rt.send_batch(kernel_id, records):]
+            at += rt.send_batch(kernel_id, records[at : at + _CHUNK])
         except SendTimeoutError:
             if time.monotonic() > end:
                 raise
-        if len(records):
-            got.append(rt.receive_batch(kernel_id, 1 << 16, timeout=0.0))
 
 
 def _collect(rt: Any, kernel_id: str, done: Callable[[List[np.ndarray]], bool],

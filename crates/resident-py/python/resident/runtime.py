@@ -868,13 +868,13 @@ class RingKernelRuntime:
         """Like ``Runtime.launch``; returns the launched kernel (a ``RingKernel``: its id and
         this runtime's operations on it). The launch of a device kernel, or of a keyed kernel
         with a device handler (which compiles it: g++ for CudaSim, NVRTC for CUDA) runs on a
-        thread of its own; the loop goes on. A Python ring kernel with ``thread=False`` runs as a
-        task of this loop, with no thread (by default it gets a thread, as with
-        ``Runtime.launch``)."""
+        thread of its own; the loop goes on. A Python ring kernel runs as a task of this loop,
+        with no thread, unless it asks for one (``thread=True``: a handler that blocks or
+        computes for long)."""
         s = _spec(kernel_id, kernel_func, overrides)
         if _compiles(s):
             await _in_thread(self.sync.launch, kernel_id, kernel_func, **overrides)
-        elif isinstance(s, KernelSpec) and s.thread is False:
+        elif isinstance(s, KernelSpec) and s.thread is not True:
             self.sync._launch_on_loop(s)
         else:
             self.sync.launch(kernel_id, kernel_func, **overrides)
