@@ -8,7 +8,9 @@
 #   2. the bulk lanes' GPU test (on, then auto) alone and under compute-sanitizer memcheck, and
 #      the residency probe, which times cuMemcpyHtoDAsync and cuStreamWriteValue64 beside a
 #      resident kernel and says whether the device takes 64-bit stream memory operations;
-#   3. the conformance cases on the GPU with RESIDENT_BULK_LANE=on and off.
+#   3. the conformance cases on the GPU with RESIDENT_BULK_LANE=on and off;
+#   4. (issue 43) a kernel whose handler calls an external function, linked by nvJitLink from
+#      LTO-IR into the device's CUBIN (what a numba= handler is), alone and under memcheck.
 # The device tool brings back at most 8 files: status.txt, the ring JSON, and all.tar.gz with
 # the log.
 set -uo pipefail
@@ -33,6 +35,8 @@ T() {
 T 40 bulk-gpu "$W/tests/persistent_gpu" --exact bulk_lanes_round_trip_on_a_gpu --nocapture
 T 30 residency-probe "$W/tests/persistent_gpu" --exact residency_probe_times_driver_calls_while_a_ring_kernel_is_resident --nocapture
 T 60 memcheck-bulk compute-sanitizer --tool memcheck --error-exitcode 1 "$W/tests/persistent_gpu" --exact bulk_lanes_round_trip_on_a_gpu --test-threads=1
+T 30 external-gpu "$W/tests/persistent_gpu" --exact a_kernel_with_an_external_function_runs_linked_on_a_gpu --nocapture
+T 45 memcheck-external compute-sanitizer --tool memcheck --error-exitcode 1 "$W/tests/persistent_gpu" --exact a_kernel_with_an_external_function_runs_linked_on_a_gpu --test-threads=1
 T 150 bench-ring "$W/resident" bench-ring --iters 2000 --in-flight 64,1024,4096,65536 --out-dir "$K/ring"
 for m in on off; do
   T 45 "conformance-gpu-bulk-$m" env RESIDENT_BULK_LANE=$m "$W/tests/conformance" gpu:: --test-threads=1
