@@ -288,7 +288,13 @@ struct Args<'a> {
     device: Option<(&'a DeviceSpec, StructLayout)>,
     /// The kernel's bell, rung by the engine once a batch's outputs are published.
     bell: Arc<crate::Bell>,
+    /// A `numba=` handler's native form (its address, and the Python object that owns it):
+    /// the CPU engine calls it for each message in place of the Python key handler.
+    native: Option<(usize, Py<PyAny>)>,
 }
+
+/// The C signature of a `numba=` handler's native form (`template::EXTERNAL_FN_SIGNATURE`).
+type NativeFn = unsafe extern "C" fn(*mut u8, *const u8, *mut u8, *const u8) -> i32;
 
 type Launched = (Arc<dyn BatchKernel>, Arc<dyn KeyedOps>);
 
@@ -344,6 +350,37 @@ fn launch_nm<const N: usize, const M: usize>(a: Args<'_>) -> Result<Launched, La
             .keyed(a.key_field.clone());
             k = k.key_wgsl(h);
         }
+    }
+    if let Some((addr, owner)) = a.native {
+        // SAFETY: `addr` is a Numba `cfunc` of exactly `NativeFn`'s signature (the Python
+        // package compiles it so), kept alive by `owner`, which the closure holds.
+        let f: NativeFn = unsafe { std::mem::transmute::<usize, NativeFn>(addr) };
+        let k = k.key_handler(move |ks: &mut KeyContext<'_, KeyBlob<M>>, m: KRec<N>| {
+            let _owner = &owner;
+            let env = *ks.envelope();
+            // The records 8-byte aligned, as the dtypes' fields expect (C offsets).
+            let input = KeyBlob::<N>(m.0);
+            let mut out = KeyBlob::<N>([0u8; N]);
+            // SAFETY: the function reads the message's record (`N` bytes, its fields at the
+            // front), the envelope (32 bytes) and reads and writes the key's state (`M`
+            // bytes, the dtype's at the front) and the output record (`N` bytes), each valid
+            // and unaliased for the call; it touches nothing else (no Python objects).
+            let sent = unsafe {
+                f(
+                    ks.state_mut().0.as_mut_ptr(),
+                    input.0.as_ptr(),
+                    out.0.as_mut_ptr(),
+                    (&env as *const resident::ring::Envelope).cast(),
+                )
+            };
+            (sent != 0).then_some(KRec(out.0))
+        });
+        let h = a.rt.launch(k).map_err(LaunchError::Engine)?;
+        let kern = Arc::new(KeyedKern::<N, M> { h, keys });
+        return Ok((
+            kern.clone() as Arc<dyn BatchKernel>,
+            kern as Arc<dyn KeyedOps>,
+        ));
     }
     let (runner, func, isz) = (a.runner, a.func, a.state_itemsize);
     let k = k.key_handler(move |ks: &mut KeyContext<'_, KeyBlob<M>>, m: KRec<N>| {
@@ -478,7 +515,7 @@ impl KeyedHandle {
 /// key (the initial states, padded); `state_fields` (the state dtype's fields) are needed
 /// when `device` has a handler.
 #[pyfunction]
-#[pyo3(signature = (rt, kernel_id, record, state_size, state_itemsize, states, key_field, runner, func, queue_size, backpressure, block_timeout, priority_lanes, max_batch, workers, device=None, state_fields=None, state_origin=String::new()))]
+#[pyo3(signature = (rt, kernel_id, record, state_size, state_itemsize, states, key_field, runner, func, queue_size, backpressure, block_timeout, priority_lanes, max_batch, workers, device=None, state_fields=None, state_origin=String::new(), native=None))]
 #[allow(clippy::too_many_arguments)]
 fn launch_keyed(
     py: Python<'_>,
@@ -500,6 +537,7 @@ fn launch_keyed(
     device: Option<Py<DeviceSpec>>,
     state_fields: Option<Vec<FieldTuple>>,
     state_origin: String,
+    native: Option<(usize, Py<PyAny>)>,
 ) -> PyResult<KeyedHandle> {
     let policy = crate::parse_policy(backpressure, block_timeout)?;
     if queue_size == 0 || max_batch == Some(0) || workers == 0 {
@@ -552,6 +590,7 @@ fn launch_keyed(
         func,
         device: dev,
         bell: bell.clone(),
+        native,
     };
     let (batch, ops) = py
         .detach(|| launch_any(record, state_size, args))

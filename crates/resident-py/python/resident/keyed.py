@@ -213,18 +213,6 @@ class KeyedKernelSpec(BatchKernelSpec):
         return raw.reshape(-1)
 
 
-def _run_numba_key(
-    spec: KeyedKernelSpec, run: Any, key: int, st: np.ndarray, raw: np.ndarray
-) -> Any:
-    """``_run_key`` for a ``numba=`` handler: its CPU form over one-record views."""
-    state = st[: spec.state_dtype.itemsize].view(spec.state_dtype)  # type: ignore[union-attr]
-    msg = raw[: spec.in_dtype.itemsize].view(spec.in_dtype)
-    out = run(state, msg)
-    if out is None:
-        return None
-    return out.view(np.uint8)
-
-
 def _run_key(spec: KeyedKernelSpec, func: Any, key: int, st: np.ndarray, raw: np.ndarray) -> Any:
     """Runs on the kernel's thread for each message: the key handler over views of the key's
     state (written back by the engine's side) and the message."""
@@ -331,15 +319,14 @@ def _handles(rt: Any) -> Dict[str, Any]:
 
 def _launch(rt: Any, s: KeyedKernelSpec) -> None:
     dev = s.device_spec(rt.backend)
-    key_fn = functools.partial(_run_key, s)
-    if s.numba is not None:
-        key_fn = functools.partial(_run_numba_key, s)
-        func: Any = s.numba.key_runner()
-        if dev is None:
-            # The CPU form runs; the function is checked for a GPU too.
-            s.numba.check_gpu()
-    else:
-        func = s.func
+    key_fn, func, native = functools.partial(_run_key, s), s.func, None
+    if s.numba is not None and dev is None:
+        # The CPU engine calls the function's native form itself, for each message, with its
+        # envelope, with no Python in between (the same cfunc CudaSim calls); the function is
+        # checked for a GPU too.
+        cf = s.numba.cfunc()
+        native = (int(cf.address), cf)
+        s.numba.check_gpu()
     state_fields = None
     if dev is not None:
         state_fields = _fields(s.state_dtype, f"kernel '{s.kernel_id}' state_dtype")  # type: ignore[arg-type]
@@ -362,6 +349,7 @@ def _launch(rt: Any, s: KeyedKernelSpec) -> None:
         dev,
         state_fields,
         f"the numpy dtype {s.state_dtype}",
+        native,
     )
     _handles(rt)[s.kernel_id] = (h, s)
     rt._final_states.pop(s.kernel_id, None)

@@ -19,7 +19,9 @@ One function, every engine:
   machine code (cached on disk like every kernel);
 * **cudasim**: Numba's CPU target compiles it to a native function (a ``cfunc``) that the
   CudaSim template calls on its host threads;
-* **cpu** (and any engine without a device form): ``numba.njit`` over each batch.
+* **cpu** (and any engine without a device form): the same native function, called by the
+  engine for each message of a keyed kernel (no Python in between); ``numba.njit`` over each
+  batch for a device kernel (whose CPU form sees no envelopes: ``env`` is zeros there).
 
 What may be written: what Numba compiles for a GPU without its runtime: arithmetic on
 numbers, ``math`` functions, record fields (also fixed-size array fields, ``state.hist[3]``),
@@ -365,7 +367,9 @@ class NumbaHandler:
                 errors = importlib.import_module("numba.core.errors")
                 sig = self._records(nb)
                 try:
-                    f = nb.njit(sig)(self.func)
+                    # Division by zero gives inf or nan, as on a GPU and in C (Numba's
+                    # CUDA target's model), not an exception a native caller cannot take.
+                    f = nb.njit(sig, error_model="numpy")(self.func)
                 except (errors.NumbaError, KeyError) as e:
                     raise self._failed("the CPU (numba.njit)", e) from None
                 self._check_return(f.nopython_signatures[0].return_type, "the CPU", nb)
@@ -553,26 +557,5 @@ class NumbaHandler:
             env = np.zeros(len(b), ENVELOPE_DTYPE)
             n = run(st.view(state_dtype).reshape(-1), b, out, env)
             return out[:n]
-
-        return cpu
-
-    def key_runner(self) -> Callable[[np.ndarray, np.ndarray], Any]:
-        """The CPU form of a keyed kernel's key handler, ``run(state, msg) -> out or None``
-        over a one-record view of the key's state (written in place) and of the message."""
-        f = self.njit()
-        nb = _import("numba", "a numba= handler")
-
-        @nb.njit
-        def one(state, msg, out, env):  # type: ignore[no-untyped-def]
-            return f(state[0], msg[0], out[0], env[0])
-
-        out_dtype = self.out_dtype
-        env = np.zeros(1, ENVELOPE_DTYPE)
-
-        def cpu(state: np.ndarray, msg: np.ndarray) -> Any:
-            out = np.zeros(1, out_dtype)
-            if one(state, msg, out, env):
-                return out
-            return None
 
         return cpu
