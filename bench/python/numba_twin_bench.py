@@ -2,7 +2,9 @@
 
 Measures, for the seed anomaly detector (a keyed kernel of 16 sensors, 20,000 readings per
 round) and the pipeline's two stages (10,000 records):
-* throughput per form and backend, rounds alternating between the two forms (``--repeat``);
+* throughput per form and backend, rounds alternating between the two forms (``--repeat``):
+  on cpu the numba= detector against the same fold as a plain Python key handler (the pipeline
+  stages have no Python twin: both rows run numba=), on cuda/cudasim against the CUDA C twin;
 * the launch: cold (fresh processes, an empty kernel cache) and cached (the same cache, a
   second fresh process), for each form.
 
@@ -53,6 +55,34 @@ def readings(n: int, seed: int) -> np.ndarray:
     return a
 
 
+def declare_python_twin(kernel_id: str) -> None:
+    """The detector as a plain Python key handler (what a user writes without ``numba=``): the
+    baseline of the CPU engine's figures."""
+    import math
+
+    import resident
+    from resident import numba_workloads as W
+
+    def fold(key, ks, inp):
+        if inp["flush"] != 0:
+            return (inp["index"], 0.0, 0.0, W.FLUSH, 0)
+        x, n = float(inp["value"]), int(ks["n"])
+        if n == 0:
+            ks["m"], ks["v"], ks["n"] = x, 0.0, 1
+            return None
+        m, v = float(ks["m"]), float(ks["v"])
+        z = math.fabs(x - m) / math.sqrt(v) if v > 0.0 else 0.0
+        d = x - m
+        ks["m"], ks["v"], ks["n"] = m + W.ALPHA * d, (1.0 - W.ALPHA) * (v + W.ALPHA * d * d), n + 1
+        if v > 0.0 and z > W.Z and n >= W.WARMUP:
+            return (inp["index"], x, z, inp["slot"], 0)
+        return None
+
+    resident.keyed_kernel(fold, kernel_id=kernel_id, keys=16, in_dtype=W.READING_DTYPE,
+                          out_dtype=W.ALERT_DTYPE, state_dtype=W.SENSOR_STATS_DTYPE,
+                          key_field="slot")
+
+
 def spread(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
@@ -61,14 +91,19 @@ def throughput(backend: str, repeat: int, n: int) -> dict:
     import resident
     from resident import numba_workloads as W
 
-    langs = ["numba", "cuda"] if backend in ("cuda", "cudasim") else ["numba"]
+    langs = ["numba", "cuda"] if backend in ("cuda", "cudasim") else ["numba", "python"]
     rt = resident.Runtime(backend=backend)
     out = {"anomaly_readings_per_s": {}, "pipeline_records_per_s": {}}
     try:
         for lang in langs:
-            W.declare_anomaly(f"det_{lang}", 16, lang)
-            W.declare_normalize(f"norm_{lang}", lang)
-            W.declare_score(f"score_{lang}", lang)
+            if lang == "python":
+                declare_python_twin(f"det_{lang}")
+                W.declare_normalize(f"norm_{lang}", "numba")  # no Python twin of the stages
+                W.declare_score(f"score_{lang}", "numba")
+            else:
+                W.declare_anomaly(f"det_{lang}", 16, lang)
+                W.declare_normalize(f"norm_{lang}", lang)
+                W.declare_score(f"score_{lang}", lang)
             for k in (f"det_{lang}", f"norm_{lang}", f"score_{lang}"):
                 rt.launch(k)
                 rt.activate(k)
@@ -89,15 +124,16 @@ def throughput(backend: str, repeat: int, n: int) -> dict:
                 scored = W.run_pipeline(rt, f"norm_{lang}", f"score_{lang}", raw, timeout=600)
                 prates[lang].append(len(raw) / (time.perf_counter() - t))
                 answers.setdefault(r, {})[lang] = (alerts, states, scored)
-        if len(langs) == 2:
+        other = langs[1] if len(langs) == 2 else None
+        if other is not None:
             out["identical_answers"] = all(
-                all(np.array_equal(x, y) for x, y in zip(v["numba"], v["cuda"]))
+                all(np.array_equal(x, y) for x, y in zip(v["numba"], v[other]))
                 for v in answers.values()
             )
         for lang in langs:
             out["anomaly_readings_per_s"][lang] = spread(rates[lang])
             out["pipeline_records_per_s"][lang] = spread(prates[lang])
-        if len(langs) == 2:
+        if other == "cuda":
             out["ratio_numba_over_cuda_c"] = {
                 "anomaly": statistics.median(
                     x / y for x, y in zip(rates["numba"], rates["cuda"])
@@ -106,13 +142,19 @@ def throughput(backend: str, repeat: int, n: int) -> dict:
                     x / y for x, y in zip(prates["numba"], prates["cuda"])
                 ),
             }
+        if other == "python":
+            out["ratio_numba_over_python_handler"] = {
+                "anomaly": statistics.median(
+                    x / y for x, y in zip(rates["numba"], rates["python"])
+                ),
+            }
     finally:
         rt.shutdown()
     return out
 
 
 def launches(backend: str, repeat: int) -> dict:
-    langs = ["numba", "cuda"] if backend in ("cuda", "cudasim") else ["numba"]
+    langs = ["numba", "cuda"] if backend in ("cuda", "cudasim") else ["numba"]  # launch times
     got = {lang: {"cold_s": [], "cached_s": []} for lang in langs}
     for _ in range(repeat):
         for lang in langs:
