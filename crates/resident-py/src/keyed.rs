@@ -287,7 +287,7 @@ struct Args<'a> {
     func: Py<PyAny>,
     device: Option<(&'a DeviceSpec, StructLayout)>,
     /// The kernel's bell, rung by the engine once a batch's outputs are published.
-    bell: Arc<crate::Bell>,
+    bell: Arc<crate::waker::Bell>,
 }
 
 type Launched = (Arc<dyn BatchKernel>, Arc<dyn KeyedOps>);
@@ -482,7 +482,7 @@ impl KeyedHandle {
 #[allow(clippy::too_many_arguments)]
 fn launch_keyed(
     py: Python<'_>,
-    rt: &Bound<'_, crate::PyRuntime>,
+    rt: &Bound<'_, crate::runtime::PyRuntime>,
     kernel_id: String,
     record: usize,
     state_size: usize,
@@ -532,7 +532,7 @@ fn launch_keyed(
         None => None,
     };
     let pyrt = rt.get();
-    let bell = Arc::new(crate::Bell::default());
+    let bell = Arc::new(crate::waker::Bell::default());
     let guard = pyrt.rt.lock();
     let engine = guard
         .as_ref()
