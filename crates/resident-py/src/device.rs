@@ -251,7 +251,8 @@ impl DeviceSpec {
             Ok(Some(Err(e))) => {
                 let class = match &e {
                     DeviceError::Cuda(
-                        PersistentError::JitLinkUnavailable(_) | PersistentError::NvrtcUnavailable(_),
+                        PersistentError::JitLinkUnavailable(_)
+                        | PersistentError::NvrtcUnavailable(_),
                     ) => "NumbaNotAvailableError",
                     e if is_compile_error(e) => "CompilationError",
                     _ => "DeviceError",
