@@ -248,7 +248,7 @@ fn body<const N: usize>(
     func: Py<PyAny>,
     state: Py<PyAny>,
     max_batch: usize,
-    bell: Arc<crate::Bell>,
+    bell: Arc<crate::waker::Bell>,
 ) -> impl FnOnce(&mut LoopContext<[u8; N], [u8; N], ()>) + Send + 'static {
     move |lctx| {
         let mut failure: Option<PyErr> = None;
@@ -353,7 +353,7 @@ pub(crate) fn launch(
     max_batch: usize,
     device: Option<&crate::device::DeviceSpec>,
     buffers: Vec<(String, String, Vec<u8>)>,
-    bell: Arc<crate::Bell>,
+    bell: Arc<crate::waker::Bell>,
 ) -> Result<Arc<dyn BatchKernel>, LaunchError> {
     // Buffers are bound where the handler runs on the device; the CPU form gets numpy arrays
     // of its own (a loop-form kernel has no engine bindings on the host).

@@ -287,7 +287,7 @@ struct Args<'a> {
     func: Py<PyAny>,
     device: Option<(&'a DeviceSpec, StructLayout)>,
     /// The kernel's bell, rung by the engine once a batch's outputs are published.
-    bell: Arc<crate::Bell>,
+    bell: Arc<crate::waker::Bell>,
     /// A `numba=` handler's native form (its address, and the Python object that owns it):
     /// the CPU engine calls it for each message in place of the Python key handler.
     native: Option<(usize, Py<PyAny>)>,
@@ -519,7 +519,7 @@ impl KeyedHandle {
 #[allow(clippy::too_many_arguments)]
 fn launch_keyed(
     py: Python<'_>,
-    rt: &Bound<'_, crate::PyRuntime>,
+    rt: &Bound<'_, crate::runtime::PyRuntime>,
     kernel_id: String,
     record: usize,
     state_size: usize,
@@ -570,7 +570,7 @@ fn launch_keyed(
         None => None,
     };
     let pyrt = rt.get();
-    let bell = Arc::new(crate::Bell::default());
+    let bell = Arc::new(crate::waker::Bell::default());
     let guard = pyrt.rt.lock();
     let engine = guard
         .as_ref()
