@@ -285,11 +285,10 @@ class DeviceKernelSpec(BatchKernelSpec):
         its CPU form; None: the layouts are checked with its C shim only)."""
         cuda, external = self.cuda, None
         if self.numba is not None:
-            if backend not in (None, "cuda", "cudasim"):
+            got = self.numba.device_source(backend)
+            if got is None:
                 return None
-            cuda = self.numba.shim()
-            if backend is not None:
-                external = self.numba.external(backend, _numba.device_cc(backend))
+            cuda, external = got
         k = f"kernel '{self.kernel_id}'"
         st = self.initial_state()
         sfields = None if self.state_dtype is None else _fields(self.state_dtype, f"{k} state_dtype")

@@ -173,11 +173,10 @@ class KeyedKernelSpec(BatchKernelSpec):
         (``"cuda"``, ``"cudasim"``; None: the layouts are checked with its C shim only)."""
         cuda, external = self.cuda, None
         if self.numba is not None:
-            if backend not in (None, "cuda", "cudasim"):
+            got = self.numba.device_source(backend)
+            if got is None:
                 return None
-            cuda = self.numba.shim()
-            if backend is not None:
-                external = self.numba.external(backend, _numba.device_cc(backend))
+            cuda, external = got
         if cuda is None and self.wgsl is None:
             return None
         k = f"kernel '{self.kernel_id}'"

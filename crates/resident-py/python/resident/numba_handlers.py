@@ -481,6 +481,17 @@ class NumbaHandler:
             f"(const void*)env) != 0;\n}}\n"
         )
 
+    def device_source(self, backend: Optional[str]) -> Optional[Tuple[str, Any]]:
+        """The CUDA C handler and the compiled function a device spec takes on ``backend``:
+        ``(shim, external)``; ``external`` None when ``backend`` is None (the layouts checked
+        with the shim alone, at declaration); None on a backend with no device form (the CPU
+        form runs)."""
+        if backend not in (None, "cuda", "cudasim"):
+            return None
+        if backend is None:
+            return self.shim(), None
+        return self.shim(), self.external(backend, device_cc(backend))
+
     def external(self, backend: str, cc: Optional[Tuple[int, int]] = None) -> Tuple[Any, ...]:
         """What the engine links for ``backend``: (C name, (arch, LTO-IR) or None, native
         address or None)."""
