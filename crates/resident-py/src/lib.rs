@@ -35,7 +35,6 @@ mod handoff;
 mod ids;
 mod kernel_ctx;
 mod keyed;
-mod pending_call;
 mod runtime;
 mod store;
 mod waker;
@@ -247,7 +246,7 @@ fn _resident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernel_ctx::KernelCtx>()?;
     m.add_class::<kernel_ctx::Env>()?;
     m.add("NOTHING", nothing(m.py())?)?;
-    m.add_class::<pending_call::PendingCallPy>()?;
+    m.add_class::<runtime::PendingCallPy>()?;
     m.add_class::<waker::Waker>()?;
     m.add_function(wrap_pyfunction!(handoff::handlers_in_python, m)?)?;
     m.add("FLAG_CALL", resident::ring::FLAG_CALL)?;

@@ -14,6 +14,7 @@ import pytest
 
 import resident
 from resident import numba_workloads as W
+from resident.device import link_numba_cubin
 from resident.errors import CompilationError, NumbaNotAvailableError
 
 from conftest import fresh
@@ -243,6 +244,35 @@ def test_device_kernel_numba_state_and_no_output():
         assert np.allclose(out["value"], np.arange(64)[keep] + 0.5), backend
 
 
+@needs_numba
+@pytest.mark.parametrize("backend", ["cpu", "cudasim"])
+def test_batch_kernel_numba_runs_on_the_host(backend):
+    kid = fresh("batchnb")
+
+    @resident.batch_kernel(kernel_id=kid, in_dtype=IN, numba=True)
+    def halve(state, inp, out, env):
+        out.key = inp.key
+        out.value = inp.value / 2
+        return inp.key % 3 != 0
+
+    rt = open_runtime(backend)
+    try:
+        rt.launch(kid)
+        rt.activate(kid)
+        msgs = np.zeros(30, IN)
+        msgs["key"] = np.arange(30)
+        msgs["value"] = np.arange(30) * 2.0
+        rt.send_batch(kid, msgs)
+        got, end = [], time.monotonic() + 60
+        while sum(map(len, got)) < 20 and time.monotonic() < end:
+            got.append(rt.receive_batch(kid, 100, timeout=1.0))
+        out = np.concatenate(got)
+    finally:
+        rt.shutdown()
+    assert out["key"].tolist() == [k for k in range(30) if k % 3 != 0]
+    assert out["value"].tolist() == [float(k) for k in range(30) if k % 3 != 0]
+
+
 # ---- errors --------------------------------------------------------------------------------
 
 
@@ -421,7 +451,7 @@ def test_every_shipped_handler_links_into_sm_90_machine_code(name):
         "pipeline_score": (None, W.NORMALIZED_DTYPE, W.SCORED_DTYPE),
     }[name]
     try:
-        cubin = NumbaHandler(func, name, kind, *dtypes).link_cubin((9, 0))
+        cubin = link_numba_cubin(NumbaHandler(func, name, kind, *dtypes), (9, 0))
     except resident.errors.NumbaNotAvailableError as e:
         if os.environ.get("RESIDENT_REQUIRE_NUMBA") or os.environ.get("RESIDENT_REQUIRE_NVRTC"):
             raise
@@ -442,7 +472,7 @@ def test_a_link_error_is_a_compilation_error():
     h.symbol = h.symbol + "_other"  # the shim now calls a name the LTO-IR does not define
     try:
         with pytest.raises(CompilationError) as e:
-            h.link_cubin((9, 0))
+            link_numba_cubin(h, (9, 0))
     except resident.errors.NumbaNotAvailableError as e:
         pytest.skip(f"NVRTC or nvJitLink missing: {e}")
     assert "_other" in str(e.value) and len(str(e.value)) < 20000

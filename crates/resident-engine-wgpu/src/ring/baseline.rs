@@ -15,7 +15,8 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::engine::{DeviceState, WgpuEngine, WgpuFault};
+use super::engine::{DeviceState, WgpuEngine};
+use super::fault::WgpuFault;
 use super::handler::WgslHandler;
 use super::pipeline::{decode, BatchBuffers, BatchGeometry, MapResult, RingPipeline};
 

@@ -59,7 +59,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::{Condvar, Mutex};
 use resident_ring::{Envelope, Mailbox, Message, Slot};
 
-use super::engine::WgpuFault;
+use super::fault::WgpuFault;
 use super::pipeline::{BatchBuffers, BatchGeometry, RingPipeline};
 use crate::{padded, WgpuContext};
 use resident_core::engine::BackendError;

@@ -97,6 +97,8 @@
 mod baseline;
 #[cfg(feature = "wgpu")]
 mod engine;
+#[cfg(feature = "wgpu")]
+mod fault;
 mod handler;
 mod keyed;
 #[cfg(feature = "wgpu")]
@@ -109,7 +111,7 @@ pub use baseline::{ResidentBatches, StatelessBatches};
 #[cfg(feature = "wgpu")]
 pub(crate) use engine::WgpuEngine;
 #[cfg(feature = "wgpu")]
-pub use engine::WgpuFault;
+pub use fault::WgpuFault;
 #[cfg(feature = "wgpu")]
 pub(crate) use handler::check_bindings;
 pub use handler::WgslHandler;

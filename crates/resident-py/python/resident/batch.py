@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 
 from .kernel import BACKPRESSURE, _registry, reject_unknown
+from .numba_handlers import NumbaHandler
 
 __all__ = ["batch_kernel", "BatchKernelSpec", "RECORD_SIZES"]
 
@@ -78,9 +79,10 @@ def batch_kernel(
     of ``out_dtype`` records (default: ``in_dtype``). ``state`` (e.g. a numpy array) is the
     kernel's state, passed to every call; the kernel keeps it for its whole life.
 
-    ``numba=f`` (or ``numba=True`` over ``f``) makes it a ``@device_kernel`` whose handler is
-    ``f(state, inp, out, env) -> bool`` compiled by Numba for every engine
-    (``resident.numba_handlers``); ``state`` is then None or one record of a structured dtype.
+    ``numba=f`` (or ``numba=True`` over ``f``) runs ``f(state, inp, out, env) -> bool`` over
+    each message instead, compiled by ``numba.njit`` on its first batch, on the host as every
+    batch kernel (``resident.numba_handlers``; ``@device_kernel(numba=f)`` runs it on the
+    device); ``state`` is then None or one record of a structured dtype.
     Any other keyword argument raises ``UnknownArgumentError`` naming the closest known one."""
     reject_unknown(
         "@batch_kernel",
@@ -88,28 +90,17 @@ def batch_kernel(
         ("kernel_id", "in_dtype", "out_dtype", "state", "queue_size", "backpressure",
          "block_timeout", "max_batch", "numba"),
     )
-    if numba is not None and numba is not False:
-        from .device import device_kernel
-
-        st = None if state is None else np.asarray(state)
-        return device_kernel(
-            func,
-            kernel_id=kernel_id,
-            in_dtype=in_dtype,
-            out_dtype=out_dtype,
-            state_dtype=None if st is None else st.dtype,
-            state=st,
-            queue_size=queue_size,
-            backpressure=backpressure,
-            block_timeout=block_timeout,
-            max_batch=max_batch,
-            numba=numba,
-        )
-
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        func = f
+        if numba is not None and numba is not False:
+            st = None if state is None else np.asarray(state)
+            func = NumbaHandler(
+                f, kernel_id or f.__name__, "device", None if st is None else st.dtype,
+                np.dtype(in_dtype), np.dtype(out_dtype if out_dtype is not None else in_dtype),
+            ).lazy_batch_runner()
         spec = BatchKernelSpec(
             kernel_id=kernel_id or f.__name__,
-            func=f,
+            func=func,
             in_dtype=np.dtype(in_dtype),
             out_dtype=np.dtype(out_dtype if out_dtype is not None else in_dtype),
             state=state,
@@ -124,6 +115,8 @@ def batch_kernel(
 
     if func is not None:
         return wrap(func)
+    if callable(numba) and numba is not True:
+        return wrap(numba)
     return wrap
 
 

@@ -39,7 +39,7 @@ from .errors import DtypeLayoutError
 from .kernel import _registry, reject_unknown
 from . import numba_handlers as _numba
 
-__all__ = ["device_kernel", "DeviceKernelSpec", "declarations"]
+__all__ = ["device_kernel", "DeviceKernelSpec", "declarations", "link_numba_cubin"]
 
 STATE_SIZES = tuple(4 << i for i in range(11))
 
@@ -459,3 +459,37 @@ def declarations(
         wgsl="" if lang == "wgsl" else None,
     )
     return spec.declarations(lang)
+
+
+def link_numba_cubin(handler: Any, sm: Tuple[int, int] = (9, 0), kernel_id: Optional[str] = None) -> bytes:
+    """A ``numba=`` handler (``resident.numba_handlers.NumbaHandler``) linked into the
+    persistent kernel's machine code for a GPU of compute capability ``sm`` (NVRTC and
+    nvJitLink, no GPU needed): the CUBIN such a device loads. A keyed handler is linked into the
+    device template with its key's state as the state (the same C call). Raises
+    ``CompilationError`` when it does not link, ``NumbaNotAvailableError`` without nvJitLink."""
+    _numba.use_wheel_nvjitlink()
+    kid = kernel_id or handler.kernel_id
+    ir = handler.ltoir(sm)
+    shim = handler.shim().replace("KeyState* s", "ResidentState* s")
+    st = handler.state_dtype
+    size = next(z for z in STATE_SIZES if z >= max(st.itemsize, 4))
+    record = next(z for z in RECORD_SIZES
+                  if z >= max(handler.in_dtype.itemsize, handler.out_dtype.itemsize))
+    spec = _resident.DeviceSpec(
+        record,
+        _fields(handler.in_dtype, "in_dtype"),
+        _fields(handler.out_dtype, "out_dtype"),
+        _fields(st, "state_dtype"),
+        size,
+        bytes(size),
+        shim,
+        None,
+        "handle",
+        False,
+        64,
+        ("in_dtype", "out_dtype", "state_dtype"),
+        [],
+        [],
+        (handler.symbol, (f"sm_{sm[0]}{sm[1]}", ir), None),
+    )
+    return bytes(spec.link_cubin(kid, f"sm_{sm[0]}{sm[1]}"))

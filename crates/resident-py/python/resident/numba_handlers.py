@@ -504,42 +504,6 @@ class NumbaHandler:
             return (self.symbol, None, self.host_fn())
         raise ValueError(f"no device form of a numba= handler for the backend {backend!r}")
 
-    def link_cubin(self, sm: Tuple[int, int] = (9, 0), kernel_id: Optional[str] = None) -> bytes:
-        """The handler linked into the persistent kernel's machine code for a GPU of compute
-        capability ``sm`` (NVRTC and nvJitLink, no GPU needed): the CUBIN such a device loads.
-        A keyed handler is linked into the device template with its key's state as the state
-        (the same C call)."""
-        import resident._resident as _resident
-        from .device import _fields
-
-        use_wheel_nvjitlink()
-        kid = kernel_id or self.kernel_id
-        ir = self.ltoir(sm)
-        shim = self.shim().replace("KeyState* s", "ResidentState* s")
-        st = self.state_dtype
-        need = max(st.itemsize, 4)
-        size = next(z for z in (4 << i for i in range(11)) if z >= need)
-        record = next(z for z in (8, 16, 32, 64, 128, 256)
-                      if z >= max(self.in_dtype.itemsize, self.out_dtype.itemsize))
-        spec = _resident.DeviceSpec(
-            record,
-            _fields(self.in_dtype, "in_dtype"),
-            _fields(self.out_dtype, "out_dtype"),
-            _fields(st, "state_dtype"),
-            size,
-            bytes(size),
-            shim,
-            None,
-            "handle",
-            False,
-            64,
-            ("in_dtype", "out_dtype", "state_dtype"),
-            [],
-            [],
-            (self.symbol, (f"sm_{sm[0]}{sm[1]}", ir), None),
-        )
-        return bytes(spec.link_cubin(kid, f"sm_{sm[0]}{sm[1]}"))
-
     def batch_runner(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """The CPU form of a device kernel, ``run(state, batch) -> out``: the handler over
         each message of the batch in order (``numba.njit``), outputs in message order."""
@@ -570,3 +534,16 @@ class NumbaHandler:
             return out[:n]
 
         return cpu
+
+    def lazy_batch_runner(self) -> Callable[[Any, np.ndarray], np.ndarray]:
+        """:meth:`batch_runner`, compiled on its first call (on the kernel's thread, not at
+        declaration): the host form a ``@batch_kernel(numba=...)`` runs."""
+        got: Dict[str, Any] = {}
+
+        def run(state: Any, batch: np.ndarray) -> np.ndarray:
+            f = got.get("f")
+            if f is None:
+                f = got.setdefault("f", self.batch_runner())
+            return f(state, batch)
+
+        return run
