@@ -331,3 +331,78 @@ mod tests {
         );
     }
 }
+
+/// How a call [`within`] a wall-time limit ended.
+#[derive(Debug)]
+pub enum InProcess<T> {
+    /// It returned.
+    Done(T),
+    /// It ran past the limit: it goes on on its thread, which frees what it owns when it ends.
+    TimedOut,
+    /// It panicked on its thread.
+    Panicked,
+}
+
+/// Runs `f` on a thread of its own with a `stack`-byte stack (in the calling thread when such a
+/// thread cannot be started), waited for at most `wall`: for library compilers that run in this
+/// process (NVRTC, nvJitLink), which cannot be stopped or memory-limited, only given up on.
+/// What the calling thread allocates it also frees (a condition variable, unlike a channel's
+/// timed receive, makes no per-thread allocation), so a caller that counts its thread's memory
+/// (the fuzz harness) sees the same figures on every run; `f`'s result is dropped here.
+pub fn within<T: Send + 'static>(
+    name: &str,
+    stack: usize,
+    wall: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> InProcess<T> {
+    type Slot<T> = std::sync::Mutex<Option<T>>;
+    let done: std::sync::Arc<(Slot<T>, std::sync::Condvar)> =
+        std::sync::Arc::new((std::sync::Mutex::new(None), std::sync::Condvar::new()));
+    let theirs = done.clone();
+    // `f` moves into the thread only if it starts; otherwise the caller runs it.
+    let f = std::sync::Arc::new(std::sync::Mutex::new(Some(f)));
+    let f_thread = f.clone();
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .stack_size(stack)
+        .spawn(move || {
+            let g = f_thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(g) = g {
+                let r = g();
+                let (slot, cv) = &*theirs;
+                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                cv.notify_all();
+            }
+        });
+    let thread = match spawned {
+        Ok(t) => t,
+        Err(_) => {
+            let g = f.lock().unwrap_or_else(|p| p.into_inner()).take();
+            return match g {
+                Some(g) => InProcess::Done(g()),
+                None => InProcess::Panicked,
+            };
+        }
+    };
+    let (slot, cv) = &*done;
+    let deadline = std::time::Instant::now() + wall;
+    let mut got = slot.lock().unwrap_or_else(|p| p.into_inner());
+    while got.is_none() && !thread.is_finished() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return InProcess::TimedOut;
+        }
+        got = cv
+            .wait_timeout(got, left)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    let taken = got.take();
+    drop(got);
+    let _ = thread.join();
+    match taken {
+        Some(r) => InProcess::Done(r),
+        // The thread ended without a result: `f` panicked.
+        None => InProcess::Panicked,
+    }
+}
