@@ -221,45 +221,7 @@ fn is_real_arch(arch: &str) -> bool {
 /// LTO-IR for a newer architecture) or the link (an undefined symbol, a symbol that is not a
 /// function). Symbols are C names, which carry no types: a function defined with another
 /// signature than its callers declare links, and calling it is undefined behaviour.
-///
-/// nvJitLink runs in this process, on a thread of its own with NVRTC's stack
-/// ([`crate::nvrtc::COMPILE_STACK_BYTES`]: the link-time optimizer recurses as the compiler
-/// does), waited for at most the compile wall-time limit (`RESIDENT_COMPILE_TIMEOUT_S`,
-/// [`crate::limits::CompileLimits`]): past it [`CudaError::CompileTimeout`] at once, and the
-/// link goes on on its thread, which frees what it owns when it ends.
 pub fn link_cubin(arch: &str, inputs: &[(&str, &[u8])]) -> Result<Vec<u8>> {
-    let limits = crate::limits::CompileLimits::from_env()
-        .map_err(|e| CudaError::invalid("nvJitLinkComplete", e.to_string()))?;
-    let arch_owned = arch.to_string();
-    let owned: Vec<(String, Vec<u8>)> = inputs
-        .iter()
-        .map(|(n, d)| (n.to_string(), d.to_vec()))
-        .collect();
-    let run = move || {
-        let refs: Vec<(&str, &[u8])> = owned.iter().map(|(n, d)| (n.as_str(), &d[..])).collect();
-        link_now(&arch_owned, &refs)
-    };
-    match crate::limits::within(
-        "nvjitlink",
-        crate::nvrtc::COMPILE_STACK_BYTES,
-        limits.wall,
-        run,
-    ) {
-        crate::limits::InProcess::Done(r) => r,
-        crate::limits::InProcess::TimedOut => Err(CudaError::CompileTimeout {
-            name: "nvJitLink".into(),
-            limit: limits.wall,
-        }),
-        crate::limits::InProcess::Panicked => Err(CudaError::JitLink {
-            call: "nvJitLinkComplete",
-            code: 6, // NVJITLINK_ERROR_INTERNAL
-            log: "the linking thread panicked".into(),
-        }),
-    }
-}
-
-/// [`link_cubin`] on the calling thread, with no time limit.
-fn link_now(arch: &str, inputs: &[(&str, &[u8])]) -> Result<Vec<u8>> {
     let api = api()?;
     if !is_real_arch(arch) {
         return Err(CudaError::invalid(
