@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use resident_core::engine::BackendError;
 
-/// Why a WGSL ring kernel failed after launch (the source of [`DeviceError::Fault`]). `Clone` (sources are
+/// Why a WGSL ring kernel failed after launch (the source of [`DeviceError::Fault`](resident_core::engine::error::DeviceError::Fault)). `Clone` (sources are
 /// shared): the engine keeps its first failure and answers it to every later check.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum WgpuFault {
