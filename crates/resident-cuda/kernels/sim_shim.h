@@ -14,6 +14,11 @@
 //   part (partial `mask`s are not modelled: the mask argument is ignored).
 // * `__trap()` faults the block: every thread of it stops at its next barrier, collective or
 //   `__nanosleep`, and the launch returns the fault.
+// * A hardware fault in a thread of the kernel (an illegal address, a stack overflow, an
+//   integer division by zero, an illegal instruction) faults the block the same way, as a GPU
+//   reports CUDA_ERROR_ILLEGAL_ADDRESS: each thread runs the kernel with an alternate signal
+//   stack whose header (`AltHeader`) the host's handler (resident_cuda::sim_fault) finds and
+//   jumps back through. An out-of-bounds write into mapped host memory is not caught.
 // * Atomics are `std::atomic_ref` read-modify-writes, sequentially consistent (stronger than
 //   CUDA's relaxed device-scope atomics: a missing fence in a handler does not show here).
 // * `__threadfence*()` is a sequentially consistent fence.
@@ -28,6 +33,8 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <csetjmp>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstdio>
@@ -618,6 +625,110 @@ inline void set_err(char* err, unsigned int errlen, const std::string& s) {
     err[n] = 0;
 }
 
+// ---- hardware faults (resident_cuda::sim_fault) ----
+// The first bytes of each thread's alternate signal stack: the host's handler reads them on a
+// SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGTRAP and, when `jump` is set (only while the thread
+// runs kernel code), calls it on the alternate stack.
+struct AltHeader {
+    unsigned long long magic;
+    void (*jump)(int sig, void* addr, int code);
+};
+static_assert(sizeof(AltHeader) == 16, "resident_cuda::sim_fault::AltHeader");
+constexpr unsigned long long ALT_MAGIC = 0x7265736964656e74ull;  // "resident"
+constexpr std::size_t ALT_SIZE = 64 * 1024;
+
+static thread_local sigjmp_buf* t_jmp = nullptr;
+static thread_local int t_sig = 0;
+static thread_local int t_code = 0;
+static thread_local void* t_addr = nullptr;
+
+// Called by the host's handler, on the alternate stack: stores only to this thread's
+// thread-locals (allocated already: the thread set `t_jmp` before arming) and jumps back.
+[[noreturn]] inline void fault_jump(int sig, void* addr, int code) {
+    t_sig = sig;
+    t_addr = addr;
+    t_code = code;
+    siglongjmp(*t_jmp, 1);
+}
+
+// This thread's alternate signal stack, from its start to its end (disabled before it is freed).
+struct AltStack {
+    std::unique_ptr<unsigned char[]> mem;
+    AltHeader* header = nullptr;
+    AltStack() {
+        mem.reset(new (std::nothrow) unsigned char[ALT_SIZE]);
+        if (!mem) return;
+        header = new (mem.get()) AltHeader{ALT_MAGIC, nullptr};
+        stack_t ss{};
+        ss.ss_sp = mem.get();
+        ss.ss_size = ALT_SIZE;
+        ss.ss_flags = 0;
+        if (sigaltstack(&ss, nullptr) != 0) header = nullptr;
+    }
+    ~AltStack() {
+        if (header == nullptr) return;
+        stack_t off{};
+        off.ss_flags = SS_DISABLE;
+        sigaltstack(&off, nullptr);
+    }
+    AltStack(const AltStack&) = delete;
+    AltStack& operator=(const AltStack&) = delete;
+};
+
+// Runs `body` with the header armed; false when a hardware fault jumped out of it (what it was
+// is in t_sig, t_addr, t_code). Nothing of this frame is changed between sigsetjmp and the
+// jump, so nothing needs `volatile`.
+template <typename F>
+inline bool run_guarded(AltHeader* const header, F&& body) {
+    if (header == nullptr) {
+        body();
+        return true;
+    }
+    sigjmp_buf jb;
+    t_jmp = &jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        header->jump = nullptr;
+        return false;
+    }
+    header->jump = &fault_jump;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    body();
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    header->jump = nullptr;
+    return true;
+}
+
+// What a hardware fault was, in the GPU's words and the host's.
+inline std::string describe_fault(int sig, void* addr, int code) {
+    const char* what = "a hardware fault";
+    const char* detail = "";
+    switch (sig) {
+        case SIGSEGV:
+            what = "an illegal memory access (SIGSEGV";
+            detail = code == SEGV_ACCERR ? ", access not permitted" : ", address not mapped";
+            break;
+        case SIGBUS:
+            what = "a misaligned or unbacked memory access (SIGBUS";
+            break;
+        case SIGFPE:
+            what = "an arithmetic fault (SIGFPE";
+            detail = code == FPE_INTDIV ? ", integer division by zero" : (code == FPE_INTOVF ? ", integer overflow" : "");
+            break;
+        case SIGILL:
+            what = "an illegal instruction (SIGILL";
+            break;
+        case SIGTRAP:
+            what = "a breakpoint (SIGTRAP";
+            break;
+        default:
+            break;
+    }
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s%s at %p) in block (%u,%u,%u) thread (%u,%u,%u)", what, detail, addr, blockIdx.x,
+                  blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+    return buf;
+}
+
 // Runs `f` over the grid: a pool of block-size threads plays each block in turn.
 // Returns 0, 1 (device fault; `err` says which), or 2 (bad launch; `err` says why).
 template <typename... A>
@@ -656,6 +767,7 @@ inline int launch(void (*f)(A...), const Dims* d, void** args, const unsigned lo
 
     auto worker = [&](unsigned int t) {
         unsigned long long seen = 0;
+        AltStack alt;
         t_block = &block;
         t_warp = t / 32;
         t_lane = t % 32;
@@ -675,12 +787,15 @@ inline int launch(void (*f)(A...), const Dims* d, void** args, const unsigned lo
                              (unsigned int)(b / ((unsigned long long)d->grid[0] * d->grid[1]))};
             t_ready = 0;
             t_pending = 0;
-            try {
-                call_entry(f, args, std::index_sequence_for<A...>{});
-            } catch (const Fault&) {
-            } catch (...) {
-                block.fault("a C++ exception escaped the kernel");
-            }
+            const bool clean = run_guarded(alt.header, [&] {
+                try {
+                    call_entry(f, args, std::index_sequence_for<A...>{});
+                } catch (const Fault&) {
+                } catch (...) {
+                    block.fault("a C++ exception escaped the kernel");
+                }
+            });
+            if (!clean) block.fault(describe_fault(t_sig, t_addr, t_code));
             // Exited: drop out of the warp's and the block's barriers.
             {
                 Warp& w = block.warps[t_warp];

@@ -48,6 +48,7 @@ pub mod pinned;
 pub mod result;
 pub mod sim;
 pub mod sim_driver;
+pub mod sim_fault;
 #[cfg(feature = "driver")]
 pub mod stream;
 #[cfg(feature = "driver")]

@@ -12,7 +12,7 @@
 //! * [`SimModule::instantiate`] loads a private copy of it (its `__shared__` variables and
 //!   thread-locals belong to that copy alone), and [`SimInstance::launch`] runs an entry over a
 //!   grid and returns after every thread has exited, with [`SimError::Fault`] when a thread
-//!   called `__trap()`.
+//!   called `__trap()` or took a hardware fault ([`crate::sim_fault`]).
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -141,7 +141,8 @@ pub enum SimError {
         /// How long the model waited.
         waited: std::time::Duration,
     },
-    /// A thread of the kernel faulted (`__trap()`): the block stopped.
+    /// A thread of the kernel faulted (`__trap()`, or a hardware fault such as an illegal
+    /// address: [`crate::sim_fault`]): the block stopped.
     #[error("device fault in `{entry}` (CudaSim): {reason}")]
     Fault {
         /// The entry.
@@ -307,6 +308,10 @@ impl SimModule {
             "-shared",
             "-pthread",
             "-fvisibility=hidden",
+            // A handler's frame larger than a page probes each page, so a stack overflow
+            // meets the thread's guard page (a device fault: `sim_fault`) instead of jumping
+            // over it into another thread's stack.
+            "-fstack-clash-protection",
             "-x",
             "c++",
         ]
@@ -496,6 +501,9 @@ impl SimInstance {
         };
         let mut argv: Vec<*mut c_void> = args.to_vec();
         let mut err = vec![0u8; 1024];
+        // A hardware fault in the kernel's threads faults the block, not the process (when
+        // the handler cannot be installed, it ends the process as it would without it).
+        let _ = crate::sim_fault::install();
         let _one_at_a_time = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the launcher reads `dims`, `argv[..n]`, `sizes[..n]` and writes at most
         // `err.len()` bytes of `err`; the caller vouches for what the kernel dereferences.

@@ -284,6 +284,104 @@ def test_a_handler_that_includes_a_host_file_is_a_compilation_error_quoting_noth
     rt.shutdown()
 
 
+FAULTING_CHILD = r'''
+import faulthandler, sys
+import numpy as np
+import resident
+
+faulthandler.enable()  # Python's own fault handler stays in place beside CudaSim's
+IN = np.dtype([("id", "<u4"), ("k", "<i4")], align=True)
+OUT = np.dtype([("id", "<u4"), ("y", "<i4")], align=True)
+STATE = np.dtype([("count", "<u4")], align=True)
+WILD = """
+__device__ bool handle(ResidentState* state, const ResidentIn* in, ResidentOut* out,
+                       const Envelope* env) {
+    if (in->k == 13) *(volatile int*)(unsigned long long)(16 + in->id % 2) = 1;
+    out->id = in->id;
+    out->y = in->k * 2;
+    atomicAdd(&state->count, 1u);
+    return true;
+}
+"""
+SAFE = WILD.replace("if (in->k == 13)", "if (false)")
+
+
+def form(state, batch):
+    out = np.zeros(len(batch), OUT)
+    out["id"] = batch["id"]
+    out["y"] = batch["k"] * 2
+    state["count"] += len(batch)
+    return out
+
+
+def receive(rt, kid, n):
+    got = []
+    while sum(map(len, got)) < n:
+        g = rt.receive_batch(kid, n, timeout=20.0)
+        assert len(g), f"{kid}: no output"
+        got.append(g)
+    return np.concatenate(got)["y"].tolist()
+
+
+for kid, src in (("wild", WILD), ("steady", SAFE), ("again", SAFE)):
+    resident.device_kernel(kernel_id=kid, in_dtype=IN, out_dtype=OUT, state_dtype=STATE,
+                           cuda=src)(form)
+cpu = resident.Runtime(backend="cpu")
+cpu.launch("steady")
+cpu.activate("steady")
+sim = resident.Runtime(backend="cudasim", terminate_timeout=10.0)
+sim.launch("wild")
+sim.activate("wild")
+a = np.zeros(4, IN)
+a["id"] = np.arange(4)
+a["k"] = [1, 2, 3, 4]
+sim.send_batch("wild", a)
+assert receive(sim, "wild", 4) == [2, 4, 6, 8]
+a["k"] = [5, 13, 7, 8]
+sim.send_batch("wild", a)
+try:
+    sim.receive_batch("wild", 4, timeout=20.0)
+    raise SystemExit("the faulting kernel answered")
+except resident.KernelFailedError as e:
+    print("FAULT", e)
+report = sim.terminate("wild")
+assert report.failure and "SIGSEGV" in report.failure, report
+# Nothing it accepted is lost: the batch it faulted in comes back.
+assert sorted(int(r["k"]) for r in report.undelivered) == [5, 7, 8, 13], report
+# The CPU engine beside it kept running, and once the faulted kernel is gone the CudaSim
+# context is reset and runs kernels again.
+cpu.send_batch("steady", a)
+assert receive(cpu, "steady", 4) == [10, 26, 14, 16]
+sim.launch("again")
+sim.activate("again")
+sim.send_batch("again", a)
+assert sorted(receive(sim, "again", 4)) == [10, 14, 16, 26]
+sim.shutdown()
+cpu.shutdown()
+print("ALIVE")
+'''
+
+
+def test_a_handler_that_faults_fails_its_kernel_and_the_process_lives():
+    """An illegal address in a CudaSim handler is a device fault of that kernel (typed, with
+    its inputs back), not the end of the process. In a child process of its own: the fault
+    loses the CudaSim context for the process until its kernels are gone."""
+    import subprocess
+    import sys
+
+    open_runtime("cudasim").shutdown()  # skips where CudaSim is absent
+    started = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-c", FAULTING_CHILD], capture_output=True, text=True, timeout=120
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "ALIVE" in p.stdout, out
+    assert "an illegal memory access (SIGSEGV, address not mapped at 0x1" in out, out
+    assert "Fatal Python error" not in out, out
+    assert time.monotonic() - started < 60
+
+
 def test_wgsl_compile_error_raises_with_the_compiler_log():
     rt = open_runtime("wgpu")
     kid = fresh("broken_wgsl")
