@@ -78,14 +78,31 @@ pub enum CudaError {
         log: String,
     },
     /// NVRTC ran past the compile's wall-time limit (`RESIDENT_COMPILE_TIMEOUT_S`, see
-    /// [`crate::limits`]): the caller is answered at once, the compile finishes on its own
-    /// thread and its program is never freed.
-    #[error("NVRTC did not compile `{name}` within {limit:?} ({env} sets the limit)", env = crate::limits::TIMEOUT_ENV)]
+    /// [`crate::limits`]): its process was killed.
+    #[error("NVRTC did not compile `{name}` within {limit:?} (the compile was stopped; {env} sets the limit)", env = crate::limits::TIMEOUT_ENV)]
     CompileTimeout {
         /// Program name (at most 64 bytes).
         name: String,
         /// The limit.
         limit: std::time::Duration,
+    },
+    /// NVRTC ran out of the compile's address-space limit (`RESIDENT_COMPILE_MEMORY_MB`, see
+    /// [`crate::limits`]) in its process, or the system killed that process for memory.
+    #[error("NVRTC ran out of memory compiling `{name}` (limit {limit_mb} MiB above what the process held; {env} sets it)", env = crate::limits::MEMORY_ENV)]
+    CompileOutOfMemory {
+        /// Program name (at most 64 bytes).
+        name: String,
+        /// The limit, MiB.
+        limit_mb: u64,
+    },
+    /// NVRTC's process died (a signal: its parser's stack overflowed, say) or could not be
+    /// started; the process that asked goes on.
+    #[error("NVRTC crashed compiling `{name}`: {reason}")]
+    CompileCrashed {
+        /// Program name (at most 64 bytes).
+        name: String,
+        /// The signal, or why the process could not run (at most 256 bytes).
+        reason: String,
     },
     /// `libnvJitLink` could not be loaded (or lacks the CUDA 13 entry points): no kernel that
     /// links a function compiled elsewhere (LTO-IR, e.g. a Numba handler) can be built.

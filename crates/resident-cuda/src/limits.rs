@@ -2,7 +2,8 @@
 //! address-space limit and no core file, with the compiler and everything it starts (g++ runs
 //! `cc1plus`, `as` and `ld`) in a process group of its own that is killed whole at the limit.
 //!
-//! The host C++ compiler of CudaSim runs as a child process; this is how it is run. A compile
+//! The host C++ compiler of CudaSim runs as a child process ([`run`]), and NVRTC, a library,
+//! in a forked child of this process ([`run_forked`]); this is how. A compile
 //! that never ends is [`Ended::Timeout`], one that allocates without bound [`Ended::OutOfMemory`]
 //! (the address-space limit makes its allocations fail, so it ends, and the machine's other
 //! programs never meet an OOM kill), one that dies of a signal or reports an internal compiler
@@ -189,9 +190,199 @@ pub fn run(cmd: &mut Command, limits: &CompileLimits) -> std::io::Result<Ended> 
     Ok(classify(status, stdout, stderr))
 }
 
+/// Runs `body` in a child process forked from the calling thread, under `limits`, the way
+/// [`run`] runs a command: in a process group of its own, killed at the wall-time limit, no core
+/// file, and an address-space limit of `limits.memory_bytes` above what the process held when it
+/// was forked (it inherits the whole address space of this one, which may hold many GiB of
+/// reservations). `body` writes its result to file descriptor 1 (at most `keep_stdout` bytes are
+/// kept); whatever the child prints to 2 is kept bounded, to tell an out-of-memory end from a
+/// crash, and stdin is `/dev/null`. Fatal signals have their default action in the child, so a
+/// crash ends it without another handler of this process running there. An error only when the
+/// child cannot be started.
+///
+/// This is for a compiler that is a library (NVRTC): the child needs nothing this process has
+/// not loaded already. It has one thread (the caller's, with its stack), and what it may use
+/// of this process is what survives a fork of a threaded process: memory allocation (glibc
+/// makes it safe across fork), raw system calls, and code whose locks no other thread takes
+/// (`body` must not print through Rust's `stdout`, spawn threads, or load a library).
+///
+/// # Safety
+/// `body` runs in a forked copy of a threaded process: it must keep to the above, and must not
+/// return before it has written its result (the child `_exit`s after it; a panic exits 101).
+pub unsafe fn run_forked(
+    limits: &CompileLimits,
+    keep_stdout: usize,
+    body: impl FnOnce(),
+) -> std::io::Result<Ended> {
+    use std::os::fd::FromRawFd;
+    let pipe = || -> std::io::Result<[libc::c_int; 2]> {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(fds)
+    };
+    let out = pipe()?;
+    let err = match pipe() {
+        Ok(e) => e,
+        Err(e) => {
+            libc::close(out[0]);
+            libc::close(out[1]);
+            return Err(e);
+        }
+    };
+    let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+    let close_all = || {
+        for fd in [out[0], out[1], err[0], err[1], null] {
+            if fd >= 0 {
+                libc::close(fd);
+            }
+        }
+    };
+    if null < 0 {
+        let e = std::io::Error::last_os_error();
+        close_all();
+        return Err(e);
+    }
+    let parent = libc::getpid();
+    let mem = limits.memory_bytes;
+    let pid = libc::fork();
+    if pid < 0 {
+        let e = std::io::Error::last_os_error();
+        close_all();
+        return Err(e);
+    }
+    if pid == 0 {
+        // The child: system calls only until `body`.
+        libc::setpgid(0, 0);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+        if libc::getppid() != parent {
+            libc::_exit(125);
+        }
+        libc::dup2(null, 0);
+        libc::dup2(out[1], 1);
+        libc::dup2(err[1], 2);
+        for sig in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGABRT,
+            libc::SIGTRAP,
+        ] {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        let set = |res, v: u64| {
+            let r = libc::rlimit {
+                rlim_cur: v as libc::rlim_t,
+                rlim_max: v as libc::rlim_t,
+            };
+            libc::setrlimit(res, &r) == 0
+        };
+        let held = held_address_space();
+        if !set(libc::RLIMIT_CORE, 0) || !set(libc::RLIMIT_AS, held.saturating_add(mem)) {
+            libc::_exit(126);
+        }
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_ok();
+        libc::_exit(if ok { 0 } else { 101 });
+    }
+    // The parent.
+    libc::close(out[1]);
+    libc::close(err[1]);
+    libc::close(null);
+    let drain = |fd: libc::c_int, keep: usize| {
+        // SAFETY: `fd` is the read end of a pipe this function made, owned by the File now.
+        let mut f = std::fs::File::from_raw_fd(fd);
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let mut buf = vec![0u8; 64 << 10];
+            while let Ok(n) = f.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let room = keep.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+            kept
+        })
+    };
+    let stdout = drain(out[0], keep_stdout);
+    let stderr = drain(err[0], 64 << 10);
+    let kill = || {
+        // SAFETY: kill(2) of the child and of the group it leads; ESRCH (gone) is fine.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(pid, libc::SIGKILL);
+        }
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let mut status = 0;
+        // SAFETY: waits for this function's own child, into `status`.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        let _ = tx.send((r, status));
+    });
+    let waited = match rx.recv_timeout(limits.wall) {
+        Ok(w) => Some(w),
+        Err(_) => {
+            kill();
+            let _ = rx.recv();
+            None
+        }
+    };
+    let _ = waiter.join();
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    match waited {
+        None => Ok(Ended::Timeout),
+        Some((r, _)) if r != pid => Err(std::io::Error::last_os_error()),
+        Some((_, status)) => Ok(classify(
+            std::process::ExitStatus::from_raw(status),
+            stdout,
+            stderr,
+        )),
+    }
+}
+
+/// The address space this process holds now, in bytes (`/proc/self/statm`'s first field; 0
+/// where it cannot be read). System calls only: it runs in a forked child.
+fn held_address_space() -> u64 {
+    // SAFETY: open/read/close of a procfs file into a stack buffer.
+    unsafe {
+        let fd = libc::open(
+            c"/proc/self/statm".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return 0;
+        }
+        let mut buf = [0u8; 64];
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        let mut pages = 0u64;
+        for &b in buf.iter().take(n.max(0) as usize) {
+            if !b.is_ascii_digit() {
+                break;
+            }
+            pages = pages.saturating_mul(10).saturating_add(u64::from(b - b'0'));
+        }
+        let page = libc::sysconf(libc::_SC_PAGESIZE).max(4096) as u64;
+        pages.saturating_mul(page)
+    }
+}
+
 /// What the exit status and the compiler's report say.
 fn classify(status: std::process::ExitStatus, stdout: Vec<u8>, stderr: Vec<u8>) -> Ended {
     let text = String::from_utf8_lossy(&stderr);
+    // A library compiler (NVRTC's LLVM) reports a failed allocation and aborts.
+    const ABORTED_OOM: [&str; 2] = ["LLVM ERROR: out of memory", "std::bad_alloc"];
+    if status.signal().is_some() && ABORTED_OOM.iter().any(|m| text.contains(m)) {
+        return Ended::OutOfMemory;
+    }
     if let Some(sig) = status.signal() {
         // SIGKILL that was not ours: the system's OOM killer.
         if sig == libc::SIGKILL {

@@ -1,9 +1,15 @@
 //! NVRTC: CUDA C source to PTX, loaded at run time. [`compile_ptx`] checks that the library is
 //! present before the first call, so a machine without NVRTC gets [`CudaError::NvrtcNotFound`].
+//!
+//! Each compile runs in a process of its own, forked from a thread with a large stack, under
+//! the compile's limits ([`crate::limits::run_forked`]): sources come from users, and NVRTC can
+//! run for minutes, allocate without bound or overflow its stack on inputs it parses; in a child
+//! each of those ends the child ([`CudaError::CompileTimeout`], [`CudaError::CompileOutOfMemory`],
+//! [`CudaError::CompileCrashed`]), never this process. The result comes back over a pipe.
 
 use crate::error::{CudaError, Result};
 use cudarc::nvrtc::result as nr;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::sync::OnceLock;
 
 /// Whether `libnvrtc` can be loaded. Cached after the first call.
@@ -82,104 +88,238 @@ fn c_chars_to_string(v: Vec<std::ffi::c_char>) -> String {
 
 /// The stack of the thread NVRTC compiles on. NVRTC's parser recurses once per nesting level
 /// of the source and takes 1 to 2 KiB of stack for each (measured with NVRTC 13: 1024 nested
-/// parentheses overflow a 2 MiB thread stack, 4096 an 8 MiB one, and the overflow aborts the
-/// process). A stack this size is reserved, not used: only the pages a compile touches are
-/// ever backed by memory. It takes over 100 000 levels (a 256 MiB stack took 65 536 nested
-/// parentheses and 32 768 chained assignments, not twice that); `persistent::template` refuses
-/// ring-kernel sources whose brackets nest deeper than 256 or that hold more than 256 operator
-/// characters in a row before they get here.
+/// parentheses overflow a 2 MiB thread stack, 4096 an 8 MiB one). A stack this size is
+/// reserved, not used: only the pages a compile touches are ever backed by memory. It takes
+/// over 100 000 levels (a 256 MiB stack took 65 536 nested parentheses and 32 768 chained
+/// assignments, not twice that); `persistent::template` refuses ring-kernel sources whose
+/// brackets nest deeper than 256 or that hold more than 256 operator characters in a row
+/// before they get here. Deeper still, the overflow ends the compile's process
+/// ([`CudaError::CompileCrashed`]), not this one.
 pub const COMPILE_STACK_BYTES: usize = 512 << 20;
 
-/// An `nvrtcProgram` handed to the compiling thread.
-#[derive(Clone, Copy)]
-struct ProgramHandle(cudarc::nvrtc::sys::nvrtcProgram);
+/// The most bytes of a compile's result (PTX, CUBIN or LTO-IR, and the log) taken from its
+/// process.
+const RESULT_BYTES: usize = 1 << 30;
 
-// SAFETY: NVRTC's API is thread-safe and a program may be used from any thread; this handle is
-// used by one thread at a time (its owner waits for the compiling thread to finish).
-unsafe impl Send for ProgramHandle {}
-
-/// How a compile on the NVRTC thread ended.
-enum Compiled {
-    /// NVRTC returned.
-    Done(std::result::Result<(), nr::NvrtcError>),
-    /// It ran past the wall-time limit; the program is left to the thread, which frees nothing
-    /// it still uses (see [`compile_program`]).
-    TimedOut,
+/// What a compile is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Want {
+    Ptx,
+    Cubin,
+    Ltoir,
 }
 
-/// `nvrtcCompileProgram` on a thread with a [`COMPILE_STACK_BYTES`] stack (in the calling
-/// thread when such a thread cannot be started), waited for at most `wall`
-/// ([`crate::limits::CompileLimits`]). NVRTC runs in this process and cannot be stopped: past
-/// the limit the caller gets [`Compiled::TimedOut`] at once, the thread finishes on its own,
-/// and the program is never destroyed (a leak, not a use after free). Memory cannot be
-/// limited in process; the source checks of `persistent::template` keep out the inputs known
-/// to make NVRTC run long or deep.
-fn compile_program(prog: &Program, args: &[String], wall: std::time::Duration) -> Compiled {
-    let handle = ProgramHandle(prog.0);
-    let owned: Vec<String> = args.to_vec();
-    let run = move || {
-        let h = handle;
-        // SAFETY: the program is live: its owner waits for this call or, past the limit,
-        // forgets the program so it is never destroyed; `owned` holds no NUL (checked by
-        // `compile`, cudarc would panic otherwise).
-        let r = unsafe { nr::compile_program(h.0, &owned) };
-        (r, owned)
+/// What a compile gave: the image (PTX text with its NUL, a CUBIN, or LTO-IR) and the log.
+struct Output {
+    image: Vec<u8>,
+    log: Vec<u8>,
+}
+
+/// The NVRTC calls a compile makes, by the index the compile's process reports them with.
+const CALLS: [&str; 8] = [
+    "nvrtcCreateProgram",
+    "nvrtcCompileProgram",
+    "nvrtcGetPTX",
+    "nvrtcGetCUBINSize",
+    "nvrtcGetCUBIN",
+    "nvrtcGetLTOIRSize",
+    "nvrtcGetLTOIR",
+    "nvrtcGetProgramLog",
+];
+
+/// How a compile in this process ended short of its output.
+enum Failed {
+    /// `CALLS[call]` returned `code`.
+    Call { call: u8, code: u32 },
+    /// The source did not compile: NVRTC's log.
+    Compilation { log: Vec<u8> },
+}
+
+/// NVRTC's result code as the enum (the codes every CUDA version's NVRTC has; any other is an
+/// internal error).
+fn result_of(code: u32) -> nr::NvrtcError {
+    use cudarc::nvrtc::sys::nvrtcResult as R;
+    nr::NvrtcError(match code {
+        1 => R::NVRTC_ERROR_OUT_OF_MEMORY,
+        2 => R::NVRTC_ERROR_PROGRAM_CREATION_FAILURE,
+        3 => R::NVRTC_ERROR_INVALID_INPUT,
+        4 => R::NVRTC_ERROR_INVALID_PROGRAM,
+        5 => R::NVRTC_ERROR_INVALID_OPTION,
+        6 => R::NVRTC_ERROR_COMPILATION,
+        7 => R::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE,
+        8 => R::NVRTC_ERROR_NO_NAME_EXPRESSIONS_AFTER_COMPILATION,
+        9 => R::NVRTC_ERROR_NO_LOWERED_NAMES_BEFORE_COMPILATION,
+        10 => R::NVRTC_ERROR_NAME_EXPRESSION_NOT_VALID,
+        _ => R::NVRTC_ERROR_INTERNAL_ERROR,
+    })
+}
+
+/// The whole compile, in the calling process: create, compile, take the output and the log.
+/// Runs in the compile's own process ([`compile`]) and, once, over a fixed source in this one
+/// ([`warm`]).
+fn compile_here(
+    src: &CStr,
+    name: &CStr,
+    args: &[String],
+    want: Want,
+) -> std::result::Result<Output, Failed> {
+    let fail = |call: u8| {
+        move |e: nr::NvrtcError| Failed::Call {
+            call,
+            code: e.0 as u32,
+        }
     };
-    // What this thread allocates it also frees (the arguments come back with the result, and
-    // the shared slot is freed here after the compiling thread has ended; a condition variable,
-    // unlike a channel's timed receive, makes no per-thread allocation): a caller that counts its
-    // thread's memory (the fuzz harness) sees the same figures on every run.
-    type Slot = std::sync::Mutex<Option<(std::result::Result<(), nr::NvrtcError>, Vec<String>)>>;
-    let done: std::sync::Arc<(Slot, std::sync::Condvar)> = Default::default();
-    let theirs = done.clone();
-    match std::thread::Builder::new()
-        .name("nvrtc".into())
-        .stack_size(COMPILE_STACK_BYTES)
-        .spawn(move || {
-            let r = run();
-            let (slot, cv) = &*theirs;
-            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-            cv.notify_all();
-        }) {
-        Ok(thread) => {
-            let (slot, cv) = &*done;
-            let deadline = std::time::Instant::now() + wall;
-            let mut got = slot.lock().unwrap_or_else(|p| p.into_inner());
-            while got.is_none() && !thread.is_finished() {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    return Compiled::TimedOut;
-                }
-                got = cv
-                    .wait_timeout(got, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
+    let prog = Program(nr::create_program(src, Some(name)).map_err(fail(0))?);
+    // SAFETY: `prog` is live until the end of this function; `args` hold no NUL (checked by
+    // `compile`, cudarc would panic otherwise).
+    unsafe {
+        if let Err(e) = nr::compile_program(prog.0, args) {
+            if e.0 == cudarc::nvrtc::sys::nvrtcResult::NVRTC_ERROR_COMPILATION {
+                return Err(Failed::Compilation {
+                    log: program_log_bytes(&prog),
+                });
             }
-            let taken = got.take();
-            drop(got);
-            let _ = thread.join();
-            match taken {
-                Some((r, owned)) => {
-                    drop(owned);
-                    Compiled::Done(r)
-                }
-                // The thread ended without a result: it panicked inside cudarc.
-                None => Compiled::Done(Err(nr::NvrtcError(
-                    cudarc::nvrtc::sys::nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR,
-                ))),
+            return Err(fail(1)(e));
+        }
+        let image = match want {
+            Want::Ptx => {
+                let ptx = nr::get_ptx(prog.0).map_err(fail(2))?;
+                ptx.into_iter().map(|c| c as u8).collect()
             }
-        }
-        Err(_) => {
-            // SAFETY: as above; here the caller's thread runs it and so outlives it.
-            let r = unsafe { nr::compile_program(prog.0, args) };
-            Compiled::Done(r)
-        }
+            Want::Cubin | Want::Ltoir => {
+                let (size_call, get_call) = if want == Want::Cubin { (3, 4) } else { (5, 6) };
+                let mut size = 0usize;
+                let r = if want == Want::Cubin {
+                    cudarc::nvrtc::sys::nvrtcGetCUBINSize(prog.0, &mut size)
+                } else {
+                    cudarc::nvrtc::sys::nvrtcGetLTOIRSize(prog.0, &mut size)
+                };
+                r.result().map_err(fail(size_call))?;
+                let mut image = vec![0u8; size];
+                // SAFETY: `image` holds the `size` bytes NVRTC reported.
+                let r = if want == Want::Cubin {
+                    cudarc::nvrtc::sys::nvrtcGetCUBIN(prog.0, image.as_mut_ptr().cast())
+                } else {
+                    cudarc::nvrtc::sys::nvrtcGetLTOIR(prog.0, image.as_mut_ptr().cast())
+                };
+                r.result().map_err(fail(get_call))?;
+                image
+            }
+        };
+        Ok(Output {
+            image,
+            log: program_log_bytes(&prog),
+        })
     }
 }
 
-/// Runs NVRTC over `source` with `options`; a compile error returns [`CudaError::Compile`]
-/// with NVRTC's log.
-fn compile(source: &str, name: &str, options: &CompileOptions) -> Result<Program> {
+/// The compile's process's report on its standard output: a tag (0 done, 1 the source did not
+/// compile, 2 a call failed), then for 0 the image and the log, for 1 the log, each as a
+/// little-endian u64 length and its bytes, for 2 the call's index and its code (u8, u32).
+fn encode(r: &std::result::Result<Output, Failed>) -> Vec<u8> {
+    let mut v = Vec::new();
+    let bytes = |v: &mut Vec<u8>, b: &[u8]| {
+        v.extend_from_slice(&(b.len() as u64).to_le_bytes());
+        v.extend_from_slice(b);
+    };
+    match r {
+        Ok(o) => {
+            v.push(0);
+            bytes(&mut v, &o.image);
+            bytes(&mut v, &o.log);
+        }
+        Err(Failed::Compilation { log }) => {
+            v.push(1);
+            bytes(&mut v, log);
+        }
+        Err(Failed::Call { call, code }) => {
+            v.push(2);
+            v.push(*call);
+            v.extend_from_slice(&code.to_le_bytes());
+        }
+    }
+    v
+}
+
+/// Reads [`encode`]'s report; `None` when it is cut short or malformed.
+fn decode(mut b: &[u8]) -> Option<std::result::Result<Output, Failed>> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if b.len() < n {
+            return None;
+        }
+        let (head, rest) = b.split_at(n);
+        *b = rest;
+        Some(head)
+    }
+    fn bytes(b: &mut &[u8]) -> Option<Vec<u8>> {
+        let n = u64::from_le_bytes(take(b, 8)?.try_into().ok()?);
+        Some(take(b, usize::try_from(n).ok()?)?.to_vec())
+    }
+    let r = match take(&mut b, 1)?[0] {
+        0 => Ok(Output {
+            image: bytes(&mut b)?,
+            log: bytes(&mut b)?,
+        }),
+        1 => Err(Failed::Compilation {
+            log: bytes(&mut b)?,
+        }),
+        2 => {
+            let call = take(&mut b, 1)?[0];
+            let code = u32::from_le_bytes(take(&mut b, 4)?.try_into().ok()?);
+            if usize::from(call) >= CALLS.len() {
+                return None;
+            }
+            Err(Failed::Call { call, code })
+        }
+        _ => return None,
+    };
+    b.is_empty().then_some(r)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Writes all of `b` to file descriptor `fd` with `write(2)` (no lock of Rust's `stdout`: it
+/// runs in a forked child).
+fn write_fd(fd: libc::c_int, mut b: &[u8]) {
+    while !b.is_empty() {
+        // SAFETY: writes from the live slice `b`.
+        let n = unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        b = &b[n as usize..];
+    }
+}
+
+/// Loads NVRTC and runs one compile of a fixed, trivial source in this process, once: the
+/// library and what it loads on its first compile (`libnvrtc-builtins`) are then mapped before
+/// any compile's process is forked, so that process loads nothing (loading a library in a
+/// forked child of a threaded process can wait forever on a lock another thread held).
+fn warm() {
+    static WARM: OnceLock<()> = OnceLock::new();
+    WARM.get_or_init(|| {
+        let args = ["--gpu-architecture=compute_75".to_string()];
+        let _ = compile_here(
+            c"extern \"C\" __global__ void resident_warm(int* p) { p[0] = 1; }",
+            c"resident_warm.cu",
+            &args,
+            Want::Ptx,
+        );
+    });
+}
+
+/// Runs NVRTC over `source` with `options` in a process of its own, forked from a thread with a
+/// [`COMPILE_STACK_BYTES`] stack, under the compile's limits ([`crate::limits`]): past the
+/// wall-time limit it is killed ([`CudaError::CompileTimeout`]); past the address-space limit its
+/// allocations fail ([`CudaError::CompileOutOfMemory`]); a crash (its parser's stack overflowing,
+/// say) ends it alone ([`CudaError::CompileCrashed`]). Nothing of the compile stays in this
+/// process. A compile error returns [`CudaError::Compile`] with NVRTC's log.
+fn compile(source: &str, name: &str, options: &CompileOptions, want: Want) -> Result<Output> {
     if !nvrtc_present() {
         return Err(CudaError::NvrtcNotFound);
     }
@@ -194,34 +334,89 @@ fn compile(source: &str, name: &str, options: &CompileOptions) -> Result<Program
             "an option contains NUL",
         ));
     }
-    let prog =
-        Program(nr::create_program(&src, Some(&cname)).map_err(nvrtc_err("nvrtcCreateProgram"))?);
     let limits = crate::limits::CompileLimits::from_env()
         .map_err(|e| CudaError::invalid("nvrtcCompileProgram", e.to_string()))?;
-    let compiled = match compile_program(&prog, &args, limits.wall) {
-        Compiled::Done(r) => r,
-        Compiled::TimedOut => {
-            // The NVRTC thread still uses the program: never destroyed (see compile_program).
-            std::mem::forget(prog);
-            return Err(CudaError::CompileTimeout {
-                name: resident_ring::message::quoted_name(name),
-                limit: limits.wall,
-            });
+    warm();
+    let run = move || {
+        // SAFETY: the body makes NVRTC calls (loaded, with its builtins, by `warm`), allocates,
+        // and writes with write(2); it loads nothing, spawns nothing and prints nothing.
+        unsafe {
+            crate::limits::run_forked(&limits, RESULT_BYTES, || {
+                let r = compile_here(&src, &cname, &args, want);
+                write_fd(1, &encode(&r));
+            })
         }
     };
-    if let Err(e) = compiled {
-        if e.0 == cudarc::nvrtc::sys::nvrtcResult::NVRTC_ERROR_COMPILATION {
-            // The log quotes each offending source line: kept bounded, and the name quoted
-            // short (NVRTC's own log names the program too, see `persistent::template`).
-            return Err(CudaError::Compile {
-                name: resident_ring::message::quoted_name(name),
-                arch: resident_ring::message::quoted_name(&options.arch),
-                log: crate::error::bounded_log(&program_log_bytes(&prog)),
-            });
+    let ended = match std::thread::Builder::new()
+        .name("nvrtc".into())
+        .stack_size(COMPILE_STACK_BYTES)
+        .spawn(run.clone())
+    {
+        Ok(t) => t
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the compile's thread panicked"))),
+        // No thread of that stack: forked from this one (a deep source may crash the child).
+        Err(_) => run(),
+    };
+    let quoted = || resident_ring::message::quoted_name(name);
+    let crashed = |reason: String| CudaError::CompileCrashed {
+        name: quoted(),
+        reason: reason.chars().take(256).collect(),
+    };
+    use crate::limits::Ended;
+    let stdout = match ended {
+        Err(e) => return Err(crashed(format!("its process could not be started: {e}"))),
+        Ok(Ended::Timeout) => {
+            return Err(CudaError::CompileTimeout {
+                name: quoted(),
+                limit: limits.wall,
+            })
         }
-        return Err(nvrtc_err("nvrtcCompileProgram")(e));
+        Ok(Ended::OutOfMemory) => {
+            return Err(CudaError::CompileOutOfMemory {
+                name: quoted(),
+                limit_mb: limits.memory_bytes >> 20,
+            })
+        }
+        Ok(Ended::Crashed { reason }) => {
+            return Err(crashed(reason.replace("the compiler", "its process")))
+        }
+        Ok(Ended::Exited { success: false, .. }) => {
+            return Err(crashed("its process ended without a result".into()))
+        }
+        Ok(Ended::Exited {
+            success: true,
+            stdout,
+            ..
+        }) => stdout,
+    };
+    match decode(&stdout) {
+        None => Err(crashed("its process sent a cut or malformed result".into())),
+        Some(Ok(out)) => Ok(out),
+        // The log quotes each offending source line: kept bounded, and the name quoted short
+        // (NVRTC's own log names the program too, see `persistent::template`).
+        // NVRTC's front end reports a failed allocation as a diagnostic of the source.
+        Some(Err(Failed::Compilation { log }))
+            if contains(&log, b"catastrophic error: out of memory") =>
+        {
+            Err(CudaError::CompileOutOfMemory {
+                name: quoted(),
+                limit_mb: limits.memory_bytes >> 20,
+            })
+        }
+        Some(Err(Failed::Compilation { log })) => Err(CudaError::Compile {
+            name: quoted(),
+            arch: resident_ring::message::quoted_name(&options.arch),
+            log: crate::error::bounded_log(&log),
+        }),
+        Some(Err(Failed::Call { code: 1, .. })) => Err(CudaError::CompileOutOfMemory {
+            name: quoted(),
+            limit_mb: limits.memory_bytes >> 20,
+        }),
+        Some(Err(Failed::Call { call, code })) => {
+            Err(nvrtc_err(CALLS[usize::from(call)])(result_of(code)))
+        }
     }
-    Ok(prog)
 }
 
 /// The program's log as bytes, up to its NUL (one copy of it is held: a log can be a hundred
@@ -241,20 +436,47 @@ fn program_log_bytes(prog: &Program) -> Vec<u8> {
     }
 }
 
-fn program_log(prog: &Program) -> String {
-    // SAFETY: `prog` is live.
-    unsafe { nr::get_program_log(prog.0) }
-        .map(c_chars_to_string)
-        .unwrap_or_else(|_| "<no log>".into())
+/// Compiles CUDA C `source` to PTX. `name` names the program in the log. A compile error
+/// returns [`CudaError::Compile`] with NVRTC's log; the compile runs in a process of its own
+/// under the compile's limits (see [`crate::limits`]).
+pub fn compile_ptx(source: &str, name: &str, options: &CompileOptions) -> Result<String> {
+    let out = compile(source, name, options, Want::Ptx)?;
+    let ptx = out
+        .image
+        .into_iter()
+        .map(|b| b as std::ffi::c_char)
+        .collect();
+    Ok(c_chars_to_string(ptx))
 }
 
-/// Compiles CUDA C `source` to PTX. `name` names the program in the log. A compile error
-/// returns [`CudaError::Compile`] with NVRTC's log.
-pub fn compile_ptx(source: &str, name: &str, options: &CompileOptions) -> Result<String> {
-    let prog = compile(source, name, options)?;
-    // SAFETY: `prog` is live and compiled.
-    let ptx = unsafe { nr::get_ptx(prog.0) }.map_err(nvrtc_err("nvrtcGetPTX"))?;
-    Ok(c_chars_to_string(ptx))
+/// [`compile_ptx`] in this process, with no limit: the baseline the compile's process is
+/// measured against (`examples/nvrtc_child_cost.rs`). Not for sources from users.
+#[doc(hidden)]
+pub fn compile_ptx_in_this_process(
+    source: &str,
+    name: &str,
+    options: &CompileOptions,
+) -> Result<String> {
+    let src = CString::new(source)
+        .map_err(|_| CudaError::invalid("nvrtcCreateProgram", "source contains NUL"))?;
+    let cname = CString::new(name)
+        .map_err(|_| CudaError::invalid("nvrtcCreateProgram", "program name contains NUL"))?;
+    match compile_here(&src, &cname, &options.to_args(), Want::Ptx) {
+        Ok(out) => Ok(c_chars_to_string(
+            out.image
+                .into_iter()
+                .map(|b| b as std::ffi::c_char)
+                .collect(),
+        )),
+        Err(Failed::Compilation { log }) => Err(CudaError::Compile {
+            name: resident_ring::message::quoted_name(name),
+            arch: resident_ring::message::quoted_name(&options.arch),
+            log: crate::error::bounded_log(&log),
+        }),
+        Err(Failed::Call { call, code }) => {
+            Err(nvrtc_err(CALLS[usize::from(call)])(result_of(code)))
+        }
+    }
 }
 
 /// Compiles CUDA C `source` all the way to machine code (a CUBIN) for a real architecture
@@ -272,18 +494,12 @@ pub fn compile_cubin(
             format!("`{}` is not a real architecture (sm_NN)", options.arch),
         ));
     }
-    let prog = compile(source, name, options)?;
-    let mut size = 0usize;
-    // SAFETY: `prog` is live and compiled; `size` is a valid out-pointer.
-    unsafe { cudarc::nvrtc::sys::nvrtcGetCUBINSize(prog.0, &mut size) }
-        .result()
-        .map_err(nvrtc_err("nvrtcGetCUBINSize"))?;
-    let mut image = vec![0u8; size];
-    // SAFETY: `image` holds the `size` bytes NVRTC reported.
-    unsafe { cudarc::nvrtc::sys::nvrtcGetCUBIN(prog.0, image.as_mut_ptr().cast()) }
-        .result()
-        .map_err(nvrtc_err("nvrtcGetCUBIN"))?;
-    Ok((image, program_log(&prog)))
+    let out = compile(source, name, options, Want::Cubin)?;
+    let mut log = out.log;
+    if let Some(nul) = log.iter().position(|&b| b == 0) {
+        log.truncate(nul);
+    }
+    Ok((out.image, String::from_utf8_lossy(&log).into_owned()))
 }
 
 /// Compiles CUDA C `source` to LTO-IR (NVVM's intermediate form, for link-time optimization)
@@ -314,16 +530,50 @@ pub fn compile_ltoir(source: &str, name: &str, options: &CompileOptions) -> Resu
             options.extra.push(flag.to_string());
         }
     }
-    let prog = compile(source, name, &options)?;
-    let mut size = 0usize;
-    // SAFETY: `prog` is live and compiled; `size` is a valid out-pointer.
-    unsafe { cudarc::nvrtc::sys::nvrtcGetLTOIRSize(prog.0, &mut size) }
-        .result()
-        .map_err(nvrtc_err("nvrtcGetLTOIRSize"))?;
-    let mut image = vec![0u8; size];
-    // SAFETY: `image` holds the `size` bytes NVRTC reported.
-    unsafe { cudarc::nvrtc::sys::nvrtcGetLTOIR(prog.0, image.as_mut_ptr().cast()) }
-        .result()
-        .map_err(nvrtc_err("nvrtcGetLTOIR"))?;
-    Ok(image)
+    Ok(compile(source, name, &options, Want::Ltoir)?.image)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_reads_back_as_written_and_a_cut_one_is_refused() {
+        let cases = [
+            Ok(Output {
+                image: b"ptx\0".to_vec(),
+                log: b"warning".to_vec(),
+            }),
+            Err(Failed::Compilation {
+                log: b"error: x".to_vec(),
+            }),
+            Err(Failed::Call { call: 4, code: 7 }),
+        ];
+        for r in &cases {
+            let b = encode(r);
+            let back = decode(&b).expect("reads back");
+            assert_eq!(encode(&back), b);
+            for cut in 0..b.len() {
+                assert!(decode(&b[..cut]).is_none(), "cut at {cut}");
+            }
+            let mut longer = b.clone();
+            longer.push(0);
+            assert!(decode(&longer).is_none());
+        }
+        assert!(decode(&[2, CALLS.len() as u8, 0, 0, 0, 0]).is_none());
+        assert!(decode(&[9]).is_none());
+        // A length past the end is refused, not allocated.
+        let mut huge = vec![1u8];
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode(&huge).is_none());
+    }
+
+    #[test]
+    fn result_codes_map_to_nvrtcs() {
+        use cudarc::nvrtc::sys::nvrtcResult as R;
+        assert_eq!(result_of(6).0, R::NVRTC_ERROR_COMPILATION);
+        assert_eq!(result_of(7).0, R::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE);
+        assert_eq!(result_of(0).0, R::NVRTC_ERROR_INTERNAL_ERROR);
+        assert_eq!(result_of(12345).0, R::NVRTC_ERROR_INTERNAL_ERROR);
+    }
 }

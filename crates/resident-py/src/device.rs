@@ -403,7 +403,10 @@ pub(crate) fn is_compile_error(e: &DeviceError) -> bool {
                     | SimError::CompileCrashed { .. }
             ))
             | DeviceError::Cuda(PersistentError::Cuda(
-                CudaError::Compile { .. } | CudaError::CompileTimeout { .. }
+                CudaError::Compile { .. }
+                    | CudaError::CompileTimeout { .. }
+                    | CudaError::CompileOutOfMemory { .. }
+                    | CudaError::CompileCrashed { .. }
             ))
             | DeviceError::Wgsl(WgslLaunchError::Compile(_))
     )
