@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use resident_cuda::limits::{run, CompileLimits, Ended};
+use resident_limits::{run, CompileLimits, Ended};
 
 fn main() {
     let pairs: usize = std::env::args()

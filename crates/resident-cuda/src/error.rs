@@ -78,8 +78,8 @@ pub enum CudaError {
         log: String,
     },
     /// NVRTC ran past the compile's wall-time limit (`RESIDENT_COMPILE_TIMEOUT_S`, see
-    /// [`crate::limits`]): its process was killed.
-    #[error("NVRTC did not compile `{name}` within {limit:?} (the compile was stopped; {env} sets the limit)", env = crate::limits::TIMEOUT_ENV)]
+    /// [`resident_limits`]): its process was killed.
+    #[error("NVRTC did not compile `{name}` within {limit:?} (the compile was stopped; {env} sets the limit)", env = resident_limits::TIMEOUT_ENV)]
     CompileTimeout {
         /// Program name (at most 64 bytes).
         name: String,
@@ -87,8 +87,8 @@ pub enum CudaError {
         limit: std::time::Duration,
     },
     /// NVRTC ran out of the compile's address-space limit (`RESIDENT_COMPILE_MEMORY_MB`, see
-    /// [`crate::limits`]) in its process, or the system killed that process for memory.
-    #[error("NVRTC ran out of memory compiling `{name}` (limit {limit_mb} MiB above what the process held; {env} sets it)", env = crate::limits::MEMORY_ENV)]
+    /// [`resident_limits`]) in its process, or the system killed that process for memory.
+    #[error("NVRTC ran out of memory compiling `{name}` (limit {limit_mb} MiB above what the process held; {env} sets it)", env = resident_limits::MEMORY_ENV)]
     CompileOutOfMemory {
         /// Program name (at most 64 bytes).
         name: String,

@@ -27,7 +27,6 @@ pub mod device;
 pub mod error;
 pub mod hazards;
 pub mod launch;
-pub mod limits;
 #[cfg(feature = "driver")]
 mod loaded;
 #[cfg(feature = "driver")]

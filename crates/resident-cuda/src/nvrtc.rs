@@ -2,7 +2,7 @@
 //! present before the first call, so a machine without NVRTC gets [`CudaError::NvrtcNotFound`].
 //!
 //! Each compile runs in a process of its own, forked from a thread with a large stack, under
-//! the compile's limits ([`crate::limits::run_forked`]): sources come from users, and NVRTC can
+//! the compile's limits ([`resident_limits::run_forked`]): sources come from users, and NVRTC can
 //! run for minutes, allocate without bound or overflow its stack on inputs it parses; in a child
 //! each of those ends the child ([`CudaError::CompileTimeout`], [`CudaError::CompileOutOfMemory`],
 //! [`CudaError::CompileCrashed`]), never this process. The result comes back over a pipe.
@@ -280,22 +280,6 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// Writes all of `b` to file descriptor `fd` with `write(2)` (no lock of Rust's `stdout`: it
-/// runs in a forked child).
-fn write_fd(fd: libc::c_int, mut b: &[u8]) {
-    while !b.is_empty() {
-        // SAFETY: writes from the live slice `b`.
-        let n = unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
-        }
-        b = &b[n as usize..];
-    }
-}
-
 /// Loads NVRTC and runs one compile of a fixed, trivial source in this process, once: the
 /// library and what it loads on its first compile (`libnvrtc-builtins`) are then mapped before
 /// any compile's process is forked, so that process loads nothing (loading a library in a
@@ -314,7 +298,7 @@ fn warm() {
 }
 
 /// Runs NVRTC over `source` with `options` in a process of its own, forked from a thread with a
-/// [`COMPILE_STACK_BYTES`] stack, under the compile's limits ([`crate::limits`]): past the
+/// [`COMPILE_STACK_BYTES`] stack, under the compile's limits ([`resident_limits`]): past the
 /// wall-time limit it is killed ([`CudaError::CompileTimeout`]); past the address-space limit its
 /// allocations fail ([`CudaError::CompileOutOfMemory`]); a crash (its parser's stack overflowing,
 /// say) ends it alone ([`CudaError::CompileCrashed`]). Nothing of the compile stays in this
@@ -334,16 +318,16 @@ fn compile(source: &str, name: &str, options: &CompileOptions, want: Want) -> Re
             "an option contains NUL",
         ));
     }
-    let limits = crate::limits::CompileLimits::from_env()
+    let limits = resident_limits::CompileLimits::from_env()
         .map_err(|e| CudaError::invalid("nvrtcCompileProgram", e.to_string()))?;
     warm();
     let run = move || {
         // SAFETY: the body makes NVRTC calls (loaded, with its builtins, by `warm`), allocates,
         // and writes with write(2); it loads nothing, spawns nothing and prints nothing.
         unsafe {
-            crate::limits::run_forked(&limits, RESULT_BYTES, || {
+            resident_limits::run_forked(&limits, RESULT_BYTES, |out| {
                 let r = compile_here(&src, &cname, &args, want);
-                write_fd(1, &encode(&r));
+                out.write_all(&encode(&r));
             })
         }
     };
@@ -363,7 +347,7 @@ fn compile(source: &str, name: &str, options: &CompileOptions, want: Want) -> Re
         name: quoted(),
         reason: reason.chars().take(256).collect(),
     };
-    use crate::limits::Ended;
+    use resident_limits::Ended;
     let stdout = match ended {
         Err(e) => return Err(crashed(format!("its process could not be started: {e}"))),
         Ok(Ended::Timeout) => {
@@ -438,7 +422,7 @@ fn program_log_bytes(prog: &Program) -> Vec<u8> {
 
 /// Compiles CUDA C `source` to PTX. `name` names the program in the log. A compile error
 /// returns [`CudaError::Compile`] with NVRTC's log; the compile runs in a process of its own
-/// under the compile's limits (see [`crate::limits`]).
+/// under the compile's limits (see [`resident_limits`]).
 pub fn compile_ptx(source: &str, name: &str, options: &CompileOptions) -> Result<String> {
     let out = compile(source, name, options, Want::Ptx)?;
     let ptx = out

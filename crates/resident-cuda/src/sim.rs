@@ -54,18 +54,18 @@ pub enum SimError {
         /// The compiler's diagnostics.
         log: String,
     },
-    /// The compile ran past its wall-time limit ([`crate::limits`]) and was killed, with every
+    /// The compile ran past its wall-time limit ([`resident_limits`]) and was killed, with every
     /// process it had started.
-    #[error("`{name}` did not compile for CudaSim within {limit:?} (the compile was stopped; {env} sets the limit)", env = crate::limits::TIMEOUT_ENV)]
+    #[error("`{name}` did not compile for CudaSim within {limit:?} (the compile was stopped; {env} sets the limit)", env = resident_limits::TIMEOUT_ENV)]
     CompileTimeout {
         /// Program name (at most 64 bytes).
         name: String,
         /// The limit.
         limit: std::time::Duration,
     },
-    /// The compile ran out of its address-space limit ([`crate::limits`]): its allocations
+    /// The compile ran out of its address-space limit ([`resident_limits`]): its allocations
     /// failed and it stopped, or the system killed it for memory.
-    #[error("`{name}` ran out of memory compiling for CudaSim (limit {} MiB; {env} sets it)", limit_bytes >> 20, env = crate::limits::MEMORY_ENV)]
+    #[error("`{name}` ran out of memory compiling for CudaSim (limit {} MiB; {env} sets it)", limit_bytes >> 20, env = resident_limits::MEMORY_ENV)]
     CompileOutOfMemory {
         /// Program name (at most 64 bytes).
         name: String,
@@ -80,9 +80,9 @@ pub enum SimError {
         /// The signal or the compiler's report (at most 256 bytes).
         reason: String,
     },
-    /// A compile limit's setting is not a number ([`crate::limits`]).
+    /// A compile limit's setting is not a number ([`resident_limits`]).
     #[error(transparent)]
-    CompileLimitSetting(#[from] crate::limits::BadLimit),
+    CompileLimitSetting(#[from] resident_limits::BadLimit),
     /// The disk cache could not be used.
     #[error("CudaSim cache {path}: {source}")]
     Io {
@@ -216,8 +216,8 @@ pub struct SimOptions {
     /// (`RESIDENT_COMPILE_TIMEOUT_S`, `RESIDENT_COMPILE_MEMORY_MB`, else 120 s and 4 GiB).
     /// Not part of the cache key: a cached module pays no compile.
     ///
-    /// [`CompileLimits::from_env`]: crate::limits::CompileLimits::from_env
-    pub limits: Option<crate::limits::CompileLimits>,
+    /// [`CompileLimits::from_env`]: resident_limits::CompileLimits::from_env
+    pub limits: Option<resident_limits::CompileLimits>,
 }
 
 /// The folder of compiled CudaSim objects: `<kernel cache>/sim`.
@@ -292,7 +292,7 @@ impl SimModule {
         let (cxx, version) = compiler()?;
         let limits = match options.limits {
             Some(l) => l,
-            None => crate::limits::CompileLimits::from_env()?,
+            None => resident_limits::CompileLimits::from_env()?,
         };
         if let Some(bad) = entries.iter().find(|e| !is_identifier(e)) {
             return Err(SimError::BadLaunch {
@@ -343,8 +343,8 @@ impl SimModule {
         let src = dir.join(format!("{key}.{suffix}.cpp"));
         let tmp = dir.join(format!("{key}.{suffix}.so.tmp"));
         std::fs::write(&src, &tu).map_err(io_err(&src))?;
-        // A child process under limits (crate::limits): the source comes from users.
-        let ended = crate::limits::run(
+        // A child process under limits (resident_limits): the source comes from users.
+        let ended = resident_limits::run(
             Command::new(&cxx).args(&args).arg("-o").arg(&tmp).arg(&src),
             &limits,
         );
@@ -355,23 +355,23 @@ impl SimModule {
         })?;
         let qname = resident_ring::message::quoted_name(name);
         let stderr = match ended {
-            crate::limits::Ended::Exited { success: true, .. } => None,
-            crate::limits::Ended::Exited { stderr, .. } => Some(stderr),
-            crate::limits::Ended::Timeout => {
+            resident_limits::Ended::Exited { success: true, .. } => None,
+            resident_limits::Ended::Exited { stderr, .. } => Some(stderr),
+            resident_limits::Ended::Timeout => {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(SimError::CompileTimeout {
                     name: qname,
                     limit: limits.wall,
                 });
             }
-            crate::limits::Ended::OutOfMemory => {
+            resident_limits::Ended::OutOfMemory => {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(SimError::CompileOutOfMemory {
                     name: qname,
                     limit_bytes: limits.memory_bytes,
                 });
             }
-            crate::limits::Ended::Crashed { reason } => {
+            resident_limits::Ended::Crashed { reason } => {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(SimError::CompileCrashed {
                     name: qname,

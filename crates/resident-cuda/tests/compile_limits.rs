@@ -4,11 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use resident_cuda::limits::CompileLimits;
 use resident_cuda::persistent::{
     KernelSource, MessageDecl, QueueConfig, SimKernel, SimLaunchOptions,
 };
 use resident_cuda::sim::{SimError, SimModule, SimOptions};
+use resident_limits::CompileLimits;
 use resident_ring::Envelope;
 
 fn compiler_or_skip() -> bool {

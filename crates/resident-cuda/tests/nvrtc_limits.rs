@@ -5,6 +5,7 @@
 //! with this process's memory unchanged and the next compile working. In a binary of its own:
 //! the limits come from the environment, which these tests set for the whole process (they take
 //! turns).
+#![cfg(feature = "driver")]
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -89,11 +90,11 @@ fn peak_rss_kib() -> u64 {
 }
 
 fn with_limits<T>(timeout_s: &str, memory_mb: &str, f: impl FnOnce() -> T) -> T {
-    std::env::set_var(resident_cuda::limits::TIMEOUT_ENV, timeout_s);
-    std::env::set_var(resident_cuda::limits::MEMORY_ENV, memory_mb);
+    std::env::set_var(resident_limits::TIMEOUT_ENV, timeout_s);
+    std::env::set_var(resident_limits::MEMORY_ENV, memory_mb);
     let r = f();
-    std::env::remove_var(resident_cuda::limits::TIMEOUT_ENV);
-    std::env::remove_var(resident_cuda::limits::MEMORY_ENV);
+    std::env::remove_var(resident_limits::TIMEOUT_ENV);
+    std::env::remove_var(resident_limits::MEMORY_ENV);
     r
 }
 

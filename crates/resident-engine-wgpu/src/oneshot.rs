@@ -86,14 +86,25 @@ pub(crate) fn check_grid(ctx: &WgpuContext, grid: (u32, u32, u32)) -> Result<()>
     Ok(())
 }
 
-/// Builds a compute pipeline for `entry` of `source` with an explicit layout of group 0.
+/// Builds a compute pipeline for `entry` of `source` with an explicit layout of group 0, on
+/// naga's stack (see `RingPipeline::build`).
 pub(crate) fn build(
     ctx: &WgpuContext,
     kernel: &str,
     source: &str,
     entry: &str,
 ) -> Result<Pipeline> {
-    let compiled = compile(source).map_err(|e| compile_error(kernel, e))?;
+    crate::wgsl::on_naga_stack(|| build_here(ctx, kernel, source, entry))
+}
+
+fn build_here(ctx: &WgpuContext, kernel: &str, source: &str, entry: &str) -> Result<Pipeline> {
+    let compiled = compile(source).map_err(|e| match e {
+        crate::wgsl::CompileFailed::Source(e) => compile_error(kernel, e),
+        crate::wgsl::CompileFailed::Stopped(source) => BackendError::WgslStopped {
+            kernel: kernel.to_string(),
+            source,
+        },
+    })?;
     let (_, workgroup) = compiled.entry(entry).ok_or_else(|| {
         compile_error(
             kernel,

@@ -125,8 +125,195 @@ fn excerpt_is_short(source: &str, spans: impl Iterator<Item = naga::Span>) -> bo
 }
 
 #[cfg(feature = "wgpu")]
-/// Parses and validates `source`.
-pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
+/// The stack naga parses and validates on. Its parser and validator recurse once per link of
+/// an expression chain, about 600 bytes each (measured, naga 30: a sum of 4096 terms overflows
+/// a 2 MiB thread stack, which aborts the process); reserved, not used, as NVRTC's is
+/// (`resident_cuda::nvrtc::COMPILE_STACK_BYTES`).
+pub const NAGA_STACK_BYTES: usize = 512 << 20;
+
+#[cfg(feature = "wgpu")]
+/// The most bytes of a checking process's report taken back (a message is bounded far below).
+const REPORT_BYTES: usize = 1 << 20;
+
+#[cfg(feature = "wgpu")]
+/// Why a WGSL source did not become a module: naga refused it, or the compile's limits
+/// stopped naga (or it crashed) in its own process.
+#[derive(Debug)]
+pub(crate) enum CompileFailed {
+    /// naga's error.
+    Source(WgslError),
+    /// The limits' end.
+    Stopped(resident_limits::CompileStopped),
+}
+
+#[cfg(feature = "wgpu")]
+impl From<CompileFailed> for resident_core::engine::error::WgslLaunchError {
+    fn from(e: CompileFailed) -> Self {
+        match e {
+            CompileFailed::Source(e) => Self::Compile(e),
+            CompileFailed::Stopped(e) => Self::Stopped(e),
+        }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+/// Runs `f` on a thread with a [`NAGA_STACK_BYTES`] stack (on this one when such a thread
+/// cannot be started).
+pub(crate) fn on_naga_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let mut f = Some(f);
+    let r = std::thread::scope(|scope| {
+        let f = &mut f;
+        match std::thread::Builder::new()
+            .name("naga".into())
+            .stack_size(NAGA_STACK_BYTES)
+            .spawn_scoped(scope, move || f.take().map(|f| f()))
+        {
+            Ok(t) => t.join().ok().flatten(),
+            Err(_) => None,
+        }
+    });
+    match r {
+        Some(r) => r,
+        // No thread (or it panicked before taking `f`): here.
+        None => match f.take() {
+            Some(f) => f(),
+            None => std::panic::resume_unwind(Box::new("naga's thread panicked")),
+        },
+    }
+}
+
+#[cfg(feature = "wgpu")]
+/// Parses and validates `source` as a launch does: first in a process of its own under the
+/// compile's limits ([`resident_limits::run_forked`]), since naga's time and memory grow faster
+/// than the source (100 000 short statements took it 20 s, a sum of 262 144 terms 38 s and a
+/// 256 MiB stack), then, once that process has answered, here on a [`NAGA_STACK_BYTES`] stack
+/// to keep the module (naga is deterministic: what finished there finishes here the same).
+pub(crate) fn compile(source: &str) -> Result<Compiled, CompileFailed> {
+    let limits = resident_limits::CompileLimits::from_env().map_err(|e| {
+        CompileFailed::Source(WgslError {
+            stage: "limits",
+            message: e.to_string(),
+            line: None,
+            column: None,
+        })
+    })?;
+    checked_apart(source, &limits)?;
+    on_naga_stack(|| parse_and_validate(source)).map_err(CompileFailed::Source)
+}
+
+#[cfg(feature = "wgpu")]
+/// [`parse_and_validate`] in a forked child under `limits`; its answer, or how it ended.
+fn checked_apart(
+    source: &str,
+    limits: &resident_limits::CompileLimits,
+) -> Result<(), CompileFailed> {
+    use resident_limits::{CompileStopped, Ended};
+    let ended = on_naga_stack(|| {
+        // SAFETY: the body parses and validates (naga is pure Rust: it allocates and loads
+        // nothing) and writes its report with write(2).
+        unsafe {
+            resident_limits::run_forked(limits, REPORT_BYTES, |out| {
+                out.write_all(&encode_report(&parse_and_validate(source).map(|_| ())));
+            })
+        }
+    });
+    let crashed = |reason: String| {
+        CompileFailed::Stopped(CompileStopped::CompileCrashed {
+            compiler: "naga",
+            reason: reason.chars().take(256).collect(),
+        })
+    };
+    match ended {
+        Err(e) => Err(crashed(format!("its process could not be started: {e}"))),
+        Ok(Ended::Timeout) => Err(CompileFailed::Stopped(CompileStopped::CompileTimeout {
+            compiler: "naga",
+            limit: limits.wall,
+        })),
+        Ok(Ended::OutOfMemory) => Err(CompileFailed::Stopped(CompileStopped::CompileOutOfMemory {
+            compiler: "naga",
+            limit_mb: limits.memory_bytes >> 20,
+        })),
+        Ok(Ended::Crashed { reason }) => {
+            Err(crashed(reason.replace("the compiler", "its process")))
+        }
+        Ok(Ended::Exited { success: false, .. }) => {
+            Err(crashed("its process ended without a report".into()))
+        }
+        Ok(Ended::Exited { stdout, .. }) => match decode_report(&stdout) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(CompileFailed::Source(e)),
+            None => Err(crashed("its process sent a cut or malformed report".into())),
+        },
+    }
+}
+
+#[cfg(feature = "wgpu")]
+/// The stages [`parse_and_validate`] reports, by their index in a checking process's report.
+const STAGES: [&str; 2] = ["parse", "validation"];
+
+#[cfg(feature = "wgpu")]
+/// A checking process's report: 0, or 1 with the stage's index (u8), the line and the column
+/// (each a presence byte and a little-endian u32) and the message (a u64 length and its bytes).
+fn encode_report(r: &Result<(), WgslError>) -> Vec<u8> {
+    let mut v = Vec::new();
+    match r {
+        Ok(()) => v.push(0),
+        Err(e) => {
+            v.push(1);
+            v.push(STAGES.iter().position(|s| *s == e.stage).unwrap_or(0) as u8);
+            for x in [e.line, e.column] {
+                v.push(u8::from(x.is_some()));
+                v.extend_from_slice(&x.unwrap_or(0).to_le_bytes());
+            }
+            v.extend_from_slice(&(e.message.len() as u64).to_le_bytes());
+            v.extend_from_slice(e.message.as_bytes());
+        }
+    }
+    v
+}
+
+#[cfg(feature = "wgpu")]
+/// Reads [`encode_report`]'s bytes; `None` when cut short or malformed.
+fn decode_report(b: &[u8]) -> Option<Result<(), WgslError>> {
+    let (&tag, mut b) = b.split_first()?;
+    if tag == 0 {
+        return b.is_empty().then_some(Ok(()));
+    }
+    if tag != 1 {
+        return None;
+    }
+    let mut take = |n: usize| -> Option<&[u8]> {
+        if b.len() < n {
+            return None;
+        }
+        let (h, t) = b.split_at(n);
+        b = t;
+        Some(h)
+    };
+    let stage = *STAGES.get(usize::from(take(1)?[0]))?;
+    let mut opt = || -> Option<Option<u32>> {
+        let present = take(1)?[0];
+        let v = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        match present {
+            0 => Some(None),
+            1 => Some(Some(v)),
+            _ => None,
+        }
+    };
+    let (line, column) = (opt()?, opt()?);
+    let n = usize::try_from(u64::from_le_bytes(take(8)?.try_into().ok()?)).ok()?;
+    let message = String::from_utf8(take(n)?.to_vec()).ok()?;
+    b.is_empty().then_some(Err(WgslError {
+        stage,
+        message,
+        line,
+        column,
+    }))
+}
+
+#[cfg(feature = "wgpu")]
+/// Parses and validates `source`, here.
+fn parse_and_validate(source: &str) -> Result<Compiled, WgslError> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| {
         let loc = e.location(source);
         let message = if excerpt_is_short(source, e.labels().map(|(s, _)| s)) {
@@ -162,9 +349,12 @@ pub(crate) fn compile(source: &str) -> Result<Compiled, WgslError> {
 
 #[cfg(feature = "wgpu")]
 /// Parses and validates `source` as the runtime does before it builds a pipeline (no device
-/// needed): `Ok`, or the [`WgslError`] a launch would give.
+/// needed): `Ok`, or the [`WgslError`] a launch would give. In this process, on a
+/// [`NAGA_STACK_BYTES`] stack, with no time or memory limit (a launch also checks in a process of
+/// its own under the compile's limits, [`resident_limits`]): for sources this process trusts,
+/// or for a fuzzer's.
 pub fn check(source: &str) -> Result<(), WgslError> {
-    compile(source).map(|_| ())
+    on_naga_stack(|| parse_and_validate(source)).map(|_| ())
 }
 
 #[cfg(feature = "wgpu")]
@@ -286,9 +476,45 @@ impl Compiled {
 mod tests {
     use super::*;
 
+    /// naga's error for `src`, through a launch's compile (its own process, then here).
+    fn refused(src: &str) -> WgslError {
+        match compile(src) {
+            Err(CompileFailed::Source(e)) => e,
+            Err(CompileFailed::Stopped(e)) => panic!("stopped: {e}"),
+            Ok(_) => panic!("compiled"),
+        }
+    }
+
+    #[test]
+    fn a_report_reads_back_as_written_and_a_cut_one_is_refused() {
+        let cases = [
+            Ok(()),
+            Err(WgslError {
+                stage: "validation",
+                message: "naga's message \u{2502} with an excerpt".into(),
+                line: Some(3),
+                column: None,
+            }),
+        ];
+        for r in &cases {
+            let b = encode_report(r);
+            assert_eq!(decode_report(&b).as_ref(), Some(r));
+            for cut in 0..b.len() {
+                assert_eq!(decode_report(&b[..cut]), None, "cut at {cut}");
+            }
+            let mut longer = b.clone();
+            longer.push(0);
+            assert_eq!(decode_report(&longer), None);
+        }
+        assert_eq!(decode_report(&[1, 7]), None, "no such stage");
+        let mut huge = vec![1u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(decode_report(&huge), None, "a length past the end");
+    }
+
     #[test]
     fn parse_error_carries_message_and_line() {
-        let e = compile("fn f() -> u32 {\n  return 1u\n}\n").err().unwrap();
+        let e = refused("fn f() -> u32 {\n  return 1u\n}\n");
         assert_eq!(e.stage, "parse");
         assert_eq!(e.line, Some(3), "{e}");
         assert!(e.to_string().contains("line 3"), "{e}");
@@ -296,9 +522,7 @@ mod tests {
 
     #[test]
     fn validation_error_carries_message_and_line() {
-        let e = compile("fn f() -> u32 {\n  let x: f32 = 1.0;\n  return x;\n}\n")
-            .err()
-            .unwrap();
+        let e = refused("fn f() -> u32 {\n  let x: f32 = 1.0;\n  return x;\n}\n");
         assert_eq!(e.stage, "validation", "{e}");
         assert!(e.line.is_some(), "{e}");
     }

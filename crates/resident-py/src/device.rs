@@ -408,7 +408,7 @@ pub(crate) fn is_compile_error(e: &DeviceError) -> bool {
                     | CudaError::CompileOutOfMemory { .. }
                     | CudaError::CompileCrashed { .. }
             ))
-            | DeviceError::Wgsl(WgslLaunchError::Compile(_))
+            | DeviceError::Wgsl(WgslLaunchError::Compile(_) | WgslLaunchError::Stopped(_))
     )
 }
 

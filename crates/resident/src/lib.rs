@@ -43,6 +43,13 @@ pub mod runtime {
     pub type RuntimeBuilder = resident_core::runtime::RuntimeBuilder<crate::backend::AllEngines>;
 }
 
+/// The limits every compile of a kernel's source runs under, in a process of its own (g++ for
+/// CudaSim, NVRTC for CUDA, naga for WGSL): the settings, their environment variables, and the
+/// typed end of a WGSL compile they stopped (`resident-limits`).
+pub mod limits {
+    pub use resident_limits::{BadLimit, CompileLimits, CompileStopped, MEMORY_ENV, TIMEOUT_ENV};
+}
+
 /// Profiling: spans, traces, the report naming the bottleneck, and tuning.
 pub mod profile {
     pub use resident_core::profile::*;

@@ -66,6 +66,9 @@ pub enum WgslLaunchError {
     /// The handler (with the generated code) did not compile.
     #[error(transparent)]
     Compile(#[from] WgslError),
+    /// The compile was stopped by the compile's limits, or crashed in its own process.
+    #[error(transparent)]
+    Stopped(#[from] resident_limits::CompileStopped),
     /// WGSL lays a type out with another size than Rust.
     #[error("type `{ty}` is {wgsl} bytes in WGSL but {rust} bytes in Rust")]
     LayoutMismatch {

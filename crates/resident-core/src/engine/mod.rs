@@ -225,6 +225,16 @@ pub enum BackendError {
         #[source]
         source: error::WgslError,
     },
+    /// A WGSL source's compile was stopped by the compile's limits, or crashed in its own
+    /// process ([`resident_limits`]).
+    #[error("kernel `{qkernel}`: {source}", qkernel = quoted_name(.kernel))]
+    WgslStopped {
+        /// Kernel name.
+        kernel: String,
+        /// How the compile ended.
+        #[source]
+        source: resident_limits::CompileStopped,
+    },
     /// A request past what the wgpu adapter supports.
     #[error("wgpu adapter limit `{limit}` exceeded: {requested} requested, at most {max}")]
     WgpuLimit {

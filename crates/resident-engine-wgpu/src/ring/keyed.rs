@@ -299,7 +299,9 @@ mod host {
                        struct M { x: vec2<u32>, tag: f32, inner: Inner, key: u32 }\n\
                        @group(0) @binding(0) var<storage, read> resident_in: array<M>;\n\
                        @compute @workgroup_size(1) fn main() { let m = resident_in[0]; }\n";
-            let c = crate::wgsl::compile(src).unwrap();
+            let c = crate::wgsl::compile(src)
+                .map_err(|e| format!("{e:?}"))
+                .unwrap();
             assert_eq!(key_offset(&c, "key").unwrap(), 20);
             assert_eq!(key_offset(&c, "inner.k").unwrap(), 16);
             for bad in ["tag", "x", "inner", "nope", "key.k"] {

@@ -176,37 +176,46 @@ impl<CIn: Message> Inbox<CIn> {
                 let mut entries = super::pipeline::batch_layout_entries().to_vec();
                 // The producer's outputs, read by the consumer's dispatch.
                 entries.push(super::pipeline::buffer_entry(6, read));
-                ctx.scoped("create linked pipeline", || {
-                    let module = ctx
-                        .device
-                        .create_shader_module(::wgpu::ShaderModuleDescriptor {
-                            label: Some("resident linked"),
-                            source: ::wgpu::ShaderSource::Wgsl(self.side.source.as_str().into()),
-                        });
-                    let layout =
-                        ctx.device
-                            .create_bind_group_layout(&::wgpu::BindGroupLayoutDescriptor {
+                // On naga's stack: wgpu parses and writes out the WGSL (see
+                // `RingPipeline::build`).
+                crate::wgsl::on_naga_stack(|| {
+                    ctx.scoped("create linked pipeline", || {
+                        let module =
+                            ctx.device
+                                .create_shader_module(::wgpu::ShaderModuleDescriptor {
+                                    label: Some("resident linked"),
+                                    source: ::wgpu::ShaderSource::Wgsl(
+                                        self.side.source.as_str().into(),
+                                    ),
+                                });
+                        let layout = ctx.device.create_bind_group_layout(
+                            &::wgpu::BindGroupLayoutDescriptor {
                                 label: Some("resident linked"),
                                 entries: &entries,
-                            });
-                    let pl = ctx
-                        .device
-                        .create_pipeline_layout(&::wgpu::PipelineLayoutDescriptor {
-                            label: Some("resident linked"),
-                            bind_group_layouts: &[Some(&layout), self.side.bound_layout.as_ref()],
-                            immediate_size: 0,
-                        });
-                    let pipeline =
-                        ctx.device
-                            .create_compute_pipeline(&::wgpu::ComputePipelineDescriptor {
+                            },
+                        );
+                        let pl =
+                            ctx.device
+                                .create_pipeline_layout(&::wgpu::PipelineLayoutDescriptor {
+                                    label: Some("resident linked"),
+                                    bind_group_layouts: &[
+                                        Some(&layout),
+                                        self.side.bound_layout.as_ref(),
+                                    ],
+                                    immediate_size: 0,
+                                });
+                        let pipeline = ctx.device.create_compute_pipeline(
+                            &::wgpu::ComputePipelineDescriptor {
                                 label: Some("resident linked"),
                                 layout: Some(&pl),
                                 module: &module,
                                 entry_point: Some("resident_main_linked"),
                                 compilation_options: Default::default(),
                                 cache: None,
-                            });
-                    LinkedPipeline { pipeline, layout }
+                            },
+                        );
+                        LinkedPipeline { pipeline, layout }
+                    })
                 })
                 .map_err(|e| LinkError::Device(Arc::new(e)))
             })

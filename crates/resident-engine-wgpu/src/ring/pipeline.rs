@@ -69,7 +69,24 @@ pub(super) struct RingPipeline {
 }
 
 impl RingPipeline {
+    /// Compiles the handler's module and builds its pipeline, on naga's stack
+    /// ([`crate::wgsl::NAGA_STACK_BYTES`]: wgpu parses the WGSL again and its backend writes it
+    /// out, both recursing over the source's expressions as naga's checks do).
     pub(super) fn build<In, Out>(
+        ctx: &WgpuContext,
+        id: &str,
+        handler: &WgslHandler<In, Out>,
+        batch: usize,
+        in_size: usize,
+        out_size: usize,
+        bindings: &[DeviceBinding],
+    ) -> Result<Self, WgslLaunchError> {
+        crate::wgsl::on_naga_stack(|| {
+            Self::build_here(ctx, id, handler, batch, in_size, out_size, bindings)
+        })
+    }
+
+    fn build_here<In, Out>(
         ctx: &WgpuContext,
         id: &str,
         handler: &WgslHandler<In, Out>,

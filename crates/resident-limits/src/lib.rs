@@ -2,13 +2,18 @@
 //! address-space limit and no core file, with the compiler and everything it starts (g++ runs
 //! `cc1plus`, `as` and `ld`) in a process group of its own that is killed whole at the limit.
 //!
-//! The host C++ compiler of CudaSim runs as a child process ([`run`]), and NVRTC, a library,
-//! in a forked child of this process ([`run_forked`]); this is how. A compile
-//! that never ends is [`Ended::Timeout`], one that allocates without bound [`Ended::OutOfMemory`]
-//! (the address-space limit makes its allocations fail, so it ends, and the machine's other
-//! programs never meet an OOM kill), one that dies of a signal or reports an internal compiler
-//! error [`Ended::Crashed`]; the caller turns each into its typed error
-//! (`SimError::CompileTimeout`, `CompileOutOfMemory`, `CompileCrashed`).
+//! Every engine's compiler runs this way, in a process of its own: CudaSim's host C++ compiler
+//! as a child command ([`run`]), and the compilers that are libraries, NVRTC (CUDA) and naga
+//! (WGSL), in a forked child of this process ([`run_forked`]). A compile that never ends is
+//! [`Ended::Timeout`], one that allocates without bound [`Ended::OutOfMemory`] (the
+//! address-space limit makes its allocations fail, so it ends, and the machine's other programs
+//! never meet an OOM kill), one that dies of a signal or reports an internal compiler error
+//! [`Ended::Crashed`]; each engine turns them into its typed errors (`SimError::CompileTimeout`,
+//! `CudaError::CompileTimeout`, [`CompileStopped::CompileTimeout`] for WGSL, and the
+//! out-of-memory and crash kin of each).
+//!
+//! This crate sits below every engine (it depends on no other crate of the workspace), so the
+//! one way to run a compiler under limits serves them all.
 
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -99,6 +104,38 @@ pub enum Ended {
     /// It died of a signal, or reported an internal compiler error; `reason` says which.
     Crashed {
         /// The signal or the compiler's report (at most 256 bytes).
+        reason: String,
+    },
+}
+
+/// A compile that ended short of an answer, by one of its limits or a crash: the typed error
+/// of a compiler that has none of its own (naga; CUDA and CudaSim keep theirs).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CompileStopped {
+    /// It ran past the wall-time limit and was stopped.
+    #[error(
+        "{compiler} did not finish within {limit:?} (it was stopped; {TIMEOUT_ENV} sets the limit)"
+    )]
+    CompileTimeout {
+        /// The compiler (`naga`).
+        compiler: &'static str,
+        /// The limit.
+        limit: Duration,
+    },
+    /// It ran out of its address-space limit (or the system killed it for memory).
+    #[error("{compiler} ran out of memory (limit {limit_mb} MiB above what the process held; {MEMORY_ENV} sets it)")]
+    CompileOutOfMemory {
+        /// The compiler.
+        compiler: &'static str,
+        /// The limit, MiB.
+        limit_mb: u64,
+    },
+    /// It died (a signal: its stack overflowed, say), or its process could not be started.
+    #[error("{compiler} crashed: {reason}")]
+    CompileCrashed {
+        /// The compiler.
+        compiler: &'static str,
+        /// The signal, or why (at most 256 bytes).
         reason: String,
     },
 }
@@ -212,7 +249,7 @@ pub fn run(cmd: &mut Command, limits: &CompileLimits) -> std::io::Result<Ended> 
 pub unsafe fn run_forked(
     limits: &CompileLimits,
     keep_stdout: usize,
-    body: impl FnOnce(),
+    body: impl FnOnce(&mut ChildStdout),
 ) -> std::io::Result<Ended> {
     use std::os::fd::FromRawFd;
     let pipe = || -> std::io::Result<[libc::c_int; 2]> {
@@ -287,7 +324,8 @@ pub unsafe fn run_forked(
         if !set(libc::RLIMIT_CORE, 0) || !set(libc::RLIMIT_AS, held.saturating_add(mem)) {
             libc::_exit(126);
         }
-        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_ok();
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&mut ChildStdout)))
+            .is_ok();
         libc::_exit(if ok { 0 } else { 101 });
     }
     // The parent.
@@ -345,6 +383,29 @@ pub unsafe fn run_forked(
             stdout,
             stderr,
         )),
+    }
+}
+
+/// The standard output of a [`run_forked`] child, written with `write(2)` (not through Rust's
+/// `stdout`, whose lock another thread of the parent may have held when it forked).
+#[derive(Debug)]
+pub struct ChildStdout;
+
+impl ChildStdout {
+    /// Writes all of `b` (retrying on `EINTR`; a broken pipe ends the write: the parent is
+    /// gone or stopped reading).
+    pub fn write_all(&mut self, mut b: &[u8]) {
+        while !b.is_empty() {
+            // SAFETY: writes from the live slice `b` to descriptor 1.
+            let n = unsafe { libc::write(1, b.as_ptr().cast(), b.len()) };
+            if n < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return;
+            }
+            b = &b[n as usize..];
+        }
     }
 }
 
