@@ -29,7 +29,7 @@ pub const SHIM_HEADER: &str = include_str!("../kernels/sim_shim.h");
 pub const CXX_ENV: &str = "RESIDENT_SIM_CXX";
 
 /// ABI of the exported launchers; part of the cache key.
-const ABI: &str = "resident-sim-1";
+const ABI: &str = "resident-sim-2";
 
 /// Errors of the CudaSim layer.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +79,17 @@ pub enum SimError {
         name: String,
         /// The signal or the compiler's report (at most 256 bytes).
         reason: String,
+    },
+    /// The compiled source holds inline assembly or an assembler directive that reads a file
+    /// (`.incbin`, `.include`, or a macro that could spell one): refused before the assembler
+    /// runs, since the host's assembler would read any file of the host into the kernel. A GPU
+    /// handler's `asm` is PTX, which never ran on CudaSim.
+    #[error("kernel `{name}` is refused on CudaSim: {what}; CudaSim compiles for the host, whose assembler reads the host's files (`.incbin`), so a handler may hold no inline assembly (a GPU handler's PTX `asm` does not run here)")]
+    ForbiddenAssembly {
+        /// Program name (at most 64 bytes).
+        name: String,
+        /// What was found.
+        what: String,
     },
     /// A compile limit's setting is not a number ([`resident_limits`]).
     #[error(transparent)]
@@ -243,6 +254,36 @@ pub fn translation_unit(name: &str, source: &str, entries: &[&str]) -> String {
     tu
 }
 
+/// What in the compiler's assembly output `asm` could make the assembler read a file of the
+/// host, if anything: inline assembly (g++ brackets every `asm` statement, at file scope or in
+/// a function, with `#APP` and `#NO_APP`), or anywhere in the text (an asm label or a section
+/// name can carry a directive too; `;` separates statements) a directive that reads a file or a
+/// macro facility that could spell one, in any case. The shim, the template and the C++
+/// standard headers they use emit none of these.
+pub fn check_assembly(asm: &[u8]) -> Option<String> {
+    const DIRECTIVES: [&str; 9] = [
+        ".incbin",
+        ".include",
+        ".macro",
+        ".irp",
+        ".irpc",
+        ".rept",
+        ".altmacro",
+        ".purgem",
+        ".exitm",
+    ];
+    if asm.windows(4).any(|w| w == b"#APP") {
+        return Some("it holds inline assembly (`asm`)".into());
+    }
+    let lower = asm.to_ascii_lowercase();
+    for d in DIRECTIVES {
+        if lower.windows(d.len()).any(|w| w == d.as_bytes()) {
+            return Some(format!("its assembly holds the directive `{d}`"));
+        }
+    }
+    None
+}
+
 fn is_identifier(s: &str) -> bool {
     let mut c = s.chars();
     matches!(c.next(), Some(x) if x.is_ascii_alphabetic() || x == '_')
@@ -341,55 +382,91 @@ impl SimModule {
         }
         let suffix = unique_suffix();
         let src = dir.join(format!("{key}.{suffix}.cpp"));
+        let asm = dir.join(format!("{key}.{suffix}.s"));
         let tmp = dir.join(format!("{key}.{suffix}.so.tmp"));
-        std::fs::write(&src, &tu).map_err(io_err(&src))?;
-        // A child process under limits (resident_limits): the source comes from users.
-        let ended = resident_limits::run(
-            Command::new(&cxx).args(&args).arg("-o").arg(&tmp).arg(&src),
-            &limits,
-        );
-        let _ = std::fs::remove_file(&src);
-        let ended = ended.map_err(|e| SimError::CompilerUnavailable {
-            compiler: cxx.clone(),
-            reason: CompilerFault::Run(Arc::new(e)),
-        })?;
-        let qname = resident_ring::message::quoted_name(name);
-        let stderr = match ended {
-            resident_limits::Ended::Exited { success: true, .. } => None,
-            resident_limits::Ended::Exited { stderr, .. } => Some(stderr),
-            resident_limits::Ended::Timeout => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(SimError::CompileTimeout {
-                    name: qname,
-                    limit: limits.wall,
-                });
-            }
-            resident_limits::Ended::OutOfMemory => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(SimError::CompileOutOfMemory {
-                    name: qname,
-                    limit_bytes: limits.memory_bytes,
-                });
-            }
-            resident_limits::Ended::Crashed { reason } => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(SimError::CompileCrashed {
-                    name: qname,
-                    reason,
-                });
+        let cleanup = || {
+            for f in [&src, &asm, &tmp] {
+                let _ = std::fs::remove_file(f);
             }
         };
-        if let Some(stderr) = stderr {
-            let _ = std::fs::remove_file(&tmp);
-            let log =
-                String::from_utf8_lossy(&stderr).replace(&*src.to_string_lossy(), "sim_shim.h");
-            return Err(SimError::Compile {
-                name: resident_ring::message::quoted_name(name),
-                compiler: version,
-                // The diagnostics quote each offending source line: kept bounded.
-                log: crate::error::bounded_log(log.as_bytes()),
-            });
+        std::fs::write(&src, &tu).map_err(io_err(&src))?;
+        let qname = resident_ring::message::quoted_name(name);
+        // Two child processes under limits (resident_limits), as the source comes from users:
+        // C++ to assembly, then, once the assembly is known to read no file of the host
+        // (`check_assembly`), assembly to the shared object.
+        let step = |cmd: &mut Command| -> Result<(), SimError> {
+            let ended =
+                resident_limits::run(cmd, &limits).map_err(|e| SimError::CompilerUnavailable {
+                    compiler: cxx.clone(),
+                    reason: CompilerFault::Run(Arc::new(e)),
+                })?;
+            match ended {
+                resident_limits::Ended::Exited { success: true, .. } => Ok(()),
+                resident_limits::Ended::Exited { stderr, .. } => {
+                    let log = String::from_utf8_lossy(&stderr)
+                        .replace(&*src.to_string_lossy(), "sim_shim.h");
+                    Err(SimError::Compile {
+                        name: qname.clone(),
+                        compiler: version.clone(),
+                        // The diagnostics quote each offending source line: kept bounded.
+                        log: crate::error::bounded_log(log.as_bytes()),
+                    })
+                }
+                resident_limits::Ended::Timeout => Err(SimError::CompileTimeout {
+                    name: qname.clone(),
+                    limit: limits.wall,
+                }),
+                resident_limits::Ended::OutOfMemory => Err(SimError::CompileOutOfMemory {
+                    name: qname.clone(),
+                    limit_bytes: limits.memory_bytes,
+                }),
+                resident_limits::Ended::Crashed { reason } => Err(SimError::CompileCrashed {
+                    name: qname.clone(),
+                    reason,
+                }),
+            }
+        };
+        let built = step(
+            Command::new(&cxx)
+                .args(&args)
+                .arg("-S")
+                .arg("-o")
+                .arg(&asm)
+                .arg(&src),
+        )
+        .and_then(|()| {
+            let text = std::fs::read(&asm).map_err(io_err(&asm))?;
+            match check_assembly(&text) {
+                Some(what) => Err(SimError::ForbiddenAssembly {
+                    name: qname.clone(),
+                    what,
+                }),
+                None => Ok(()),
+            }
+        })
+        .and_then(|()| {
+            // The same options but the language: the checked assembly is what is assembled.
+            let link: Vec<&String> = args
+                .iter()
+                .filter(|a| !matches!(a.as_str(), "-x" | "c++"))
+                .collect();
+            step(
+                Command::new(&cxx)
+                    .args(link)
+                    .arg("-o")
+                    .arg(&tmp)
+                    .args(["-x", "assembler"])
+                    .arg(&asm)
+                    // g++ adds its C++ libraries only after compiling C++ itself.
+                    .args(["-lstdc++", "-lm"]),
+            )
+        });
+        if let Err(e) = built {
+            cleanup();
+            return Err(e);
         }
+        let _ = std::fs::remove_file(&src);
+        let _ = std::fs::remove_file(&asm);
         // Atomic publication: concurrent compilers of the same key each rename a whole file.
         std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
         Ok(module(false))
@@ -617,6 +694,19 @@ mod tests {
             waited: std::time::Duration::ZERO,
         };
         assert!(one.to_string().contains("[`resident`] still ran"), "{one}");
+    }
+
+    #[test]
+    fn assembly_that_could_read_a_file_is_found() {
+        assert_eq!(check_assembly(b"\t.text\n\t.globl f\nf:\n\tret\n"), None);
+        let inline = b"\t.text\n#APP\n# 3 \"a.cpp\" 1\n\tnop\n#NO_APP\n";
+        assert!(check_assembly(inline).unwrap().contains("inline assembly"));
+        for d in [".incbin", ".INCLUDE", ".macro", ".Irpc", ".rept"] {
+            let text = format!("\t.section .data\n; {d} \"/etc/passwd\"\n");
+            let found = check_assembly(text.as_bytes()).unwrap();
+            let named = found.split('`').nth(1).unwrap();
+            assert!(d.to_ascii_lowercase().starts_with(named), "{d}: {found}");
+        }
     }
 
     #[test]

@@ -694,6 +694,59 @@ fn an_integer_division_by_zero_is_a_device_fault() {
     );
 }
 
+/// Handlers that would have the host's assembler read a file of the host into the kernel
+/// (`.incbin`): through `asm` spelled by token pasting (which a scan of the source cannot see),
+/// and through a section name carrying a directive. Each is refused before the assembler runs,
+/// and no byte of the file reaches the kernel or the error. (The first one read /etc/hostname
+/// into a kernel's outputs before the check.)
+#[test]
+fn a_handler_that_would_assemble_a_host_file_is_refused() {
+    let _serial = serial();
+    let pasted = r#"
+#define PASTE(a, b) a##b
+PASTE(as, m)(".section .rodata\n.globl resident_leak\nresident_leak:\n.incbin \"/etc/hostname\"\n.byte 0\n.text\n");
+extern "C" const char resident_leak[];
+__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) {
+    *out = (unsigned long long)resident_leak[*in];
+    return true;
+}
+"#;
+    let section = r#"
+__attribute__((section(".data\n.incbin \"/etc/hostname\"\n#"), used)) static unsigned long long resident_leak = 1;
+__device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out, const Envelope* e) {
+    *out = resident_leak + *in;
+    return true;
+}
+"#;
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    for (what, handler, expect) in [
+        ("pasted", pasted, "inline assembly"),
+        ("section", section, "`.incbin`"),
+    ] {
+        match launch_with(what, handler, 32, cfg(1, 64, 64), None) {
+            Err(PersistentError::Sim(
+                e @ resident_cuda::sim::SimError::ForbiddenAssembly { .. },
+            )) => {
+                let text = e.to_string();
+                assert!(text.contains(expect), "{what}: {text}");
+                let host = host.trim();
+                assert!(
+                    host.is_empty() || !text.contains(host),
+                    "{what} quotes the host: {text}"
+                );
+            }
+            Err(other) => panic!("{what}: expected ForbiddenAssembly, got {other:?}"),
+            Ok(_) => panic!("{what}: a handler that reads a host file launched"),
+        }
+    }
+    // The template and an ordinary handler hold neither.
+    let mut q = launch("plain", DOUBLE, 32, cfg(1, 64, 64));
+    q.activate();
+    q.send(env(1, 0), 4).unwrap();
+    assert_eq!(receive_n(&mut q, 1)[0].payload, 8);
+    q.terminate(T).unwrap();
+}
+
 #[test]
 fn a_handler_using_what_the_shim_lacks_is_a_compile_error_naming_it() {
     let _serial = serial();

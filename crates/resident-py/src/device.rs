@@ -401,6 +401,7 @@ pub(crate) fn is_compile_error(e: &DeviceError) -> bool {
                     | SimError::CompileTimeout { .. }
                     | SimError::CompileOutOfMemory { .. }
                     | SimError::CompileCrashed { .. }
+                    | SimError::ForbiddenAssembly { .. }
             ))
             | DeviceError::Cuda(PersistentError::Cuda(
                 CudaError::Compile { .. }

@@ -382,6 +382,31 @@ def test_a_handler_that_faults_fails_its_kernel_and_the_process_lives():
     assert time.monotonic() - started < 60
 
 
+def test_a_handler_that_would_assemble_a_host_file_is_a_compilation_error():
+    """`asm` spelled by token pasting, with `.incbin`, put /etc/hostname into a CudaSim kernel's
+    outputs; the compiled assembly is now checked before the assembler runs."""
+    rt = open_runtime("cudasim")
+    src = CUDA.replace(
+        "__device__ bool handle(",
+        '#define PASTE(a, b) a##b\n'
+        'PASTE(as, m)(".section .rodata\\n.globl resident_leak\\nresident_leak:\\n'
+        '.incbin \\"/etc/hostname\\"\\n.byte 0\\n.text\\n");\n'
+        'extern "C" const char resident_leak[];\n'
+        "__device__ bool handle(",
+        1,
+    ).replace("out->id = in->id;", "out->id = in->id + resident_leak[0];", 1)
+    kid = fresh("leak_cuda")
+    resident.device_kernel(
+        kernel_id=kid, in_dtype=IN, out_dtype=OUT, state_dtype=STATE, cuda=src
+    )(scale)
+    try:
+        with pytest.raises(resident.CompilationError) as e:
+            rt.launch(kid)
+        assert "inline assembly" in str(e.value), str(e.value)
+    finally:
+        rt.shutdown()
+
+
 def test_wgsl_compile_error_raises_with_the_compiler_log():
     rt = open_runtime("wgpu")
     kid = fresh("broken_wgsl")
