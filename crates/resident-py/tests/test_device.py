@@ -385,7 +385,6 @@ def test_a_handler_that_faults_fails_its_kernel_and_the_process_lives():
 def test_a_handler_that_would_assemble_a_host_file_is_a_compilation_error():
     """`asm` spelled by token pasting, with `.incbin`, put /etc/hostname into a CudaSim kernel's
     outputs; the compiled assembly is now checked before the assembler runs."""
-    rt = open_runtime("cudasim")
     src = CUDA.replace(
         "__device__ bool handle(",
         '#define PASTE(a, b) a##b\n'
@@ -395,31 +394,30 @@ def test_a_handler_that_would_assemble_a_host_file_is_a_compilation_error():
         "__device__ bool handle(",
         1,
     ).replace("out->id = in->id;", "out->id = in->id + resident_leak[0];", 1)
-    kid = fresh("leak_cuda")
+    e = refused_launch("cudasim", "leak_cuda", cuda=src)
+    assert "inline assembly" in str(e), str(e)
+
+
+def refused_launch(backend, prefix, **source):
+    """The `CompilationError` a launch of a kernel with `source` (`cuda=` or `wgsl=`) on
+    `backend` raises."""
+    rt = open_runtime(backend)
+    kid = fresh(prefix)
     resident.device_kernel(
-        kernel_id=kid, in_dtype=IN, out_dtype=OUT, state_dtype=STATE, cuda=src
+        kernel_id=kid, in_dtype=IN, out_dtype=OUT, state_dtype=STATE, **source
     )(scale)
     try:
         with pytest.raises(resident.CompilationError) as e:
             rt.launch(kid)
-        assert "inline assembly" in str(e.value), str(e.value)
+        return e.value
     finally:
         rt.shutdown()
 
 
 def test_wgsl_compile_error_raises_with_the_compiler_log():
-    rt = open_runtime("wgpu")
-    kid = fresh("broken_wgsl")
     src = WGSL.replace("(*out).s = ", "(*out).s = undefined_name + ")
-    resident.device_kernel(
-        kernel_id=kid, in_dtype=IN, out_dtype=OUT, state_dtype=STATE, wgsl=src
-    )(scale)
-    try:
-        with pytest.raises(resident.CompilationError) as e:
-            rt.launch(kid)
-        assert "undefined_name" in str(e.value), str(e.value)
-    finally:
-        rt.shutdown()
+    e = refused_launch("wgpu", "broken_wgsl", wgsl=src)
+    assert "undefined_name" in str(e), str(e)
 
 
 def test_bad_dtypes_raise_dtype_layout_error():

@@ -8,18 +8,8 @@ use resident::memory::{
     BufferOptions, BufferState, MemoryError, MemoryPool, PoolKind, UnifiedBuffer,
 };
 
-fn wgpu_device(test: &str) -> Option<DeviceHandle> {
-    match backend::open(Backend::Wgpu) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            if std::env::var("RESIDENT_REQUIRE_WGPU").as_deref() == Ok("1") {
-                panic!("RESIDENT_REQUIRE_WGPU=1 but no wgpu adapter: {e}");
-            }
-            println!("SKIP: {test}: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::wgpu_device;
 
 const SAXPY: &str = r#"
 @group(0) @binding(0) var<uniform> a: f32;

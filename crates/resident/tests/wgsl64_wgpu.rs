@@ -3,21 +3,11 @@
 //! cases and about 200k generated values. Without an adapter each test prints `SKIP:` and
 //! returns, unless `RESIDENT_REQUIRE_WGPU=1`, then it fails.
 
-use resident::backend::{self, Backend, DeviceHandle, Kernel, KernelArg, LaunchConfig};
+use resident::backend::{Kernel, KernelArg, LaunchConfig};
 use resident::memory::{BufferOptions, UnifiedBuffer};
 
-fn wgpu_device(test: &str) -> Option<DeviceHandle> {
-    match backend::open(Backend::Wgpu) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            if std::env::var("RESIDENT_REQUIRE_WGPU").as_deref() == Ok("1") {
-                panic!("RESIDENT_REQUIRE_WGPU=1 but no wgpu adapter: {e}");
-            }
-            println!("SKIP: {test}: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::wgpu_device;
 
 /// SplitMix64: deterministic test values.
 struct Rng(u64);

@@ -8,22 +8,12 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use resident::backend::{self, Backend, BackendError, DeviceHandle, Kernel, LaunchConfig};
+use resident::backend::{BackendError, DeviceHandle, Kernel, LaunchConfig};
 
 static TURNS: Mutex<()> = Mutex::new(());
 
-fn wgpu_device(test: &str) -> Option<DeviceHandle> {
-    match backend::open(Backend::Wgpu) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            if std::env::var("RESIDENT_REQUIRE_WGPU").as_deref() == Ok("1") {
-                panic!("RESIDENT_REQUIRE_WGPU=1 but no wgpu adapter: {e}");
-            }
-            println!("SKIP: {test}: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::wgpu_device;
 
 fn launch(d: &DeviceHandle, name: &str, src: &str) -> Result<(), BackendError> {
     let k = Kernel::new(name).wgsl(src, "main");
