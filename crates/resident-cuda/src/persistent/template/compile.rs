@@ -414,6 +414,7 @@ ptxas info    : Used 40 registers, used 1 barriers, 496 bytes cmem[0]\n";
 /// What `resident fuzz --target cuda` found: compile errors as long as the user's text.
 #[cfg(test)]
 mod fuzz_regressions {
+    use super::super::MessageDecl;
     use super::*;
 
     /// The longest message a compile error may have: its log (bounded) after a short header.
