@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
+from ._dtypes import kernel_dtypes
+
 from .kernel import BACKPRESSURE, _registry, reject_unknown
 from .numba_handlers import NumbaHandler
 
@@ -92,17 +94,18 @@ def batch_kernel(
     )
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         func = f
+        in_dt, out_dt, _ = kernel_dtypes(in_dtype, out_dtype)
         if numba is not None and numba is not False:
             st = None if state is None else np.asarray(state)
             func = NumbaHandler(
                 f, kernel_id or f.__name__, "device", None if st is None else st.dtype,
-                np.dtype(in_dtype), np.dtype(out_dtype if out_dtype is not None else in_dtype),
+                in_dt, out_dt,
             ).lazy_batch_runner()
         spec = BatchKernelSpec(
             kernel_id=kernel_id or f.__name__,
             func=func,
-            in_dtype=np.dtype(in_dtype),
-            out_dtype=np.dtype(out_dtype if out_dtype is not None else in_dtype),
+            in_dtype=in_dt,
+            out_dtype=out_dt,
             state=state,
             queue_size=queue_size,
             backpressure=backpressure,

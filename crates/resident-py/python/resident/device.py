@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 import resident._resident as _resident
+from ._dtypes import kernel_dtypes
 from .batch import BatchKernelSpec, RECORD_SIZES
 from .errors import DtypeLayoutError
 from .kernel import _registry, reject_unknown
@@ -404,22 +405,20 @@ def device_kernel(
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         kid = kernel_id or f.__name__
         handler = None
+        in_dt, out_dt, st_dt = kernel_dtypes(in_dtype, out_dtype, state_dtype)
         if numba is not None and numba is not False:
-            handler = _numba.NumbaHandler(
-                f, kid, "device", None if state_dtype is None else np.dtype(state_dtype),
-                np.dtype(in_dtype), np.dtype(out_dtype if out_dtype is not None else in_dtype),
-            )
+            handler = _numba.NumbaHandler(f, kid, "device", st_dt, in_dt, out_dt)
         spec = DeviceKernelSpec(
             kernel_id=kid,
             func=f,
-            in_dtype=np.dtype(in_dtype),
-            out_dtype=np.dtype(out_dtype if out_dtype is not None else in_dtype),
+            in_dtype=in_dt,
+            out_dtype=out_dt,
             state=state,
             queue_size=queue_size,
             backpressure=backpressure,
             block_timeout=block_timeout,
             max_batch=max_batch,
-            state_dtype=None if state_dtype is None else np.dtype(state_dtype),
+            state_dtype=st_dt,
             cuda=cuda,
             wgsl=wgsl,
             function=function,
@@ -449,12 +448,13 @@ def declarations(
     """The C (``lang="c"``) or WGSL (``"wgsl"``) declarations a device kernel with these
     dtypes is compiled with: ``InRecord``/``OutRecord``/``StateRecord`` and the aliases
     ``ResidentIn``/``ResidentOut``/``ResidentState``."""
+    in_dt, out_dt, st_dt = kernel_dtypes(in_dtype, out_dtype, state_dtype)
     spec = DeviceKernelSpec(
         kernel_id="declarations",
         func=lambda s, b: b,
-        in_dtype=np.dtype(in_dtype),
-        out_dtype=np.dtype(out_dtype if out_dtype is not None else in_dtype),
-        state_dtype=None if state_dtype is None else np.dtype(state_dtype),
+        in_dtype=in_dt,
+        out_dtype=out_dt,
+        state_dtype=st_dt,
         cuda="" if lang != "wgsl" else None,
         wgsl="" if lang == "wgsl" else None,
     )

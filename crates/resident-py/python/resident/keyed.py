@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 import resident._resident as _resident
+from ._dtypes import kernel_dtypes
 from .batch import BatchKernelSpec, to_records
 from .device import _check_names, _fields, _natural_size
 from .errors import DtypeLayoutError, KeyOutOfRange
@@ -270,23 +271,21 @@ def keyed_kernel(
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         kid = kernel_id or f.__name__
         handler = None
+        in_dt, out_dt, st_dt = kernel_dtypes(in_dtype, out_dtype, state_dtype, state_required=True)
         if numba is not None and numba is not False:
-            handler = _numba.NumbaHandler(
-                f, kid, "keyed", np.dtype(state_dtype), np.dtype(in_dtype),
-                np.dtype(out_dtype if out_dtype is not None else in_dtype),
-            )
+            handler = _numba.NumbaHandler(f, kid, "keyed", st_dt, in_dt, out_dt)
         spec = KeyedKernelSpec(
             kernel_id=kernel_id or f.__name__,
             func=f,
-            in_dtype=np.dtype(in_dtype),
-            out_dtype=np.dtype(out_dtype if out_dtype is not None else in_dtype),
+            in_dtype=in_dt,
+            out_dtype=out_dt,
             state=state,
             queue_size=queue_size,
             backpressure=backpressure,
             block_timeout=block_timeout,
             max_batch=max_batch,
             keys=keys,
-            state_dtype=np.dtype(state_dtype),
+            state_dtype=st_dt,
             key_field=key_field,
             cuda=cuda,
             wgsl=wgsl,
