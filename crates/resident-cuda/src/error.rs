@@ -124,6 +124,16 @@ pub enum CudaError {
         /// wrote none.
         log: String,
     },
+    /// nvJitLink's link was stopped by the compile's limits in its own process, or crashed
+    /// there ([`resident_limits`]).
+    #[error("the link of `{name}`: {source}")]
+    JitLinkStopped {
+        /// The first input's name (at most 64 bytes).
+        name: String,
+        /// How it ended (`compiler` is `nvJitLink`).
+        #[source]
+        source: resident_limits::CompileStopped,
+    },
     /// The kernel cache could not read or write its folder.
     #[error("kernel cache at {path}: {source}")]
     Cache {

@@ -213,16 +213,152 @@ fn is_real_arch(arch: &str) -> bool {
 
 /// Links `inputs` (each a name, for nvJitLink's log, and LTO-IR bytes) into one CUBIN for
 /// `arch` (`sm_NN`), with `-arch=sm_NN -lto`: the link-time optimizer inlines across the
-/// inputs, so a call into another input costs what a call inside one does.
+/// inputs, so a call into another input costs what a call inside one does. The link runs in a
+/// process of its own under the compile's limits ([`resident_limits::run_forked`], forked from
+/// a thread with NVRTC's stack): LTO runs the whole optimizer over inputs that come from users.
 ///
 /// Errors: [`CudaError::JitLinkNotFound`] without the library; [`CudaError::InvalidArgument`]
 /// for an `arch` that is not `sm_NN`, no inputs, an empty input or a name with NUL;
 /// [`CudaError::JitLink`] with nvJitLink's (bounded) log when it refuses an input (not LTO-IR,
 /// LTO-IR for a newer architecture) or the link (an undefined symbol, a symbol that is not a
-/// function). Symbols are C names, which carry no types: a function defined with another
-/// signature than its callers declare links, and calling it is undefined behaviour.
+/// function); [`CudaError::JitLinkStopped`] when the limits stopped it or it crashed. Symbols
+/// are C names, which carry no types: a function defined with another signature than its
+/// callers declare links, and calling it is undefined behaviour.
 pub fn link_cubin(arch: &str, inputs: &[(&str, &[u8])]) -> Result<Vec<u8>> {
-    let api = api()?;
+    // Loaded and the arguments checked here: the child loads nothing and fails only in the link.
+    api()?;
+    validate(arch, inputs)?;
+    let limits = resident_limits::CompileLimits::from_env()
+        .map_err(|e| CudaError::invalid("nvJitLinkCreate", e.to_string()))?;
+    let name = resident_ring::message::quoted_name(inputs[0].0);
+    let owned: Vec<(String, Vec<u8>)> = inputs
+        .iter()
+        .map(|(n, d)| (n.to_string(), d.to_vec()))
+        .collect();
+    let arch_owned = arch.to_string();
+    let run = move || {
+        // SAFETY: the body makes nvJitLink calls (the library loaded by `api` above), allocates,
+        // and writes its report with write(2); it loads nothing, spawns nothing, prints nothing.
+        unsafe {
+            resident_limits::run_forked(&limits, 1 << 30, |out| {
+                let borrowed: Vec<(&str, &[u8])> = owned
+                    .iter()
+                    .map(|(n, d)| (n.as_str(), d.as_slice()))
+                    .collect();
+                out.write_all(&encode(&link_in_this_process(&arch_owned, &borrowed)));
+            })
+        }
+    };
+    let ended = std::thread::Builder::new()
+        .name("nvjitlink".into())
+        .stack_size(crate::nvrtc::COMPILE_STACK_BYTES)
+        .spawn(run)
+        .map_err(|e| std::io::Error::other(format!("no thread for the link: {e}")))
+        .and_then(|t| {
+            t.join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the link's thread panicked")))
+        });
+    use resident_limits::{CompileStopped, Ended};
+    let stopped = |source| CudaError::JitLinkStopped {
+        name: name.clone(),
+        source,
+    };
+    let crashed = |reason: String| {
+        stopped(CompileStopped::CompileCrashed {
+            compiler: "nvJitLink",
+            reason: reason.chars().take(256).collect(),
+        })
+    };
+    match ended {
+        Err(e) => Err(crashed(format!("its process could not be started: {e}"))),
+        Ok(Ended::Timeout) => Err(stopped(CompileStopped::CompileTimeout {
+            compiler: "nvJitLink",
+            limit: limits.wall,
+        })),
+        Ok(Ended::OutOfMemory) => Err(stopped(CompileStopped::CompileOutOfMemory {
+            compiler: "nvJitLink",
+            limit_mb: limits.memory_bytes >> 20,
+        })),
+        Ok(Ended::Crashed { reason }) => {
+            Err(crashed(reason.replace("the compiler", "its process")))
+        }
+        Ok(Ended::Exited { success: false, .. }) => {
+            Err(crashed("its process ended without a result".into()))
+        }
+        Ok(Ended::Exited { stdout, .. }) => decode(&stdout)
+            .unwrap_or_else(|| Err(crashed("its process sent a cut or malformed result".into()))),
+    }
+}
+
+/// The nvJitLink calls a link makes, by the index its process reports them with.
+const CALLS: [&str; 5] = [
+    "nvJitLinkCreate",
+    "nvJitLinkAddData",
+    "nvJitLinkComplete",
+    "nvJitLinkGetLinkedCubinSize",
+    "nvJitLinkGetLinkedCubin",
+];
+
+/// A link's report on its process's standard output: 0 and the CUBIN (a little-endian u64
+/// length and its bytes), or 1, the failed call's index (u8), its code (i32) and the log.
+fn encode(r: &Result<Vec<u8>>) -> Vec<u8> {
+    let mut v = Vec::new();
+    let bytes = |v: &mut Vec<u8>, b: &[u8]| {
+        v.extend_from_slice(&(b.len() as u64).to_le_bytes());
+        v.extend_from_slice(b);
+    };
+    match r {
+        Ok(cubin) => {
+            v.push(0);
+            bytes(&mut v, cubin);
+        }
+        Err(CudaError::JitLink { call, code, log }) => {
+            v.push(1);
+            v.push(CALLS.iter().position(|c| c == call).unwrap_or(2) as u8);
+            v.extend_from_slice(&code.to_le_bytes());
+            bytes(&mut v, log.as_bytes());
+        }
+        // The arguments were checked before the fork: nothing else fails in the child. Said
+        // as an internal error of the link.
+        Err(other) => {
+            v.push(1);
+            v.push(2);
+            v.extend_from_slice(&6i32.to_le_bytes());
+            bytes(&mut v, other.to_string().as_bytes());
+        }
+    }
+    v
+}
+
+/// Reads [`encode`]'s report; `None` when cut short or malformed.
+fn decode(mut b: &[u8]) -> Option<Result<Vec<u8>>> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if b.len() < n {
+            return None;
+        }
+        let (h, t) = b.split_at(n);
+        *b = t;
+        Some(h)
+    }
+    fn bytes(b: &mut &[u8]) -> Option<Vec<u8>> {
+        let n = usize::try_from(u64::from_le_bytes(take(b, 8)?.try_into().ok()?)).ok()?;
+        Some(take(b, n)?.to_vec())
+    }
+    let r = match take(&mut b, 1)?[0] {
+        0 => Ok(bytes(&mut b)?),
+        1 => {
+            let call = *CALLS.get(usize::from(take(&mut b, 1)?[0]))?;
+            let code = i32::from_le_bytes(take(&mut b, 4)?.try_into().ok()?);
+            let log = String::from_utf8(bytes(&mut b)?).ok()?;
+            Err(CudaError::JitLink { call, code, log })
+        }
+        _ => return None,
+    };
+    b.is_empty().then_some(r)
+}
+
+/// The argument checks of [`link_cubin`].
+fn validate(arch: &str, inputs: &[(&str, &[u8])]) -> Result<()> {
     if !is_real_arch(arch) {
         return Err(CudaError::invalid(
             "nvJitLinkCreate",
@@ -235,18 +371,33 @@ pub fn link_cubin(arch: &str, inputs: &[(&str, &[u8])]) -> Result<Vec<u8>> {
     if inputs.is_empty() {
         return Err(CudaError::invalid("nvJitLinkAddData", "nothing to link"));
     }
+    for (name, data) in inputs {
+        if data.is_empty() {
+            return Err(CudaError::invalid(
+                "nvJitLinkAddData",
+                format!(
+                    "input `{}` is empty",
+                    resident_ring::message::quoted_name(name)
+                ),
+            ));
+        }
+        if name.contains('\0') {
+            return Err(CudaError::invalid(
+                "nvJitLinkAddData",
+                "an input's name contains NUL",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// [`link_cubin`]'s link, in this process: run in the link's own process.
+fn link_in_this_process(arch: &str, inputs: &[(&str, &[u8])]) -> Result<Vec<u8>> {
+    let api = api()?;
+    validate(arch, inputs)?;
     let names = inputs
         .iter()
-        .map(|(name, data)| {
-            if data.is_empty() {
-                return Err(CudaError::invalid(
-                    "nvJitLinkAddData",
-                    format!(
-                        "input `{}` is empty",
-                        resident_ring::message::quoted_name(name)
-                    ),
-                ));
-            }
+        .map(|(name, _)| {
             CString::new(*name)
                 .map_err(|_| CudaError::invalid("nvJitLinkAddData", "an input's name contains NUL"))
         })
@@ -314,6 +465,33 @@ pub fn link_cubin(arch: &str, inputs: &[(&str, &[u8])]) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_reads_back_as_written_and_a_cut_one_is_refused() {
+        let cases = [
+            Ok(b"\x7fELF cubin".to_vec()),
+            Err(CudaError::JitLink {
+                call: "nvJitLinkComplete",
+                code: 4,
+                log: "error: undefined reference to `f`".into(),
+            }),
+        ];
+        for r in &cases {
+            let b = encode(r);
+            let back = decode(&b).expect("reads back");
+            assert_eq!(encode(&back), b);
+            for cut in 0..b.len() {
+                assert!(decode(&b[..cut]).is_none(), "cut at {cut}");
+            }
+            let mut longer = b.clone();
+            longer.push(0);
+            assert!(decode(&longer).is_none());
+        }
+        assert!(
+            decode(&[1, CALLS.len() as u8, 0, 0, 0, 0]).is_none(),
+            "no such call"
+        );
+    }
 
     #[test]
     fn real_architectures_only() {

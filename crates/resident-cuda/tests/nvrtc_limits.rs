@@ -182,3 +182,34 @@ fn an_nvrtc_parser_stack_overflow_ends_its_process_alone() {
     }
     ok_compiles();
 }
+
+#[test]
+fn an_nvjitlink_link_runs_in_a_process_of_its_own() {
+    let _turn = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    if !present() {
+        return;
+    }
+    if let Err(e) = resident_cuda::nvjitlink::nvjitlink_available() {
+        if std::env::var("RESIDENT_REQUIRE_NVJITLINK").as_deref() == Ok("1") {
+            panic!("RESIDENT_REQUIRE_NVJITLINK=1 but {e}");
+        }
+        eprintln!("SKIP: {e}");
+        return;
+    }
+    let ltoir = resident_cuda::compile_ltoir(
+        "extern \"C\" __global__ void k(int* p) { p[0] = 1; }",
+        "k",
+        &CompileOptions::for_arch("sm_90"),
+    )
+    .unwrap();
+    // A link and a refused link both come back whole from the link's process, which is gone.
+    let cubin = resident_cuda::nvjitlink::link_cubin("sm_90", &[("k", &ltoir)]).unwrap();
+    assert!(cubin.starts_with(b"\x7fELF"), "a CUBIN");
+    match resident_cuda::nvjitlink::link_cubin("sm_90", &[("junk", b"not LTO-IR")]) {
+        Err(CudaError::JitLink { call, log, .. }) => {
+            assert_eq!(call, "nvJitLinkAddData", "{log}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(children(), Vec::<String>::new());
+}

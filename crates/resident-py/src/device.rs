@@ -408,6 +408,7 @@ pub(crate) fn is_compile_error(e: &DeviceError) -> bool {
                     | CudaError::CompileTimeout { .. }
                     | CudaError::CompileOutOfMemory { .. }
                     | CudaError::CompileCrashed { .. }
+                    | CudaError::JitLinkStopped { .. }
             ))
             | DeviceError::Wgsl(WgslLaunchError::Compile(_) | WgslLaunchError::Stopped(_))
     )
