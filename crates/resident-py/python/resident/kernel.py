@@ -309,15 +309,13 @@ class KernelContext:
         life (see ``Runtime._launch_on_loop``): a ring from another thread after the caller's
         last look writes the socket, and the loop settles this future when it reads it."""
         w = self._w
-        loop = w.loop
-        f = loop.create_future()
+        f = w.loop.create_future()
         w.futs.add(f)
-        h = None if deadline is None else loop.call_at(deadline, _settle, f)
+        if deadline is not None:
+            w.at(deadline, f)  # the loop's one timer for its waits' deadlines
         try:
             await f
         finally:
-            if h is not None:
-                h.cancel()
             w.futs.discard(f)
 
     async def _on_loop(self, look: Callable[[], Any], timeout: Optional[float]) -> Any:
@@ -576,11 +574,6 @@ async def _guard(func: Callable[[KernelContext], Awaitable[Any]], ctx: KernelCon
         if ctx._current is not _NOTHING:
             ctx._c.hand_back(ctx._current)
         raise
-
-
-def _settle(f: "asyncio.Future[Any]") -> None:
-    if not f.done():
-        f.set_result(None)
 
 
 async def _run_on_loop(func: Callable[[KernelContext], Awaitable[Any]], ctx: KernelContext) -> None:

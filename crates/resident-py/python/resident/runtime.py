@@ -22,7 +22,9 @@ import contextlib
 import dataclasses
 import enum
 import functools
+import heapq
 import importlib.util
+import itertools
 import sys
 import threading
 import time
@@ -1381,14 +1383,26 @@ class _LoopWake:
     """One event loop's wake-up: the socket it watches and the futures waiting on it. A
     kernel's ring made on the loop's own thread (a send from a coroutine to a kernel on the
     loop, a kernel on the loop publishing) settles the futures directly (``_settle_all``),
-    without the socket."""
+    without the socket.
 
-    __slots__ = ("waker", "futs", "loop", "__weakref__")
+    It also keeps the deadlines of the loop's waits (``at``): one timer of the loop for the
+    earliest, not one ``call_at`` per wait (a wait's own timer, made and cancelled for each
+    message, cost more than a microsecond of the loop's time: a Python ``TimerHandle``, its
+    place in the loop's heap by Python comparisons, its cancellation and its removal)."""
+
+    __slots__ = ("waker", "futs", "loop", "_dl", "_dl_at", "_dl_h", "_dl_max", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.waker = _resident.Waker()
         self.futs: "set[asyncio.Future[Any]]" = set()
         self.loop = loop
+        # The waits' deadlines: a heap of (loop time, sequence number, future); the entry of
+        # a wait that ended goes when it reaches the top or when the heap is compacted.
+        self._dl: List[Tuple[float, int, "asyncio.Future[Any]"]] = []
+        # The loop's timer for the earliest deadline (its time), or None.
+        self._dl_at: Optional[float] = None
+        self._dl_h: Optional[asyncio.TimerHandle] = None
+        self._dl_max = _DL_MIN
         loop.add_reader(self.waker.fileno(), self._on_wake)
         # A weak reference: the waker (held by this object) must not keep it alive.
         self.waker.set_local(functools.partial(_local_wake, weakref.ref(self)))
@@ -1405,6 +1419,50 @@ class _LoopWake:
                     f.set_result(None)
                 except RuntimeError:  # its loop was closed meanwhile: nobody awaits it
                     pass
+
+    def at(self, when: float, f: "asyncio.Future[Any]") -> None:
+        """Settles ``f`` (when it is not done by then) once the loop's clock reaches
+        ``when``, as ``loop.call_at(when, ...)`` would."""
+        dl = self._dl
+        heapq.heappush(dl, (when, next(_dl_seq), f))
+        at = self._dl_at
+        if at is None or when < at:
+            if self._dl_h is not None:
+                self._dl_h.cancel()
+            self._dl_at = when
+            self._dl_h = self.loop.call_at(when, self._fire)
+        if len(dl) > self._dl_max:
+            # Entries of waits that ended (their futures done): out, in time linear in the
+            # heap, once per as many new entries as there are left.
+            dl[:] = [e for e in dl if not e[2].done()]
+            heapq.heapify(dl)
+            self._dl_max = max(_DL_MIN, 2 * len(dl))
+
+    def _fire(self) -> None:
+        """The timer for the earliest deadline: settles every wait due (the loop found the
+        timer due at its time: so is every deadline up to that time), then sets the timer
+        for the next wait still waiting."""
+        due = self._dl_at
+        self._dl_at = self._dl_h = None
+        dl = self._dl
+        now = self.loop.time()
+        if due is None or due < now:
+            due = now
+        pop = heapq.heappop
+        while dl and dl[0][0] <= due:
+            f = pop(dl)[2]
+            if not f.done():
+                f.set_result(None)
+        while dl and dl[0][2].done():
+            pop(dl)
+        if dl:
+            self._dl_at = dl[0][0]
+            self._dl_h = self.loop.call_at(self._dl_at, self._fire)
+
+
+# A wait deadline heap is compacted past twice its live entries, and never below this.
+_DL_MIN = 256
+_dl_seq = itertools.count()
 
 
 def _local_wake(ref: "weakref.ref[_LoopWake]") -> None:
@@ -1425,21 +1483,16 @@ def _loop_wake(loop: asyncio.AbstractEventLoop) -> _LoopWake:
     return w
 
 
-def _settle(f: "asyncio.Future[Any]") -> None:
-    if not f.done():
-        f.set_result(None)
-
-
 async def _park(loop: asyncio.AbstractEventLoop, w: _LoopWake, until: float) -> None:
     """Waits on this loop until a ring of ``w`` completes the wait's future, or ``until``
-    (loop time), whichever is first; the future and its timer are gone afterwards."""
+    (loop time), whichever is first; the future is gone afterwards (its deadline entry is
+    dropped by ``w``)."""
     f = loop.create_future()
     w.futs.add(f)
-    h = loop.call_at(until, _settle, f)
+    w.at(until, f)
     try:
         await f
     finally:
-        h.cancel()
         w.futs.discard(f)
 
 
