@@ -185,7 +185,7 @@ class KernelContext:
 
     __slots__ = (
         "_c", "kernel_id", "_envs", "_by_mid", "_by_obj", "_calls", "_last", "_current", "_w",
-        "_room",
+        "_room", "_aside",
     )
 
     def __init__(self, raw: Any, wake: Any = None) -> None:
@@ -203,6 +203,12 @@ class KernelContext:
         # unanswered calls (engine message ids), oldest first
         self._calls: Dict[int, None] = {}
         self._last: Optional[int] = None
+        # A message received while the books above were empty, not written into them yet:
+        # (envelope, message_id or None, object). The usual handler answers each message
+        # before it takes the next; its reply then takes this entry back without a dict
+        # operation (or a hash of the id: a UUID's hash is a Python call). Anything else
+        # writes it into the books first (``_book``), where it would have been.
+        self._aside: Any = None
         # The last message received (handed back as the report's ``failed_message`` if the
         # handler raises).
         self._current: Any = _NOTHING
@@ -250,13 +256,29 @@ class KernelContext:
             r = await self._wait(timeout)
         obj, env = r
         self._current = obj
-        self._note(obj, env)
+        if self._aside is None and not self._envs:
+            # Nothing else unanswered: kept aside (see ``_aside``).
+            self._aside = (env, getattr(obj, "message_id", None), obj)
+            self._last = env[0]
+        else:
+            self._note(obj, env)
         return obj
+
+    def _book(self) -> None:
+        """Writes the message kept aside (if any) into the books."""
+        a = self._aside
+        if a is not None:
+            self._aside = None
+            env, mid, obj = a
+            self._write(obj, env, mid)
 
     def _note(self, obj: Any, env: Any) -> None:
         """Remembers a received message's envelope for its reply."""
+        self._book()
+        self._write(obj, env, getattr(obj, "message_id", None))
+
+    def _write(self, obj: Any, env: Any, mid: Any) -> None:
         eid = env[0]
-        mid = getattr(obj, "message_id", None)
         oid = id(obj)
         self._envs[eid] = (env, mid, oid)
         if mid is not None:
@@ -284,6 +306,7 @@ class KernelContext:
         return env
 
     def _find(self, request: Any) -> Optional[int]:
+        self._book()
         mid = getattr(request, "message_id", None)
         if mid is not None:
             try:
@@ -386,6 +409,20 @@ class KernelContext:
                 if self._room <= 0:
                     self._room = await self._out_room()
             self._room -= 1
+        a = self._aside
+        if a is not None:
+            if reply_to is _NOTHING:
+                # The books are empty but for the message kept aside: whatever the reply's
+                # correlation_id, its request is that message (``_envs`` would find it by
+                # id, or the oldest call or the last message received is it). The id is
+                # only compared (``is``) when it may be another message's that was already
+                # answered: then (an id equal but not the same object) the books decide.
+                cid = getattr(msg, "correlation_id", None)
+                if cid is None or cid is a[1]:
+                    self._aside = None
+                    self._c.send(msg, a[0])
+                    return
+            self._book()
         if reply_to is not _NOTHING:
             eid = self._find(reply_to)
             if eid is None:
@@ -424,6 +461,7 @@ class KernelContext:
         if max.__class__ is not int or max < 1:
             raise ValueError(f"receive_batch: max must be an int >= 1, got {max!r}")
         c = self._c
+        self._book()
         r = c.receive_many(max, 0.0, self._envs, self._by_mid, self._by_obj, self._calls)
         if r is None:
             r = await self._wait_many(max, timeout)
@@ -438,12 +476,12 @@ class KernelContext:
     async def _wait_many(self, max: int, timeout: Optional[float]) -> Any:
         c = self._c
         if self._w is not None:
-            return await self._on_loop(
-                lambda: c.receive_many(
-                    max, 0.0, self._envs, self._by_mid, self._by_obj, self._calls
-                ),
-                timeout,
-            )
+
+            def look() -> Any:
+                self._book()  # another task of this ctx may have received meanwhile
+                return c.receive_many(max, 0.0, self._envs, self._by_mid, self._by_obj, self._calls)
+
+            return await self._on_loop(look, timeout)
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -456,6 +494,7 @@ class KernelContext:
                 if left <= 0:
                     return None
             if c.is_active:
+                self._book()
                 r = c.receive_many(max, left, self._envs, self._by_mid, self._by_obj, self._calls)
                 if r is not None:
                     return r
@@ -474,6 +513,7 @@ class KernelContext:
         that field unset, as ``send`` does). An empty batch does nothing. Not a batch of objects
         (an array of records, a string, a mapping): ``MessageTypeError``."""
         what = f"kernel '{self.kernel_id}': ctx.send_batch"
+        self._book()
         if msgs.__class__ is not list:
             msgs = as_batch(msgs, what)
         if not msgs:
@@ -503,6 +543,7 @@ class KernelContext:
             i = 0
             while i < len(msgs):
                 j = min(len(msgs), i + await self._out_room())
+                self._book()  # another task of this ctx may have received meanwhile
                 self._c.send_many(
                     msgs[i:j],
                     None if eids is None else eids[i:j],
