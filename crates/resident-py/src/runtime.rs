@@ -635,10 +635,24 @@ impl PyRuntime {
 
     /// Sends `obj` at `priority`; returns the engine's message id. A send dropped by
     /// `drop_newest` returns normally (counted in `messages_dropped`), as in the engine.
-    fn send(&self, py: Python<'_>, kernel_id: &str, obj: Py<PyAny>, priority: u8) -> PyResult<u64> {
+    /// Without `wait`, a send that would wait for room (policy `block`, input queue full)
+    /// sends nothing and returns None (`would_block` and the send in one call: the asyncio
+    /// send awaits room then and sends again).
+    #[pyo3(signature = (kernel_id, obj, priority, wait=true))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        kernel_id: &str,
+        obj: Py<PyAny>,
+        priority: u8,
+        wait: bool,
+    ) -> PyResult<Option<u64>> {
         let Some(k) = self.kernels.lock().get(kernel_id).cloned() else {
             return Err(self.refuse_missing(py, kernel_id, "send", obj));
         };
+        if !wait && k.blocks && !k.handle.input_has_room() {
+            return Ok(None);
+        }
         if k.blocks && !k.handle.input_has_room() && !Self::wait_room(py, &k)? {
             return Err(Self::room_timeout(py, kernel_id, &k, "send", obj));
         }
@@ -654,17 +668,17 @@ impl PyRuntime {
         match r {
             Ok((id, SendOutcome::Queued)) => {
                 k.inputs_sent();
-                Ok(id)
+                Ok(Some(id))
             }
             Ok((id, SendOutcome::DroppedOldest(_, old))) => {
                 k.store.take(old);
                 // The discarded message may be a call: its caller looks again.
                 k.bell.ring();
-                Ok(id)
+                Ok(Some(id))
             }
             Ok((id, SendOutcome::DroppedNewest)) => {
                 k.store.take(key);
-                Ok(id)
+                Ok(Some(id))
             }
             Err(e) => Err(refused(py, &k.store, e, sent)),
         }
@@ -967,7 +981,22 @@ impl PyRuntime {
     /// Like `try_receive`, the object alone, or `NOTHING` when no output came.
     fn take(&self, py: Python<'_>, kernel_id: &str, wait: f64) -> PyResult<Py<PyAny>> {
         let k = self.kern(py, kernel_id)?;
-        match Self::output_within(py, &k, secs(wait)?)? {
+        let wait = secs(wait)?;
+        if wait.is_zero() {
+            // One look (no envelope, and no error value made when there is nothing).
+            match k.handle.try_receive() {
+                Ok(Some(key)) => {
+                    return match k.store.take(key) {
+                        Some(o) => Ok(o),
+                        None => nothing(py),
+                    }
+                }
+                Ok(None) => return nothing(py),
+                // Ended: the look below, which takes an output that landed meanwhile.
+                Err(_) => {}
+            }
+        }
+        match Self::output_within(py, &k, wait)? {
             Some((_, o)) => Ok(o),
             None => nothing(py),
         }

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use pyo3::exceptions::PyRuntimeError;
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::types::PySet;
 
 /// One event loop's wake-up: a socket pair whose read end the loop watches
 /// (`loop.add_reader`). A `Bell` rings it with one byte, without the GIL, while the loop has
@@ -21,11 +23,12 @@ pub(crate) struct WakeReg {
     tx: UnixStream,
     armed: AtomicUsize,
     pending: AtomicBool,
-    /// The loop's thread: a ring made on it calls `local` instead of writing the socket.
+    /// The loop's thread: a ring made on it settles `futs` instead of writing the socket.
     owner: ThreadId,
-    /// Called (GIL taken) for a ring made on the loop's own thread: settles the loop's
-    /// waiting futures directly (no socket, no round through the selector).
-    local: Mutex<Option<Py<PyAny>>>,
+    /// The loop's waiting futures (a Python set: its waits add and discard their own). A
+    /// ring made on the loop's own thread settles them directly (no socket, no round through
+    /// the selector, and nothing at all when none waits).
+    futs: Py<PySet>,
 }
 
 impl WakeReg {
@@ -33,16 +36,32 @@ impl WakeReg {
     /// their futures now (the loop runs them at its next turn).
     fn ring_local(&self) {
         Python::attach(|py| {
-            let cb = self.local.lock().as_ref().map(|c| c.clone_ref(py));
-            if let Some(cb) = cb {
-                if let Err(e) = cb.call0(py) {
-                    e.write_unraisable(py, None);
-                }
-            } else {
-                // No local wake-up set: the socket, as from another thread.
-                self.ring();
+            if let Err(e) = self.settle(py) {
+                e.write_unraisable(py, None);
             }
         })
+    }
+
+    /// Completes every future of `futs` not done yet (and empties it). A future whose loop
+    /// was closed meanwhile (nobody awaits it) is left as it is.
+    fn settle(&self, py: Python<'_>) -> PyResult<()> {
+        let set = self.futs.bind(py);
+        if set.is_empty() {
+            return Ok(());
+        }
+        let all: Vec<Bound<'_, PyAny>> = set.iter().collect();
+        set.clear();
+        for f in all {
+            if f.call_method0(intern!(py, "done"))?.is_truthy()? {
+                continue;
+            }
+            if let Err(e) = f.call_method1(intern!(py, "set_result"), (py.None(),)) {
+                if !e.is_instance_of::<PyRuntimeError>(py) {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn ring(&self) {
@@ -60,7 +79,7 @@ pub(crate) struct Waker(pub(crate) Arc<WakeReg>);
 #[pymethods]
 impl Waker {
     #[new]
-    fn new() -> PyResult<Self> {
+    fn new(py: Python<'_>) -> PyResult<Self> {
         let (rx, tx) = UnixStream::pair()
             .map_err(|e| PyRuntimeError::new_err(format!("wake-up socket pair: {e}")))?;
         for s in [&rx, &tx] {
@@ -73,14 +92,21 @@ impl Waker {
             armed: AtomicUsize::new(0),
             pending: AtomicBool::new(false),
             owner: std::thread::current().id(),
-            local: Mutex::new(None),
+            futs: PySet::empty(py)?.unbind(),
         })))
     }
 
-    /// Sets what a ring made on this loop's own thread calls (the thread that made this
-    /// waker), instead of writing the socket: `f()` settles the loop's waiting futures.
-    fn set_local(&self, f: Py<PyAny>) {
-        *self.0.local.lock() = Some(f);
+    /// The set of this loop's waiting futures: a wait adds its future before it looks and
+    /// discards it when it ends; a ring completes them (`settle`).
+    #[getter]
+    fn futs(&self, py: Python<'_>) -> Py<PySet> {
+        self.0.futs.clone_ref(py)
+    }
+
+    /// Completes the waiting futures (what the loop does when the socket is readable, after
+    /// `drain`; a ring made on the loop's own thread does it at once).
+    fn settle(&self, py: Python<'_>) -> PyResult<()> {
+        self.0.settle(py)
     }
 
     /// The file descriptor the loop watches for reading (owned by this object).

@@ -285,8 +285,11 @@ class Runtime:
         self._final_telemetry: Dict[str, Telemetry] = {}
         self._telemetry_on = bool(enable_telemetry)
         self._started = time.monotonic()
-        # Kernels running as tasks of their caller's loop: id -> (loop, task).
-        self._on_loop: Dict[str, Tuple[asyncio.AbstractEventLoop, "asyncio.Task[None]"]] = {}
+        # Kernels running as tasks of their caller's loop: id -> (loop, task, the loop's
+        # wake-up).
+        self._on_loop: Dict[
+            str, Tuple[asyncio.AbstractEventLoop, "asyncio.Task[None]", "_LoopWake"]
+        ] = {}
 
     @property
     def backend(self) -> str:
@@ -378,7 +381,7 @@ class Runtime:
         ctx = _kernel.KernelContext(raw, w)
         task = loop.create_task(_kernel._run_on_loop(s.func, ctx), name=f"resident:{s.kernel_id}")
         task.add_done_callback(lambda _t: w.waker.disarm())
-        self._on_loop[s.kernel_id] = (loop, task)
+        self._on_loop[s.kernel_id] = (loop, task, w)
 
     def activate(self, kernel_id: str) -> None:
         """``launched | inactive -> active``."""
@@ -1075,8 +1078,15 @@ class RingKernelRuntime:
         if priority.__class__ is not int or not 0 <= priority <= 255:
             priority = _priority(msg, priority)  # checks it (raises when invalid)
         rt = self._rt
-        if rt.would_block(kernel_id):
-            await self._room(kernel_id, msg, self._deadline(timeout))
+        try:
+            # Sends unless the send would wait for room (one engine call for both).
+            r = rt.send(kernel_id, msg, priority, False)
+        except KernelNotFoundError:
+            _wrong_kernel(self.sync, kernel_id, "send", msg)
+            raise
+        if r is not None:
+            return r
+        await self._room(kernel_id, msg, self._deadline(timeout))
         try:
             return rt.send(kernel_id, msg, priority)
         except KernelNotFoundError:
@@ -1380,10 +1390,10 @@ class RingKernel:
 
 
 class _LoopWake:
-    """One event loop's wake-up: the socket it watches and the futures waiting on it. A
-    kernel's ring made on the loop's own thread (a send from a coroutine to a kernel on the
-    loop, a kernel on the loop publishing) settles the futures directly (``_settle_all``),
-    without the socket.
+    """One event loop's wake-up: the socket it watches and the futures waiting on it (the
+    waker's set, ``futs``). A kernel's ring made on the loop's own thread (a send from a
+    coroutine to a kernel on the loop, a kernel on the loop publishing) settles the futures
+    directly, in the extension (nothing when none waits), without the socket.
 
     It also keeps the deadlines of the loop's waits (``at``): one timer of the loop for the
     earliest, not one ``call_at`` per wait (a wait's own timer, made and cancelled for each
@@ -1394,7 +1404,7 @@ class _LoopWake:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.waker = _resident.Waker()
-        self.futs: "set[asyncio.Future[Any]]" = set()
+        self.futs: "set[asyncio.Future[Any]]" = self.waker.futs
         self.loop = loop
         # The waits' deadlines: a heap of (loop time, sequence number, future); the entry of
         # a wait that ended goes when it reaches the top or when the heap is compacted.
@@ -1404,21 +1414,10 @@ class _LoopWake:
         self._dl_h: Optional[asyncio.TimerHandle] = None
         self._dl_max = _DL_MIN
         loop.add_reader(self.waker.fileno(), self._on_wake)
-        # A weak reference: the waker (held by this object) must not keep it alive.
-        self.waker.set_local(functools.partial(_local_wake, weakref.ref(self)))
 
     def _on_wake(self) -> None:
         self.waker.drain()
-        self._settle_all()
-
-    def _settle_all(self) -> None:
-        futs, self.futs = self.futs, set()
-        for f in futs:
-            if not f.done():
-                try:
-                    f.set_result(None)
-                except RuntimeError:  # its loop was closed meanwhile: nobody awaits it
-                    pass
+        self.waker.settle()
 
     def at(self, when: float, f: "asyncio.Future[Any]") -> None:
         """Settles ``f`` (when it is not done by then) once the loop's clock reaches
@@ -1463,12 +1462,6 @@ class _LoopWake:
 # A wait deadline heap is compacted past twice its live entries, and never below this.
 _DL_MIN = 256
 _dl_seq = itertools.count()
-
-
-def _local_wake(ref: "weakref.ref[_LoopWake]") -> None:
-    w = ref()
-    if w is not None:
-        w._settle_all()
 
 
 _wakes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWake]" = (
