@@ -251,9 +251,36 @@ class KernelContext:
         none comes within ``timeout`` seconds (None: wait without limit) or while the kernel
         is inactive, and ``asyncio.CancelledError`` once it is terminating (the runtime ends
         the coroutine cleanly then)."""
-        r = self._c.receive(0.0)
+        c = self._c
+        r = c.receive(0.0)
         if r is None:
-            r = await self._wait(timeout)
+            w = self._w
+            if w is None:
+                r = await self._wait(timeout)
+            else:
+                # On the caller's loop: ``_wait``'s wait (``_on_loop``), written out (a
+                # message's round trip goes through it; each layer of coroutines costs).
+                if timeout is not None and not timeout >= 0:
+                    raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+                loop = w.loop
+                futs = w.futs
+                deadline = None if timeout is None else loop.time() + timeout
+                while True:
+                    if c.should_terminate:
+                        raise asyncio.CancelledError()
+                    if deadline is not None and loop.time() >= deadline:
+                        raise asyncio.TimeoutError()
+                    f = loop.create_future()
+                    futs.add(f)
+                    if deadline is not None:
+                        w.at(deadline, f)
+                    try:
+                        await f
+                    finally:
+                        futs.discard(f)
+                    r = c.receive(0.0)
+                    if r is not None:
+                        break
         obj, env = r
         self._current = obj
         if self._aside is None and not self._envs:

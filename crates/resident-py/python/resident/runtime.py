@@ -1104,6 +1104,33 @@ class RingKernelRuntime:
             raise
         if r is not _NOTHING:
             return r
+        here = self.sync._on_loop.get(kernel_id)
+        if here is not None:
+            loop = here[0]
+            if asyncio.get_running_loop() is loop:
+                # A kernel on this very loop: ``_until_here``, written out (a message's
+                # round trip goes through this wait; each layer of coroutines costs).
+                deadline = self._deadline(timeout)
+                w = here[2]
+                futs = w.futs
+                gap = self.look_interval
+                while True:
+                    now = loop.time()
+                    if deadline is not None and now >= deadline:
+                        break
+                    f = loop.create_future()
+                    futs.add(f)
+                    w.at(now + gap if deadline is None else min(deadline, now + gap), f)
+                    try:
+                        await f
+                    finally:
+                        futs.discard(f)
+                    r = rt.take(kernel_id, 0.0)
+                    if r is not _NOTHING:
+                        return r
+                raise ReceiveTimeoutError(
+                    f"kernel '{kernel_id}': no output within {timeout} s", kernel_id, "receive"
+                )
         r = await self._until(
             kernel_id, lambda: rt.take(kernel_id, 0.0), self._deadline(timeout), looked=True
         )
