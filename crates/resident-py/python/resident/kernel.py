@@ -320,13 +320,16 @@ class KernelContext:
         if len(self._envs) > _PENDING_MAX:
             self._forget(next(iter(self._envs)))
 
-    def _forget(self, eid: int) -> Any:
+    def _forget(self, eid: int, mid_gone: bool = False) -> Any:
+        """Takes engine id ``eid``'s entry out of the books; returns its envelope (None when
+        it was answered or forgotten already). ``mid_gone``: its ``_by_mid`` entry was taken
+        out already."""
         entry = self._envs.pop(eid, None)
         if entry is None:
             return None
         env, mid, oid = entry
         self._calls.pop(eid, None)
-        if mid is not None and self._by_mid.get(mid) == eid:
+        if not mid_gone and mid is not None and self._by_mid.get(mid) == eid:
             del self._by_mid[mid]
         if self._by_obj.get(oid) == eid:
             del self._by_obj[oid]
@@ -463,9 +466,14 @@ class KernelContext:
             cid = getattr(msg, "correlation_id", None)
             if cid is not None:
                 try:
-                    eid = self._by_mid.get(cid)
+                    # Taken out at once: one hash of the id (a UUID's hash is a Python
+                    # call), not one here and two in ``_forget``.
+                    eid = self._by_mid.pop(cid, None)
                 except TypeError:
                     eid = None
+                if eid is not None:
+                    self._c.send(msg, self._forget(eid, True))
+                    return
             if eid is None and cid is None and self._calls:
                 eid = next(iter(self._calls))
             if eid is None:
