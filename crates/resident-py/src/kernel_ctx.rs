@@ -65,7 +65,7 @@ pub(crate) struct Env(Envelope);
 
 impl KernelCtx {
     fn with<R>(&self, f: impl FnOnce(&mut Lctx) -> R) -> PyResult<R> {
-        if std::thread::current().id() != self.thread {
+        if crate::waker::this_thread() != self.thread {
             return Err(PyRuntimeError::new_err(format!(
                 "kernel '{}': its ctx may only be used by the kernel's own coroutine",
                 self.kernel_id
@@ -297,7 +297,7 @@ impl KernelCtx {
             let g = o.lock();
             match g.as_ref() {
                 Some(ol) if !ol.is_finished() => {
-                    if std::thread::current().id() == self.thread {
+                    if crate::waker::this_thread() == self.thread {
                         return Ok(f(ol));
                     }
                 }

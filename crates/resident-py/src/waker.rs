@@ -91,7 +91,7 @@ impl Waker {
             tx,
             armed: AtomicUsize::new(0),
             pending: AtomicBool::new(false),
-            owner: std::thread::current().id(),
+            owner: this_thread(),
             futs: PySet::empty(py)?.unbind(),
         })))
     }
@@ -158,6 +158,19 @@ pub(crate) struct Bell {
     /// rings the bell only while there is one (otherwise it would wake waiters for outputs
     /// for nothing, once per message or batch taken).
     pub(crate) room: AtomicUsize,
+    /// Threads in `sleep_unless` (or on their way): a ring notifies the condition variable
+    /// only while there is one.
+    sleepers: AtomicUsize,
+}
+
+thread_local! {
+    /// This thread's id (`std::thread::current()` clones a handle each call).
+    static ME: ThreadId = std::thread::current().id();
+}
+
+/// The calling thread's id.
+pub(crate) fn this_thread() -> ThreadId {
+    ME.with(|t| *t)
 }
 
 impl Bell {
@@ -176,26 +189,36 @@ impl Bell {
         std::sync::atomic::fence(Ordering::SeqCst);
         // Loops running on this thread are woken directly, after the lock is let go (their
         // wake-up takes the GIL).
-        let mut here: Vec<Arc<WakeReg>> = Vec::new();
+        // (The first without an allocation: usually the only one.)
+        let mut first: Option<Arc<WakeReg>> = None;
+        let mut more: Vec<Arc<WakeReg>> = Vec::new();
         {
-            let me = std::thread::current().id();
+            let me = this_thread();
             let loops = self.loops.lock();
             for w in loops.iter() {
                 if let Some(r) = w.upgrade() {
-                    if r.owner == me {
-                        here.push(r);
-                    } else {
+                    if r.owner != me {
                         r.ring();
+                    } else if first.is_none() {
+                        first = Some(r);
+                    } else {
+                        more.push(r);
                     }
                 }
             }
         }
-        for r in here {
+        for r in first.into_iter().chain(more) {
             r.ring_local();
         }
-        // Taking the lock orders this ring after a sleeper's look at its condition.
-        drop(self.lock.lock());
-        self.cv.notify_all();
+        // Without a sleeper nothing to notify: one that comes later registers (SeqCst)
+        // before it looks at its condition, after the fence above, so it sees what this
+        // ring announces; a sleeper without a condition (a linger) misses a ring made before
+        // it slept, as it would with the notification.
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            // Taking the lock orders this ring after a sleeper's look at its condition.
+            drop(self.lock.lock());
+            self.cv.notify_all();
+        }
     }
 
     pub(crate) fn subscribe(&self, r: &Arc<WakeReg>) {
@@ -211,9 +234,13 @@ impl Bell {
 
     /// Sleeps (no GIL needed) until rung or `t` passed, unless `done()` holds already.
     pub(crate) fn sleep_unless(&self, t: Duration, done: impl Fn() -> bool) {
-        let mut g = self.lock.lock();
-        if !done() {
-            self.cv.wait_for(&mut g, t);
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut g = self.lock.lock();
+            if !done() {
+                self.cv.wait_for(&mut g, t);
+            }
         }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 }
