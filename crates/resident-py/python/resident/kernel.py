@@ -283,12 +283,15 @@ class KernelContext:
                         break
         obj, env = r
         self._current = obj
-        if self._aside is None and not self._envs:
-            # Nothing else unanswered: kept aside (see ``_aside``).
-            self._aside = (env, getattr(obj, "message_id", None), obj)
-            self._last = env[0]
+        if self._aside is None:
+            if not self._envs:
+                # Nothing else unanswered: kept aside (see ``_aside``).
+                self._aside = (env, getattr(obj, "message_id", None), obj)
+                self._last = env[0]
+                return obj
         else:
-            self._note(obj, env)
+            self._book()
+        self._write(obj, env, getattr(obj, "message_id", None))
         return obj
 
     def _book(self) -> None:
