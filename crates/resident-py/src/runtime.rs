@@ -1,7 +1,7 @@
 //! The runtime: the `Runtime` pyclass (`PyRuntime`), the Python kernels launched on it and
 //! their reports.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use resident::prelude::*;
 
 use crate::handoff::{poll_for, Handoff, InPython, Waiter};
 use crate::kernel_ctx::{env_tuple, CtxPtr, KernelCtx, Lctx, Outside};
-use crate::store::Store;
+use crate::store::{Named, Store};
 use crate::waker::{Bell, Waker};
 use crate::{
     batch, build, describe, device, engine_error, nothing, parse_backend, parse_policy, py_failure,
@@ -80,10 +80,10 @@ const GONE_MAX: usize = 256;
 #[pyclass(frozen, name = "Runtime", module = "resident._resident")]
 pub(crate) struct PyRuntime {
     pub(crate) rt: Mutex<Option<resident::runtime::Runtime>>,
-    kernels: Mutex<HashMap<String, Arc<Kern>>>,
-    pub(crate) batch: Mutex<HashMap<String, Arc<dyn batch::BatchKernel>>>,
+    kernels: Mutex<Named<Arc<Kern>>>,
+    pub(crate) batch: Mutex<Named<Arc<dyn batch::BatchKernel>>>,
     /// Every live kernel's bell (Python and batch kernels).
-    pub(crate) bells: Mutex<HashMap<String, Arc<Bell>>>,
+    pub(crate) bells: Mutex<Named<Arc<Bell>>>,
     /// Kernels terminated and freed, newest last: (id, final state).
     gone: Mutex<VecDeque<(String, KernelState)>>,
     backend: String,
@@ -452,9 +452,9 @@ impl PyRuntime {
         .to_string();
         Ok(PyRuntime {
             rt: Mutex::new(Some(rt)),
-            kernels: Mutex::new(HashMap::new()),
-            batch: Mutex::new(HashMap::new()),
-            bells: Mutex::new(HashMap::new()),
+            kernels: Mutex::new(Named::default()),
+            batch: Mutex::new(Named::default()),
+            bells: Mutex::new(Named::default()),
             gone: Mutex::new(VecDeque::new()),
             backend,
         })
@@ -1321,8 +1321,8 @@ impl PyRuntime {
         let reports = py.detach(move || rt.shutdown());
         // The kernels stay known: a late send is refused by the terminated kernel (message
         // handed back), not told that the kernel never existed.
-        let kernels: HashMap<String, Arc<Kern>> = self.kernels.lock().clone();
-        let batch: HashMap<String, Arc<dyn batch::BatchKernel>> = self.batch.lock().clone();
+        let kernels: Named<Arc<Kern>> = self.kernels.lock().clone();
+        let batch: Named<Arc<dyn batch::BatchKernel>> = self.batch.lock().clone();
         for rep in reports {
             let id = rep.kernel_id.clone();
             if let Some(b) = batch.get(&id) {
