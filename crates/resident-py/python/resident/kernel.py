@@ -475,7 +475,17 @@ class KernelContext:
                 except TypeError:
                     eid = None
                 if eid is not None:
-                    self._c.send(msg, self._forget(eid, True))
+                    # ``_forget(eid, True)``, written out (the usual reply of a handler
+                    # that answers a batch of messages one by one).
+                    entry = self._envs.pop(eid, None)
+                    env = None
+                    if entry is not None:
+                        env, _, oid = entry
+                        if self._calls:
+                            self._calls.pop(eid, None)
+                        if self._by_obj.get(oid) == eid:
+                            del self._by_obj[oid]
+                    self._c.send(msg, env)
                     return
             if eid is None and cid is None and self._calls:
                 eid = next(iter(self._calls))
