@@ -6,11 +6,10 @@ uvloop (when installed):
 * **floor**: two coroutines ping-ponging through two ``asyncio.Queue`` objects (``put`` then
   ``get``, one message in flight): what a round trip through the loop costs at least;
 * **resident**: the seeds' echo kernel (``await ctx.receive()`` then ``await ctx.send``) with
-  ``thread=False``, launched by ``RingKernelRuntime.launch``, i.e. as a task of the caller's
+  ``thread=False`` (the default since issue 40), launched by ``RingKernelRuntime.launch``, i.e. as a task of the caller's
   loop, driven by ``await rt.send`` then ``await rt.receive`` (one in flight), through the
   engine's queues;
-* **resident_thread**: the same kernel with ``thread=True`` (the default: its own thread and
-  loop);
+* **resident_thread**: the same kernel with ``thread=True`` (its own thread and loop);
 * **pydotcompute**: PyDotCompute 0.2.0's runtime with the same echo, when it is importable.
 
 p50/p99 of ``--n`` round trips after ``--warmup``, in microseconds. Then **idle**: ``--idle``

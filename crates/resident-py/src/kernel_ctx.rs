@@ -65,7 +65,7 @@ pub(crate) struct Env(Envelope);
 
 impl KernelCtx {
     fn with<R>(&self, f: impl FnOnce(&mut Lctx) -> R) -> PyResult<R> {
-        if std::thread::current().id() != self.thread {
+        if crate::waker::this_thread() != self.thread {
             return Err(PyRuntimeError::new_err(format!(
                 "kernel '{}': its ctx may only be used by the kernel's own coroutine",
                 self.kernel_id
@@ -289,12 +289,25 @@ fn forget_entry<'py>(
 }
 
 impl KernelCtx {
-    /// A kernel on its caller's loop whose loop ended (finished, or terminated from the
-    /// loop's own thread).
-    fn ended(&self) -> bool {
-        self.outside
-            .as_ref()
-            .is_some_and(|o| o.lock().as_ref().is_none_or(|ol| ol.is_finished()))
+    /// A lifecycle flag: `ended` for a kernel on its caller's loop whose loop ended
+    /// (finished, or terminated from the loop's own thread), else `f` of the loop context
+    /// (the loop context's lock taken once).
+    fn flag(&self, ended: bool, f: impl FnOnce(&Lctx) -> bool) -> PyResult<bool> {
+        if let Some(o) = &self.outside {
+            let g = o.lock();
+            match g.as_ref() {
+                Some(ol) if !ol.is_finished() => {
+                    if crate::waker::this_thread() == self.thread {
+                        return Ok(f(ol));
+                    }
+                }
+                _ => return Ok(ended),
+            }
+            drop(g);
+            // Another thread: `with`'s error.
+            return self.with(|c| f(c));
+        }
+        self.with(|c| f(c))
     }
 }
 
@@ -312,18 +325,12 @@ impl KernelCtx {
 
     #[getter]
     fn should_terminate(&self) -> PyResult<bool> {
-        if self.ended() {
-            return Ok(true);
-        }
-        self.with(|c| c.should_terminate())
+        self.flag(true, |c| c.should_terminate())
     }
 
     #[getter]
     fn is_active(&self) -> PyResult<bool> {
-        if self.ended() {
-            return Ok(false);
-        }
-        self.with(|c| c.is_active())
+        self.flag(false, |c| c.is_active())
     }
 
     /// Whether the kernel runs as a task of its caller's event loop (no thread).

@@ -1,7 +1,7 @@
 //! The runtime: the `Runtime` pyclass (`PyRuntime`), the Python kernels launched on it and
 //! their reports.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use resident::prelude::*;
 
 use crate::handoff::{poll_for, Handoff, InPython, Waiter};
 use crate::kernel_ctx::{env_tuple, CtxPtr, KernelCtx, Lctx, Outside};
-use crate::store::Store;
+use crate::store::{Named, Store};
 use crate::waker::{Bell, Waker};
 use crate::{
     batch, build, describe, device, engine_error, nothing, parse_backend, parse_policy, py_failure,
@@ -80,10 +80,10 @@ const GONE_MAX: usize = 256;
 #[pyclass(frozen, name = "Runtime", module = "resident._resident")]
 pub(crate) struct PyRuntime {
     pub(crate) rt: Mutex<Option<resident::runtime::Runtime>>,
-    kernels: Mutex<HashMap<String, Arc<Kern>>>,
-    pub(crate) batch: Mutex<HashMap<String, Arc<dyn batch::BatchKernel>>>,
+    kernels: Mutex<Named<Arc<Kern>>>,
+    pub(crate) batch: Mutex<Named<Arc<dyn batch::BatchKernel>>>,
     /// Every live kernel's bell (Python and batch kernels).
-    pub(crate) bells: Mutex<HashMap<String, Arc<Bell>>>,
+    pub(crate) bells: Mutex<Named<Arc<Bell>>>,
     /// Kernels terminated and freed, newest last: (id, final state).
     gone: Mutex<VecDeque<(String, KernelState)>>,
     backend: String,
@@ -452,9 +452,9 @@ impl PyRuntime {
         .to_string();
         Ok(PyRuntime {
             rt: Mutex::new(Some(rt)),
-            kernels: Mutex::new(HashMap::new()),
-            batch: Mutex::new(HashMap::new()),
-            bells: Mutex::new(HashMap::new()),
+            kernels: Mutex::new(Named::default()),
+            batch: Mutex::new(Named::default()),
+            bells: Mutex::new(Named::default()),
             gone: Mutex::new(VecDeque::new()),
             backend,
         })
@@ -635,10 +635,24 @@ impl PyRuntime {
 
     /// Sends `obj` at `priority`; returns the engine's message id. A send dropped by
     /// `drop_newest` returns normally (counted in `messages_dropped`), as in the engine.
-    fn send(&self, py: Python<'_>, kernel_id: &str, obj: Py<PyAny>, priority: u8) -> PyResult<u64> {
+    /// Without `wait`, a send that would wait for room (policy `block`, input queue full)
+    /// sends nothing and returns None (`would_block` and the send in one call: the asyncio
+    /// send awaits room then and sends again).
+    #[pyo3(signature = (kernel_id, obj, priority, wait=true))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        kernel_id: &str,
+        obj: Py<PyAny>,
+        priority: u8,
+        wait: bool,
+    ) -> PyResult<Option<u64>> {
         let Some(k) = self.kernels.lock().get(kernel_id).cloned() else {
             return Err(self.refuse_missing(py, kernel_id, "send", obj));
         };
+        if !wait && k.blocks && !k.handle.input_has_room() {
+            return Ok(None);
+        }
         if k.blocks && !k.handle.input_has_room() && !Self::wait_room(py, &k)? {
             return Err(Self::room_timeout(py, kernel_id, &k, "send", obj));
         }
@@ -654,17 +668,17 @@ impl PyRuntime {
         match r {
             Ok((id, SendOutcome::Queued)) => {
                 k.inputs_sent();
-                Ok(id)
+                Ok(Some(id))
             }
             Ok((id, SendOutcome::DroppedOldest(_, old))) => {
                 k.store.take(old);
                 // The discarded message may be a call: its caller looks again.
                 k.bell.ring();
-                Ok(id)
+                Ok(Some(id))
             }
             Ok((id, SendOutcome::DroppedNewest)) => {
                 k.store.take(key);
-                Ok(id)
+                Ok(Some(id))
             }
             Err(e) => Err(refused(py, &k.store, e, sent)),
         }
@@ -967,7 +981,22 @@ impl PyRuntime {
     /// Like `try_receive`, the object alone, or `NOTHING` when no output came.
     fn take(&self, py: Python<'_>, kernel_id: &str, wait: f64) -> PyResult<Py<PyAny>> {
         let k = self.kern(py, kernel_id)?;
-        match Self::output_within(py, &k, secs(wait)?)? {
+        let wait = secs(wait)?;
+        if wait.is_zero() {
+            // One look (no envelope, and no error value made when there is nothing).
+            match k.handle.try_receive() {
+                Ok(Some(key)) => {
+                    return match k.store.take(key) {
+                        Some(o) => Ok(o),
+                        None => nothing(py),
+                    }
+                }
+                Ok(None) => return nothing(py),
+                // Ended: the look below, which takes an output that landed meanwhile.
+                Err(_) => {}
+            }
+        }
+        match Self::output_within(py, &k, wait)? {
             Some((_, o)) => Ok(o),
             None => nothing(py),
         }
@@ -1292,8 +1321,8 @@ impl PyRuntime {
         let reports = py.detach(move || rt.shutdown());
         // The kernels stay known: a late send is refused by the terminated kernel (message
         // handed back), not told that the kernel never existed.
-        let kernels: HashMap<String, Arc<Kern>> = self.kernels.lock().clone();
-        let batch: HashMap<String, Arc<dyn batch::BatchKernel>> = self.batch.lock().clone();
+        let kernels: Named<Arc<Kern>> = self.kernels.lock().clone();
+        let batch: Named<Arc<dyn batch::BatchKernel>> = self.batch.lock().clone();
         for rep in reports {
             let id = rep.kernel_id.clone();
             if let Some(b) = batch.get(&id) {

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use pyo3::exceptions::PyRuntimeError;
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::types::PySet;
 
 /// One event loop's wake-up: a socket pair whose read end the loop watches
 /// (`loop.add_reader`). A `Bell` rings it with one byte, without the GIL, while the loop has
@@ -21,11 +23,12 @@ pub(crate) struct WakeReg {
     tx: UnixStream,
     armed: AtomicUsize,
     pending: AtomicBool,
-    /// The loop's thread: a ring made on it calls `local` instead of writing the socket.
+    /// The loop's thread: a ring made on it settles `futs` instead of writing the socket.
     owner: ThreadId,
-    /// Called (GIL taken) for a ring made on the loop's own thread: settles the loop's
-    /// waiting futures directly (no socket, no round through the selector).
-    local: Mutex<Option<Py<PyAny>>>,
+    /// The loop's waiting futures (a Python set: its waits add and discard their own). A
+    /// ring made on the loop's own thread settles them directly (no socket, no round through
+    /// the selector, and nothing at all when none waits).
+    futs: Py<PySet>,
 }
 
 impl WakeReg {
@@ -33,16 +36,32 @@ impl WakeReg {
     /// their futures now (the loop runs them at its next turn).
     fn ring_local(&self) {
         Python::attach(|py| {
-            let cb = self.local.lock().as_ref().map(|c| c.clone_ref(py));
-            if let Some(cb) = cb {
-                if let Err(e) = cb.call0(py) {
-                    e.write_unraisable(py, None);
-                }
-            } else {
-                // No local wake-up set: the socket, as from another thread.
-                self.ring();
+            if let Err(e) = self.settle(py) {
+                e.write_unraisable(py, None);
             }
         })
+    }
+
+    /// Completes every future of `futs` not done yet (and empties it). A future whose loop
+    /// was closed meanwhile (nobody awaits it) is left as it is.
+    fn settle(&self, py: Python<'_>) -> PyResult<()> {
+        let set = self.futs.bind(py);
+        if set.is_empty() {
+            return Ok(());
+        }
+        let all: Vec<Bound<'_, PyAny>> = set.iter().collect();
+        set.clear();
+        for f in all {
+            if f.call_method0(intern!(py, "done"))?.is_truthy()? {
+                continue;
+            }
+            if let Err(e) = f.call_method1(intern!(py, "set_result"), (py.None(),)) {
+                if !e.is_instance_of::<PyRuntimeError>(py) {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn ring(&self) {
@@ -60,7 +79,7 @@ pub(crate) struct Waker(pub(crate) Arc<WakeReg>);
 #[pymethods]
 impl Waker {
     #[new]
-    fn new() -> PyResult<Self> {
+    fn new(py: Python<'_>) -> PyResult<Self> {
         let (rx, tx) = UnixStream::pair()
             .map_err(|e| PyRuntimeError::new_err(format!("wake-up socket pair: {e}")))?;
         for s in [&rx, &tx] {
@@ -72,15 +91,22 @@ impl Waker {
             tx,
             armed: AtomicUsize::new(0),
             pending: AtomicBool::new(false),
-            owner: std::thread::current().id(),
-            local: Mutex::new(None),
+            owner: this_thread(),
+            futs: PySet::empty(py)?.unbind(),
         })))
     }
 
-    /// Sets what a ring made on this loop's own thread calls (the thread that made this
-    /// waker), instead of writing the socket: `f()` settles the loop's waiting futures.
-    fn set_local(&self, f: Py<PyAny>) {
-        *self.0.local.lock() = Some(f);
+    /// The set of this loop's waiting futures: a wait adds its future before it looks and
+    /// discards it when it ends; a ring completes them (`settle`).
+    #[getter]
+    fn futs(&self, py: Python<'_>) -> Py<PySet> {
+        self.0.futs.clone_ref(py)
+    }
+
+    /// Completes the waiting futures (what the loop does when the socket is readable, after
+    /// `drain`; a ring made on the loop's own thread does it at once).
+    fn settle(&self, py: Python<'_>) -> PyResult<()> {
+        self.0.settle(py)
     }
 
     /// The file descriptor the loop watches for reading (owned by this object).
@@ -132,6 +158,19 @@ pub(crate) struct Bell {
     /// rings the bell only while there is one (otherwise it would wake waiters for outputs
     /// for nothing, once per message or batch taken).
     pub(crate) room: AtomicUsize,
+    /// Threads in `sleep_unless` (or on their way): a ring notifies the condition variable
+    /// only while there is one.
+    sleepers: AtomicUsize,
+}
+
+thread_local! {
+    /// This thread's id (`std::thread::current()` clones a handle each call).
+    static ME: ThreadId = std::thread::current().id();
+}
+
+/// The calling thread's id.
+pub(crate) fn this_thread() -> ThreadId {
+    ME.with(|t| *t)
 }
 
 impl Bell {
@@ -150,26 +189,36 @@ impl Bell {
         std::sync::atomic::fence(Ordering::SeqCst);
         // Loops running on this thread are woken directly, after the lock is let go (their
         // wake-up takes the GIL).
-        let mut here: Vec<Arc<WakeReg>> = Vec::new();
+        // (The first without an allocation: usually the only one.)
+        let mut first: Option<Arc<WakeReg>> = None;
+        let mut more: Vec<Arc<WakeReg>> = Vec::new();
         {
-            let me = std::thread::current().id();
+            let me = this_thread();
             let loops = self.loops.lock();
             for w in loops.iter() {
                 if let Some(r) = w.upgrade() {
-                    if r.owner == me {
-                        here.push(r);
-                    } else {
+                    if r.owner != me {
                         r.ring();
+                    } else if first.is_none() {
+                        first = Some(r);
+                    } else {
+                        more.push(r);
                     }
                 }
             }
         }
-        for r in here {
+        for r in first.into_iter().chain(more) {
             r.ring_local();
         }
-        // Taking the lock orders this ring after a sleeper's look at its condition.
-        drop(self.lock.lock());
-        self.cv.notify_all();
+        // Without a sleeper nothing to notify: one that comes later registers (SeqCst)
+        // before it looks at its condition, after the fence above, so it sees what this
+        // ring announces; a sleeper without a condition (a linger) misses a ring made before
+        // it slept, as it would with the notification.
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            // Taking the lock orders this ring after a sleeper's look at its condition.
+            drop(self.lock.lock());
+            self.cv.notify_all();
+        }
     }
 
     pub(crate) fn subscribe(&self, r: &Arc<WakeReg>) {
@@ -185,9 +234,13 @@ impl Bell {
 
     /// Sleeps (no GIL needed) until rung or `t` passed, unless `done()` holds already.
     pub(crate) fn sleep_unless(&self, t: Duration, done: impl Fn() -> bool) {
-        let mut g = self.lock.lock();
-        if !done() {
-            self.cv.wait_for(&mut g, t);
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut g = self.lock.lock();
+            if !done() {
+                self.cv.wait_for(&mut g, t);
+            }
         }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -185,7 +185,7 @@ class KernelContext:
 
     __slots__ = (
         "_c", "kernel_id", "_envs", "_by_mid", "_by_obj", "_calls", "_last", "_current", "_w",
-        "_room",
+        "_room", "_aside",
     )
 
     def __init__(self, raw: Any, wake: Any = None) -> None:
@@ -203,6 +203,12 @@ class KernelContext:
         # unanswered calls (engine message ids), oldest first
         self._calls: Dict[int, None] = {}
         self._last: Optional[int] = None
+        # A message received while the books above were empty, not written into them yet:
+        # (envelope, message_id or None, object). The usual handler answers each message
+        # before it takes the next; its reply then takes this entry back without a dict
+        # operation (or a hash of the id: a UUID's hash is a Python call). Anything else
+        # writes it into the books first (``_book``), where it would have been.
+        self._aside: Any = None
         # The last message received (handed back as the report's ``failed_message`` if the
         # handler raises).
         self._current: Any = _NOTHING
@@ -245,18 +251,64 @@ class KernelContext:
         none comes within ``timeout`` seconds (None: wait without limit) or while the kernel
         is inactive, and ``asyncio.CancelledError`` once it is terminating (the runtime ends
         the coroutine cleanly then)."""
-        r = self._c.receive(0.0)
+        c = self._c
+        r = c.receive(0.0)
         if r is None:
-            r = await self._wait(timeout)
+            w = self._w
+            if w is None:
+                r = await self._wait(timeout)
+            else:
+                # On the caller's loop: ``_wait``'s wait (``_on_loop``), written out (a
+                # message's round trip goes through it; each layer of coroutines costs).
+                if timeout is not None and not timeout >= 0:
+                    raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+                loop = w.loop
+                futs = w.futs
+                deadline = None if timeout is None else loop.time() + timeout
+                while True:
+                    if c.should_terminate:
+                        raise asyncio.CancelledError()
+                    if deadline is not None and loop.time() >= deadline:
+                        raise asyncio.TimeoutError()
+                    f = loop.create_future()
+                    futs.add(f)
+                    if deadline is not None:
+                        w.at(deadline, f)
+                    try:
+                        await f
+                    finally:
+                        futs.discard(f)
+                    r = c.receive(0.0)
+                    if r is not None:
+                        break
         obj, env = r
         self._current = obj
-        self._note(obj, env)
+        if self._aside is None:
+            if not self._envs:
+                # Nothing else unanswered: kept aside (see ``_aside``).
+                self._aside = (env, getattr(obj, "message_id", None), obj)
+                self._last = env[0]
+                return obj
+        else:
+            self._book()
+        self._write(obj, env, getattr(obj, "message_id", None))
         return obj
+
+    def _book(self) -> None:
+        """Writes the message kept aside (if any) into the books."""
+        a = self._aside
+        if a is not None:
+            self._aside = None
+            env, mid, obj = a
+            self._write(obj, env, mid)
 
     def _note(self, obj: Any, env: Any) -> None:
         """Remembers a received message's envelope for its reply."""
+        self._book()
+        self._write(obj, env, getattr(obj, "message_id", None))
+
+    def _write(self, obj: Any, env: Any, mid: Any) -> None:
         eid = env[0]
-        mid = getattr(obj, "message_id", None)
         oid = id(obj)
         self._envs[eid] = (env, mid, oid)
         if mid is not None:
@@ -271,19 +323,23 @@ class KernelContext:
         if len(self._envs) > _PENDING_MAX:
             self._forget(next(iter(self._envs)))
 
-    def _forget(self, eid: int) -> Any:
+    def _forget(self, eid: int, mid_gone: bool = False) -> Any:
+        """Takes engine id ``eid``'s entry out of the books; returns its envelope (None when
+        it was answered or forgotten already). ``mid_gone``: its ``_by_mid`` entry was taken
+        out already."""
         entry = self._envs.pop(eid, None)
         if entry is None:
             return None
         env, mid, oid = entry
         self._calls.pop(eid, None)
-        if mid is not None and self._by_mid.get(mid) == eid:
+        if not mid_gone and mid is not None and self._by_mid.get(mid) == eid:
             del self._by_mid[mid]
         if self._by_obj.get(oid) == eid:
             del self._by_obj[oid]
         return env
 
     def _find(self, request: Any) -> Optional[int]:
+        self._book()
         mid = getattr(request, "message_id", None)
         if mid is not None:
             try:
@@ -309,15 +365,13 @@ class KernelContext:
         life (see ``Runtime._launch_on_loop``): a ring from another thread after the caller's
         last look writes the socket, and the loop settles this future when it reads it."""
         w = self._w
-        loop = w.loop
-        f = loop.create_future()
+        f = w.loop.create_future()
         w.futs.add(f)
-        h = None if deadline is None else loop.call_at(deadline, _settle, f)
+        if deadline is not None:
+            w.at(deadline, f)  # the loop's one timer for its waits' deadlines
         try:
             await f
         finally:
-            if h is not None:
-                h.cancel()
             w.futs.discard(f)
 
     async def _on_loop(self, look: Callable[[], Any], timeout: Optional[float]) -> Any:
@@ -388,6 +442,20 @@ class KernelContext:
                 if self._room <= 0:
                     self._room = await self._out_room()
             self._room -= 1
+        a = self._aside
+        if a is not None:
+            if reply_to is _NOTHING:
+                # The books are empty but for the message kept aside: whatever the reply's
+                # correlation_id, its request is that message (``_envs`` would find it by
+                # id, or the oldest call or the last message received is it). The id is
+                # only compared (``is``) when it may be another message's that was already
+                # answered: then (an id equal but not the same object) the books decide.
+                cid = getattr(msg, "correlation_id", None)
+                if cid is None or cid is a[1]:
+                    self._aside = None
+                    self._c.send(msg, a[0])
+                    return
+            self._book()
         if reply_to is not _NOTHING:
             eid = self._find(reply_to)
             if eid is None:
@@ -401,9 +469,24 @@ class KernelContext:
             cid = getattr(msg, "correlation_id", None)
             if cid is not None:
                 try:
-                    eid = self._by_mid.get(cid)
+                    # Taken out at once: one hash of the id (a UUID's hash is a Python
+                    # call), not one here and two in ``_forget``.
+                    eid = self._by_mid.pop(cid, None)
                 except TypeError:
                     eid = None
+                if eid is not None:
+                    # ``_forget(eid, True)``, written out (the usual reply of a handler
+                    # that answers a batch of messages one by one).
+                    entry = self._envs.pop(eid, None)
+                    env = None
+                    if entry is not None:
+                        env, _, oid = entry
+                        if self._calls:
+                            self._calls.pop(eid, None)
+                        if self._by_obj.get(oid) == eid:
+                            del self._by_obj[oid]
+                    self._c.send(msg, env)
+                    return
             if eid is None and cid is None and self._calls:
                 eid = next(iter(self._calls))
             if eid is None:
@@ -426,6 +509,7 @@ class KernelContext:
         if max.__class__ is not int or max < 1:
             raise ValueError(f"receive_batch: max must be an int >= 1, got {max!r}")
         c = self._c
+        self._book()
         r = c.receive_many(max, 0.0, self._envs, self._by_mid, self._by_obj, self._calls)
         if r is None:
             r = await self._wait_many(max, timeout)
@@ -440,12 +524,12 @@ class KernelContext:
     async def _wait_many(self, max: int, timeout: Optional[float]) -> Any:
         c = self._c
         if self._w is not None:
-            return await self._on_loop(
-                lambda: c.receive_many(
-                    max, 0.0, self._envs, self._by_mid, self._by_obj, self._calls
-                ),
-                timeout,
-            )
+
+            def look() -> Any:
+                self._book()  # another task of this ctx may have received meanwhile
+                return c.receive_many(max, 0.0, self._envs, self._by_mid, self._by_obj, self._calls)
+
+            return await self._on_loop(look, timeout)
         if timeout is not None and not timeout >= 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -458,6 +542,7 @@ class KernelContext:
                 if left <= 0:
                     return None
             if c.is_active:
+                self._book()
                 r = c.receive_many(max, left, self._envs, self._by_mid, self._by_obj, self._calls)
                 if r is not None:
                     return r
@@ -476,6 +561,7 @@ class KernelContext:
         that field unset, as ``send`` does). An empty batch does nothing. Not a batch of objects
         (an array of records, a string, a mapping): ``MessageTypeError``."""
         what = f"kernel '{self.kernel_id}': ctx.send_batch"
+        self._book()
         if msgs.__class__ is not list:
             msgs = as_batch(msgs, what)
         if not msgs:
@@ -505,6 +591,7 @@ class KernelContext:
             i = 0
             while i < len(msgs):
                 j = min(len(msgs), i + await self._out_room())
+                self._book()  # another task of this ctx may have received meanwhile
                 self._c.send_many(
                     msgs[i:j],
                     None if eids is None else eids[i:j],
@@ -576,11 +663,6 @@ async def _guard(func: Callable[[KernelContext], Awaitable[Any]], ctx: KernelCon
         if ctx._current is not _NOTHING:
             ctx._c.hand_back(ctx._current)
         raise
-
-
-def _settle(f: "asyncio.Future[Any]") -> None:
-    if not f.done():
-        f.set_result(None)
 
 
 async def _run_on_loop(func: Callable[[KernelContext], Awaitable[Any]], ctx: KernelContext) -> None:

@@ -22,7 +22,9 @@ import contextlib
 import dataclasses
 import enum
 import functools
+import heapq
 import importlib.util
+import itertools
 import sys
 import threading
 import time
@@ -283,8 +285,11 @@ class Runtime:
         self._final_telemetry: Dict[str, Telemetry] = {}
         self._telemetry_on = bool(enable_telemetry)
         self._started = time.monotonic()
-        # Kernels running as tasks of their caller's loop: id -> (loop, task).
-        self._on_loop: Dict[str, Tuple[asyncio.AbstractEventLoop, "asyncio.Task[None]"]] = {}
+        # Kernels running as tasks of their caller's loop: id -> (loop, task, the loop's
+        # wake-up).
+        self._on_loop: Dict[
+            str, Tuple[asyncio.AbstractEventLoop, "asyncio.Task[None]", "_LoopWake"]
+        ] = {}
 
     @property
     def backend(self) -> str:
@@ -376,7 +381,7 @@ class Runtime:
         ctx = _kernel.KernelContext(raw, w)
         task = loop.create_task(_kernel._run_on_loop(s.func, ctx), name=f"resident:{s.kernel_id}")
         task.add_done_callback(lambda _t: w.waker.disarm())
-        self._on_loop[s.kernel_id] = (loop, task)
+        self._on_loop[s.kernel_id] = (loop, task, w)
 
     def activate(self, kernel_id: str) -> None:
         """``launched | inactive -> active``."""
@@ -1073,8 +1078,15 @@ class RingKernelRuntime:
         if priority.__class__ is not int or not 0 <= priority <= 255:
             priority = _priority(msg, priority)  # checks it (raises when invalid)
         rt = self._rt
-        if rt.would_block(kernel_id):
-            await self._room(kernel_id, msg, self._deadline(timeout))
+        try:
+            # Sends unless the send would wait for room (one engine call for both).
+            r = rt.send(kernel_id, msg, priority, False)
+        except KernelNotFoundError:
+            _wrong_kernel(self.sync, kernel_id, "send", msg)
+            raise
+        if r is not None:
+            return r
+        await self._room(kernel_id, msg, self._deadline(timeout))
         try:
             return rt.send(kernel_id, msg, priority)
         except KernelNotFoundError:
@@ -1092,6 +1104,33 @@ class RingKernelRuntime:
             raise
         if r is not _NOTHING:
             return r
+        here = self.sync._on_loop.get(kernel_id)
+        if here is not None:
+            loop = here[0]
+            if asyncio.get_running_loop() is loop:
+                # A kernel on this very loop: ``_until_here``, written out (a message's
+                # round trip goes through this wait; each layer of coroutines costs).
+                deadline = self._deadline(timeout)
+                w = here[2]
+                futs = w.futs
+                gap = self.look_interval
+                while True:
+                    now = loop.time()
+                    if deadline is not None and now >= deadline:
+                        break
+                    f = loop.create_future()
+                    futs.add(f)
+                    w.at(now + gap if deadline is None else min(deadline, now + gap), f)
+                    try:
+                        await f
+                    finally:
+                        futs.discard(f)
+                    r = rt.take(kernel_id, 0.0)
+                    if r is not _NOTHING:
+                        return r
+                raise ReceiveTimeoutError(
+                    f"kernel '{kernel_id}': no output within {timeout} s", kernel_id, "receive"
+                )
         r = await self._until(
             kernel_id, lambda: rt.take(kernel_id, 0.0), self._deadline(timeout), looked=True
         )
@@ -1378,39 +1417,78 @@ class RingKernel:
 
 
 class _LoopWake:
-    """One event loop's wake-up: the socket it watches and the futures waiting on it. A
-    kernel's ring made on the loop's own thread (a send from a coroutine to a kernel on the
-    loop, a kernel on the loop publishing) settles the futures directly (``_settle_all``),
-    without the socket."""
+    """One event loop's wake-up: the socket it watches and the futures waiting on it (the
+    waker's set, ``futs``). A kernel's ring made on the loop's own thread (a send from a
+    coroutine to a kernel on the loop, a kernel on the loop publishing) settles the futures
+    directly, in the extension (nothing when none waits), without the socket.
 
-    __slots__ = ("waker", "futs", "loop", "__weakref__")
+    It also keeps the deadlines of the loop's waits (``at``): one timer of the loop for the
+    earliest, not one ``call_at`` per wait (a wait's own timer, made and cancelled for each
+    message, cost more than a microsecond of the loop's time: a Python ``TimerHandle``, its
+    place in the loop's heap by Python comparisons, its cancellation and its removal)."""
+
+    __slots__ = ("waker", "futs", "loop", "_dl", "_dl_at", "_dl_h", "_dl_max", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.waker = _resident.Waker()
-        self.futs: "set[asyncio.Future[Any]]" = set()
+        self.futs: "set[asyncio.Future[Any]]" = self.waker.futs
         self.loop = loop
+        # The waits' deadlines: a heap of (loop time, sequence number, future); the entry of
+        # a wait that ended goes when it reaches the top or when the heap is compacted.
+        self._dl: List[Tuple[float, int, "asyncio.Future[Any]"]] = []
+        # The loop's timer for the earliest deadline (its time), or None.
+        self._dl_at: Optional[float] = None
+        self._dl_h: Optional[asyncio.TimerHandle] = None
+        self._dl_max = _DL_MIN
         loop.add_reader(self.waker.fileno(), self._on_wake)
-        # A weak reference: the waker (held by this object) must not keep it alive.
-        self.waker.set_local(functools.partial(_local_wake, weakref.ref(self)))
 
     def _on_wake(self) -> None:
         self.waker.drain()
-        self._settle_all()
+        self.waker.settle()
 
-    def _settle_all(self) -> None:
-        futs, self.futs = self.futs, set()
-        for f in futs:
+    def at(self, when: float, f: "asyncio.Future[Any]") -> None:
+        """Settles ``f`` (when it is not done by then) once the loop's clock reaches
+        ``when``, as ``loop.call_at(when, ...)`` would."""
+        dl = self._dl
+        heapq.heappush(dl, (when, next(_dl_seq), f))
+        at = self._dl_at
+        if at is None or when < at:
+            if self._dl_h is not None:
+                self._dl_h.cancel()
+            self._dl_at = when
+            self._dl_h = self.loop.call_at(when, self._fire)
+        if len(dl) > self._dl_max:
+            # Entries of waits that ended (their futures done): out, in time linear in the
+            # heap, once per as many new entries as there are left.
+            dl[:] = [e for e in dl if not e[2].done()]
+            heapq.heapify(dl)
+            self._dl_max = max(_DL_MIN, 2 * len(dl))
+
+    def _fire(self) -> None:
+        """The timer for the earliest deadline: settles every wait due (the loop found the
+        timer due at its time: so is every deadline up to that time), then sets the timer
+        for the next wait still waiting."""
+        due = self._dl_at
+        self._dl_at = self._dl_h = None
+        dl = self._dl
+        now = self.loop.time()
+        if due is None or due < now:
+            due = now
+        pop = heapq.heappop
+        while dl and dl[0][0] <= due:
+            f = pop(dl)[2]
             if not f.done():
-                try:
-                    f.set_result(None)
-                except RuntimeError:  # its loop was closed meanwhile: nobody awaits it
-                    pass
+                f.set_result(None)
+        while dl and dl[0][2].done():
+            pop(dl)
+        if dl:
+            self._dl_at = dl[0][0]
+            self._dl_h = self.loop.call_at(self._dl_at, self._fire)
 
 
-def _local_wake(ref: "weakref.ref[_LoopWake]") -> None:
-    w = ref()
-    if w is not None:
-        w._settle_all()
+# A wait deadline heap is compacted past twice its live entries, and never below this.
+_DL_MIN = 256
+_dl_seq = itertools.count()
 
 
 _wakes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWake]" = (
@@ -1425,21 +1503,16 @@ def _loop_wake(loop: asyncio.AbstractEventLoop) -> _LoopWake:
     return w
 
 
-def _settle(f: "asyncio.Future[Any]") -> None:
-    if not f.done():
-        f.set_result(None)
-
-
 async def _park(loop: asyncio.AbstractEventLoop, w: _LoopWake, until: float) -> None:
     """Waits on this loop until a ring of ``w`` completes the wait's future, or ``until``
-    (loop time), whichever is first; the future and its timer are gone afterwards."""
+    (loop time), whichever is first; the future is gone afterwards (its deadline entry is
+    dropped by ``w``)."""
     f = loop.create_future()
     w.futs.add(f)
-    h = loop.call_at(until, _settle, f)
+    w.at(until, f)
     try:
         await f
     finally:
-        h.cancel()
         w.futs.discard(f)
 
 
