@@ -275,8 +275,8 @@ fn is_sm(sm: &str) -> bool {
 /// library cannot be loaded; [`PersistentError::Compile`] with NVRTC's log on a compile error;
 /// [`PersistentError::Link`] with nvJitLink's log when the link fails (bytes that are not
 /// LTO-IR, an undefined symbol, a symbol that is not a function). The external function must
-/// have [`EXTERNAL_FN_SIGNATURE`]: one of another signature links (C names carry no types)
-/// and calling it is undefined behaviour.
+/// have [`EXTERNAL_FN_SIGNATURE`](super::EXTERNAL_FN_SIGNATURE): one of another signature
+/// links (C names carry no types) and calling it is undefined behaviour.
 pub fn link_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, PersistentError> {
     let text = source.render()?;
     if !is_sm(sm) {
