@@ -231,63 +231,28 @@ pub fn link_cubin(arch: &str, inputs: &[(&str, &[u8])]) -> Result<Vec<u8>> {
     let limits = resident_limits::CompileLimits::from_env()
         .map_err(|e| CudaError::invalid("nvJitLinkCreate", e.to_string()))?;
     let name = resident_ring::message::quoted_name(inputs[0].0);
-    let owned: Vec<(String, Vec<u8>)> = inputs
-        .iter()
-        .map(|(n, d)| (n.to_string(), d.to_vec()))
-        .collect();
-    let arch_owned = arch.to_string();
-    let run = move || {
-        // SAFETY: the body makes nvJitLink calls (the library loaded by `api` above), allocates,
-        // and writes its report with write(2); it loads nothing, spawns nothing, prints nothing.
-        unsafe {
-            resident_limits::run_forked(&limits, 1 << 30, |out| {
-                let borrowed: Vec<(&str, &[u8])> = owned
-                    .iter()
-                    .map(|(n, d)| (n.as_str(), d.as_slice()))
-                    .collect();
-                out.write_all(&encode(&link_in_this_process(&arch_owned, &borrowed)));
-            })
-        }
+    // SAFETY: the body makes nvJitLink calls (the library loaded by `api` above), allocates,
+    // and writes its report with write(2); it loads nothing, spawns nothing, prints nothing.
+    let ended = unsafe {
+        resident_limits::run_forked_on_stack(
+            &limits,
+            1 << 30,
+            crate::nvrtc::COMPILE_STACK_BYTES,
+            |out| out.write_all(&encode(&link_in_this_process(arch, inputs))),
+        )
     };
-    let ended = std::thread::Builder::new()
-        .name("nvjitlink".into())
-        .stack_size(crate::nvrtc::COMPILE_STACK_BYTES)
-        .spawn(run)
-        .map_err(|e| std::io::Error::other(format!("no thread for the link: {e}")))
-        .and_then(|t| {
-            t.join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("the link's thread panicked")))
-        });
-    use resident_limits::{CompileStopped, Ended};
+    use resident_limits::CompileStopped;
     let stopped = |source| CudaError::JitLinkStopped {
         name: name.clone(),
         source,
     };
-    let crashed = |reason: String| {
-        stopped(CompileStopped::CompileCrashed {
-            compiler: "nvJitLink",
-            reason: reason.chars().take(256).collect(),
-        })
-    };
-    match ended {
-        Err(e) => Err(crashed(format!("its process could not be started: {e}"))),
-        Ok(Ended::Timeout) => Err(stopped(CompileStopped::CompileTimeout {
-            compiler: "nvJitLink",
-            limit: limits.wall,
-        })),
-        Ok(Ended::OutOfMemory) => Err(stopped(CompileStopped::CompileOutOfMemory {
-            compiler: "nvJitLink",
-            limit_mb: limits.memory_bytes >> 20,
-        })),
-        Ok(Ended::Crashed { reason }) => {
-            Err(crashed(reason.replace("the compiler", "its process")))
-        }
-        Ok(Ended::Exited { success: false, .. }) => {
-            Err(crashed("its process ended without a result".into()))
-        }
-        Ok(Ended::Exited { stdout, .. }) => decode(&stdout)
-            .unwrap_or_else(|| Err(crashed("its process sent a cut or malformed result".into()))),
-    }
+    let stdout = CompileStopped::check("nvJitLink", &limits, ended).map_err(stopped)?;
+    decode(&stdout).unwrap_or_else(|| {
+        Err(stopped(CompileStopped::crashed(
+            "nvJitLink",
+            "its process sent a cut or malformed result",
+        )))
+    })
 }
 
 /// The nvJitLink calls a link makes, by the index its process reports them with.
@@ -299,62 +264,38 @@ const CALLS: [&str; 5] = [
     "nvJitLinkGetLinkedCubin",
 ];
 
-/// A link's report on its process's standard output: 0 and the CUBIN (a little-endian u64
-/// length and its bytes), or 1, the failed call's index (u8), its code (i32) and the log.
+/// A link's report on its process's standard output ([`resident_limits::ReportWriter`]): 0 and
+/// the CUBIN, or 1, the failed call's index (u8), its code (i32) and the log.
 fn encode(r: &Result<Vec<u8>>) -> Vec<u8> {
-    let mut v = Vec::new();
-    let bytes = |v: &mut Vec<u8>, b: &[u8]| {
-        v.extend_from_slice(&(b.len() as u64).to_le_bytes());
-        v.extend_from_slice(b);
-    };
+    let mut w = resident_limits::ReportWriter::default();
     match r {
-        Ok(cubin) => {
-            v.push(0);
-            bytes(&mut v, cubin);
-        }
-        Err(CudaError::JitLink { call, code, log }) => {
-            v.push(1);
-            v.push(CALLS.iter().position(|c| c == call).unwrap_or(2) as u8);
-            v.extend_from_slice(&code.to_le_bytes());
-            bytes(&mut v, log.as_bytes());
-        }
+        Ok(cubin) => w.u8(0).bytes(cubin),
+        Err(CudaError::JitLink { call, code, log }) => w
+            .u8(1)
+            .u8(CALLS.iter().position(|c| c == call).unwrap_or(2) as u8)
+            .i32(*code)
+            .bytes(log.as_bytes()),
         // The arguments were checked before the fork: nothing else fails in the child. Said
         // as an internal error of the link.
-        Err(other) => {
-            v.push(1);
-            v.push(2);
-            v.extend_from_slice(&6i32.to_le_bytes());
-            bytes(&mut v, other.to_string().as_bytes());
-        }
-    }
-    v
+        Err(other) => w.u8(1).u8(2).i32(6).bytes(other.to_string().as_bytes()),
+    };
+    w.finish()
 }
 
 /// Reads [`encode`]'s report; `None` when cut short or malformed.
-fn decode(mut b: &[u8]) -> Option<Result<Vec<u8>>> {
-    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        if b.len() < n {
-            return None;
-        }
-        let (h, t) = b.split_at(n);
-        *b = t;
-        Some(h)
-    }
-    fn bytes(b: &mut &[u8]) -> Option<Vec<u8>> {
-        let n = usize::try_from(u64::from_le_bytes(take(b, 8)?.try_into().ok()?)).ok()?;
-        Some(take(b, n)?.to_vec())
-    }
-    let r = match take(&mut b, 1)?[0] {
-        0 => Ok(bytes(&mut b)?),
+fn decode(b: &[u8]) -> Option<Result<Vec<u8>>> {
+    let mut r = resident_limits::ReportReader::new(b);
+    let out = match r.u8()? {
+        0 => Ok(r.bytes()?.to_vec()),
         1 => {
-            let call = *CALLS.get(usize::from(take(&mut b, 1)?[0]))?;
-            let code = i32::from_le_bytes(take(&mut b, 4)?.try_into().ok()?);
-            let log = String::from_utf8(bytes(&mut b)?).ok()?;
+            let call = *CALLS.get(usize::from(r.u8()?))?;
+            let code = r.i32()?;
+            let log = String::from_utf8(r.bytes()?.to_vec()).ok()?;
             Err(CudaError::JitLink { call, code, log })
         }
         _ => return None,
     };
-    b.is_empty().then_some(r)
+    r.end().map(|()| out)
 }
 
 /// The argument checks of [`link_cubin`].

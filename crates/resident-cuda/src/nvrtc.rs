@@ -213,59 +213,33 @@ fn compile_here(
     }
 }
 
-/// The compile's process's report on its standard output: a tag (0 done, 1 the source did not
-/// compile, 2 a call failed), then for 0 the image and the log, for 1 the log, each as a
-/// little-endian u64 length and its bytes, for 2 the call's index and its code (u8, u32).
+/// The compile's process's report on its standard output ([`resident_limits::ReportWriter`]):
+/// a tag (0 done, 1 the source did not compile, 2 a call failed), then for 0 the image and the
+/// log, for 1 the log, for 2 the call's index and its code (u8, u32).
 fn encode(r: &std::result::Result<Output, Failed>) -> Vec<u8> {
-    let mut v = Vec::new();
-    let bytes = |v: &mut Vec<u8>, b: &[u8]| {
-        v.extend_from_slice(&(b.len() as u64).to_le_bytes());
-        v.extend_from_slice(b);
-    };
+    let mut w = resident_limits::ReportWriter::default();
     match r {
-        Ok(o) => {
-            v.push(0);
-            bytes(&mut v, &o.image);
-            bytes(&mut v, &o.log);
-        }
-        Err(Failed::Compilation { log }) => {
-            v.push(1);
-            bytes(&mut v, log);
-        }
-        Err(Failed::Call { call, code }) => {
-            v.push(2);
-            v.push(*call);
-            v.extend_from_slice(&code.to_le_bytes());
-        }
-    }
-    v
+        Ok(o) => w.u8(0).bytes(&o.image).bytes(&o.log),
+        Err(Failed::Compilation { log }) => w.u8(1).bytes(log),
+        Err(Failed::Call { call, code }) => w.u8(2).u8(*call).u32(*code),
+    };
+    w.finish()
 }
 
 /// Reads [`encode`]'s report; `None` when it is cut short or malformed.
-fn decode(mut b: &[u8]) -> Option<std::result::Result<Output, Failed>> {
-    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        if b.len() < n {
-            return None;
-        }
-        let (head, rest) = b.split_at(n);
-        *b = rest;
-        Some(head)
-    }
-    fn bytes(b: &mut &[u8]) -> Option<Vec<u8>> {
-        let n = u64::from_le_bytes(take(b, 8)?.try_into().ok()?);
-        Some(take(b, usize::try_from(n).ok()?)?.to_vec())
-    }
-    let r = match take(&mut b, 1)?[0] {
+fn decode(b: &[u8]) -> Option<std::result::Result<Output, Failed>> {
+    let mut r = resident_limits::ReportReader::new(b);
+    let out = match r.u8()? {
         0 => Ok(Output {
-            image: bytes(&mut b)?,
-            log: bytes(&mut b)?,
+            image: r.bytes()?.to_vec(),
+            log: r.bytes()?.to_vec(),
         }),
         1 => Err(Failed::Compilation {
-            log: bytes(&mut b)?,
+            log: r.bytes()?.to_vec(),
         }),
         2 => {
-            let call = take(&mut b, 1)?[0];
-            let code = u32::from_le_bytes(take(&mut b, 4)?.try_into().ok()?);
+            let call = r.u8()?;
+            let code = r.u32()?;
             if usize::from(call) >= CALLS.len() {
                 return None;
             }
@@ -273,7 +247,7 @@ fn decode(mut b: &[u8]) -> Option<std::result::Result<Output, Failed>> {
         }
         _ => return None,
     };
-    b.is_empty().then_some(r)
+    r.end().map(|()| out)
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -321,61 +295,35 @@ fn compile(source: &str, name: &str, options: &CompileOptions, want: Want) -> Re
     let limits = resident_limits::CompileLimits::from_env()
         .map_err(|e| CudaError::invalid("nvrtcCompileProgram", e.to_string()))?;
     warm();
-    let run = move || {
-        // SAFETY: the body makes NVRTC calls (loaded, with its builtins, by `warm`), allocates,
-        // and writes with write(2); it loads nothing, spawns nothing and prints nothing.
-        unsafe {
-            resident_limits::run_forked(&limits, RESULT_BYTES, |out| {
-                let r = compile_here(&src, &cname, &args, want);
-                out.write_all(&encode(&r));
-            })
-        }
-    };
-    let ended = match std::thread::Builder::new()
-        .name("nvrtc".into())
-        .stack_size(COMPILE_STACK_BYTES)
-        .spawn(run.clone())
-    {
-        Ok(t) => t
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("the compile's thread panicked"))),
-        // No thread of that stack: forked from this one (a deep source may crash the child).
-        Err(_) => run(),
+    // SAFETY: the body makes NVRTC calls (loaded, with its builtins, by `warm`), allocates,
+    // and writes its report with write(2); it loads nothing, spawns nothing and prints nothing.
+    let ended = unsafe {
+        resident_limits::run_forked_on_stack(&limits, RESULT_BYTES, COMPILE_STACK_BYTES, |out| {
+            out.write_all(&encode(&compile_here(&src, &cname, &args, want)));
+        })
     };
     let quoted = || resident_ring::message::quoted_name(name);
-    let crashed = |reason: String| CudaError::CompileCrashed {
-        name: quoted(),
-        reason: reason.chars().take(256).collect(),
+    use resident_limits::CompileStopped;
+    let stopped = |e: CompileStopped| match e {
+        CompileStopped::CompileTimeout { limit, .. } => CudaError::CompileTimeout {
+            name: quoted(),
+            limit,
+        },
+        CompileStopped::CompileOutOfMemory { limit_mb, .. } => CudaError::CompileOutOfMemory {
+            name: quoted(),
+            limit_mb,
+        },
+        CompileStopped::CompileCrashed { reason, .. } => CudaError::CompileCrashed {
+            name: quoted(),
+            reason,
+        },
     };
-    use resident_limits::Ended;
-    let stdout = match ended {
-        Err(e) => return Err(crashed(format!("its process could not be started: {e}"))),
-        Ok(Ended::Timeout) => {
-            return Err(CudaError::CompileTimeout {
-                name: quoted(),
-                limit: limits.wall,
-            })
-        }
-        Ok(Ended::OutOfMemory) => {
-            return Err(CudaError::CompileOutOfMemory {
-                name: quoted(),
-                limit_mb: limits.memory_bytes >> 20,
-            })
-        }
-        Ok(Ended::Crashed { reason }) => {
-            return Err(crashed(reason.replace("the compiler", "its process")))
-        }
-        Ok(Ended::Exited { success: false, .. }) => {
-            return Err(crashed("its process ended without a result".into()))
-        }
-        Ok(Ended::Exited {
-            success: true,
-            stdout,
-            ..
-        }) => stdout,
-    };
+    let stdout = CompileStopped::check("NVRTC", &limits, ended).map_err(stopped)?;
     match decode(&stdout) {
-        None => Err(crashed("its process sent a cut or malformed result".into())),
+        None => Err(stopped(CompileStopped::crashed(
+            "NVRTC",
+            "its process sent a cut or malformed result",
+        ))),
         Some(Ok(out)) => Ok(out),
         // The log quotes each offending source line: kept bounded, and the name quoted short
         // (NVRTC's own log names the program too, see `persistent::template`).

@@ -207,43 +207,22 @@ fn checked_apart(
     source: &str,
     limits: &resident_limits::CompileLimits,
 ) -> Result<(), CompileFailed> {
-    use resident_limits::{CompileStopped, Ended};
-    let ended = on_naga_stack(|| {
-        // SAFETY: the body parses and validates (naga is pure Rust: it allocates and loads
-        // nothing) and writes its report with write(2).
-        unsafe {
-            resident_limits::run_forked(limits, REPORT_BYTES, |out| {
-                out.write_all(&encode_report(&parse_and_validate(source).map(|_| ())));
-            })
-        }
-    });
-    let crashed = |reason: String| {
-        CompileFailed::Stopped(CompileStopped::CompileCrashed {
-            compiler: "naga",
-            reason: reason.chars().take(256).collect(),
+    use resident_limits::CompileStopped;
+    // SAFETY: the body parses and validates (naga is pure Rust: it allocates and loads nothing)
+    // and writes its report with write(2).
+    let ended = unsafe {
+        resident_limits::run_forked_on_stack(limits, REPORT_BYTES, NAGA_STACK_BYTES, |out| {
+            out.write_all(&encode_report(&parse_and_validate(source).map(|_| ())));
         })
     };
-    match ended {
-        Err(e) => Err(crashed(format!("its process could not be started: {e}"))),
-        Ok(Ended::Timeout) => Err(CompileFailed::Stopped(CompileStopped::CompileTimeout {
-            compiler: "naga",
-            limit: limits.wall,
-        })),
-        Ok(Ended::OutOfMemory) => Err(CompileFailed::Stopped(CompileStopped::CompileOutOfMemory {
-            compiler: "naga",
-            limit_mb: limits.memory_bytes >> 20,
-        })),
-        Ok(Ended::Crashed { reason }) => {
-            Err(crashed(reason.replace("the compiler", "its process")))
-        }
-        Ok(Ended::Exited { success: false, .. }) => {
-            Err(crashed("its process ended without a report".into()))
-        }
-        Ok(Ended::Exited { stdout, .. }) => match decode_report(&stdout) {
-            Some(Ok(())) => Ok(()),
-            Some(Err(e)) => Err(CompileFailed::Source(e)),
-            None => Err(crashed("its process sent a cut or malformed report".into())),
-        },
+    let stdout = CompileStopped::check("naga", limits, ended).map_err(CompileFailed::Stopped)?;
+    match decode_report(&stdout) {
+        Some(Ok(())) => Ok(()),
+        Some(Err(e)) => Err(CompileFailed::Source(e)),
+        None => Err(CompileFailed::Stopped(CompileStopped::crashed(
+            "naga",
+            "its process sent a cut or malformed report",
+        ))),
     }
 }
 
@@ -252,48 +231,37 @@ fn checked_apart(
 const STAGES: [&str; 2] = ["parse", "validation"];
 
 #[cfg(feature = "wgpu")]
-/// A checking process's report: 0, or 1 with the stage's index (u8), the line and the column
-/// (each a presence byte and a little-endian u32) and the message (a u64 length and its bytes).
+/// A checking process's report ([`resident_limits::ReportWriter`]): 0, or 1 with the stage's
+/// index (u8), the line and the column (each a presence byte and a u32) and the message.
 fn encode_report(r: &Result<(), WgslError>) -> Vec<u8> {
-    let mut v = Vec::new();
+    let mut w = resident_limits::ReportWriter::default();
     match r {
-        Ok(()) => v.push(0),
+        Ok(()) => w.u8(0),
         Err(e) => {
-            v.push(1);
-            v.push(STAGES.iter().position(|s| *s == e.stage).unwrap_or(0) as u8);
+            w.u8(1)
+                .u8(STAGES.iter().position(|s| *s == e.stage).unwrap_or(0) as u8);
             for x in [e.line, e.column] {
-                v.push(u8::from(x.is_some()));
-                v.extend_from_slice(&x.unwrap_or(0).to_le_bytes());
+                w.u8(u8::from(x.is_some())).u32(x.unwrap_or(0));
             }
-            v.extend_from_slice(&(e.message.len() as u64).to_le_bytes());
-            v.extend_from_slice(e.message.as_bytes());
+            w.bytes(e.message.as_bytes())
         }
-    }
-    v
+    };
+    w.finish()
 }
 
 #[cfg(feature = "wgpu")]
 /// Reads [`encode_report`]'s bytes; `None` when cut short or malformed.
 fn decode_report(b: &[u8]) -> Option<Result<(), WgslError>> {
-    let (&tag, mut b) = b.split_first()?;
-    if tag == 0 {
-        return b.is_empty().then_some(Ok(()));
+    let mut r = resident_limits::ReportReader::new(b);
+    match r.u8()? {
+        0 => return r.end().map(|()| Ok(())),
+        1 => {}
+        _ => return None,
     }
-    if tag != 1 {
-        return None;
-    }
-    let mut take = |n: usize| -> Option<&[u8]> {
-        if b.len() < n {
-            return None;
-        }
-        let (h, t) = b.split_at(n);
-        b = t;
-        Some(h)
-    };
-    let stage = *STAGES.get(usize::from(take(1)?[0]))?;
+    let stage = *STAGES.get(usize::from(r.u8()?))?;
     let mut opt = || -> Option<Option<u32>> {
-        let present = take(1)?[0];
-        let v = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        let present = r.u8()?;
+        let v = r.u32()?;
         match present {
             0 => Some(None),
             1 => Some(Some(v)),
@@ -301,14 +269,15 @@ fn decode_report(b: &[u8]) -> Option<Result<(), WgslError>> {
         }
     };
     let (line, column) = (opt()?, opt()?);
-    let n = usize::try_from(u64::from_le_bytes(take(8)?.try_into().ok()?)).ok()?;
-    let message = String::from_utf8(take(n)?.to_vec()).ok()?;
-    b.is_empty().then_some(Err(WgslError {
-        stage,
-        message,
-        line,
-        column,
-    }))
+    let message = String::from_utf8(r.bytes()?.to_vec()).ok()?;
+    r.end().map(|()| {
+        Err(WgslError {
+            stage,
+            message,
+            line,
+            column,
+        })
+    })
 }
 
 #[cfg(feature = "wgpu")]
@@ -507,6 +476,7 @@ mod tests {
             assert_eq!(decode_report(&longer), None);
         }
         assert_eq!(decode_report(&[1, 7]), None, "no such stage");
+        assert_eq!(decode_report(&[9]), None, "no such tag");
         let mut huge = vec![1u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
         huge.extend_from_slice(&u64::MAX.to_le_bytes());
         assert_eq!(decode_report(&huge), None, "a length past the end");

@@ -409,6 +409,157 @@ impl ChildStdout {
     }
 }
 
+/// [`run_forked`] from a thread with a `stack_bytes` stack, so the child (a copy of that thread)
+/// has it too: a library compiler's parser recurses per nesting level of the source. From the
+/// calling thread when such a thread cannot be started.
+///
+/// # Safety
+/// As [`run_forked`].
+pub unsafe fn run_forked_on_stack(
+    limits: &CompileLimits,
+    keep_stdout: usize,
+    stack_bytes: usize,
+    body: impl FnOnce(&mut ChildStdout) + Send,
+) -> std::io::Result<Ended> {
+    let mut body = Some(body);
+    let spawned = std::thread::scope(|scope| {
+        let body = &mut body;
+        std::thread::Builder::new()
+            .name("compile".into())
+            .stack_size(stack_bytes)
+            .spawn_scoped(scope, move || {
+                let body = body.take().expect("taken once");
+                // SAFETY: the caller's contract, passed on.
+                unsafe { run_forked(limits, keep_stdout, body) }
+            })
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("the compile's thread panicked")))
+            })
+    });
+    match (spawned, body.take()) {
+        (Ok(ended), _) => ended,
+        // SAFETY: as above, from this thread.
+        (Err(_), Some(body)) => unsafe { run_forked(limits, keep_stdout, body) },
+        (Err(e), None) => Err(e),
+    }
+}
+
+impl CompileStopped {
+    /// What a [`run_forked`] compile of `compiler` under `limits` gave: the child's standard
+    /// output when it exited by itself with status 0, else how it ended.
+    pub fn check(
+        compiler: &'static str,
+        limits: &CompileLimits,
+        ended: std::io::Result<Ended>,
+    ) -> Result<Vec<u8>, CompileStopped> {
+        let crashed = |reason: String| CompileStopped::CompileCrashed {
+            compiler,
+            reason: reason.chars().take(256).collect(),
+        };
+        match ended {
+            Err(e) => Err(crashed(format!("its process could not be started: {e}"))),
+            Ok(Ended::Timeout) => Err(CompileStopped::CompileTimeout {
+                compiler,
+                limit: limits.wall,
+            }),
+            Ok(Ended::OutOfMemory) => Err(CompileStopped::CompileOutOfMemory {
+                compiler,
+                limit_mb: limits.memory_bytes >> 20,
+            }),
+            Ok(Ended::Crashed { reason }) => {
+                Err(crashed(reason.replace("the compiler", "its process")))
+            }
+            Ok(Ended::Exited { success: false, .. }) => {
+                Err(crashed("its process ended without a result".into()))
+            }
+            Ok(Ended::Exited { stdout, .. }) => Ok(stdout),
+        }
+    }
+
+    /// A crash of `compiler` for `reason` (a report that came back cut, say).
+    pub fn crashed(compiler: &'static str, reason: &str) -> Self {
+        CompileStopped::CompileCrashed {
+            compiler,
+            reason: reason.chars().take(256).collect(),
+        }
+    }
+}
+
+/// A forked compile's report, written as little-endian pieces: bytes, `u32`s and `i32`s, and
+/// byte strings with a `u64` length.
+#[derive(Debug, Default)]
+pub struct ReportWriter(Vec<u8>);
+
+impl ReportWriter {
+    /// One byte.
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    /// A `u32`.
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// An `i32`.
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// A byte string, after its `u64` length.
+    pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(&(b.len() as u64).to_le_bytes());
+        self.0.extend_from_slice(b);
+        self
+    }
+    /// The report.
+    pub fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+/// Reads a [`ReportWriter`]'s pieces back; each read is `None` past the end (a report cut
+/// short), and a length past the end is refused, not allocated.
+#[derive(Debug)]
+pub struct ReportReader<'a>(&'a [u8]);
+
+impl<'a> ReportReader<'a> {
+    /// Reads `report`.
+    pub fn new(report: &'a [u8]) -> Self {
+        ReportReader(report)
+    }
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+    /// One byte.
+    pub fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    /// A `u32`.
+    pub fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    /// An `i32`.
+    pub fn i32(&mut self) -> Option<i32> {
+        Some(i32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    /// A byte string.
+    pub fn bytes(&mut self) -> Option<&'a [u8]> {
+        let n = usize::try_from(u64::from_le_bytes(self.take(8)?.try_into().ok()?)).ok()?;
+        self.take(n)
+    }
+    /// `Some(())` when every byte was read (a report with more is malformed).
+    pub fn end(&self) -> Option<()> {
+        self.0.is_empty().then_some(())
+    }
+}
+
 /// The address space this process holds now, in bytes (`/proc/self/statm`'s first field; 0
 /// where it cannot be read). System calls only: it runs in a forked child.
 fn held_address_space() -> u64 {
@@ -569,6 +720,31 @@ mod tests {
             Ended::Exited { stdout, .. } => assert_eq!(stdout.len(), KEEP_BYTES),
             e => panic!("{e:?}"),
         }
+    }
+
+    #[test]
+    fn a_report_reads_back_and_a_cut_or_overlong_one_is_refused() {
+        let b = ReportWriter::default()
+            .u8(7)
+            .u32(9)
+            .i32(-3)
+            .bytes(b"log")
+            .finish();
+        let mut r = ReportReader::new(&b);
+        assert_eq!(
+            (r.u8(), r.u32(), r.i32(), r.bytes(), r.end()),
+            (Some(7), Some(9), Some(-3), Some(&b"log"[..]), Some(()))
+        );
+        for cut in 0..b.len() {
+            let mut r = ReportReader::new(&b[..cut]);
+            let whole =
+                r.u8().is_some() && r.u32().is_some() && r.i32().is_some() && r.bytes().is_some();
+            assert!(!whole, "cut at {cut}");
+        }
+        let mut huge = ReportWriter::default().u8(1).finish();
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        let mut r = ReportReader::new(&huge);
+        assert_eq!((r.u8(), r.bytes()), (Some(1), None));
     }
 
     #[test]

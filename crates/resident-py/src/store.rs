@@ -167,7 +167,13 @@ mod tests {
         let mut m: Named<usize> = Named::default();
         let ids: Vec<String> = (0..2000)
             .map(|i| format!("kernel_{i}"))
-            .chain(["".into(), "a".into(), "ab".into(), "abcdefgh".into(), "abcdefghi".into()])
+            .chain([
+                "".into(),
+                "a".into(),
+                "ab".into(),
+                "abcdefgh".into(),
+                "abcdefghi".into(),
+            ])
             .collect();
         for (i, id) in ids.iter().enumerate() {
             m.insert(id.clone(), i);
