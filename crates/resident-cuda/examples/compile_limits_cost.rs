@@ -1,4 +1,4 @@
-//! What running the host compiler under `resident_cuda::limits` costs per compile: the same
+//! What running the host compiler under `resident_limits` costs per compile: the same
 //! small compile (`g++ -O2 -c`) run plainly (`Command::output`) and under the limits, in
 //! alternating pairs, each pair's difference reported. `cargo run --release -p resident-cuda
 //! --example compile_limits_cost [pairs]` prints one JSON line.

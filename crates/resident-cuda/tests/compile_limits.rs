@@ -1,4 +1,4 @@
-//! CudaSim compiles users' CUDA C in a child process under limits (`resident_cuda::limits`): a
+//! CudaSim compiles users' CUDA C in a child process under limits (`resident_limits`): a
 //! compile that never ends and one that allocates without bound each end within their limit
 //! with a typed error, and a ring kernel already running keeps answering meanwhile.
 
