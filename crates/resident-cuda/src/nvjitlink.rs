@@ -44,17 +44,24 @@ struct Api {
     _lib: Library,
 }
 
+/// Why the library could not be loaded: each name tried and the loader's answer, joined
+/// (kept for the process; every call's [`CudaError::JitLinkNotFound`] carries a copy).
+#[derive(Clone, Debug)]
+struct NotLoaded {
+    searched: String,
+}
+
 /// The library, loaded once; `Err` says what was tried and why it failed.
 fn api() -> std::result::Result<&'static Api, CudaError> {
-    static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
+    static API: OnceLock<std::result::Result<Api, NotLoaded>> = OnceLock::new();
     API.get_or_init(load)
         .as_ref()
-        .map_err(|searched| CudaError::JitLinkNotFound {
-            searched: searched.clone(),
+        .map_err(|e| CudaError::JitLinkNotFound {
+            searched: e.searched.clone(),
         })
 }
 
-fn load() -> std::result::Result<Api, String> {
+fn load() -> std::result::Result<Api, NotLoaded> {
     let mut names: Vec<String> = Vec::new();
     if let Some(p) = std::env::var_os(NVJITLINK_ENV).filter(|v| !v.is_empty()) {
         names.push(p.to_string_lossy().into_owned());
@@ -72,7 +79,9 @@ fn load() -> std::result::Result<Api, String> {
             Err(e) => why.push(describe(&e)),
         }
     }
-    Err(why.join("; "))
+    Err(NotLoaded {
+        searched: why.join("; "),
+    })
 }
 
 /// libloading's error with the loader's own text (`dlerror`, which names the file), which

@@ -207,6 +207,22 @@ impl PyRuntime {
     /// Runs a blocking engine wait in slices with the GIL released, checking for signals
     /// between slices; `f(slice)` returns `None` to go on waiting. A wait for a Python
     /// kernel's outputs passes its `Handoff` (counted as a waiter; see there).
+    /// The kernel's next output (its envelope and store key), waited for up to `t` in slices
+    /// ([`Self::sliced`]); `None` when none came in time.
+    fn wait_output(
+        py: Python<'_>,
+        k: &Kern,
+        t: Duration,
+    ) -> PyResult<Option<Result<(Envelope, u64), Error>>> {
+        let h = k.handle.clone();
+        Self::sliced(py, Some(&k.hand), t, |slice| {
+            match h.receive_envelope(slice) {
+                Err(Error::Timeout { .. }) => None,
+                other => Some(other),
+            }
+        })
+    }
+
     pub(crate) fn sliced<R: Send>(
         py: Python<'_>,
         hand: Option<&Handoff>,
@@ -865,13 +881,7 @@ impl PyRuntime {
             return Err(engine_error(py, &e));
         }
         if keys.is_empty() && !t.is_zero() {
-            let h = k.handle.clone();
-            let got = Self::sliced(py, Some(&k.hand), t, |slice| {
-                match h.receive_envelope(slice) {
-                    Err(Error::Timeout { .. }) => None,
-                    other => Some(other),
-                }
-            })?;
+            let got = Self::wait_output(py, &k, t)?;
             match got {
                 Some(Ok((_, key))) => {
                     keys.push(key);
@@ -1008,13 +1018,7 @@ impl PyRuntime {
     fn receive(&self, py: Python<'_>, kernel_id: &str, timeout: Option<f64>) -> PyResult<Output> {
         let k = self.kern(py, kernel_id)?;
         let t = timeout.map(secs).transpose()?.unwrap_or(Duration::MAX);
-        let h = k.handle.clone();
-        let got = Self::sliced(py, Some(&k.hand), t, |slice| {
-            match h.receive_envelope(slice) {
-                Err(Error::Timeout { .. }) => None,
-                other => Some(other),
-            }
-        })?;
+        let got = Self::wait_output(py, &k, t)?;
         match got {
             Some(Ok((env, key))) => match k.store.take(key) {
                 Some(o) => Ok((o, (env.message_id, env.correlation_id))),
