@@ -130,6 +130,11 @@ pub struct LatencySummary {
 /// How far back `throughput` looks.
 pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(1);
 
+/// A count an engine keeps and the core reads when asked (the outputs a forward target's
+/// kernel has taken from this kernel's device ring in the current link).
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub type LiveCount = Box<dyn Fn() -> u64 + Send>;
+
 /// The live counters of one kernel, written by its thread and its senders.
 #[doc(hidden)] // for the engines in the crate `resident`, not the API
 pub struct KernelMetrics {
@@ -149,9 +154,9 @@ pub struct KernelMetrics {
     /// Inputs not handled because their deadline had passed when the kernel took them.
     pub expired: AtomicU64,
     /// Device-side forwarding: outputs the forward target's kernel took in links that ended,
-    /// and the current link's ring with its consumer index when the link was requested (what
-    /// it took since is the ring's head minus that), so `KernelHandle::forwarding` is exact.
-    pub forwarded_device: Mutex<(u64, Option<(resident_cuda::persistent::PeerRing, u64)>)>,
+    /// and what it has taken in the current link so far (read live from the engine's ring), so
+    /// `KernelHandle::forwarding` is exact.
+    pub forwarded_device: Mutex<(u64, Option<LiveCount>)>,
     /// Outputs this kernel's host thread relayed into its forward target's input queue.
     pub forwarded_host: AtomicU64,
     /// Inputs this kernel's device took straight from a producer's output ring (they never

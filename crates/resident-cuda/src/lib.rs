@@ -11,12 +11,12 @@
 //! * [`stream`]: [`Stream`] and [`Event`]; [`overlap`]: copy/compute double buffering.
 //! * [`nvrtc`], [`cache`], [`module`]: CUDA C -> PTX, the disk cache, loaded kernels.
 //! * [`nvjitlink`]: LTO-IR (the template's and a function compiled elsewhere) -> CUBIN.
-//! * [`launch`]: launch geometry shared with the CPU backend.
+//! * [`LaunchConfig`]: launch geometry, from `resident_ring::launch` (every engine shares it).
 //! * [`telemetry`]: NVML readings (the transfer benchmark lives in `resident-bench`).
 #![deny(missing_docs)]
 
 // The driver layer (cudarc, NVML) is the `driver` feature (on by default). Without it the
-// crate is the part CudaSim and the CPU need: errors, launch geometry, the disk cache, the
+// crate is the part CudaSim and the CPU need: errors, the disk cache, the
 // persistent-kernel protocol and template, and CudaSim itself.
 pub mod arena;
 pub mod builtin;
@@ -26,7 +26,6 @@ pub mod cache;
 pub mod device;
 pub mod error;
 pub mod hazards;
-pub mod launch;
 #[cfg(feature = "driver")]
 mod loaded;
 #[cfg(feature = "driver")]
@@ -65,7 +64,6 @@ pub use device::{
 #[cfg(feature = "driver")]
 pub use error::DriverFault;
 pub use error::{bounded_log, jitlink_result_name, CudaError, Result, MAX_LOG_BYTES, MAX_LOG_LINE};
-pub use launch::LaunchConfig;
 #[cfg(feature = "driver")]
 pub use memory::DeviceBuffer;
 #[cfg(feature = "driver")]
@@ -78,6 +76,7 @@ pub use nvrtc::{compile_ltoir, compile_ptx, nvrtc_present, nvrtc_version, Compil
 pub use overlap::{DoubleBuffer, PipelineTiming};
 #[cfg(feature = "driver")]
 pub use pinned::{PinnedBuffer, PinnedMemory, PINNED_FLAGS};
+pub use resident_ring::launch::LaunchConfig;
 #[cfg(feature = "driver")]
 pub use result::{driver_present, driver_version};
 #[cfg(feature = "driver")]

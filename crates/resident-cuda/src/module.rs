@@ -6,12 +6,12 @@
 use crate::cache::{CacheKey, KernelCache};
 use crate::device::Device;
 use crate::error::{CudaError, Result};
-use crate::launch::LaunchConfig;
 pub use crate::loaded::Module;
 use crate::nvrtc::{compile_ptx, CompileOptions};
 use crate::result as r;
 use crate::stream::Stream;
 use bytemuck::Pod;
+use resident_ring::launch::LaunchConfig;
 use std::ffi::c_void;
 use std::sync::Arc;
 

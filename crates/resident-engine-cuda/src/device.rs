@@ -1,5 +1,6 @@
 //! The CUDA backend over `resident-cuda`.
 
+use crate::seam::SeamResult;
 use resident_core::engine::kernel::{Kernel, KernelArg};
 use resident_core::engine::storage::{
     DeviceMemory, DeviceMemoryInner, EngineHostMemory, EngineMemory, HostMemory, HostMemoryInner,
@@ -44,7 +45,7 @@ fn info_of(i: &resident_cuda::DeviceInfo) -> DeviceInfo {
 
 /// Properties of every CUDA device, or why there are none.
 pub fn device_infos() -> Result<Vec<DeviceInfo>> {
-    let list = resident_cuda::devices().map_err(BackendError::CudaUnavailable)?;
+    let list = resident_cuda::devices().map_err(crate::seam::unavailable)?;
     Ok(list.iter().map(info_of).collect())
 }
 
@@ -113,8 +114,8 @@ fn cuda_mem_mut<'a>(m: &'a mut DeviceMemory, what: &'static str) -> Result<&'a m
 impl CudaDevice {
     /// Opens CUDA device `ordinal`; [`BackendError::CudaUnavailable`] says why it cannot.
     pub fn open(ordinal: usize) -> Result<Self> {
-        let device = Device::open(ordinal).map_err(BackendError::CudaUnavailable)?;
-        let default_stream = resident_cuda::Stream::new(&device)?;
+        let device = Device::open(ordinal).map_err(crate::seam::unavailable)?;
+        let default_stream = resident_cuda::Stream::new(&device).seam()?;
         Ok(CudaDevice {
             device,
             default_stream,
@@ -148,10 +149,12 @@ impl ComputeDevice for CudaDevice {
     fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
         let q = crate::QUIESCE_TIMEOUT;
         let buf = if self.device.has_memory_pools() {
-            DeviceBuffer::zeroed(&self.device, bytes)?
+            DeviceBuffer::zeroed(&self.device, bytes).seam()?
         } else {
             self.device
-                .with_quiesced(q, || DeviceBuffer::zeroed(&self.device, bytes))??
+                .with_quiesced(q, || DeviceBuffer::zeroed(&self.device, bytes))
+                .seam()?
+                .seam()?
         };
         Ok(DeviceMemory {
             inner: DeviceMemoryInner::Engine(Box::new(CudaMemory(buf))),
@@ -165,7 +168,9 @@ impl ComputeDevice for CudaDevice {
         let q = crate::QUIESCE_TIMEOUT;
         let mem = self
             .device
-            .with_quiesced(q, || PinnedMemory::new(&self.device, bytes.max(1)))??;
+            .with_quiesced(q, || PinnedMemory::new(&self.device, bytes.max(1)))
+            .seam()?
+            .seam()?;
         Ok(HostMemory {
             inner: HostMemoryInner::Pinned(Box::new(CudaPinned(mem))),
             len: bytes,
@@ -174,22 +179,13 @@ impl ComputeDevice for CudaDevice {
 
     fn copy_to_device(&self, dst: &mut DeviceMemory, src: &[u8]) -> Result<()> {
         let dst = cuda_mem_mut(dst, "copy_to_device")?;
-        Ok(resident_core::profile::transfer(
-            "cuda",
-            ToDevice,
-            src.len(),
-            || dst.copy_from_host(src),
-        )?)
+        resident_core::profile::transfer("cuda", ToDevice, src.len(), || dst.copy_from_host(src))
+            .seam()
     }
 
     fn copy_to_host(&self, dst: &mut [u8], src: &DeviceMemory) -> Result<()> {
         let src = cuda_mem(src, "copy_to_host")?;
-        Ok(resident_core::profile::transfer(
-            "cuda",
-            ToHost,
-            dst.len(),
-            || src.copy_to_host(dst),
-        )?)
+        resident_core::profile::transfer("cuda", ToHost, dst.len(), || src.copy_to_host(dst)).seam()
     }
 
     unsafe fn copy_to_device_async(
@@ -201,12 +197,10 @@ impl ComputeDevice for CudaDevice {
         let s = self.stream(Some(stream));
         let dst = cuda_mem_mut(dst, "copy_to_device_async")?;
         // Async: the span covers the enqueue only.
-        Ok(resident_core::profile::transfer(
-            "cuda",
-            ToDevice,
-            src.len(),
-            || dst.copy_from_host_async(src, s),
-        )?)
+        resident_core::profile::transfer("cuda", ToDevice, src.len(), || {
+            dst.copy_from_host_async(src, s)
+        })
+        .seam()
     }
 
     unsafe fn copy_to_host_async(
@@ -218,12 +212,10 @@ impl ComputeDevice for CudaDevice {
         let s = self.stream(Some(stream));
         let src = cuda_mem(src, "copy_to_host_async")?;
         // Async: the span covers the enqueue only.
-        Ok(resident_core::profile::transfer(
-            "cuda",
-            ToHost,
-            dst.len(),
-            || src.copy_to_host_async(dst, s),
-        )?)
+        resident_core::profile::transfer("cuda", ToHost, dst.len(), || {
+            src.copy_to_host_async(dst, s)
+        })
+        .seam()
     }
 
     // `cuStreamCreate` can wait for the device (resident_cuda::hazards: on an H200 the 35th
@@ -233,14 +225,16 @@ impl ComputeDevice for CudaDevice {
         let q = crate::QUIESCE_TIMEOUT;
         let stream = self
             .device
-            .with_quiesced(q, || resident_cuda::Stream::new(&self.device))??;
+            .with_quiesced(q, || resident_cuda::Stream::new(&self.device))
+            .seam()?
+            .seam()?;
         Ok(Stream {
             engine: Some(Arc::new(stream)),
         })
     }
 
     fn synchronize(&self, stream: &Stream) -> Result<()> {
-        Ok(self.stream(Some(stream)).synchronize()?)
+        self.stream(Some(stream)).synchronize().seam()
     }
 
     fn launch(
@@ -258,7 +252,7 @@ impl ComputeDevice for CudaDevice {
                     kernel: kernel.name().to_string(),
                 })?;
         crate::check_source(kernel, source)?;
-        let f = self.device.kernel(source, entry, options, None)?;
+        let f = self.device.kernel(source, entry, options, None).seam()?;
         let mut params = KernelParams::new();
         for a in args {
             match a {
@@ -266,7 +260,7 @@ impl ComputeDevice for CudaDevice {
                     params.push_ptr(*address);
                 }
                 KernelArg::Scalar { bytes, len } => {
-                    params.push_bytes(&bytes[..*len])?;
+                    params.push_bytes(&bytes[..*len]).seam()?;
                 }
             }
         }
@@ -275,9 +269,9 @@ impl ComputeDevice for CudaDevice {
         // SAFETY: buffer arguments borrow their memory for the duration of `args`, and we wait
         // for the kernel before returning, so no borrow ends while it runs. The parameter list
         // matching the kernel's signature is the kernel author's contract (as in CUDA C).
-        unsafe { f.launch(cfg, s, &mut params)? };
+        unsafe { f.launch(cfg, s, &mut params).seam()? };
         let t1 = std::time::Instant::now();
-        s.synchronize()?;
+        s.synchronize().seam()?;
         resident_core::profile::device_launch(
             "cuda",
             cfg.index_space(),
@@ -286,5 +280,32 @@ impl ComputeDevice for CudaDevice {
             std::time::Instant::now(),
         );
         Ok(())
+    }
+}
+
+/// The GPUs' telemetry for the profiler's report (NVML), or why there is none
+/// (`Engines::device_telemetry`).
+pub fn telemetry() -> (Vec<resident_core::profile::GpuTelemetry>, Option<String>) {
+    // NVML is looked up only when a CUDA driver is present (no driver, no NVML).
+    if !resident_cuda::driver_present() {
+        return (Vec::new(), Some("no CUDA driver on this machine".into()));
+    }
+    match resident_cuda::telemetry::read_all() {
+        Ok(v) => (
+            v.into_iter()
+                .map(|d| resident_core::profile::GpuTelemetry {
+                    index: d.index,
+                    name: d.name,
+                    gpu_utilization_pct: d.gpu_utilization_pct,
+                    memory_utilization_pct: d.memory_utilization_pct,
+                    memory_used: d.memory_used,
+                    memory_total: d.memory_total,
+                    power_mw: d.power_mw,
+                    temperature_c: d.temperature_c,
+                })
+                .collect(),
+            None,
+        ),
+        Err(e) => (Vec::new(), Some(format!("NVML unavailable: {e}"))),
     }
 }

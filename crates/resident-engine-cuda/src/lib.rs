@@ -12,6 +12,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+mod forward;
 pub mod launch;
 // The handler is plain data, kept in every build; its GPU parts follow the `cuda` feature.
 #[cfg_attr(
@@ -19,6 +21,8 @@ pub mod launch;
     allow(dead_code, unused_imports)
 )]
 pub mod ring;
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+mod seam;
 #[cfg(feature = "cudasim")]
 pub mod sim;
 

@@ -3,6 +3,8 @@
 //! feature); the same kernel source runs on CudaSim in [`crate::sim`] (the `cudasim` feature).
 //! The pump that drives them is `resident_core::runtime::host::device`.
 
+#[cfg(feature = "cuda")]
+use crate::seam::SeamResult;
 use std::sync::Arc;
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 use std::time::Duration;
@@ -22,7 +24,12 @@ use resident_core::runtime::bind::{DeviceBinding, DeviceBuffers, ElemDecl};
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 use resident_core::runtime::host::device::StateSnapshot;
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
-use resident_core::runtime::host::device::{DeviceRing, RingCounters};
+use resident_core::runtime::host::device::{DeviceLink, DeviceRing, RingCounters};
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+use resident_core::{engine::BackendKind, runtime::io::KernelIo};
+
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+use crate::forward::{CudaInbox, Forwarder};
 
 pub use resident_core::engine::BUFFER_SYNC_TIMEOUT;
 
@@ -352,7 +359,7 @@ impl<In, Out> CudaHandler<In, Out> {
         let source = self.kernel_source(kernel_id, g.batch_size, self.declared_decls()?);
         resident_cuda::persistent::compile_ptx(&source, arch)
             .map(|k| k.ptx)
-            .map_err(DeviceError::from)
+            .seam()
     }
 }
 
@@ -370,7 +377,7 @@ impl<In, Out> CudaHandler<In, Out> {
     ) -> Result<Vec<resident_cuda::persistent::SassReport>, DeviceError> {
         let g = DeviceGeometry::new(1, 2, batch_size);
         let source = self.kernel_source(kernel_id, g.batch_size, self.declared_decls()?);
-        resident_cuda::persistent::compile_sass_report(&source, sm).map_err(DeviceError::from)
+        resident_cuda::persistent::compile_sass_report(&source, sm).seam()
     }
 
     #[cfg(feature = "cuda")]
@@ -386,7 +393,7 @@ impl<In, Out> CudaHandler<In, Out> {
     ) -> Result<Vec<u8>, DeviceError> {
         let g = DeviceGeometry::new(1, 2, batch_size);
         let source = self.kernel_source(kernel_id, g.batch_size, self.declared_decls()?);
-        resident_cuda::persistent::link_cubin(&source, sm).map_err(DeviceError::from)
+        resident_cuda::persistent::link_cubin(&source, sm).seam()
     }
 }
 
@@ -422,7 +429,7 @@ impl DeviceGeometry {
 
 #[cfg(feature = "cuda")]
 /// A persistent kernel on a GPU, as the one CUDA ring.
-pub(crate) type GpuEngine<In, Out> = CudaRing<PersistentKernel<In, Out>>;
+pub(crate) type GpuEngine<In, Out> = CudaRing<In, Out, PersistentKernel<In, Out>>;
 
 /// The engines' bound buffers as the runtime's [`DeviceBuffers`]: sizes checked per binding,
 /// then the engine's synchronized copy.
@@ -441,10 +448,10 @@ pub(crate) trait EngineBuffers: Send + Sync {
 #[cfg(feature = "cuda")]
 impl EngineBuffers for GpuBuffers {
     fn read(&self, index: usize, out: &mut [u8]) -> Result<(), DeviceError> {
-        Ok(GpuBuffers::read(self, index, out, BUFFER_SYNC_TIMEOUT)?)
+        GpuBuffers::read(self, index, out, BUFFER_SYNC_TIMEOUT).seam()
     }
     fn write(&self, index: usize, data: &[u8]) -> Result<(), DeviceError> {
-        Ok(GpuBuffers::write(self, index, data, BUFFER_SYNC_TIMEOUT)?)
+        GpuBuffers::write(self, index, data, BUFFER_SYNC_TIMEOUT).seam()
     }
 }
 
@@ -460,7 +467,7 @@ struct GpuStateRead(Arc<resident_cuda::persistent::GpuState>);
 #[cfg(feature = "cuda")]
 impl StateSnapshot for GpuStateRead {
     fn read(&self) -> Result<Vec<u8>, DeviceError> {
-        Ok(self.0.read(BUFFER_SYNC_TIMEOUT)?)
+        self.0.read(BUFFER_SYNC_TIMEOUT).seam()
     }
 }
 
@@ -502,7 +509,7 @@ impl<B: EngineBuffers + 'static> DeviceBuffers for BoundBuffers<B> {
 }
 
 #[cfg(feature = "cuda")]
-impl<In: Message, Out: Message> CudaRing<PersistentKernel<In, Out>> {
+impl<In: Message, Out: Message> CudaRing<In, Out, PersistentKernel<In, Out>> {
     pub fn launch(
         id: &str,
         handler: &CudaHandler<In, Out>,
@@ -514,15 +521,15 @@ impl<In: Message, Out: Message> CudaRing<PersistentKernel<In, Out>> {
             queues: g.queues(),
             buffers,
             // RESIDENT_BULK_LANE / RESIDENT_BULK_THRESHOLD; a bad value is a typed error.
-            bulk: resident_cuda::persistent::BulkConfig::from_env()?,
+            bulk: resident_cuda::persistent::BulkConfig::from_env().seam()?,
             ..LaunchOptions::default()
         };
-        let kernel = PersistentKernel::launch(&source, &handler.state, &opts)?;
+        let kernel = PersistentKernel::launch(&source, &handler.state, &opts).seam()?;
         let buffers = kernel
             .buffers()
             .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
         let state: Arc<dyn StateSnapshot> = Arc::new(GpuStateRead(kernel.state()));
-        Ok((CudaRing { kernel }, buffers, state))
+        Ok((CudaRing::new(kernel, BackendKind::Cuda), buffers, state))
     }
 }
 
@@ -561,23 +568,24 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for PersistentKernel<In,
         PersistentKernel::receive_into(self, out, max)
     }
     fn set_active(&mut self, on: bool) -> Result<(), DeviceError> {
-        Ok(if on {
+        if on {
             self.activate()
         } else {
             self.deactivate()
-        }?)
+        }
+        .seam()
     }
     fn heartbeat(&mut self) {
         // PersistentKernel runs its own heartbeat thread.
     }
     fn check(&mut self) -> Result<(), DeviceError> {
-        Ok(PersistentKernel::check(self)?)
+        PersistentKernel::check(self).seam()
     }
     fn device_counters(&self) -> resident_cuda::persistent::DeviceCounters {
         PersistentKernel::device_counters(self)
     }
     fn terminate(&mut self, timeout: Duration) -> Result<(), DeviceError> {
-        PersistentKernel::terminate(self, timeout)?;
+        PersistentKernel::terminate(self, timeout).seam()?;
         Ok(())
     }
     fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>> {
@@ -591,18 +599,39 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for PersistentKernel<In,
     }
     unsafe fn resync_output(&mut self) -> Result<(), DeviceError> {
         // SAFETY: the caller's contract (the link's phase is Free).
-        Ok(unsafe { PersistentKernel::resync_output(self) }?)
+        unsafe { PersistentKernel::resync_output(self) }.seam()
     }
 }
 
 /// The one `DeviceRing` of the CUDA engine, over a persistent kernel on either launcher.
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
-pub(crate) struct CudaRing<K> {
+pub(crate) struct CudaRing<In, Out, K> {
     pub kernel: K,
+    /// This kernel as a consumer: its peer-input slot, offered on its input port.
+    inbox: Arc<CudaInbox>,
+    /// This kernel as a producer: its link to its forward target (from `attach` on).
+    forward: Option<Forwarder<In, Out>>,
 }
 
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
-impl<In: Message, Out: Message, K: PersistentRing<In, Out>> DeviceRing<In, Out> for CudaRing<K> {
+impl<In: Message, Out: Message, K: PersistentRing<In, Out>> CudaRing<In, Out, K> {
+    pub(crate) fn new(kernel: K, backend: BackendKind) -> Self {
+        let inbox = Arc::new(CudaInbox {
+            backend,
+            peer: kernel.peer_input(),
+        });
+        CudaRing {
+            kernel,
+            inbox,
+            forward: None,
+        }
+    }
+}
+
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+impl<In: Message, Out: Message, K: PersistentRing<In, Out>> DeviceRing<In, Out>
+    for CudaRing<In, Out, K>
+{
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
         self.kernel.send_batch(slots)
     }
@@ -624,31 +653,46 @@ impl<In: Message, Out: Message, K: PersistentRing<In, Out>> DeviceRing<In, Out> 
             processed: c.processed,
             batches: c.batches,
             lost: c.undelivered,
-            forwarded: 0,
+            forwarded: c.peer_taken,
         }
     }
     fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError> {
-        self.kernel.terminate(timeout)
+        let stopped = self.kernel.terminate(timeout);
+        // As a consumer: once the block has ended for good, a linked producer owns its ring
+        // again.
+        if stopped.is_ok() {
+            self.inbox.peer.close();
+        }
+        stopped
     }
     fn reclaim(&mut self) -> Vec<Slot<In>> {
         self.kernel.reclaim_input().unwrap_or_default()
     }
-    fn output_peer(&self) -> Option<resident_cuda::persistent::PeerRing> {
-        self.kernel.output_peer_ring()
+    fn attach(&mut self, io: &Arc<KernelIo<In, Out>>) {
+        *io.device_link().lock() = Some(self.inbox.clone());
+        self.forward = Some(Forwarder::new(
+            io,
+            self.inbox.backend,
+            self.kernel.host_dilation(),
+        ));
     }
-    fn peer_input(&self) -> Option<Arc<resident_cuda::persistent::PeerInput>> {
-        Some(self.kernel.peer_input())
+    fn device_link(&self) -> Option<Arc<dyn DeviceLink>> {
+        Some(self.inbox.clone())
     }
-    fn resync_output(&mut self) -> Result<(), DeviceError> {
-        // SAFETY: called only once the link's phase is Free: the consumer kernel acknowledged
-        // the unlink (or ended for good), so the host is the ring's only consumer again.
-        unsafe { self.kernel.resync_output() }
+    fn forward_round(&mut self, drained: bool) -> Result<bool, DeviceError> {
+        // As a consumer: link a requested peer ring once everything accepted before is in
+        // the device lanes.
+        self.inbox.peer.service(drained);
+        match &mut self.forward {
+            Some(f) => f.step(&mut self.kernel),
+            None => Ok(true),
+        }
     }
-    fn peer_taken(&self) -> u64 {
-        self.kernel.device_counters().peer_taken
-    }
-    fn host_dilation(&self) -> u32 {
-        self.kernel.host_dilation()
+    fn release_output(&mut self) -> bool {
+        match &mut self.forward {
+            Some(f) => f.release(&mut self.kernel),
+            None => true,
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! memory. Nothing here says anything about GPU speed; it runs the kernel source where there
 //! is no GPU, so it can be tested and debugged.
 
+use crate::seam::SeamResult;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,14 +41,14 @@ use crate::QUIESCE_TIMEOUT;
 /// Runs `op` under the residency rule: every resident CudaSim ring kernel of the process parks
 /// and exits first (queues, indices and state stay) and is relaunched where it left off after.
 fn quiesced<R>(op: impl FnOnce() -> R) -> std::result::Result<R, DeviceError> {
-    Ok(with_all_quiesced(QUIESCE_TIMEOUT, op)?)
+    with_all_quiesced(QUIESCE_TIMEOUT, op).seam()
 }
 
 /// A ring kernel's CUDA handler running as the persistent template on CudaSim, as the one
 /// CUDA ring.
-pub(crate) type SimEngine<In, Out> = CudaRing<SimKernel<In, Out>>;
+pub(crate) type SimEngine<In, Out> = CudaRing<In, Out, SimKernel<In, Out>>;
 
-impl<In: Message, Out: Message> CudaRing<SimKernel<In, Out>> {
+impl<In: Message, Out: Message> CudaRing<In, Out, SimKernel<In, Out>> {
     /// Compiles (or finds cached) and starts the kernel; returns once it reports resident.
     /// Follows the residency rule: the kernels already resident are quiesced for the launch
     /// (module load, allocations, the launch) and relaunched after it.
@@ -67,34 +68,34 @@ impl<In: Message, Out: Message> CudaRing<SimKernel<In, Out>> {
             heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
             buffers,
             // RESIDENT_BULK_LANE / RESIDENT_BULK_THRESHOLD; a bad value is a typed error.
-            bulk: resident_cuda::persistent::BulkConfig::from_env()?,
+            bulk: resident_cuda::persistent::BulkConfig::from_env().seam()?,
             ..SimLaunchOptions::default()
         };
         // Compiling touches no device: outside the quiesce, so resident kernels keep running.
-        let module = resident_cuda::persistent::compile_sim(&source)?;
+        let module = resident_cuda::persistent::compile_sim(&source).seam()?;
         // After a device fault the context is reset once no kernel of it is left (the driver
         // model's cuDevicePrimaryCtxReset); until then a launch fails typed.
         SimContext::get().recover(QUIESCE_TIMEOUT);
         // Only a launch that loads a new module or grows the pinned arena needs the device
         // idle; any other launches beside the resident kernels (a stuck one included).
         if SimKernel::<In, Out>::launch_needs_idle_device(&module, &opts) {
-            quiesced(|| SimKernel::<In, Out>::prepare(&module, &opts))??;
+            quiesced(|| SimKernel::<In, Out>::prepare(&module, &opts))?.seam()?;
         }
-        let kernel = SimKernel::launch_compiled(&module, &source, &handler.state, &opts)?;
+        let kernel = SimKernel::launch_compiled(&module, &source, &handler.state, &opts).seam()?;
         let buffers = kernel
             .buffers()
             .map(|b| Arc::new(BoundBuffers::new(b, bindings)) as Arc<dyn DeviceBuffers>);
         let state: Arc<dyn StateSnapshot> = Arc::new(SimStateRead(kernel.state()));
-        Ok((CudaRing { kernel }, buffers, state))
+        Ok((CudaRing::new(kernel, BackendKind::CudaSim), buffers, state))
     }
 }
 
 impl EngineBuffers for SimBuffers {
     fn read(&self, index: usize, out: &mut [u8]) -> std::result::Result<(), DeviceError> {
-        Ok(SimBuffers::read(self, index, out, BUFFER_SYNC_TIMEOUT)?)
+        SimBuffers::read(self, index, out, BUFFER_SYNC_TIMEOUT).seam()
     }
     fn write(&self, index: usize, data: &[u8]) -> std::result::Result<(), DeviceError> {
-        Ok(SimBuffers::write(self, index, data, BUFFER_SYNC_TIMEOUT)?)
+        SimBuffers::write(self, index, data, BUFFER_SYNC_TIMEOUT).seam()
     }
 }
 
@@ -103,7 +104,7 @@ struct SimStateRead(Arc<SimState>);
 
 impl StateSnapshot for SimStateRead {
     fn read(&self) -> std::result::Result<Vec<u8>, DeviceError> {
-        Ok(self.0.read(BUFFER_SYNC_TIMEOUT)?)
+        self.0.read(BUFFER_SYNC_TIMEOUT).seam()
     }
 }
 
@@ -126,13 +127,13 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for SimKernel<In, Out> {
         SimKernel::heartbeat(self);
     }
     fn check(&mut self) -> std::result::Result<(), DeviceError> {
-        Ok(SimKernel::check(self)?)
+        SimKernel::check(self).seam()
     }
     fn device_counters(&self) -> resident_cuda::persistent::DeviceCounters {
         SimKernel::device_counters(self)
     }
     fn terminate(&mut self, timeout: Duration) -> std::result::Result<(), DeviceError> {
-        Ok(SimKernel::terminate(self, timeout)?)
+        SimKernel::terminate(self, timeout).seam()
     }
     fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>> {
         SimKernel::reclaim_input(self)
@@ -145,7 +146,7 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for SimKernel<In, Out> {
     }
     unsafe fn resync_output(&mut self) -> std::result::Result<(), DeviceError> {
         // SAFETY: the caller's contract (the link's phase is Free).
-        Ok(unsafe { self.queues().resync_output() }?)
+        unsafe { self.queues().resync_output() }.seam()
     }
     fn host_dilation(&self) -> u32 {
         // CudaSim's speed model (off unless asked for): see `resident_cuda::sim_driver`.
@@ -167,7 +168,7 @@ pub struct CudaSimDevice {
 impl CudaSimDevice {
     /// The CudaSim device; an error when no host C++ compiler runs.
     pub fn open() -> Result<Self> {
-        resident_cuda::sim::compiler()?;
+        resident_cuda::sim::compiler().seam()?;
         Ok(CudaSimDevice::default())
     }
 
@@ -197,8 +198,9 @@ impl CudaSimDevice {
                 extra,
                 ..SimOptions::default()
             },
-        )?;
-        let instance = Arc::new(module.instantiate()?);
+        )
+        .seam()?;
+        let instance = Arc::new(module.instantiate().seam()?);
         self.modules.lock().insert(key, instance.clone());
         Ok((instance, entry.clone()))
     }
@@ -238,7 +240,7 @@ impl ComputeDevice for CudaSimDevice {
     // parked.
     fn alloc(&self, bytes: usize) -> Result<DeviceMemory> {
         let ctx = SimContext::get();
-        ctx.call(DriverCall::MemAllocAsync)?;
+        ctx.call(DriverCall::MemAllocAsync).seam()?;
         self.host.alloc(bytes)
     }
 
@@ -247,10 +249,10 @@ impl ComputeDevice for CudaSimDevice {
             return self.host.alloc_host(bytes, false);
         }
         with_all_quiesced(QUIESCE_TIMEOUT, || {
-            SimContext::get().call(DriverCall::MemHostAlloc)?;
+            SimContext::get().call(DriverCall::MemHostAlloc).seam()?;
             self.host.alloc_host(bytes, true)
         })
-        .map_err(BackendError::Residency)?
+        .map_err(|e| BackendError::Residency(resident_core::engine::EngineError::new(e)))?
     }
 
     fn copy_to_device(&self, dst: &mut DeviceMemory, src: &[u8]) -> Result<()> {
@@ -325,7 +327,7 @@ impl ComputeDevice for CudaSimDevice {
         // SAFETY: buffer addresses are host memory of this backend borrowed for the launch by
         // the `KernelArg`s (writable ones exclusively); the launcher checks the argument count
         // and sizes against the kernel's signature; `values` outlives the call.
-        unsafe { instance.launch(&entry, cfg.grid, cfg.block, &ptrs, &sizes) }?;
+        unsafe { instance.launch(&entry, cfg.grid, cfg.block, &ptrs, &sizes) }.seam()?;
         Ok(())
     }
 }

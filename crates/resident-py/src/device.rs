@@ -249,12 +249,12 @@ impl DeviceSpec {
             Ok(None) => Err(PyValueError::new_err("this kernel has no CUDA handler")),
             Ok(Some(Ok(cubin))) => Ok(pyo3::types::PyBytes::new(py, &cubin)),
             Ok(Some(Err(e))) => {
-                let class = match &e {
-                    DeviceError::Cuda(
+                let class = match e.engine::<PersistentError>() {
+                    Some(
                         PersistentError::JitLinkUnavailable(_)
                         | PersistentError::NvrtcUnavailable(_),
                     ) => "NumbaNotAvailableError",
-                    e if is_compile_error(e) => "CompilationError",
+                    _ if is_compile_error(&e) => "CompilationError",
                     _ => "DeviceError",
                 };
                 Err(crate::build(
@@ -392,25 +392,29 @@ impl DeviceSpec {
 pub(crate) fn is_compile_error(e: &DeviceError) -> bool {
     use resident::cuda::{sim::SimError, CudaError};
     matches!(
+        e.engine::<PersistentError>(),
+        Some(
+            PersistentError::Compile { .. }
+                | PersistentError::Link { .. }
+                | PersistentError::Include { .. }
+                | PersistentError::Sim(
+                    SimError::Compile { .. }
+                        | SimError::CompileTimeout { .. }
+                        | SimError::CompileOutOfMemory { .. }
+                        | SimError::CompileCrashed { .. }
+                        | SimError::ForbiddenAssembly { .. }
+                )
+                | PersistentError::Cuda(
+                    CudaError::Compile { .. }
+                        | CudaError::CompileTimeout { .. }
+                        | CudaError::CompileOutOfMemory { .. }
+                        | CudaError::CompileCrashed { .. }
+                        | CudaError::JitLinkStopped { .. }
+                )
+        )
+    ) || matches!(
         e,
-        DeviceError::Cuda(PersistentError::Compile { .. })
-            | DeviceError::Cuda(PersistentError::Link { .. })
-            | DeviceError::Cuda(PersistentError::Include { .. })
-            | DeviceError::Cuda(PersistentError::Sim(
-                SimError::Compile { .. }
-                    | SimError::CompileTimeout { .. }
-                    | SimError::CompileOutOfMemory { .. }
-                    | SimError::CompileCrashed { .. }
-                    | SimError::ForbiddenAssembly { .. }
-            ))
-            | DeviceError::Cuda(PersistentError::Cuda(
-                CudaError::Compile { .. }
-                    | CudaError::CompileTimeout { .. }
-                    | CudaError::CompileOutOfMemory { .. }
-                    | CudaError::CompileCrashed { .. }
-                    | CudaError::JitLinkStopped { .. }
-            ))
-            | DeviceError::Wgsl(WgslLaunchError::Compile(_) | WgslLaunchError::Stopped(_))
+        DeviceError::Wgsl(WgslLaunchError::Compile(_) | WgslLaunchError::Stopped(_))
     )
 }
 

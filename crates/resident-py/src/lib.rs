@@ -159,10 +159,8 @@ fn describe(e: &Error, has_message: bool) -> Described {
         Error::BackendUnavailable { .. } => ("BackendNotAvailableError", None),
         Error::Device { source, .. } => (
             if matches!(
-                &**source,
-                resident::backend::DeviceError::Cuda(
-                    resident::cuda::persistent::PersistentError::JitLinkUnavailable(_)
-                )
+                source.engine::<resident::cuda::persistent::PersistentError>(),
+                Some(resident::cuda::persistent::PersistentError::JitLinkUnavailable(_))
             ) {
                 // A numba= handler's kernel on a GPU without nvJitLink: the extra brings it.
                 "NumbaNotAvailableError"

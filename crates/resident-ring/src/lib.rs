@@ -13,6 +13,8 @@
 //! * [`call`]: [`CallSlot`], where the reply of a waiting request/response call lands.
 //! * [`handoff`]: [`handoff::InHand`], who owns each message of the batch in hand when a
 //!   `terminate` gives up on a handler that never returns.
+//! * [`launch`]: the launch geometry ([`LaunchConfig`]) every engine and the CUDA driver layer
+//!   share: an explicit grid and block, or a block size chosen for `n` elements.
 //!
 //! Under `--cfg loom` the SPSC ring, the signal, the call slot and the handoff are built on
 //! loom's primitives for the model checks in `tests/loom_*.rs`; the mailbox is left out of that build.
@@ -24,6 +26,7 @@
 pub mod call;
 pub mod envelope;
 pub mod handoff;
+pub mod launch;
 // The loom build (`--cfg loom`) models the SPSC ring, the signal and the call slot; the
 // mailbox, built on them with parking_lot locks, is checked by its own model-based and
 // stress tests instead and left out of that build.
@@ -36,6 +39,7 @@ pub mod wait;
 
 pub use call::CallSlot;
 pub use envelope::{Envelope, MessageId, Slot, DEFAULT_PRIORITY, FLAG_CALL};
+pub use launch::LaunchConfig;
 #[cfg(not(loom))]
 pub use mailbox::{lane_of, Backpressure, Mailbox, MailboxConfig, Writer};
 pub use message::{DeviceMessage, Message, WgslLayoutError};

@@ -495,7 +495,12 @@ fn struct_elements_and_typed_errors() {
             .bind("w", buf(&d, &[0u32; 2]))
             .cuda(CudaHandler::new(BUMP_SRC)),
     ) {
-        DeviceError::Cuda(PersistentError::Compile { log, .. }) => {
+        DeviceError::Cuda(c)
+            if matches!(c.downcast_ref(), Some(PersistentError::Compile { .. })) =>
+        {
+            let Some(PersistentError::Compile { log, .. }) = c.downcast_ref() else {
+                unreachable!()
+            };
             assert!(log.contains("v_len") || log.contains("v"), "{log}")
         }
         e => panic!("expected a compile error, got {e}"),
@@ -525,8 +530,9 @@ fn handlers_with_bindings_compile_for_sm_90_with_nvrtc() {
                     .expect("the persistent entry is compiled");
                 assert!(p.registers > 0, "{p:?}");
             }
-            Err(e @ DeviceError::Cuda(PersistentError::NvrtcUnavailable(_)))
-                if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
+            Err(e)
+                if matches!(&e, DeviceError::Cuda(c) if matches!(c.downcast_ref(), Some(PersistentError::NvrtcUnavailable(_))))
+                    && std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
             {
                 println!(
                     "SKIP: bind_cudasim::handlers_with_bindings_compile_for_sm_90_with_nvrtc: {e}"
@@ -538,8 +544,10 @@ fn handlers_with_bindings_compile_for_sm_90_with_nvrtc() {
     }
     // Without the declarations the fifth argument is missing: a typed compile error.
     match CudaHandler::<Idx, Done>::new(SCALE_SRC).compile_ptx("undeclared", 64, "compute_90") {
-        Err(DeviceError::Cuda(PersistentError::Compile { .. })) => {}
-        Err(DeviceError::Cuda(PersistentError::NvrtcUnavailable(_))) => {}
+        Err(DeviceError::Cuda(c))
+            if matches!(c.downcast_ref(), Some(PersistentError::Compile { .. })) => {}
+        Err(DeviceError::Cuda(c))
+            if matches!(c.downcast_ref(), Some(PersistentError::NvrtcUnavailable(_))) => {}
         other => panic!("expected a compile error, got {other:?}"),
     }
 }

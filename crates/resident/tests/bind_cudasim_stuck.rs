@@ -69,7 +69,8 @@ fn a_read_while_the_handler_is_stuck_is_a_bounded_typed_error() {
     let t0 = Instant::now();
     match k.read_buffer::<u32>("x", Duration::from_secs(1)) {
         Err(BindError::Device { source, .. }) => match *source {
-            DeviceError::Cuda(PersistentError::Timeout { .. }) => {}
+            DeviceError::Cuda(c)
+                if matches!(c.downcast_ref(), Some(PersistentError::Timeout { .. })) => {}
             e => panic!("expected a timeout, got {e}"),
         },
         Err(e) => panic!("expected a device timeout, got {e}"),
@@ -89,7 +90,8 @@ fn a_read_while_the_handler_is_stuck_is_a_bounded_typed_error() {
             source,
             ..
         }) => match *source {
-            DeviceError::Cuda(PersistentError::Timeout { .. }) => {}
+            DeviceError::Cuda(c)
+                if matches!(c.downcast_ref(), Some(PersistentError::Timeout { .. })) => {}
             e => panic!("expected a timeout, got {e}"),
         },
         other => panic!("expected a device timeout, got {other:?}"),

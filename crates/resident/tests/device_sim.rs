@@ -206,8 +206,9 @@ fn handler_compiles_in_the_persistent_template_with_nvrtc() {
             );
             assert!(ptx.contains(".entry resident_persistent"));
         }
-        Err(e @ DeviceError::Cuda(PersistentError::NvrtcUnavailable(_)))
-            if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
+        Err(e)
+            if matches!(&e, DeviceError::Cuda(c) if matches!(c.downcast_ref(), Some(PersistentError::NvrtcUnavailable(_))))
+                && std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
         {
             eprintln!("SKIP: NVRTC not available: {e}");
         }
@@ -215,10 +216,16 @@ fn handler_compiles_in_the_persistent_template_with_nvrtc() {
     }
     let broken = CudaHandler::<Tick, Notional>::new("__device__ bool handle(ResidentState*, const ResidentIn*, ResidentOut*, const Envelope*) { return nope; }");
     match broken.compile_ptx("broken", 64, "compute_90") {
-        Err(DeviceError::Cuda(PersistentError::Compile { log, .. })) => {
+        Err(DeviceError::Cuda(c))
+            if matches!(c.downcast_ref(), Some(PersistentError::Compile { .. })) =>
+        {
+            let Some(PersistentError::Compile { log, .. }) = c.downcast_ref() else {
+                unreachable!()
+            };
             assert!(log.contains("nope"), "the NVRTC log names the error: {log}")
         }
-        Err(DeviceError::Cuda(PersistentError::NvrtcUnavailable(_))) => {}
+        Err(DeviceError::Cuda(c))
+            if matches!(c.downcast_ref(), Some(PersistentError::NvrtcUnavailable(_))) => {}
         other => panic!("a broken handler must be a typed compile error: {other:?}"),
     }
 }
@@ -237,8 +244,9 @@ fn handler_assembles_to_hopper_machine_code_with_nvrtc() {
             assert!(persistent.registers > 0);
             assert_eq!(persistent.spill_store_bytes, 0, "{persistent:?}");
         }
-        Err(e @ DeviceError::Cuda(PersistentError::NvrtcUnavailable(_)))
-            if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
+        Err(e)
+            if matches!(&e, DeviceError::Cuda(c) if matches!(c.downcast_ref(), Some(PersistentError::NvrtcUnavailable(_))))
+                && std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
         {
             eprintln!("SKIP: NVRTC not available: {e}");
         }

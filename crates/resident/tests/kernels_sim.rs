@@ -103,7 +103,7 @@ fn launch_errors_are_typed() {
         )
         .unwrap_err();
     assert!(
-        matches!(&e, BackendError::Sim(SimError::BadLaunch { reason, .. }) if reason.contains("3 arguments")),
+        matches!(&e, BackendError::Sim(s) if matches!(s.downcast_ref(), Some(SimError::BadLaunch { reason, .. }) if reason.contains("3 arguments"))),
         "{e}"
     );
     let args = [
@@ -115,7 +115,7 @@ fn launch_errors_are_typed() {
         .launch(&k, LaunchConfig::new(1, 32), &args, None)
         .unwrap_err();
     assert!(
-        matches!(&e, BackendError::Sim(SimError::BadLaunch { reason, .. }) if reason.contains("argument 2")),
+        matches!(&e, BackendError::Sim(s) if matches!(s.downcast_ref(), Some(SimError::BadLaunch { reason, .. }) if reason.contains("argument 2"))),
         "{e}"
     );
     // A trap faults the launch.
@@ -132,7 +132,7 @@ fn launch_errors_are_typed() {
         )
         .unwrap_err();
     assert!(
-        matches!(&e, BackendError::Sim(SimError::Fault { reason, .. }) if reason.contains("block (1,0,0) thread (5,0,0)")),
+        matches!(&e, BackendError::Sim(s) if matches!(s.downcast_ref(), Some(SimError::Fault { reason, .. }) if reason.contains("block (1,0,0) thread (5,0,0)"))),
         "{e}"
     );
     // What the shim does not provide is a compile error naming it.
@@ -149,7 +149,7 @@ fn launch_errors_are_typed() {
         )
         .unwrap_err();
     assert!(
-        matches!(&e, BackendError::Sim(SimError::Compile { log, .. }) if log.contains("__syncthreads_count")),
+        matches!(&e, BackendError::Sim(s) if matches!(s.downcast_ref(), Some(SimError::Compile { log, .. }) if log.contains("__syncthreads_count"))),
         "{e}"
     );
     // A source that asks for a file of the host: refused before the compiler runs, quoting

@@ -84,8 +84,9 @@ fn keyed_handler_compiles_with_nvrtc_for_sm_90() {
                 "the round count"
             );
         }
-        Err(e @ DeviceError::Cuda(PersistentError::NvrtcUnavailable(_)))
-            if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
+        Err(e)
+            if matches!(&e, DeviceError::Cuda(c) if matches!(c.downcast_ref(), Some(PersistentError::NvrtcUnavailable(_))))
+                && std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
         {
             println!("SKIP: keyed_sim::keyed_handler_compiles_with_nvrtc_for_sm_90: {e}");
         }
@@ -94,10 +95,16 @@ fn keyed_handler_compiles_with_nvrtc_for_sm_90() {
     // The key field must name a C identifier; a wrong field is a compile error naming it.
     let wrong = CudaHandler::<KMsg, KMsg>::new(CUDA_SRC).keyed::<KState>("sensor");
     match wrong.compile_ptx("wrong", 64, "compute_90") {
-        Err(DeviceError::Cuda(PersistentError::Compile { log, .. })) => {
+        Err(DeviceError::Cuda(c))
+            if matches!(c.downcast_ref(), Some(PersistentError::Compile { .. })) =>
+        {
+            let Some(PersistentError::Compile { log, .. }) = c.downcast_ref() else {
+                unreachable!()
+            };
             assert!(log.contains("sensor"), "{log}")
         }
-        Err(DeviceError::Cuda(PersistentError::NvrtcUnavailable(_))) => {}
+        Err(DeviceError::Cuda(c))
+            if matches!(c.downcast_ref(), Some(PersistentError::NvrtcUnavailable(_))) => {}
         other => panic!("a wrong key field must be a typed compile error: {other:?}"),
     }
 }

@@ -1,6 +1,7 @@
 //! The engines' errors, defined once in the seam so the runtime carries them typed
 //! (`Error::Device`, `KernelFailure::Device`) while naming no engine module: what a device-side
-//! kernel reports ([`DeviceError`]), and the wgpu engine's launch and fault causes.
+//! kernel reports ([`DeviceError`]), an engine's own error carried across the seam
+//! ([`EngineError`]), and the wgpu engine's launch and fault causes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,14 +10,45 @@ use resident_ring::message::WgslLayoutError;
 
 use super::BackendError;
 
+/// An engine's own error, carried across the seam as it was made: the core names no engine's
+/// types, so the caller asks for the type it knows (`downcast_ref`), e.g.
+/// `resident::cuda::PersistentError` under a [`DeviceError::Cuda`] or
+/// `resident::cuda::CudaError` under a [`BackendError::Cuda`].
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct EngineError(Box<dyn std::error::Error + Send + Sync + 'static>);
+
+impl EngineError {
+    /// Wraps an engine's error.
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        EngineError(Box::new(e))
+    }
+
+    /// The engine's error, when it is an `E`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref::<E>()
+    }
+
+    /// Whether the engine's error is an `E`.
+    pub fn is<E: std::error::Error + 'static>(&self) -> bool {
+        self.0.is::<E>()
+    }
+
+    /// The engine's error itself.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
 /// Why a device-side kernel could not be launched or stopped, or why it failed. Keeps the
-/// backend's own error as its source, so callers can match e.g.
-/// `resident_cuda::CudaError::ResidencyExceeded`.
+/// engine's own error, so callers can ask for it by type (see [`DeviceError::engine`]), e.g.
+/// `resident::cuda::PersistentError::Compile` or `resident::cuda::CudaError::ResidencyExceeded`.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
-    /// The persistent CUDA kernel layer reported an error.
+    /// The persistent CUDA kernel layer (on a GPU or on CudaSim) reported an error: a
+    /// `resident::cuda::PersistentError`, to downcast.
     #[error(transparent)]
-    Cuda(#[from] resident_cuda::persistent::PersistentError),
+    Cuda(EngineError),
     /// The device side exited without being asked to.
     #[error("the device kernel exited on its own ({state})")]
     ExitedOnItsOwn {
@@ -48,10 +80,13 @@ pub enum DeviceError {
 }
 
 impl DeviceError {
-    /// The CUDA error underneath, if this came from the CUDA driver.
-    pub fn cuda(&self) -> Option<&resident_cuda::CudaError> {
+    /// The engine's own error of type `E`, wherever this error carries one: under
+    /// [`DeviceError::Cuda`], or under a [`BackendError`] (`Cuda`, `CudaUnavailable`, `Sim`,
+    /// `Residency`), directly or inside a WGSL launch error.
+    pub fn engine<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {
-            DeviceError::Cuda(resident_cuda::persistent::PersistentError::Cuda(e)) => Some(e),
+            DeviceError::Cuda(e) => e.downcast_ref(),
+            DeviceError::Backend(b) | DeviceError::Wgsl(WgslLaunchError::Device(b)) => b.engine(),
             _ => None,
         }
     }
@@ -115,4 +150,42 @@ pub struct WgslError {
     pub line: Option<u32>,
     /// 1-based column, when naga gives one.
     pub column: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine's error as an engine crate would define it (the core knows none).
+    #[derive(Debug, PartialEq, thiserror::Error)]
+    enum Engines {
+        #[error("compile failed: {log}")]
+        Compile { log: String },
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("other")]
+    struct Other;
+
+    #[test]
+    fn an_engine_error_crosses_the_seam_typed_and_its_words_unchanged() {
+        let e = DeviceError::Cuda(EngineError::new(Engines::Compile { log: "nope".into() }));
+        assert_eq!(e.to_string(), "compile failed: nope");
+        assert_eq!(
+            e.engine::<Engines>(),
+            Some(&Engines::Compile { log: "nope".into() })
+        );
+        assert!(e.engine::<Other>().is_none());
+        // Under a backend error, directly or inside a WGSL launch error.
+        let b = BackendError::Sim(EngineError::new(Engines::Compile { log: "x".into() }));
+        assert_eq!(b.to_string(), "CudaSim: compile failed: x");
+        assert!(b.engine::<Engines>().is_some());
+        assert!(std::error::Error::source(&b).is_some(), "the engine's error is the source");
+        let d = DeviceError::Wgsl(WgslLaunchError::Device(b));
+        assert!(d.engine::<Engines>().is_some());
+        // Variants that carry no engine error have none.
+        assert!(DeviceError::StopTimeout(Duration::from_secs(1))
+            .engine::<Engines>()
+            .is_none());
+    }
 }

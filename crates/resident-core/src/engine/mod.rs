@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use resident_ring::message::quoted_name;
 
+pub use error::EngineError;
 pub use kernel::{Kernel, KernelArg};
-pub use resident_cuda::launch::{block_size_for, LaunchConfig};
+pub use resident_ring::launch::{block_size_for, LaunchConfig};
 pub use storage::{DeviceMemory, HostMemory, Stream};
 
 /// The engines a runtime can run on: how it resolves a [`Backend`] request and opens a device.
@@ -27,6 +28,14 @@ pub trait Engines: Clone + std::fmt::Debug + Send + Sync + 'static {
     fn resolve(request: Backend) -> Result<(Backend, Option<DeviceHandle>)>;
     /// Opens device 0 of `backend`.
     fn open(backend: Backend) -> Result<DeviceHandle>;
+    /// The GPUs' telemetry for the profiler's report (NVML, with the CUDA engine), or why
+    /// there is none.
+    fn device_telemetry() -> (Vec<crate::profile::GpuTelemetry>, Option<String>) {
+        (
+            Vec::new(),
+            Some("no GPU telemetry: this runtime has no GPU engine".into()),
+        )
+    }
 }
 
 /// How long a host read or write of a bound buffer, or a read of the state
@@ -132,15 +141,16 @@ pub enum BackendError {
         feature: &'static str,
     },
     /// CUDA was requested but cannot be used here.
+    /// The engine's error (a `resident::cuda::CudaError`) says why.
     #[error("CUDA backend unavailable: {0}")]
-    CudaUnavailable(#[source] resident_cuda::CudaError),
-    /// A CUDA operation failed.
+    CudaUnavailable(#[source] EngineError),
+    /// A CUDA operation failed: a `resident::cuda::CudaError`, to downcast.
     #[error("CUDA: {0}")]
-    Cuda(#[from] resident_cuda::CudaError),
+    Cuda(#[source] EngineError),
     /// CudaSim failed: no host compiler, a compile error (with the compiler's log), a device
-    /// fault (`__trap()`) or an invalid launch.
+    /// fault (`__trap()`) or an invalid launch: a `resident::cuda::sim::SimError`, to downcast.
     #[error("CudaSim: {0}")]
-    Sim(#[from] resident_cuda::sim::SimError),
+    Sim(#[source] EngineError),
     /// The kernel has no CPU closure but runs on the CPU backend.
     #[error("kernel `{qkernel}` has no CPU implementation", qkernel = quoted_name(.kernel))]
     NoCpuImplementation {
@@ -185,9 +195,10 @@ pub enum BackendError {
         /// Device bytes.
         device: usize,
     },
-    /// The resident ring kernels did not park for an operation under the residency rule.
+    /// The resident ring kernels did not park for an operation under the residency rule. The
+    /// engine's error is a `resident::cuda::PersistentError`.
     #[error("residency rule: {0}")]
-    Residency(#[source] resident_cuda::persistent::PersistentError),
+    Residency(#[source] EngineError),
     /// Memory of one backend was handed to another.
     #[error("{what}: memory belongs to the {memory} backend, not {device}")]
     WrongBackend {
@@ -275,6 +286,20 @@ pub enum BackendError {
         /// wgpu's reason and message.
         reason: String,
     },
+}
+
+impl BackendError {
+    /// The engine's own error of type `E` under `Cuda`, `CudaUnavailable`, `Sim` or
+    /// `Residency`, e.g. `resident::cuda::CudaError` or `resident::cuda::sim::SimError`.
+    pub fn engine<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            BackendError::CudaUnavailable(e)
+            | BackendError::Cuda(e)
+            | BackendError::Sim(e)
+            | BackendError::Residency(e) => e.downcast_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// Result of this layer.

@@ -229,9 +229,20 @@ pub(crate) struct Inner {
     /// Index = track id. Locked only to add a track or look one up by name (at launch, and
     /// per device-layer span while profiling), never per batch.
     tracks: Mutex<Vec<Arc<Track>>>,
+    /// Where the report reads the GPUs' telemetry: the engines of the first runtime this
+    /// profiler was given to (`Engines::device_telemetry`).
+    device_telemetry: std::sync::OnceLock<DeviceTelemetry>,
 }
 
+/// Reads the GPUs' telemetry for the report, or says why there is none
+/// (`Engines::device_telemetry`).
+pub type DeviceTelemetry = fn() -> (Vec<GpuTelemetry>, Option<String>);
+
 impl Inner {
+    pub(crate) fn device_telemetry(&self) -> Option<DeviceTelemetry> {
+        self.device_telemetry.get().copied()
+    }
+
     fn ns(&self, t: Instant) -> u64 {
         t.saturating_duration_since(self.epoch).as_nanos() as u64
     }
@@ -301,12 +312,20 @@ impl Profiler {
             epoch: Instant::now(),
             ring: ring::SpanRing::new(spans),
             tracks: Mutex::new(Vec::new()),
+            device_telemetry: std::sync::OnceLock::new(),
         });
         ENABLED_SINKS.fetch_add(1, Ordering::Relaxed);
         let mut sinks = SINKS.write().unwrap_or_else(|e| e.into_inner());
         sinks.retain(|w| w.strong_count() > 0);
         sinks.push(Arc::downgrade(&inner));
         Profiler { inner }
+    }
+
+    /// Where the report reads the GPUs' telemetry; the first call wins (a runtime given this
+    /// profiler sets its engines').
+    #[doc(hidden)] // set by `RuntimeBuilder::build`, not the API
+    pub fn read_device_telemetry_with(&self, f: DeviceTelemetry) {
+        let _ = self.inner.device_telemetry.set(f);
     }
 
     /// Pauses (`false`) or resumes recording. Paused, each batch costs one relaxed load.

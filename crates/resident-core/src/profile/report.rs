@@ -425,40 +425,6 @@ fn track_report(t: &Track) -> TrackReport {
     }
 }
 
-#[cfg(not(feature = "cuda"))]
-fn gpu_telemetry() -> (Vec<GpuTelemetry>, Option<String>) {
-    // `BackendError::NotCompiled`'s words (the engine seam lives above this module).
-    let why = "the cuda engine is not compiled into this build: enable the cargo feature `cuda` \
-               of `resident` (on by default)";
-    (Vec::new(), Some(format!("no GPU telemetry: {why}")))
-}
-
-#[cfg(feature = "cuda")]
-fn gpu_telemetry() -> (Vec<GpuTelemetry>, Option<String>) {
-    // NVML is looked up only when a CUDA driver is present (no driver, no NVML).
-    if !resident_cuda::driver_present() {
-        return (Vec::new(), Some("no CUDA driver on this machine".into()));
-    }
-    match resident_cuda::telemetry::read_all() {
-        Ok(v) => (
-            v.into_iter()
-                .map(|d| GpuTelemetry {
-                    index: d.index,
-                    name: d.name,
-                    gpu_utilization_pct: d.gpu_utilization_pct,
-                    memory_utilization_pct: d.memory_utilization_pct,
-                    memory_used: d.memory_used,
-                    memory_total: d.memory_total,
-                    power_mw: d.power_mw,
-                    temperature_c: d.temperature_c,
-                })
-                .collect(),
-            None,
-        ),
-        Err(e) => (Vec::new(), Some(format!("NVML unavailable: {e}"))),
-    }
-}
-
 pub(crate) fn build(inner: &Inner) -> Report {
     let tracks = inner.tracks();
     let mut total = Raw {
@@ -481,7 +447,13 @@ pub(crate) fn build(inner: &Inner) -> Report {
     } else {
         remedy(bottleneck, &figures, &fr)
     };
-    let (device_telemetry, device_telemetry_note) = gpu_telemetry();
+    let (device_telemetry, device_telemetry_note) = match inner.device_telemetry() {
+        Some(read) => read(),
+        None => (
+            Vec::new(),
+            Some("no GPU telemetry: this profiler was given to no runtime".into()),
+        ),
+    };
     let kept = inner.ring.snapshot().len() as u64;
     Report {
         bottleneck,

@@ -738,10 +738,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         ForwardingStats {
             on_device: {
                 let g = m.forwarded_device.lock();
-                g.0 + g
-                    .1
-                    .as_ref()
-                    .map_or(0, |(ring, head0)| ring.head().saturating_sub(*head0))
+                g.0 + g.1.as_ref().map_or(0, |live| live())
             },
             via_host: m.forwarded_host.load(Ordering::Relaxed),
         }

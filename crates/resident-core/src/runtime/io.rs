@@ -278,7 +278,6 @@ pub(crate) fn kernel_io<In: Message, Out: Message>(
                 state: state.clone(),
                 calls,
                 keys,
-                device_peer: Arc::new(std::sync::OnceLock::new()),
                 device_link: Arc::new(Mutex::new(None)),
             },
             id,
@@ -698,6 +697,23 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
     /// Counts `n` outputs a consumer took on the device (`KernelHandle::forwarding`).
     pub fn count_forwarded_on_device(&self, n: u64) {
         self.metrics.forwarded_device.lock().0 += n;
+    }
+    /// Device-side forwarding by a link the engine keeps: what links that ended moved, and
+    /// the current link's live count (`KernelHandle::forwarding`).
+    pub fn set_forwarded_on_device(
+        &self,
+        ended: u64,
+        current: Option<crate::telemetry::LiveCount>,
+    ) {
+        *self.metrics.forwarded_device.lock() = (ended, current);
+    }
+    /// Counts `n` outputs left in a device ring that another kernel kept (reported dropped).
+    pub fn count_late_outputs(&self, n: u64) {
+        self.metrics.late_outputs.fetch_add(n, Ordering::Relaxed);
+    }
+    /// How long `terminate` waits for this kernel's host thread.
+    pub fn terminate_timeout(&self) -> Duration {
+        self.terminate_timeout
     }
     /// Raises the batch and processed counters to what the device has done (they only grow;
     /// `processed` with Release, so a reader that sees an output sees its input counted).

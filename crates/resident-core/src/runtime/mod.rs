@@ -178,6 +178,9 @@ impl<E: Engines> RuntimeBuilder<E> {
                 backend: self.backend,
                 source: Box::new(source),
             })?;
+        if let Some(p) = &self.profiler {
+            p.read_device_telemetry_with(E::device_telemetry);
+        }
         Ok(Runtime {
             core: Arc::new(RuntimeCore {
                 ids: Arc::new(Ids {

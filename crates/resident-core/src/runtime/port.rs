@@ -27,19 +27,15 @@ pub struct InputPort<In> {
     pub(crate) calls: Weak<dyn DroppedCalls>,
     /// A keyed kernel's key range: a message naming a key outside it is refused at send.
     pub(crate) keys: Option<crate::runtime::keys::KeyCheck<In>>,
-    /// The kernel's peer-input slot when its engine can forward on the device (set by its
-    /// device pump at start): a producer forwarding here links its output ring to it.
-    pub device_peer: Arc<std::sync::OnceLock<Arc<resident_cuda::persistent::PeerInput>>>,
     /// Where a device kernel offers producers on its device to hand it their outputs there
-    /// (`RingKernel::forward_to` without a host hop); set by the kernel's device host while it
-    /// runs, empty otherwise.
+    /// (`RingKernel::forward_to` without a host hop); set by the kernel's device host, empty
+    /// for a kernel hosted on the CPU.
     pub device_link: DeviceLinkSlot,
 }
 
-/// A kernel's device-side forwarding endpoint, type-erased (the wgpu engine's
-/// `link::Inbox<In>`), shared by the kernel's port and its device host.
+/// The slot of a kernel's `DeviceLink` (`runtime::host::device`), shared by the kernel's port and its device host.
 #[doc(hidden)] // for the engines in the crate `resident`, not the API
-pub type DeviceLinkSlot = Arc<Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>>;
+pub type DeviceLinkSlot = Arc<Mutex<Option<Arc<dyn crate::runtime::host::device::DeviceLink>>>>;
 
 impl<In> Clone for InputPort<In> {
     fn clone(&self) -> Self {
@@ -50,7 +46,6 @@ impl<In> Clone for InputPort<In> {
             state: self.state.clone(),
             calls: self.calls.clone(),
             keys: self.keys,
-            device_peer: self.device_peer.clone(),
             device_link: self.device_link.clone(),
         }
     }
@@ -88,6 +83,12 @@ impl<In: Message> InputPort<In> {
             }
             Err(e) => Err(self.refused(e, op)),
         }
+    }
+
+    /// Whether this is a keyed kernel's port (each message's key is checked on the host, so
+    /// producers stay host-relayed).
+    pub fn is_keyed(&self) -> bool {
+        self.keys.is_some()
     }
 
     /// A keyed kernel refuses a message naming a key it does not have (nothing is queued).

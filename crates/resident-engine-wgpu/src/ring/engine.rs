@@ -7,7 +7,7 @@
 use crate::{WgpuContext, WAIT_TIMEOUT};
 use parking_lot::Mutex;
 use resident_core::engine::error::{DeviceError, WgslLaunchError};
-use resident_core::engine::BackendError;
+use resident_core::engine::{BackendError, BackendKind};
 use resident_core::runtime::bind::{DeviceBinding, DeviceBuffers};
 use resident_core::runtime::host::device::{DeviceRing, RingCounters};
 use resident_ring::{Envelope, Message, Slot};
@@ -522,7 +522,13 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
         let Ok(port) = f.port() else {
             return;
         };
-        let Some(any) = port.device_link.lock().clone() else {
+        let Some(any) = port
+            .device_link
+            .lock()
+            .clone()
+            .filter(|l| l.backend() == BackendKind::Wgpu)
+            .map(|l| l.into_any())
+        else {
             return;
         };
         if self.refused.as_ref().is_some_and(|r| Arc::ptr_eq(r, &any)) {

@@ -62,7 +62,8 @@ use resident_ring::{Envelope, Mailbox, Message, Slot};
 use super::fault::WgpuFault;
 use super::pipeline::{BatchBuffers, BatchGeometry, RingPipeline};
 use crate::{padded, WgpuContext};
-use resident_core::engine::BackendError;
+use resident_core::engine::{BackendError, BackendKind};
+use resident_core::runtime::host::device::DeviceLink;
 use resident_core::runtime::io::KernelIo;
 
 /// Why a producer could not link to its target on the device (it then forwards through the
@@ -746,7 +747,16 @@ pub(super) fn decode_fused<Out: Message>(
     handled
 }
 
-/// The type-erased form registered in `InputPort::device_link`.
-pub(crate) fn erase<CIn: Message>(inbox: Arc<Inbox<CIn>>) -> Arc<dyn Any + Send + Sync> {
+impl<CIn: Message> DeviceLink for Inbox<CIn> {
+    fn backend(&self) -> BackendKind {
+        BackendKind::Wgpu
+    }
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+}
+
+/// The form registered in `InputPort::device_link`.
+pub(crate) fn erase<CIn: Message>(inbox: Arc<Inbox<CIn>>) -> Arc<dyn DeviceLink> {
     inbox
 }

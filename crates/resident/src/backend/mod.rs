@@ -202,6 +202,19 @@ impl Engines for AllEngines {
     fn open(backend: Backend) -> Result<DeviceHandle> {
         open(backend)
     }
+
+    fn device_telemetry() -> (Vec<resident_core::profile::GpuTelemetry>, Option<String>) {
+        #[cfg(feature = "cuda")]
+        return resident_engine_cuda::device::telemetry();
+        #[cfg(not(feature = "cuda"))]
+        (
+            Vec::new(),
+            Some(format!(
+                "no GPU telemetry: {}",
+                resident_core::engine::not_compiled(BackendKind::Cuda)
+            )),
+        )
+    }
 }
 
 /// What a runtime built on `b` runs on, as [`crate::RuntimeBuilder::build`] reports it.
@@ -226,7 +239,11 @@ mod tests {
             assert_eq!(d.kind(), BackendKind::Cuda);
         } else {
             match r {
-                Err(BackendError::CudaUnavailable(resident_cuda::CudaError::DriverNotFound)) => {}
+                Err(BackendError::CudaUnavailable(e))
+                    if matches!(
+                        e.downcast_ref(),
+                        Some(resident_cuda::CudaError::DriverNotFound)
+                    ) => {}
                 other => panic!("expected CudaUnavailable(DriverNotFound), got {other:?}"),
             }
         }

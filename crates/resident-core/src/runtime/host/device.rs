@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 use resident_ring::wait::deadline_after;
 use resident_ring::{Envelope, Message, Slot};
 
-use resident_cuda::persistent::{PeerInput, PeerPhase, PeerRing};
-
 use crate::engine::error::DeviceError;
 use crate::runtime::host::RingHost;
 use crate::runtime::io::KernelIo;
@@ -31,7 +29,8 @@ pub struct RingCounters {
     pub batches: u64,
     /// Outputs lost because the device had to exit with its output ring full.
     pub lost: u64,
-    /// Of `processed`: inputs a producer handed over on the device (never pushed by the pump).
+    /// Of `processed`: inputs a producer handed over on the device (taken from its output
+    /// ring or handed over in batches; never pushed by the pump).
     pub forwarded: u64,
 }
 
@@ -69,210 +68,38 @@ pub trait DeviceRing<In, Out>: Send {
     fn forwarded_waiting(&self) -> bool {
         false
     }
-    /// Device-side forwarding, producer side: this kernel's output ring as another kernel of
-    /// the same engine would consume it (`None`: this engine cannot forward on the device).
-    fn output_peer(&self) -> Option<PeerRing> {
+    /// Device-side forwarding, consumer side: the inbox this kernel offers producers of its
+    /// engine, put on its input port before the kernel can be found. (A ring that offers one
+    /// only while it runs sets `io.device_link()` itself, in `attach`.)
+    fn device_link(&self) -> Option<Arc<dyn DeviceLink>> {
         None
     }
-    /// Device-side forwarding, consumer side: this kernel's peer-input slot.
-    fn peer_input(&self) -> Option<Arc<PeerInput>> {
-        None
-    }
-    /// The host pops the output ring again after a link ended (its consumer index as the
-    /// linked kernel left it). Called only once the link's phase is `Free`.
-    fn resync_output(&mut self) -> Result<(), DeviceError> {
-        Ok(())
-    }
-    /// Inputs taken straight from another kernel's output ring (device-side forwarding); they
-    /// are in `counters().processed` too once handled.
-    fn peer_taken(&self) -> u64 {
-        0
-    }
-    /// How many times the host's pauses that race the kernel's progress are stretched (at least
-    /// 1): a stand-in much slower than its device (CudaSim's speed model,
-    /// `resident_cuda::sim_driver`) stretches them so that such races end as on the device.
-    fn host_dilation(&self) -> u32 {
-        1
-    }
-}
-
-/// Pause between two link attempts of a producer (after a refusal, a cancelled request or a
-/// `call` reply that took the ring back). A target that is not there yet is no refusal: it is
-/// looked up again as soon as a kernel is registered (`DeviceForward::looked_at`): waiting this
-/// pause for it instead would relay a whole first chain through the host, which a GPU runs in
-/// a few milliseconds, before the first offer after the target appeared.
-const RELINK_PAUSE: Duration = Duration::from_millis(20);
-
-/// A producer's device-side link to its forward target (`RingKernel::forward_to` between two
-/// kernels of one CUDA-family engine; see `resident_cuda::persistent::peer`).
-struct Link {
-    peer: Arc<PeerInput>,
-    ring: PeerRing,
-    /// The ring's consumer index when the request was made: what the linked kernel took
-    /// since is `ring.head() - head0`.
-    head0: u64,
-}
-
-/// The producer side of device forwarding, driven by the pump.
-struct DeviceForward {
-    owner: u64,
-    enabled: bool,
-    cur: Option<Link>,
-    next_try: Instant,
-    /// Messages the linked kernels took in links that ended.
-    base: u64,
-    /// An unlink was not acknowledged: the ring stays with the other kernel for good.
-    broken: bool,
-    /// `RELINK_PAUSE`, stretched by the ring's `host_dilation` (CudaSim's speed model).
-    relink_pause: Duration,
-    /// The runtime's registration count (`Forward::registrations`) read before the last
-    /// attempt that found no target, or a target with no device peer slot: a new count means a
-    /// kernel was launched since, so the next round tries again at once, pause or not.
-    /// `None` after any other outcome.
-    looked_at: Option<u64>,
-}
-
-impl DeviceForward {
-    fn new<In: Message, Out: Message>(
-        io: &Arc<KernelIo<In, Out>>,
-        ring: &dyn DeviceRing<In, Out>,
-    ) -> Self {
-        let enabled = io
-            .forward
-            .get()
-            .is_some_and(|f| f.path() == crate::runtime::io::ForwardPath::Device);
-        DeviceForward {
-            owner: Arc::as_ptr(io) as *const () as u64,
-            enabled,
-            cur: None,
-            next_try: Instant::now(),
-            base: 0,
-            broken: false,
-            relink_pause: RELINK_PAUSE * ring.host_dilation().max(1),
-            looked_at: None,
-        }
-    }
-
-    /// What `KernelHandle::forwarding` reads: the links that ended and the current one.
-    fn publish_count<In: Message, Out: Message>(&self, io: &KernelIo<In, Out>) {
-        *io.metrics.forwarded_device.lock() = (
-            self.base,
-            self.cur.as_ref().map(|l| (l.ring.clone(), l.head0)),
-        );
-    }
-
-    /// The link ended (phase Free): the host pops the ring again.
-    fn finish<In: Message, Out: Message>(
-        &mut self,
-        io: &KernelIo<In, Out>,
-        ring: &mut dyn DeviceRing<In, Out>,
-    ) -> Result<(), DeviceError> {
-        if let Some(l) = self.cur.take() {
-            self.base += l.ring.head().saturating_sub(l.head0);
-            self.publish_count(io);
-            self.next_try = Instant::now() + self.relink_pause;
-            ring.resync_output()?;
-        }
-        Ok(())
-    }
-
-    /// One round: `Ok(true)` when the host owns the output ring (pulls it), `Ok(false)` while
-    /// another kernel does (or is about to).
-    fn step<In: Message, Out: Message>(
-        &mut self,
-        io: &KernelIo<In, Out>,
-        ring: &mut dyn DeviceRing<In, Out>,
-        unlink_timeout: Duration,
-    ) -> Result<bool, DeviceError> {
-        if self.broken {
-            return Ok(false);
-        }
-        if let Some(l) = &self.cur {
-            match l.peer.phase(self.owner) {
-                PeerPhase::Requested => return Ok(false),
-                PeerPhase::Linked => {
-                    // A call's reply reached the head of the ring: the linked kernel stopped
-                    // there; take the ring back so the host routes the reply to its caller.
-                    if !l.peer.stopped_at_call() {
-                        return Ok(false);
-                    }
-                    return self.unlink(io, ring, unlink_timeout);
-                }
-                PeerPhase::Broken => {
-                    self.broken = true;
-                    return Ok(false);
-                }
-                PeerPhase::Free => {
-                    self.finish(io, ring)?;
-                    return Ok(true);
-                }
-            }
-        }
-        if !self.enabled {
-            return Ok(true);
-        }
-        let Some(f) = io.forward.get() else {
-            return Ok(true);
-        };
-        // Read before the lookup: a kernel registered after this read changes the count, so
-        // a lookup that misses it is repeated in the next round.
-        let registered = f.registrations();
-        let launched_since = self.looked_at.is_some_and(|n| n != registered);
-        if !launched_since && Instant::now() < self.next_try {
-            return Ok(true);
-        }
-        self.next_try = Instant::now() + self.relink_pause;
-        self.looked_at = None;
-        let Ok(port) = f.port() else {
-            // Not launched yet: its registration (which publishes its peer slot first, see
-            // `RingHost::publish`) is seen in the round after it.
-            self.looked_at = Some(registered);
-            return Ok(true);
-        };
-        // A keyed target checks each message's key on the host: it stays host-relayed.
-        if port.keys.is_some() {
-            return Ok(true);
-        }
-        let (Some(peer), Some(r)) = (port.device_peer.get().cloned(), ring.output_peer()) else {
-            // A target with no peer slot (hosted on the CPU, or of another engine) gets none
-            // later; a target of the same id launched again does, and is registered anew.
-            self.looked_at = Some(registered);
-            return Ok(true);
-        };
-        // Every output this pump pulled so far has been delivered (deliver runs in the round
-        // that pulled it): from here on nobody pops until the consumer takes the ring or the
-        // request is cancelled.
-        let head0 = r.head();
-        if peer.request(r.clone(), self.owner).is_err() {
-            return Ok(true);
-        }
-        self.cur = Some(Link {
-            peer,
-            ring: r,
-            head0,
-        });
-        self.publish_count(io);
-        Ok(false)
-    }
-
-    /// Takes the ring back (bounded); `Ok(true)` when the host owns it again.
-    fn unlink<In: Message, Out: Message>(
-        &mut self,
-        io: &KernelIo<In, Out>,
-        ring: &mut dyn DeviceRing<In, Out>,
-        timeout: Duration,
-    ) -> Result<bool, DeviceError> {
-        let Some(l) = &self.cur else {
-            return Ok(!self.broken);
-        };
-        if l.peer.unlink(self.owner, timeout).is_err() {
-            self.publish_count(io);
-            self.broken = true;
-            return Ok(false);
-        }
-        self.finish(io, ring)?;
+    /// One round of device-side forwarding, before the pump pulls. `drained`: everything
+    /// accepted so far is in the device's lanes (a consumer links a requested producer only
+    /// then). `Ok(false)` while another kernel owns this kernel's output ring: the pump does
+    /// not pull it.
+    fn forward_round(&mut self, _drained: bool) -> Result<bool, DeviceError> {
         Ok(true)
     }
+    /// After `stop`: takes this kernel's output ring back from the kernel it was forwarded to
+    /// (bounded). `false` when it stays there; the ring then counts what is left in it
+    /// (`KernelIo::count_late_outputs`), never losing it silently.
+    fn release_output(&mut self) -> bool {
+        true
+    }
+}
+
+/// A kernel's device-side inbox (`RingKernel::forward_to` without a host hop): what it offers
+/// producers on its device. Each device engine implements it for its own inbox (the CUDA
+/// engine's peer-input slot, the wgpu engine's `link::Inbox`) and finds its own by
+/// [`DeviceLink::backend`] and a downcast; a producer that finds none it can use relays
+/// through the host.
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub trait DeviceLink: Send + Sync + 'static {
+    /// The engine whose producers can link to it.
+    fn backend(&self) -> crate::engine::BackendKind;
+    /// The engine's own inbox, to downcast.
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }
 
 /// Hosts a kernel whose handler runs on a device.
@@ -292,11 +119,11 @@ impl<In: Message, Out: Message> RingHost<In, Out> for DeviceHost<In, Out> {
         pump(io, out, self.ring)
     }
 
-    /// The kernel's peer-input slot goes on its input port before the kernel can be found: a
-    /// producer that finds it can link at once (the pump sets the same slot again, a no-op).
+    /// The kernel's device inbox goes on its input port before the kernel can be found: a
+    /// producer that finds it can link at once.
     fn publish(&self, io: &Arc<KernelIo<In, Out>>) {
-        if let Some(p) = self.ring.peer_input() {
-            let _ = io.port.device_peer.set(p);
+        if let Some(l) = self.ring.device_link() {
+            *io.port.device_link.lock() = Some(l);
         }
     }
 }
@@ -319,15 +146,14 @@ fn store_counters<In: Message, Out: Message>(
         .store(c.lost, Ordering::Relaxed);
     io.metrics
         .peer_received
-        .store(ring.peer_taken() + c.forwarded, Ordering::Relaxed);
+        .store(c.forwarded, Ordering::Relaxed);
 }
 
 /// Inputs the pump pushed that the device has not handled yet. Inputs the device took from a
-/// producer on the device (CUDA's peer ring: `peer_taken`; wgpu's handed-over batches:
-/// `forwarded`) are processed without having been pushed.
+/// producer on the device (`RingCounters::forwarded`) are processed without having been pushed.
 fn in_device<In, Out>(pushed: u64, ring: &dyn DeviceRing<In, Out>) -> u64 {
     let c = ring.counters();
-    (pushed + ring.peer_taken() + c.forwarded).saturating_sub(c.processed)
+    (pushed + c.forwarded).saturating_sub(c.processed)
 }
 
 /// Device outputs carry the request's id as `correlation_id`: turn them back into
@@ -362,14 +188,6 @@ fn pump<In: Message, Out: Message>(
     let mut idle: u32 = 0;
     let mut pushed: u64 = 0;
     let mut unanswered: Vec<Envelope> = Vec::new();
-    // Device-side forwarding: this kernel as a consumer (its peer-input slot, published on its
-    // input port for producers to find) and as a producer (its link to its forward target).
-    let my_peer = ring.peer_input();
-    if let Some(p) = &my_peer {
-        let _ = io.port.device_peer.set(p.clone());
-    }
-    let mut fwd = DeviceForward::new(io, &*ring);
-    let unlink_timeout = io.terminate_timeout.mul_f64(0.15);
     let mut answer_none = |ring: &mut Box<dyn DeviceRing<In, Out>>, out: &Publisher<In, Out>| {
         unanswered.clear();
         ring.take_unanswered_calls(&mut unanswered);
@@ -423,11 +241,9 @@ fn pump<In: Message, Out: Message>(
                 moved += ring.take_forwarded(carry.len());
             }
         }
-        // Link a requested peer ring once everything accepted before is in the device lanes.
-        if let Some(p) = &my_peer {
-            p.service(carry.is_empty() && io.input.is_empty());
-        }
-        let owns_output = match fwd.step(io, &mut *ring, unlink_timeout) {
+        // Device-side forwarding: a requested link is made once everything accepted before
+        // is in the device lanes.
+        let owns_output = match ring.forward_round(carry.is_empty() && io.input.is_empty()) {
             Ok(v) => v,
             Err(e) => break Some(e),
         };
@@ -476,20 +292,10 @@ fn pump<In: Message, Out: Message>(
     // Leave `terminate` (which waits `terminate_timeout` for this thread) time to collect
     // what the pump hands back.
     let stop = ring.stop(io.terminate_timeout.mul_f64(0.75));
-    // As a consumer: once the block has ended for good, a linked producer owns its ring again.
-    if let Some(p) = &my_peer {
-        if stop.is_ok() {
-            p.close();
-        }
-    }
-    // As a producer: take the output ring back from the kernel it was forwarded to (bounded);
-    // what is left in it is relayed by the host (or reported) like any output.
-    // (An `Err` here is a view of the ring that could not be rebuilt: not popped, as if the
-    // link had not let go.)
-    let owns_output = fwd
-        .unlink(io, &mut *ring, unlink_timeout)
-        .unwrap_or_default();
-    if owns_output {
+    // Take the output ring back from the kernel it was forwarded to (bounded); what is left in
+    // it is relayed by the host (or reported) like any output. A ring that stays with a kernel
+    // that did not let go is counted by the ring, never silently lost.
+    if ring.release_output() {
         loop {
             outs.clear();
             if ring.pull(&mut outs, 4096) == 0 {
@@ -497,14 +303,7 @@ fn pump<In: Message, Out: Message>(
             }
             deliver(&mut out, &mut outs);
         }
-    } else if let Some(l) = &fwd.cur {
-        // The ring stays with a kernel that did not let go: what is left in it is counted,
-        // never silently lost.
-        io.metrics
-            .late_outputs
-            .fetch_add(l.ring.len(), Ordering::Relaxed);
     }
-    fwd.publish_count(io);
     answer_none(&mut ring, &out);
     store_counters(io, &*ring);
     // Inputs the device never consumed were sent before those still in `carry`.

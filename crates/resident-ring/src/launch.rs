@@ -1,4 +1,5 @@
-//! Launch geometry shared by every backend: explicit grid/block or a size chosen for `n` elements.
+//! Launch geometry shared by every engine and the CUDA driver layer: an explicit grid and block,
+//! or a block size chosen for `n` elements.
 
 /// Grid, block and dynamic shared memory of one launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
