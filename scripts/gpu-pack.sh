@@ -24,7 +24,7 @@ LIMIT_MIB="${PACK_LIMIT_MIB:-60}"
 DEST="${PACK_DEST:-.gpu}"
 
 # package:test-target, in the order gpu-run.sh runs them. GPU ones are required.
-GPU_TESTS="resident-cuda:gpu resident-cuda:persistent_gpu resident:conformance resident:device_gpu
+GPU_TESTS="resident-cuda:gpu resident-engine-cuda:persistent_gpu resident:conformance resident:device_gpu
   resident:bind_gpu resident:memory_cuda resident-workloads:backends resident-bench:ring_gpu"
 # wgpu on the GPU's own Vulkan driver; left out (last first) if the pack would be too large.
 # (conformance and backends, above, hold wgpu tests too.)
@@ -55,6 +55,8 @@ else
     for s in $GPU_TESTS $WGPU_TESTS; do
       [ "${s%%:*}" = "$pkg" ] && args+=(--test "${s#*:}")
     done
+    # The CUDA engine's launchers are features its dependents turn on; built alone, ask for them.
+    [ "$pkg" = resident-engine-cuda ] && args+=(--features cuda)
     echo "== cargo test --release --no-run -p $pkg ${args[*]}"
     cargo test --release --no-run -p "$pkg" "${args[@]}" --message-format=json-render-diagnostics \
       | python3 -c 'import json, sys

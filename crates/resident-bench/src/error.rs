@@ -60,7 +60,7 @@ pub enum BenchError {
     NoBusModel,
     /// The persistent-kernel layer failed (no driver or NVRTC, compile, launch, device fault).
     #[error(transparent)]
-    Persistent(#[from] resident_cuda::persistent::PersistentError),
+    Persistent(#[from] resident_engine_cuda::persistent::PersistentError),
     /// A call of the CUDA layer failed.
     #[error(transparent)]
     Cuda(#[from] resident_cuda::CudaError),

@@ -1,12 +1,12 @@
 //! The ring benchmark's bus figures (`resident bench-ring --model`, and beside the times of
 //! `resident bench-ring` on a GPU): the persistent ring kernel of the ring benchmark, the same
-//! template and handler, run on CudaSim with its bus model (`resident_cuda::bus`). What it
+//! template and handler, run on CudaSim with its bus model (`resident_engine_cuda::sim::bus`). What it
 //! reports per message and per batch (queue reads, writes, bytes, and the dependent read
 //! chain: the bus round trips between the poll that finds a batch and its outputs becoming
 //! visible) is exact: the same on every run and every machine, so CI holds it.
 //!
 //! For each payload size and each input path (`auto`: the lanes choose, as by default; `ll`: the
-//! LL lanes only; `bulk`: the bulk lanes only, see `resident_cuda::persistent::bulk`), points
+//! LL lanes only; `bulk`: the bulk lanes only, see `resident_engine_cuda::persistent::bulk`), points
 //! that are all deterministic:
 //! * **1 in flight**: one message sent, its output awaited, `messages` times;
 //! * **64, 1024 and 4096 in flight**: that many messages queued while the kernel is inactive
@@ -21,11 +21,11 @@
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
-use resident_cuda::bus::{BusRates, BusStats};
-use resident_cuda::persistent::template::MessageDecl;
-use resident_cuda::persistent::{
+use resident_engine_cuda::persistent::template::MessageDecl;
+use resident_engine_cuda::persistent::{
     BulkConfig, BulkMode, DeviceState, KernelSource, QueueConfig, SimKernel, SimLaunchOptions,
 };
+use resident_engine_cuda::sim::bus::{BusRates, BusStats};
 use resident_ring::{Envelope, Slot};
 use serde_json::{json, Value};
 

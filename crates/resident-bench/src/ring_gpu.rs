@@ -12,14 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
-use resident_cuda::persistent::template::nvrtc_available;
-use resident_cuda::persistent::{
-    batch_scan_bytes, load_batch_kernel, open_device, BulkConfig, BulkMode, KernelSource,
-    LaunchOptions, PersistentError, PersistentKernel, QueueConfig,
-};
 use resident_cuda::{
     CudaError, Device, DeviceBuffer, Function, Graph, KernelParams, LaunchConfig, PinnedMemory,
     Stream,
+};
+use resident_engine_cuda::persistent::template::nvrtc_available;
+use resident_engine_cuda::persistent::{
+    batch_scan_bytes, load_batch_kernel, open_device, BulkConfig, BulkMode, KernelSource,
+    LaunchOptions, PersistentError, PersistentKernel, QueueConfig,
 };
 use resident_ring::{Envelope, Slot};
 use serde_json::{json, Value};

@@ -5,7 +5,7 @@
 
 use resident_bench::ring_gpu::{bench_ring, MEASURES_BATCH, MEASURES_MESSAGE, MEASURES_STREAMING};
 use resident_bench::BenchError;
-use resident_cuda::persistent::PersistentError;
+use resident_engine_cuda::persistent::PersistentError;
 
 fn gpu_present() -> bool {
     resident_cuda::driver_present() && resident_cuda::nvrtc_present()

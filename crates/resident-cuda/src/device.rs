@@ -219,7 +219,8 @@ fn registry() -> &'static Mutex<Vec<RegistrySlot>> {
 /// context after a fault ([`RegistrySlot::gone`]), so every later [`Device::open`] answers
 /// [`CudaError::DeviceLost`] at once and waiting for it to clear is pointless. `false` while a
 /// `DeviceLost` may still clear (kernels of the lost context are still resident).
-pub(crate) fn lost_for_good(ordinal: usize) -> bool {
+#[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+pub fn lost_for_good(ordinal: usize) -> bool {
     let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
     reg.get(ordinal).is_some_and(|slot| slot.gone.is_some())
 }
@@ -267,7 +268,8 @@ pub struct Device {
     raw: r::CUdevice,
     ctx: r::CUcontext,
     info: DeviceInfo,
-    pub(crate) modules: ModuleCache,
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub modules: ModuleCache,
     shared: Arc<DeviceShared>,
     /// `false` once the context was reset after a fault: what this value loaded or allocated
     /// is gone with it, so nothing is unloaded or freed any more.
@@ -429,13 +431,15 @@ impl Device {
     }
 
     /// Spare ring-kernel streams, taken with no driver call.
-    pub(crate) fn spare_streams(&self) -> usize {
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub fn spare_streams(&self) -> usize {
         self.streams.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Makes streams until `n` are spare: `cuStreamCreate`, which may wait for the device, so
     /// call it with no ring kernel resident or under [`Device::with_quiesced`].
-    pub(crate) fn fill_streams(&self, n: usize) -> Result<()> {
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub fn fill_streams(&self, n: usize) -> Result<()> {
         // The side stream too, if it is not made yet: made here, it is never made later
         // beside resident kernels (by their allocations on it).
         self.side_stream()?;
@@ -463,7 +467,8 @@ impl Device {
     }
 
     /// The pinned queue memory of this device's ring kernels.
-    pub(crate) fn arena(&self) -> &crate::arena::Arena {
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub fn arena(&self) -> &crate::arena::Arena {
         &self.arena
     }
 

@@ -281,7 +281,8 @@ impl CudaError {
     }
 
     #[cfg(feature = "driver")]
-    pub(crate) fn invalid(call: &'static str, reason: impl Into<String>) -> Self {
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub fn invalid(call: &'static str, reason: impl Into<String>) -> Self {
         CudaError::InvalidArgument {
             call,
             reason: reason.into(),
@@ -338,9 +339,9 @@ const NOTE_ROOM: usize = 128;
 /// with a megabyte-long line and a typo gives a log of up to a hundred times that; a compile
 /// error of an ordinary handler is kept whole (its first errors, at least, in full).
 ///
-/// Every compile error of this crate ([`CudaError::Compile`], [`CudaError::ModuleLoad`],
-/// [`crate::sim::SimError::Compile`] and through them `PersistentError::Compile`) keeps its log
-/// through this, once, where it is made.
+/// Every compile error of this crate ([`CudaError::Compile`], [`CudaError::ModuleLoad`]) and of
+/// the CUDA engine (CudaSim's `SimError::Compile`, and through them `PersistentError::Compile`)
+/// keeps its log through this, once, where it is made.
 ///
 /// ```
 /// use resident_cuda::error::{bounded_log, MAX_LOG_BYTES};

@@ -4,8 +4,9 @@
 //! One table, [`DriverCall::synchronizes`], read by both launchers: the GPU launcher parks the
 //! resident kernels around a call that synchronizes (or avoids the call: stream-ordered
 //! allocation, the pinned [`arena`](crate::arena), modules loaded once), and CudaSim's driver
-//! model ([`crate::sim_driver`]) makes such a call wait for the running blocks exactly as the
-//! driver does, so a path that would hang on a GPU fails on CudaSim in CI first.
+//! model (`resident_engine_cuda::sim::driver`, in the engine above this crate) makes such a
+//! call wait for the running blocks exactly as the driver does, so a path that would hang on a
+//! GPU fails on CudaSim in CI first.
 //!
 //! Sources, named per entry in [`DriverCall::source`]:
 //! - **guide**: the CUDA C++ Programming Guide, "Implicit Synchronization" (streams): two

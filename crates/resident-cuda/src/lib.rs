@@ -1,8 +1,10 @@
 //! # resident-cuda
 //!
-//! resident's CUDA layer, shaped like cudarc: raw calls loaded at run time at the bottom,
-//! owners with `Drop` above them. Nothing here panics when the driver or NVRTC is missing:
-//! every entry point first checks that the library is present and returns a typed error.
+//! resident's CUDA driver layer, shaped like cudarc: raw calls loaded at run time at the
+//! bottom, owners with `Drop` above them. Nothing here panics when the driver or NVRTC is
+//! missing: every entry point first checks that the library is present and returns a typed
+//! error. The CUDA engine above it (`resident-engine-cuda`) owns the persistent ring-kernel
+//! protocol and template and CudaSim.
 //!
 //! * [`result`]: each driver call as a function returning `Result<_, CudaError>`.
 //! * [`device`]: discovery ([`devices`], [`DeviceInfo`]) and the [`Device`] owner of a context.
@@ -13,14 +15,15 @@
 //! * [`nvjitlink`]: LTO-IR (the template's and a function compiled elsewhere) -> CUBIN.
 //! * [`LaunchConfig`]: launch geometry, from `resident_ring::launch` (every engine shares it).
 //! * [`telemetry`]: NVML readings (the transfer benchmark lives in `resident-bench`).
+//! * [`hazards`]: which driver calls wait for the whole device (the residency rule's table,
+//!   read by both launchers); [`park_order`]: the order a quiesce parks kernels in;
+//!   [`arena`]: the pinned arena's bookkeeping.
 #![deny(missing_docs)]
 
-// The driver layer (cudarc, NVML) is the `driver` feature (on by default). Without it the
-// crate is the part CudaSim and the CPU need: errors, the disk cache, the
-// persistent-kernel protocol and template, and CudaSim itself.
+// The driver itself (cudarc, NVML) is the `driver` feature (on by default). Without it the
+// crate is the part CudaSim and the CPU need: errors, the disk cache, the hazard table.
 pub mod arena;
 pub mod builtin;
-pub mod bus;
 pub mod cache;
 #[cfg(feature = "driver")]
 pub mod device;
@@ -39,14 +42,10 @@ pub mod nvrtc;
 #[cfg(feature = "driver")]
 pub mod overlap;
 pub mod park_order;
-pub mod persistent;
 #[cfg(feature = "driver")]
 pub mod pinned;
 #[cfg(feature = "driver")]
 pub mod result;
-pub mod sim;
-pub mod sim_driver;
-pub mod sim_fault;
 #[cfg(feature = "driver")]
 pub mod stream;
 #[cfg(feature = "driver")]

@@ -35,7 +35,8 @@ impl Module {
     }
 
     /// Whether `name` was looked up already (no driver call is left for it).
-    pub(crate) fn has_function(&self, name: &str) -> bool {
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub fn has_function(&self, name: &str) -> bool {
         self.functions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -64,26 +65,31 @@ impl Drop for Module {
 
 /// The in-memory module cache of one device: key -> loaded module.
 #[derive(Default)]
-pub(crate) struct ModuleCache(Mutex<HashMap<u128, Arc<Module>>>);
+#[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+pub struct ModuleCache(Mutex<HashMap<u128, Arc<Module>>>);
 
 impl ModuleCache {
-    pub(crate) fn clear(&self) {
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub fn clear(&self) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
-    pub(crate) fn get(&self, key: u128) -> Option<Arc<Module>> {
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub fn get(&self, key: u128) -> Option<Arc<Module>> {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
             .cloned()
     }
-    pub(crate) fn insert(&self, key: u128, m: Arc<Module>) {
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub fn insert(&self, key: u128, m: Arc<Module>) {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, m);
     }
-    pub(crate) fn len(&self) -> usize {
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub fn len(&self) -> usize {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }

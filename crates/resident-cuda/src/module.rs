@@ -104,7 +104,8 @@ impl KernelParams {
 }
 
 /// Hex text of a binary image (the disk cache stores text).
-pub(crate) fn to_hex(b: &[u8]) -> String {
+#[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+pub fn to_hex(b: &[u8]) -> String {
     let mut s = String::with_capacity(b.len() * 2);
     for x in b {
         s.push_str(&format!("{x:02x}"));
@@ -113,7 +114,8 @@ pub(crate) fn to_hex(b: &[u8]) -> String {
 }
 
 /// The bytes of [`to_hex`] text; `None` when it is not.
-pub(crate) fn from_hex(s: &str) -> Option<Vec<u8>> {
+#[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+pub fn from_hex(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
     }

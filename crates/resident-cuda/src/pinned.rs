@@ -226,7 +226,8 @@ impl<T: Pod> PinnedBuffer<T> {
 
 /// Adds a pinned chunk to `device`'s queue arena big enough for pieces of `sizes` bytes:
 /// `cuMemHostAlloc`, which waits for the device (call it under [`Device::with_quiesced`]).
-pub(crate) fn grow_arena(device: &Arc<Device>, sizes: &[usize]) -> Result<()> {
+#[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+pub fn grow_arena(device: &Arc<Device>, sizes: &[usize]) -> Result<()> {
     device.arena().grow(sizes, |n| {
         ArenaChunk::new(device, n)
             .map(|(c, at)| (Arc::new(c) as Arc<dyn resident_ring::spsc::RingMemory>, at))

@@ -41,7 +41,8 @@ impl Stream {
     /// One of `device`'s spare streams, with no driver call (`cuStreamCreate` may wait for the
     /// device, see [`crate::hazards`]); `None` when it has none ([`Device::fill_streams`]).
     /// Given back to the device on drop: drop it only once its work has finished.
-    pub(crate) fn from_pool(device: &Arc<Device>) -> Option<Self> {
+    #[doc(hidden)] // for the CUDA engine (`resident-engine-cuda`), not the API
+    pub fn from_pool(device: &Arc<Device>) -> Option<Self> {
         device.take_stream().map(|raw| Stream {
             raw,
             device: device.clone(),

@@ -1,6 +1,6 @@
 //! Device-side forwarding between two persistent kernels of one CUDA-family engine
 //! (`RingKernel::forward_to` without a host hop; the protocol is
-//! `resident_cuda::persistent::peer`). The consumer offers its peer-input slot on its input
+//! `crate::persistent::peer`). The consumer offers its peer-input slot on its input
 //! port ([`CudaInbox`], the core's `DeviceLink`); the producer's [`Forwarder`], driven by its
 //! pump once a round, asks the target's slot to take its output ring and gives the ring back to
 //! its host when the link ends.
@@ -9,11 +9,11 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::persistent::{PeerInput, PeerPhase, PeerRing};
 use resident_core::engine::error::DeviceError;
 use resident_core::engine::BackendKind;
 use resident_core::runtime::host::device::DeviceLink;
 use resident_core::runtime::io::{ForwardPath, KernelIo};
-use resident_cuda::persistent::{PeerInput, PeerPhase, PeerRing};
 use resident_ring::Message;
 
 use crate::ring::PersistentRing;

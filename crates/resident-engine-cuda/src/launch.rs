@@ -52,8 +52,12 @@ impl<In: Message, Out: Message> DeviceHandler<In, Out> for CudaHandler<In, Out> 
             }
             #[cfg(feature = "cudasim")]
             BackendKind::CudaSim => {
-                let (e, b, s) =
-                    crate::sim::SimEngine::launch(spec.id, &self, &geometry, spec.bindings)?;
+                let (e, b, s) = crate::sim::engine::SimEngine::launch(
+                    spec.id,
+                    &self,
+                    &geometry,
+                    spec.bindings,
+                )?;
                 (Box::new(e), b, s)
             }
             other => {

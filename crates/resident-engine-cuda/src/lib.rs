@@ -16,6 +16,7 @@ pub mod device;
 mod forward;
 pub mod launch;
 // The handler is plain data, kept in every build; its GPU parts follow the `cuda` feature.
+pub mod persistent;
 #[cfg_attr(
     not(any(feature = "cuda", feature = "cudasim")),
     allow(dead_code, unused_imports)
@@ -23,7 +24,6 @@ pub mod launch;
 pub mod ring;
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 mod seam;
-#[cfg(feature = "cudasim")]
 pub mod sim;
 
 pub use ring::{CudaHandler, BUFFER_SYNC_TIMEOUT};
@@ -31,17 +31,17 @@ pub use ring::{CudaHandler, BUFFER_SYNC_TIMEOUT};
 /// How long the residency rule waits for every resident kernel of the device to park, for a
 /// user allocation or a launch, on either launcher (CudaSim's parked kernels are OS threads of
 /// a shared machine, hence generous). The driver layer's own kernel launch and teardown keep
-/// `resident_cuda::persistent::kernel::QUIESCE_TIMEOUT`.
+/// `crate::persistent::kernel::QUIESCE_TIMEOUT`.
 pub const QUIESCE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A one-shot kernel's CUDA source comes from users: it may ask the compiler for no file of the
-/// host (`resident_cuda::persistent::untrusted`), on either launcher, before any compile.
+/// host (`crate::persistent::untrusted`), on either launcher, before any compile.
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 pub(crate) fn check_source(
     kernel: &resident_core::engine::Kernel,
     source: &str,
 ) -> std::result::Result<(), resident_core::engine::BackendError> {
-    match resident_cuda::persistent::untrusted::forbidden_file(source) {
+    match crate::persistent::untrusted::forbidden_file(source) {
         None => Ok(()),
         Some(f) => Err(resident_core::engine::BackendError::ForbiddenFile {
             kernel: kernel.name().to_string(),

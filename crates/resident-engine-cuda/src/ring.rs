@@ -9,11 +9,11 @@ use std::sync::Arc;
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 use std::time::Duration;
 
-use resident_cuda::persistent::{
+use crate::persistent::{
     BufferDecl, BufferInit, ExternalFn, KernelSource, MessageDecl, QueueConfig,
 };
 #[cfg(feature = "cuda")]
-use resident_cuda::persistent::{GpuBuffers, LaunchOptions, PersistentKernel};
+use crate::persistent::{GpuBuffers, LaunchOptions, PersistentKernel};
 use resident_ring::message::{CField, LayoutError, StructLayout};
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 use resident_ring::Slot;
@@ -65,7 +65,7 @@ pub use resident_core::engine::BUFFER_SYNC_TIMEOUT;
 /// Each access costs a park and a relaunch (on a GPU of every resident kernel of the device,
 /// the residency rule): it is for occasional reads and writes, not a data path. Between two
 /// accesses the kernel runs a batch or at least 1 ms
-/// (`resident_cuda::persistent::MIN_RUN_BETWEEN_ACCESSES`; on a GPU the 1 ms only), so a host
+/// (`crate::persistent::MIN_RUN_BETWEEN_ACCESSES`; on a GPU the 1 ms only), so a host
 /// reading back to back slows the kernel down but does not starve it.
 ///
 /// Declaring the buffers on the handler too ([`CudaHandler::buffer`]) lets
@@ -245,7 +245,7 @@ fn buffer_decl(name: &str, elem: &ElemDecl) -> Result<BufferDecl, DeviceError> {
         name: name.to_string(),
         reason,
     };
-    if !resident_cuda::persistent::is_c_identifier(name) {
+    if !crate::persistent::is_c_identifier(name) {
         return Err(refuse(
             "a CUDA handler names it `buffers-><name>`, so the name must be a C identifier (letters, digits, `_`)".into(),
         ));
@@ -357,7 +357,7 @@ impl<In, Out> CudaHandler<In, Out> {
     ) -> Result<String, DeviceError> {
         let g = DeviceGeometry::new(1, 2, batch_size);
         let source = self.kernel_source(kernel_id, g.batch_size, self.declared_decls()?);
-        resident_cuda::persistent::compile_ptx(&source, arch)
+        crate::persistent::compile_ptx(&source, arch)
             .map(|k| k.ptx)
             .seam()
     }
@@ -374,10 +374,10 @@ impl<In, Out> CudaHandler<In, Out> {
         kernel_id: &str,
         batch_size: usize,
         sm: &str,
-    ) -> Result<Vec<resident_cuda::persistent::SassReport>, DeviceError> {
+    ) -> Result<Vec<crate::persistent::SassReport>, DeviceError> {
         let g = DeviceGeometry::new(1, 2, batch_size);
         let source = self.kernel_source(kernel_id, g.batch_size, self.declared_decls()?);
-        resident_cuda::persistent::compile_sass_report(&source, sm).seam()
+        crate::persistent::compile_sass_report(&source, sm).seam()
     }
 
     #[cfg(feature = "cuda")]
@@ -393,7 +393,7 @@ impl<In, Out> CudaHandler<In, Out> {
     ) -> Result<Vec<u8>, DeviceError> {
         let g = DeviceGeometry::new(1, 2, batch_size);
         let source = self.kernel_source(kernel_id, g.batch_size, self.declared_decls()?);
-        resident_cuda::persistent::link_cubin(&source, sm).seam()
+        crate::persistent::link_cubin(&source, sm).seam()
     }
 }
 
@@ -411,7 +411,7 @@ impl DeviceGeometry {
         let batch = (batch_size.clamp(32, 1024).div_ceil(32) * 32) as u32;
         let lane_capacity = queue_size.next_power_of_two().max(2);
         DeviceGeometry {
-            lanes: lanes.clamp(1, resident_cuda::persistent::MAX_LANES),
+            lanes: lanes.clamp(1, crate::persistent::MAX_LANES),
             lane_capacity,
             out_capacity: lane_capacity.max(batch as usize).next_power_of_two(),
             batch_size: batch,
@@ -462,7 +462,7 @@ pub(crate) type Launched<E> = (E, Option<Arc<dyn DeviceBuffers>>, Arc<dyn StateS
 
 /// The state of a kernel on a GPU, read between two batches under the residency rule.
 #[cfg(feature = "cuda")]
-struct GpuStateRead(Arc<resident_cuda::persistent::GpuState>);
+struct GpuStateRead(Arc<crate::persistent::GpuState>);
 
 #[cfg(feature = "cuda")]
 impl StateSnapshot for GpuStateRead {
@@ -521,7 +521,7 @@ impl<In: Message, Out: Message> CudaRing<In, Out, PersistentKernel<In, Out>> {
             queues: g.queues(),
             buffers,
             // RESIDENT_BULK_LANE / RESIDENT_BULK_THRESHOLD; a bad value is a typed error.
-            bulk: resident_cuda::persistent::BulkConfig::from_env().seam()?,
+            bulk: crate::persistent::BulkConfig::from_env().seam()?,
             ..LaunchOptions::default()
         };
         let kernel = PersistentKernel::launch(&source, &handler.state, &opts).seam()?;
@@ -545,11 +545,11 @@ pub(crate) trait PersistentRing<In, Out>: Send {
     /// Tells the kernel its host is alive (a GPU kernel's own heartbeat thread does it there).
     fn heartbeat(&mut self);
     fn check(&mut self) -> Result<(), DeviceError>;
-    fn device_counters(&self) -> resident_cuda::persistent::DeviceCounters;
+    fn device_counters(&self) -> crate::persistent::DeviceCounters;
     fn terminate(&mut self, timeout: Duration) -> Result<(), DeviceError>;
     fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>>;
-    fn output_peer_ring(&self) -> Option<resident_cuda::persistent::PeerRing>;
-    fn peer_input(&self) -> Arc<resident_cuda::persistent::PeerInput>;
+    fn output_peer_ring(&self) -> Option<crate::persistent::PeerRing>;
+    fn peer_input(&self) -> Arc<crate::persistent::PeerInput>;
     /// # Safety
     /// Only once the link's phase is `Free` (the host is the output ring's only consumer).
     unsafe fn resync_output(&mut self) -> Result<(), DeviceError>;
@@ -581,7 +581,7 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for PersistentKernel<In,
     fn check(&mut self) -> Result<(), DeviceError> {
         PersistentKernel::check(self).seam()
     }
-    fn device_counters(&self) -> resident_cuda::persistent::DeviceCounters {
+    fn device_counters(&self) -> crate::persistent::DeviceCounters {
         PersistentKernel::device_counters(self)
     }
     fn terminate(&mut self, timeout: Duration) -> Result<(), DeviceError> {
@@ -591,10 +591,10 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for PersistentKernel<In,
     fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>> {
         PersistentKernel::reclaim_input(self)
     }
-    fn output_peer_ring(&self) -> Option<resident_cuda::persistent::PeerRing> {
+    fn output_peer_ring(&self) -> Option<crate::persistent::PeerRing> {
         PersistentKernel::output_peer_ring(self)
     }
-    fn peer_input(&self) -> Arc<resident_cuda::persistent::PeerInput> {
+    fn peer_input(&self) -> Arc<crate::persistent::PeerInput> {
         PersistentKernel::peer_input(self)
     }
     unsafe fn resync_output(&mut self) -> Result<(), DeviceError> {

@@ -2,9 +2,9 @@
 //! crosses as an [`EngineError`] inside the variant that says where it came from; callers get
 //! it back by type (`DeviceError::engine`, `BackendError::engine`).
 
+use crate::persistent::PersistentError;
 use resident_core::engine::error::DeviceError;
 use resident_core::engine::{BackendError, EngineError};
-use resident_cuda::persistent::PersistentError;
 use resident_cuda::CudaError;
 
 /// An error of the CUDA layers and the seam's form of it.
@@ -20,7 +20,7 @@ impl ToSeam for CudaError {
     }
 }
 
-impl ToSeam for resident_cuda::sim::SimError {
+impl ToSeam for crate::sim::SimError {
     type Seam = BackendError;
     fn to_seam(self) -> BackendError {
         BackendError::Sim(EngineError::new(self))

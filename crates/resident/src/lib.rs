@@ -78,7 +78,7 @@ pub mod cuda {
     ///
     /// [`DeviceError::Cuda`]: crate::backend::DeviceError::Cuda
     pub mod persistent {
-        pub use resident_cuda::persistent::{
+        pub use resident_engine_cuda::persistent::{
             ExternalFn, FaultCause, PersistentError, SassReport, Unavailable, EXTERNAL_FN_SIGNATURE,
         };
 
@@ -86,7 +86,7 @@ pub mod cuda {
         #[doc(hidden)]
         pub mod sim {
             // For tests that check a kernel was relaunched after a quiesce (or was not).
-            pub use resident_cuda::persistent::sim::relaunch_count;
+            pub use resident_engine_cuda::persistent::sim::relaunch_count;
         }
     }
 
@@ -99,16 +99,16 @@ pub mod cuda {
     /// CudaSim: the same CUDA C on host threads, built by the host's C++ compiler, with a
     /// model of the driver's context (synchronizing calls, sticky faults).
     pub mod sim {
-        pub use resident_cuda::sim::{compiler, CompilerFault, SimError};
-        pub use resident_cuda::sim_driver::{
+        pub use resident_engine_cuda::sim::driver::{
             strict, sync_wait, ContextFault, Hazard, SimContext, STRICT_ENV, SYNC_WAIT_ENV,
         };
+        pub use resident_engine_cuda::sim::{compiler, CompilerFault, SimError};
         // For the tests that fault a device on purpose.
         #[doc(hidden)]
-        pub use resident_cuda::sim_driver::fault_test_in_own_process;
+        pub use resident_engine_cuda::sim::driver::fault_test_in_own_process;
         // For resident-workloads' ThreadSanitizer test of its CUDA C handlers.
         #[doc(hidden)]
-        pub use resident_cuda::sim::{run_under_tsan, translation_unit, TsanError};
+        pub use resident_engine_cuda::sim::{run_under_tsan, translation_unit, TsanError};
     }
 }
 pub use resident_ring as ring;

@@ -307,7 +307,7 @@ fn device_faults_on_cudasim_are_sticky_for_the_context_and_fresh_kernels_launch_
 #[test]
 fn on_cudasim_with_the_measured_driver_a_lost_device_stays_lost_and_is_refused_promptly() {
     let _turn = turn();
-    let ctx = resident_cuda::sim_driver::SimContext::get();
+    let ctx = resident_engine_cuda::sim::driver::SimContext::get();
     let before = ctx.set_reset_recovers(false);
     let rt = Runtime::builder()
         .backend(Backend::CudaSim)

@@ -1,4 +1,4 @@
-//! Device-side forwarding on CudaSim with its speed model on (`resident_cuda::sim_driver`,
+//! Device-side forwarding on CudaSim with its speed model on (`resident_engine_cuda::sim::driver`,
 //! notes 3.): the host pauses that race the kernels are stretched 100 times, about as much as
 //! CudaSim is slower than a GPU, so a race that an H100 lost is lost here too. There
 //! (2026-11-27, `bench/results/gpu-h100-2026-11-27`), a producer launched before its target
@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use resident::prelude::*;
-use resident_cuda::sim_driver::SimContext;
+use resident_engine_cuda::sim::driver::SimContext;
 
 device_message! {
     /// A message: its sequence number and a value the kernel transforms.

@@ -4,7 +4,7 @@
 use resident::backend::{self, Backend, Kernel, KernelArg, LaunchConfig};
 use resident::memory::{BufferOptions, UnifiedBuffer};
 use resident::BackendError;
-use resident_cuda::sim::SimError;
+use resident_engine_cuda::sim::SimError;
 
 fn sim() -> backend::DeviceHandle {
     backend::open(Backend::CudaSim).expect("CudaSim needs a host C++ compiler (g++)")

@@ -1,5 +1,5 @@
 //! The `cuda` target: a ring handler's CUDA C, the user text of the CUDA path, through
-//! `resident_cuda::persistent::template`: `KernelSource::render` (its checks and the
+//! `resident_engine_cuda::persistent::template`: `KernelSource::render` (its checks and the
 //! translation unit it builds) for every input, and NVRTC (`compile_ptx(.., "compute_90")`)
 //! for every [`FuzzOptions::compile_every`](super::FuzzOptions::compile_every)-th input and the
 //! seed corpus, when NVRTC is present (when not, the compile is counted as skipped).
@@ -22,8 +22,8 @@
 
 use std::fmt::Write as _;
 
-use resident_cuda::persistent::template::TEMPLATE_BODY;
-use resident_cuda::persistent::{BufferDecl, KernelSource, MessageDecl, PersistentError};
+use resident_engine_cuda::persistent::template::TEMPLATE_BODY;
+use resident_engine_cuda::persistent::{BufferDecl, KernelSource, MessageDecl, PersistentError};
 
 use super::gen::{expr, Expr, Rng};
 use super::sink::{Bytes, Sink};
@@ -211,7 +211,7 @@ pub(crate) fn run(input: &[u8], sink: &mut dyn Sink, compile: bool) {
 
 #[cfg(feature = "cuda")]
 fn nvrtc(source: &KernelSource, sink: &mut dyn Sink) {
-    use resident_cuda::persistent::template::{compile_ptx, nvrtc_available};
+    use resident_engine_cuda::persistent::template::{compile_ptx, nvrtc_available};
     if nvrtc_available().is_err() {
         sink.skipped(COMPILE, "NVRTC not available");
         return;

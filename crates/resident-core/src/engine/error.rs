@@ -180,7 +180,10 @@ mod tests {
         let b = BackendError::Sim(EngineError::new(Engines::Compile { log: "x".into() }));
         assert_eq!(b.to_string(), "CudaSim: compile failed: x");
         assert!(b.engine::<Engines>().is_some());
-        assert!(std::error::Error::source(&b).is_some(), "the engine's error is the source");
+        assert!(
+            std::error::Error::source(&b).is_some(),
+            "the engine's error is the source"
+        );
         let d = DeviceError::Wgsl(WgslLaunchError::Device(b));
         assert!(d.engine::<Engines>().is_some());
         // Variants that carry no engine error have none.

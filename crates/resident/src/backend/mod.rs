@@ -25,7 +25,7 @@ pub use resident_core::engine::cpu;
 pub(crate) use resident_engine_cuda::device as cuda;
 pub(crate) use resident_engine_cuda::ring as cuda_ring;
 #[cfg(feature = "cudasim")]
-pub(crate) use resident_engine_cuda::sim as cuda_sim;
+pub(crate) use resident_engine_cuda::sim::engine as cuda_sim;
 // wgpu's engine crate (WgslHandler and the WGSL errors in every build, the engine with the
 // `wgpu` feature), under its old module path.
 pub use resident_engine_wgpu as wgpu;

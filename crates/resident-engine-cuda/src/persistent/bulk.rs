@@ -121,7 +121,7 @@ impl BulkConfig {
     /// [`from_env`](Self::from_env) over given values (`None`: unset).
     ///
     /// ```
-    /// use resident_cuda::persistent::{BulkConfig, BulkMode};
+    /// use resident_engine_cuda::persistent::{BulkConfig, BulkMode};
     /// assert_eq!(BulkConfig::parse(Some("on"), None).unwrap().mode, BulkMode::On);
     /// assert_eq!(BulkConfig::parse(None, Some("128")).unwrap().threshold, 128);
     /// assert!(BulkConfig::parse(Some("yes"), None).is_err());
@@ -181,7 +181,7 @@ pub enum Path {
 /// so: a run goes behind the lane's bulk messages whatever its size.
 ///
 /// ```
-/// use resident_cuda::persistent::{choose, BulkConfig, BulkMode, Path};
+/// use resident_engine_cuda::persistent::{choose, BulkConfig, BulkMode, Path};
 /// let auto = BulkConfig { mode: BulkMode::Auto, threshold: 64 };
 /// assert_eq!(choose(&auto, 0, 0, 1), Some(Path::Ll));
 /// assert_eq!(choose(&auto, 100, 0, 1), Some(Path::Ll)); // a single message is never held
@@ -594,11 +594,11 @@ impl CopyEngine for SimCopyEngine {
         tail: u64,
         value: u64,
     ) -> Result<(), PersistentError> {
-        let ctx = crate::sim_driver::SimContext::get();
+        let ctx = crate::sim::driver::SimContext::get();
         for _ in copies {
-            ctx.call(crate::hazards::DriverCall::MemcpyHtoDAsyncPinned)?;
+            ctx.call(resident_cuda::hazards::DriverCall::MemcpyHtoDAsyncPinned)?;
         }
-        ctx.call(crate::hazards::DriverCall::StreamWriteValue)?;
+        ctx.call(resident_cuda::hazards::DriverCall::StreamWriteValue)?;
         let mut job = SimJob {
             copies: [CopyRange {
                 src: 0,

@@ -22,10 +22,10 @@ use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
 use super::template::{compile_sim, KernelSource, PersistentParams, PERSISTENT_KERNEL_NAME};
 use super::{FaultCause, PersistentError, SharedMemory};
-use crate::arena::Arena;
-use crate::hazards::DriverCall;
+use crate::sim::driver::{KernelLife, SimContext};
 use crate::sim::{SimError, SimInstance};
-use crate::sim_driver::{KernelLife, SimContext};
+use resident_cuda::arena::Arena;
+use resident_cuda::hazards::DriverCall;
 
 /// How to launch a [`SimKernel`].
 #[derive(Clone, Debug)]
@@ -256,7 +256,7 @@ pub struct SimKernel<In: Pod + Send, Out: Pod + Send> {
     life: KernelLife,
 }
 
-/// The pinned queue memory of CudaSim's context ([`crate::arena`]).
+/// The pinned queue memory of CudaSim's context ([`resident_cuda::arena`]).
 fn sim_arena() -> &'static Arena {
     static A: std::sync::OnceLock<Arena> = std::sync::OnceLock::new();
     A.get_or_init(Arena::new)
@@ -1006,8 +1006,8 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
     }
 
     /// CudaSim's bus model of this kernel: its queue traffic and dependent read chains since
-    /// its launch (see [`crate::bus`]).
-    pub fn bus_stats(&self) -> Option<crate::bus::BusStats> {
+    /// its launch (see [`crate::sim::bus`]).
+    pub fn bus_stats(&self) -> Option<crate::sim::bus::BusStats> {
         let mut s = self.instance.as_ref().and_then(|i| i.bus_stats())?;
         if let Some(b) = self.queues.bulk_stats() {
             s.copy_engine_bytes = b.copy_engine_bytes.load(Ordering::Relaxed);

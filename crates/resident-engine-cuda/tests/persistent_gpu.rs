@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use resident_cuda::persistent::{
+use resident_engine_cuda::persistent::{
     DeviceState, KernelSource, LaunchOptions, MessageDecl, PersistentError, PersistentKernel,
     QueueConfig,
 };
@@ -49,11 +49,8 @@ fn opts(lanes: usize, capacity: usize) -> LaunchOptions {
 }
 
 fn gpu_present() -> bool {
-    // SAFETY: only tries to dlopen libcuda.
-    let driver = unsafe { cudarc::driver::sys::is_culib_present() };
-    // SAFETY: only tries to dlopen libnvrtc.
-    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
-    driver && nvrtc
+    // Each only tries to dlopen its library.
+    resident_cuda::driver_present() && resident_cuda::nvrtc_present()
 }
 
 /// The ring benchmark's half of this check (`bench_ring` without a driver) moved with the
@@ -140,7 +137,7 @@ fn external_source(arch: &str) -> KernelSource {
     let mut src = source();
     src.name = "gpu_external".into();
     src.handler = "__device__ bool handle(St* s, const In64* in, Out64* out, const Envelope* env) { return ext_double(s, in, out, env) != 0; }\n".into();
-    src.with_external(resident_cuda::persistent::ExternalFn {
+    src.with_external(resident_engine_cuda::persistent::ExternalFn {
         symbol: "ext_double".into(),
         ltoir: Some((arch.to_string(), ir)),
         host_fn: None,
@@ -610,7 +607,7 @@ fn a_launch_waits_out_a_quiesce_of_its_starting_kernel() {
     let Some(_turn) = gpu_turn("launch_quiesce") else {
         return;
     };
-    let device = resident_cuda::persistent::open_device(0).unwrap();
+    let device = resident_engine_cuda::persistent::open_device(0).unwrap();
     let rounds = std::rc::Rc::new(std::cell::Cell::new(0u32));
     let quiescer: Quiescer = Default::default();
     let (parked_tx, parked_rx) = std::sync::mpsc::channel::<()>();
@@ -644,7 +641,7 @@ fn a_launch_waits_out_a_quiesce_of_its_starting_kernel() {
             }
         }
     };
-    let hook = resident_cuda::persistent::on_resident_wait(hook);
+    let hook = resident_engine_cuda::persistent::on_resident_wait(hook);
     let launched = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts(1, 256));
     drop(hook);
     let mut k = match launched {
@@ -684,7 +681,7 @@ fn a_kernel_dropped_while_parked_is_not_relaunched() {
     let Some(_turn) = gpu_turn("drop_while_parked") else {
         return;
     };
-    let device = resident_cuda::persistent::open_device(0).unwrap();
+    let device = resident_engine_cuda::persistent::open_device(0).unwrap();
     let mut k = PersistentKernel::<u64, u64>::launch(&source(), &[0u8; 8], &opts(1, 256)).unwrap();
     k.activate().unwrap();
     k.send(Envelope::new(1, 0, 0), 1).unwrap();
@@ -734,7 +731,7 @@ fn bulk_lanes_round_trip_on_a_gpu() {
     let Some(_turn) = gpu_turn("bulk_lanes_round_trip_on_a_gpu") else {
         return;
     };
-    use resident_cuda::persistent::{BulkConfig, BulkMode};
+    use resident_engine_cuda::persistent::{BulkConfig, BulkMode};
     for mode in [BulkMode::On, BulkMode::Auto] {
         let mut o = opts(2, 1024);
         o.bulk = BulkConfig {

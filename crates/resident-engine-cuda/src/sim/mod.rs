@@ -12,7 +12,18 @@
 //! * [`SimModule::instantiate`] loads a private copy of it (its `__shared__` variables and
 //!   thread-locals belong to that copy alone), and [`SimInstance::launch`] runs an entry over a
 //!   grid and returns after every thread has exited, with [`SimError::Fault`] when a thread
-//!   called `__trap()` or took a hardware fault ([`crate::sim_fault`]).
+//!   called `__trap()` or took a hardware fault ([`fault`]).
+//!
+//! Beside it: the driver model that makes CudaSim's driver calls wait as the GPU's do
+//! ([`driver`]), the hardware-fault containment ([`fault`]), the bus model ([`bus`]) and, with
+//! the `cudasim` feature, the CudaSim engine itself ([`engine`]: ring kernels, memory and
+//! one-shot kernels on host threads).
+
+pub mod bus;
+pub mod driver;
+#[cfg(feature = "cudasim")]
+pub mod engine;
+pub mod fault;
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -20,10 +31,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::cache::Fnv128;
+use resident_cuda::cache::Fnv128;
 
 /// The shim header put in front of every CudaSim translation unit.
-pub const SHIM_HEADER: &str = include_str!("../kernels/sim_shim.h");
+pub const SHIM_HEADER: &str = include_str!("../../kernels/sim_shim.h");
 
 /// Environment variable naming the host C++ compiler (default `g++`).
 pub const CXX_ENV: &str = "RESIDENT_SIM_CXX";
@@ -130,11 +141,11 @@ pub enum SimError {
     },
     /// A driver call on a context that a device fault lost: the driver's
     /// `CUDA_ERROR_LAUNCH_FAILED`, sticky until the context is reset (see
-    /// [`crate::sim_driver`]).
+    /// [`crate::sim::driver`]).
     #[error("{call}: CUDA_ERROR_LAUNCH_FAILED (CudaSim's context was lost by a device fault in `{entry}`: {reason})")]
     ContextLost {
         /// The call that failed.
-        call: crate::hazards::DriverCall,
+        call: resident_cuda::hazards::DriverCall,
         /// The kernel entry whose fault lost the context.
         entry: String,
         /// The fault.
@@ -142,18 +153,18 @@ pub enum SimError {
     },
     /// A driver call that waits for the whole device was made while kernels ran and did not
     /// finish within the model's wait: on a GPU this call would not return while they are
-    /// resident (see [`crate::hazards`]).
+    /// resident (see [`resident_cuda::hazards`]).
     #[error("{call} waits for every kernel of the context, and {} still ran after {waited:?}: on a GPU this call would hang while they are resident", running_names(running))]
     WouldWaitForDevice {
         /// The call.
-        call: crate::hazards::DriverCall,
+        call: resident_cuda::hazards::DriverCall,
         /// The kernels whose blocks were running.
         running: Vec<String>,
         /// How long the model waited.
         waited: std::time::Duration,
     },
     /// A thread of the kernel faulted (`__trap()`, or a hardware fault such as an illegal
-    /// address: [`crate::sim_fault`]): the block stopped.
+    /// address: [`crate::sim::fault`]): the block stopped.
     #[error("device fault in `{entry}` (CudaSim): {reason}")]
     Fault {
         /// The entry.
@@ -233,7 +244,7 @@ pub struct SimOptions {
 
 /// The folder of compiled CudaSim objects: `<kernel cache>/sim`.
 pub fn cache_dir() -> PathBuf {
-    crate::cache::KernelCache::default_dir()
+    resident_cuda::cache::KernelCache::default_dir()
         .unwrap_or_else(|| std::env::temp_dir().join("resident-kernels"))
         .join("sim")
 }
@@ -409,7 +420,7 @@ impl SimModule {
                         name: qname.clone(),
                         compiler: version.clone(),
                         // The diagnostics quote each offending source line: kept bounded.
-                        log: crate::error::bounded_log(log.as_bytes()),
+                        log: resident_cuda::error::bounded_log(log.as_bytes()),
                     })
                 }
                 resident_limits::Ended::Timeout => Err(SimError::CompileTimeout {
@@ -580,7 +591,7 @@ impl SimInstance {
         let mut err = vec![0u8; 1024];
         // A hardware fault in the kernel's threads faults the block, not the process (when
         // the handler cannot be installed, it ends the process as it would without it).
-        let _ = crate::sim_fault::install();
+        let _ = crate::sim::fault::install();
         let _one_at_a_time = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the launcher reads `dims`, `argv[..n]`, `sizes[..n]` and writes at most
         // `err.len()` bytes of `err`; the caller vouches for what the kernel dereferences.
@@ -632,18 +643,18 @@ impl SimInstance {
         Ok(())
     }
 
-    /// The bus model's counters of this instance's kernel (see [`crate::bus`]); `None` for an
+    /// The bus model's counters of this instance's kernel (see [`crate::sim::bus`]); `None` for an
     /// object built without them. Readable while the kernel runs (a snapshot).
-    pub fn bus_stats(&self) -> Option<crate::bus::BusStats> {
+    pub fn bus_stats(&self) -> Option<crate::sim::bus::BusStats> {
         type StatsFn = unsafe extern "C" fn(*mut u64, u32) -> u32;
         let lib = self.lib.as_ref()?;
         // SAFETY: the shim exports `resident_sim_bus_stats` with exactly this signature.
         let f: libloading::Symbol<StatsFn> =
             unsafe { lib.get(b"resident_sim_bus_stats\0") }.ok()?;
-        let mut v = [0u64; crate::bus::BUS_FIELDS];
+        let mut v = [0u64; crate::sim::bus::BUS_FIELDS];
         // SAFETY: the function writes at most `v.len()` counters into `v`.
         let n = unsafe { f(v.as_mut_ptr(), v.len() as u32) } as usize;
-        Some(crate::bus::BusStats::from_fields(&v[..n.min(v.len())]))
+        Some(crate::sim::bus::BusStats::from_fields(&v[..n.min(v.len())]))
     }
 
     /// Keeps the object mapped for the rest of the process: for an instance whose kernel may
@@ -678,7 +689,7 @@ mod tests {
     #[test]
     fn a_hazard_names_a_few_running_kernels_short() {
         let e = SimError::WouldWaitForDevice {
-            call: crate::hazards::DriverCall::StreamCreate,
+            call: resident_cuda::hazards::DriverCall::StreamCreate,
             running: (0..1000)
                 .map(|i| format!("{i}{}", "k".repeat(1 << 20)))
                 .collect(),
@@ -689,7 +700,7 @@ mod tests {
         assert!(text.contains("996 more"), "{text}");
         assert!(text.contains("(1048577 bytes)"), "{text}");
         let one = SimError::WouldWaitForDevice {
-            call: crate::hazards::DriverCall::ModuleLoad,
+            call: resident_cuda::hazards::DriverCall::ModuleLoad,
             running: vec!["resident".into()],
             waited: std::time::Duration::ZERO,
         };

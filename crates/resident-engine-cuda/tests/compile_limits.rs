@@ -4,15 +4,15 @@
 
 use std::time::{Duration, Instant};
 
-use resident_cuda::persistent::{
+use resident_engine_cuda::persistent::{
     KernelSource, MessageDecl, QueueConfig, SimKernel, SimLaunchOptions,
 };
-use resident_cuda::sim::{SimError, SimModule, SimOptions};
+use resident_engine_cuda::sim::{SimError, SimModule, SimOptions};
 use resident_limits::CompileLimits;
 use resident_ring::Envelope;
 
 fn compiler_or_skip() -> bool {
-    if resident_cuda::sim::available() {
+    if resident_engine_cuda::sim::available() {
         return true;
     }
     if std::env::var("RESIDENT_REQUIRE_CUDASIM").as_deref() == Ok("1") {

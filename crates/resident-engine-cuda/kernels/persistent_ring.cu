@@ -1,6 +1,6 @@
 // resident: persistent ring kernel and launch-per-batch kernel (template body).
 //
-// This file is not compiled on its own: `resident_cuda::persistent::template` prepends a
+// This file is not compiled on its own: `resident_engine_cuda::persistent::template` prepends a
 // generated prelude that defines RESIDENT_BATCH (the block size), the wire structs (Envelope,
 // RingHeader, ControlBlock, PersistentParams), the user's message types aliased as ResidentIn /
 // ResidentOut / ResidentState, InSlot / OutSlot, static_asserts on every size, and the user's
@@ -308,7 +308,7 @@ __device__ __forceinline__ void resident_copy_in(S* dst, const S* src) {
     }
 }
 
-// ---- bulk lanes: deep queues by the copy engine (resident_cuda::persistent::bulk) ----
+// ---- bulk lanes: deep queues by the copy engine (resident_engine_cuda::persistent::bulk) ----
 // Each lane may also have a device ring (lane_capacity plain InSlots in device memory, position
 // pos at slot pos % capacity) whose tail the copy stream's memory operation publishes in the
 // tails line (device memory) after the copy of the slots below it, and whose head thread 0

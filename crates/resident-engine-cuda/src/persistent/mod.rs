@@ -35,7 +35,7 @@ pub mod bulk;
 mod check;
 pub mod control;
 pub mod host;
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 pub mod kernel;
 pub mod lane;
 pub mod peer;
@@ -52,7 +52,7 @@ pub use check::batch_scan_bytes;
 pub use check::{on_resident_wait, ResidentWaitHook};
 pub use control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 pub use host::{Full, PersistentQueues, QueueConfig};
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 pub use kernel::{
     load_batch_kernel, open_device, GpuBuffers, GpuState, LaunchOptions, PersistentKernel,
 };
@@ -63,7 +63,7 @@ pub use template::{
     parse_ptxas_report, BufferDecl, BufferInit, CompiledKernel, ExternalFn, KernelSource,
     MessageDecl, SassReport, BUFFER_ENTRY_BYTES, EXTERNAL_FN_SIGNATURE, SIM_ARCH,
 };
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 pub use template::{compile_ptx, compile_sass_report, link_cubin};
 
 /// Most priority lanes a kernel can have.
@@ -72,7 +72,7 @@ pub const MAX_LANES: usize = 8;
 /// The lane a priority goes to with `lanes` lanes: `(priority * lanes) >> 8`.
 ///
 /// ```
-/// use resident_cuda::persistent::lane_for_priority;
+/// use resident_engine_cuda::persistent::lane_for_priority;
 /// assert_eq!(lane_for_priority(0, 4), 0);
 /// assert_eq!(lane_for_priority(128, 4), 2);
 /// assert_eq!(lane_for_priority(255, 4), 3);
@@ -133,10 +133,10 @@ pub enum PersistentError {
         got: usize,
     },
     /// NVRTC (or its builtins library) could not be loaded: the CUDA layer's
-    /// [`CudaError::NvrtcNotFound`](crate::CudaError::NvrtcNotFound), or an NVRTC call failing
+    /// [`CudaError::NvrtcNotFound`](resident_cuda::CudaError::NvrtcNotFound), or an NVRTC call failing
     /// with `NVRTC_ERROR_BUILTIN_OPERATION_FAILURE`.
     #[error("NVRTC not available: {0}")]
-    NvrtcUnavailable(#[source] crate::CudaError),
+    NvrtcUnavailable(#[source] resident_cuda::CudaError),
     /// The CUDA driver could not be loaded, has no such device, or the device cannot run
     /// persistent kernels.
     #[error("CUDA driver not available: {0}")]
@@ -169,16 +169,16 @@ pub enum PersistentError {
         log: String,
     },
     /// nvJitLink could not be loaded: the CUDA layer's
-    /// [`CudaError::JitLinkNotFound`](crate::CudaError::JitLinkNotFound). Only a kernel with an
+    /// [`CudaError::JitLinkNotFound`](resident_cuda::CudaError::JitLinkNotFound). Only a kernel with an
     /// external function ([`KernelSource::external`]) needs it on a GPU.
     #[error("nvJitLink not available: {0}")]
-    JitLinkUnavailable(#[source] crate::CudaError),
+    JitLinkUnavailable(#[source] resident_cuda::CudaError),
     /// nvJitLink refused to link the kernel's template with its external function
     /// ([`KernelSource::external`]): an input that is not LTO-IR (or not for `arch`), a symbol
     /// neither defines, a symbol that is not a function. `log` is nvJitLink's, bounded
-    /// ([`crate::bounded_log`]). A function of the right name with another signature links
+    /// ([`resident_cuda::bounded_log`]). A function of the right name with another signature links
     /// (C names carry no types): the LTO-IR must have [`EXTERNAL_FN_SIGNATURE`].
-    #[error("kernel `{qname}` failed to link for {arch}: {call} returned {} ({code}){}{log}", crate::jitlink_result_name(*code), if log.is_empty() { "" } else { "; nvJitLink's log:\n" }, qname = quoted_name(.name))]
+    #[error("kernel `{qname}` failed to link for {arch}: {call} returned {} ({code}){}{log}", resident_cuda::jitlink_result_name(*code), if log.is_empty() { "" } else { "; nvJitLink's log:\n" }, qname = quoted_name(.name))]
     Link {
         /// Kernel name.
         name: String,
@@ -193,7 +193,7 @@ pub enum PersistentError {
     },
     /// A call of the CUDA layer failed (driver error, device lost, residency limit, ...).
     #[error(transparent)]
-    Cuda(crate::CudaError),
+    Cuda(resident_cuda::CudaError),
     /// The device faulted (trap, illegal address, ...) while the kernel ran.
     #[error("kernel `{qname}` failed on the device: {cause}", qname = quoted_name(.name))]
     DeviceFault {
@@ -259,7 +259,7 @@ impl PersistentError {
 pub enum Unavailable {
     /// No driver, no device, or no device of that ordinal.
     #[error(transparent)]
-    Cuda(crate::CudaError),
+    Cuda(resident_cuda::CudaError),
     /// The device cannot map host memory, which the persistent queues live in.
     #[error("device {ordinal} cannot map host memory")]
     NoHostMapping {
@@ -274,10 +274,10 @@ pub enum Unavailable {
 pub enum FaultCause {
     /// The CUDA layer reported a fault (a sticky driver error, or the device already lost).
     #[error(transparent)]
-    Cuda(Arc<crate::CudaError>),
+    Cuda(Arc<resident_cuda::CudaError>),
     /// Relaunching the kernel after it parked for the residency rule failed.
     #[error("relaunch after a quiesce failed: {0}")]
-    Relaunch(#[source] Arc<crate::CudaError>),
+    Relaunch(#[source] Arc<resident_cuda::CudaError>),
     /// A thread of the CudaSim block faulted (`__trap()`), or the block could not run.
     #[error(transparent)]
     Sim(Arc<crate::sim::SimError>),

@@ -17,7 +17,7 @@
 //! since how many happen depends on timing.
 //!
 //! ```
-//! use resident_cuda::bus::BusStats;
+//! use resident_engine_cuda::sim::bus::BusStats;
 //! let s = BusStats::from_fields(&[9, 10, 72, 80, 0, 0, 1, 1, 9, 10, 72, 80, 2, 2, 0, 0, 0]);
 //! assert_eq!(s.per_message().reads, 9.0);
 //! assert_eq!(s.chain_max, 2);

@@ -22,7 +22,7 @@ use super::template::{
     compile_ptx, KernelSource, PersistentParams, BATCH_KERNEL_NAME, PERSISTENT_KERNEL_NAME,
 };
 use super::{FaultCause, PersistentError, SharedMemory, Unavailable};
-use crate::{
+use resident_cuda::{
     CacheKey, CudaError, Device, DeviceBuffer, Function, KernelCache, KernelParams, LaunchConfig,
     ResidentSlot, Stream,
 };
@@ -109,7 +109,7 @@ pub fn open_device(ordinal: usize) -> Result<Arc<Device>, PersistentError> {
     let device = loop {
         match Device::open(ordinal) {
             Err(CudaError::DeviceLost { .. })
-                if Instant::now() < deadline && !crate::device::lost_for_good(ordinal) =>
+                if Instant::now() < deadline && !resident_cuda::device::lost_for_good(ordinal) =>
             {
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -160,8 +160,8 @@ fn load(
                 Ok(p) => p,
                 Err(e) => return Err(failed.take().unwrap_or_else(|| cuda_error(e))),
             };
-            if let Ok(nv) = crate::nvrtc::nvrtc_version() {
-                crate::result::check_ptx_compatible(nv, device.info().driver_version)
+            if let Ok(nv) = resident_cuda::nvrtc::nvrtc_version() {
+                resident_cuda::result::check_ptx_compatible(nv, device.info().driver_version)
                     .map_err(cuda_error)?;
             }
             device.load_ptx(key.0, &ptx).map_err(cuda_error)?
@@ -240,7 +240,7 @@ fn external_needs_device_arch(source: &KernelSource, arch: &str) -> PersistentEr
 /// linked for `sm`: the text, a hash of the external LTO-IR and its symbol, the NVRTC and
 /// nvJitLink versions, the architecture and the driver version.
 fn linked_key(device: &Device, source: &KernelSource, text: &str, sm: &str) -> CacheKey {
-    let version = |v: crate::Result<(u32, u32)>| match v {
+    let version = |v: resident_cuda::Result<(u32, u32)>| match v {
         Ok((major, minor)) => format!("{major}.{minor}"),
         Err(_) => "none".to_string(),
     };
@@ -249,7 +249,7 @@ fn linked_key(device: &Device, source: &KernelSource, text: &str, sm: &str) -> C
             f.symbol.as_str(),
             f.ltoir
                 .as_ref()
-                .map(|(arch, ir)| format!("{arch}:{:032x}", crate::cache::fnv128(ir)))
+                .map(|(arch, ir)| format!("{arch}:{:032x}", resident_cuda::cache::fnv128(ir)))
                 .unwrap_or_default(),
         ),
         None => ("", String::new()),
@@ -258,10 +258,10 @@ fn linked_key(device: &Device, source: &KernelSource, text: &str, sm: &str) -> C
         "resident-persistent-lto".to_string(),
         format!("external={symbol}"),
         format!("ltoir={ltoir}"),
-        format!("nvrtc={}", version(crate::nvrtc::nvrtc_version())),
+        format!("nvrtc={}", version(resident_cuda::nvrtc::nvrtc_version())),
         format!(
             "nvjitlink={}",
-            version(crate::nvjitlink::nvjitlink_version())
+            version(resident_cuda::nvjitlink::nvjitlink_version())
         ),
     ];
     CacheKey::new(text, &extra, sm, device.info().driver_version)
@@ -272,9 +272,9 @@ fn build_linked(
     source: &KernelSource,
     sm: &str,
     failed: &mut Option<PersistentError>,
-) -> crate::Result<String> {
+) -> resident_cuda::Result<String> {
     super::template::link_cubin(source, sm)
-        .map(|b| crate::module::to_hex(&b))
+        .map(|b| resident_cuda::module::to_hex(&b))
         .map_err(|e| {
             *failed = Some(e);
             CudaError::invalid("nvJitLinkComplete", "the kernel did not link")
@@ -289,7 +289,7 @@ fn load_linked(
     source: &KernelSource,
     text: &str,
     arch: Option<&str>,
-) -> Result<Arc<crate::Module>, PersistentError> {
+) -> Result<Arc<resident_cuda::Module>, PersistentError> {
     if let Some(a) = arch {
         return Err(external_needs_device_arch(source, a));
     }
@@ -306,7 +306,7 @@ fn load_linked(
         Err(_) => build_linked(source, &sm, &mut failed),
     };
     let hex = hex.map_err(|e| failed.take().unwrap_or_else(|| cuda_error(e)))?;
-    let image = crate::module::from_hex(&hex).ok_or_else(|| {
+    let image = resident_cuda::module::from_hex(&hex).ok_or_else(|| {
         cuda_error(CudaError::invalid(
             "cuModuleLoadDataEx",
             "cached CUBIN is not hex",
@@ -429,12 +429,12 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 // A failure here is reported by `load` inside the quiesce, with its log.
                 let _ = cache.get_or_build(&key, || {
                     super::template::compile_cubin(source, &sm)
-                        .map(|b| crate::module::to_hex(&b))
+                        .map(|b| resident_cuda::module::to_hex(&b))
                         .map_err(|e| CudaError::invalid("nvrtcGetCUBIN", e.to_string()))
                 });
             }
         }
-        // The residency rule: a driver call that waits for the whole device (crate::hazards)
+        // The residency rule: a driver call that waits for the whole device (resident_cuda::hazards)
         // runs only while every resident kernel of the device is parked. A launch needs one
         // only to load a new module (and look its function up) or to grow the pinned queue
         // arena: then those run parked, and the kernels are relaunched right after. Everything
@@ -467,7 +467,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 .with_quiesced(QUIESCE_TIMEOUT, move || -> Result<(), PersistentError> {
                     load(&dev, source, arch, PERSISTENT_KERNEL_NAME)?;
                     if !dev.arena().fits(&sizes) {
-                        crate::pinned::grow_arena(&dev, &sizes).map_err(cuda_error)?;
+                        resident_cuda::pinned::grow_arena(&dev, &sizes).map_err(cuda_error)?;
                     }
                     if dev.spare_streams() < streams {
                         dev.fill_streams(spare_stream_target(&dev))
@@ -561,7 +561,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                     ))),
                 }))
             };
-            // A spare stream: `cuStreamCreate` may wait for the device (crate::hazards), so it
+            // A spare stream: `cuStreamCreate` may wait for the device (resident_cuda::hazards), so it
             // runs only parked. Another launch may have taken the last one since `ready`.
             let spare_stream = || -> Result<Stream, PersistentError> {
                 match Stream::from_pool(&device) {
@@ -581,7 +581,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
             // The bulk lanes: staging rings and the heads line from the pinned arena (no driver
             // call), device rings and the tails line in stream-ordered device memory, and a copy
             // stream from the spares; the copies and tail stores on it never wait for the
-            // device (crate::hazards).
+            // device (resident_cuda::hazards).
             let mut bulk_params = None;
             if bulk_on {
                 let pinned = |len: usize| -> Result<(SharedMemory, u64), PersistentError> {
@@ -703,8 +703,8 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 .map_err(cuda_error)??
         };
         if let Some(r) = &k.resident {
-            let weak: std::sync::Weak<dyn crate::device::Quiesce> =
-                Arc::downgrade(&(r.clone() as Arc<dyn crate::device::Quiesce>));
+            let weak: std::sync::Weak<dyn resident_cuda::device::Quiesce> =
+                Arc::downgrade(&(r.clone() as Arc<dyn resident_cuda::device::Quiesce>));
             k.device.register_resident(weak);
             // Host accesses of the state and the bound buffers park this kernel alone.
             let me = Arc::downgrade(r);
@@ -1065,7 +1065,7 @@ impl super::CopyEngine for GpuCopyEngine {
             // `dst` the same bytes' place in this engine's device ring (`_rings`), alive while
             // the engine is; the stream is live.
             unsafe {
-                crate::result::memcpy_htod_async(
+                resident_cuda::result::memcpy_htod_async(
                     c.dst,
                     c.src as *const core::ffi::c_void,
                     c.len,
@@ -1076,7 +1076,7 @@ impl super::CopyEngine for GpuCopyEngine {
         }
         // SAFETY: `tail` is an 8-aligned u64 of `_tails` (the tails line), written only by this
         // stream; the stream is live.
-        unsafe { crate::result::stream_write_value64(self.stream.raw(), tail, value) }
+        unsafe { resident_cuda::result::stream_write_value64(self.stream.raw(), tail, value) }
             .map_err(cuda_error)
     }
 
@@ -1403,7 +1403,7 @@ impl GpuResident {
     }
 }
 
-impl crate::device::Quiesce for GpuResident {
+impl resident_cuda::device::Quiesce for GpuResident {
     fn name(&self) -> String {
         self.name.clone()
     }

@@ -14,22 +14,22 @@ pub struct CompiledKernel {
     pub arch: String,
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// Whether NVRTC can be loaded; `Err` says why not.
 pub fn nvrtc_available() -> Result<(), PersistentError> {
-    if crate::nvrtc_present() {
+    if resident_cuda::nvrtc_present() {
         Ok(())
     } else {
         Err(PersistentError::NvrtcUnavailable(
-            crate::CudaError::NvrtcNotFound,
+            resident_cuda::CudaError::NvrtcNotFound,
         ))
     }
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// Whether nvJitLink can be loaded; `Err` says why not.
 pub fn nvjitlink_available() -> Result<(), PersistentError> {
-    crate::nvjitlink::nvjitlink_available().map_err(PersistentError::JitLinkUnavailable)
+    resident_cuda::nvjitlink::nvjitlink_available().map_err(PersistentError::JitLinkUnavailable)
 }
 
 /// A line of a ring kernel's translation unit longer than this makes NVRTC's diagnostics brief
@@ -37,7 +37,7 @@ pub fn nvjitlink_available() -> Result<(), PersistentError> {
 /// the source (see `compile_ptx`).
 pub const BRIEF_DIAGNOSTICS_LINE: usize = 1024;
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// NVRTC options of the template, for `arch` (`compute_NN` for PTX, `sm_NN` for machine code),
 /// for the translation unit `text`.
 ///
@@ -50,8 +50,8 @@ pub const BRIEF_DIAGNOSTICS_LINE: usize = 1024;
 ///   keeps its errors (at most 100: NVRTC stops there);
 /// * a translation unit with a line longer than [`BRIEF_DIAGNOSTICS_LINE`] is compiled with
 ///   `--brief-diagnostics=true` (no quoted lines): the error keeps at most
-///   [`crate::MAX_LOG_LINE`] bytes of a log line anyway.
-fn template_options(arch: &str, extra: &[&str], text: &str) -> crate::CompileOptions {
+///   [`resident_cuda::MAX_LOG_LINE`] bytes of a log line anyway.
+fn template_options(arch: &str, extra: &[&str], text: &str) -> resident_cuda::CompileOptions {
     let mut extra_opts = vec![
         "--std=c++17".to_string(),
         "-default-device".to_string(),
@@ -61,16 +61,16 @@ fn template_options(arch: &str, extra: &[&str], text: &str) -> crate::CompileOpt
         extra_opts.push(BRIEF_DIAGNOSTICS.to_string());
     }
     extra_opts.extend(extra.iter().map(|s| s.to_string()));
-    crate::CompileOptions {
+    resident_cuda::CompileOptions {
         arch: arch.to_string(),
         extra: extra_opts,
     }
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 const BRIEF_DIAGNOSTICS: &str = "--brief-diagnostics=true";
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// Runs `compile` (an NVRTC call) over `text` with the template's options; an NVRTC that does
 /// not know `--brief-diagnostics` (older than the one this was measured with) is asked again
 /// without it.
@@ -78,12 +78,12 @@ fn with_template_options<T>(
     text: &str,
     arch: &str,
     extra: &[&str],
-    compile: impl Fn(&crate::CompileOptions) -> crate::Result<T>,
-) -> crate::Result<T> {
+    compile: impl Fn(&resident_cuda::CompileOptions) -> resident_cuda::Result<T>,
+) -> resident_cuda::Result<T> {
     let mut opts = template_options(arch, extra, text);
     match compile(&opts) {
-        Err(crate::CudaError::Nvrtc {
-            code: crate::nvrtcResult::NVRTC_ERROR_INVALID_OPTION,
+        Err(resident_cuda::CudaError::Nvrtc {
+            code: resident_cuda::nvrtcResult::NVRTC_ERROR_INVALID_OPTION,
             ..
         }) if opts.extra.iter().any(|o| o == BRIEF_DIAGNOSTICS) => {
             opts.extra.retain(|o| o != BRIEF_DIAGNOSTICS);
@@ -93,26 +93,30 @@ fn with_template_options<T>(
     }
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// Maps the NVRTC layer's errors for `source` compiled for `arch`.
-fn compile_error(source: &KernelSource, arch: &str, e: crate::CudaError) -> PersistentError {
+fn compile_error(
+    source: &KernelSource,
+    arch: &str,
+    e: resident_cuda::CudaError,
+) -> PersistentError {
     match e {
-        // The log is bounded where NVRTC's error is made (`crate::error::bounded_log`).
-        crate::CudaError::Compile { log, .. } => PersistentError::Compile {
+        // The log is bounded where NVRTC's error is made (`resident_cuda::error::bounded_log`).
+        resident_cuda::CudaError::Compile { log, .. } => PersistentError::Compile {
             name: resident_ring::message::quoted_name(&source.name),
             arch: resident_ring::message::quoted_name(arch),
             log,
         },
-        e @ (crate::CudaError::NvrtcNotFound
-        | crate::CudaError::Nvrtc {
-            code: crate::nvrtcResult::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE,
+        e @ (resident_cuda::CudaError::NvrtcNotFound
+        | resident_cuda::CudaError::Nvrtc {
+            code: resident_cuda::nvrtcResult::NVRTC_ERROR_BUILTIN_OPERATION_FAILURE,
             ..
         }) => PersistentError::NvrtcUnavailable(e),
         e => PersistentError::Cuda(e),
     }
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// The most bytes of a kernel's name that its NVRTC program name keeps.
 const PROGRAM_NAME_BYTES: usize = 64;
 
@@ -120,7 +124,7 @@ const PROGRAM_NAME_BYTES: usize = 64;
 /// `-` and `.` made `_`, cut to [`PROGRAM_NAME_BYTES`], and `.cu`. NVRTC names the program in
 /// its log, once per diagnostic of the generated prelude (`ping.cu(12): error: ...`), so a
 /// user's megabyte-long name would make every such line a megabyte long.
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 fn program_name(source: &KernelSource) -> String {
     let mut name: String = source
         .name
@@ -141,7 +145,7 @@ fn program_name(source: &KernelSource) -> String {
     name
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// Compiles `source` to PTX for `arch` (e.g. `compute_90`) with NVRTC.
 ///
 /// Errors: [`PersistentError::NvrtcUnavailable`] when NVRTC (or its builtins library) cannot be
@@ -158,7 +162,7 @@ pub fn compile_ptx(source: &KernelSource, arch: &str) -> Result<CompiledKernel, 
     nvrtc_available()?;
     let name = program_name(source);
     let ptx = with_template_options(&text, arch, &[], |o| {
-        crate::nvrtc::compile_ptx(&text, &name, o)
+        resident_cuda::nvrtc::compile_ptx(&text, &name, o)
     })
     .map_err(|e| compile_error(source, arch, e))?;
     Ok(CompiledKernel {
@@ -201,7 +205,7 @@ pub fn compile_sim_with(
     })
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// Compiles `source` to machine code (a CUBIN) for `sm` (e.g. `sm_90`) with NVRTC: what a
 /// device of exactly that architecture loads without a JIT step.
 pub fn compile_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, PersistentError> {
@@ -209,17 +213,17 @@ pub fn compile_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, Persist
     nvrtc_available()?;
     let name = program_name(source);
     with_template_options(&text, sm, &[], |o| {
-        crate::nvrtc::compile_cubin(&text, &name, o)
+        resident_cuda::nvrtc::compile_cubin(&text, &name, o)
     })
     .map(|(image, _)| image)
     .map_err(|e| compile_error(source, sm, e))
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// The NVRTC options that make the template LTO-IR, relocatable, for nvJitLink.
 pub const LTO_OPTIONS: [&str; 2] = ["-dlto", "-rdc=true"];
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// The external function's LTO-IR, checked to be for `sm`; a typed config error otherwise.
 fn external_ltoir<'a>(source: &'a KernelSource, sm: &str) -> Result<&'a [u8], PersistentError> {
     use resident_ring::message::quoted_name as q;
@@ -251,7 +255,7 @@ fn external_ltoir<'a>(source: &'a KernelSource, sm: &str) -> Result<&'a [u8], Pe
     }
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// Whether `sm` is of the form `sm_NN` (digits, an optional letter suffix).
 fn is_sm(sm: &str) -> bool {
     sm.strip_prefix("sm_").is_some_and(|n| {
@@ -263,7 +267,7 @@ fn is_sm(sm: &str) -> bool {
     })
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// Compiles `source`'s template to LTO-IR for `sm` (e.g. `sm_90`) with NVRTC and links it with
 /// nvJitLink to the LTO-IR of its external function ([`KernelSource::external`]) into machine
 /// code (a CUBIN) for exactly `sm`: the link-time optimizer inlines the function into the
@@ -290,7 +294,7 @@ pub fn link_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, Persistent
     nvjitlink_available()?;
     let name = program_name(source);
     let template = with_template_options(&text, sm, &LTO_OPTIONS, |o| {
-        crate::nvrtc::compile_ltoir(&text, &name, o)
+        resident_cuda::nvrtc::compile_ltoir(&text, &name, o)
     })
     .map_err(|e| compile_error(source, sm, e))?;
     let symbol = source
@@ -299,22 +303,24 @@ pub fn link_cubin(source: &KernelSource, sm: &str) -> Result<Vec<u8>, Persistent
         .map(|f| f.symbol.as_str())
         .unwrap_or_default();
     let external_name = format!("{symbol}.ltoir");
-    crate::nvjitlink::link_cubin(sm, &[(&name, &template), (&external_name, external)])
+    resident_cuda::nvjitlink::link_cubin(sm, &[(&name, &template), (&external_name, external)])
         .map_err(|e| link_error(source, sm, e))
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// Maps the nvJitLink layer's errors for `source` linked for `sm`.
-fn link_error(source: &KernelSource, sm: &str, e: crate::CudaError) -> PersistentError {
+fn link_error(source: &KernelSource, sm: &str, e: resident_cuda::CudaError) -> PersistentError {
     match e {
-        crate::CudaError::JitLink { call, code, log } => PersistentError::Link {
+        resident_cuda::CudaError::JitLink { call, code, log } => PersistentError::Link {
             name: source.name.clone(),
             arch: resident_ring::message::quoted_name(sm),
             call,
             code,
             log,
         },
-        e @ crate::CudaError::JitLinkNotFound { .. } => PersistentError::JitLinkUnavailable(e),
+        e @ resident_cuda::CudaError::JitLinkNotFound { .. } => {
+            PersistentError::JitLinkUnavailable(e)
+        }
         e => PersistentError::Cuda(e),
     }
 }
@@ -361,7 +367,7 @@ pub fn parse_ptxas_report(log: &str) -> Vec<SassReport> {
     out
 }
 
-#[cfg(feature = "driver")]
+#[cfg(feature = "cuda")]
 /// Compiles `source` through `ptxas` to machine code for `sm` (e.g. `sm_90`) with NVRTC, no GPU
 /// needed, and returns `ptxas`'s resource report for each entry. This checks what compiling to
 /// PTX cannot: the inline PTX of the queue protocol assembles, and the block fits its launch
@@ -373,7 +379,7 @@ pub fn compile_sass_report(
     let text = source.render()?;
     let name = program_name(source);
     with_template_options(&text, sm, &["--ptxas-options=-v"], |o| {
-        crate::nvrtc::compile_cubin(&text, &name, o)
+        resident_cuda::nvrtc::compile_cubin(&text, &name, o)
     })
     .map(|(_, log)| parse_ptxas_report(&log))
     .map_err(|e| compile_error(source, sm, e))
@@ -418,7 +424,7 @@ mod fuzz_regressions {
     use super::*;
 
     /// The longest message a compile error may have: its log (bounded) after a short header.
-    const MAX_COMPILE_ERROR: usize = crate::MAX_LOG_BYTES + 512;
+    const MAX_COMPILE_ERROR: usize = resident_cuda::MAX_LOG_BYTES + 512;
 
     fn ping(name: &str, handler: &str) -> KernelSource {
         KernelSource::new(
@@ -442,7 +448,7 @@ mod fuzz_regressions {
         )
     }
 
-    #[cfg(feature = "driver")]
+    #[cfg(feature = "cuda")]
     fn compiled(source: &KernelSource) -> Option<Result<CompiledKernel, PersistentError>> {
         match compile_ptx(source, "compute_90") {
             Err(PersistentError::NvrtcUnavailable(e)) => {
@@ -456,7 +462,7 @@ mod fuzz_regressions {
     /// Found by `resident fuzz --target cuda`: NVRTC's log quotes each offending source line,
     /// and the error kept the whole log, so a handler with a 1 MB line and a typo failed with
     /// an error of megabytes.
-    #[cfg(feature = "driver")]
+    #[cfg(feature = "cuda")]
     #[test]
     fn regression_fuzz_compile_error_of_a_long_line_is_short() {
         let handler = long_line_handler();
@@ -494,7 +500,7 @@ mod fuzz_regressions {
     /// handler line of 39 KB holding 3000 statements that each draw a warning took 12 s and a
     /// 176 MB log to compile (quadratic: a 130 KB line, minutes and gigabytes). Warnings are
     /// off now; this 130 KB line compiles in about half a second here.
-    #[cfg(feature = "driver")]
+    #[cfg(feature = "cuda")]
     #[test]
     fn regression_fuzz_a_line_of_warnings_compiles_in_linear_time() {
         let handler = format!(
@@ -513,7 +519,7 @@ mod fuzz_regressions {
     /// Found by `resident fuzz --target cuda`: the error and NVRTC's program name held the
     /// kernel's name whole, and NVRTC names the program on each diagnostic of the prelude (a
     /// layout `static_assert` here), so a 1 MB name made every line of the log 1 MB long.
-    #[cfg(feature = "driver")]
+    #[cfg(feature = "cuda")]
     #[test]
     fn regression_fuzz_compile_error_of_a_long_kernel_name_is_short() {
         let name = "k/\"\u{e9}".repeat(1 << 18);
@@ -646,20 +652,20 @@ mod fuzz_regressions {
 
     /// NVRTC compiles on a thread of its own with a large stack: 8192 nested parentheses (which
     /// abort a process compiling them on an 8 MiB stack) compile on the test's 2 MiB thread.
-    #[cfg(feature = "driver")]
+    #[cfg(feature = "cuda")]
     #[test]
     fn regression_fuzz_nvrtc_compiles_on_a_large_stack() {
-        if crate::nvrtc::nvrtc_present() {
+        if resident_cuda::nvrtc::nvrtc_present() {
             let n = 8192;
             let src = format!(
                 "extern \"C\" __global__ void k(int* p) {{ p[0] = {}1{}; }}",
                 "(".repeat(n),
                 ")".repeat(n)
             );
-            let opts = crate::CompileOptions::for_arch("compute_90");
-            match crate::nvrtc::compile_ptx(&src, "deep", &opts) {
+            let opts = resident_cuda::CompileOptions::for_arch("compute_90");
+            match resident_cuda::nvrtc::compile_ptx(&src, "deep", &opts) {
                 Ok(ptx) => assert!(ptx.contains(".entry k"), "{ptx}"),
-                Err(e @ crate::CudaError::Nvrtc { .. }) => eprintln!("SKIP: {e}"),
+                Err(e @ resident_cuda::CudaError::Nvrtc { .. }) => eprintln!("SKIP: {e}"),
                 Err(e) => panic!("{e}"),
             }
         } else {

@@ -3,13 +3,13 @@
 //! head moved by hand after each. Prints `payload_bytes min_ns median_ns` per message over
 //! 1800 batches (200 more warm up first), for 16, 64 and 256-byte payloads.
 //!
-//!     cargo run --release -p resident-cuda --example lane_write
+//!     cargo run --release -p resident-engine-cuda --features cuda --example lane_write
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use resident_cuda::persistent::lane::{lane_bytes, LaneWriter};
-use resident_cuda::persistent::SharedMemory;
+use resident_engine_cuda::persistent::lane::{lane_bytes, LaneWriter};
+use resident_engine_cuda::persistent::SharedMemory;
 use resident_ring::spsc::{HeapMemory, RingHeader};
 use resident_ring::{Envelope, Slot};
 

@@ -6,9 +6,11 @@
 //! is), in which case they fail. Run with both libraries' folders on `LD_LIBRARY_PATH` (NVRTC's
 //! first), or name nvJitLink in `RESIDENT_NVJITLINK`.
 
-use resident_cuda::persistent::template::{link_cubin, nvjitlink_available, nvrtc_available};
-use resident_cuda::persistent::{ExternalFn, KernelSource, MessageDecl, PersistentError};
 use resident_cuda::{CompileOptions, CudaError, MAX_LOG_BYTES};
+use resident_engine_cuda::persistent::template::{
+    link_cubin, nvjitlink_available, nvrtc_available,
+};
+use resident_engine_cuda::persistent::{ExternalFn, KernelSource, MessageDecl, PersistentError};
 
 fn required(var: &str) -> bool {
     std::env::var(var).as_deref() == Ok("1")
@@ -234,7 +236,7 @@ fn the_low_level_link_refuses_bad_arguments() {
 
 /// C names carry no types: a function of the right name with another signature links (LTO
 /// calls it through a cast, which is undefined behaviour on the device). Whoever makes the
-/// LTO-IR must give it [`resident_cuda::persistent::EXTERNAL_FN_SIGNATURE`]; this test pins
+/// LTO-IR must give it [`resident_engine_cuda::persistent::EXTERNAL_FN_SIGNATURE`]; this test pins
 /// what nvJitLink does, so a version that starts refusing it is noticed.
 #[test]
 fn a_mismatched_signature_is_not_caught_by_the_link() {

@@ -24,7 +24,7 @@
 //! thread-local storage), and when that stack's header is armed it calls `jump`, which records
 //! the signal and `siglongjmp`s back to the thread's launcher in the shim; the launcher faults
 //! the block ([`crate::sim::SimError::Fault`]) and the persistent kernel's launcher poisons the
-//! context ([`crate::sim_driver::SimContext::poison`]), sticky until it is reset, as on a GPU.
+//! context ([`crate::sim::driver::SimContext::poison`]), sticky until it is reset, as on a GPU.
 //! Any other thread's signal goes to the handler that was installed before (Rust's stack
 //! overflow report, Python's `faulthandler`, or the default action), exactly as if this one
 //! were not there.

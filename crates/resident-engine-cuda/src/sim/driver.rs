@@ -3,7 +3,7 @@
 //! fails on CudaSim in CI first.
 //!
 //! 1. **Calls that wait for the device.** A driver call that [`synchronizes`] (the table in
-//!    [`crate::hazards`]) waits until no kernel of the context runs. With a ring kernel
+//!    [`resident_cuda::hazards`]) waits until no kernel of the context runs. With a ring kernel
 //!    resident that is forever; here it waits for the running blocks as the driver does, up to
 //!    [`sync_wait`], and then fails with [`SimError::WouldWaitForDevice`] naming the call and
 //!    the kernels that were running (on a GPU: a hang). Each such failure is also recorded
@@ -32,14 +32,14 @@
 //! never clears the fault); the default lets the context recover, so one test process can
 //! fault the device more than once.
 //!
-//! [`synchronizes`]: crate::hazards::DriverCall::synchronizes
+//! [`synchronizes`]: resident_cuda::hazards::DriverCall::synchronizes
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::hazards::DriverCall;
 use crate::sim::SimError;
+use resident_cuda::hazards::DriverCall;
 
 /// Environment variable that turns the strict model off (`0`, `off` or `false`).
 pub const STRICT_ENV: &str = "RESIDENT_CUDASIM_STRICT";

@@ -321,4 +321,4 @@ impl PeerInput {
     }
 }
 
-pub use crate::park_order::upstream_first;
+pub use resident_cuda::park_order::upstream_first;

@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use resident_cuda::persistent::{KernelSource, MessageDecl};
-use resident_cuda::sim::TsanError;
+use resident_engine_cuda::persistent::{KernelSource, MessageDecl};
+use resident_engine_cuda::sim::TsanError;
 
 const DRIVER: &str = include_str!("sim/tsan_driver.cpp");
 const PEER_DRIVER: &str = include_str!("sim/tsan_peer_driver.cpp");
@@ -68,10 +68,10 @@ fn build_and_run_with(
     rendered: &str,
     driver: &str,
 ) -> Option<(bool, String, String)> {
-    let tu = resident_cuda::sim::translation_unit(tag, rendered, &[])
+    let tu = resident_engine_cuda::sim::translation_unit(tag, rendered, &[])
         + "\n#line 1 \"tsan_driver.cpp\"\n"
         + driver;
-    match resident_cuda::sim::run_under_tsan(dir, tag, &tu, Duration::from_secs(600)) {
+    match resident_engine_cuda::sim::run_under_tsan(dir, tag, &tu, Duration::from_secs(600)) {
         Ok(r) => Some((r.success, r.stdout, r.stderr)),
         Err(TsanError::Unavailable(why)) => {
             skip_or_fail(&why.to_string());

@@ -115,7 +115,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
     /// Queues on the heap (for CudaSim and tests).
     ///
     /// ```
-    /// use resident_cuda::persistent::{PersistentQueues, QueueConfig};
+    /// use resident_engine_cuda::persistent::{PersistentQueues, QueueConfig};
     /// use resident_ring::Envelope;
     /// let cfg = QueueConfig { lanes: 2, lane_capacity: 4, out_capacity: 4 };
     /// let mut q = PersistentQueues::<u64, u64>::on_heap(cfg).unwrap();
@@ -165,10 +165,10 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentQueues<In, Out> {
     }
 
     /// Queues in pieces of `arena` (no driver call: the caller made sure it has room, see
-    /// [`crate::arena`]); [`PersistentError::Memory`] when it has none.
+    /// [`resident_cuda::arena`]); [`PersistentError::Memory`] when it has none.
     pub fn in_arena(
         config: QueueConfig,
-        arena: &crate::arena::Arena,
+        arena: &resident_cuda::arena::Arena,
     ) -> Result<Self, PersistentError> {
         Self::with_allocator(config, &mut |len| match arena.take(len) {
             Some(l) => Ok(Arc::new(l) as Arc<dyn RingMemory>),

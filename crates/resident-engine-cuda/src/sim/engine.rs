@@ -1,5 +1,5 @@
 //! The CudaSim backend: everything the CUDA backend runs, from the same CUDA C source, on host
-//! threads (see [`resident_cuda::sim`]): ring kernels with a [`CudaHandler`] run as the
+//! threads (see [`crate::sim`]): ring kernels with a [`CudaHandler`] run as the
 //! persistent template compiled by the host C++ compiler (`SimEngine`, one block of OS
 //! threads over the same queue layout and control block as on a GPU), and one-shot
 //! [`Kernel`]s with CUDA source run over their grid ([`CudaSimDevice`]). Memory is host
@@ -11,12 +11,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::persistent::sim::with_all_quiesced;
+use crate::persistent::{SimBuffers, SimKernel, SimLaunchOptions, SimState};
+use crate::sim::driver::SimContext;
+use crate::sim::{SimInstance, SimModule, SimOptions};
 use parking_lot::Mutex;
 use resident_cuda::hazards::DriverCall;
-use resident_cuda::persistent::sim::with_all_quiesced;
-use resident_cuda::persistent::{SimBuffers, SimKernel, SimLaunchOptions, SimState};
-use resident_cuda::sim::{SimInstance, SimModule, SimOptions};
-use resident_cuda::sim_driver::SimContext;
 use resident_ring::{Message, Slot};
 
 use crate::ring::{
@@ -68,11 +68,11 @@ impl<In: Message, Out: Message> CudaRing<In, Out, SimKernel<In, Out>> {
             heartbeat_timeout: Some(HEARTBEAT_TIMEOUT),
             buffers,
             // RESIDENT_BULK_LANE / RESIDENT_BULK_THRESHOLD; a bad value is a typed error.
-            bulk: resident_cuda::persistent::BulkConfig::from_env().seam()?,
+            bulk: crate::persistent::BulkConfig::from_env().seam()?,
             ..SimLaunchOptions::default()
         };
         // Compiling touches no device: outside the quiesce, so resident kernels keep running.
-        let module = resident_cuda::persistent::compile_sim(&source).seam()?;
+        let module = crate::persistent::compile_sim(&source).seam()?;
         // After a device fault the context is reset once no kernel of it is left (the driver
         // model's cuDevicePrimaryCtxReset); until then a launch fails typed.
         SimContext::get().recover(QUIESCE_TIMEOUT);
@@ -129,7 +129,7 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for SimKernel<In, Out> {
     fn check(&mut self) -> std::result::Result<(), DeviceError> {
         SimKernel::check(self).seam()
     }
-    fn device_counters(&self) -> resident_cuda::persistent::DeviceCounters {
+    fn device_counters(&self) -> crate::persistent::DeviceCounters {
         SimKernel::device_counters(self)
     }
     fn terminate(&mut self, timeout: Duration) -> std::result::Result<(), DeviceError> {
@@ -138,10 +138,10 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for SimKernel<In, Out> {
     fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>> {
         SimKernel::reclaim_input(self)
     }
-    fn output_peer_ring(&self) -> Option<resident_cuda::persistent::PeerRing> {
+    fn output_peer_ring(&self) -> Option<crate::persistent::PeerRing> {
         Some(SimKernel::output_peer_ring(self))
     }
-    fn peer_input(&self) -> Arc<resident_cuda::persistent::PeerInput> {
+    fn peer_input(&self) -> Arc<crate::persistent::PeerInput> {
         SimKernel::peer_input(self)
     }
     unsafe fn resync_output(&mut self) -> std::result::Result<(), DeviceError> {
@@ -149,7 +149,7 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for SimKernel<In, Out> {
         unsafe { self.queues().resync_output() }.seam()
     }
     fn host_dilation(&self) -> u32 {
-        // CudaSim's speed model (off unless asked for): see `resident_cuda::sim_driver`.
+        // CudaSim's speed model (off unless asked for): see `crate::sim::driver`.
         SimContext::get().host_dilation()
     }
 }
@@ -168,7 +168,7 @@ pub struct CudaSimDevice {
 impl CudaSimDevice {
     /// The CudaSim device; an error when no host C++ compiler runs.
     pub fn open() -> Result<Self> {
-        resident_cuda::sim::compiler().seam()?;
+        crate::sim::compiler().seam()?;
         Ok(CudaSimDevice::default())
     }
 
@@ -212,7 +212,7 @@ impl ComputeDevice for CudaSimDevice {
     }
 
     fn info(&self) -> DeviceInfo {
-        let compiler = resident_cuda::sim::compiler()
+        let compiler = crate::sim::compiler()
             .map(|(_, v)| v)
             .unwrap_or_else(|e| e.to_string());
         DeviceInfo {

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use resident_cuda::persistent::{
+use resident_engine_cuda::persistent::{
     lane_for_priority, BulkConfig, BulkMode, DeviceState, KernelSource, MessageDecl,
     PersistentError, QueueConfig, SimKernel, SimLaunchOptions,
 };
@@ -408,7 +408,7 @@ fn invalid_configurations_are_typed_errors() {
     let _serial = serial();
     for bad in [cfg(0, 8, 8), cfg(9, 8, 8), cfg(1, 3, 8), cfg(1, 8, 0)] {
         assert!(matches!(
-            resident_cuda::persistent::PersistentQueues::<u64, u64>::on_heap(bad),
+            resident_engine_cuda::persistent::PersistentQueues::<u64, u64>::on_heap(bad),
             Err(PersistentError::Config { .. })
         ));
     }
@@ -533,7 +533,7 @@ __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out,
 fn a_device_fault_on_13_fails_the_kernel_alone(test: &str, handler: &str, expect: &str) {
     let _serial = serial();
     // A fault loses the context for the whole process (as on a GPU): alone, in its own.
-    if !resident_cuda::sim_driver::fault_test_in_own_process(test) {
+    if !resident_engine_cuda::sim::driver::fault_test_in_own_process(test) {
         return;
     }
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -572,14 +572,14 @@ fn a_device_fault_on_13_fails_the_kernel_alone(test: &str, handler: &str, expect
     match q.check() {
         Err(e @ PersistentError::DeviceFault { .. }) => {
             let PersistentError::DeviceFault {
-                cause: resident_cuda::persistent::FaultCause::Sim(sim),
+                cause: resident_engine_cuda::persistent::FaultCause::Sim(sim),
                 ..
             } = &e
             else {
                 panic!("expected a CudaSim fault as the cause, got {e:?}")
             };
             assert!(
-                matches!(**sim, resident_cuda::sim::SimError::Fault { .. }),
+                matches!(**sim, resident_engine_cuda::sim::SimError::Fault { .. }),
                 "{sim:?}"
             );
             // Typed: the cause is CudaSim's own fault of the block, with what faulted in its text.
@@ -593,7 +593,7 @@ fn a_device_fault_on_13_fails_the_kernel_alone(test: &str, handler: &str, expect
     let back = q.reclaim_input().unwrap();
     assert_eq!(back.len(), 39);
     // Sticky until the context is reset: a launch on the lost context is refused.
-    let ctx = resident_cuda::sim_driver::SimContext::get();
+    let ctx = resident_engine_cuda::sim::driver::SimContext::get();
     assert!(ctx.fault().is_some(), "the context is lost");
     match launch_with("refused", DOUBLE, 32, cfg(1, 64, 64), None) {
         Err(e) => assert!(e.to_string().contains("CUDA_ERROR_LAUNCH_FAILED"), "{e}"),
@@ -685,7 +685,7 @@ __device__ bool handle(ResidentState* s, const ResidentIn* in, ResidentOut* out,
     ] {
         match launch_with(what, handler, 32, cfg(1, 64, 64), None) {
             Err(PersistentError::Sim(
-                e @ resident_cuda::sim::SimError::ForbiddenAssembly { .. },
+                e @ resident_engine_cuda::sim::SimError::ForbiddenAssembly { .. },
             )) => {
                 let text = e.to_string();
                 assert!(text.contains(expect), "{what}: {text}");
@@ -731,7 +731,7 @@ fn a_handler_using_what_the_shim_lacks_is_a_compile_error_naming_it() {
 #[test]
 fn launch_per_batch_kernel_covers_the_batch_with_a_grid_and_keeps_order() {
     let _serial = serial();
-    use resident_cuda::persistent::{batch_scan_bytes, compile_sim};
+    use resident_engine_cuda::persistent::{batch_scan_bytes, compile_sim};
     let src = source("batch-grid", EVEN, 64);
     let inst = compile_sim(&src).unwrap().instantiate().unwrap();
     let n = 1000usize;
@@ -1276,7 +1276,7 @@ const CALLS_TRIPLE: &str = "__device__ bool handle(ResidentState* s, const Resid
 
 #[test]
 fn an_external_function_is_called_through_its_pointer() {
-    use resident_cuda::persistent::ExternalFn;
+    use resident_engine_cuda::persistent::ExternalFn;
     let _serial = serial();
     let ext = |host_fn| ExternalFn {
         symbol: "ext_triple".into(),

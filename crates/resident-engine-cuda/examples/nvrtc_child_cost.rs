@@ -2,14 +2,14 @@
 //! compile's limits) costs per compile against NVRTC in this process with no limit
 //! (`compile_ptx_in_this_process`): the same source compiled both ways in alternating pairs,
 //! each pair's difference reported, for a one-line kernel and for the persistent ring-kernel
-//! template with a small handler. `cargo run --release -p resident-cuda --example
+//! template with a small handler. `cargo run --release -p resident-engine-cuda --features cuda --example
 //! nvrtc_child_cost [pairs]` prints one JSON line.
 
 use std::time::Instant;
 
 use resident_cuda::nvrtc::compile_ptx_in_this_process;
-use resident_cuda::persistent::{KernelSource, MessageDecl};
 use resident_cuda::{compile_ptx, CompileOptions};
+use resident_engine_cuda::persistent::{KernelSource, MessageDecl};
 
 fn main() {
     let pairs: usize = std::env::args()

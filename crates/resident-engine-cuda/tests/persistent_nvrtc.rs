@@ -2,8 +2,8 @@
 //! Without NVRTC the tests print `SKIP: NVRTC not available: ...` and return, unless
 //! `RESIDENT_REQUIRE_NVRTC=1`, in which case they fail.
 
-use resident_cuda::persistent::template::{compile_ptx, nvrtc_available, rust_slot_size};
-use resident_cuda::persistent::{KernelSource, MessageDecl, PersistentError};
+use resident_engine_cuda::persistent::template::{compile_ptx, nvrtc_available, rust_slot_size};
+use resident_engine_cuda::persistent::{KernelSource, MessageDecl, PersistentError};
 
 /// Whether to run; panics when NVRTC is required but missing.
 fn nvrtc_or_skip() -> bool {
@@ -22,8 +22,8 @@ fn nvrtc_or_skip() -> bool {
 
 /// Skips on an NVRTC that loads but cannot compile (builtins missing), unless required.
 fn compiled_or_skip(
-    r: Result<resident_cuda::persistent::CompiledKernel, PersistentError>,
-) -> Option<resident_cuda::persistent::CompiledKernel> {
+    r: Result<resident_engine_cuda::persistent::CompiledKernel, PersistentError>,
+) -> Option<resident_engine_cuda::persistent::CompiledKernel> {
     match r {
         Err(PersistentError::NvrtcUnavailable(m))
             if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
@@ -164,7 +164,7 @@ fn template_assembles_to_sm90_machine_code_without_spills() {
     for (bytes, batch) in [(16usize, 1024u32), (64, 256), (256, 256), (256, 1024)] {
         let mut src = sample(bytes, bytes);
         src.batch_size = batch;
-        let reports = match resident_cuda::persistent::compile_sass_report(&src, "sm_90") {
+        let reports = match resident_engine_cuda::persistent::compile_sass_report(&src, "sm_90") {
             Err(PersistentError::NvrtcUnavailable(m))
                 if std::env::var("RESIDENT_REQUIRE_NVRTC").as_deref() != Ok("1") =>
             {

@@ -32,7 +32,7 @@ pub struct ForbiddenFile {
 /// The first request in `text` of a file not in [`ALLOWED_INCLUDES`], if any.
 ///
 /// ```
-/// use resident_cuda::persistent::untrusted::forbidden_file;
+/// use resident_engine_cuda::persistent::untrusted::forbidden_file;
 /// assert!(forbidden_file("#include <cuda_fp16.h>\n__device__ int f() { return 1; }").is_none());
 /// let f = forbidden_file("int x;\n  # /* a */ include \"/etc/passwd\"\n").unwrap();
 /// assert_eq!((f.line, f.directive.as_str(), f.name.as_str()), (2, "include", "\"/etc/passwd\""));

@@ -16,8 +16,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use resident_cuda::persistent::sim::{relaunch_count, with_all_quiesced};
-use resident_cuda::persistent::{
+use resident_engine_cuda::persistent::sim::{relaunch_count, with_all_quiesced};
+use resident_engine_cuda::persistent::{
     compile_sim, on_resident_wait, DeviceState, KernelSource, MessageDecl, PersistentError,
     QueueConfig, SimKernel, SimLaunchOptions,
 };
@@ -178,7 +178,7 @@ fn a_real_exit_while_starting_is_still_a_typed_error_at_once() {
 #[test]
 fn launches_beyond_the_spare_streams_make_no_stream_beside_resident_kernels() {
     use resident_cuda::hazards::DriverCall;
-    use resident_cuda::sim_driver::SimContext;
+    use resident_engine_cuda::sim::driver::SimContext;
 
     let src = source("many_streams");
     let opts = opts(None);

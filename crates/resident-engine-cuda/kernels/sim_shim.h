@@ -17,7 +17,7 @@
 // * A hardware fault in a thread of the kernel (an illegal address, a stack overflow, an
 //   integer division by zero, an illegal instruction) faults the block the same way, as a GPU
 //   reports CUDA_ERROR_ILLEGAL_ADDRESS: each thread runs the kernel with an alternate signal
-//   stack whose header (`AltHeader`) the host's handler (resident_cuda::sim_fault) finds and
+//   stack whose header (`AltHeader`) the host's handler (resident_engine_cuda::sim::fault) finds and
 //   jumps back through. An out-of-bounds write into mapped host memory is not caught.
 // * Atomics are `std::atomic_ref` read-modify-writes, sequentially consistent (stronger than
 //   CUDA's relaxed device-scope atomics: a missing fence in a handler does not show here).
@@ -625,7 +625,7 @@ inline void set_err(char* err, unsigned int errlen, const std::string& s) {
     err[n] = 0;
 }
 
-// ---- hardware faults (resident_cuda::sim_fault) ----
+// ---- hardware faults (resident_engine_cuda::sim::fault) ----
 // The first bytes of each thread's alternate signal stack: the host's handler reads them on a
 // SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGTRAP and, when `jump` is set (only while the thread
 // runs kernel code), calls it on the alternate stack.
@@ -633,7 +633,7 @@ struct AltHeader {
     unsigned long long magic;
     void (*jump)(int sig, void* addr, int code);
 };
-static_assert(sizeof(AltHeader) == 16, "resident_cuda::sim_fault::AltHeader");
+static_assert(sizeof(AltHeader) == 16, "resident_engine_cuda::sim::fault::AltHeader");
 constexpr unsigned long long ALT_MAGIC = 0x7265736964656e74ull;  // "resident"
 constexpr std::size_t ALT_SIZE = 64 * 1024;
 
