@@ -16,7 +16,14 @@ use resident_core::runtime::host::device::DeviceLink;
 use resident_core::runtime::io::{ForwardPath, KernelIo};
 use resident_ring::Message;
 
-use crate::ring::PersistentRing;
+/// What forwarding needs of a persistent kernel on either launcher: its output ring as a peer
+/// ring, and taking the ring's consumer index back.
+pub(crate) trait ForwardRing {
+    fn output_peer_ring(&self) -> Option<PeerRing>;
+    /// # Safety
+    /// Only once the link's phase is `Free` (the host is the output ring's only consumer).
+    unsafe fn resync_output(&mut self) -> Result<(), DeviceError>;
+}
 
 /// Pause between two link attempts of a producer (after a refusal, a cancelled request or a
 /// `call` reply that took the ring back). A target that is not there yet is no refusal: it is
@@ -104,7 +111,7 @@ impl<In: Message, Out: Message> Forwarder<In, Out> {
     }
 
     /// The link ended (phase Free): the host pops the ring again.
-    fn finish(&mut self, kernel: &mut impl PersistentRing<In, Out>) -> Result<(), DeviceError> {
+    fn finish(&mut self, kernel: &mut impl ForwardRing) -> Result<(), DeviceError> {
         if let Some(l) = self.cur.take() {
             self.base += l.ring.head().saturating_sub(l.head0);
             self.publish_count();
@@ -118,7 +125,7 @@ impl<In: Message, Out: Message> Forwarder<In, Out> {
 
     /// One round: `Ok(true)` when the host owns the output ring (pulls it), `Ok(false)` while
     /// another kernel does (or is about to).
-    pub fn step(&mut self, kernel: &mut impl PersistentRing<In, Out>) -> Result<bool, DeviceError> {
+    pub fn step(&mut self, kernel: &mut impl ForwardRing) -> Result<bool, DeviceError> {
         if self.broken {
             return Ok(false);
         }
@@ -197,7 +204,7 @@ impl<In: Message, Out: Message> Forwarder<In, Out> {
     }
 
     /// Takes the ring back (bounded); `Ok(true)` when the host owns it again.
-    fn unlink(&mut self, kernel: &mut impl PersistentRing<In, Out>) -> Result<bool, DeviceError> {
+    fn unlink(&mut self, kernel: &mut impl ForwardRing) -> Result<bool, DeviceError> {
         let Some(l) = &self.cur else {
             return Ok(!self.broken);
         };
@@ -215,7 +222,7 @@ impl<In: Message, Out: Message> Forwarder<In, Out> {
     /// not let go has what is left in it counted (reported dropped), never silently lost.
     /// (An `Err` of the unlink is a view of the ring that could not be rebuilt: not popped,
     /// as if the link had not let go.)
-    pub fn release(&mut self, kernel: &mut impl PersistentRing<In, Out>) -> bool {
+    pub fn release(&mut self, kernel: &mut impl ForwardRing) -> bool {
         let owns = self.unlink(kernel).unwrap_or_default();
         if !owns {
             if let Some(l) = &self.cur {

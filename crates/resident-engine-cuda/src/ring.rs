@@ -29,7 +29,7 @@ use resident_core::runtime::host::device::{DeviceLink, DeviceRing, RingCounters}
 use resident_core::{engine::BackendKind, runtime::io::KernelIo};
 
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
-use crate::forward::{CudaInbox, Forwarder};
+use crate::forward::{CudaInbox, ForwardRing, Forwarder};
 
 pub use resident_core::engine::BUFFER_SYNC_TIMEOUT;
 
@@ -538,7 +538,7 @@ impl<In: Message, Out: Message> CudaRing<In, Out, PersistentKernel<In, Out>> {
 /// threads (`SimKernel`). The two launchers differ in how they start a kernel, not in how it is
 /// driven.
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
-pub(crate) trait PersistentRing<In, Out>: Send {
+pub(crate) trait PersistentRing<In, Out>: ForwardRing + Send {
     fn send_batch(&mut self, slots: &[Slot<In>]) -> usize;
     fn receive_into(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize;
     fn set_active(&mut self, on: bool) -> Result<(), DeviceError>;
@@ -548,11 +548,7 @@ pub(crate) trait PersistentRing<In, Out>: Send {
     fn device_counters(&self) -> crate::persistent::DeviceCounters;
     fn terminate(&mut self, timeout: Duration) -> Result<(), DeviceError>;
     fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>>;
-    fn output_peer_ring(&self) -> Option<crate::persistent::PeerRing>;
     fn peer_input(&self) -> Arc<crate::persistent::PeerInput>;
-    /// # Safety
-    /// Only once the link's phase is `Free` (the host is the output ring's only consumer).
-    unsafe fn resync_output(&mut self) -> Result<(), DeviceError>;
     /// As `DeviceRing::host_dilation`: 1 on a GPU.
     fn host_dilation(&self) -> u32 {
         1
@@ -591,11 +587,15 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for PersistentKernel<In,
     fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>> {
         PersistentKernel::reclaim_input(self)
     }
-    fn output_peer_ring(&self) -> Option<crate::persistent::PeerRing> {
-        PersistentKernel::output_peer_ring(self)
-    }
     fn peer_input(&self) -> Arc<crate::persistent::PeerInput> {
         PersistentKernel::peer_input(self)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<In: Message, Out: Message> ForwardRing for PersistentKernel<In, Out> {
+    fn output_peer_ring(&self) -> Option<crate::persistent::PeerRing> {
+        PersistentKernel::output_peer_ring(self)
     }
     unsafe fn resync_output(&mut self) -> Result<(), DeviceError> {
         // SAFETY: the caller's contract (the link's phase is Free).

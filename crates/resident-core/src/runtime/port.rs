@@ -33,9 +33,23 @@ pub struct InputPort<In> {
     pub device_link: DeviceLinkSlot,
 }
 
-/// The slot of a kernel's `DeviceLink` (`runtime::host::device`), shared by the kernel's port and its device host.
+/// A kernel's device-side inbox (`RingKernel::forward_to` without a host hop): what it offers
+/// producers on its device. Each device engine implements it for its own inbox (the CUDA
+/// engine's peer-input slot, the wgpu engine's `link::Inbox`) and finds its own by
+/// [`DeviceLink::backend`] and a downcast; a producer that finds none it can use relays
+/// through the host.
 #[doc(hidden)] // for the engines in the crate `resident`, not the API
-pub type DeviceLinkSlot = Arc<Mutex<Option<Arc<dyn crate::runtime::host::device::DeviceLink>>>>;
+/// (The engines name it through the device host module, beside `DeviceRing`.)
+pub trait DeviceLink: Send + Sync + 'static {
+    /// The engine whose producers can link to it.
+    fn backend(&self) -> crate::engine::BackendKind;
+    /// The engine's own inbox, to downcast.
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
+
+/// The slot of a kernel's [`DeviceLink`], shared by the kernel's port and its device host.
+#[doc(hidden)] // for the engines in the crate `resident`, not the API
+pub type DeviceLinkSlot = Arc<Mutex<Option<Arc<dyn DeviceLink>>>>;
 
 impl<In> Clone for InputPort<In> {
     fn clone(&self) -> Self {

@@ -5,6 +5,12 @@
 //!
 //! Nothing here runs without a GPU: every entry point returns
 //! [`PersistentError::DriverUnavailable`] / [`PersistentError::NvrtcUnavailable`] instead.
+//!
+//! Why one file of this size: it is one type's life on the GPU (compile, load under the
+//! residency rule, launch, the heartbeat thread, park and relaunch, terminate and teardown),
+//! and every part of that life runs only on a GPU, so none of it can be tested apart here;
+//! the split that pays is the one already made (the template, the host queues, bulk lanes and
+//! peers in files of their own).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::forward::ForwardRing;
 use crate::persistent::sim::with_all_quiesced;
 use crate::persistent::{SimBuffers, SimKernel, SimLaunchOptions, SimState};
 use crate::sim::driver::SimContext;
@@ -138,19 +139,22 @@ impl<In: Message, Out: Message> PersistentRing<In, Out> for SimKernel<In, Out> {
     fn reclaim_input(&mut self) -> Option<Vec<Slot<In>>> {
         SimKernel::reclaim_input(self)
     }
-    fn output_peer_ring(&self) -> Option<crate::persistent::PeerRing> {
-        Some(SimKernel::output_peer_ring(self))
-    }
     fn peer_input(&self) -> Arc<crate::persistent::PeerInput> {
         SimKernel::peer_input(self)
-    }
-    unsafe fn resync_output(&mut self) -> std::result::Result<(), DeviceError> {
-        // SAFETY: the caller's contract (the link's phase is Free).
-        unsafe { self.queues().resync_output() }.seam()
     }
     fn host_dilation(&self) -> u32 {
         // CudaSim's speed model (off unless asked for): see `crate::sim::driver`.
         SimContext::get().host_dilation()
+    }
+}
+
+impl<In: Message, Out: Message> ForwardRing for SimKernel<In, Out> {
+    fn output_peer_ring(&self) -> Option<crate::persistent::PeerRing> {
+        Some(SimKernel::output_peer_ring(self))
+    }
+    unsafe fn resync_output(&mut self) -> std::result::Result<(), DeviceError> {
+        // SAFETY: the caller's contract (the link's phase is Free).
+        unsafe { self.queues().resync_output() }.seam()
     }
 }
 

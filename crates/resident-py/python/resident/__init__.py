@@ -51,15 +51,8 @@ from .memory import (
     get_memory_pool,
 )
 from .message import Message, RingKernelMessage, deserialize_message, get_message_type, message
-from .runtime import (
-    KernelReport,
-    KernelState,
-    RingKernel,
-    RingKernelRuntime,
-    Runtime,
-    Telemetry,
-    get_loop_info,
-)
+from .runtime import KernelReport, KernelState, Runtime, Telemetry
+from .ring_runtime import RingKernel, RingKernelRuntime, get_loop_info
 from . import kernel  # the module, callable: PyDotCompute's ``@kernel`` (see kernel.py)
 from .numba_kernels import NumbaKernel, gpu_kernel
 from .orchestrator import ComputeOrchestrator, KernelExecution, KernelLaunchConfig

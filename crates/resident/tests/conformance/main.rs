@@ -15,6 +15,10 @@
 //! whose send returned `Ok` ends as exactly one of: received as an output, handed back in the
 //! `TerminateReport` (undelivered input, unreceived output, failed message), or dropped by the
 //! policy and counted.
+//!
+//! Why one file of this size: every case is written once against [`Target`] and run on each
+//! backend by `backends!`; the cases share the standard kernel, its checks and the accounting
+//! rule above, and a reader checks a behaviour by reading its case here beside its neighbours.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};

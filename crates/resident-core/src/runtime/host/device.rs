@@ -18,6 +18,7 @@ use crate::engine::error::DeviceError;
 use crate::runtime::host::RingHost;
 use crate::runtime::io::KernelIo;
 pub use crate::runtime::io::StateSnapshot;
+pub use crate::runtime::port::DeviceLink;
 use crate::runtime::publisher::Publisher;
 use crate::state::Failure;
 
@@ -87,19 +88,6 @@ pub trait DeviceRing<In, Out>: Send {
     fn release_output(&mut self) -> bool {
         true
     }
-}
-
-/// A kernel's device-side inbox (`RingKernel::forward_to` without a host hop): what it offers
-/// producers on its device. Each device engine implements it for its own inbox (the CUDA
-/// engine's peer-input slot, the wgpu engine's `link::Inbox`) and finds its own by
-/// [`DeviceLink::backend`] and a downcast; a producer that finds none it can use relays
-/// through the host.
-#[doc(hidden)] // for the engines in the crate `resident`, not the API
-pub trait DeviceLink: Send + Sync + 'static {
-    /// The engine whose producers can link to it.
-    fn backend(&self) -> crate::engine::BackendKind;
-    /// The engine's own inbox, to downcast.
-    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }
 
 /// Hosts a kernel whose handler runs on a device.

@@ -3,7 +3,8 @@
 package's own object; nothing is defined here."""
 
 from ..kernel import KernelContext, ring_kernel
-from ..runtime import KernelState, RingKernel, RingKernelRuntime, Telemetry, get_loop_info
+from ..runtime import KernelState, Telemetry
+from ..ring_runtime import RingKernel, RingKernelRuntime, get_loop_info
 
 # Through the submodule, so that ``message`` ends as the decorator, not the submodule of that
 # name (loading a submodule sets the package's attribute).

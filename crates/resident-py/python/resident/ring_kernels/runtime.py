@@ -1,5 +1,5 @@
 """PyDotCompute's ``ring_kernels.runtime`` names (the package's own objects)."""
 
-from ..runtime import RingKernelRuntime
+from ..ring_runtime import RingKernelRuntime
 
 __all__ = ["RingKernelRuntime"]
