@@ -18,6 +18,11 @@ result), alternating the sides within each repeat:
   kernel on PyDotCompute and on resident (only the import changed), and resident's batch form;
   every response checked.
 
+``seed_echo`` and ``batch_processor`` also run on ``asyncio_floor``: the same programs over two
+``deque`` queues per kernel on the caller's loop (a transport that costs next to nothing, no
+runtime features, resident's message objects). What it reaches is the most any runtime can
+reach with these programs on this loop, so (floor / PyDotCompute) bounds every ratio.
+
 Usage (from the repository root, resident built with ``maturin develop --release``):
     python bench/python/issue40_bench.py --out bench/results/python-issue40-<date>.json
 The command line, the load average before and after and every run are recorded in the JSON.
@@ -82,8 +87,9 @@ def plan():
         out.append(("floor", loop, ["floor"]))
         out.append(("seed_rtt", loop, ["resident", "pydotcompute"]))
         out.append(("int_rtt", loop, ["resident", "pydotcompute"]))
-    out.append(("seed_echo", "asyncio", ["resident", "pydotcompute"]))
-    out.append(("batch_processor", "asyncio", ["pydotcompute", "resident", "resident_batch"]))
+    out.append(("seed_echo", "asyncio", ["resident", "pydotcompute", "asyncio_floor"]))
+    out.append(("batch_processor", "asyncio",
+                ["pydotcompute", "resident", "resident_batch", "asyncio_floor"]))
     return out
 
 
