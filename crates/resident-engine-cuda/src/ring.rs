@@ -9,6 +9,8 @@ use std::sync::Arc;
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 use std::time::Duration;
 
+#[cfg(any(feature = "cuda", feature = "cudasim"))]
+use crate::persistent::PersistentQueues;
 use crate::persistent::{
     BufferDecl, BufferInit, ExternalFn, KernelSource, MessageDecl, QueueConfig,
 };
@@ -538,9 +540,9 @@ impl<In: Message, Out: Message> CudaRing<In, Out, PersistentKernel<In, Out>> {
 /// threads (`SimKernel`). The two launchers differ in how they start a kernel, not in how it is
 /// driven.
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
-pub(crate) trait PersistentRing<In, Out>: ForwardRing + Send {
-    fn send_batch(&mut self, slots: &[Slot<In>]) -> usize;
-    fn receive_into(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize;
+pub(crate) trait PersistentRing<In: Message, Out: Message>: ForwardRing + Send {
+    /// The host side of the kernel's queues: the ring's `push` and `pull` go straight to it.
+    fn queues(&mut self) -> &mut PersistentQueues<In, Out>;
     fn set_active(&mut self, on: bool) -> Result<(), DeviceError>;
     /// Tells the kernel its host is alive (a GPU kernel's own heartbeat thread does it there).
     fn heartbeat(&mut self);
@@ -557,11 +559,8 @@ pub(crate) trait PersistentRing<In, Out>: ForwardRing + Send {
 
 #[cfg(feature = "cuda")]
 impl<In: Message, Out: Message> PersistentRing<In, Out> for PersistentKernel<In, Out> {
-    fn send_batch(&mut self, slots: &[Slot<In>]) -> usize {
-        PersistentKernel::send_batch(self, slots)
-    }
-    fn receive_into(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
-        PersistentKernel::receive_into(self, out, max)
+    fn queues(&mut self) -> &mut PersistentQueues<In, Out> {
+        PersistentKernel::queues(self)
     }
     fn set_active(&mut self, on: bool) -> Result<(), DeviceError> {
         if on {
@@ -633,10 +632,10 @@ impl<In: Message, Out: Message, K: PersistentRing<In, Out>> DeviceRing<In, Out>
     for CudaRing<In, Out, K>
 {
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
-        self.kernel.send_batch(slots)
+        self.kernel.queues().send_batch(slots)
     }
     fn pull(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
-        self.kernel.receive_into(out, max)
+        self.kernel.queues().receive_into(out, max)
     }
     fn set_active(&mut self, on: bool) -> Result<(), DeviceError> {
         self.kernel.set_active(on)

@@ -740,6 +740,12 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
         self.queues.as_mut().expect("queues are only taken in Drop")
     }
 
+    /// The host side of the queues (what `send_batch` and `receive_into` use), for the
+    /// engine's device ring.
+    pub(crate) fn queues(&mut self) -> &mut PersistentQueues<In, Out> {
+        self.q_mut()
+    }
+
     /// The kernel's name.
     pub fn name(&self) -> &str {
         &self.name

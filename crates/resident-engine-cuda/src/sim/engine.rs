@@ -110,11 +110,8 @@ impl StateSnapshot for SimStateRead {
 }
 
 impl<In: Message, Out: Message> PersistentRing<In, Out> for SimKernel<In, Out> {
-    fn send_batch(&mut self, slots: &[Slot<In>]) -> usize {
-        SimKernel::send_batch(self, slots)
-    }
-    fn receive_into(&mut self, out: &mut Vec<Slot<Out>>, max: usize) -> usize {
-        SimKernel::receive_into(self, out, max)
+    fn queues(&mut self) -> &mut crate::persistent::PersistentQueues<In, Out> {
+        SimKernel::queues(self)
     }
     fn set_active(&mut self, on: bool) -> std::result::Result<(), DeviceError> {
         if on {
