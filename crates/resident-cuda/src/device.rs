@@ -582,6 +582,32 @@ impl Device {
         v.push(k);
     }
 
+    /// Runs `launch` (which starts a resident kernel and returns it) and registers what
+    /// `quiescer` names of its result in one turn of the device's quiesce serialization: a
+    /// [`with_quiesced`](Self::with_quiesced) on another thread runs wholly before the launch
+    /// or parks the new kernel too. Without the turn, a quiesce could read the registered
+    /// kernels between the launch and the registration and make its module load beside a
+    /// running kernel nobody asked to park: a hang. Within a quiesce's operation on this
+    /// thread the turn is already held. Parks nobody.
+    #[doc(hidden)] // for the CUDA engine
+    pub fn launch_registered<T, E>(
+        &self,
+        launch: impl FnOnce() -> std::result::Result<T, E>,
+        quiescer: impl FnOnce(&T) -> Option<std::sync::Weak<dyn Quiesce>>,
+    ) -> std::result::Result<T, E> {
+        let _turn = (!IN_QUIESCE.with(|q| q.get())).then(|| {
+            self.shared
+                .quiesce_turn
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        });
+        let k = launch()?;
+        if let Some(w) = quiescer(&k) {
+            self.register_resident(w);
+        }
+        Ok(k)
+    }
+
     /// The residency rule: a driver call that may wait for the whole device (allocation, free,
     /// module load, a launch) must not run while a ring kernel is resident, because a resident
     /// kernel never finishes. So every registered resident kernel of this device parks and

@@ -230,3 +230,127 @@ fn launches_beyond_the_spare_streams_make_no_stream_beside_resident_kernels() {
         k.terminate(Duration::from_secs(30)).unwrap();
     }
 }
+
+/// What a [`Quiesces`] saw: how many quiesces ran, and the blocks that ran beside the
+/// operation of any of them.
+type Seen = (u64, Vec<Vec<String>>);
+
+/// Another thread that parks every resident kernel again and again until `stop`, each time
+/// for an operation that takes a while (as a module load does), and records any block running
+/// meanwhile.
+struct Quiesces {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: JoinHandle<Seen>,
+}
+
+impl Quiesces {
+    fn start() -> Self {
+        use resident_engine_cuda::sim::driver::SimContext;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut rounds, mut beside) = (0u64, Vec::new());
+            while !flag.load(Ordering::Relaxed) {
+                let running = with_all_quiesced(Duration::from_secs(60), || {
+                    std::thread::sleep(Duration::from_millis(1));
+                    SimContext::get().running()
+                })
+                .expect("every resident kernel parked");
+                if !running.is_empty() {
+                    beside.push(running);
+                }
+                rounds += 1;
+                // Room between two quiesces for a starting block to report resident (back to
+                // back, every relaunch would be parked again before its first look).
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            (rounds, beside)
+        });
+        Quiesces { stop, thread }
+    }
+
+    fn finish(self) -> Seen {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+fn assert_none_beside((rounds, beside): Seen) {
+    assert!(rounds > 0, "no quiesce ran");
+    assert!(
+        beside.is_empty(),
+        "{} of {rounds} quiesces ran their operation beside running blocks (first: {:?})",
+        beside.len(),
+        beside.first()
+    );
+}
+
+/// A launch beside the quiescer, with its module loaded first when it must be.
+fn launch_beside(
+    module: &resident_engine_cuda::sim::SimModule,
+    src: &KernelSource,
+    opts: &SimLaunchOptions,
+    i: usize,
+) -> SimKernel<u64, u64> {
+    if SimKernel::<u64, u64>::launch_needs_idle_device(module, opts) {
+        with_all_quiesced(Duration::from_secs(60), || {
+            SimKernel::<u64, u64>::prepare(module, opts)
+        })
+        .expect("the resident kernels parked")
+        .expect("the module loaded while they were parked");
+    }
+    SimKernel::<u64, u64>::launch_compiled(module, src, &[0u8; 8], opts)
+        .unwrap_or_else(|e| panic!("launch {i}: {e}"))
+}
+
+/// Launches on one thread, quiesces on another (as a keyed kernel's first launch beside a
+/// forwarding test in the conformance suite): every quiesce's operation must run with no
+/// block running. A kernel whose block had started but that was not yet in the registry was
+/// not parked, and the quiesce's module load waited for it until the driver model's bound
+/// (on a GPU: a hang). The launch now starts the block and registers it in one turn of the
+/// quiesce serialization.
+#[test]
+fn a_quiesce_racing_launches_parks_every_started_block() {
+    let src = source("launch_race");
+    let opts = opts(None);
+    let module = compile_sim(&src).unwrap();
+    let quiescer = Quiesces::start();
+    for i in 0..24 {
+        let mut k = launch_beside(&module, &src, &opts, i);
+        k.activate();
+        k.terminate(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("terminate {i}: {e}"));
+    }
+    assert_none_beside(quiescer.finish());
+}
+
+/// Terminates racing quiesces: each kernel ends within its bound, and none is relaunched
+/// beside a quiesce's operation. A terminate that came after a quiesce asked the block to
+/// park, and before it had, bumped the resume count the launcher then took as already seen:
+/// the block stayed parked for good and the terminate timed out (1 in about 30 runs of this
+/// file). A parked kernel told to terminate was also relaunched at once, beside the
+/// operation of the quiesce that had parked it; now it ends parked, as on a GPU.
+#[test]
+fn a_terminate_racing_quiesces_ends_every_kernel() {
+    let src = source("terminate_race");
+    let opts = opts(None);
+    let module = compile_sim(&src).unwrap();
+    let quiescer = Quiesces::start();
+    for round in 0..6 {
+        let kernels: Vec<_> = (0..4)
+            .map(|i| {
+                let k = launch_beside(&module, &src, &opts, round * 4 + i);
+                k.activate();
+                k
+            })
+            .collect();
+        for (i, mut k) in kernels.into_iter().enumerate() {
+            // Staggered so the terminates fall at different points of a quiesce.
+            std::thread::sleep(Duration::from_micros(300 * i as u64));
+            k.terminate(Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("round {round}, kernel {i}: {e}"));
+        }
+    }
+    assert_none_beside(quiescer.finish());
+}

@@ -665,41 +665,53 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
 
             let mut args = KernelParams::new();
             args.push(params).map_err(cuda_error)?;
-            // SAFETY: `function` is `resident_persistent(PersistentParams)` and `args` holds exactly
-            // that struct (the driver copies it at launch). Every address inside points at memory
-            // this value owns and frees only after the kernel has exited (or leaks, see Drop).
-            unsafe { function.launch(LaunchConfig::new(1, source.batch_size), &stream, &mut args) }
+            // The launch and the registration for the residency rule in one quiesce turn, so
+            // no quiesce on another thread sees the kernel running and not registered.
+            let turn = device.clone();
+            let start = move || -> Result<Self, PersistentError> {
+                // SAFETY: `function` is `resident_persistent(PersistentParams)` and `args` holds exactly
+                // that struct (the driver copies it at launch). Every address inside points at memory
+                // this value owns and frees only after the kernel has exited (or leaks, see Drop).
+                unsafe {
+                    function.launch(LaunchConfig::new(1, source.batch_size), &stream, &mut args)
+                }
                 .map_err(cuda_error)?;
 
-            let mut k = PersistentKernel::<In, Out> {
-                name: source.name.clone(),
-                queues: Some(queues),
-                state: Some(state),
-                buffers,
-                stream: None,
-                function: Some(function.clone()),
-                residency: Some(residency),
-                resident: None,
-                heartbeat: None,
-                device,
-                heartbeat_timeout: opts.heartbeat_timeout,
-                exited: false,
-                fault: None,
-                peer: std::sync::OnceLock::new(),
+                let mut k = PersistentKernel::<In, Out> {
+                    name: source.name.clone(),
+                    queues: Some(queues),
+                    state: Some(state),
+                    buffers,
+                    stream: None,
+                    function: Some(function.clone()),
+                    residency: Some(residency),
+                    resident: None,
+                    heartbeat: None,
+                    device,
+                    heartbeat_timeout: opts.heartbeat_timeout,
+                    exited: false,
+                    fault: None,
+                    peer: std::sync::OnceLock::new(),
+                };
+                let stream = Arc::new(stream);
+                k.stream = Some(stream.clone());
+                let control = k.q().device_view().control;
+                k.resident = Some(Arc::new(GpuResident {
+                    name: source.name.clone(),
+                    control,
+                    function,
+                    stream,
+                    params,
+                    block: source.batch_size,
+                    st: std::sync::Mutex::new(GState::default()),
+                }));
+                Ok(k)
             };
-            let stream = Arc::new(stream);
-            k.stream = Some(stream.clone());
-            let control = k.q().device_view().control;
-            k.resident = Some(Arc::new(GpuResident {
-                name: source.name.clone(),
-                control,
-                function,
-                stream,
-                params,
-                block: source.batch_size,
-                st: std::sync::Mutex::new(GState::default()),
-            }));
-            Ok(k)
+            turn.launch_registered(start, |k| {
+                k.resident.as_ref().map(|r| {
+                    Arc::downgrade(&(r.clone() as Arc<dyn resident_cuda::device::Quiesce>))
+                })
+            })
         };
         let mut k = if device.has_memory_pools() {
             launch_parts()?
@@ -709,9 +721,6 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 .map_err(cuda_error)??
         };
         if let Some(r) = &k.resident {
-            let weak: std::sync::Weak<dyn resident_cuda::device::Quiesce> =
-                Arc::downgrade(&(r.clone() as Arc<dyn resident_cuda::device::Quiesce>));
-            k.device.register_resident(weak);
             // Host accesses of the state and the bound buffers park this kernel alone.
             let me = Arc::downgrade(r);
             if let Some(s) = &k.state {

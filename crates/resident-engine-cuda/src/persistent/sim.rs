@@ -88,12 +88,16 @@ struct QState {
     quiescing: bool,
     /// The block exited on the quiesce and the launcher waits to relaunch it.
     parked: bool,
-    /// Bumped by every resume (and by terminate while parked): the launcher relaunches.
+    /// Bumped by every resume: a block that parked after the launch it was started by saw
+    /// this value relaunches once it changes.
     resume: u64,
     /// The run state the host wants once resumed (activate/deactivate while quiesced).
     want: Option<RunState>,
     /// The launcher is gone (final exit or fault).
     finished: bool,
+    /// Told to terminate: never asked to park again, and a parked block is not relaunched
+    /// just to exit (it has exited already), as on a GPU (`GpuResident`).
+    terminated: bool,
     /// The kernel was dropped while its block still ran (a handler that never returns): it
     /// was told to terminate, its host side is gone, and it is left out of later quiesces (it
     /// will never park; on a GPU such a kernel needs a context reset).
@@ -118,12 +122,13 @@ impl QuiesceShared {
             q.want = Some(rs);
             return;
         }
-        if rs == RunState::Terminate && q.quiescing {
-            // Relaunch so the block sees Terminate at once and exits for good.
+        if rs == RunState::Terminate {
+            // A parked block ends here: its launcher sees `terminated` and finishes, with no
+            // relaunch beside the operation of the quiesce that parked it. A block still
+            // running sees Terminate (or exits on the Quiesce it saw first, and finishes).
             q.quiescing = false;
             q.want = None;
-            q.resume += 1;
-            q.parked = false;
+            q.terminated = true;
         }
         self.control().set_run_state(rs);
         self.cv.notify_all();
@@ -135,7 +140,9 @@ impl QuiesceShared {
         if q.finished || q.abandoned {
             return true;
         }
-        if !q.quiescing {
+        // A terminated kernel is left to exit (waited for below) and never resumed: a Quiesce
+        // written now would cover its Terminate.
+        if !q.quiescing && !q.terminated {
             q.quiescing = true;
             q.want = self.control().run_state();
             self.control().set_run_state(RunState::Quiesce);
@@ -755,6 +762,13 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
         let q = quiesce.clone();
         let generation = life.generation();
         let kernel_name = source.name.clone();
+        // The block starts and the kernel joins the registry in one turn of the quiesce
+        // serialization: a `with_all_quiesced` on another thread either ran before the block
+        // started or sees it in the registry and parks it (a block that starts on a Quiesce
+        // request parks at once). Without the turn, a quiesce could read the registry between
+        // the two and make its module load beside a running block nobody asked to park: on a
+        // GPU, a hang.
+        let serial = QUIESCE_SERIAL.lock().unwrap_or_else(|p| p.into_inner());
         let thread = std::thread::Builder::new()
             .name(format!("resident-sim-{}", source.name))
             .spawn(move || {
@@ -772,6 +786,10 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 let arg = &mut p as *mut PersistentParams as *mut core::ffi::c_void;
                 let ctx = SimContext::get();
                 let r = loop {
+                    // The resumes that happen from here on relaunch this block once it parks:
+                    // one that comes while it still runs (a terminate, a quiesce that timed
+                    // out on another kernel) is not lost.
+                    let launched_at = q.lock().resume;
                     // The driver model sees the block running from its launch to its exit; a
                     // launch on a lost context fails as the driver's does.
                     let running = match ctx.block_started(&kernel_name, generation) {
@@ -801,15 +819,20 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                     {
                         break r;
                     }
-                    // Quiesced: parked until resumed, then relaunched over the same memory.
+                    // Quiesced: parked until resumed, then relaunched over the same memory; told
+                    // to terminate meanwhile, it has exited for good.
                     let mut st = q.lock();
-                    let seen = st.resume;
-                    st.parked = true;
-                    q.cv.notify_all();
-                    while st.resume == seen {
-                        st = q.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                    if st.resume == launched_at && !st.terminated {
+                        st.parked = true;
+                        q.cv.notify_all();
+                        while st.resume == launched_at && !st.terminated {
+                            st = q.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                        }
+                        st.parked = false;
                     }
-                    st.parked = false;
+                    if st.terminated {
+                        break r;
+                    }
                     drop(st);
                     RELAUNCHES.fetch_add(1, Ordering::Relaxed);
                 };
@@ -827,6 +850,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(Arc::downgrade(&quiesce));
+        drop(serial);
         let access = Arc::new(SimAccess {
             name: source.name.clone(),
             quiesce: quiesce.clone(),
@@ -947,6 +971,8 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 let c = self.device_counters();
                 match c.state {
                     Some(DeviceState::Terminated) => Ok(()),
+                    // Parked when it was told to terminate: it exited at the park.
+                    Some(DeviceState::Quiesced) if self.quiesce.lock().terminated => Ok(()),
                     state => Err(PersistentError::Exited {
                         name: self.name.clone(),
                         state,
