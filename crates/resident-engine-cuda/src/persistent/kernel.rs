@@ -24,6 +24,7 @@ use resident_ring::{Envelope, Slot};
 use super::check::{check_launch, check_sizes, wait_resident, Starting};
 use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
+use super::park::Parking;
 use super::template::{
     compile_ptx, KernelSource, PersistentParams, BATCH_KERNEL_NAME, PERSISTENT_KERNEL_NAME,
 };
@@ -811,7 +812,7 @@ impl<In: Pod + Send, Out: Pod + Send> PersistentKernel<In, Out> {
                 });
             }
         }
-        let parked = guard.as_ref().is_some_and(|g| g.quiescing);
+        let parked = guard.as_ref().is_some_and(|g| g.park.is_parking());
         // `query` binds the context (the caller may be any thread) and marks the device lost
         // on a sticky error; a device already lost answers DeviceLost without a driver call.
         let q = stream.query();
@@ -1386,15 +1387,10 @@ struct GpuResident {
 
 #[derive(Default)]
 struct GState {
-    /// Asked to park and not resumed yet.
-    quiescing: bool,
-    /// The run state the host wants once resumed.
-    want: Option<RunState>,
+    /// The host's side of parks (the rule CudaSim's launcher follows too).
+    park: Parking,
     /// A relaunch that failed (reported by `check` as a fault).
     relaunch_error: Option<Arc<CudaError>>,
-    /// Told to terminate: never asked to park again (a park would put `Quiesce` over the
-    /// `Terminate` and its resume relaunch the kernel, maybe after its memory was freed).
-    terminated: bool,
 }
 
 impl GpuResident {
@@ -1409,18 +1405,7 @@ impl GpuResident {
     }
 
     fn set_run_state(&self, rs: RunState) {
-        let mut g = self.lock();
-        if g.quiescing && rs != RunState::Terminate {
-            g.want = Some(rs);
-            return;
-        }
-        if rs == RunState::Terminate {
-            // A parked kernel is not relaunched just to exit: it has exited already.
-            g.quiescing = false;
-            g.want = None;
-            g.terminated = true;
-        }
-        self.control().set_run_state(rs);
+        self.lock().park.set_run_state(self.control(), rs);
     }
 }
 
@@ -1437,15 +1422,7 @@ impl resident_cuda::device::Quiesce for GpuResident {
     }
 
     fn park(&self, deadline: Instant) -> bool {
-        {
-            let mut g = self.lock();
-            // A terminated kernel is left to exit (waited for below) and never resumed.
-            if !g.quiescing && !g.terminated {
-                g.quiescing = true;
-                g.want = self.control().run_state();
-                self.control().set_run_state(RunState::Quiesce);
-            }
-        }
+        self.lock().park.request(self.control());
         loop {
             match self.stream.query() {
                 // Exited (parked, or for another reason), or faulted: not running.
@@ -1461,30 +1438,27 @@ impl resident_cuda::device::Quiesce for GpuResident {
 
     fn resume(&self) {
         let mut g = self.lock();
-        if !g.quiescing {
+        // Read before the resume writes the run state the host wants: a kernel that exited
+        // for another reason meanwhile is not relaunched.
+        let parked = self.control().device_counters().state == Some(DeviceState::Quiesced);
+        // The park ends and the relaunch is queued under the lock `check` takes: `check` never
+        // sees an idle stream without the park in between.
+        if !g.park.resume(self.control()) || !parked {
             return;
         }
-        let want = g.want.take().unwrap_or(RunState::Inactive);
-        let parked = self.control().device_counters().state == Some(DeviceState::Quiesced);
-        self.control().set_run_state(want);
-        if parked {
-            let mut args = KernelParams::new();
-            let r = args.push(self.params).map(|_| ()).and_then(|_| {
-                // SAFETY: the same function, parameters and stream as the first launch; the
-                // memory they address is owned by the PersistentKernel, which unregisters this
-                // before freeing it.
-                unsafe {
-                    self.function
-                        .launch(LaunchConfig::new(1, self.block), &self.stream, &mut args)
-                }
-            });
-            if let Err(e) = r {
-                g.relaunch_error = Some(Arc::new(e));
+        let mut args = KernelParams::new();
+        let r = args.push(self.params).map(|_| ()).and_then(|_| {
+            // SAFETY: the same function, parameters and stream as the first launch; the
+            // memory they address is owned by the PersistentKernel, which unregisters this
+            // before freeing it.
+            unsafe {
+                self.function
+                    .launch(LaunchConfig::new(1, self.block), &self.stream, &mut args)
             }
+        });
+        if let Err(e) = r {
+            g.relaunch_error = Some(Arc::new(e));
         }
-        // Cleared after the relaunch is queued, under the lock `check` takes: `check` never
-        // sees an idle stream without the parked flag in between.
-        g.quiescing = false;
     }
 }
 

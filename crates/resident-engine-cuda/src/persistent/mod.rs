@@ -38,6 +38,7 @@ pub mod host;
 #[cfg(feature = "cuda")]
 pub mod kernel;
 pub mod lane;
+mod park;
 pub mod peer;
 pub mod sim;
 pub mod template;

@@ -20,6 +20,7 @@ use resident_ring::{Envelope, Slot};
 use super::check::{check_launch, wait_resident, Starting};
 use super::control::{ControlBlock, DeviceCounters, DeviceState, RunState};
 use super::host::{Full, PersistentQueues, QueueConfig};
+use super::park::Parking;
 use super::template::{compile_sim, KernelSource, PersistentParams, PERSISTENT_KERNEL_NAME};
 use super::{FaultCause, PersistentError, SharedMemory};
 use crate::sim::driver::{KernelLife, SimContext};
@@ -84,20 +85,15 @@ struct QuiesceShared {
 
 #[derive(Default)]
 struct QState {
-    /// A quiesce was asked for and not yet resumed.
-    quiescing: bool,
+    /// The host's side of parks (the rule the GPU launcher follows too).
+    park: Parking,
     /// The block exited on the quiesce and the launcher waits to relaunch it.
     parked: bool,
     /// Bumped by every resume: a block that parked after the launch it was started by saw
     /// this value relaunches once it changes.
     resume: u64,
-    /// The run state the host wants once resumed (activate/deactivate while quiesced).
-    want: Option<RunState>,
     /// The launcher is gone (final exit or fault).
     finished: bool,
-    /// Told to terminate: never asked to park again, and a parked block is not relaunched
-    /// just to exit (it has exited already), as on a GPU (`GpuResident`).
-    terminated: bool,
     /// The kernel was dropped while its block still ran (a handler that never returns): it
     /// was told to terminate, its host side is gone, and it is left out of later quiesces (it
     /// will never park; on a GPU such a kernel needs a context reset).
@@ -115,22 +111,12 @@ impl QuiesceShared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The host's run-state writes go through here so a quiesce never loses one.
+    /// The host's run-state writes go through here so a quiesce never loses one. A terminate
+    /// ends a park: the launcher of a parked block sees it and finishes, with no relaunch
+    /// beside the operation of the quiesce that parked it.
     fn set_run_state(&self, rs: RunState) {
         let mut q = self.lock();
-        if q.quiescing && rs != RunState::Terminate {
-            q.want = Some(rs);
-            return;
-        }
-        if rs == RunState::Terminate {
-            // A parked block ends here: its launcher sees `terminated` and finishes, with no
-            // relaunch beside the operation of the quiesce that parked it. A block still
-            // running sees Terminate (or exits on the Quiesce it saw first, and finishes).
-            q.quiescing = false;
-            q.want = None;
-            q.terminated = true;
-        }
-        self.control().set_run_state(rs);
+        q.park.set_run_state(self.control(), rs);
         self.cv.notify_all();
     }
 
@@ -140,13 +126,7 @@ impl QuiesceShared {
         if q.finished || q.abandoned {
             return true;
         }
-        // A terminated kernel is left to exit (waited for below) and never resumed: a Quiesce
-        // written now would cover its Terminate.
-        if !q.quiescing && !q.terminated {
-            q.quiescing = true;
-            q.want = self.control().run_state();
-            self.control().set_run_state(RunState::Quiesce);
-        }
+        q.park.request(self.control());
         let deadline = Instant::now() + timeout;
         while !q.parked && !q.finished && !q.abandoned {
             let now = Instant::now();
@@ -165,12 +145,9 @@ impl QuiesceShared {
     /// Relaunches a quiesced block with the run state the host wants.
     fn resume(&self) {
         let mut q = self.lock();
-        if !q.quiescing {
+        if !q.park.resume(self.control()) {
             return;
         }
-        q.quiescing = false;
-        let want = q.want.take().unwrap_or(RunState::Inactive);
-        self.control().set_run_state(want);
         q.resume += 1;
         // No longer parked from here on, although the launcher thread may not have woken to
         // relaunch yet: a quiesce that follows at once must wait for the relaunched block to
@@ -822,15 +799,15 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                     // Quiesced: parked until resumed, then relaunched over the same memory; told
                     // to terminate meanwhile, it has exited for good.
                     let mut st = q.lock();
-                    if st.resume == launched_at && !st.terminated {
+                    if st.resume == launched_at && !st.park.terminated() {
                         st.parked = true;
                         q.cv.notify_all();
-                        while st.resume == launched_at && !st.terminated {
+                        while st.resume == launched_at && !st.park.terminated() {
                             st = q.cv.wait(st).unwrap_or_else(|p| p.into_inner());
                         }
                         st.parked = false;
                     }
-                    if st.terminated {
+                    if st.park.terminated() {
                         break r;
                     }
                     drop(st);
@@ -972,7 +949,7 @@ impl<In: Pod + Send, Out: Pod + Send> SimKernel<In, Out> {
                 match c.state {
                     Some(DeviceState::Terminated) => Ok(()),
                     // Parked when it was told to terminate: it exited at the park.
-                    Some(DeviceState::Quiesced) if self.quiesce.lock().terminated => Ok(()),
+                    Some(DeviceState::Quiesced) if self.quiesce.lock().park.terminated() => Ok(()),
                     state => Err(PersistentError::Exited {
                         name: self.name.clone(),
                         state,
