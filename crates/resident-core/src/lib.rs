@@ -20,4 +20,4 @@ pub mod state;
 pub mod telemetry;
 
 pub use resident_ring as ring;
-pub use state::{Error, Failure, KernelState, Result};
+pub use state::{Error, Failure, KernelState, Op, Result};

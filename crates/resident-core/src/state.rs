@@ -151,6 +151,61 @@ impl fmt::Debug for Returned {
     }
 }
 
+/// The operation an [`Error::Timeout`] is about: what a caller branches on (a send's timeout
+/// hands its message back, a call's may be retried, a receive's means no output yet). Shown as
+/// the method's name (`send_batch`, `snapshot_keys`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    /// `send` (and the sends of a handler's context).
+    Send,
+    /// `send_batch`.
+    SendBatch,
+    /// A handler's `send_to` another kernel.
+    SendTo,
+    /// `call`: a request and its reply.
+    Call,
+    /// A kernel's outputs forwarded to its target.
+    Forward,
+    /// `receive`.
+    Receive,
+    /// `deactivate`.
+    Deactivate,
+    /// `drain`.
+    Drain,
+    /// `snapshot_state`.
+    SnapshotState,
+    /// `snapshot_key`.
+    SnapshotKey,
+    /// `snapshot_keys`.
+    SnapshotKeys,
+}
+
+impl Op {
+    /// The method's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Send => "send",
+            Op::SendBatch => "send_batch",
+            Op::SendTo => "send_to",
+            Op::Call => "call",
+            Op::Forward => "forward",
+            Op::Receive => "receive",
+            Op::Deactivate => "deactivate",
+            Op::Drain => "drain",
+            Op::SnapshotState => "snapshot_state",
+            Op::SnapshotKey => "snapshot_key",
+            Op::SnapshotKeys => "snapshot_keys",
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The runtime's errors. Every one names the kernel; refused sends carry the message back.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -192,7 +247,7 @@ pub enum Error {
         /// Kernel id.
         id: String,
         /// What timed out.
-        op: &'static str,
+        op: Op,
         /// The timeout.
         timeout: Duration,
         /// The message, for a send that waited for room in vain.

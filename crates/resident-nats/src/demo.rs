@@ -454,7 +454,7 @@ impl Pipeline {
                 }
                 Err(resident::Error::Timeout {
                     id: self.normalizer.id().to_string(),
-                    op: "call",
+                    op: resident::Op::Call,
                     timeout,
                     message: None,
                 })
@@ -724,7 +724,10 @@ mod tests {
         assert!(outs[0].is_ok(), "{:?}", outs[0].as_ref().err());
         assert!(matches!(
             outs[9],
-            Err(resident::Error::Timeout { op: "call", .. })
+            Err(resident::Error::Timeout {
+                op: resident::Op::Call,
+                ..
+            })
         ));
         // 10 x 50 ms of work, one 120 ms bound: the batch gives up well before 10 timeouts.
         assert!(took < Duration::from_millis(1000), "{took:?}");

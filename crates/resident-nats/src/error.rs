@@ -252,7 +252,7 @@ mod tests {
         assert_eq!(ErrorKind::of(&e), ErrorKind::NoReply);
         let e = resident::Error::Timeout {
             id: "k".into(),
-            op: "call",
+            op: resident::Op::Call,
             timeout: std::time::Duration::from_secs(1),
             message: None,
         };

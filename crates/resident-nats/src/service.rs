@@ -61,7 +61,7 @@ impl<In: Message, Out: Message> Service for KernelHandle<In, Out> {
                 p.wait(left).unwrap_or_else(|| {
                     Err(resident::Error::Timeout {
                         id: self.id().to_string(),
-                        op: "call",
+                        op: resident::Op::Call,
                         timeout,
                         message: None,
                     })

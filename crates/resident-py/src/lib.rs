@@ -26,6 +26,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use resident::prelude::*;
+use resident::Op;
 
 mod batch;
 mod buffer;
@@ -144,11 +145,11 @@ fn describe(e: &Error, has_message: bool) -> Described {
         Error::NotAccepting { state, .. } => ("KernelNotAcceptingError", Some(state.to_string())),
         Error::QueueFull { .. } => ("QueueFullError", None),
         Error::Timeout { op, .. } => (
-            match *op {
-                "send" | "call" if has_message => "SendTimeoutError",
-                "send_batch" => "SendTimeoutError",
-                "call" => "CallTimeoutError",
-                "receive" => "ReceiveTimeoutError",
+            match op {
+                Op::Send | Op::Call if has_message => "SendTimeoutError",
+                Op::SendBatch => "SendTimeoutError",
+                Op::Call => "CallTimeoutError",
+                Op::Receive => "ReceiveTimeoutError",
                 _ => "KernelTimeoutError",
             },
             Some(op.to_string()),

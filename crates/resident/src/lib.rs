@@ -112,7 +112,7 @@ pub mod cuda {
     }
 }
 pub use resident_ring as ring;
-pub use runtime::state::{Error, Failure, KernelState, Result};
+pub use runtime::state::{Error, Failure, KernelState, Op, Result};
 
 /// Everything a user of ring kernels needs.
 pub mod prelude {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use resident::prelude::*;
+use resident::Op;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -226,7 +227,7 @@ fn block_times_out_with_message_back_then_proceeds() {
         .unwrap();
     h.send(1).unwrap();
     let e = h.send(2).unwrap_err();
-    assert!(matches!(e, Error::Timeout { op: "send", .. }), "{e}");
+    assert!(matches!(e, Error::Timeout { op: Op::Send, .. }), "{e}");
     assert_eq!(e.into_message::<u64>(), Some(2));
     h.activate().unwrap();
     assert_eq!(h.receive(T).unwrap(), 2);
@@ -310,7 +311,7 @@ fn call_with_no_output_and_call_timeout() {
     h.activate().unwrap();
     assert!(matches!(h.call(3, T).unwrap_err(), Error::NoReply { .. }));
     let e = h.call(0, Duration::from_millis(10)).unwrap_err();
-    assert!(matches!(e, Error::Timeout { op: "call", .. }), "{e}");
+    assert!(matches!(e, Error::Timeout { op: Op::Call, .. }), "{e}");
     // The late reply is counted as dropped, never delivered to the output queue.
     assert_eq!(h.call(2, T).unwrap(), 2);
     assert_eq!(h.telemetry().messages_dropped, 1);
@@ -787,7 +788,7 @@ fn a_call_carries_its_timeout_as_deadline_and_without_one_nothing_expires() {
     // Not active yet: the call times out with its request queued, and then expires.
     assert!(matches!(
         h.call(1, Duration::from_millis(2)),
-        Err(Error::Timeout { op: "call", .. })
+        Err(Error::Timeout { op: Op::Call, .. })
     ));
     // A call with an unbounded timeout carries no deadline (nothing to check).
     let h2 = h.clone();

@@ -15,7 +15,7 @@ use crate::runtime::bind::{BindError, BufMut, BufRef, BufferId};
 use crate::runtime::io::{Control, InputPort, KernelIo, Next};
 use crate::runtime::publisher::Publisher;
 use crate::runtime::registry::RuntimeCore;
-use crate::state::{Error, Failure, KernelState, Result};
+use crate::state::{Error, Failure, KernelState, Op, Result};
 use bytemuck::Pod;
 
 /// A CPU kernel's state, shared between its host thread and `KernelHandle::snapshot_state`.
@@ -145,14 +145,14 @@ impl<S> Context<S> {
         priority: u8,
     ) -> Result<MessageId> {
         let port = self.route::<T>(id)?;
-        match port.send(msg, priority, 0, "send_to") {
+        match port.send(msg, priority, 0, Op::SendTo) {
             // The target was terminated and maybe relaunched under the same id: look it up again.
             Err(e @ Error::NotAccepting { .. }) => {
                 self.routes.remove(id);
                 let msg = e
                     .into_message::<T>()
                     .expect("send_to hands back its own message type");
-                self.route::<T>(id)?.send(msg, priority, 0, "send_to")
+                self.route::<T>(id)?.send(msg, priority, 0, Op::SendTo)
             }
             other => other,
         }

@@ -28,7 +28,7 @@ use resident_ring::{
 use crate::runtime::bind::{BindError, BufferId, BufferReadGuard, BufferWriteGuard};
 use crate::runtime::io::KernelIo;
 pub use crate::runtime::report::{Placement, TerminateReport};
-use crate::state::{Error, Failure, KernelState, Result};
+use crate::state::{Error, Failure, KernelState, Op, Result};
 use crate::telemetry::Telemetry;
 
 /// A `call` whose reply has not been taken yet ([`KernelHandle::call_start`]).
@@ -175,7 +175,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             if self.io.batch_gate.try_lock_for(t).is_none() {
                 return Err(Error::Timeout {
                     id: self.io.id.to_string(),
-                    op: "deactivate",
+                    op: Op::Deactivate,
                     timeout: t,
                     message: None,
                 });
@@ -186,12 +186,12 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
 
     /// Sends `msg` at the default priority (128). Returns its message id.
     pub fn send(&self, msg: In) -> Result<MessageId> {
-        self.io.port.send(msg, DEFAULT_PRIORITY, 0, "send")
+        self.io.port.send(msg, DEFAULT_PRIORITY, 0, Op::Send)
     }
 
     /// Sends `msg` at `priority` (0-255, higher drains first).
     pub fn send_with_priority(&self, msg: In, priority: u8) -> Result<MessageId> {
-        self.io.port.send(msg, priority, 0, "send")
+        self.io.port.send(msg, priority, 0, Op::Send)
     }
 
     /// Sends `msg` at the default priority with a time to live: if the kernel has not taken
@@ -208,7 +208,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         let id = p.ids.next();
         let mut env = Envelope::new(id, DEFAULT_PRIORITY, p.ids.now_ns());
         env.set_ttl(ttl);
-        p.send_slot(Slot::new(env, msg), "send").map(|_| id)
+        p.send_slot(Slot::new(env, msg), Op::Send).map(|_| id)
     }
 
     /// Turns the deadline check off (`false`) or back on: inputs whose deadline passed are
@@ -247,7 +247,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         let p = &self.io.port;
         let id = p.ids.next();
         let env = Envelope::new(id, priority, p.ids.now_ns());
-        let outcome = match p.send_slot_outcome(Slot::new(env, msg), "send")? {
+        let outcome = match p.send_slot_outcome(Slot::new(env, msg), Op::Send)? {
             resident_ring::mailbox::Sent::Queued => SendOutcome::Queued,
             resident_ring::mailbox::Sent::QueuedDroppedOldest(old) => {
                 SendOutcome::DroppedOldest(old.env, old.payload)
@@ -271,7 +271,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         let p = &self.io.port;
         // A keyed kernel refuses the whole batch if one message names a key it does not have.
         for m in msgs {
-            p.check_key(m, "send_batch")?;
+            p.check_key(m, Op::SendBatch)?;
         }
         let first = p.ids.next_n(msgs.len() as u64);
         let now = p.ids.now_ns();
@@ -281,7 +281,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             .map(|(i, m)| Slot::new(Envelope::new(first + i as u64, DEFAULT_PRIORITY, now), *m))
             .collect();
         match self.io.input.send_batch(&slots) {
-            (0, Some(e)) => Err(p.refused(e, "send_batch")),
+            (0, Some(e)) => Err(p.refused(e, Op::SendBatch)),
             (n, _) => Ok(n),
         }
     }
@@ -308,7 +308,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         if timeout < resident_ring::envelope::MAX_TTL {
             env.set_ttl(timeout);
         }
-        if let Err(e) = io.port.send_slot(Slot::new(env, msg), "call") {
+        if let Err(e) = io.port.send_slot(Slot::new(env, msg), Op::Call) {
             io.unregister_call(id);
             return Err(e);
         }
@@ -323,7 +323,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
                 }
                 Err(Error::Timeout {
                     id: io.id.to_string(),
-                    op: "call",
+                    op: Op::Call,
                     timeout,
                     message: None,
                 })
@@ -368,7 +368,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         if let Some(t) = timeout.filter(|&t| t < resident_ring::envelope::MAX_TTL) {
             env.set_ttl(t);
         }
-        if let Err(e) = io.port.send_slot(Slot::new(env, msg), "call") {
+        if let Err(e) = io.port.send_slot(Slot::new(env, msg), Op::Call) {
             io.unregister_call(id);
             return Err(e);
         }
@@ -391,7 +391,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             Ok(s) => Ok((s.env, s.payload)),
             Err(RecvError::Timeout) => Err(Error::Timeout {
                 id: self.io.id.to_string(),
-                op: "receive",
+                op: Op::Receive,
                 timeout,
                 message: None,
             }),
@@ -435,7 +435,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         let deadline = deadline_after(timeout);
         let timed_out = || Error::Timeout {
             id: self.io.id.to_string(),
-            op: "drain",
+            op: Op::Drain,
             timeout,
             message: None,
         };
@@ -652,7 +652,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
         let Some(_gate) = self.io.batch_gate.try_lock_for(t) else {
             return Err(Error::Timeout {
                 id: self.io.id.to_string(),
-                op: "snapshot_state",
+                op: Op::SnapshotState,
                 timeout: t,
                 message: None,
             });
@@ -693,7 +693,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
     /// # Ok::<(), resident::Error>(())
     /// ```
     pub fn snapshot_key<S: Clone + 'static>(&self, key: u32) -> Result<S> {
-        let mut v = snapshot::<In, Out, S>(&self.io, key as u64, key as u64 + 1, "snapshot_key")?;
+        let mut v = snapshot::<In, Out, S>(&self.io, key as u64, key as u64 + 1, Op::SnapshotKey)?;
         v.pop().ok_or_else(|| Error::KeyOutOfRange {
             id: self.io.id.to_string(),
             op: "snapshot_key",
@@ -712,7 +712,7 @@ impl<In: Message, Out: Message> KernelHandle<In, Out> {
             &self.io,
             range.start as u64,
             range.end as u64,
-            "snapshot_keys",
+            Op::SnapshotKeys,
         )
     }
 
@@ -794,7 +794,7 @@ fn snapshot<In: Message, Out: Message, S: Clone + 'static>(
     io: &KernelIo<In, Out>,
     start: u64,
     end: u64,
-    op: &'static str,
+    op: Op,
 ) -> Result<Vec<S>> {
     let id = || io.id.to_string();
     let Some(states) = io.keyed.get() else {
@@ -808,7 +808,7 @@ fn snapshot<In: Message, Out: Message, S: Clone + 'static>(
         let key = if start >= keys as u64 { start } else { end - 1 };
         return Err(Error::KeyOutOfRange {
             id: id(),
-            op,
+            op: op.as_str(),
             key,
             keys,
             message: None,

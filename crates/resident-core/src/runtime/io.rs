@@ -545,7 +545,7 @@ impl<In: Message, Out: Message> KernelIo<In, Out> {
         if let Some(slot) = self.pending.lock().remove(&request.message_id) {
             slot.complete(Err(Error::Timeout {
                 id: self.id.to_string(),
-                op: "call",
+                op: crate::state::Op::Call,
                 timeout: request.ttl().unwrap_or_default(),
                 message: None,
             }));

@@ -305,7 +305,7 @@ impl<In: Message, Out: Message, S: Pod + 'static> KeyStates for DeviceKeyStates<
                 },
                 BindError::Busy { waited, .. } => Error::Timeout {
                     id,
-                    op: "snapshot_keys",
+                    op: crate::state::Op::SnapshotKeys,
                     timeout: waited,
                     message: None,
                 },

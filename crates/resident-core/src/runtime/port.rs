@@ -10,7 +10,7 @@ use resident_ring::mailbox::{SendError, Sent};
 use resident_ring::{Backpressure, Envelope, Mailbox, Message, MessageId, Slot};
 
 use crate::runtime::ids::Ids;
-use crate::state::{Error, KernelState, Result, Returned};
+use crate::state::{Error, KernelState, Op, Result, Returned};
 
 /// What the input side needs to tell a kernel about a `call` its policy dropped.
 pub(crate) trait DroppedCalls: Send + Sync {
@@ -66,7 +66,7 @@ impl<In> Clone for InputPort<In> {
 }
 
 impl<In: Message> InputPort<In> {
-    pub fn send(&self, msg: In, priority: u8, flags: u8, op: &'static str) -> Result<MessageId> {
+    pub fn send(&self, msg: In, priority: u8, flags: u8, op: Op) -> Result<MessageId> {
         let id = self.ids.next();
         let mut env = Envelope::new(id, priority, self.ids.now_ns());
         env.flags = flags;
@@ -74,24 +74,24 @@ impl<In: Message> InputPort<In> {
     }
 
     /// Enqueues one message; `Ok(false)` when the `DropNewest` policy dropped it (counted).
-    pub fn send_slot(&self, slot: Slot<In>, op: &'static str) -> Result<bool> {
+    pub fn send_slot(&self, slot: Slot<In>, op: Op) -> Result<bool> {
         self.send_slot_outcome(slot, op)
             .map(|o| !matches!(o, Sent::DroppedNewest))
     }
 
     /// Enqueues one message and says what the drop policy did, handing back the slot a
     /// `DropOldest` send discarded (counted).
-    pub fn send_slot_outcome(&self, slot: Slot<In>, op: &'static str) -> Result<Sent<Slot<In>>> {
+    pub fn send_slot_outcome(&self, slot: Slot<In>, op: Op) -> Result<Sent<Slot<In>>> {
         self.check_key(&slot.payload, op)?;
         match self.mailbox.send(slot) {
             Ok(Sent::Queued) => Ok(Sent::Queued),
             Ok(Sent::QueuedDroppedOldest(old)) => {
-                crate::profile::dropped(&self.id, op, "DropOldest");
+                crate::profile::dropped(&self.id, op.as_str(), "DropOldest");
                 self.dropped(&old.env);
                 Ok(Sent::QueuedDroppedOldest(old))
             }
             Ok(Sent::DroppedNewest) => {
-                crate::profile::dropped(&self.id, op, "DropNewest");
+                crate::profile::dropped(&self.id, op.as_str(), "DropNewest");
                 self.dropped(&slot.env);
                 Ok(Sent::DroppedNewest)
             }
@@ -107,11 +107,11 @@ impl<In: Message> InputPort<In> {
 
     /// A keyed kernel refuses a message naming a key it does not have (nothing is queued).
     #[inline]
-    pub fn check_key(&self, msg: &In, op: &'static str) -> Result<()> {
+    pub fn check_key(&self, msg: &In, op: Op) -> Result<()> {
         match self.keys {
             Some(k) => k.check(msg).map_err(|key| Error::KeyOutOfRange {
                 id: self.id.to_string(),
-                op,
+                op: op.as_str(),
                 key: key as u64,
                 keys: k.keys,
                 message: Some(Returned::new(*msg)),
@@ -129,13 +129,13 @@ impl<In: Message> InputPort<In> {
         }
     }
 
-    pub fn refused(&self, e: SendError<Slot<In>>, op: &'static str) -> Error {
-        crate::profile::refused(&self.id, op, &e);
+    pub fn refused(&self, e: SendError<Slot<In>>, op: Op) -> Error {
+        crate::profile::refused(&self.id, op.as_str(), &e);
         let id = self.id.to_string();
         match e {
             SendError::Full(s) => Error::QueueFull {
                 id,
-                op,
+                op: op.as_str(),
                 message: Returned::new(s.payload),
             },
             SendError::Timeout(s) => {
@@ -152,7 +152,7 @@ impl<In: Message> InputPort<In> {
             }
             SendError::Closed(s) => Error::NotAccepting {
                 id,
-                op,
+                op: op.as_str(),
                 state: self.state.lock().clone(),
                 message: Returned::new(s.payload),
             },

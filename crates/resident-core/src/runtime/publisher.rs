@@ -243,7 +243,11 @@ fn forward_outputs<In: Message, Out: Message>(
         let terminating = || io.terminating() || io.in_hand.is_abandoned();
         let gone = match f.port() {
             // A keyed target refuses an output naming a key it does not have: reported.
-            Ok(port) if port.check_key(&outputs[done].payload, "forward").is_err() => {
+            Ok(port)
+                if port
+                    .check_key(&outputs[done].payload, crate::state::Op::Forward)
+                    .is_err() =>
+            {
                 keep_unsent(io, &outputs[done..done + 1]);
                 done += 1;
                 continue;

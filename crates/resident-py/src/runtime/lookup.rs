@@ -223,7 +223,7 @@ impl PyRuntime {
         py: Python<'_>,
         kernel_id: &str,
         k: &Kern,
-        op: &'static str,
+        op: Op,
         obj: Py<PyAny>,
     ) -> PyErr {
         let e = Error::Timeout {

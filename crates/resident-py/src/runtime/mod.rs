@@ -13,6 +13,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use resident::prelude::*;
+use resident::Op;
 
 use crate::handoff::{poll_for, Handoff, InPython, Waiter};
 use crate::kernel_ctx::{env_tuple, CtxPtr, KernelCtx, Lctx, Outside};
@@ -361,7 +362,7 @@ impl PyRuntime {
             return Ok(None);
         }
         if k.blocks && !k.handle.input_has_room() && !Self::wait_room(py, &k)? {
-            return Err(Self::room_timeout(py, kernel_id, &k, "send", obj));
+            return Err(Self::room_timeout(py, kernel_id, &k, Op::Send, obj));
         }
         let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
@@ -478,7 +479,7 @@ impl PyRuntime {
                 if !room {
                     let e = Error::Timeout {
                         id: kernel_id.to_string(),
-                        op: "send_batch",
+                        op: Op::SendBatch,
                         timeout: k.block,
                         message: None,
                     };
@@ -642,7 +643,7 @@ impl PyRuntime {
         };
         let timeout = timeout.map(secs).transpose()?;
         if k.blocks && !k.handle.input_has_room() && !Self::wait_room(py, &k)? {
-            return Err(Self::room_timeout(py, kernel_id, &k, "call", obj));
+            return Err(Self::room_timeout(py, kernel_id, &k, Op::Call, obj));
         }
         let sent = obj.clone_ref(py);
         let key = k.store.put(obj);
@@ -720,7 +721,7 @@ impl PyRuntime {
                 py,
                 &Error::Timeout {
                     id: kernel_id.to_string(),
-                    op: "receive",
+                    op: Op::Receive,
                     timeout: t,
                     message: None,
                 },

@@ -124,7 +124,7 @@ fn measure<In: Message, Out: Message, S: Send + 'static>(
         if Instant::now() > deadline {
             return Err(Error::Timeout {
                 id: k.id().to_string(),
-                op: "tune send",
+                op: crate::Op::SendBatch,
                 timeout: opts.timeout,
                 message: None,
             });

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 #[cfg(any(feature = "cuda", feature = "cudasim", feature = "wgpu"))]
 use resident::backend::BackendKind;
 use resident::prelude::*;
+use resident::Op;
 
 device_message! {
     /// The suite's message: who sent it, its sequence number, a value the kernel transforms.
@@ -731,7 +732,7 @@ fn deadlines(t: &dyn Target) {
     //    and every short TTL passes.
     for i in 0..40 {
         match h.call(msg(1, i, i), short) {
-            Err(Error::Timeout { op: "call", .. }) => {}
+            Err(Error::Timeout { op: Op::Call, .. }) => {}
             other => panic!("call {i} to a kernel not yet active: {other:?}"),
         }
     }
@@ -783,7 +784,7 @@ fn deadlines(t: &dyn Target) {
                 assert_eq!(m, expected(msg(6, i, SLOW)));
                 served += 1;
             }
-            Err(Error::Timeout { op: "call", .. }) => timed_out += 1,
+            Err(Error::Timeout { op: Op::Call, .. }) => timed_out += 1,
             Err(e) => panic!("storm call {i}: {e}"),
         }
     }
