@@ -7,6 +7,8 @@
 //!   consumer, control block) over any [`RingMemory`];
 //! * [`bulk`]: an input lane's second path for deep queues: staging ring, copy engine, device
 //!   ring, and the one-path-at-a-time rule that keeps FIFO across the switch;
+//! * `park`: the host's side of parking a resident kernel (the residency rule's quiesce), one
+//!   rule for both launchers;
 //! * [`lane`]: an input lane's LL format (a flag in every 8 bytes, so the kernel finds and
 //!   reads a message in one bus read) and its host writer;
 //! * [`sim`]: [`SimKernel`], the same template and handler compiled by the host C++ compiler
