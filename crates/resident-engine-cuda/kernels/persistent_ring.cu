@@ -8,6 +8,11 @@
 // RESIDENT_HANDLER(state, in, out, env) for a kernel without bound buffers, with the
 // ResidentBuffers* as a fifth argument for one with them (the prelude defines which).
 //
+// Why one file of this size: it is one translation unit's body, appended after the generated
+// prelude under `#line 1 "persistent_ring.cu"`, so NVRTC's and CudaSim's host compiler's
+// messages and the fuzzer's reports name lines of this file; both kernels use the same lane,
+// bulk-lane and peer functions below, and the memory rules that follow hold for all of them.
+//
 // Memory rules (see DESIGN.md, "CUDA persistent ring kernel"):
 // * Queue memory is pinned, device-mapped host memory. Foreign indices are read with
 //   ld.acquire.sys, own indices published with st.release.sys; each index has one writer and no
