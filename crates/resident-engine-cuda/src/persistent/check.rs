@@ -1,6 +1,6 @@
 //! The checks every persistent launch makes before it touches a device, on a GPU and on CudaSim
 //! alike, the wait for a launched kernel to become resident ([`wait_resident`]), and the
-//! launch-per-batch kernel's scan-cell size. Kept apart from `kernel.rs` (the GPU launch path,
+//! launch-per-batch kernel's scan-cell size. Kept apart from `kernel/` (the GPU launch path,
 //! built with the `driver` feature) so CudaSim builds without the driver.
 
 use std::cell::RefCell;
