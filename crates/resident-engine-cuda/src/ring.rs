@@ -540,7 +540,7 @@ impl<In: Message, Out: Message> CudaRing<In, Out, PersistentKernel<In, Out>> {
 /// threads (`SimKernel`). The two launchers differ in how they start a kernel, not in how it is
 /// driven.
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
-pub(crate) trait PersistentRing<In: Message, Out: Message>: ForwardRing + Send {
+pub(crate) trait ResidentKernel<In: Message, Out: Message>: ForwardRing + Send {
     /// The host side of the kernel's queues: the ring's `push` and `pull` go straight to it.
     fn queues(&mut self) -> &mut PersistentQueues<In, Out>;
     fn set_active(&mut self, on: bool) -> Result<(), DeviceError>;
@@ -558,7 +558,7 @@ pub(crate) trait PersistentRing<In: Message, Out: Message>: ForwardRing + Send {
 }
 
 #[cfg(feature = "cuda")]
-impl<In: Message, Out: Message> PersistentRing<In, Out> for PersistentKernel<In, Out> {
+impl<In: Message, Out: Message> ResidentKernel<In, Out> for PersistentKernel<In, Out> {
     fn queues(&mut self) -> &mut PersistentQueues<In, Out> {
         PersistentKernel::queues(self)
     }
@@ -602,7 +602,10 @@ impl<In: Message, Out: Message> ForwardRing for PersistentKernel<In, Out> {
     }
 }
 
-/// The one `DeviceRing` of the CUDA engine, over a persistent kernel on either launcher.
+/// The one `DeviceRing` of the CUDA engine, over a persistent kernel on either launcher. It
+/// holds what the seam adds to a kernel (its inbox as a forwarding consumer, its link as a
+/// producer), once for both launchers; each seam method is one call into the kernel, under the
+/// seam's own name where the kernel has it (`terminate`, `reclaim_input`, `check`).
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
 pub(crate) struct CudaRing<In, Out, K> {
     pub kernel: K,
@@ -613,7 +616,7 @@ pub(crate) struct CudaRing<In, Out, K> {
 }
 
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
-impl<In: Message, Out: Message, K: PersistentRing<In, Out>> CudaRing<In, Out, K> {
+impl<In: Message, Out: Message, K: ResidentKernel<In, Out>> CudaRing<In, Out, K> {
     pub(crate) fn new(kernel: K, backend: BackendKind) -> Self {
         let inbox = Arc::new(CudaInbox {
             backend,
@@ -628,7 +631,7 @@ impl<In: Message, Out: Message, K: PersistentRing<In, Out>> CudaRing<In, Out, K>
 }
 
 #[cfg(any(feature = "cuda", feature = "cudasim"))]
-impl<In: Message, Out: Message, K: PersistentRing<In, Out>> DeviceRing<In, Out>
+impl<In: Message, Out: Message, K: ResidentKernel<In, Out>> DeviceRing<In, Out>
     for CudaRing<In, Out, K>
 {
     fn push(&mut self, slots: &[Slot<In>]) -> usize {
@@ -655,7 +658,7 @@ impl<In: Message, Out: Message, K: PersistentRing<In, Out>> DeviceRing<In, Out>
             forwarded: c.peer_taken,
         }
     }
-    fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError> {
+    fn terminate(&mut self, timeout: Duration) -> Result<(), DeviceError> {
         let stopped = self.kernel.terminate(timeout);
         // As a consumer: once the block has ended for good, a linked producer owns its ring
         // again.
@@ -664,7 +667,7 @@ impl<In: Message, Out: Message, K: PersistentRing<In, Out>> DeviceRing<In, Out>
         }
         stopped
     }
-    fn reclaim(&mut self) -> Vec<Slot<In>> {
+    fn reclaim_input(&mut self) -> Vec<Slot<In>> {
         self.kernel.reclaim_input().unwrap_or_default()
     }
     fn attach(&mut self, io: &Arc<KernelIo<In, Out>>) {

@@ -21,7 +21,7 @@ use resident_cuda::hazards::DriverCall;
 use resident_ring::{Message, Slot};
 
 use crate::ring::{
-    BoundBuffers, CudaHandler, CudaRing, DeviceGeometry, EngineBuffers, Launched, PersistentRing,
+    BoundBuffers, CudaHandler, CudaRing, DeviceGeometry, EngineBuffers, Launched, ResidentKernel,
     BUFFER_SYNC_TIMEOUT,
 };
 use resident_core::engine::cpu::CpuDevice;
@@ -109,7 +109,7 @@ impl StateSnapshot for SimStateRead {
     }
 }
 
-impl<In: Message, Out: Message> PersistentRing<In, Out> for SimKernel<In, Out> {
+impl<In: Message, Out: Message> ResidentKernel<In, Out> for SimKernel<In, Out> {
     fn queues(&mut self) -> &mut crate::persistent::PersistentQueues<In, Out> {
         SimKernel::queues(self)
     }

@@ -198,7 +198,7 @@ impl<In: Message, Out: Message> ResidentBatches<In, Out> {
 
     /// Waits (bounded) until every input taken so far has run and its outputs are ready.
     pub fn finish(&mut self, timeout: Duration) -> Result<(), DeviceError> {
-        self.engine.stop(timeout)
+        self.engine.terminate(timeout)
     }
 
     /// A copy of the device state (see `KernelHandle::snapshot_state`).

@@ -97,7 +97,7 @@ pub(crate) struct WgpuEngine<In: Message, Out: Message> {
     /// When the target was last looked for, and an inbox that could not be linked.
     last_probe: Option<Instant>,
     refused: Option<Arc<dyn std::any::Any + Send + Sync>>,
-    /// `stop` began: no new link.
+    /// `terminate` began: no new link.
     stopping: bool,
     /// Inputs of linked batches the device never completed (for the terminate report).
     link_failed: Vec<Slot<In>>,
@@ -381,7 +381,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                 {
                     let n = f.inputs.len();
                     drop(view);
-                    // The batch goes back whole through `reclaim` (its first messages did run).
+                    // The batch goes back whole through `reclaim_input` (its first messages did run).
                     self.in_flight.push_front(f);
                     return Err(WgpuFault::CutShort { messages: n });
                 }
@@ -398,7 +398,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
                     );
                 }
                 Err(e) => {
-                    // Keep the batch so `reclaim` hands its inputs back.
+                    // Keep the batch so `reclaim_input` hands its inputs back.
                     self.in_flight.push_front(f);
                     return Err(WgpuFault::MapRange(e));
                 }
@@ -423,7 +423,7 @@ impl<In: Message, Out: Message> WgpuEngine<In, Out> {
     /// consumer, or on this kernel's own batch sets. `false` when they cannot go now (no
     /// free set, or the other route still has batches of this kernel on the device: the two
     /// never run batches of one kernel at once, so its state sees them in order), or the
-    /// submission failed (then the inputs stay for `reclaim`).
+    /// submission failed (then the inputs stay for `reclaim_input`).
     fn flush(&mut self) -> bool {
         self.absorb_link();
         if self.failure.is_some() {
@@ -715,7 +715,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         }
     }
 
-    fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError> {
+    fn terminate(&mut self, timeout: Duration) -> Result<(), DeviceError> {
         // Finish the batches in flight so their outputs are published (bounded).
         let deadline = Instant::now() + timeout.min(WAIT_TIMEOUT);
         self.stopping = true;
@@ -780,7 +780,7 @@ impl<In: Message, Out: Message> DeviceRing<In, Out> for WgpuEngine<In, Out> {
         out.append(&mut self.unanswered);
     }
 
-    fn reclaim(&mut self) -> Vec<Slot<In>> {
+    fn reclaim_input(&mut self) -> Vec<Slot<In>> {
         // Batches that never completed (device lost or timed out) and inputs never submitted:
         // they come back, in the order they were taken. A producer's batch this kernel
         // submitted goes back to that producer's report (and fails it with this fault).

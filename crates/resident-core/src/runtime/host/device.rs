@@ -50,9 +50,9 @@ pub trait DeviceRing<In, Out>: Send {
     fn check(&mut self) -> Result<(), DeviceError>;
     fn counters(&self) -> RingCounters;
     /// Asks the device side to exit and waits for it (bounded).
-    fn stop(&mut self, timeout: Duration) -> Result<(), DeviceError>;
-    /// After `stop` (or a fault): the inputs the device never consumed.
-    fn reclaim(&mut self) -> Vec<Slot<In>>;
+    fn terminate(&mut self, timeout: Duration) -> Result<(), DeviceError>;
+    /// After `terminate` (or a fault): the inputs the device never consumed.
+    fn reclaim_input(&mut self) -> Vec<Slot<In>>;
     /// Envelopes of `call` requests the handler answered with no output, so their callers get
     /// `NoReply` at once. Rings that cannot tell leave this empty; such callers time out.
     fn take_unanswered_calls(&mut self, _out: &mut Vec<Envelope>) {}
@@ -82,7 +82,7 @@ pub trait DeviceRing<In, Out>: Send {
     fn forward_round(&mut self, _drained: bool) -> Result<bool, DeviceError> {
         Ok(true)
     }
-    /// After `stop`: takes this kernel's output ring back from the kernel it was forwarded to
+    /// After `terminate`: takes this kernel's output ring back from the kernel it was forwarded to
     /// (bounded). `false` when it stays there; the ring then counts what is left in it
     /// (`KernelIo::count_late_outputs`), never losing it silently.
     fn release_output(&mut self) -> bool {
@@ -279,7 +279,7 @@ fn pump<In: Message, Out: Message>(
     };
     // Leave `terminate` (which waits `terminate_timeout` for this thread) time to collect
     // what the pump hands back.
-    let stop = ring.stop(io.terminate_timeout.mul_f64(0.75));
+    let stop = ring.terminate(io.terminate_timeout.mul_f64(0.75));
     // Take the output ring back from the kernel it was forwarded to (bounded); what is left in
     // it is relayed by the host (or reported) like any output. A ring that stays with a kernel
     // that did not let go is counted by the ring, never silently lost.
@@ -295,7 +295,7 @@ fn pump<In: Message, Out: Message>(
     answer_none(&mut ring, &out);
     store_counters(io, &*ring);
     // Inputs the device never consumed were sent before those still in `carry`.
-    let mut stranded = ring.reclaim();
+    let mut stranded = ring.reclaim_input();
     if stop.is_err() {
         // A device that did not stop keeps what it took: neither handled nor returnable.
         // Count it (as dropped), never lose it silently.
